@@ -1,0 +1,1 @@
+"""Parsers, analyzers and the report. Never imports torch."""

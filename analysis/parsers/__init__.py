@@ -1,0 +1,1 @@
+"""One module per artefact format; each returns an `analysis.table.Table`."""
