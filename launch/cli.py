@@ -1,0 +1,184 @@
+"""`python -m launch run RECIPE [key=value ...] [--dry-run]` and `python -m launch plan key=value ...`.
+
+Every user error is a `ConfigError`: one line on stderr, exit code 2, no traceback.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Sequence
+
+from launch import envinfo, launcher
+from launch.errors import ConfigError
+from launch.planner import GiB, Plan, plan_resolved
+from launch.resolve import Resolved, resolve_path
+from launch.rundir import RunDir
+
+BUILT_BACKENDS: frozenset[str] = frozenset()  # backends whose trainer exists; others exit 2 before any launch
+
+
+def _console():
+    from rich.console import Console
+
+    return Console(width=int(os.environ.get("COLUMNS", "120")), highlight=False, soft_wrap=False)
+
+
+def _gib(n: float) -> str:
+    return f"{n / GiB:.2f}"
+
+
+def render(resolved: Resolved, plan: Plan, cmd: launcher.LaunchCommand, console) -> None:
+    from rich.table import Table
+
+    r = resolved.recipe
+    console.print(f"[bold]recipe[/bold] {resolved.recipe_name}  ({resolved.recipe_path})")
+    console.print(f"  chain: {' -> '.join(resolved.chain)}")
+    if resolved.overrides:
+        console.print(f"  overrides: {' '.join(resolved.overrides)}")
+    pc = resolved.model.param_counts()
+    console.print(f"  backend={r.backend}  model={resolved.model.name} ({pc.total / 1e9:.3f}B params)  "
+                  f"dtype={r.precision.dtype}  zero_stage={r.parallel.zero_stage}  sp={str(r.parallel.sp).lower()}  "
+                  f"activation_checkpointing={r.train.activation_checkpointing}")
+    console.print(f"  batch: micro_batch_size={r.batch.micro_batch_size} × grad_accum={resolved.grad_accum} × "
+                  f"dp={r.parallel.dp} = global_batch_size={r.batch.global_batch_size}, seq_len={r.batch.seq_len} "
+                  f"({resolved.tokens_per_step} tokens/step)")
+    console.print(f"  hardware: {resolved.hardware.name} ({resolved.hardware.device}), "
+                  f"{r.hardware.nodes} node(s) × {r.hardware.gpus_per_node}")
+    if resolved.ds_base:
+        console.print(f"  deepspeed base: {resolved.ds_base}")
+    for w in resolved.warnings:
+        console.print(f"[yellow]warning:[/yellow] {w}")
+    console.print()
+    for line in resolved.grid.describe():
+        console.print(line)
+    console.print()
+
+    t = Table(title="memory per rank (GiB)", title_justify="left")
+    t.add_column("ranks")
+    t.add_column("accounting")
+    for col in ("weights", "grads", "optimizer", "activations", "buffers", "allowance", "total", "host"):
+        t.add_column(col, justify="right")
+    t.add_column("fits")
+    for rp in plan.ranks:
+        for acc, mem in rp.memory.items():
+            mark = acc + (" *" if acc == rp.implementation else "")
+            fits = ("yes" if mem.total <= rp.usable_bytes else "NO") if acc == rp.implementation else ""
+            t.add_row(f"{rp.kind} {_ranks(rp.ranks)}", mark, _gib(mem.weights), _gib(mem.grads), _gib(mem.optimizer),
+                      _gib(mem.activations), _gib(mem.buffers), _gib(mem.allowance), _gib(mem.total),
+                      _gib(mem.host_bytes), fits)
+    console.print(t)
+    worst = plan.worst()
+    console.print(f"  * = accounting used by the fit check; usable device memory {_gib(worst.usable_bytes)} GiB of "
+                  f"{_gib(worst.device_memory_bytes)} (headroom {r.plan.headroom:.0%})")
+
+    c = Table(title="communication per step (per rank)", title_justify="left")
+    for col in ("parallelism", "collective", "link", "group", "calls", "message", "sent/rank", "busbw GB/s", "time ms"):
+        c.add_column(col, justify="right" if col not in ("parallelism", "collective", "link") else "left")
+    for item in plan.comm:
+        c.add_row(item.parallelism, item.collective, item.link, str(item.group_size), str(item.calls_per_step),
+                  _bytes(item.message_bytes), _bytes(item.bytes_per_rank), f"{item.busbw_GBps:g}", f"{item.time_s * 1e3:.2f}")
+    if not plan.comm:
+        c.add_row("-", "none (one rank per group)", "", "", "", "", "", "", "")
+    console.print(c)
+    s = plan.step
+    console.print(f"predicted step: {s.total_s * 1e3:.1f} ms = compute {s.compute_s * 1e3:.1f} + bubble "
+                  f"{s.bubble_s * 1e3:.1f} + tp/sp {s.tp_comm_s * 1e3:.1f} + pp {s.pp_comm_s * 1e3:.1f} + exposed dp "
+                  f"{s.dp_exposed_s * 1e3:.1f} (of {s.dp_comm_s * 1e3:.1f}) + offload {s.offload_s * 1e3:.1f}; "
+                  f"{s.tokens_per_s_per_device:,.0f} tokens/s/device, MFU {s.mfu:.1%}")
+    console.print(f"  model FLOPs/step {s.model_flops_per_step:.3e} (6·N + 12·L·h·s per token, torchtitan); {s.assumptions}")
+    for n in plan.notes:
+        console.print(f"  note: {n}")
+    verdict = "fits" if plan.fits else "DOES NOT FIT"
+    console.print(f"[bold]plan: {verdict}[/bold]" + ("" if plan.fits or r.plan.ignore_fit else
+                  " — a real run is refused; lower memory (zero_stage, tp, activation_checkpointing) or set plan.ignore_fit=true"))
+    console.print()
+    console.print("[bold]launch command[/bold]")
+    console.print(cmd.shell(), markup=False)
+
+
+def _ranks(ranks: Sequence[int]) -> str:
+    if len(ranks) > 2 and list(ranks) == list(range(ranks[0], ranks[-1] + 1)):
+        return f"[{ranks[0]}-{ranks[-1]}]"
+    return "[" + ",".join(map(str, ranks)) + "]"
+
+
+def _bytes(n: float) -> str:
+    for unit, size in (("GiB", GiB), ("MiB", 1024**2), ("KiB", 1024)):
+        if n >= size:
+            return f"{n / size:.1f} {unit}"
+    return f"{int(n)} B"
+
+
+def cmd_run(args: Sequence[str]) -> int:
+    dry = "--dry-run" in args
+    rest = [a for a in args if a != "--dry-run"]
+    flags = [a for a in rest if a.startswith("--")]
+    if flags:
+        raise ConfigError("command line", flags[0], flags[0], "is not a flag of run.sh (--dry-run is the only one)",
+                          "use dotted key=value overrides, e.g. parallel.tp=2")
+    if not rest:
+        raise ConfigError("command line", "recipe", None, "is missing", "usage: bash launch/run.sh recipes/NAME [key=value ...] [--dry-run]")
+    recipe, overrides = rest[0], rest[1:]
+    resolved = resolve_path(recipe, overrides)
+    plan = plan_resolved(resolved)
+    console = _console()
+    if dry:
+        cmd = launcher.build(resolved, str(Path("runs") / resolved.recipe_name / "<UTC yyyymmdd-hhmmss>"))
+        render(resolved, plan, cmd, console)
+        return 0
+    if resolved.recipe.backend not in BUILT_BACKENDS:
+        raise ConfigError(resolved.recipe_path, "backend", resolved.recipe.backend,
+                          "has no trainer in this version of layoutlab yet",
+                          "use --dry-run to see the plan, or a recipe whose backend is built")
+    if not plan.fits and not resolved.recipe.plan.ignore_fit:
+        worst = plan.worst()
+        raise ConfigError(resolved.recipe_path, "plan", f"{_gib(worst.memory[worst.implementation].total)} GiB",
+                          f"exceeds the usable {_gib(worst.usable_bytes)} GiB on {worst.kind}",
+                          "lower memory (zero_stage, tp, activation_checkpointing, micro_batch_size) or set plan.ignore_fit=true")
+    run = RunDir.create(resolved.recipe_name)
+    cmd = launcher.build(resolved, str(run.root))
+    run.write_text_atomic(run.resolved, resolved.to_json() + "\n")
+    run.write_text_atomic(run.plan, plan.to_json() + "\n")
+    run.write_text_atomic(run.env, json.dumps(envinfo.capture(), indent=2) + "\n")
+    run.write_text_atomic(run.launch_cmd, cmd.shell() + "\n")
+    render(resolved, plan, cmd, console)
+    console.print(f"[bold]run directory[/bold] {run.root}")
+    return _execute(cmd)
+
+
+def _execute(cmd: launcher.LaunchCommand) -> int:
+    """Run the launcher in its own process group so that Ctrl-C or a kill reaches every rank."""
+    proc = subprocess.Popen(list(cmd.argv), env={**os.environ, **cmd.env}, start_new_session=True)
+
+    def forward(signum, _frame):
+        try:
+            os.killpg(proc.pid, signum)
+        except ProcessLookupError:
+            pass
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, forward)
+    return proc.wait()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help"):
+        print(__doc__.strip())
+        return 0 if argv else 2
+    command, rest = argv[0], argv[1:]
+    try:
+        if command == "run":
+            return cmd_run(rest)
+        if command == "plan":
+            from launch.compare import cmd_plan
+
+            return cmd_plan(rest)
+        raise ConfigError("command line", "command", command, "is not a command", "use `run` or `plan`")
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2

@@ -1,0 +1,81 @@
+"""Compose the final DeepSpeed config: a base from ds_configs/ + the fields the recipe owns."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from launch.errors import ConfigError
+
+DS_CONFIGS = Path(__file__).resolve().parent.parent / "ds_configs"
+
+
+def default_base(zero_stage: int, offload_optimizer: str, offload_params: str) -> Path:
+    if offload_params == "nvme" or offload_optimizer == "nvme":
+        name = "zero3_offload_nvme.json"
+    elif offload_params == "cpu":
+        name = "zero3_offload_all_cpu.json"
+    elif offload_optimizer == "cpu":
+        name = f"zero{zero_stage}_offload_optimizer_cpu.json" if zero_stage in (2, 3) else "zero2_offload_optimizer_cpu.json"
+    else:
+        name = f"zero{zero_stage}.json"
+    return DS_CONFIGS / name
+
+
+def read_json(path: Path, *, context: str, field: str) -> dict[str, Any]:
+    if not path.is_file():
+        raise ConfigError(context, field, str(path), "does not exist",
+                          f"name a JSON file (paths are relative to the recipe); shipped bases are in {DS_CONFIGS}")
+    try:
+        data = json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise ConfigError(str(path), f"line {e.lineno} col {e.colno}", e.msg, "is not valid JSON",
+                          "fix the JSON syntax") from None
+    if not isinstance(data, dict):
+        raise ConfigError(str(path), "(top level)", type(data).__name__, "must be a JSON object", "wrap it in {}")
+    return data
+
+
+def _get(d: dict, dotted: str) -> Any:
+    for part in dotted.split("."):
+        if not isinstance(d, dict) or part not in d:
+            return _ABSENT
+        d = d[part]
+    return d
+
+
+def _set(d: dict, dotted: str, value: Any) -> None:
+    parts = dotted.split(".")
+    for p in parts[:-1]:
+        d = d.setdefault(p, {})
+    d[parts[-1]] = value
+
+
+_ABSENT = object()
+
+
+def compose(base: dict[str, Any], base_file: str, owned: dict[str, tuple[Any, str]]) -> dict[str, Any]:
+    """Apply the recipe-owned fields over `base`.
+
+    `owned` maps a dotted DeepSpeed key to (value, recipe field that decides it). A base that sets
+    one of them explicitly to something else is refused: silently letting either side win is how a
+    run ends up with a batch size or ZeRO stage nobody asked for.
+    """
+    out = json.loads(json.dumps(base))
+    for key, (value, recipe_field) in owned.items():
+        have = _get(out, key)
+        if have is not _ABSENT and have != value:
+            raise ConfigError(base_file, key, have, f"contradicts the recipe ({recipe_field} gives {value!r})",
+                              f"remove {key} from the base or set {recipe_field} to match")
+        _set(out, key, value)
+    return out
+
+
+def merge_fragment(base: dict[str, Any], fragment: dict[str, Any]) -> dict[str, Any]:
+    out = json.loads(json.dumps(base))
+    for k, v in fragment.items():
+        if isinstance(v, dict) and isinstance(out.get(k), dict):
+            out[k] = merge_fragment(out[k], v)
+        elif k not in out:
+            out[k] = v
+    return out

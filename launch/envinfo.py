@@ -1,0 +1,71 @@
+"""What env.json records: code version, package versions, NCCL/CUDA variables, hosts and devices.
+
+Versions come from package metadata so that capturing them never imports torch.
+"""
+from __future__ import annotations
+
+import os
+import platform
+import shutil
+import socket
+import subprocess
+import sys
+from importlib import metadata
+from pathlib import Path
+
+PACKAGES = ("torch", "deepspeed", "megatron-core", "transformers", "accelerate", "numpy", "layoutlab")
+
+
+def _git(args: list[str], cwd: Path) -> str:
+    try:
+        return subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True, timeout=5).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return ""
+
+
+def _devices() -> list[str]:
+    if shutil.which("nvidia-smi"):
+        try:
+            out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=10).stdout
+            return [line for line in out.splitlines() if line.strip()]
+        except (OSError, subprocess.SubprocessError):
+            pass
+    model = ""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return [f"CPU: {model or platform.processor()} × {os.cpu_count()} cores"]
+
+
+def capture(repo: Path | None = None) -> dict:
+    repo = repo or Path(__file__).resolve().parent.parent
+    versions = {}
+    for p in PACKAGES:
+        try:
+            versions[p] = metadata.version(p)
+        except metadata.PackageNotFoundError:
+            versions[p] = None
+    return {
+        "git_commit": _git(["rev-parse", "HEAD"], repo) or None,
+        "git_dirty": bool(_git(["status", "--porcelain", "--untracked-files=no"], repo)),
+        "python": sys.version.split()[0],
+        "packages": versions,
+        "env": {k: v for k, v in sorted(os.environ.items())
+                if k.startswith(("NCCL_", "CUDA_", "DS_", "OMP_", "TORCH_", "MASTER_", "SLURM_", "GLOO_"))},
+        "host": socket.gethostname(),
+        "hosts": _hosts(),
+        "devices": _devices(),
+        "cpu_count": os.cpu_count(),
+        "platform": platform.platform(),
+    }
+
+
+def _hosts() -> list[str]:
+    nodelist = os.environ.get("SLURM_JOB_NODELIST") or os.environ.get("SLURM_NODELIST")
+    if nodelist:
+        return [nodelist]
+    return [socket.gethostname()]

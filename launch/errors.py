@@ -1,0 +1,25 @@
+"""User-facing configuration errors: one line naming the file, the dotted field, the value and the fix."""
+from __future__ import annotations
+
+
+class ConfigError(Exception):
+    """A recipe, override or config file the user must change; rendered as one line, exit code 2."""
+
+    def __init__(self, file: str, field: str, value: object, problem: str, fix: str) -> None:
+        self.file = str(file)
+        self.field = field
+        self.value = value
+        self.problem = problem
+        self.fix = fix
+        super().__init__(str(self))
+
+    def __str__(self) -> str:
+        return f"{self.file}: {self.field}={_show(self.value)} {self.problem}; {self.fix}"
+
+
+def _show(value: object) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return f'"{value}"'
+    return repr(value)

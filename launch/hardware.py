@@ -1,0 +1,55 @@
+"""Hardware profiles shipped in launch/catalogue/hardware: peak FLOP/s, device memory, link speeds."""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Mapping
+
+from launch.errors import ConfigError
+
+_DIR = Path(__file__).parent / "catalogue" / "hardware"
+
+
+@dataclass(frozen=True)
+class HardwareProfile:
+    name: str
+    device: str
+    memory_bytes: int  # per device (on the CPU profile: per rank)
+    peak_tflops: Mapping[str, float]  # dense, by dtype
+    hbm_GBps: float
+    intra_node_busbw_GBps: float  # nccl-tests all_reduce busbw inside one node
+    inter_node_busbw_GBps: float  # all_reduce busbw of a collective spanning nodes (all devices taking part)
+    nic_GBps_per_device: float  # one device's share of the node's network
+    intra_node_link: str
+    inter_node_link: str
+    achievable_mfu: float  # the fraction of peak the step-time prediction assumes
+    host_memory_bytes: int
+    sources: str
+
+    def peak_flops(self, dtype: str) -> float:
+        return self.peak_tflops.get(dtype, self.peak_tflops.get("fp32", 0.0)) * 1e12
+
+    def supports(self, dtype: str) -> bool:
+        return dtype in self.peak_tflops
+
+    def to_dict(self) -> dict:
+        d = dict(self.__dict__)
+        d["peak_tflops"] = dict(self.peak_tflops)
+        return d
+
+    @classmethod
+    def from_dict(cls, d: Mapping) -> "HardwareProfile":
+        return cls(**{**d, "peak_tflops": dict(d["peak_tflops"])})
+
+
+def profile_names() -> list[str]:
+    return sorted(p.stem for p in _DIR.glob("*.json"))
+
+
+def load_profile(name: str, *, context: str = "", field: str = "hardware.profile") -> HardwareProfile:
+    path = _DIR / f"{name}.json"
+    if not path.is_file():
+        raise ConfigError(context or "command line", field, name, "is not a shipped hardware profile",
+                          f"use one of: {', '.join(profile_names())}")
+    return HardwareProfile.from_dict(json.loads(path.read_text()))

@@ -1,0 +1,589 @@
+"""Per-rank memory, communication per step, FLOPs and a predicted step time. No torch import.
+
+Accountings of model-state memory (all three are computed; the fit check uses the backend's own):
+  * "zero_paper"  — Rajbhandari et al. 2020, Table 1: 16-bit weights 2 B + 16-bit grads 2 B + K = 12 B
+                    (fp32 master, Adam m, Adam v) per parameter; fp32 training: 4 + 4 + 8.
+  * "deepspeed"   — DeepSpeed 0.19.8's implementation, matching its own estimators
+                    (estimate_zero2/zero3_model_states_mem_needs): ZeRO-1/2 keep full 16-bit weights and
+                    grads plus an fp32 partition of master + m + v + grads (16 B/N); ZeRO-3 keeps 2 + 16 B/N
+                    plus the largest layer gathered (4 B × its params); ZeRO-0 keeps fp32 master and fp32
+                    grads beside the 16-bit copies (20 B).
+  * "megatron"    — Megatron-Core 0.16.1: bf16 weights 2 B, fp32 main grads 4 B (bf16 training accumulates
+                    gradients in fp32), optimizer 12 B; with the distributed optimizer (zero_stage >= 1) the
+                    12 B are split over the data-parallel group (6 + 12/d, as its docs state).
+
+Activations are derived per layer from the architecture (see `activation_terms`): the Llama family
+(SwiGLU, GQA, RMSNorm, no dropout, fused attention that keeps no s×s scores) or the GPT layer of
+Korthikanti et al. 2022, whose published totals the tests reproduce.
+"""
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Any, Mapping
+
+from launch.grid import RankGrid
+from launch.hardware import HardwareProfile
+from launch.models import ModelSpec
+
+PLAN_SCHEMA_VERSION = 1
+GiB = 1024**3
+ACCOUNTINGS = ("zero_paper", "deepspeed", "megatron")
+# A fixed runtime allowance (CUDA context, NCCL channels, cuBLAS workspace) plus allocator
+# fragmentation as a fraction of everything else; both are stated in plan.json.
+RUNTIME_ALLOWANCE_GPU = 1 * GiB
+RUNTIME_ALLOWANCE_CPU = GiB // 2
+FRAGMENTATION = 0.05
+PCIE_GBps = 25.0  # host<->device copies for offloaded optimizer state (PCIe 4 x16, effective)
+HOST_ADAM_GBps = 20.0  # CPU Adam streams ~16 B/param in and out; effective host memory bandwidth
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Everything the planner needs; built from a Resolved recipe or directly by the `plan` command."""
+
+    backend: str
+    model: ModelSpec
+    hardware: HardwareProfile
+    grid: RankGrid
+    zero_stage: int
+    dtype: str
+    micro_batch_size: int
+    global_batch_size: int
+    seq_len: int
+    recompute: str = "none"  # none | selective | full
+    sp: bool = False
+    vpp: int = 1
+    offload_optimizer: str = "none"
+    offload_params: str = "none"
+    ds_zero: Mapping[str, Any] = field(default_factory=dict)  # the composed zero_optimization section
+    headroom: float = 0.10
+
+    @property
+    def grad_accum(self) -> int:
+        return self.global_batch_size // (self.micro_batch_size * self.grid.dp)
+
+    @property
+    def elem_bytes(self) -> int:
+        return 4 if self.dtype == "fp32" else 2
+
+    @classmethod
+    def from_resolved(cls, r) -> "Layout":
+        rc = r.recipe
+        return cls(
+            backend=rc.backend, model=r.model, hardware=r.hardware, grid=r.grid,
+            zero_stage=rc.parallel.zero_stage, dtype=rc.precision.dtype,
+            micro_batch_size=rc.batch.micro_batch_size, global_batch_size=rc.batch.global_batch_size,
+            seq_len=rc.batch.seq_len, recompute=rc.train.activation_checkpointing, sp=rc.parallel.sp,
+            vpp=rc.parallel.vpp, offload_optimizer=rc.parallel.offload_optimizer,
+            offload_params=rc.parallel.offload_params,
+            ds_zero=dict(r.ds_config.get("zero_optimization", {})), headroom=rc.plan.headroom,
+        )
+
+
+@dataclass(frozen=True)
+class Memory:
+    """Bytes per rank. `device_*` live in device memory; `host_bytes` were offloaded."""
+
+    weights: int
+    grads: int
+    optimizer: int
+    activations: int
+    buffers: int
+    allowance: int
+    host_bytes: int
+
+    @property
+    def model_states(self) -> int:
+        return self.weights + self.grads + self.optimizer
+
+    @property
+    def total(self) -> int:
+        return self.weights + self.grads + self.optimizer + self.activations + self.buffers + self.allowance
+
+
+@dataclass(frozen=True)
+class RankPlan:
+    kind: str  # e.g. "all ranks", "pp stage 0 (first)"
+    ranks: tuple[int, ...]
+    pp_stage: int
+    layers: int
+    params: int  # parameters this rank holds before ZeRO partitioning (its TP/PP shard)
+    micro_batches_in_flight: float
+    memory: Mapping[str, Memory]  # by accounting
+    implementation: str  # the accounting the fit check uses
+    device_memory_bytes: int
+    usable_bytes: int  # device memory minus headroom
+
+    @property
+    def fits(self) -> bool:
+        return self.memory[self.implementation].total <= self.usable_bytes
+
+
+@dataclass(frozen=True)
+class Comm:
+    parallelism: str  # dp | tp | sp | pp
+    collective: str  # all_reduce | all_gather | reduce_scatter | send_recv
+    link: str  # intra_node | inter_node
+    group_size: int
+    calls_per_step: int
+    message_bytes: int  # per call, the S of nccl-tests
+    bytes_per_rank: int  # sent per rank per step = calls × S × bus factor
+    busbw_GBps: float  # the link speed assumed
+    time_s: float
+    note: str = ""
+
+
+@dataclass(frozen=True)
+class StepTime:
+    model_flops_per_step: float  # 6 N + attention, torchtitan's count
+    hardware_flops_per_step: float  # + recomputation
+    compute_s: float
+    bubble_s: float
+    tp_comm_s: float
+    pp_comm_s: float
+    dp_comm_s: float
+    dp_exposed_s: float
+    offload_s: float
+    total_s: float
+    tokens_per_s_per_device: float
+    mfu: float
+    assumptions: str
+
+
+@dataclass(frozen=True)
+class Plan:
+    recipe_name: str
+    backend: str
+    hardware: str
+    grid: Mapping[str, int]
+    ranks: tuple[RankPlan, ...]
+    comm: tuple[Comm, ...]
+    step: StepTime
+    notes: tuple[str, ...]
+    schema_version: int = PLAN_SCHEMA_VERSION
+
+    @property
+    def fits(self) -> bool:
+        return all(r.fits for r in self.ranks)
+
+    def worst(self) -> RankPlan:
+        return max(self.ranks, key=lambda r: r.memory[r.implementation].total)
+
+    def to_json(self) -> str:
+        d = asdict(self)
+        for rp, src in zip(d["ranks"], self.ranks):
+            rp["fits"] = src.fits
+            for acc, mem in rp["memory"].items():
+                mem["model_states"] = src.memory[acc].model_states
+                mem["total"] = src.memory[acc].total
+        d["fits"] = self.fits
+        return json.dumps(d, indent=2)
+
+    @classmethod
+    def from_json(cls, text: str) -> "Plan":
+        d = json.loads(text)
+        mem_fields = set(Memory.__dataclass_fields__)
+        ranks = tuple(
+            RankPlan(**{**{k: v for k, v in rp.items() if k in RankPlan.__dataclass_fields__},
+                        "ranks": tuple(rp["ranks"]),
+                        "memory": {a: Memory(**{k: v for k, v in m.items() if k in mem_fields})
+                                   for a, m in rp["memory"].items()}})
+            for rp in d["ranks"])
+        return cls(recipe_name=d["recipe_name"], backend=d["backend"], hardware=d["hardware"], grid=d["grid"],
+                   ranks=ranks, comm=tuple(Comm(**c) for c in d["comm"]), step=StepTime(**d["step"]),
+                   notes=tuple(d["notes"]), schema_version=d["schema_version"])
+
+
+# --------------------------------------------------------------------------- parameters per rank
+
+
+def _tp_shard_embedding(layout: Layout) -> bool:
+    # Megatron-Core uses a vocab-parallel embedding and output layer; DeepSpeed AutoTP shards only
+    # the Linear layers inside the decoder blocks and leaves the embedding replicated.
+    return layout.backend == "megatron"
+
+
+def _tp_shard_lm_head(layout: Layout) -> bool:
+    return layout.backend == "megatron"
+
+
+def stage_params(layout: Layout, stage: int) -> tuple[int, int]:
+    """(parameters held by one rank of pipeline stage `stage`, decoder layers on it)."""
+    m, t, p = layout.model, layout.grid.tp, layout.grid.pp
+    pc = m.param_counts()
+    layers = m.num_layers // p
+    # Inside a layer, norms (and the row-parallel output bias) are replicated; the rest splits over t.
+    replicated = pc.norms_per_layer + (m.hidden_size if m.attention_bias and m.architecture.startswith("Llama") else 0)
+    per_layer = (pc.per_layer - replicated) // t + replicated
+    n = layers * per_layer
+    emb = m.vocab_size * m.hidden_size
+    emb_rank = emb // t if _tp_shard_embedding(layout) else emb
+    head_rank = emb // t if _tp_shard_lm_head(layout) else emb
+    if stage == 0:
+        n += emb_rank
+    if stage == p - 1:
+        n += pc.final_norm
+        if not m.tie_word_embeddings:
+            n += head_rank
+        elif p > 1:
+            n += head_rank  # the last stage keeps its own copy of the tied matrix (kept in sync by an all-reduce)
+    return n, layers
+
+
+def largest_layer_params(layout: Layout) -> int:
+    """Largest single module's parameters as DeepSpeed's ZeRO-3 estimator means it (the embedding here)."""
+    return layout.model.param_counts().largest_layer
+
+
+# --------------------------------------------------------------------------- model states
+
+
+def model_states(layout: Layout, params: int, accounting: str) -> tuple[int, int, int, int]:
+    """(weights, grads, optimizer, host) bytes on one rank holding `params` parameters before ZeRO."""
+    z, d, e = layout.zero_stage, layout.grid.dp, layout.elem_bytes
+    mixed = layout.dtype != "fp32"
+    off_opt = layout.offload_optimizer != "none"
+    off_par = layout.offload_params != "none"
+    host = 0
+    if accounting == "zero_paper":
+        k = 12 if mixed else 8
+        w, g, o = e * params, e * params, k * params
+        if z >= 1:
+            o = math.ceil(o / d)
+        if z >= 2:
+            g = math.ceil(g / d)
+        if z >= 3:
+            w = math.ceil(w / d)
+    elif accounting == "deepspeed":
+        # fp32 master copy + Adam m + v + fp32 gradient partition: 16 B; in fp32 training DeepSpeed still
+        # keeps a separate fp32 partition, so the 16 B hold either way.
+        if z == 0:
+            w, g = e * params, e * params
+            o = (16 if mixed else 8) * params
+        elif z in (1, 2):
+            w, g = e * params, e * params
+            o = 16 * params // d
+        else:
+            big = largest_layer_params(layout)
+            w = e * params // d + 2 * big
+            g = 2 * big
+            o = 16 * params // d
+        if off_opt:
+            host += o
+            o = 0
+        if off_par and z == 3:
+            host += e * params // d
+            w -= e * params // d
+    elif accounting == "megatron":
+        grad_bytes = 4 if mixed else 4
+        w, g = e * params, grad_bytes * params
+        opt = (12 if mixed else 8) * params
+        o = math.ceil(opt / d) if z >= 1 else opt
+        if z >= 3:
+            w, g = math.ceil(w / d), math.ceil(g / d)
+    else:
+        raise ValueError(f"unknown accounting {accounting}")
+    if accounting == "zero_paper" and off_opt:
+        host, o = o, 0
+    return w, g, o, host
+
+
+# --------------------------------------------------------------------------- activations
+
+
+@dataclass(frozen=True)
+class ActTerm:
+    name: str
+    bytes: float  # for one micro-batch, one layer, no parallelism
+    region: str  # "tp": split over t; "replicated": split over t only with SP
+    scores: bool = False  # s×s attention terms, dropped by selective recompute
+
+
+def activation_terms(arch: str, s: int, b: int, h: int, a: int, *, ffn: int = 0, kv_heads: int = 0,
+                     head_dim: int = 0, e: int = 2) -> list[ActTerm]:
+    """Bytes saved for backward by one transformer layer.
+
+    "gpt": Korthikanti et al. 2022, §4.1 (16-bit activations, 1-byte dropout masks, 4h MLP):
+           sbh(34 + 5as/h) without parallelism.
+    "llama": RMSNorm (saves its input), q/k/v after RoPE, fused attention (output + fp32 log-sum-exp,
+           no s×s scores), SwiGLU saving gate, up, silu(gate) and their product; no dropout.
+    """
+    sbh = s * b * h
+    if arch == "gpt":
+        return [
+            ActTerm("ln1_input", 2 * sbh, "replicated"), ActTerm("qkv_input", 2 * sbh, "replicated"),
+            ActTerm("q_k", 4 * sbh, "tp"), ActTerm("softmax_out", 2 * a * s * s * b, "tp", True),
+            ActTerm("softmax_dropout_mask", a * s * s * b, "tp", True),
+            ActTerm("attn_dropout_out", 2 * a * s * s * b, "tp", True), ActTerm("v", 2 * sbh, "tp"),
+            ActTerm("proj_input", 2 * sbh, "tp"), ActTerm("attn_dropout_mask", sbh, "replicated"),
+            ActTerm("ln2_input", 2 * sbh, "replicated"), ActTerm("fc1_input", 2 * sbh, "replicated"),
+            ActTerm("gelu_input", 8 * sbh, "tp"), ActTerm("fc2_input", 8 * sbh, "tp"),
+            ActTerm("mlp_dropout_mask", sbh, "replicated"),
+        ]
+    if arch == "llama":
+        kv = s * b * kv_heads * head_dim
+        sbf = s * b * ffn
+        return [
+            ActTerm("norm1_input", e * sbh, "replicated"), ActTerm("qkv_input", e * sbh, "replicated"),
+            ActTerm("q_rope", e * s * b * a * head_dim, "tp"), ActTerm("k_rope_v", 2 * e * kv, "tp"),
+            ActTerm("attn_out", e * s * b * a * head_dim, "tp"), ActTerm("attn_lse", 4 * b * a * s, "tp"),
+            ActTerm("norm2_input", e * sbh, "replicated"), ActTerm("mlp_input", e * sbh, "replicated"),
+            ActTerm("gate_out", e * sbf, "tp"), ActTerm("up_out", e * sbf, "tp"),
+            ActTerm("silu_out", e * sbf, "tp"), ActTerm("down_input", e * sbf, "tp"),
+        ]
+    raise ValueError(f"unknown layer arch {arch!r}")
+
+
+def layer_activation_bytes(terms: list[ActTerm], *, t: int = 1, sp: bool = False, recompute: str = "none",
+                           layer_input_bytes: float | None = None) -> float:
+    """Bytes one layer keeps for one micro-batch under TP degree t, SP and a recompute policy."""
+    if recompute == "full":
+        # Only the layer input survives the forward pass; it is sharded along the sequence with SP.
+        x = layer_input_bytes if layer_input_bytes is not None else terms[0].bytes
+        return x / t if sp else x
+    total = 0.0
+    for term in terms:
+        if recompute == "selective" and term.scores:
+            continue
+        split = t if (term.region == "tp" or sp) else 1
+        total += term.bytes / split
+    return total
+
+
+def _model_terms(layout: Layout, b: int) -> list[ActTerm]:
+    m = layout.model
+    return activation_terms("llama", layout.seq_len, b, m.hidden_size, m.num_heads, ffn=m.intermediate_size,
+                            kv_heads=m.num_kv_heads, head_dim=m.head_dim, e=layout.elem_bytes)
+
+
+def in_flight(layout: Layout, stage: int) -> float:
+    """Micro-batches whose activations one stage holds at its peak (1F1B; interleaved per Korthikanti §4.2.3)."""
+    p, mb = layout.grid.pp, max(1, layout.grad_accum if layout.backend == "megatron" else 1)
+    if p == 1:
+        return 1.0
+    held = min(p - stage, mb)
+    if layout.vpp > 1 and stage == 0:
+        held *= 1 + (p - 1) / (p * layout.vpp)
+    return float(held)
+
+
+def stage_activations(layout: Layout, stage: int) -> int:
+    m, t, p = layout.model, layout.grid.tp, layout.grid.pp
+    b = layout.micro_batch_size
+    terms = _model_terms(layout, b)
+    layers = m.num_layers // p
+    per_layer = layer_activation_bytes(terms, t=t, sp=layout.sp, recompute=layout.recompute)
+    stored = layers * per_layer
+    if layout.recompute == "full":
+        # While one layer is recomputed, its full activation set is alive once.
+        stored += layer_activation_bytes(terms, t=t, sp=layout.sp, recompute="none")
+    if stage == p - 1:
+        # Output layer: final-norm input, 16-bit logits, the fp32 upcast and log-softmax of the loss.
+        vocab_split = t if layout.backend == "megatron" else 1
+        sbv = layout.seq_len * b * m.vocab_size
+        stored += layout.elem_bytes * layout.seq_len * b * m.hidden_size + (layout.elem_bytes + 8) * sbv / vocab_split
+    return int(stored * in_flight(layout, stage))
+
+
+# --------------------------------------------------------------------------- buffers
+
+
+def buffers(layout: Layout, params: int) -> int:
+    """Communication buffers DeepSpeed allocates (elements × element size), capped by the rank's parameters."""
+    if layout.backend != "deepspeed" or layout.grid.dp == 1 and layout.zero_stage == 0:
+        return 0
+    z, e, zo = layout.zero_stage, layout.elem_bytes, layout.ds_zero
+    reduce = min(int(zo.get("reduce_bucket_size", 500_000_000)), params)
+    if z in (1, 2):
+        gather = min(int(zo.get("allgather_bucket_size", 500_000_000)), params)
+        copies = 2 if zo.get("overlap_comm") else 1  # overlap_comm double-buffers the gradient bucket
+        return e * (copies * reduce + gather)
+    if z == 3:
+        prefetch = int(zo.get("stage3_prefetch_bucket_size", 50_000_000))
+        live = min(int(zo.get("stage3_max_live_parameters", 1_000_000_000)), prefetch + largest_layer_params(layout), params)
+        return e * (reduce + live)
+    return e * reduce
+
+
+# --------------------------------------------------------------------------- communication
+
+
+def _bw(layout: Layout, group: tuple[int, ...]) -> tuple[str, float]:
+    hw, g = layout.hardware, layout.grid
+    if not g.spans_nodes(group):
+        return "intra_node", hw.intra_node_busbw_GBps
+    return "inter_node", min(hw.inter_node_busbw_GBps, hw.nic_GBps_per_device * g.ranks_per_node_in(group))
+
+
+def bus_factor(collective: str, n: int) -> float:
+    if n <= 1:
+        return 0.0
+    return {"all_reduce": 2 * (n - 1) / n, "all_gather": (n - 1) / n, "reduce_scatter": (n - 1) / n,
+            "all_to_all": (n - 1) / n, "broadcast": 1.0, "send_recv": 1.0}[collective]
+
+
+def _comm(layout: Layout, par: str, coll: str, group: tuple[int, ...], calls: int, msg: float, note: str = "") -> Comm:
+    link, bw = _bw(layout, group)
+    per_rank = calls * msg * bus_factor(coll, len(group))
+    return Comm(par, coll, link, len(group), int(calls), int(msg), int(per_rank), bw,
+                per_rank / (bw * 1e9) if bw else 0.0, note)
+
+
+def communication(layout: Layout) -> list[Comm]:
+    g, m, e = layout.grid, layout.model, layout.elem_bytes
+    out: list[Comm] = []
+    mbs = layout.grad_accum
+    params, layers = stage_params(layout, 0)
+    act = layout.seq_len * layout.micro_batch_size * m.hidden_size * e
+    if g.dp > 1:
+        grp = g.dp_group(0)
+        z = layout.zero_stage
+        if layout.backend == "megatron":
+            if z == 0:
+                out.append(_comm(layout, "dp", "all_reduce", grp, 1, params * e, "gradient all-reduce once per step"))
+            else:
+                out.append(_comm(layout, "dp", "reduce_scatter", grp, 1, params * e, "distributed optimizer: gradients"))
+                out.append(_comm(layout, "dp", "all_gather", grp, 1, params * e, "distributed optimizer: updated parameters"))
+                if z == 3:
+                    out.append(_comm(layout, "dp", "all_gather", grp, 2 * mbs, params * e, "FSDP: parameters before forward and backward"))
+        elif z == 0:
+            out.append(_comm(layout, "dp", "all_reduce", grp, 1, params * e, "gradient all-reduce at the accumulation boundary"))
+        elif z in (1, 2):
+            rs_calls = mbs if z == 2 else 1
+            out.append(_comm(layout, "dp", "reduce_scatter", grp, rs_calls, params * e,
+                             "gradient reduce-scatter " + ("every micro-step (ZeRO-2)" if z == 2 else "at the boundary (ZeRO-1)")))
+            out.append(_comm(layout, "dp", "all_gather", grp, 1, params * e, "updated parameter partitions"))
+        else:
+            out.append(_comm(layout, "dp", "all_gather", grp, 2 * mbs, params * e, "ZeRO-3: parameters before forward and before backward"))
+            out.append(_comm(layout, "dp", "reduce_scatter", grp, mbs, params * e, "ZeRO-3: gradients every micro-step"))
+    if g.tp > 1:
+        grp = g.tp_group(0)
+        micro = mbs * (1 if g.pp == 1 else 1)
+        passes = 3 if layout.recompute == "full" else 2  # forward, backward, (+ recomputed forward)
+        per_layer = 2 * passes  # attention and MLP each once per pass
+        calls = per_layer * layers * micro
+        if layout.sp:
+            out.append(_comm(layout, "sp", "all_gather", grp, calls, act, "SP: gather the sequence before attention/MLP"))
+            out.append(_comm(layout, "sp", "reduce_scatter", grp, calls, act, "SP: scatter after attention/MLP"))
+        else:
+            out.append(_comm(layout, "tp", "all_reduce", grp, calls, act, "row-parallel outputs fwd, column-parallel input grads bwd"))
+    if g.pp > 1:
+        grp = (g.pp_group(0)[0], g.pp_group(0)[1])
+        msg = act / g.tp if layout.sp else act
+        out.append(_comm(layout, "pp", "send_recv", grp, 2 * mbs * layout.vpp, msg,
+                         "activations forward and gradients backward per micro-batch per stage boundary"))
+    return out
+
+
+# --------------------------------------------------------------------------- FLOPs and step time
+
+
+def model_flops_per_token(model: ModelSpec, seq_len: int) -> float:
+    """torchtitan's count: 6 × (non-embedding parameters, lm_head included) + 12 · L · heads · head_dim · s."""
+    pc = model.param_counts()
+    return 6 * pc.flops_params + 12 * model.num_layers * model.num_heads * model.head_dim * seq_len
+
+
+def step_time(layout: Layout, comm: list[Comm]) -> StepTime:
+    g, hw = layout.grid, layout.hardware
+    tokens = layout.global_batch_size * layout.seq_len
+    model_flops = model_flops_per_token(layout.model, layout.seq_len) * tokens
+    recompute_factor = {"none": 1.0, "selective": 1.0, "full": 4 / 3}[layout.recompute]  # one more forward of 2N
+    hw_flops = model_flops * recompute_factor
+    peak = hw.peak_flops(layout.dtype)
+    compute = hw_flops / g.world / (peak * hw.achievable_mfu)
+    m = layout.grad_accum if layout.backend == "megatron" else 1
+    bubble = compute * (g.pp - 1) / (layout.vpp * max(m, 1)) if g.pp > 1 else 0.0
+    tp = sum(c.time_s for c in comm if c.parallelism in ("tp", "sp"))
+    pp = sum(c.time_s for c in comm if c.parallelism == "pp")
+    dp = sum(c.time_s for c in comm if c.parallelism == "dp")
+    backward = compute * 2 / 3
+    if layout.zero_stage == 3:
+        forward = compute / 3
+        fwd_gather = sum(c.time_s for c in comm if c.parallelism == "dp" and c.collective == "all_gather") / 2
+        dp_exposed = max(0.0, fwd_gather - forward) + max(0.0, dp - fwd_gather - backward)
+    else:
+        dp_exposed = max(0.0, dp - backward)
+    offload = 0.0
+    if layout.offload_optimizer != "none":
+        params, _ = stage_params(layout, 0)
+        part = params / g.dp
+        offload = (2 * part * layout.elem_bytes) / (PCIE_GBps * 1e9) + 16 * 2 * part / (HOST_ADAM_GBps * 1e9)
+    total = compute + bubble + tp + pp + dp_exposed + offload
+    return StepTime(
+        model_flops_per_step=model_flops, hardware_flops_per_step=hw_flops, compute_s=compute, bubble_s=bubble,
+        tp_comm_s=tp, pp_comm_s=pp, dp_comm_s=dp, dp_exposed_s=dp_exposed, offload_s=offload, total_s=total,
+        tokens_per_s_per_device=tokens / total / g.world if total else 0.0,
+        mfu=model_flops / total / g.world / peak if total and peak else 0.0,
+        assumptions=(f"compute at {hw.achievable_mfu:.0%} of {hw.name} {layout.dtype} peak; TP/SP and PP traffic on "
+                     "the critical path; DP traffic overlaps the backward pass (ZeRO-3: forward gathers overlap the "
+                     "forward); bandwidth terms only, no per-call latency; bubble (p-1)/(v·m)"),
+    )
+
+
+# --------------------------------------------------------------------------- the plan
+
+
+def implementation_accounting(backend: str) -> str:
+    return "megatron" if backend == "megatron" else "deepspeed"
+
+
+def make_plan(layout: Layout, recipe_name: str = "") -> Plan:
+    g, hw = layout.grid, layout.hardware
+    allowance_fixed = RUNTIME_ALLOWANCE_CPU if hw.name == "cpu" else RUNTIME_ALLOWANCE_GPU
+    usable = int(hw.memory_bytes * (1 - layout.headroom))
+    stages = sorted({0, g.pp - 1} | set(range(g.pp)))
+    ranks: list[RankPlan] = []
+    for st in stages:
+        params, layers = stage_params(layout, st)
+        acts = stage_activations(layout, st)
+        buf = buffers(layout, params)
+        mem = {}
+        for acc in ACCOUNTINGS:
+            w, gr, o, host = model_states(layout, params, acc)
+            body = w + gr + o + acts + buf
+            mem[acc] = Memory(w, gr, o, acts, buf, allowance_fixed + int(FRAGMENTATION * body), host)
+        members = tuple(r for r in range(g.world) if g.coords(r)[2] == st)
+        if g.pp == 1:
+            kind = "all ranks"
+        else:
+            kind = f"pp stage {st}" + (" (first)" if st == 0 else " (last)" if st == g.pp - 1 else "")
+        ranks.append(RankPlan(kind, members, st, layers, params, in_flight(layout, st), mem,
+                              implementation_accounting(layout.backend), hw.memory_bytes, usable))
+    ranks = _merge_identical(ranks)
+    comm = communication(layout)
+    notes = [
+        "zero_paper: Rajbhandari et al. 2020 (2 + 2 + 12 B/param, 16-bit); deepspeed: DeepSpeed 0.19.8's "
+        "implementation and estimators; megatron: Megatron-Core 0.16.1 (fp32 main grads, distributed optimizer)",
+        f"activations: Llama-family layer ({layout.model.architecture}), fused attention (no s×s scores kept), "
+        f"recompute={layout.recompute}, sp={layout.sp}",
+        f"allowance: {allowance_fixed / GiB:.1f} GiB runtime + {FRAGMENTATION:.0%} fragmentation",
+        f"fit check: {implementation_accounting(layout.backend)} accounting against {hw.memory_bytes / GiB:.1f} GiB "
+        f"× (1 - headroom {layout.headroom:.0%})",
+    ]
+    if layout.backend == "deepspeed" and g.tp > 1:
+        notes.append("DeepSpeed AutoTP shards the decoder Linear layers only; embedding and lm_head stay replicated")
+    return Plan(recipe_name, layout.backend, hw.name, g.to_dict(), tuple(ranks), tuple(comm),
+                step_time(layout, comm), tuple(notes))
+
+
+def _merge_identical(ranks: list[RankPlan]) -> list[RankPlan]:
+    """Middle pipeline stages with identical numbers are shown once, listing all their ranks."""
+    out: list[RankPlan] = []
+    for rp in ranks:
+        prev = out[-1] if out else None
+        if (prev and 0 < prev.pp_stage and rp.kind.startswith("pp stage") and "(" not in rp.kind and "(" not in prev.kind
+                and prev.memory == rp.memory):
+            out[-1] = RankPlan(prev.kind.split(" stage")[0] + f" stages {prev.pp_stage}-{rp.pp_stage}",
+                               prev.ranks + rp.ranks, prev.pp_stage, prev.layers, prev.params,
+                               prev.micro_batches_in_flight, prev.memory, prev.implementation,
+                               prev.device_memory_bytes, prev.usable_bytes)
+        else:
+            out.append(rp)
+    return out
+
+
+def plan_resolved(resolved) -> Plan:
+    return make_plan(Layout.from_resolved(resolved), resolved.recipe_name)

@@ -1,0 +1,298 @@
+"""Resolution: recipe + DeepSpeed base + overrides + world size → one frozen `Resolved`.
+
+This is the one place where defaults are derived and cross-field rules are checked. Everything
+downstream (planner, launcher, trainers, report) reads `resolved.json`, never the recipe.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+from launch import dsconfig
+from launch.errors import ConfigError
+from launch.grid import RankGrid
+from launch.hardware import HardwareProfile, load_profile
+from launch.models import ModelSpec, load_model
+from launch.schema import LoadedRecipe, Recipe, from_dict, load_recipe, to_dict
+
+SCHEMA_VERSION = 1
+
+
+@dataclass(frozen=True)
+class Resolved:
+    recipe_name: str
+    recipe_path: str
+    chain: tuple[str, ...]
+    overrides: tuple[str, ...]
+    recipe: Recipe  # parallel.dp is always an int here
+    model: ModelSpec
+    hardware: HardwareProfile
+    grid: RankGrid
+    grad_accum: int
+    ds_config: Mapping[str, Any]  # empty for backends other than deepspeed
+    ds_base: str
+    warnings: tuple[str, ...]
+    schema_version: int = SCHEMA_VERSION
+
+    @property
+    def world_size(self) -> int:
+        return self.grid.world
+
+    @property
+    def tokens_per_step(self) -> int:
+        return self.recipe.batch.global_batch_size * self.recipe.batch.seq_len
+
+    def to_json(self) -> str:
+        return json.dumps({
+            "schema_version": self.schema_version,
+            "recipe_name": self.recipe_name,
+            "recipe_path": self.recipe_path,
+            "chain": list(self.chain),
+            "overrides": list(self.overrides),
+            "recipe": to_dict(self.recipe),
+            "model": self.model.to_dict(),
+            "hardware": self.hardware.to_dict(),
+            "grid": self.grid.to_dict(),
+            "world_size": self.world_size,
+            "grad_accum": self.grad_accum,
+            "ds_config": self.ds_config,
+            "ds_base": self.ds_base,
+            "warnings": list(self.warnings),
+        }, indent=2)
+
+    @classmethod
+    def from_json(cls, text: str, *, source: str = "resolved.json") -> "Resolved":
+        d = json.loads(text)
+        if d.get("schema_version") != SCHEMA_VERSION:
+            raise ConfigError(source, "schema_version", d.get("schema_version"),
+                              f"is not {SCHEMA_VERSION}, the version this code reads",
+                              "re-resolve the recipe with this checkout (run.sh --dry-run shows it)")
+        return cls(
+            recipe_name=d["recipe_name"], recipe_path=d["recipe_path"], chain=tuple(d["chain"]),
+            overrides=tuple(d["overrides"]), recipe=from_dict(Recipe, d["recipe"]),
+            model=ModelSpec.from_dict(d["model"]), hardware=HardwareProfile.from_dict(d["hardware"]),
+            grid=RankGrid.from_dict(d["grid"]), grad_accum=d["grad_accum"], ds_config=d["ds_config"],
+            ds_base=d["ds_base"], warnings=tuple(d["warnings"]), schema_version=d["schema_version"],
+        )
+
+    @classmethod
+    def load(cls, path: str | Path) -> "Resolved":
+        return cls.from_json(Path(path).read_text(), source=str(path))
+
+
+def resolve_path(path: str | Path, overrides: Sequence[str] = (), world_size: int | None = None) -> Resolved:
+    return resolve(load_recipe(path, overrides), world_size)
+
+
+def resolve(loaded: LoadedRecipe, world_size: int | None = None) -> Resolved:
+    r = loaded.recipe
+    w = loaded.where
+    warnings: list[str] = []
+    par, hw_s, batch, train = r.parallel, r.hardware, r.batch, r.train
+
+    # Model: exactly one source.
+    if (r.model.name is None) == (r.model.config is None):
+        raise ConfigError(w("model.name"), "model.name", r.model.name,
+                          "and model.config: exactly one must be set",
+                          "set model.name to a catalogue model or model.config to a config.json path")
+    if r.model.name is not None:
+        model = load_model(name=r.model.name, context=w("model.name"))
+    else:
+        model = load_model(config_path=Path(w("model.config")).parent / r.model.config, context=w("model.config"))
+    hw = load_profile(hw_s.profile, context=w("hardware.profile"))
+
+    for dotted, value, low in [("parallel.tp", par.tp, 1), ("parallel.pp", par.pp, 1), ("parallel.vpp", par.vpp, 1),
+                               ("hardware.nodes", hw_s.nodes, 1), ("hardware.gpus_per_node", hw_s.gpus_per_node, 1),
+                               ("batch.micro_batch_size", batch.micro_batch_size, 1),
+                               ("batch.global_batch_size", batch.global_batch_size, 1),
+                               ("batch.seq_len", batch.seq_len, 1), ("train.steps", train.steps, 1),
+                               ("train.warmup_steps", train.warmup_steps, 0),
+                               ("train.lr_warmup_steps", train.lr_warmup_steps, 0),
+                               ("train.checkpoint_every", train.checkpoint_every, 0),
+                               ("run.timeout_s", r.run.timeout_s, 1), ("run.profile_active_steps", r.run.profile_active_steps, 1)]:
+        if value < low:
+            raise ConfigError(w(dotted), dotted, value, f"must be at least {low}", f"set {dotted}={low} or more")
+    if par.zero_stage not in (0, 1, 2, 3):
+        raise ConfigError(w("parallel.zero_stage"), "parallel.zero_stage", par.zero_stage, "is not a ZeRO stage",
+                          "set parallel.zero_stage to 0, 1, 2 or 3")
+
+    # World size: nodes × gpus_per_node is the machine; tp × pp × dp must fill it.
+    machine = hw_s.nodes * hw_s.gpus_per_node
+    world = machine if world_size is None else world_size
+    if world != machine:
+        raise ConfigError(w("hardware.gpus_per_node"), "hardware.gpus_per_node", hw_s.gpus_per_node,
+                          f"× hardware.nodes={hw_s.nodes} = {machine} does not match the world size {world}",
+                          f"set hardware.nodes × hardware.gpus_per_node = {world}")
+    tp_pp = par.tp * par.pp
+    if world % tp_pp:
+        raise ConfigError(w("parallel.tp"), "parallel.tp", par.tp,
+                          f"× parallel.pp={par.pp} = {tp_pp} does not divide the world size {world}",
+                          "choose tp × pp that divides nodes × gpus_per_node")
+    dp = world // tp_pp
+    if par.dp != "auto" and par.dp != dp:
+        raise ConfigError(w("parallel.dp"), "parallel.dp", par.dp,
+                          f"disagrees with world {world} / (tp {par.tp} × pp {par.pp}) = {dp}",
+                          f'set parallel.dp={dp} or parallel.dp="auto"')
+
+    # Divisibility of the model by the layout.
+    if model.num_heads % par.tp:
+        raise ConfigError(w("parallel.tp"), "parallel.tp", par.tp,
+                          f"does not divide the {model.num_heads} attention heads of {model.name}",
+                          f"choose tp among {_divisors(model.num_heads)}")
+    if model.num_kv_heads % par.tp:
+        raise ConfigError(w("parallel.tp"), "parallel.tp", par.tp,
+                          f"does not divide the {model.num_kv_heads} KV heads of {model.name}",
+                          f"choose tp among {_divisors(model.num_kv_heads)}")
+    if model.intermediate_size % par.tp:
+        raise ConfigError(w("parallel.tp"), "parallel.tp", par.tp,
+                          f"does not divide the MLP width {model.intermediate_size} of {model.name}",
+                          f"choose tp among {_divisors(model.intermediate_size)}")
+    stages = par.pp * par.vpp
+    if model.num_layers % stages:
+        raise ConfigError(w("parallel.pp"), "parallel.pp", par.pp,
+                          f"× parallel.vpp={par.vpp} = {stages} does not divide the {model.num_layers} layers of {model.name}",
+                          f"choose pp × vpp among {_divisors(model.num_layers)}")
+
+    # Features that only one backend has.
+    if par.sp and par.tp == 1:
+        raise ConfigError(w("parallel.sp"), "parallel.sp", True, "needs parallel.tp > 1 (got 1)",
+                          "set parallel.tp=2 or parallel.sp=false")
+    if r.backend != "megatron":
+        for dotted, value, bad in [("parallel.pp", par.pp, par.pp > 1), ("parallel.sp", par.sp, par.sp),
+                                   ("parallel.vpp", par.vpp, par.vpp > 1)]:
+            if bad:
+                raise ConfigError(w(dotted), dotted, value, f'needs backend = "megatron" (got "{r.backend}")',
+                                  f'set backend = "megatron" or {dotted}={"false" if dotted.endswith("sp") else 1}')
+    if par.vpp > 1 and par.pp == 1:
+        raise ConfigError(w("parallel.vpp"), "parallel.vpp", par.vpp, "needs parallel.pp > 1 (got 1)",
+                          "set parallel.pp=2 or parallel.vpp=1")
+
+    # Batch.
+    per_step = batch.micro_batch_size * dp
+    if batch.global_batch_size % per_step:
+        raise ConfigError(w("batch.global_batch_size"), "batch.global_batch_size", batch.global_batch_size,
+                          f"is not divisible by micro_batch_size {batch.micro_batch_size} × dp {dp} = {per_step}",
+                          f"set batch.global_batch_size to a multiple of {per_step}")
+    grad_accum = batch.global_batch_size // per_step
+    if batch.seq_len > model.max_position_embeddings:
+        warnings.append(f"batch.seq_len={batch.seq_len} exceeds {model.name}'s max_position_embeddings "
+                        f"{model.max_position_embeddings}: RoPE extrapolates beyond what the model was built for")
+    if train.warmup_steps >= train.steps:
+        raise ConfigError(w("train.warmup_steps"), "train.warmup_steps", train.warmup_steps,
+                          f"leaves no measured step out of train.steps={train.steps}",
+                          f"set train.warmup_steps below {train.steps}")
+
+    # Offload.
+    if par.offload_params != "none" and par.zero_stage != 3:
+        raise ConfigError(w("parallel.offload_params"), "parallel.offload_params", par.offload_params,
+                          f"needs parallel.zero_stage=3 (got {par.zero_stage})",
+                          'set parallel.zero_stage=3 or parallel.offload_params="none"')
+    if par.offload_optimizer != "none" and par.zero_stage == 0:
+        raise ConfigError(w("parallel.offload_optimizer"), "parallel.offload_optimizer", par.offload_optimizer,
+                          "needs parallel.zero_stage >= 1 (got 0)",
+                          'set parallel.zero_stage=2 or parallel.offload_optimizer="none"')
+    if "nvme" in (par.offload_optimizer, par.offload_params):
+        if par.zero_stage != 3:
+            raise ConfigError(w("parallel.zero_stage"), "parallel.zero_stage", par.zero_stage,
+                              "must be 3 for NVMe offload (ZeRO-Infinity)", "set parallel.zero_stage=3")
+        if hw.name == "cpu":
+            raise ConfigError(w("parallel.offload_params"), "parallel.offload_params", par.offload_params,
+                              "(NVMe offload) needs a GPU machine; DeepSpeed's async I/O swaps to GPU memory",
+                              'use hardware.profile for your GPU or offload "cpu"')
+        if not par.nvme_path.startswith("/"):
+            raise ConfigError(w("parallel.nvme_path"), "parallel.nvme_path", par.nvme_path,
+                              "must be an absolute path on a local NVMe drive", "set e.g. parallel.nvme_path=\"/local_nvme\"")
+    if r.backend == "megatron" and par.offload_params != "none":
+        raise ConfigError(w("parallel.offload_params"), "parallel.offload_params", par.offload_params,
+                          "is a DeepSpeed feature", 'set parallel.offload_params="none" or backend="deepspeed"')
+
+    # Precision vs hardware.
+    if not hw.supports(r.precision.dtype):
+        raise ConfigError(w("precision.dtype"), "precision.dtype", r.precision.dtype,
+                          f"is not supported by {hw.device}", "set precision.dtype=\"fp16\" (with loss scaling)")
+    if hw.name == "cpu" and r.precision.dtype == "fp16":
+        raise ConfigError(w("precision.dtype"), "precision.dtype", "fp16",
+                          "is not supported by DeepSpeed on CPU ranks", 'set precision.dtype="fp32" or "bf16"')
+    if r.run.profile == "nsys" and hw.name == "cpu":
+        raise ConfigError(w("run.profile"), "run.profile", "nsys", "needs NVIDIA GPUs (Nsight Systems traces CUDA)",
+                          'set run.profile="torch" on CPU ranks')
+    if r.data.source == "text" and not r.data.path:
+        raise ConfigError(w("data.source"), "data.source", "text", "needs data.path",
+                          "set data.path to a .txt/.jsonl file or folder (relative to the recipe)")
+
+    # Placement warnings.
+    if par.tp > hw_s.gpus_per_node:
+        warnings.append(f"parallel.tp={par.tp} > hardware.gpus_per_node={hw_s.gpus_per_node}: TP all-reduces "
+                        "cross nodes on every layer; keep tp within a node")
+    if par.tp > 1 and r.backend == "deepspeed" and par.zero_stage == 3:
+        warnings.append("AutoTP with ZeRO-3 goes beyond DeepSpeed's documented AutoTP training support (ZeRO 0-2); "
+                        "layoutlab's parity tests cover it")
+
+    grid = RankGrid(par.tp, par.pp, dp, hw_s.gpus_per_node, hw_s.nodes)
+    recipe = dataclasses.replace(r, parallel=dataclasses.replace(par, dp=dp))
+    ds_config: dict[str, Any] = {}
+    ds_base = ""
+    if r.backend == "deepspeed":
+        ds_config, ds_base = _deepspeed_config(loaded, recipe, grad_accum, hw)
+    return Resolved(
+        recipe_name=loaded.name, recipe_path=str(loaded.path), chain=loaded.chain, overrides=loaded.overrides,
+        recipe=recipe, model=model, hardware=hw, grid=grid, grad_accum=grad_accum, ds_config=ds_config,
+        ds_base=ds_base, warnings=tuple(warnings),
+    )
+
+
+def _deepspeed_config(loaded: LoadedRecipe, r: Recipe, grad_accum: int, hw: HardwareProfile) -> tuple[dict, str]:
+    par = r.parallel
+    if r.deepspeed.config:
+        base_path = Path(loaded.where("deepspeed.config")).parent / r.deepspeed.config
+        if not base_path.is_file() and (dsconfig.DS_CONFIGS / r.deepspeed.config).is_file():
+            base_path = dsconfig.DS_CONFIGS / r.deepspeed.config
+    else:
+        base_path = dsconfig.default_base(par.zero_stage, par.offload_optimizer, par.offload_params)
+    base = dsconfig.read_json(base_path, context=loaded.where("deepspeed.config"), field="deepspeed.config")
+    if r.precision.dtype != "fp32":
+        frag = dsconfig.DS_CONFIGS / f"{r.precision.dtype}.json"
+        base = dsconfig.merge_fragment(base, dsconfig.read_json(frag, context=str(frag), field="precision"))
+    t = r.train
+    # DeepSpeedCPUAdam runs the optimizer step on the host when the optimizer is offloaded; otherwise
+    # torch's AdamW avoids DeepSpeed's JIT-built fused Adam on machines without a prebuilt op.
+    offloaded = par.offload_optimizer != "none"
+    owned: dict[str, tuple[Any, str]] = {
+        "train_batch_size": (r.batch.global_batch_size, "batch.global_batch_size"),
+        "train_micro_batch_size_per_gpu": (r.batch.micro_batch_size, "batch.micro_batch_size"),
+        "gradient_accumulation_steps": (grad_accum, "batch.global_batch_size / (micro_batch_size × dp)"),
+        "gradient_clipping": (t.grad_clip, "train.grad_clip"),
+        "zero_optimization.stage": (par.zero_stage, "parallel.zero_stage"),
+        "bf16.enabled": (r.precision.dtype == "bf16", "precision.dtype"),
+        "fp16.enabled": (r.precision.dtype == "fp16", "precision.dtype"),
+        "optimizer.type": ("AdamW", "train (AdamW)"),
+        "optimizer.params.lr": (t.lr, "train.lr"),
+        "optimizer.params.betas": ([t.adam_beta1, t.adam_beta2], "train.adam_beta1/adam_beta2"),
+        "optimizer.params.eps": (1e-8, "train (AdamW eps)"),
+        "optimizer.params.weight_decay": (t.weight_decay, "train.weight_decay"),
+        "optimizer.params.torch_adam": (not offloaded, "parallel.offload_optimizer"),
+    }
+    for kind, dev in (("offload_optimizer", par.offload_optimizer), ("offload_param", par.offload_params)):
+        field = "parallel.offload_optimizer" if kind == "offload_optimizer" else "parallel.offload_params"
+        if dev != "none":
+            owned[f"zero_optimization.{kind}.device"] = (dev, field)
+            if dev == "nvme":
+                owned[f"zero_optimization.{kind}.nvme_path"] = (par.nvme_path, "parallel.nvme_path")
+    if par.tp > 1:
+        owned["tensor_parallel.autotp_size"] = (par.tp, "parallel.tp")
+    base_file = str(base_path.relative_to(dsconfig.DS_CONFIGS.parent)) if base_path.is_relative_to(dsconfig.DS_CONFIGS.parent) else str(base_path)
+    cfg = dsconfig.compose(base, base_file, owned)
+    zo = cfg.get("zero_optimization", {})
+    for kind, dev in (("offload_optimizer", par.offload_optimizer), ("offload_param", par.offload_params)):
+        if dev == "none" and isinstance(zo.get(kind), dict) and zo[kind].get("device", "none") != "none":
+            raise ConfigError(base_file, f"zero_optimization.{kind}.device", zo[kind]["device"],
+                              f"contradicts the recipe ({'parallel.offload_params' if kind == 'offload_param' else 'parallel.offload_optimizer'} is \"none\")",
+                              "pick a base without offload or set the recipe's offload field")
+    return cfg, base_file
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, min(n, 64) + 1) if n % d == 0]

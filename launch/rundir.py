@@ -1,0 +1,111 @@
+"""The one owner of a run directory's layout; everything else asks it for paths.
+
+runs/<recipe>/<UTC yyyymmdd-hhmmss>/
+  resolved.json  plan.json  env.json  launch_cmd.txt
+  metrics/rank{R}.jsonl   logs/rank{R}.out|err   traces/   nccl/   commbench/   tensorboard/   checkpoints/
+"""
+from __future__ import annotations
+
+import datetime as _dt
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+SUBDIRS = ("metrics", "logs", "traces", "nccl", "commbench", "tensorboard", "checkpoints")
+
+
+def runs_root() -> Path:
+    """`$LAYOUTLAB_RUNS` when set, else ./runs (relative to where run.sh is called)."""
+    return Path(os.environ.get("LAYOUTLAB_RUNS", "runs"))
+
+
+@dataclass(frozen=True)
+class RunDir:
+    root: Path
+
+    @property
+    def resolved(self) -> Path:
+        return self.root / "resolved.json"
+
+    @property
+    def plan(self) -> Path:
+        return self.root / "plan.json"
+
+    @property
+    def env(self) -> Path:
+        return self.root / "env.json"
+
+    @property
+    def launch_cmd(self) -> Path:
+        return self.root / "launch_cmd.txt"
+
+    @property
+    def metrics_dir(self) -> Path:
+        return self.root / "metrics"
+
+    def metrics(self, rank: int) -> Path:
+        return self.metrics_dir / f"rank{rank}.jsonl"
+
+    @property
+    def logs(self) -> Path:
+        return self.root / "logs"
+
+    def stdout(self, rank: int) -> Path:
+        return self.logs / f"rank{rank}.out"
+
+    def stderr(self, rank: int) -> Path:
+        return self.logs / f"rank{rank}.err"
+
+    @property
+    def traces(self) -> Path:
+        return self.root / "traces"
+
+    @property
+    def nccl(self) -> Path:
+        return self.root / "nccl"
+
+    def nccl_log(self, rank: int) -> Path:
+        return self.nccl / f"rank{rank}.log"
+
+    @property
+    def commbench(self) -> Path:
+        return self.root / "commbench"
+
+    @property
+    def tensorboard(self) -> Path:
+        return self.root / "tensorboard"
+
+    @property
+    def checkpoints(self) -> Path:
+        return self.root / "checkpoints"
+
+    @classmethod
+    def create(cls, recipe_name: str, *, root: Path | None = None, now: _dt.datetime | None = None) -> "RunDir":
+        base = (root or runs_root()) / recipe_name
+        stamp = (now or _dt.datetime.now(_dt.timezone.utc)).strftime("%Y%m%d-%H%M%S")
+        path = base / stamp
+        n = 1
+        while path.exists():  # two launches in one second get distinct folders
+            path = base / f"{stamp}-{n}"
+            n += 1
+        for sub in SUBDIRS:
+            (path / sub).mkdir(parents=True, exist_ok=True)
+        return cls(path)
+
+    @classmethod
+    def open(cls, path: str | Path) -> "RunDir":
+        return cls(Path(path))
+
+    @staticmethod
+    def is_run_dir(path: str | Path) -> bool:
+        return (Path(path) / "resolved.json").is_file()
+
+    def siblings(self) -> list["RunDir"]:
+        """Earlier runs of the same recipe, oldest first (for resume=auto)."""
+        parent = self.root.parent
+        return [RunDir(p) for p in sorted(parent.iterdir()) if p != self.root and RunDir.is_run_dir(p)]
+
+    def write_text_atomic(self, path: Path, text: str) -> None:
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text(text)
+        os.replace(tmp, path)
