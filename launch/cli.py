@@ -24,7 +24,7 @@ BUILT_BACKENDS: frozenset[str] = frozenset()  # backends whose trainer exists; o
 def _console():
     from rich.console import Console
 
-    return Console(width=int(os.environ.get("COLUMNS", "120")), highlight=False, soft_wrap=False)
+    return Console(width=int(os.environ.get("COLUMNS", "120")), highlight=False, soft_wrap=True)
 
 
 def _gib(n: float) -> str:

@@ -257,22 +257,29 @@ def model_states(layout: Layout, params: int, accounting: str) -> tuple[int, int
         if z >= 3:
             w = math.ceil(w / d)
     elif accounting == "deepspeed":
-        # fp32 master copy + Adam m + v + fp32 gradient partition: 16 B; in fp32 training DeepSpeed still
-        # keeps a separate fp32 partition, so the 16 B hold either way.
+        # DeepSpeed 0.19.8 (stage_1_and_2.py / stage3.py estimators): fp32 master 4 + Adam m, v 8 = 12 B
+        # per parameter of the partition, plus an fp32 gradient partition of 4 B; ZeRO-2 also keeps its
+        # 16-bit gradient partition (2 + 18/N in all); ZeRO-3 keeps 16-bit parameter partitions and the
+        # largest layer gathered as 16-bit weights and gradients (4 B × its params).
         if z == 0:
-            w, g = e * params, e * params
-            o = (16 if mixed else 8) * params
-        elif z in (1, 2):
-            w, g = e * params, e * params
-            o = 16 * params // d
+            w, g = e * params, e * params + (4 * params if mixed else 0)
+            o = (12 if mixed else 8) * params
+        elif z == 1:
+            w, g = e * params, e * params + 4 * params // d
+            o = 12 * params // d
+        elif z == 2:
+            w, g = e * params, (e + 4) * params // d
+            o = 12 * params // d
         else:
             big = largest_layer_params(layout)
             w = e * params // d + 2 * big
-            g = 2 * big
-            o = 16 * params // d
+            g = 4 * params // d + 2 * big
+            o = 12 * params // d
         if off_opt:
-            host += o
-            o = 0
+            # The optimizer step, its fp32 state and the fp32 gradient partition move to the host.
+            moved_g = g - (2 * largest_layer_params(layout) if z == 3 else 0)
+            host += o + moved_g
+            o, g = 0, g - moved_g
         if off_par and z == 3:
             host += e * params // d
             w -= e * params // d

@@ -163,6 +163,9 @@ def load_recipe(path: str | Path, overrides: Sequence[str] = ()) -> LoadedRecipe
     for item in overrides:
         key, value = _parse_override(item)
         _set_dotted(merged, key, value)
+        parts = key.split(".")
+        for i in range(1, len(parts)):
+            origin.setdefault(".".join(parts[:i]), f"override {item}")
         origin[key] = f"override {item}"
     recipe = _build(Recipe, merged, "", origin, str(top))
     return LoadedRecipe(

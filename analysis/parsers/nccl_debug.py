@@ -1,0 +1,530 @@
+"""Parse NCCL_DEBUG=INFO logs into one row per channel connection, and judge the transports.
+
+A log may hold several ranks' output concatenated or interleaved, behind launcher prefixes
+(`[1,0]<stdout>:`, `[0] `, timestamps). Every NCCL line carries `host:pid:tid [cudaDev]`; the
+bracket is the *local* CUDA device of the logging thread, not the global rank. The global rank is
+the number before `[` in a connection line (`3[4a000] -> 6[44000]`), whose own bracket is a bus id
+(NCCL 2.5-2.11) or an NVML device index (2.12+); the `Init COMPLETE` lines tie ranks to hosts.
+
+Formats handled (from NCCL's own printf strings, v2.3 to v2.30):
+  Ring 00 : 0 -> 1 via NET/IB/0                                    (2.3-2.4)
+  Ring 00 : 0[1b000] -> 7[41000] via direct shared memory          (2.4-2.6)
+  Channel 00 : 3[4a000] -> 6[44000] [send] via NET/IB/0/GDRDMA     (2.7-2.11)
+  Channel 03/0 : 5[5] -> 12[4] [send] via NET/IB/3                 (2.12+; /0 collectives, /1 p2p)
+  Channel 00 : 3[3] -> 4[4] via SHM/direct/direct
+  CollNet 00/0 : 3 [send] via COLLNET/SHARP/0/GDRDMA
+  NVLS comm 0x... headRank 0 nHeads 8 ...                          (one row per rank, no peer)
+"""
+from __future__ import annotations
+
+import os
+import re
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import Any, Iterable, Mapping
+
+from analysis.table import Table
+
+COLUMNS: dict[str, str] = {
+    "host": "host of the logging process, from the `host:pid:tid` prefix; None where the prefix was stripped",
+    "pid": "process id from the prefix (int); None where stripped",
+    "rank": "rank (within its communicator) that printed the line: the sender for [send], P2P and SHM "
+            "lines, the receiver for [receive] lines",
+    "cuda_dev": "local CUDA device of the logging thread (the `[n]` after the prefix); not a rank",
+    "comm": "communicator: NCCL's commId where the log prints it (2.18+), else the process-local comm "
+            "pointer, else None; ranks are numbered within it",
+    "channel": "channel id (int)",
+    "conn_index": "connection index after the slash in `Channel 03/1` (0 collectives, 1 point-to-point); "
+                  "None in formats without it",
+    "peer_from": "sending rank (int); for CollNet/NVLS rows the rank itself",
+    "peer_to": "receiving rank (int); None for CollNet and NVLS rows, which have no single peer",
+    "peer_host": "host of the other end, looked up in the `Init COMPLETE` lines; None when not known",
+    "direction": "'send' or 'receive' as printed for NET/CollNet lines; None for P2P/SHM lines",
+    "transport": "normalised transport: P2P/IPC, P2P/CUMEM, P2P/direct pointer, P2P/indirect, SHM, "
+                 "NET/IB, NET/IB/GDRDMA, NET/Socket, NET/<plugin>[/GDRDMA], CollNet, NVLS",
+    "via_detail": "the text after `via`, verbatim (e.g. `NET/IBext_v8/3/GDRDMA`, `P2P/IPC/read`)",
+    "kind": "'ring', 'tree', 'nvls', 'collnet' or 'p2p' when the log tells (the `Connected all rings/"
+            "trees` marker that closes the block, `/1` for p2p, legacy `Ring` lines); else None",
+    "line": "1-based line number in the source text",
+}
+
+# `[1,0]<stdout>:` is Open MPI's --tag-output; other launchers' prefixes end before the host.
+_MPI_TAG = re.compile(r"^\[\d+,\d+\]<(?:stdout|stderr)>:")
+_PREFIX = re.compile(
+    r"(?P<host>[^\s:]+):(?P<pid>\d+):(?P<tid>\d+) \[(?P<dev>\d+)\] NCCL (?P<level>INFO|WARN|TRACE|CALL)\b ?")
+# Users often paste logs with the host prefix cut away: ` [0] NCCL INFO ...`.
+_BARE_PREFIX = re.compile(r"\[(?P<dev>\d+)\] NCCL (?P<level>INFO|WARN|TRACE|CALL)\b ?")
+
+_CONN = re.compile(
+    r"^(?P<word>Channel|Ring) (?P<ch>\d+)(?:/(?P<ci>\d+))? : (?P<src>\d+)(?:\[[0-9a-fA-Fx]*\])? -> "
+    r"(?P<dst>\d+)(?:\[[0-9a-fA-Fx]*\])?(?: \[(?P<dir>send|receive)\])? via (?P<via>.*?)\s*$")
+_COLLNET = re.compile(
+    r"^(?:CollNet|Coll) (?P<ch>\d+)(?:/(?P<ci>\d+))? : (?P<rank>\d+) \[(?P<dir>send|receive)\] "
+    r"via (?P<via>.*?)\s*$")
+_CONN_LIKE = re.compile(r"^(?:Channel|Ring|CollNet|Coll) \d+.* via ")
+_RING_ORDER = re.compile(r"^(?:Channel|Ring) (?P<ch>\d+)(?:/(?P<n>\d+))? :(?P<order>(?:\s+\d+)+)\s*$")
+_NVLS = re.compile(r"^NVLS comm (?P<ptr>0x[0-9a-fA-F]+|\(nil\)) headRank (?P<head>-?\d+) nHeads (?P<nheads>\d+)")
+_COMM_INFO = re.compile(
+    r"comm (?P<ptr>0x[0-9a-fA-F]+|\(nil\)) rank (?P<rank>\d+) nRanks (?P<nranks>\d+)"
+    r"(?: nNodes (?P<nnodes>\d+))?")
+_INIT = re.compile(
+    r"comm (?P<ptr>0x[0-9a-fA-F]+|\(nil\)) rank (?P<rank>\d+) nranks (?P<nranks>\d+) cudaDev (?P<dev>\d+)"
+    r"(?: nvmlDev (?P<nvml>\d+))?(?: busId (?P<busid>[0-9a-fA-F]+))?.*?- Init (?P<phase>START|COMPLETE)")
+_COMM_ID = re.compile(r"commId (0x[0-9a-fA-F]+)")
+_VERSION = re.compile(r"\b(?P<lib>NCCL|RCCL) version (?P<ver>\d+\.\d+\.\d+)[^\s+]*(?:\+(?P<rt>cuda|hip)(?P<rtver>[\d.]+))?")
+_DRIVER = re.compile(r"\bcudaDriverVersion (\d+)")
+_IB_USING = re.compile(r"^NET/IB\w* : Using(?P<rest>.*)$")
+_IB_DEV = re.compile(r"\[(?P<idx>\d+)\](?P<dev>[\w.-]+):(?P<port>\d+)/(?P<link>[A-Za-z]+)")
+_SOCKET_USING = re.compile(r"^NET/Socket : Using(?P<rest>.*)$")
+_SOCKET_DEV = re.compile(r"\[(?P<idx>\d+)\](?P<ifname>[^:\s]+):(?P<addr>\S+?)<\d+>")
+_USING_NETWORK = re.compile(r"^Using network (?P<name>.+?)\s*$")
+_ENV = re.compile(r"^(?P<name>NCCL_\w+) set (?:by environment )?to (?P<value>.*?)\.?\s*$")
+_CHANNEL_COUNTS = re.compile(
+    r"^(?P<coll>\d+) coll channels, (?:(?P<collnet>\d+) collnet channels, )?(?:(?P<nvls>\d+) nvls channels, )?"
+    r"(?P<p2p>\d+) p2p channels, (?P<per_peer>\d+) p2p channels per peer")
+_MARKERS = (
+    (re.compile(r"^Connected all rings\b"), "ring"),
+    (re.compile(r"^Connected all trees\b"), "tree"),
+    (re.compile(r"^Connected NVLS\b"), "nvls"),
+    (re.compile(r"^(?:Connected collnet|rank \d+ Connected CollNet)"), "collnet"),
+)
+
+
+def read_source(path_or_text: str | os.PathLike[str], source: str = "") -> tuple[str, str, list[str]]:
+    """Return (text, source name, warnings) for a path or for the text itself.
+
+    A `str` with no newline that names an existing file is read as a path; anything else is text.
+    Undecodable bytes are replaced rather than raised on, since corrupt logs are normal input.
+    """
+    warnings: list[str] = []
+    is_path = isinstance(path_or_text, os.PathLike) or (
+        isinstance(path_or_text, str) and "\n" not in path_or_text and len(path_or_text) < 4096
+        and os.path.isfile(path_or_text))
+    if not is_path:
+        text = str(path_or_text)
+        name = source or "<text>"
+    else:
+        name = source or os.fspath(path_or_text)
+        try:
+            with open(path_or_text, "rb") as fh:
+                data = fh.read()
+        except OSError as exc:
+            return "", name, [f"{name}: cannot read ({exc.strerror or exc})"]
+        text = data.decode("utf-8", errors="replace")
+        if "\ufffd" in text:
+            warnings.append(f"{name}: bytes that are not UTF-8 were replaced")
+    return text.replace("\r\n", "\n").replace("\r", "\n"), name, warnings
+
+
+def split_lines(text: str) -> tuple[list[str], bool]:
+    """Lines of `text` and whether the last one is cut (no newline after it)."""
+    lines = text.split("\n")
+    if lines and lines[-1] == "":
+        lines.pop()
+        return lines, False
+    return lines, bool(lines)
+
+
+@dataclass(frozen=True)
+class LogLine:
+    """An NCCL log line split into its prefix fields and the message after `NCCL INFO `."""
+
+    host: str | None
+    pid: int | None
+    tid: int | None
+    cuda_dev: int
+    level: str
+    message: str
+    start: int  # offset of the prefix in the raw line, for callers that splice text around it
+
+
+def find_log_line(raw: str) -> LogLine | None:
+    """Find an NCCL log prefix anywhere in `raw` (launcher prefixes and glued text are tolerated)."""
+    line = _MPI_TAG.sub("", raw)
+    offset = len(raw) - len(line)
+    m = _PREFIX.search(line)
+    if m:
+        return LogLine(m["host"], int(m["pid"]), int(m["tid"]), int(m["dev"]), m["level"],
+                       line[m.end():].rstrip(), m.start() + offset)
+    m = _BARE_PREFIX.search(line)
+    if m:
+        return LogLine(None, None, None, int(m["dev"]), m["level"], line[m.end():].rstrip(), m.start() + offset)
+    return None
+
+
+def version_facts(message: str) -> dict[str, str]:
+    """nccl_version / rccl_version / cuda_runtime / hip_runtime / cuda_driver named in one message."""
+    facts: dict[str, str] = {}
+    m = _VERSION.search(message)
+    if m:
+        facts["nccl_version" if m["lib"] == "NCCL" else "rccl_version"] = m["ver"]
+        if m["rt"]:
+            facts[f"{m['rt']}_runtime"] = m["rtver"].rstrip(".")
+    m = _DRIVER.search(message)
+    if m:
+        v = int(m[1])
+        facts["cuda_driver"] = f"{v // 1000}.{(v % 1000) // 10}"
+    return facts
+
+
+def normalise_transport(via: str) -> str:
+    """Map the text after `via` onto one transport name (see COLUMNS['transport'])."""
+    v = via.strip()
+    parts = v.split("/")
+    head = parts[0].upper()
+    if head == "P2P" and len(parts) > 1:
+        kind = parts[1]
+        for name in ("direct pointer", "IPC", "CUMEM", "MNNVL", "indirect", "common device"):
+            if kind.startswith(name):
+                return f"P2P/{name}"
+        return f"P2P/{kind}"
+    if head == "SHM" or v.startswith("direct shared memory"):
+        return "SHM"
+    if head == "NET":
+        m = re.match(r"NET/(?P<name>.+?)/\d+(?:\(\d+\))?(?P<rest>.*)$", v)
+        name = m["name"] if m else (parts[1] if len(parts) > 1 else "?")
+        # IBext / IBext_v8 is the SHARP plugin driving the same IB verbs: same fabric, same expectation.
+        if re.match(r"IB(?:ext\w*)?$", name):
+            name = "IB"
+        gdr = bool(m) and "/GDRDMA" in m["rest"]
+        return f"NET/{name}/GDRDMA" if gdr else f"NET/{name}"
+    if head == "COLLNET":
+        return "CollNet"
+    if head == "NVLS":
+        return "NVLS"
+    return v
+
+
+def _int(text: str | None) -> int | None:
+    return int(text) if text is not None else None
+
+
+def parse_nccl_debug(path_or_text: str | os.PathLike[str], *, source: str = "") -> Table:
+    """Parse an NCCL_DEBUG=INFO log (one rank or many, concatenated) into the `nccl_debug` table.
+
+    Never raises on content: lines it cannot read are skipped, a line cut off at the end of the
+    file is dropped with a warning, and an input without NCCL lines gives an empty table and a
+    warning naming the file.
+    """
+    text, name, warnings = read_source(path_or_text, source)
+    lines, last_cut = split_lines(text)
+    rows: list[dict[str, Any]] = []
+    meta: dict[str, Any] = {
+        "nccl_version": None, "cuda_runtime": None, "cuda_driver": None, "nranks": None, "ranks": {},
+        "hosts": [], "ib_devices": [], "ib_no_device": False, "socket_interfaces": [], "net_plugins": [],
+        "env": {}, "algo_proto": {}, "rings": [], "channel_counts": None, "nnodes": None,
+        "nccl_warnings": [],
+    }
+    # Per logging thread: events in order (row index, closing marker kind, or reset) so that each
+    # connection line can be given the kind of the `Connected all ...` marker that ends its block.
+    events: dict[tuple, list[tuple[str, Any]]] = defaultdict(list)
+    thread_comm: dict[tuple, str] = {}        # last comm pointer announced on a thread
+    pointer_comm_id: dict[tuple, str] = {}    # (host, pid, pointer) -> commId
+    inits: list[dict[str, Any]] = []
+    seen_nccl = False
+
+    for lineno, raw in enumerate(lines, start=1):
+        cut = last_cut and lineno == len(lines)
+        log = find_log_line(raw)
+        if log is None:
+            # VERSION-level lines come without a prefix.
+            if not cut:
+                for key, value in version_facts(raw).items():
+                    meta[key] = meta.get(key) or value
+            continue
+        seen_nccl = True
+        if cut:
+            warnings.append(f"{name}:{lineno}: last line is cut short; ignored")
+            break
+        msg = log.message
+        thread = (log.host, log.pid, log.tid) if log.host is not None else (None, None, log.cuda_dev)
+        if log.level == "WARN":
+            meta["nccl_warnings"].append(f"line {lineno}: {msg}")
+            continue
+        for key, value in version_facts(msg).items():
+            meta[key] = meta.get(key) or value
+
+        m = _CONN.match(msg)
+        if m:
+            rows.append(_connection_row(m, log, thread_comm.get(thread), lineno))
+            events[thread].append(("row", len(rows) - 1))
+            continue
+        m = _COLLNET.match(msg)
+        if m:
+            rank = int(m["rank"])
+            rows.append(_row(log, lineno, rank=rank, comm=thread_comm.get(thread), channel=int(m["ch"]),
+                             conn_index=_int(m["ci"]), peer_from=rank, direction=m["dir"],
+                             transport="CollNet", via_detail=m["via"], kind="collnet"))
+            continue
+        m = _NVLS.match(msg)
+        if m:
+            rows.append(_row(log, lineno, comm=m["ptr"], transport="NVLS", via_detail=msg, kind="nvls"))
+            continue
+        m = _RING_ORDER.match(msg)
+        if m:
+            meta["rings"].append({"channel": int(m["ch"]), "order": [int(x) for x in m["order"].split()],
+                                  "line": lineno})
+            continue
+        if _CONN_LIKE.match(msg):
+            warnings.append(f"{name}:{lineno}: connection line not understood: {msg[:120]}")
+            continue
+        for pattern, kind in _MARKERS:
+            if pattern.match(msg):
+                events[thread].append(("marker", kind))
+                break
+        else:
+            _header_fact(msg, meta, log, lineno, thread, thread_comm, pointer_comm_id, inits, events)
+
+    if not seen_nccl:
+        warnings.append(f"{name}: no NCCL log lines found (was NCCL_DEBUG=INFO set?)")
+    _assign_kinds(rows, events)
+    _resolve_comms(rows, inits, pointer_comm_id, meta)
+    meta["hosts"] = sorted({r["host"] for r in rows if r["host"]} |
+                           {i["host"] for i in inits if i["host"]})
+    return Table.from_rows("nccl_debug", COLUMNS, rows, source=name, warnings=warnings, meta=meta)
+
+
+def _row(log: LogLine, lineno: int, **fields: Any) -> dict[str, Any]:
+    row = {"host": log.host, "pid": log.pid, "cuda_dev": log.cuda_dev, "line": lineno}
+    row.update(fields)
+    return row
+
+
+def _connection_row(m: re.Match, log: LogLine, comm: str | None, lineno: int) -> dict[str, Any]:
+    src, dst, direction, via = int(m["src"]), int(m["dst"]), m["dir"], m["via"]
+    transport = normalise_transport(via)
+    # NET receive lines are printed by the receiver; NCCL 2.3 printed NET lines only on receive,
+    # without the [receive] tag.
+    receiver_prints = direction == "receive" or (
+        direction is None and m["word"] == "Ring" and transport.startswith("NET/"))
+    ci = _int(m["ci"])
+    kind = "ring" if m["word"] == "Ring" else ("p2p" if ci == 1 else None)
+    return _row(log, lineno, rank=dst if receiver_prints else src, comm=comm, channel=int(m["ch"]),
+                conn_index=ci, peer_from=src, peer_to=dst, direction=direction, transport=transport,
+                via_detail=via, kind=kind)
+
+
+def _header_fact(msg: str, meta: dict[str, Any], log: LogLine, lineno: int, thread: tuple,
+                 thread_comm: dict, pointer_comm_id: dict, inits: list, events: dict) -> None:
+    m = _INIT.search(msg)
+    if m:
+        comm_id = _COMM_ID.search(msg)
+        if comm_id:
+            pointer_comm_id[(log.host, log.pid, m["ptr"])] = comm_id[1]
+        if m["phase"] == "START":
+            thread_comm[thread] = m["ptr"]
+            events[thread].append(("reset", None))
+        else:
+            inits.append({"host": log.host, "pid": log.pid, "ptr": m["ptr"], "rank": int(m["rank"]),
+                          "nranks": int(m["nranks"]), "cuda_dev": int(m["dev"]), "nvml_dev": _int(m["nvml"]),
+                          "busid": m["busid"], "comm_id": comm_id[1] if comm_id else None, "line": lineno})
+        return
+    m = _COMM_INFO.search(msg)
+    if m:
+        thread_comm[thread] = m["ptr"]
+        events[thread].append(("reset", None))
+        if m["nnodes"]:
+            meta["nnodes"] = max(meta["nnodes"] or 0, int(m["nnodes"]))
+        return
+    m = _IB_USING.match(msg)
+    if m:
+        for d in _IB_DEV.finditer(m["rest"]):
+            dev = {"device": d["dev"], "port": int(d["port"]), "link": d["link"]}
+            if dev not in meta["ib_devices"]:
+                meta["ib_devices"].append(dev)
+        return
+    if msg.startswith("NET/IB : No device found"):
+        meta["ib_no_device"] = True
+        return
+    m = _SOCKET_USING.match(msg)
+    if m:
+        for d in _SOCKET_DEV.finditer(m["rest"]):
+            iface = {"interface": d["ifname"], "address": d["addr"]}
+            if iface not in meta["socket_interfaces"]:
+                meta["socket_interfaces"].append(iface)
+        return
+    m = _USING_NETWORK.match(msg)
+    if m:
+        if m["name"] not in meta["net_plugins"]:
+            meta["net_plugins"].append(m["name"])
+        return
+    m = _ENV.match(msg)
+    if m:
+        meta["env"][m["name"]] = m["value"]
+        if m["name"] in ("NCCL_ALGO", "NCCL_PROTO"):
+            meta["algo_proto"][m["name"]] = m["value"]
+        return
+    m = _CHANNEL_COUNTS.match(msg)
+    if m and meta["channel_counts"] is None:
+        meta["channel_counts"] = {k: int(v) for k, v in m.groupdict().items() if v is not None}
+
+
+def _assign_kinds(rows: list[dict[str, Any]], events: Mapping[tuple, list[tuple[str, Any]]]) -> None:
+    # Walk each thread's events backwards: a row belongs to the next marker after it unless a new
+    # communicator starts in between. Rows no marker closes keep what the line itself told.
+    for seq in events.values():
+        closing: str | None = None
+        for what, value in reversed(seq):
+            if what == "marker":
+                closing = value
+            elif what == "reset":
+                closing = None
+            else:
+                row = rows[value]
+                if row["kind"] is None and closing is not None and closing != "collnet":
+                    row["kind"] = closing
+                elif row["conn_index"] == 1 and closing == "collnet":
+                    row["kind"] = "collnet"
+
+
+def _resolve_comms(rows: list[dict[str, Any]], inits: list[dict[str, Any]],
+                   pointer_comm_id: Mapping[tuple, str], meta: dict[str, Any]) -> None:
+    """Name each row's communicator and fill peer_host and meta['ranks'] from the Init lines."""
+    comms: dict[str, dict[int, dict[str, Any]]] = defaultdict(dict)
+    ambiguous = False
+    for init in inits:
+        key = init["comm_id"] or pointer_comm_id.get((init["host"], init["pid"], init["ptr"]))
+        # Without a commId (before 2.18) processes cannot be matched to one communicator, so
+        # communicators are told apart by size; same-size groups then share one map.
+        key = key or f"nranks={init['nranks']}"
+        entry = {k: init[k] for k in ("host", "pid", "cuda_dev", "nvml_dev", "busid", "nranks")}
+        previous = comms[key].get(init["rank"])
+        if previous is not None and (previous["host"], previous["pid"], previous["cuda_dev"]) != (
+                entry["host"], entry["pid"], entry["cuda_dev"]):
+            ambiguous = True
+        comms[key].setdefault(init["rank"], entry)
+    rank_of_pointer = {(i["host"], i["pid"], i["ptr"]): i["rank"] for i in inits}
+    for row in rows:
+        ptr = row["comm"]
+        if ptr is None:
+            continue
+        row["comm"] = pointer_comm_id.get((row["host"], row["pid"], ptr), ptr)
+        if row["rank"] is None:  # NVLS lines name the comm, not the rank
+            row["rank"] = row["peer_from"] = rank_of_pointer.get((row["host"], row["pid"], ptr))
+    if comms:
+        world = max(comms, key=lambda k: (next(iter(comms[k].values()))["nranks"], len(comms[k])))
+        meta["ranks"] = dict(sorted(comms[world].items()))
+        meta["nranks"] = next(iter(comms[world].values()))["nranks"]
+        meta["comms"] = {k: dict(sorted(v.items())) for k, v in comms.items()}
+    meta["ranks_ambiguous"] = ambiguous
+    for row in rows:
+        if row.get("peer_to") is None:
+            row["peer_host"] = None
+            continue
+        other = row["peer_to"] if row["rank"] == row["peer_from"] else row["peer_from"]
+        ranks = comms.get(row["comm"]) if row["comm"] in comms else (
+            next(iter(comms.values())) if len(comms) == 1 else None)
+        peer = ranks.get(other) if ranks else None
+        row["peer_host"] = peer["host"] if peer else None
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One judgement about a log: severity 'warn' or 'info', a sentence, and the lines behind it."""
+
+    severity: str
+    message: str
+    evidence: tuple[str, ...] = ()
+
+
+def _ranks_text(ranks: Iterable[int | None]) -> str:
+    """'rank 3' or 'ranks 0–7, 12' (unknown ranks are left out)."""
+    values = sorted({r for r in ranks if r is not None})
+    if not values:
+        return "ranks ?"
+    parts: list[str] = []
+    start = prev = None
+    for v in values + [None]:
+        if start is None:
+            start = prev = v
+        elif v is not None and v == prev + 1:
+            prev = v
+        else:
+            parts.append(f"{start}" if start == prev else f"{start}–{prev}")
+            start = prev = v
+    return ("rank " if len(values) == 1 else "ranks ") + ", ".join(parts)
+
+
+def _evidence(rows: list[dict[str, Any]], limit: int = 3) -> tuple[str, ...]:
+    return tuple(f"line {r['line']}: {r['peer_from']} -> {r['peer_to']} via {r['via_detail']}"
+                 for r in rows[:limit])
+
+
+def _is_inter_node(row: Mapping[str, Any]) -> bool:
+    # NET is NCCL's inter-node transport; it is only used inside a node when P2P and SHM are
+    # both unavailable, which the peer's host (when known) reveals.
+    if row["peer_host"] is not None and row["host"] is not None:
+        return row["peer_host"] != row["host"]
+    return True
+
+
+def verdict(table: Table, *, expect_net: str | None = None) -> list[Finding]:
+    """Judge the transports in a `parse_nccl_debug` table.
+
+    `expect_net` is what the hardware profile promises between nodes ("IB" for InfiniBand or RoCE);
+    without it, IB devices listed in the log are taken as the expectation.
+    """
+    rows = list(table.rows())
+    meta = table.meta
+    findings: list[Finding] = []
+    if not rows:
+        findings.append(Finding("info", "no connection lines found: set NCCL_DEBUG=INFO (and keep INIT in "
+                                        "NCCL_DEBUG_SUBSYS) to see which transports NCCL chose"))
+        return findings
+    ib_names = list(dict.fromkeys(d["device"] for d in meta.get("ib_devices", [])))
+    wants_ib = (expect_net or "").upper().removeprefix("NET/") in ("IB", "ROCE") or bool(ib_names)
+
+    sockets = [r for r in rows if r["transport"] == "NET/Socket" and _is_inter_node(r)]
+    by_pair: dict[tuple, list[dict[str, Any]]] = defaultdict(list)
+    for r in sockets:
+        by_pair[(r["host"], r["peer_host"])].append(r)
+    for (host, peer_host), group in sorted(by_pair.items(), key=lambda kv: (str(kv[0][0]), str(kv[0][1]))):
+        who = _ranks_text(r["rank"] for r in group) + (f" on host {host}" if host else "")
+        talk = "talk" if who.startswith("ranks") else "talks"
+        to = f"host {peer_host}" if peer_host else "other nodes"
+        if wants_ib:
+            why = (f"IB devices {', '.join(ib_names)} are listed" if ib_names
+                   else f"the profile expects {expect_net}")
+            if "Socket" in meta.get("net_plugins", []):
+                why += "; 'Using network Socket' (NCCL_NET, NCCL_IB_DISABLE or a missing plugin?)"
+            findings.append(Finding("warn", f"{who} {talk} to {to} over NET/Socket: expected NET/IB ({why})",
+                                    _evidence(group)))
+        else:
+            why = "NET/IB found no device" if meta.get("ib_no_device") else "no IB devices are listed"
+            findings.append(Finding("info", f"{who} {talk} to {to} over NET/Socket ({why}); TCP is far slower "
+                                            f"than IB/RoCE for inter-node collectives", _evidence(group)))
+
+    intra = [r for r in rows if r["peer_to"] is not None and not r["transport"].startswith("NET/")]
+    by_host: dict[Any, list[dict[str, Any]]] = defaultdict(list)
+    for r in intra:
+        by_host[r["host"]].append(r)
+    p2p_disabled = meta.get("env", {}).get("NCCL_P2P_DISABLE") in ("1",)
+    for host, group in sorted(by_host.items(), key=lambda kv: str(kv[0])):
+        shm = [r for r in group if r["transport"] == "SHM"]
+        if not shm:
+            continue
+        where = f" on host {host}" if host else ""
+        who = _ranks_text(r["rank"] for r in shm) + where
+        use = "use" if who.startswith("ranks") else "uses"
+        if any(r["transport"].startswith("P2P/") for r in group):
+            findings.append(Finding("info", f"{who} {use} SHM for some GPU pairs while others use P2P: those pairs "
+                                            f"cross the CPU interconnect (typical of PCIe servers)", _evidence(shm)))
+        else:
+            cause = ("NCCL_P2P_DISABLE=1 is set" if p2p_disabled else
+                     "P2P is disabled or unavailable (NCCL_P2P_DISABLE, PCIe ACS/IOMMU, containers without "
+                     "shared IPC)")
+            findings.append(Finding("warn", f"{who} {'exchange' if use == 'use' else 'exchanges'} data over SHM instead of P2P: {cause}; expected "
+                                            f"P2P/IPC, P2P/CUMEM or P2P/direct pointer", _evidence(shm)))
+
+    plain_ib = [r for r in rows if r["transport"] == "NET/IB"]
+    by_host = defaultdict(list)
+    for r in plain_ib:
+        by_host[r["host"]].append(r)
+    for host, group in sorted(by_host.items(), key=lambda kv: str(kv[0])):
+        where = f" on host {host}" if host else ""
+        who = _ranks_text(r["rank"] for r in group) + where
+        use = "use" if who.startswith("ranks") else "uses"
+        findings.append(Finding("info", f"{who} {use} NET/IB without "
+                                        f"GPUDirect RDMA: data is staged through host memory (nvidia-peermem not "
+                                        f"loaded, or GPU and NIC too far apart in PCIe)", _evidence(group)))
+    return findings

@@ -1,0 +1,81 @@
+"""`bash launch/run.sh recipes/7b_tp2_zero3 --dry-run` as a user runs it."""
+import subprocess
+import sys
+import time
+
+from tests.conftest import REPO
+
+
+def run(*args, env=None):
+    t0 = time.perf_counter()
+    p = subprocess.run(["bash", "launch/run.sh", *args], cwd=REPO, capture_output=True, text=True, timeout=60,
+                       env=env)
+    return p, time.perf_counter() - t0
+
+
+def test_dry_run_flagship(tmp_path):
+    import os
+
+    env = {**os.environ, "LAYOUTLAB_RUNS": str(tmp_path / "runs")}
+    p, seconds = run("recipes/7b_tp2_zero3", "--dry-run", env=env)
+    assert p.returncode == 0, p.stderr
+    out = p.stdout
+    assert "rank grid t×p×d = 2×1×2 = 4 ranks" in out
+    assert "node 0: 0:(t0,d0,p0) 1:(t1,d0,p0) 2:(t0,d1,p0) 3:(t1,d1,p0)" in out
+    assert "memory per rank" in out and "zero_paper" in out and "deepspeed" in out and "megatron *" in out
+    assert "plan: fits" in out
+    assert "-m torch.distributed.run --nnodes 1 --nproc-per-node 4" in out and "-m launch.train" in out
+    assert seconds < 2.0, f"dry-run took {seconds:.2f}s"
+    assert not (tmp_path / "runs").exists()  # a dry run writes nothing
+
+
+def test_dry_run_never_imports_torch():
+    code = ("import sys; from launch.cli import main; rc = main(['run', 'recipes/7b_tp2_zero3', '--dry-run']); "
+            "heavy = [m for m in ('torch', 'deepspeed', 'megatron', 'transformers') if m in sys.modules]; "
+            "print('HEAVY', heavy); sys.exit(rc)")
+    p = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    assert "HEAVY []" in p.stdout
+
+
+def test_bad_override_one_line_exit_2():
+    p, _ = run("recipes/7b_tp2_zero3", "parallel.tp=3", "--dry-run")
+    assert p.returncode == 2
+    lines = p.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in p.stderr
+    assert lines[0].startswith("error: override parallel.tp=3: parallel.tp=3 × parallel.pp=1 = 3 does not divide the world size 4")
+
+
+def test_unknown_flag_and_missing_recipe():
+    p, _ = run("recipes/7b_tp2_zero3", "--tp=2")
+    assert p.returncode == 2 and "--dry-run is the only one" in p.stderr
+    p, _ = run("recipes/nope", "--dry-run")
+    assert p.returncode == 2 and "has no recipe.toml" in p.stderr
+
+
+def test_unbuilt_backend_exits_2_without_a_run(tmp_path):
+    import os
+
+    env = {**os.environ, "LAYOUTLAB_RUNS": str(tmp_path / "runs")}
+    p, _ = run("recipes/7b_tp2_zero3", env=env)
+    assert p.returncode == 2 and "backend" in p.stderr and "megatron" in p.stderr
+    assert len(p.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "runs").exists()
+
+
+def test_plan_command_writes_chart(tmp_path):
+    out = tmp_path / "p"
+    p = subprocess.run([sys.executable, "-m", "launch", "plan", "model=llama-2-7b", "gpus=4,8", "hardware=h100-sxm",
+                        "recompute=none", f"out={out}"], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    png = (tmp_path / "p.png").read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n"
+    page = (tmp_path / "p.html").read_text()
+    assert "data:image/png;base64," in page and "http" not in page.split("data:image")[0].lower().replace("charset", "")
+    import json
+
+    rows = json.loads((tmp_path / "p.json").read_text())
+    fits = {(r["gpus"], r["layout"]): r["plan"]["fits"] for r in rows}
+    assert fits[(4, "DP")] is False and fits[(4, "ZeRO-3")] is True and fits[(8, "ZeRO-1")] is True
+    p = subprocess.run([sys.executable, "-m", "launch", "plan", "gpus=x"], cwd=REPO, capture_output=True, text=True)
+    assert p.returncode == 2 and "gpus" in p.stderr

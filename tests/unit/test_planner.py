@@ -1,0 +1,154 @@
+"""The planner against published numbers: the ZeRO paper, DeepSpeed's own estimators, Korthikanti et al."""
+import json
+import math
+
+import pytest
+
+from launch.grid import RankGrid
+from launch.hardware import load_profile
+from launch.models import load_model
+from launch.planner import (Layout, Plan, activation_terms, communication, layer_activation_bytes, make_plan,
+                            model_states, plan_resolved, stage_params)
+from launch.resolve import resolve_path
+from tests.conftest import RECIPES
+
+H100 = load_profile("h100-sxm")
+LLAMA7 = load_model("llama-2-7b")
+
+
+def layout(dp=1, tp=1, pp=1, zero=0, backend="deepspeed", model=LLAMA7, gpn=8, **kw):
+    nodes = max(1, tp * pp * dp // gpn)
+    return Layout(backend=backend, model=model, hardware=H100, grid=RankGrid(tp, pp, dp, min(gpn, tp * pp * dp), nodes),
+                  zero_stage=zero, dtype=kw.pop("dtype", "bf16"), micro_batch_size=kw.pop("micro", 1),
+                  global_batch_size=kw.pop("gbs", dp * kw.pop("ga", 1)), seq_len=kw.pop("seq", 4096), **kw)
+
+
+@pytest.mark.parametrize("n", [4, 64])
+def test_zero_paper_table(n):
+    psi = 7_500_000_000
+    want = {0: 16 * psi, 1: 4 * psi + 12 * psi / n, 2: 2 * psi + 14 * psi / n, 3: 16 * psi / n}
+    for z, bytes_ in want.items():
+        w, g, o, host = model_states(layout(dp=n, zero=z), psi, "zero_paper")
+        assert w + g + o == pytest.approx(bytes_, rel=1e-9), z
+        assert host == 0
+
+
+def test_zero_paper_example_7_5b_on_64():
+    psi = 7_500_000_000
+    dp_total = sum(model_states(layout(dp=64, zero=0), psi, "zero_paper")[:3])
+    z3_total = sum(model_states(layout(dp=64, zero=3), psi, "zero_paper")[:3])
+    assert dp_total / 1e9 == pytest.approx(120.0)
+    assert z3_total / 1e9 == pytest.approx(1.875) and round(z3_total / 1e9, 1) == 1.9
+
+
+@pytest.mark.parametrize("zero, off_opt, off_par", [(2, "none", "none"), (2, "cpu", "none"), (3, "none", "none"),
+                                                    (3, "cpu", "none"), (3, "cpu", "cpu")])
+def test_matches_deepspeed_estimators_7b_on_4_gpus(zero, off_opt, off_par):
+    from deepspeed.runtime.zero.stage3 import estimate_zero3_model_states_mem_needs
+    from deepspeed.runtime.zero.stage_1_and_2 import estimate_zero2_model_states_mem_needs
+
+    pc = LLAMA7.param_counts()
+    lay = layout(dp=4, zero=zero, gpn=4, offload_optimizer=off_opt, offload_params=off_par)
+    params, _ = stage_params(lay, 0)
+    assert params == pc.total
+    w, g, o, host = model_states(lay, params, "deepspeed")
+    if zero == 2:
+        _, gpu = estimate_zero2_model_states_mem_needs(pc.total, 4, 1, cpu_offload=off_opt != "none")
+    else:
+        gpu = estimate_zero3_model_states_mem_needs(pc.total, pc.largest_layer, 4, 1, cpu_offload=off_opt != "none",
+                                                    cpu_offload_params=off_par != "none")[1]
+    assert w + g + o == gpu
+    assert (host > 0) == (off_opt != "none")
+
+
+def _korthikanti(s, b, h, a, t=1, sp=False, recompute="none"):
+    terms = activation_terms("gpt", s, b, h, a)
+    return layer_activation_bytes(terms, t=t, sp=sp, recompute=recompute)
+
+
+@pytest.mark.parametrize("s, b, h, a, t", [(2048, 1, 12288, 96, 8), (4096, 2, 4096, 32, 2), (1024, 4, 2048, 16, 4)])
+def test_korthikanti_formulas(s, b, h, a, t):
+    sbh = s * b * h
+    assert _korthikanti(s, b, h, a) == pytest.approx(sbh * (34 + 5 * a * s / h))
+    assert _korthikanti(s, b, h, a, t) == pytest.approx(sbh * (10 + 24 / t + 5 * a * s / (h * t)))
+    assert _korthikanti(s, b, h, a, t, sp=True) == pytest.approx(sbh * (34 / t + 5 * a * s / (h * t)))
+    assert _korthikanti(s, b, h, a, t, sp=True, recompute="selective") == pytest.approx(34 * sbh / t)
+    assert _korthikanti(s, b, h, a, recompute="full") == pytest.approx(2 * sbh)
+
+
+def test_llama_layer_has_no_quadratic_term_and_sp_shards_everything():
+    m = LLAMA7
+    terms = activation_terms("llama", 4096, 1, m.hidden_size, m.num_heads, ffn=m.intermediate_size,
+                             kv_heads=m.num_kv_heads, head_dim=m.head_dim)
+    full = layer_activation_bytes(terms)
+    assert not any(t.scores for t in terms)
+    assert layer_activation_bytes(terms, t=4, sp=True) == pytest.approx(full / 4)
+    assert full / 4 < layer_activation_bytes(terms, t=4) < full
+    # doubling the sequence doubles a fused-attention layer's activations exactly
+    twice = layer_activation_bytes(activation_terms("llama", 8192, 1, m.hidden_size, m.num_heads, ffn=m.intermediate_size,
+                                                    kv_heads=m.num_kv_heads, head_dim=m.head_dim))
+    assert twice == pytest.approx(2 * full, rel=1e-6)
+
+
+def test_megatron_tp_shards_sum_to_the_model():
+    for model in (LLAMA7, load_model("qwen2.5-0.5b")):
+        pc = model.param_counts()
+        for t in (1, 2):
+            lay = layout(tp=t, backend="megatron", model=model)
+            params, layers = stage_params(lay, 0)
+            replicated = layers * pc.norms_per_layer + pc.final_norm
+            assert params * t - replicated * (t - 1) == pc.total
+
+
+def test_pipeline_stages_split_layers_and_embeddings():
+    lay = layout(pp=4, backend="megatron", ga=8, gbs=8)
+    first, layers = stage_params(lay, 0)
+    last, _ = stage_params(lay, 3)
+    mid, _ = stage_params(lay, 1)
+    emb = LLAMA7.vocab_size * LLAMA7.hidden_size
+    assert layers == 8 and first - mid == emb and last - mid == emb + LLAMA7.hidden_size
+    plan = make_plan(lay)
+    # 1F1B: stage 0 holds p micro-batches in flight, the last stage one
+    flights = {rp.pp_stage: rp.micro_batches_in_flight for rp in plan.ranks}
+    assert flights[0] == 4 and flights[3] == 1
+    assert plan.step.bubble_s == pytest.approx(plan.step.compute_s * 3 / 8)
+
+
+def test_zero3_moves_one_and_a_half_times_the_bytes_of_dp():
+    def dp_bytes(z):
+        return sum(c.bytes_per_rank for c in communication(layout(dp=8, zero=z)) if c.parallelism == "dp")
+
+    assert dp_bytes(1) == pytest.approx(dp_bytes(0), rel=1e-6)
+    assert dp_bytes(2) == pytest.approx(dp_bytes(0), rel=1e-6)
+    assert dp_bytes(3) == pytest.approx(1.5 * dp_bytes(0), rel=1e-6)
+
+
+def test_tp_comm_counts_and_link():
+    lay = layout(tp=2, dp=4, backend="megatron", gpn=4, gbs=4)
+    tp = [c for c in communication(lay) if c.parallelism == "tp"]
+    assert len(tp) == 1 and tp[0].calls_per_step == 4 * 32 and tp[0].link == "intra_node"
+    assert tp[0].message_bytes == 4096 * 4096 * 2
+    dp = [c for c in communication(lay) if c.parallelism == "dp"]
+    assert dp and all(c.link == "inter_node" for c in dp)  # 8 ranks on 4-GPU nodes: the DP group spans both
+
+
+def test_fit_check_and_plan_json_round_trip():
+    dp = plan_resolved(resolve_path(RECIPES / "7b_zero3_ac", ["parallel.zero_stage=0"]))
+    assert not dp.fits
+    flagship = plan_resolved(resolve_path(RECIPES / "7b_tp2_zero3"))
+    assert flagship.fits
+    back = Plan.from_json(flagship.to_json())
+    assert back == flagship
+    d = json.loads(flagship.to_json())
+    assert d["fits"] is True and d["ranks"][0]["memory"]["megatron"]["total"] > 0
+
+
+def test_mfu_definition():
+    p = make_plan(layout(dp=8, zero=3, gbs=8))
+    s = p.step
+    tokens = 8 * 4096
+    assert s.mfu == pytest.approx(s.model_flops_per_step / s.total_s / 8 / 989e12)
+    assert s.tokens_per_s_per_device == pytest.approx(tokens / s.total_s / 8)
+    per_token = 6 * LLAMA7.param_counts().flops_params + 12 * 32 * 32 * 128 * 4096
+    assert s.model_flops_per_step == pytest.approx(per_token * tokens)
+    assert math.isclose(s.mfu, 0.40, rel_tol=0.2)  # compute-bound layout: close to the assumed efficiency

@@ -1,0 +1,180 @@
+"""Each validation rule fails with one line naming the file, the dotted field, the value and the fix."""
+import json
+
+import pytest
+
+from launch.errors import ConfigError
+from launch.resolve import Resolved, resolve_path
+from launch.schema import load_recipe
+from tests.conftest import RECIPES
+
+FLAGSHIP = RECIPES / "7b_tp2_zero3"
+
+
+def err(path, overrides=(), world_size=None) -> ConfigError:
+    with pytest.raises(ConfigError) as e:
+        resolve_path(path, overrides, world_size)
+    return e.value
+
+
+def test_flagship_resolves_to_expected_layout():
+    r = resolve_path(FLAGSHIP)
+    assert (r.grid.tp, r.grid.pp, r.grid.dp) == (2, 1, 2)
+    assert r.recipe.parallel.zero_stage == 3 and r.recipe.backend == "megatron"
+    assert r.grad_accum == 16 // (1 * 2)
+    assert r.grid.tp_group(0) == (0, 1) and r.grid.dp_group(0) == (0, 2)
+
+
+def test_resolved_json_round_trip():
+    r = resolve_path(RECIPES / "7b_zero3_ac", ["train.lr=1e-4"])
+    back = Resolved.from_json(r.to_json())
+    assert back == r
+    assert json.loads(r.to_json())["recipe"]["train"]["lr"] == 1e-4
+
+
+def test_overrides_are_typed_and_recorded():
+    r = resolve_path(FLAGSHIP, ["parallel.tp=4", "train.activation_checkpointing=full"])
+    assert r.recipe.parallel.tp == 4 and r.grid.dp == 1
+    assert r.recipe.train.activation_checkpointing == "full"
+    loaded = load_recipe(FLAGSHIP, ["parallel.tp=4"])
+    assert loaded.where("parallel.tp") == "override parallel.tp=4"
+
+
+@pytest.mark.parametrize("override, field, words", [
+    ("parallel.tp=two", "parallel.tp", "is not an integer"),
+    ("parallel.sp=1", "parallel.sp", "is not true or false"),
+    ("precision.dtype=fp8", "precision.dtype", '"bf16" | "fp16" | "fp32"'),
+    ("parallel.offload_optimizer=disk", "parallel.offload_optimizer", '"none" | "cpu" | "nvme"'),
+    ("parallel.tpp=2", "parallel.tpp", "did you mean parallel.tp?"),
+    ("bogus.key=1", "bogus", "is not a known key"),
+])
+def test_type_and_unknown_key_errors(override, field, words):
+    e = err(FLAGSHIP, [override])
+    assert e.field == field and words in str(e)
+    assert str(e).startswith("override ")
+
+
+def test_heads_divisible_by_tp():
+    e = err(FLAGSHIP, ["parallel.tp=3", "hardware.gpus_per_node=3"])
+    assert e.field == "parallel.tp" and e.value == 3 and "32 attention heads" in str(e) and "choose tp among" in str(e)
+
+
+def test_kv_heads_divisible_by_tp(write_recipe):
+    # Llama-3.1-8B has 32 query heads but 8 KV heads: tp=16 divides the former, not the latter.
+    d = write_recipe("x", '[model]\nname = "llama-3.1-8b"\n[parallel]\ntp = 16\n[hardware]\ngpus_per_node = 16\n'
+                          'profile = "h100-sxm"\n[batch]\nmicro_batch_size = 1\nglobal_batch_size = 1\nseq_len = 128\n')
+    e = err(d)
+    assert "8 KV heads" in str(e) and e.field == "parallel.tp"
+    assert str(d / "recipe.toml") in str(e)
+
+
+def test_layers_divisible_by_pp_times_vpp():
+    e = err(FLAGSHIP, ["parallel.tp=1", "parallel.pp=4", "parallel.vpp=3"])
+    assert e.field == "parallel.pp" and "× parallel.vpp=3 = 12 does not divide the 32 layers" in str(e)
+
+
+def test_global_batch_divisible():
+    e = err(FLAGSHIP, ["batch.global_batch_size=3"])
+    assert e.field == "batch.global_batch_size" and "micro_batch_size 1 × dp 2 = 2" in str(e)
+    assert "multiple of 2" in e.fix
+
+
+def test_sp_needs_tp():
+    e = err(FLAGSHIP, ["parallel.tp=1", "parallel.sp=true"])
+    assert str(e) == ('override parallel.sp=true: parallel.sp=true needs parallel.tp > 1 (got 1); '
+                      'set parallel.tp=2 or parallel.sp=false')
+
+
+@pytest.mark.parametrize("override, field", [("parallel.pp=2", "parallel.pp"), ("parallel.sp=true", "parallel.sp")])
+def test_pp_and_sp_need_megatron(override, field):
+    e = err(RECIPES / "7b_zero3_ac", [override, "parallel.tp=2"])
+    assert e.field == field and 'needs backend = "megatron"' in str(e)
+
+
+def test_offload_rules():
+    e = err(RECIPES / "7b_zero3_ac", ["parallel.zero_stage=2", "parallel.offload_params=cpu"])
+    assert e.field == "parallel.offload_params" and "needs parallel.zero_stage=3" in str(e)
+    e = err(RECIPES / "base", ["parallel.offload_optimizer=cpu"])
+    assert "needs parallel.zero_stage >= 1" in str(e)
+    e = err(RECIPES / "base", ["parallel.zero_stage=3", "parallel.offload_params=nvme"])
+    assert "needs a GPU machine" in str(e)
+    e = err(RECIPES / "7b_zero3_ac", ["parallel.offload_params=nvme", "parallel.nvme_path=nvme"])
+    assert e.field == "parallel.nvme_path" and "absolute path" in str(e)
+
+
+def test_tp_across_nodes_is_a_warning():
+    r = resolve_path(FLAGSHIP, ["hardware.nodes=2", "hardware.gpus_per_node=1"])
+    assert any("TP all-reduces cross nodes" in w for w in r.warnings)
+
+
+def test_world_size_mismatch():
+    e = err(FLAGSHIP, world_size=8)
+    assert e.field == "hardware.gpus_per_node" and "does not match the world size 8" in str(e)
+    e = err(FLAGSHIP, ["parallel.dp=4"])
+    assert e.field == "parallel.dp" and "= 2" in str(e)
+
+
+def test_bf16_on_t4_is_refused():
+    e = err(RECIPES / "0.5b_zero2", ["precision.dtype=bf16"])
+    assert "Tesla T4" in str(e) and 'precision.dtype="fp16"' in e.fix
+
+
+def test_model_name_and_config_exclusive(write_recipe):
+    d = write_recipe("x", '[model]\nconfig = "cfg.json"\n')
+    e = err(d)
+    assert "exactly one must be set" in str(e)
+
+
+def test_model_from_config_path(write_recipe, repo):
+    body = ('backend = "deepspeed"\n[model]\nconfig = "cfg.json"\n'
+            '[batch]\nmicro_batch_size = 1\nglobal_batch_size = 2\nseq_len = 32\n[train]\nsteps = 5\nwarmup_steps = 1\n')
+    d = write_recipe("x", body, extends=None)
+    (d / "cfg.json").write_text((repo / "launch/catalogue/models/tiny-qwen2.json").read_text())
+    r = resolve_path(d)
+    assert r.model.architecture == "Qwen2ForCausalLM" and r.model.tie_word_embeddings
+    (d / "cfg.json").write_text("{")
+    e = err(d)
+    assert "cfg.json" in str(e)
+
+
+def test_extends_cycle_and_missing(write_recipe, tmp_path):
+    a = write_recipe("a", "", extends=str(tmp_path / "recipes" / "b"))
+    write_recipe("b", "", extends=str(tmp_path / "recipes" / "a"))
+    with pytest.raises(ConfigError, match="forms a cycle"):
+        resolve_path(a)
+    c = write_recipe("c", "", extends="../nowhere")
+    with pytest.raises(ConfigError, match="does not exist"):
+        resolve_path(c)
+
+
+def test_invalid_toml_names_file(write_recipe):
+    d = write_recipe("x", "[parallel\n")
+    e = err(d)
+    assert str(d / "recipe.toml") in str(e) and "not valid TOML" in str(e)
+
+
+def test_ds_config_composed_from_recipe():
+    r = resolve_path(RECIPES / "7b_zero3_ac")
+    c = r.ds_config
+    assert c["train_batch_size"] == 16 == c["train_micro_batch_size_per_gpu"] * c["gradient_accumulation_steps"] * 4
+    assert c["zero_optimization"]["stage"] == 3 and c["bf16"]["enabled"] is True
+    assert r.ds_base == "ds_configs/zero3.json"
+    off = resolve_path(RECIPES / "7b_zero3_ac", ["parallel.offload_optimizer=cpu", "parallel.offload_params=cpu"])
+    assert off.ds_base == "ds_configs/zero3_offload_all_cpu.json"
+    assert off.ds_config["zero_optimization"]["offload_param"]["device"] == "cpu"
+    tp = resolve_path(RECIPES / "7b_zero3_ac", ["parallel.tp=2"])
+    assert tp.ds_config["tensor_parallel"]["autotp_size"] == 2 and tp.ds_config["train_batch_size"] == 16
+
+
+def test_ds_base_contradicting_recipe_is_refused(write_recipe):
+    d = write_recipe("x", '[parallel]\nzero_stage = 2\n[deepspeed]\nconfig = "my.json"\n')
+    (d / "my.json").write_text(json.dumps({"zero_optimization": {"stage": 3}, "train_batch_size": 8}))
+    e = err(d)
+    assert e.file.endswith("my.json") and e.field == "zero_optimization.stage" and e.value == 3
+    assert "parallel.zero_stage gives 2" in str(e)
+    (d / "my.json").write_text(json.dumps({"train_batch_size": 99}))
+    e = err(d)
+    assert e.field == "train_batch_size" and "batch.global_batch_size gives 8" in str(e)
+    (d / "my.json").write_text("{oops")
+    e = err(d)
+    assert "not valid JSON" in str(e)
