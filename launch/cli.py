@@ -18,7 +18,7 @@ from launch.planner import GiB, Plan, plan_resolved
 from launch.resolve import Resolved, resolve_path
 from launch.rundir import RunDir
 
-BUILT_BACKENDS: frozenset[str] = frozenset()  # backends whose trainer exists; others exit 2 before any launch
+BUILT_BACKENDS: frozenset[str] = frozenset({"deepspeed"})  # backends whose trainer exists; others exit 2 before any launch
 
 
 def _console():

@@ -152,6 +152,7 @@ class _Section:
     op: str
     op_fixed: bool = False  # set by `Collective test starting:`; prose mentions do not override it
     facts: dict[str, Any] = field(default_factory=dict)
+    log_facts: dict[str, Any] = field(default_factory=dict)  # versions from interleaved NCCL lines
     devices: list[dict[str, Any]] = field(default_factory=list)
     nrows: int = 0
     bad_factor: list[str] = field(default_factory=list)
@@ -205,6 +206,25 @@ def _is_row_start(tokens: list[str]) -> bool:
     return len(tokens) >= 2 and tokens[0].isdigit() and tokens[1].isdigit()
 
 
+def _unglue(head: list[str], host: str, layout: _Layout) -> list[str]:
+    """Take back the field that an NCCL log prefix swallowed (`-1` + `host:pid:tid` = `-1host:...`).
+
+    nccl-tests prints a row as the key fields, then each placement's fields, with no trailing
+    space; so a log line printed in between starts right after a field, and the prefix pattern
+    reads that field as the start of the host name. A fragment one field short of such a
+    boundary is missing exactly that field.
+    """
+    bounds, n = set(), len(layout.keys)
+    bounds.add(n)
+    for _, names in layout.groups:
+        n += len(names)
+        bounds.add(n)
+    if len(head) in bounds or len(head) + 1 not in bounds or not host:
+        return head
+    m = re.match(_FIELD_TEXT[layout.fields[len(head)]], host)
+    return head + [m[0]] if m else head
+
+
 def _decimals_ulp(token: str) -> float:
     """Half of the last printed digit's value: how far rounding may have moved a printed number."""
     mantissa, _, exponent = token.lower().partition("e")
@@ -223,7 +243,7 @@ class _Parser:
         self.layout: _Layout | None = None
         self.labels: list[str] = []
         self.rows: list[dict[str, Any]] = []
-        self.fragment: tuple[list[str], int, str] | None = None  # tokens, line, glued log text
+        self.fragment: tuple[list[str], int, str] | None = None  # fields so far, line, host of the log line
         self.file_facts: dict[str, Any] = {}
         self.unlaid_rows = 0
 
@@ -254,27 +274,28 @@ class _Parser:
         log = find_log_line(raw)
         if log is not None:
             for key, value in version_facts(log.message).items():
-                self.section.facts.setdefault(key, value)
+                self.section.log_facts.setdefault(key, value)
                 self.file_facts.setdefault(key, value)
-            before = _strip(raw[:log.start]) if log.start > 0 else ""
-            if _is_row_start(before.split()):
+            before = _strip(raw[:log.start]).split()
+            if _is_row_start(before):
+                # nccl-tests prints a row in pieces; an NCCL line logged in between lands mid-row.
                 self.flush_fragment()
-                self.fragment = (before.split(), lineno, log.host or "")
+                self.fragment = (before, lineno, log.host or "")
             return
         text = _strip(raw)
         body = text.lstrip()
         tokens = body.lstrip("#").split()
-        if not body.startswith("#") and _is_row_start(tokens):
-            if cut and not text[-1:].isspace():
-                tokens = tokens[:-1]  # the last field may be missing digits
-            self.data_row(lineno, tokens, cut)
+        if body.startswith("#") or not tokens:
+            if not cut:
+                self.header_line(lineno, body, tokens)
             return
-        if self.fragment is not None and not body.startswith("#") and tokens and re.fullmatch(_FLOAT, tokens[0]):
-            self.continue_fragment(lineno, tokens, cut)
+        trusted = tokens[:-1] if cut and not text[-1:].isspace() else tokens  # last field may be short
+        if self.fragment is not None and re.fullmatch(_FLOAT, tokens[0]) and self.join_fragment(lineno, trusted, cut):
             return
-        if cut:
-            return  # a cut header or prose line cannot be trusted
-        self.header_line(lineno, body, tokens)
+        if _is_row_start(tokens):
+            self.data_row(lineno, trusted, cut)
+        elif not cut:  # a cut header or prose line cannot be trusted
+            self.header_line(lineno, body, tokens)
 
     def header_line(self, lineno: int, body: str, tokens: list[str]) -> None:
         section = self.section
@@ -329,7 +350,7 @@ class _Parser:
                     facts[key] = int(found[1])
             return
         m = _DEVICE.search(body)
-        if m and body.startswith("#") or (m and body.startswith("Rank")):
+        if m:
             if section.nrows:
                 self.new_section()
             self.section.devices.append({
@@ -359,22 +380,14 @@ class _Parser:
             else:
                 self.pending_op = op
 
-    def layout_for(self, lineno: int, tokens: list[str]) -> _Layout | None:
-        if self.layout is None:
-            self.layout = _guess_layout(tokens)
-            if self.layout is None:
-                self.unlaid_rows += 1
-        return self.layout
-
     def data_row(self, lineno: int, tokens: list[str], cut: bool) -> None:
         self.flush_fragment()
-        layout = self.layout_for(lineno, tokens)
+        layout = self.layout_for(tokens)
         if layout is None:
             return
         if len(tokens) < layout.width:
             if cut:
-                self.warn(lineno, f"last row is cut short ({len(tokens)} of {layout.width} fields); "
-                                  f"kept only its complete placements")
+                self.warn(lineno, f"last row is cut short; kept only its complete placements")
                 self.emit(lineno, tokens, layout)
             else:
                 self.fragment = (tokens, lineno, "")
@@ -384,39 +397,41 @@ class _Parser:
                               f"extra fields ignored")
         self.emit(lineno, tokens[:layout.width], layout)
 
-    def continue_fragment(self, lineno: int, tokens: list[str], cut: bool) -> None:
-        head, start, glued = self.fragment
-        self.fragment = None
-        layout = self.layout_for(start, head + tokens)
+    def layout_for(self, tokens: list[str], glued: bool = False) -> _Layout | None:
+        if self.layout is None:
+            self.layout = _guess_layout(tokens) or (_guess_layout(tokens + ["?"]) if glued else None)
+            if self.layout is None:
+                self.unlaid_rows += 1
+        return self.layout
+
+    def join_fragment(self, lineno: int, tokens: list[str], cut: bool) -> bool:
+        """Complete the pending row with this line's fields, if they are what it lacks."""
+        head, start, host = self.fragment
+        layout = self.layout or _guess_layout(head + tokens) or _guess_layout(head + ["?"] + tokens)
         if layout is None:
-            return
-        if cut and tokens:
-            tokens = tokens[:-1]
+            return False
+        head = _unglue(head, host, layout)
         missing = layout.width - len(head) - len(tokens)
-        if missing == 1 and glued and len(head) < len(layout.fields):
-            # The row's last printed field runs straight into the NCCL log prefix (`-1host:pid:tid`).
-            m = re.match(_FIELD_TEXT[layout.fields[len(head)]], glued)
-            if m:
-                head = head + [m[0]]
-                missing = 0
-        if missing == 0:
-            self.emit(start, head + tokens, layout)
-            return
-        self.warn(start, f"row interrupted by other output could not be put back together "
-                         f"({len(head)} + {len(tokens)} of {layout.width} fields)")
-        self.emit(start, head + tokens if missing > 0 else head, layout)
+        if missing < 0 or (missing > 0 and not cut):
+            return False
+        self.layout = layout
+        self.fragment = None
+        if missing:
+            self.warn(start, "last row is cut short; kept only its complete placements")
+        self.emit(start, head + tokens, layout)
+        return True
 
     def flush_fragment(self) -> None:
         if self.fragment is None:
             return
-        tokens, start, _ = self.fragment
+        head, start, host = self.fragment
         self.fragment = None
-        layout = self.layout_for(start, tokens)
+        layout = self.layout_for(head, glued=bool(host))
         if layout is None:
             return
-        self.warn(start, f"row is incomplete ({len(tokens)} of {layout.width} fields); kept only its "
+        self.warn(start, f"row is incomplete ({len(head)} of {layout.width} fields); kept only its "
                          f"complete placements")
-        self.emit(start, tokens, layout)
+        self.emit(start, _unglue(head, host, layout), layout)
 
     def emit(self, lineno: int, tokens: list[str], layout: _Layout) -> None:
         section = self.section
@@ -516,6 +531,7 @@ class _Parser:
             "nccl_version": None, "cuda_runtime": None, "cuda_driver": None, "nccl_tests_version": None,
             "rccl_tests_version": None,
         }
+        meta.update(s.log_facts)
         meta.update(s.facts)
         if s.nranks is None and s.op in _FACTORS:
             meta["nranks_inferred"] = _infer_nranks(s.op, rows)

@@ -1,0 +1,24 @@
+"""Entry point of every rank: `python -m launch.train RUN_DIR` (started by torchrun or the deepspeed launcher)."""
+from __future__ import annotations
+
+import sys
+
+from launch.resolve import Resolved
+from launch.rundir import RunDir
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 1:
+        print("usage: python -m launch.train RUN_DIR", file=sys.stderr)
+        return 2
+    resolved = Resolved.load(RunDir.open(argv[0]).resolved)
+    if resolved.recipe.backend == "deepspeed":
+        from launch.trainers import deepspeed_trainer
+
+        return deepspeed_trainer.main(argv[0])
+    print(f"layoutlab: backend {resolved.recipe.backend!r} has no trainer yet", file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

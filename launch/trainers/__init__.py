@@ -1,0 +1,1 @@
+"""Trainers: the only modules that import torch, deepspeed or megatron.core."""

@@ -1,0 +1,276 @@
+"""What every trainer shares: rank environment, per-rank logs, the stall watchdog, the model and data,
+measurement, profiling, and checkpoint bookkeeping (which checkpoints are complete, which is latest).
+
+Backend-specific code (DeepSpeed engine, Megatron-Core model) lives in its own module; everything a
+report or a resume depends on is here so that both backends behave the same.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator, TextIO
+
+from launch.data import ByteText, Synthetic
+from launch.resolve import Resolved
+from launch.rundir import RunDir
+
+MARKER = "layoutlab_checkpoint.json"  # written last, by rank 0, after every rank finished saving
+
+
+@dataclass(frozen=True)
+class RankEnv:
+    rank: int
+    world: int
+    local_rank: int
+
+
+def rank_env() -> RankEnv:
+    return RankEnv(int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1")),
+                   int(os.environ.get("LOCAL_RANK", "0")))
+
+
+def redirect_logs(run: RunDir, rank: int) -> TextIO:
+    """Send this rank's stdout/stderr (including C++ and NCCL output) to logs/rank{R}.out|err.
+
+    Returns a stream to the original terminal, used by rank 0 for the progress line.
+    """
+    sys.stdout.flush()
+    sys.stderr.flush()
+    terminal = os.fdopen(os.dup(1), "w", buffering=1)
+    run.logs.mkdir(parents=True, exist_ok=True)
+    for fd, path in ((1, run.stdout(rank)), (2, run.stderr(rank))):
+        f = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        os.dup2(f, fd)
+        os.close(f)
+    sys.stdout = os.fdopen(1, "w", buffering=1, closefd=False)
+    sys.stderr = os.fdopen(2, "w", buffering=1, closefd=False)
+    return terminal
+
+
+class Watchdog:
+    """Ends this rank when no step finishes within `timeout_s`, naming the rank and the step.
+
+    Collectives time out on their own (the process-group timeout), but a rank stuck outside a
+    collective (a data loader, a deadlock in Python) would otherwise hang the job forever.
+    """
+
+    def __init__(self, rank: int, timeout_s: float, terminal: TextIO | None) -> None:
+        self.rank, self.timeout_s, self.terminal = rank, timeout_s, terminal
+        self.step = 0
+        self.phase = "start-up"
+        self._last = time.monotonic()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True, name="layoutlab-watchdog")
+        self._thread.start()
+
+    def beat(self, step: int, phase: str) -> None:
+        self.step, self.phase, self._last = step, phase, time.monotonic()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def _run(self) -> None:
+        while not self._stop.wait(min(5.0, self.timeout_s / 4)):
+            idle = time.monotonic() - self._last
+            if idle > self.timeout_s:
+                msg = (f"layoutlab: rank {self.rank} stalled at step {self.step} ({self.phase}) for {idle:.0f} s "
+                       f"> run.timeout_s={self.timeout_s:g}; ending the job")
+                for stream in (sys.stderr, self.terminal):
+                    if stream is not None:
+                        try:
+                            print(msg, file=stream, flush=True)
+                        except (OSError, ValueError):
+                            pass
+                os._exit(124)
+
+
+def fail_message(rank: int, step: int, exc: BaseException) -> str:
+    return f"layoutlab: rank {rank} failed at step {step}: {type(exc).__name__}: {exc}"
+
+
+# --------------------------------------------------------------------------- model and data
+
+
+def hf_config(resolved: Resolved):
+    from transformers import AutoConfig
+
+    cfg = dict(resolved.model.to_dict()["hf_config"])
+    model_type = cfg.pop("model_type")
+    cfg.pop("architectures", None)
+    cfg.pop("torch_dtype", None)
+    cfg.pop("dtype", None)
+    cfg.pop("transformers_version", None)
+    config = AutoConfig.for_model(model_type, **cfg)
+    config.architectures = [resolved.model.architecture]
+    # Dropout is off in every catalogue model; eager attention keeps CPU and GPU numerics comparable
+    # for the parity tests, SDPA is used on GPU for speed.
+    return config
+
+
+def build_model(resolved: Resolved, device_is_cuda: bool):
+    """A Hugging Face causal LM from the catalogue config: random init, or local weights when given."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    config = hf_config(resolved)
+    attn = "sdpa" if device_is_cuda else "eager"
+    weights = resolved.recipe.model.weights
+    if weights:
+        path = Path(resolved.recipe_path).parent / weights
+        model = AutoModelForCausalLM.from_pretrained(path, config=config, local_files_only=True,
+                                                     dtype=torch.float32, attn_implementation=attn)
+    else:
+        torch.manual_seed(resolved.recipe.train.seed)  # identical weights on every rank
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32, attn_implementation=attn)
+    return model
+
+
+def data_source(resolved: Resolved):
+    r = resolved.recipe
+    if r.data.source == "text":
+        path = Path(resolved.recipe_path).parent / r.data.path
+        return ByteText.from_path(path, r.batch.seq_len, r.train.seed, resolved.model.vocab_size)
+    return Synthetic(resolved.model.vocab_size, r.batch.seq_len, r.train.seed)
+
+
+# --------------------------------------------------------------------------- measurement
+
+
+def memory_fields(device_is_cuda: bool) -> dict[str, int | None]:
+    if device_is_cuda:
+        import torch
+
+        return {"mem_max_allocated_bytes": int(torch.cuda.max_memory_allocated()),
+                "mem_max_reserved_bytes": int(torch.cuda.max_memory_reserved()), "rss_max_bytes": None}
+    import resource
+
+    return {"mem_max_allocated_bytes": None, "mem_max_reserved_bytes": None,
+            "rss_max_bytes": int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024}
+
+
+@contextlib.contextmanager
+def region(name: str, cuda: bool) -> Iterator[None]:
+    """A named range that both torch.profiler (record_function) and Nsight Systems (NVTX) show."""
+    import torch
+
+    if cuda:
+        torch.cuda.nvtx.range_push(name)
+    try:
+        with torch.profiler.record_function(name):
+            yield
+    finally:
+        if cuda:
+            torch.cuda.nvtx.range_pop()
+
+
+def make_profiler(resolved: Resolved, run: RunDir, rank: int, cuda: bool, start_step: int):
+    """torch.profiler that skips the warm-up steps and records `profile_active_steps` steps, one trace per rank."""
+    r = resolved.recipe
+    if r.run.profile != "torch":
+        return None
+    import torch
+    from torch.profiler import ProfilerActivity, profile, schedule
+
+    skip = max(0, r.train.warmup_steps - start_step)
+    active = min(r.run.profile_active_steps, max(1, r.train.steps - start_step - skip - 1))
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+
+    def ready(p) -> None:
+        run.traces.mkdir(parents=True, exist_ok=True)
+        p.export_chrome_trace(str(run.traces / f"rank{rank}.json"))
+
+    return profile(activities=acts, schedule=schedule(skip_first=skip, wait=0, warmup=1, active=active, repeat=1),
+                   on_trace_ready=ready, record_shapes=True, with_stack=False)
+
+
+# --------------------------------------------------------------------------- checkpoints
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    path: Path  # the checkpoints/ folder
+    tag: str  # step{N}
+    info: dict[str, Any]  # the marker: step, layout, backend
+
+    @property
+    def step(self) -> int:
+        return int(self.info["step"])
+
+    @property
+    def dir(self) -> Path:
+        return self.path / self.tag
+
+
+def write_marker(ckpt_root: Path, tag: str, info: dict[str, Any]) -> None:
+    target = ckpt_root / tag / MARKER
+    tmp = target.with_name(MARKER + ".tmp")
+    tmp.write_text(json.dumps(info, indent=2))
+    os.replace(tmp, target)
+    latest = ckpt_root / "latest_complete"
+    tmp = latest.with_name("latest_complete.tmp")
+    tmp.write_text(tag)
+    os.replace(tmp, latest)
+
+
+def complete_checkpoints(root: Path) -> list[Checkpoint]:
+    out = []
+    if root.is_dir():
+        for d in root.iterdir():
+            marker = d / MARKER
+            if marker.is_file():
+                try:
+                    out.append(Checkpoint(root, d.name, json.loads(marker.read_text())))
+                except (json.JSONDecodeError, OSError):
+                    continue
+    return sorted(out, key=lambda c: c.step)
+
+
+def latest_checkpoint(run: RunDir) -> Checkpoint | None:
+    """The newest complete checkpoint of this run, else of the newest earlier run of the same recipe."""
+    for candidate in [run, *reversed(run.siblings())]:
+        found = complete_checkpoints(candidate.checkpoints)
+        if found:
+            return found[-1]
+    return None
+
+
+class ProgressLine:
+    """A rich progress bar on rank 0's terminal; other ranks print nothing there."""
+
+    def __init__(self, terminal: TextIO | None, total: int, start: int, label: str) -> None:
+        self._p = None
+        if terminal is None:
+            return
+        from rich.console import Console
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+        self._p = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                           TextColumn("{task.fields[stats]}"), TimeRemainingColumn(),
+                           console=Console(file=terminal, width=120), transient=False)
+        self._task = self._p.add_task(label, total=total, completed=start, stats="")
+        self._p.start()
+
+    def update(self, step: int, stats: str) -> None:
+        if self._p is not None:
+            self._p.update(self._task, completed=step, stats=stats)
+
+    def close(self) -> None:
+        if self._p is not None:
+            self._p.stop()
+
+
+def micro_batch_tensor(source, step: int, resolved: Resolved, dp_rank: int, micro: int, device):
+    import torch
+
+    from launch.data import micro_batch
+
+    r = resolved.recipe
+    rows = micro_batch(source, step, global_batch=r.batch.global_batch_size, micro=r.batch.micro_batch_size,
+                       dp=resolved.grid.dp, dp_rank=dp_rank, micro_step=micro)
+    return torch.from_numpy(rows).to(device)
