@@ -283,6 +283,10 @@ def _deepspeed_config(loaded: LoadedRecipe, r: Recipe, grad_accum: int, hw: Hard
                 owned[f"zero_optimization.{kind}.nvme_path"] = (par.nvme_path, "parallel.nvme_path")
     if par.tp > 1:
         owned["tensor_parallel.autotp_size"] = (par.tp, "parallel.tp")
+        # DeepSpeed 0.19.8 checks train_batch_size against micro × accumulation × *all* ranks before
+        # AutoTP forms its groups (runtime/config.py _batch_assertion), which is wrong by a factor tp;
+        # left out, it is derived from the two fields above and the data-parallel size is ours.
+        del owned["train_batch_size"]
     base_file = str(base_path.relative_to(dsconfig.DS_CONFIGS.parent)) if base_path.is_relative_to(dsconfig.DS_CONFIGS.parent) else str(base_path)
     cfg = dsconfig.compose(base, base_file, owned)
     zo = cfg.get("zero_optimization", {})

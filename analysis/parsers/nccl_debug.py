@@ -50,10 +50,11 @@ COLUMNS: dict[str, str] = {
 
 # `[1,0]<stdout>:` is Open MPI's --tag-output; other launchers' prefixes end before the host.
 _MPI_TAG = re.compile(r"^\[\d+,\d+\]<(?:stdout|stderr)>:")
-_PREFIX = re.compile(
-    r"(?P<host>[^\s:]+):(?P<pid>\d+):(?P<tid>\d+) \[(?P<dev>\d+)\] NCCL (?P<level>INFO|WARN|TRACE|CALL)\b ?")
+# WARN lines put the source position between the device and the level: `[1] net_ib.cc:512 NCCL WARN`.
+_LEVEL = r"\[(?P<dev>\d+)\](?: \S+:\d+(?: \([^)]*\))?)? NCCL (?P<level>INFO|WARN|TRACE|CALL)\b ?"
+_PREFIX = re.compile(r"(?P<host>[^\s:]+):(?P<pid>\d+):(?P<tid>\d+) " + _LEVEL)
 # Users often paste logs with the host prefix cut away: ` [0] NCCL INFO ...`.
-_BARE_PREFIX = re.compile(r"\[(?P<dev>\d+)\] NCCL (?P<level>INFO|WARN|TRACE|CALL)\b ?")
+_BARE_PREFIX = re.compile(_LEVEL)
 
 _CONN = re.compile(
     r"^(?P<word>Channel|Ring) (?P<ch>\d+)(?:/(?P<ci>\d+))? : (?P<src>\d+)(?:\[[0-9a-fA-Fx]*\])? -> "
@@ -285,8 +286,8 @@ def parse_nccl_debug(path_or_text: str | os.PathLike[str], *, source: str = "") 
 
 
 def _row(log: LogLine, lineno: int, **fields: Any) -> dict[str, Any]:
-    row = {"host": log.host, "pid": log.pid, "cuda_dev": log.cuda_dev, "line": lineno}
-    row.update(fields)
+    row = dict.fromkeys(COLUMNS)
+    row.update(host=log.host, pid=log.pid, cuda_dev=log.cuda_dev, line=lineno, **fields)
     return row
 
 
@@ -394,8 +395,16 @@ def _resolve_comms(rows: list[dict[str, Any]], inits: list[dict[str, Any]],
             ambiguous = True
         comms[key].setdefault(init["rank"], entry)
     rank_of_pointer = {(i["host"], i["pid"], i["ptr"]): i["rank"] for i in inits}
+    pointers_of_process: dict[tuple, set[str]] = defaultdict(set)
+    for host, pid, ptr in list(rank_of_pointer) + list(pointer_comm_id):
+        pointers_of_process[(host, pid)].add(ptr)
     for row in rows:
         ptr = row["comm"]
+        if ptr is None and row["host"] is not None:
+            # Connections made later from another thread (point-to-point, runtime connect) belong to
+            # the process's communicator when it has only one.
+            only = pointers_of_process.get((row["host"], row["pid"]), set())
+            ptr = next(iter(only)) if len(only) == 1 else None
         if ptr is None:
             continue
         row["comm"] = pointer_comm_id.get((row["host"], row["pid"], ptr), ptr)

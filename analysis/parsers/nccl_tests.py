@@ -273,7 +273,7 @@ class _Parser:
     def line(self, lineno: int, raw: str, cut: bool) -> None:
         log = find_log_line(raw)
         if log is not None:
-            for key, value in version_facts(log.message).items():
+            for key, value in (version_facts(log.message) if not cut else {}).items():
                 self.section.log_facts.setdefault(key, value)
                 self.file_facts.setdefault(key, value)
             before = _strip(raw[:log.start]).split()
@@ -382,6 +382,9 @@ class _Parser:
 
     def data_row(self, lineno: int, tokens: list[str], cut: bool) -> None:
         self.flush_fragment()
+        if cut and self.layout is None:
+            self.warn(lineno, "last row is cut short and no column header says how to read it; skipped")
+            return
         layout = self.layout_for(tokens)
         if layout is None:
             return
@@ -397,9 +400,9 @@ class _Parser:
                               f"extra fields ignored")
         self.emit(lineno, tokens[:layout.width], layout)
 
-    def layout_for(self, tokens: list[str], glued: bool = False) -> _Layout | None:
+    def layout_for(self, tokens: list[str]) -> _Layout | None:
         if self.layout is None:
-            self.layout = _guess_layout(tokens) or (_guess_layout(tokens + ["?"]) if glued else None)
+            self.layout = _guess_layout(tokens)
             if self.layout is None:
                 self.unlaid_rows += 1
         return self.layout
@@ -407,7 +410,9 @@ class _Parser:
     def join_fragment(self, lineno: int, tokens: list[str], cut: bool) -> bool:
         """Complete the pending row with this line's fields, if they are what it lacks."""
         head, start, host = self.fragment
-        layout = self.layout or _guess_layout(head + tokens) or _guess_layout(head + ["?"] + tokens)
+        layout = self.layout
+        if layout is None and not cut:
+            layout = _guess_layout(head + tokens) or _guess_layout(head + ["?"] + tokens)
         if layout is None:
             return False
         head = _unglue(head, host, layout)
@@ -426,8 +431,9 @@ class _Parser:
             return
         head, start, host = self.fragment
         self.fragment = None
-        layout = self.layout_for(head, glued=bool(host))
-        if layout is None:
+        layout = self.layout
+        if layout is None:  # a partial row says too little to guess the layout from
+            self.warn(start, "incomplete row before any column header; skipped")
             return
         self.warn(start, f"row is incomplete ({len(head)} of {layout.width} fields); kept only its "
                          f"complete placements")
@@ -679,9 +685,15 @@ def format_nccl_tests(op: str, rows: Iterable[Mapping[str, Any]], header: Mappin
         nthread_line += f" unalign: {header['unalign']}"
     out += [nthread_line, "#", "# Using devices"]
     for d in header.get("devices", []):
-        out.append("#  Rank %2d Group %2d Pid %6d on %10s device %2d [%s] %s" % (
-            d["rank"], d.get("group") or 0, d.get("pid") or 0, d["host"], d["device"], d.get("busid", ""),
-            d.get("name", "")))
+        # The three device-line forms nccl-tests and rccl-tests have printed, so what was read is written.
+        if d.get("group") is not None:
+            who = "#  Rank %2d Group %2d Pid %6d" % (d["rank"], d["group"], d.get("pid") or 0)
+        elif d.get("pid") is not None:
+            who = "#   Rank %2d Pid %6d" % (d["rank"], d["pid"])
+        else:
+            who = "#   Rank %2d" % d["rank"]
+        out.append("%s on %10s device %2d [%s] %s" % (who, d["host"], d["device"], d.get("busid", ""),
+                                                      d.get("name", "")))
     out.append("#")
     blank = "# %10s  %12s  %8s  %6s  %6s" % ("", "", "", "", "")
     if in_place_only:

@@ -1,0 +1,489 @@
+"""Parse the lines DeepSpeed itself writes during training into one table, one row per record.
+
+A record is one printed fact: a `step=` progress line, one `name: value` pair of a wall-clock
+timer line, a ThroughputTimer line, a memory report, a pipeline-engine `steps:` line, a loss-scale
+overflow, or one Flops Profiler summary block. Timer lines are split into one row per timer so
+that any timer name (ZeRO's `optimizer_*`, the pipeline's `pipe_*`, swap timers, ...) fits
+without a column per name; analyzers pivot on `name`.
+
+Formats handled (from DeepSpeed's own format strings, v0.3 of 2020 to v0.18 of 2026):
+  step=136005, skipped=0, lr=[2.0e-05, 2.0e-05], mom=[(0.9, 0.95), (0.9, 0.95)]   engine._report_progress
+  time (ms) | fwd_microstep: 715.45 | bwd_microstep: ... | step_microstep: 160.78  SynchronizedWallClockTimer.log
+  time (ms) | fwd: 715.40 | bwd: ... | step: 160.79                                 (`forward`/`backward` before 0.9)
+  rank=0 time (ms) | forward: ...                                                    (2021-2023 spelling)
+  time (ms) | forward: 1.00 | ... | mem_allocated: 1.2345 GB | max_mem_allocated: ... GB | ...  (2020 memory_breakdown)
+  epoch=0/micro_step=5/global_step=5, RunningAvgSamplesPerSec=..., CurrSamplesPerSec=...,
+      MemAllocated=3.71GB, MaxMemAllocated=39.0GB                                    ThroughputTimer (2022-07+)
+  0/40, SamplesPerSec=83.48, MemAllocated=0.26GB, MaxMemAllocated=9.02GB             (2021-2022)
+  0/10, SamplesPerSec=83.48                                                          (2020-2021)
+  MA 3.71 GB  Max_MA 3.71 GB  CA 3.72 GB  Max_CA 4 GB                                see_memory_usage
+  steps: 10 loss: 2.3456 iter time (s): 0.512 samples/sec: 250.000                  PipelineEngine.train_batch
+  [deepspeed] OVERFLOW! Rank 0 Skipping step. Attempted loss scale: 65536, reducing to 32768
+  -------------------------- DeepSpeed Flops Profiler --------------------------   print_model_profile
+Lines may carry the logging prefix `[2024-04-04 09:09:53,313] [INFO] [logging.py:96:log_dist]`,
+`[Rank 0]`, a pdsh `host: ` prefix, Markdown indentation, or a progress bar glued in front.
+
+Which step a record belongs to: DeepSpeed prints, within one optimizer step, ZeRO's optimizer
+timers, then `step=`, then the throughput line, the micro-step timers, and last the global timer
+line (the one holding `step`), which closes the step. Records between two closing lines share the
+step of the `step=` line among them; `step=` is only printed every `steps_per_print` steps, so
+blocks without one count on from the nearest block that has one. The pipeline engine prints its
+`steps:` line and `pipe_*` timers after the closing line; they join the step they follow. A
+Megatron-DeepSpeed log also holds Megatron's own lines: those are left to `megatron_log`.
+"""
+from __future__ import annotations
+
+import ast
+import math
+import os
+import re
+from typing import Any
+
+from analysis.parsers.nccl_debug import read_source, split_lines
+from analysis.table import Table
+
+COLUMNS: dict[str, str] = {
+    "kind": "record kind: 'step' (`step=` line), 'timer' (one `name: value` pair of a `time (ms)` line), "
+            "'throughput' (ThroughputTimer line), 'memory' (see_memory_usage, or the memory part of a 2020 "
+            "timer line), 'pipe_step' (pipeline engine `steps:` line), 'overflow' (fp16 loss-scale overflow), "
+            "'flops_profile' (one Flops Profiler summary block)",
+    "step": "optimizer step the record belongs to: printed on 'step', 'pipe_step' and 'flops_profile' rows; "
+            "inferred for the others (see the module docstring); None when the log never prints a step",
+    "name": "'timer' rows: timer name as printed (fwd, bwd_microstep, optimizer_allgather, forward, ...); "
+            "'memory' rows: the see_memory_usage message printed just before (e.g. 'After Building Model') or "
+            "'timer' for a 2020 memory_breakdown; None otherwise",
+    "time_ms": "'timer' rows: elapsed time in milliseconds as printed (micro-step timers: since the last "
+               "micro-step; global timers: over the whole optimizer step)",
+    "skipped": "'step' rows: number of skipped (overflowed) steps so far, as printed",
+    "lr": "'step' rows: learning rate of the first parameter group",
+    "lr_groups": "'step' rows: list of the learning rates of all parameter groups",
+    "mom": "'step' rows: list of per-group momentum as printed: a float, or a (beta1, beta2) tuple; None if "
+           "it could not be read",
+    "epoch": "'throughput' rows: ThroughputTimer's epoch count",
+    "micro_step": "'throughput' rows: ThroughputTimer's micro-step count within the epoch",
+    "tput_global_step": "'throughput' rows: ThroughputTimer's own global_step count (2022-07+); it restarts at 0 "
+                        "when a job resumes from a checkpoint, so it can differ from `step`",
+    "samples_per_s_avg": "'throughput' rows: RunningAvgSamplesPerSec (older: SamplesPerSec), samples per second "
+                         "averaged since the timer's start step; None when DeepSpeed printed -inf (no steps yet)",
+    "samples_per_s": "'throughput' rows: CurrSamplesPerSec, samples per second of the last step; 'pipe_step' and "
+                     "'flops_profile' rows: samples/sec as printed",
+    "allocated_bytes": "'throughput' and 'memory' rows: torch memory_allocated() in bytes (DeepSpeed prints GiB "
+                       "rounded to 2 decimals, so this is exact only to about 10 MiB)",
+    "max_allocated_bytes": "'throughput' and 'memory' rows: max_memory_allocated() in bytes (same rounding)",
+    "reserved_bytes": "'memory' rows: memory_reserved() (CA / cache_allocated) in bytes",
+    "max_reserved_bytes": "'memory' rows: max_memory_reserved() (Max_CA / max_cache_allocated) in bytes; "
+                          "see_memory_usage rounds Max_CA to whole GiB",
+    "loss": "'pipe_step' rows: the averaged training loss printed by the pipeline engine",
+    "iter_time_s": "'pipe_step' rows: seconds per step averaged over steps_per_print steps",
+    "loss_scale": "'overflow' rows: the loss scale that overflowed",
+    "new_loss_scale": "'overflow' rows: the loss scale DeepSpeed reduced it to",
+    "world_size": "'flops_profile' rows: world size",
+    "dp": "'flops_profile' rows: data-parallel size",
+    "mp": "'flops_profile' rows: model-parallel size as DeepSpeed prints it (mpu's model-parallel world size, "
+          "i.e. tp × pp under Megatron)",
+    "micro_batch_size": "'flops_profile' rows: batch size per GPU",
+    "params_per_gpu": "'flops_profile' rows: parameters on one GPU (the profiler prints 3 significant figures)",
+    "params_total": "'flops_profile' rows: parameters of the model (params per GPU × mp_size, or with experts)",
+    "fwd_macs_per_gpu": "'flops_profile' rows: multiply-accumulates of one forward pass on one GPU",
+    "fwd_flops_per_gpu": "'flops_profile' rows: floating-point operations of one forward pass on one GPU",
+    "fwd_flops_total": "'flops_profile' rows: forward floating-point operations of the model (× mp_size)",
+    "fwd_latency_ms": "'flops_profile' rows: forward latency in milliseconds",
+    "bwd_latency_ms": "'flops_profile' rows: backward latency in milliseconds (only with wall_clock_breakdown)",
+    "step_latency_ms": "'flops_profile' rows: optimizer step latency in milliseconds",
+    "iter_latency_ms": "'flops_profile' rows: fwd + bwd + step latency in milliseconds",
+    "fwd_flop_per_s_per_gpu": "'flops_profile' rows: forward FLOP/s on one GPU",
+    "bwd_flop_per_s_per_gpu": "'flops_profile' rows: backward FLOP/s on one GPU (2 or 2+recompute × fwd flops "
+                              "/ bwd latency, as the profiler computes it)",
+    "fwd_bwd_flop_per_s_per_gpu": "'flops_profile' rows: forward+backward FLOP/s on one GPU",
+    "flop_per_s_per_gpu": "'flops_profile' rows: whole-iteration FLOP/s on one GPU (`FLOPS per GPU = ... / iter "
+                          "latency`; printed since 2023)",
+    "rank": "rank from a `[Rank N]` or `rank=N` prefix (-1 when DeepSpeed printed before torch.distributed was "
+            "initialised); None without one",
+    "host": "host from a pdsh-style `host: ` line prefix (the multi-node deepspeed launcher); None without one",
+    "timestamp": "logging timestamp as printed (`2024-04-04 09:09:53,313`, local time of the host); None for "
+                 "lines printed without the logging prefix",
+    "line": "1-based line number of the record in the source text (first line, for a Flops Profiler block)",
+}
+
+_NUM = r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?|[-+]?(?:nan|inf)"
+GIB = 1024 ** 3
+
+_LOG_PREFIX = re.compile(r"\[(?P<ts>\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3})\] \[(?P<level>[A-Z]+)\] "
+                         r"\[(?P<src>[\w.]+):\d+:(?P<func>\w+)\] ")
+_RANK = re.compile(r"\[Rank (?P<rank>-?\d+)\]")
+# pdsh prefixes every line with `host: `; demand a DeepSpeed-looking remainder so that `wandb: ...` is no host.
+_PDSH = re.compile(r"^\s*(?P<host>[A-Za-z0-9][\w.-]*): (?=\[\d{4}-|\[Rank|step=|time \(ms\)|rank=\d|epoch=|\d+/\d+, )")
+_STEP = re.compile(r"\bstep=(?P<step>\d+), skipped=(?P<skipped>\d+), lr=(?P<lr>\[[^\]]*\]|[^,]*), mom=(?P<mom>.*?)\s*$")
+_TIMER = re.compile(r"(?:\brank=(?P<rank>\d+) )?time \(ms\)(?P<body>(?:\s*\|[^|]*)+)")
+_PAIR = re.compile(r"^\s*(?P<name>[^:]+?)\s*:\s*(?P<value>" + _NUM + r")\s*(?P<unit>GB)?\s*$")
+_TPUT_NEW = re.compile(r"epoch=(?P<epoch>\d+)/micro_step=(?P<micro>\d+)/global_step=(?P<gstep>\d+),")
+_TPUT_OLD = re.compile(r"(?<![\w/=.])(?P<epoch>\d+)/(?P<micro>\d+), (?=(?:RunningAvg)?SamplesPerSec=)")
+_KV = re.compile(r"(?P<key>\w+)=(?P<value>" + _NUM + r")(?P<unit>GB)?(?=[,\s]|$)")
+_SEE_MEMORY = re.compile(r"\bMA (?P<ma>" + _NUM + r") GB\s+Max_MA (?P<max_ma>" + _NUM + r") GB\s+CA (?P<ca>" + _NUM +
+                         r") GB\s+Max_CA (?P<max_ca>" + _NUM + r") GB")
+_PIPE = re.compile(r"\bsteps: (?P<step>\d+) loss: (?P<loss>" + _NUM + r") (?:.*?)iter time \(s\): (?P<iter>" + _NUM +
+                   r") samples/sec: (?P<sps>" + _NUM + r")")
+_OVERFLOW = re.compile(r"OVERFLOW!.*?Attempted loss scale: (?P<old>" + _NUM + r"), reducing to (?P<new>" + _NUM + r")")
+_VERSION = re.compile(r"DeepSpeed info: version=(?P<ver>[^,\s]+)")
+_FLOPS_HEADER = "DeepSpeed Flops Profiler"
+_FLOPS_STEP = re.compile(r"Profile Summary at step (?P<step>\d+)")
+_FLOPS_END = re.compile(r"Aggregated Profile per|Detailed Profile per|Top \d* ?modules in terms")
+_FLOPS_VALUE = re.compile(r"^\s*(?P<num>" + _NUM + r")\s*(?P<prefix>[TGMKkmuB]?)(?P<unit>MACs|FLOPS|s)?\s*$")
+_PREFIX_SCALE = {"": 1.0, "T": 1e12, "G": 1e9, "B": 1e9, "M": 1e6, "K": 1e3, "k": 1e3, "m": 1e-3, "u": 1e-6}
+# Label (as printed, whitespace collapsed; `per device` in the standalone package) -> column.
+# Label (as printed, whitespace collapsed; `per device` in the standalone package) -> column. Count
+# (`fwd flops per GPU`) and rate (`fwd FLOPS per GPU = ...`) differ in case across versions, so
+# the rate labels are told apart by their ` = formula`.
+_FLOPS_LABELS: tuple[tuple[re.Pattern, str], ...] = tuple((re.compile(p, re.IGNORECASE), c) for p, c in (
+    (r"^world size$", "world_size"),
+    (r"^data parallel size$", "dp"),
+    (r"^model parallel size$", "mp"),
+    (r"^batch size per (?:gpu|device)$", "micro_batch_size"),
+    (r"^params per (?:gpu|device)$", "params_per_gpu"),
+    (r"^params of model\b", "params_total"),
+    (r"^fwd MACs per (?:gpu|device)$", "fwd_macs_per_gpu"),
+    (r"^fwd flops per (?:gpu|device)$", "fwd_flops_per_gpu"),
+    (r"^fwd flops of model\b", "fwd_flops_total"),
+    (r"^fwd latency$", "fwd_latency_ms"),
+    (r"^bwd latency$", "bwd_latency_ms"),
+    (r"^step latency$", "step_latency_ms"),
+    (r"^iter latency$", "iter_latency_ms"),
+    (r"^fwd flops per (?:gpu|device) =", "fwd_flop_per_s_per_gpu"),
+    (r"^bwd flops per (?:gpu|device) =", "bwd_flop_per_s_per_gpu"),
+    (r"^fwd\+bwd flops per (?:gpu|device) =", "fwd_bwd_flop_per_s_per_gpu"),
+    (r"^flops per (?:gpu|device) =", "flop_per_s_per_gpu"),
+    (r"^samples/second$", "samples_per_s"),
+))
+_FLOPS_INT = {"world_size", "dp", "mp", "micro_batch_size"}
+_FLOPS_MAX_LINES = 60  # the summary is ~30 lines; an unclosed block must not swallow the log
+# DeepSpeed names its timers in snake_case; Megatron's use hyphens or spaces (`forward-compute`,
+# `batch generator`), which is how a bare `time (ms) |` line is told apart.
+_DS_TIMER_NAME = re.compile(r"[a-z0-9_]+")
+_MEMORY_BREAKDOWN = {"mem_allocated": "allocated_bytes", "max_mem_allocated": "max_allocated_bytes",
+                     "cache_allocated": "reserved_bytes", "max_cache_allocated": "max_reserved_bytes"}
+_SNIFF = re.compile(
+    r"\bstep=\d+, skipped=\d+, lr=|SamplesPerSec=|DeepSpeed Flops Profiler|DeepSpeed info: version=|"
+    r"\[(?:INFO|WARNING)\] \[(?:logging|engine|config|timer|utils|real_accelerator|stage_1_and_2|stage3)\.py:\d+:|"
+    r"time \(ms\) \| (?:fwd|forward)(?:_microstep)?: " + "(?:" + _NUM + ")")
+_SNIFF_BYTES = 64 * 1024
+_MAX_WARNINGS_PER_KIND = 10
+
+
+def sniff(path: str | os.PathLike[str]) -> str | None:
+    """'deepspeed_log' if the file's first or last 64 KiB hold lines DeepSpeed writes, else None.
+
+    Launch scripts often print 100 KB of shell trace before training starts, hence the tail too. A
+    Megatron-DeepSpeed log sniffs as both this and `megatron_log`; each parser takes its own lines.
+    """
+    text = _head_and_tail(path)
+    return "deepspeed_log" if text is not None and _SNIFF.search(text) else None
+
+
+def is_deepspeed_timer_line(line: str) -> bool:
+    """Whether a `time (ms) |` line was written by DeepSpeed (not by Megatron's old timers)."""
+    m = _TIMER.search(line)
+    if not m:
+        return False
+    before = line[:m.start()]
+    if m["rank"] is not None or _RANK.search(before) or _LOG_PREFIX.search(before):
+        return True
+    names = [p["name"] for p in (_PAIR.match(f) for f in m["body"].split("|")[1:]) if p]
+    return bool(names) and all(_DS_TIMER_NAME.fullmatch(n) for n in names)
+
+
+def parse_deepspeed_log(path_or_text: str | os.PathLike[str], *, source: str = "") -> Table:
+    """Parse DeepSpeed's training-log lines from a file path or the text itself into `deepspeed_log`.
+
+    Never raises on content: unreadable lines are skipped with a warning naming the file and line,
+    a last line cut off mid-record loses its final field, and an input without DeepSpeed lines
+    gives an empty table and a warning. `meta` holds `deepspeed_version` when printed.
+    """
+    text, name, warnings = read_source(path_or_text, source)
+    parser = _Parser(name, warnings)
+    parser.run(text)
+    return Table.from_rows("deepspeed_log", COLUMNS, parser.rows, source=name, warnings=warnings,
+                           meta=parser.meta)
+
+
+def _head_and_tail(path: str | os.PathLike[str]) -> str | None:
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(_SNIFF_BYTES)
+            size = os.fstat(fh.fileno()).st_size
+            tail = b""
+            if size > 2 * _SNIFF_BYTES:
+                fh.seek(size - _SNIFF_BYTES)
+                tail = fh.read(_SNIFF_BYTES)
+            elif size > _SNIFF_BYTES:
+                tail = fh.read()
+    except OSError:
+        return None
+    if b"\0" in head[:4096]:
+        return None  # binary (an event file, a trace): never a text log
+    return (head + b"\n" + tail).decode("utf-8", errors="replace")
+
+
+def _finite(value: float) -> float | None:
+    return value if math.isfinite(value) else None
+
+
+def _gib(text: str) -> int | None:
+    value = float(text)
+    return round(value * GIB) if math.isfinite(value) else None
+
+
+def _cut_last_field(text: str, separators: str = "|,") -> str:
+    """Drop what follows the last separator: at a cut end of file the last value may be short."""
+    cut = max(text.rfind(s) for s in separators)
+    return text[:cut] if cut >= 0 else ""
+
+
+class _Parser:
+    def __init__(self, name: str, warnings: list[str]) -> None:
+        self.name = name
+        self.warnings = warnings
+        self.warned: dict[str, int] = {}
+        self.rows: list[dict[str, Any]] = []
+        self.meta: dict[str, Any] = {"deepspeed_version": None}
+        self.row_block: list[int | None] = []   # block of each row, None for rows with a printed step
+        self.block = 0
+        self.block_rows = 0                        # rows placed in the current block so far
+        self.block_step: dict[int, int] = {}
+        self.flops: dict[str, Any] | None = None
+        self.training = False                     # set by the first per-step record
+        self.last_message: tuple[int, str] | None = None  # for see_memory_usage's label line
+
+    def warn(self, kind: str, lineno: int | None, message: str) -> None:
+        n = self.warned.get(kind, 0) + 1
+        self.warned[kind] = n
+        where = f"{self.name}:{lineno}" if lineno else self.name
+        if n <= _MAX_WARNINGS_PER_KIND:
+            self.warnings.append(f"{where}: {message}")
+        elif n == _MAX_WARNINGS_PER_KIND + 1:
+            self.warnings.append(f"{self.name}: further '{kind}' warnings suppressed")
+
+    def run(self, text: str) -> None:
+        lines, last_cut = split_lines(text)
+        for lineno, raw in enumerate(lines, start=1):
+            cut = last_cut and lineno == len(lines)
+            try:
+                self.line(lineno, raw, cut)
+            except (ValueError, OverflowError, RecursionError, MemoryError) as exc:
+                # A pattern matched text that is not the number or literal it looks like.
+                self.warn("garbled", lineno, f"line not understood ({type(exc).__name__}); skipped")
+        self.close_flops(len(lines))
+        self.assign_steps()
+        if not self.rows:
+            self.warn("empty", None, "no DeepSpeed training-log lines found (is this a DeepSpeed log?)")
+
+    def add(self, kind: str, lineno: int, ctx: dict[str, Any], *, block: bool = True, late: bool = False,
+            **fields: Any) -> None:
+        row = dict.fromkeys(COLUMNS)
+        row.update(kind=kind, line=lineno, **ctx)
+        row.update(fields)
+        self.rows.append(row)
+        self.training = self.training or kind not in ("memory", "flops_profile")
+        # Memory reports before the first step are set-up (model build, engine init), no step's.
+        if not block or not self.training:
+            self.row_block.append(None)
+            return
+        # Pipeline-engine lines printed just after a step closed belong to that step.
+        target = self.block - 1 if late and self.block_rows == 0 and self.block > 0 else self.block
+        self.row_block.append(target)
+        if target == self.block:
+            self.block_rows += 1
+
+    def line(self, lineno: int, raw: str, cut: bool) -> None:
+        text = raw
+        if cut:
+            text = _cut_last_field(raw)
+            if not text.strip():
+                return
+            self.warn("cut", lineno, "last line is cut short; its final field was dropped")
+        if self.flops is not None and self.flops_line(lineno, text):
+            return
+        if _FLOPS_HEADER in text:
+            self.close_flops(lineno)
+            self.flops = {"line": lineno, "fields": {}}
+            return
+        ctx = self.context(text)
+        if "time (ms)" in text:
+            self.timer_line(lineno, text, ctx)
+        elif "skipped=" in text and "step=" in text:
+            self.step_line(lineno, text, ctx)
+        elif "SamplesPerSec=" in text:
+            self.throughput_line(lineno, text, ctx)
+        elif "Max_MA" in text:
+            self.memory_line(lineno, text, ctx)
+        elif "iter time (s):" in text:
+            self.pipe_line(lineno, text, ctx)
+        elif "OVERFLOW!" in text:
+            m = _OVERFLOW.search(text)
+            if m:
+                self.add("overflow", lineno, ctx, loss_scale=float(m["old"]), new_loss_scale=float(m["new"]))
+        elif "DeepSpeed info:" in text:
+            m = _VERSION.search(text)
+            if m and self.meta["deepspeed_version"] is None:
+                self.meta["deepspeed_version"] = m["ver"]
+        if text.strip():
+            self.last_message = (lineno, text)
+
+    def context(self, text: str) -> dict[str, Any]:
+        ctx: dict[str, Any] = {}
+        m = _PDSH.match(text)
+        if m:
+            ctx["host"] = m["host"]
+        m = _LOG_PREFIX.search(text)
+        if m:
+            ctx["timestamp"] = m["ts"]
+        m = _RANK.search(text)
+        if m:
+            ctx["rank"] = int(m["rank"])
+        return ctx
+
+    def step_line(self, lineno: int, text: str, ctx: dict[str, Any]) -> None:
+        m = _STEP.search(text)
+        if not m:
+            self.warn("step", lineno, "`step=` line not understood; skipped")
+            return
+        lrs = [float(x) for x in re.findall(_NUM, m["lr"])]
+        try:
+            mom = ast.literal_eval(m["mom"]) if len(m["mom"]) < 10_000 else None
+        except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+            mom = None
+            self.warn("mom", lineno, f"mom={m['mom'][:60]!r} is not a Python literal; kept as None")
+        step = int(m["step"])
+        if self.block in self.block_step:
+            # A second `step=` with no closing timer line between: timers are off, so the
+            # `step=` lines themselves delimit the steps.
+            self.block += 1
+            self.block_rows = 0
+        self.block_step[self.block] = step
+        self.add("step", lineno, ctx, step=step, skipped=int(m["skipped"]), lr=lrs[0] if lrs else None,
+                 lr_groups=lrs, mom=mom if isinstance(mom, (list, tuple)) else None)
+
+    def timer_line(self, lineno: int, text: str, ctx: dict[str, Any]) -> None:
+        if not is_deepspeed_timer_line(text):
+            return
+        m = _TIMER.search(text)
+        if m["rank"] is not None:
+            ctx = dict(ctx, rank=int(m["rank"]))
+        pairs: list[tuple[str, float]] = []
+        memory: dict[str, int | None] = {}
+        for field in m["body"].split("|")[1:]:
+            if not field.strip():
+                continue
+            p = _PAIR.match(field)
+            if not p:
+                self.warn("timer", lineno, f"timer field {field.strip()[:60]!r} not understood; skipped")
+                continue
+            if p["unit"] == "GB" or p["name"] in _MEMORY_BREAKDOWN:
+                if p["name"] in _MEMORY_BREAKDOWN:
+                    memory[_MEMORY_BREAKDOWN[p["name"]]] = _gib(p["value"])
+                continue
+            pairs.append((p["name"], float(p["value"])))
+        late = bool(pairs) and all(n.startswith("pipe_") for n, _ in pairs)
+        for timer, value in pairs:
+            self.add("timer", lineno, ctx, late=late, name=timer, time_ms=value)
+        if memory:
+            self.add("memory", lineno, ctx, name="timer", **memory)
+        if any(n == "step" for n, _ in pairs):
+            self.block += 1
+            self.block_rows = 0
+
+    def throughput_line(self, lineno: int, text: str, ctx: dict[str, Any]) -> None:
+        m = _TPUT_NEW.search(text) or _TPUT_OLD.search(text)
+        if not m:
+            self.warn("throughput", lineno, "ThroughputTimer line not understood; skipped")
+            return
+        kv = {k["key"]: k["value"] for k in _KV.finditer(text, m.end())}
+        avg = kv.get("RunningAvgSamplesPerSec", kv.get("SamplesPerSec"))
+        fields = dict(
+            epoch=int(m["epoch"]), micro_step=int(m["micro"]),
+            tput_global_step=int(m["gstep"]) if "gstep" in m.groupdict() else None,
+            samples_per_s_avg=_finite(float(avg)) if avg is not None else None,
+            samples_per_s=_finite(float(kv["CurrSamplesPerSec"])) if "CurrSamplesPerSec" in kv else None,
+            allocated_bytes=_gib(kv["MemAllocated"]) if "MemAllocated" in kv else None,
+            max_allocated_bytes=_gib(kv["MaxMemAllocated"]) if "MaxMemAllocated" in kv else None)
+        self.add("throughput", lineno, ctx, **fields)
+
+    def memory_line(self, lineno: int, text: str, ctx: dict[str, Any]) -> None:
+        m = _SEE_MEMORY.search(text)
+        if not m:
+            return
+        label = None
+        if self.last_message and self.last_message[0] == lineno - 1:
+            prev = self.last_message[1]
+            p = _LOG_PREFIX.search(prev)
+            label = (prev[p.end():] if p else prev).strip() or None
+        self.add("memory", lineno, ctx, name=label, allocated_bytes=_gib(m["ma"]),
+                 max_allocated_bytes=_gib(m["max_ma"]), reserved_bytes=_gib(m["ca"]),
+                 max_reserved_bytes=_gib(m["max_ca"]))
+
+    def pipe_line(self, lineno: int, text: str, ctx: dict[str, Any]) -> None:
+        m = _PIPE.search(text)
+        if not m:
+            return
+        step = int(m["step"])
+        self.add("pipe_step", lineno, ctx, late=True, step=step, loss=float(m["loss"]),
+                 iter_time_s=float(m["iter"]), samples_per_s=float(m["sps"]))
+        self.block_step.setdefault(self.row_block[-1], step)
+
+    def flops_line(self, lineno: int, text: str) -> bool:
+        """Read one line inside a Flops Profiler block; False once the block is over."""
+        flops = self.flops
+        m = _FLOPS_STEP.search(text)
+        if m:
+            flops["step"] = int(m["step"])
+            return True
+        ds_record = "time (ms)" in text or "step=" in text or _LOG_PREFIX.search(text)
+        if (_FLOPS_END.search(text) or ds_record or lineno - flops["line"] > _FLOPS_MAX_LINES
+                or (flops["fields"] and _FLOPS_HEADER in text)):
+            self.close_flops(lineno)
+            return bool(_FLOPS_END.search(text))
+        label, colon, value = text.rpartition(":")
+        if not colon:
+            return True
+        label = " ".join(label.split())
+        # A pdsh `host: ` prefix stays in front of the label; try again without it.
+        for candidate in (label, label.partition(": ")[2]):
+            for pattern, column in _FLOPS_LABELS:
+                if candidate and pattern.search(candidate):
+                    self.flops_value(lineno, column, value)
+                    return True
+        return True
+
+    def flops_value(self, lineno: int, column: str, value: str) -> None:
+        v = _FLOPS_VALUE.match(value)
+        if not v:
+            self.warn("flops", lineno, f"Flops Profiler value {value.strip()[:40]!r} not understood; skipped")
+            return
+        number = float(v["num"]) * _PREFIX_SCALE[v["prefix"]]
+        if column.endswith("_ms"):
+            number *= 1000.0  # printed in seconds with an SI prefix
+        self.flops["fields"][column] = int(round(number)) if column in _FLOPS_INT and math.isfinite(number) \
+            else number
+
+    def close_flops(self, lineno: int) -> None:
+        flops, self.flops = self.flops, None
+        if flops is None:
+            return
+        if not flops["fields"]:
+            self.warn("flops", flops["line"], "Flops Profiler block without summary values; skipped")
+            return
+        self.add("flops_profile", flops["line"], {}, block=False, step=flops.get("step"), **flops["fields"])
+
+    def assign_steps(self) -> None:
+        known = sorted(self.block_step)
+        for row, block in zip(self.rows, self.row_block):
+            if block is None or row["step"] is not None:
+                continue
+            if block in self.block_step:
+                row["step"] = self.block_step[block]
+                continue
+            before = [b for b in known if b < block]
+            after = [b for b in known if b > block]
+            if before:
+                row["step"] = self.block_step[before[-1]] + (block - before[-1])
+            elif after:
+                row["step"] = self.block_step[after[0]] - (after[0] - block)

@@ -1,0 +1,804 @@
+"""Parse PyTorch profiler (Kineto) Chrome traces, `.json` or `.json.gz`, into one table of events.
+
+The file is read as a stream: decompressed chunks are cut at event boundaries and each batch of
+events is decoded at once (orjson when it is installed, else the standard library), so the working
+memory is a few MiB whatever the trace size; only the table itself grows with the number of events
+kept. A trace that a crashed run left half-written, a gzip stream cut short, or bytes that are not
+JSON give the events read up to that point (and after it, where the scanner can find the next event
+again) plus a warning naming the file and the byte offset in the decompressed JSON text.
+
+One row per complete ("ph": "X") event, except the profiler's own "Trace" span. Instant events,
+flow arrows, counters and metadata are counted in `meta["events_skipped"]`; thread names from the
+metadata events are kept in `meta["thread_names"]`.
+
+Kernel classification follows HTA (facebookresearch/HolisticTraceAnalysis hta/utils/utils.py, the
+same in 0.5.0 and at f4d0062): a name matching `^nccl.*Kernel` is communication, one starting with
+Memcpy/Memset/dma is memory, one that contains Memcpy, starts with Memset or contains Sync is
+"other", anything else is computation.
+
+Table.meta keys: rank, world_size, backend, device_properties, pg_config (process groups as
+recorded in distributedInfo), ts_first_us / ts_last_us / span_us (first start and last end of the
+rows kept), events_total, events_skipped (by reason), ts_float (some event's ts is written as a
+non-integer number: HTA then rounds GPU intervals inward to whole microseconds), thread_names
+({"pid/tid": name}), trace (the other top-level keys of the file, e.g. schemaVersion, traceName).
+`parse_kineto_ranks` puts one such mapping per rank under meta["ranks"].
+"""
+from __future__ import annotations
+
+import bisect
+import codecs
+import json
+import math
+import os
+import re
+import zlib
+from collections import Counter
+from typing import Any, Callable, Iterable, Iterator
+
+from analysis.table import Table
+
+try:
+    import orjson
+except ImportError:  # pragma: no cover - orjson only speeds the same decoding up
+    orjson = None
+
+COLUMNS: dict[str, str] = {
+    "rank": "trainer rank: distributedInfo.rank, else a rank number in the file name (rank-3, rank_3, "
+            "rank3), else None",
+    "pid": "event pid as written (process id for CPU events, device index for GPU events)",
+    "tid": "event tid as written (thread id for CPU events, stream for GPU events)",
+    "stream": "int(args.stream) when the event has one (GPU kernels, memcpy, memset), else None",
+    "category": "event category: kernel, gpu_memcpy, gpu_memset, cpu_op, cuda_runtime, cuda_driver, "
+                "user_annotation, gpu_user_annotation, python_function, ... (old capitalised "
+                "names such as Kernel, Memcpy, Runtime, Operator are mapped to these)",
+    "name": "event name as written",
+    "ts_us": "start time in microseconds, as written in the trace (epoch- or boot-relative)",
+    "dur_us": "duration in microseconds",
+    "kind": "for GPU events (stream set): computation | communication | memory | other, by HTA's "
+            "name rules; None for CPU events",
+    "collective": "all_reduce, all_gather, reduce_scatter, all_to_all, broadcast, send_recv, reduce, "
+                  "gather, scatter, barrier, or 'unknown' for communication kernels whose name says "
+                  "no more; from NCCL kernel names (ncclDevKernel_AllReduce_Sum_bf16_RING_LL, "
+                  "ncclKernel_AllReduce_RING_LL_Sum_float), from CPU ops (c10d::allreduce_, "
+                  "record_param_comms with args 'Collective name', nccl:all_reduce, gloo:all_reduce, "
+                  "_c10d_functional::all_reduce); a communication kernel takes the collective of the "
+                  "CPU op that launched it when that is known (NCCL runs all_to_all as SendRecv "
+                  "kernels); None for events that are not collectives",
+    "message_bytes": "collective buffer size in bytes in nccl-tests' convention (all_gather: the "
+                     "gathered output, reduce_scatter: the full input, others: the input): "
+                     "max(args 'In msg size', 'Out msg size'), else max('In msg nelems', 'Out msg "
+                     "nelems') x size of args 'dtype', else the largest tensor in 'Input Dims' x "
+                     "its 'Input type' size; None when unknown",
+    "message_from": "where message_bytes came from: msg_size | msg_nelems | input_dims | launch "
+                    "(copied from the CPU collective that launched the kernel); None when unknown",
+    "group": "process group: args 'Process Group Name', else 'Process Group Ranks' as text; None "
+             "when not recorded",
+    "group_size": "ranks in the process group: args 'Group size', else the length of 'Process Group "
+                  "Ranks', else the pg_size of the named group in distributedInfo.pg_config; None "
+                  "when not recorded",
+    "step": "N of the ProfilerStep#N span containing the event's start (CPU events) or the start of "
+            "the CPU call that launched it, matched by correlation (GPU events); None outside steps",
+    "correlation": "args.correlation (links a cuda_runtime launch to its GPU event); None when absent",
+}
+
+_CHUNK_BYTES = 1 << 20          # decompressed bytes handed to the decoder at a time
+_RAW_READ_BYTES = 1 << 16       # compressed bytes read at a time
+_MAX_PENDING_BYTES = 64 << 20   # an "event" still unfinished after this many bytes is garbage
+_MAX_WARNINGS_PER_KIND = 5
+
+GPU_CATEGORIES = frozenset({"kernel", "gpu_memcpy", "gpu_memset"})
+_CATEGORY_ALIASES = {
+    "Kernel": "kernel", "Memcpy": "gpu_memcpy", "Memset": "gpu_memset", "Runtime": "cuda_runtime",
+    "Driver": "cuda_driver", "Operator": "cpu_op", "Cuda Runtime": "cuda_runtime",
+    "cuda_profiler_range": "cuda_profiler_range", "User annotation": "user_annotation",
+    "gpu_user_Annotation": "gpu_user_annotation", "Python": "python_function",
+}
+_CPU_COLLECTIVE_CATEGORIES = frozenset({"cpu_op", "user_annotation"})
+
+# hta/utils/utils.py (KernelType, is_comm_kernel, is_memory_kernel, is_compute_kernel)
+_HTA_COMM = re.compile(r"^nccl.*Kernel")
+_HTA_MEMORY = re.compile(r"(^Memcpy)|(^Memset)|(^dma)")
+_HTA_NOT_COMPUTE = re.compile(r"(^nccl.*Kernel)|(.*(Memcpy)|(Memset))|(.*Sync)")
+
+# NCCL kernel names, three generations: ncclDevKernel_AllReduce_Sum_bf16_RING_LL (2.19+),
+# ncclKernel_AllReduce_RING_LL_Sum_float (2.8-2.18), ncclAllReduceRingLLKernel_sum_f32 (2.4-2.7).
+_NCCL_KERNEL = re.compile(r"^nccl(?:Dev)?Kernel_([A-Za-z]+)|^nccl([A-Z][A-Za-z]*?)(?:Ring|Tree|CollNet|Kernel)")
+_NCCL_OPS = {
+    "allreduce": "all_reduce", "allgather": "all_gather", "reducescatter": "reduce_scatter",
+    "broadcast": "broadcast", "reduce": "reduce", "sendrecv": "send_recv", "send": "send_recv",
+    "recv": "send_recv", "alltoall": "all_to_all",
+}
+# CPU-side names: c10d::allreduce_, c10d::_allgather_base_, record_param_comms' 'Collective name'
+# (allreduce, _reduce_scatter_base, allgather_into_tensor_coalesced, ...), nccl:all_reduce,
+# gloo:all_to_all, _c10d_functional::reduce_scatter_tensor. Order matters: reduce_scatter before
+# reduce and scatter, all_gather before gather.
+_CPU_COLLECTIVE_PREFIX = re.compile(r"^(?:c10d::|nccl:|gloo:|mpi:|ucc:|_?c10d_functional::|record_param_comms$)")
+_COLLECTIVE_WORDS = (
+    ("reduce_scatter", re.compile(r"reduce_?scatter")), ("all_reduce", re.compile(r"all_?reduce")),
+    ("all_gather", re.compile(r"all_?gather")), ("all_to_all", re.compile(r"all_?to_?all")),
+    ("broadcast", re.compile(r"broadcast")), ("send_recv", re.compile(r"send|recv")),
+    ("barrier", re.compile(r"barrier")), ("reduce", re.compile(r"reduce")),
+    ("gather", re.compile(r"gather")), ("scatter", re.compile(r"scatter")),
+)
+
+# Element sizes for args 'dtype' (c10 ScalarType names) and 'Input type' (C++ type names).
+_DTYPE_BYTES = {
+    "float": 4, "float32": 4, "double": 8, "float64": 8, "half": 2, "float16": 2, "c10::half": 2,
+    "bfloat16": 2, "c10::bfloat16": 2, "long": 8, "long int": 8, "int64": 8, "int": 4, "int32": 4,
+    "short": 2, "short int": 2, "int16": 2, "char": 1, "signed char": 1, "int8": 1, "byte": 1,
+    "unsigned char": 1, "uint8": 1, "bool": 1, "complexfloat": 8, "c10::complex<float>": 8,
+    "complexdouble": 16, "c10::complex<double>": 16, "unsigned int": 4, "uint32": 4,
+    "unsigned long": 8, "uint64": 8, "unsigned short": 2, "uint16": 2,
+}
+_FLOAT8 = re.compile(r"float8|fp8", re.IGNORECASE)
+
+_EVENT_SEP = re.compile(rb"\}\s*,\s*(?=\{\s*\")")
+_EVENT_START = re.compile(r"\{\s*\"")
+_SKIP_SEPARATORS = re.compile(r"[\s,]*")
+_RANK_IN_NAME = re.compile(r"rank[-_]?(\d+)", re.IGNORECASE)
+_PROFILER_STEP = re.compile(r"ProfilerStep\s*#\s*(\d+)")
+
+_loads: Callable[[bytes], Any] = orjson.loads if orjson is not None else json.loads
+
+
+def kernel_kind(name: str) -> str:
+    """HTA's kernel type for a GPU event name, lower-cased: computation, communication, memory, other."""
+    if _HTA_COMM.match(name):
+        return "communication"
+    if _HTA_MEMORY.match(name):
+        return "memory"
+    if not _HTA_NOT_COMPUTE.match(name):
+        return "computation"
+    return "other"
+
+
+def kernel_collective(name: str) -> str:
+    """The collective an NCCL kernel name encodes ('unknown' for ncclDevKernel_Generic and the like)."""
+    m = _NCCL_KERNEL.match(name)
+    if not m:
+        return "unknown"
+    token = (m.group(1) or m.group(2) or "").lower()
+    return _NCCL_OPS.get(token, "unknown")
+
+
+def cpu_collective(name: str, collective_name: Any = None) -> str | None:
+    """The collective a CPU op or annotation stands for; None when it is not a collective call.
+
+    `collective_name` is record_param_comms' args 'Collective name'; 'wait' and 'init' there are
+    bookkeeping, not collectives.
+    """
+    if not _CPU_COLLECTIVE_PREFIX.match(name):
+        return None
+    text = (collective_name if name == "record_param_comms" and isinstance(collective_name, str) else name)
+    text = text.lower().split("::")[-1].split(":")[-1]
+    for op, rx in _COLLECTIVE_WORDS:
+        if rx.search(text):
+            return op
+    return None
+
+
+def dtype_bytes(dtype: Any) -> int | None:
+    """Bytes per element of a dtype name as Kineto writes it ('Float', 'c10::BFloat16', 'long int')."""
+    if not isinstance(dtype, str):
+        return None
+    key = dtype.strip().lower()
+    if key in _DTYPE_BYTES:
+        return _DTYPE_BYTES[key]
+    if _FLOAT8.search(key):
+        return 1
+    return None
+
+
+def _int_or_none(value: Any) -> int | None:
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, str):
+        try:
+            return int(value)
+        except ValueError:
+            return None
+    return None
+
+
+def _tensor_bytes(dims: Any, dtype: Any) -> int | None:
+    size = dtype_bytes(dtype)
+    if size is None or not isinstance(dims, list) or not all(isinstance(d, int) and not isinstance(d, bool) for d in dims):
+        return None
+    return math.prod(dims) * size
+
+
+def _message(args: dict) -> tuple[int | None, str | None]:
+    """(message_bytes, message_from) from a collective event's args; see COLUMNS."""
+    sizes = [v for v in (_int_or_none(args.get("In msg size")), _int_or_none(args.get("Out msg size")))
+             if v is not None and v >= 0]
+    if sizes:
+        return max(sizes), "msg_size"
+    nelems = [v for v in (_int_or_none(args.get("In msg nelems")), _int_or_none(args.get("Out msg nelems")))
+              if v is not None and v >= 0]
+    elem = dtype_bytes(args.get("dtype"))
+    if nelems and elem is not None:
+        return max(nelems) * elem, "msg_nelems"
+    dims, types = args.get("Input Dims"), args.get("Input type")
+    if isinstance(dims, list) and isinstance(types, list):
+        best = None
+        for d, t in zip(dims, types):
+            b = _tensor_bytes(d, t)
+            if b is not None and (best is None or b > best):
+                best = b
+        if best is not None:
+            return best, "input_dims"
+    return None, None
+
+
+def _group(args: dict, pg_sizes: dict[str, int]) -> tuple[str | None, int | None]:
+    name = args.get("Process Group Name")
+    ranks = args.get("Process Group Ranks")
+    group = str(name) if name not in (None, "") else (str(ranks) if ranks not in (None, "", "[]") else None)
+    size = _int_or_none(args.get("Group size"))
+    if size is None or size <= 0:
+        size = None
+        if isinstance(ranks, str) and ranks.strip().startswith("["):
+            inner = ranks.strip()[1:-1].strip()
+            size = len(inner.split(",")) if inner else None
+        elif isinstance(ranks, list) and ranks:
+            size = len(ranks)
+        if size is None and name is not None:
+            size = pg_sizes.get(str(name))
+    return group, size
+
+
+class _Source:
+    """Decompressed bytes of a file, chunk by chunk, with warnings instead of exceptions."""
+
+    def __init__(self, path: str | os.PathLike[str], name: str, warn: Callable[[str], None]):
+        self.path, self.name, self.warn = path, name, warn
+        self.gzip = False
+
+    def chunks(self) -> Iterator[bytes]:
+        try:
+            fh = open(self.path, "rb")
+        except OSError as exc:
+            self.warn(f"{self.name}: cannot read ({exc.strerror or exc})")
+            return
+        with fh:
+            head = fh.read(2)
+            fh.seek(0)
+            if head == b"\x1f\x8b":
+                self.gzip = True
+                yield from self._gunzip(fh)
+            else:
+                while block := fh.read(_CHUNK_BYTES):
+                    yield block
+
+    def _gunzip(self, fh) -> Iterator[bytes]:
+        # zlib rather than gzip.GzipFile: a cut-short stream still yields everything before the
+        # cut, and the compressed offset of the failure is known.
+        inflater = zlib.decompressobj(31)
+        read = 0
+        pending = b""
+        while True:
+            raw = pending or fh.read(_RAW_READ_BYTES)
+            pending = b""
+            if not raw:
+                if not inflater.eof:
+                    self.warn(f"{self.name}: gzip stream ends early at compressed byte {read} "
+                              f"(file cut short, e.g. by a crashed run); the events before the cut are kept")
+                return
+            data = raw
+            try:
+                while data:
+                    out = inflater.decompress(data, _CHUNK_BYTES)
+                    if out:
+                        yield out
+                    data = inflater.unconsumed_tail
+                    if inflater.eof:
+                        break
+            except zlib.error as exc:
+                self.warn(f"{self.name}: gzip data corrupt near compressed byte {read} ({exc}); "
+                          f"the events before it are kept")
+                return
+            read += len(raw) - len(inflater.unused_data) if inflater.eof else len(raw)
+            if inflater.eof:
+                rest = inflater.unused_data
+                if rest.strip(b"\x00"):
+                    inflater = zlib.decompressobj(31)  # concatenated gzip members
+                    pending = rest
+                elif fh.read(1):
+                    inflater = zlib.decompressobj(31)
+                    fh.seek(-1, os.SEEK_CUR)
+                else:
+                    return
+
+
+class _Collector:
+    """Turns decoded events into column lists; the hot loop of the parser."""
+
+    def __init__(self, rank: int | None, wanted: frozenset[str] | None):
+        self.rank = rank
+        self.wanted = wanted
+        self.cols: dict[str, list[Any]] = {c: [] for c in COLUMNS}
+        self.skipped: Counter[str] = Counter()
+        self.total = 0
+        self.ts_float = False
+        self.thread_names: dict[str, str] = {}
+        self.pg_sizes: dict[str, int] = {}
+        self._names: dict[str, str] = {}
+        self._durs: dict[Any, Any] = {}
+        self._kind: dict[str, str] = {}
+        self._kernel_coll: dict[str, str] = {}
+        self._cpu_coll: dict[str, str | None] = {}
+
+    def take(self, events: Iterable[Any]) -> None:
+        cols = self.cols
+        a_rank, a_pid, a_tid, a_stream = cols["rank"].append, cols["pid"].append, cols["tid"].append, cols["stream"].append
+        a_cat, a_name, a_ts, a_dur = cols["category"].append, cols["name"].append, cols["ts_us"].append, cols["dur_us"].append
+        a_kind, a_coll, a_msg, a_from = cols["kind"].append, cols["collective"].append, cols["message_bytes"].append, cols["message_from"].append
+        a_group, a_gsize, a_step, a_corr = cols["group"].append, cols["group_size"].append, cols["step"].append, cols["correlation"].append
+        names, durs, kinds = self._names, self._durs, self._kind
+        skipped, wanted, rank = self.skipped, self.wanted, self.rank
+        n = 0
+        for e in events:
+            n += 1
+            if e.__class__ is not dict:
+                skipped["not an object"] += 1
+                continue
+            ts = e.get("ts")
+            if ts.__class__ is float:
+                self.ts_float = True
+            ph = e.get("ph")
+            if ph != "X":
+                skipped[f"ph={ph}"] += 1
+                if ph == "M":
+                    self._metadata(e)
+                continue
+            cat = e.get("cat")
+            dur = e.get("dur")
+            if cat is None or cat == "Trace":
+                skipped["no cat" if cat is None else "profiler span"] += 1
+                continue
+            if ts.__class__ not in (int, float) or dur.__class__ not in (int, float):
+                skipped["ts or dur not a number"] += 1
+                continue
+            try:
+                cat = _CATEGORY_ALIASES.get(cat, cat)
+                if wanted is not None and cat not in wanted:
+                    skipped["category not wanted"] += 1
+                    continue
+                name = e.get("name", "")
+                if name.__class__ is not str:
+                    name = str(name)
+                name = names.setdefault(name, name)
+                pid, tid = e.get("pid"), e.get("tid")
+                if not isinstance(pid, (int, str, float, type(None))):
+                    pid = str(pid)
+                if not isinstance(tid, (int, str, float, type(None))):
+                    tid = str(tid)
+                args = e.get("args")
+                if args.__class__ is not dict:
+                    args = {}
+                stream = args.get("stream")
+                if stream is not None and stream.__class__ is not int:
+                    stream = _int_or_none(stream)
+                corr = args.get("correlation")
+                if corr is not None and corr.__class__ is not int:
+                    corr = _int_or_none(corr)
+                kind = coll = msg = msg_from = group = gsize = None
+                if stream is not None and stream != -1:
+                    kind = kinds.get(name)
+                    if kind is None:
+                        kind = kinds[name] = kernel_kind(name)
+                    if kind == "communication":
+                        coll = self._kernel_coll.get(name)
+                        if coll is None:
+                            coll = self._kernel_coll[name] = kernel_collective(name)
+                        coll = cpu_collective("record_param_comms", args.get("Collective name")) or coll
+                elif cat in _CPU_COLLECTIVE_CATEGORIES:
+                    if name == "record_param_comms":
+                        coll = cpu_collective(name, args.get("Collective name"))
+                    else:
+                        coll = self._cpu_coll.get(name, "?")
+                        if coll == "?":
+                            coll = self._cpu_coll[name] = cpu_collective(name)
+                if coll is not None and args:
+                    msg, msg_from = _message(args)
+                    group, gsize = _group(args, self.pg_sizes)
+                dur = durs.setdefault(dur, dur)
+            except (TypeError, ValueError, AttributeError, KeyError):
+                skipped["malformed fields"] += 1
+                continue
+            a_rank(rank)
+            a_pid(pid)
+            a_tid(tid)
+            a_stream(stream)
+            a_cat(cat)
+            a_name(name)
+            a_ts(ts)
+            a_dur(dur)
+            a_kind(kind)
+            a_coll(coll)
+            a_msg(msg)
+            a_from(msg_from)
+            a_group(group)
+            a_gsize(gsize)
+            a_step(None)
+            a_corr(corr)
+        self.total += n
+
+    def _metadata(self, e: dict) -> None:
+        args = e.get("args")
+        if e.get("name") == "thread_name" and isinstance(args, dict) and isinstance(args.get("name"), str):
+            self.thread_names[f"{e.get('pid')}/{e.get('tid')}"] = args["name"]
+
+
+class _Scanner:
+    """Streams the top-level JSON object, handing batches of traceEvents to the collector.
+
+    Fast path: cut the buffered text after the last `}, {"` and decode `[` + text + `]` in one call;
+    that succeeds only when the cut lies between two events of the array, so a cut that falls
+    inside a string or a nested object just fails and the slow path takes over. Slow path: decode
+    one value at a time with json.JSONDecoder.raw_decode, which also finds garbage and truncation.
+    """
+
+    def __init__(self, name: str, collector: _Collector, warn: Callable[[str], None]):
+        self.name, self.collector, self.warn = name, collector, warn
+        self.buf = b""
+        self.offset = 0            # decompressed byte offset of buf[0]
+        self.state = "start"       # start, key, value, events, after, done
+        self.root_array = False
+        self.key: str | None = None
+        self.top: dict[str, Any] = {}
+        self.events_seen = False
+        self.array_closed = False
+        self.decoder = json.JSONDecoder()
+        self.warned: Counter[str] = Counter()
+
+    def _warn_once(self, kind: str, text: str) -> None:
+        self.warned[kind] += 1
+        if self.warned[kind] <= _MAX_WARNINGS_PER_KIND:
+            self.warn(text)
+
+    def feed(self, chunk: bytes) -> None:
+        self.buf = self.buf + chunk if self.buf else chunk
+        if len(self.buf) < _CHUNK_BYTES // 2:
+            return
+        self._run(final=False)
+
+    def finish(self) -> None:
+        self._run(final=True)
+        if self.state == "events":
+            self.warn(f"{self.name}: the traceEvents array is not closed at byte {self.offset + len(self.buf)} "
+                      f"(the writer did not finish); {self.collector.total} events read")
+        elif self.state not in ("done", "after") and not self.events_seen:
+            if self.offset + len(self.buf) == 0:
+                self.warn(f"{self.name}: empty file")
+            else:
+                self.warn(f"{self.name}: no traceEvents array found (read {self.offset + len(self.buf)} bytes)")
+
+    def _consume(self, nbytes: int) -> None:
+        self.buf = self.buf[nbytes:]
+        self.offset += nbytes
+
+    def _run(self, final: bool) -> None:
+        while self.buf and self.state != "done":
+            if self.state == "events" and not final and self._fast():
+                continue
+            if not self._slow(final):
+                return
+
+    def _fast(self) -> bool:
+        buf = self.buf
+        tail_from = max(0, len(buf) - (1 << 18))
+        seps = list(_EVENT_SEP.finditer(buf, tail_from)) or list(_EVENT_SEP.finditer(buf))
+        lead = len(buf) - len(buf.lstrip())
+        if buf[lead:lead + 1] != b"{":
+            return False
+        for m in reversed(seps[-2:]):
+            try:
+                events = _loads(b"[" + buf[:m.start() + 1] + b"]")
+            except (ValueError, TypeError):
+                continue
+            self.collector.take(events)
+            self._consume(m.end())
+            return True
+        return False
+
+    def _slow(self, final: bool) -> bool:
+        """Decode values one at a time from the buffer; False when more input is needed or done."""
+        text = self.buf.decode("utf-8", "surrogateescape")
+        i, n = 0, len(text)
+        progressed = False
+        batch: list[Any] = []
+        try:
+            while i < n and self.state != "done":
+                i = _SKIP_SEPARATORS.match(text, i).end() if self.state in ("events", "after", "key") else _skip_ws(text, i)
+                if i >= n:
+                    break
+                ch = text[i]
+                if self.state == "start":
+                    if ch == "{":
+                        self.state = "key"
+                    elif ch == "[":
+                        self.state, self.root_array, self.events_seen = "events", True, True
+                    else:
+                        return self._garbage(text, i, final, "the file does not start with a JSON object")
+                    i += 1
+                elif self.state in ("key", "after"):
+                    if ch == "}":
+                        self.state = "done"
+                        i += 1
+                        break
+                    if ch != '"':
+                        return self._garbage(text, i, final, "expected a key of the top-level object")
+                    key, end = self._decode(text, i, final)
+                    if key is None:
+                        break
+                    j = _skip_ws(text, end)
+                    if j >= n:
+                        break
+                    if text[j] != ":":
+                        return self._garbage(text, j, final, "expected ':' after a top-level key")
+                    i, self.key, self.state = j + 1, key, "value"
+                elif self.state == "value":
+                    if self.key == "traceEvents" and ch == "[":
+                        self.state, self.events_seen = "events", True
+                        i += 1
+                        continue
+                    value, end = self._decode(text, i, final)
+                    if end is None:
+                        break
+                    self.top[self.key] = value
+                    i, self.state = end, "after"
+                elif self.state == "events":
+                    if ch == "]":
+                        self.array_closed = True
+                        self.state = "done" if self.root_array else "after"
+                        i += 1
+                        continue
+                    value, end = self._decode(text, i, final)
+                    if end is None:
+                        break
+                    batch.append(value)
+                    i = end
+                    if len(batch) >= 4096:
+                        self.collector.take(batch)
+                        batch = []
+                progressed = True
+        finally:
+            if batch:
+                self.collector.take(batch)
+            used = len(text[:i].encode("utf-8", "surrogateescape")) if i < n else len(self.buf)
+            self._consume(used)
+        if self.state == "done" and self.buf.strip():
+            self.warn(f"{self.name}: {len(self.buf.strip())} bytes after the end of the JSON document "
+                      f"at byte {self.offset} were ignored")
+            self._consume(len(self.buf))
+        return progressed and bool(self.buf) and not final and len(self.buf) >= _CHUNK_BYTES // 2
+
+    def _decode(self, text: str, i: int, final: bool) -> tuple[Any, int | None]:
+        """Decode one JSON value at text[i]; (None, None) when it needs more input or was garbage."""
+        try:
+            value, end = self.decoder.raw_decode(text, i)
+        except (ValueError, RecursionError):
+            if not final and len(text) - i < _MAX_PENDING_BYTES:
+                return None, None
+            self._garbage(text, i, final, "cannot decode the JSON value here")
+            return None, None
+        if end >= len(text) and not final:
+            return None, None  # a number at the very end may go on in the next chunk
+        return value, end
+
+    def _garbage(self, text: str, i: int, final: bool, what: str) -> bool:
+        """Skip to the next place an event can start; False (stop) when there is none."""
+        at = self.offset + len(text[:i].encode("utf-8", "surrogateescape"))
+        m = _EVENT_START.search(text, i + 1) if self.state == "events" else None
+        if m is None:
+            if final:
+                if self.state == "events":
+                    self._warn_once("truncated", f"{self.name}: the trace ends inside an event at byte {at} "
+                                    f"(file cut short or half-written); {self.collector.total} events read before it")
+                else:
+                    self._warn_once("garbage", f"{self.name}: {what} at byte {at}; the rest of the file is ignored")
+                self.state = "done"
+                self._consume(len(self.buf))
+            return False
+        skip_to = self.offset + len(text[:m.start()].encode("utf-8", "surrogateescape"))
+        self._warn_once("garbage", f"{self.name}: {what} at byte {at}; skipped to the next event at byte {skip_to}")
+        self._consume(skip_to - self.offset)
+        return True
+
+
+def _skip_ws(text: str, i: int) -> int:
+    n = len(text)
+    while i < n and text[i] in " \t\r\n":
+        i += 1
+    return i
+
+
+def _rank_from_name(path: str) -> int | None:
+    m = _RANK_IN_NAME.search(os.path.basename(path))
+    return int(m.group(1)) if m else None
+
+
+def parse_kineto(path: str | os.PathLike[str], *, source: str = "",
+                 categories: Iterable[str] | None = None) -> Table:
+    """Parse one Kineto trace into a table (COLUMNS); never raises on bad input.
+
+    `categories`, when given, keeps only events of those categories (after the aliases above), which
+    bounds the table of a very large trace; ProfilerStep annotations and the CPU calls that link GPU
+    events to steps are then missing unless user_annotation and cuda_runtime are among them.
+    """
+    name = source or os.fspath(path)
+    warnings: list[str] = []
+    wanted = frozenset(categories) if categories is not None else None
+    collector = _Collector(None, wanted)
+    scanner = _Scanner(name, collector, warnings.append)
+    reader = _Source(path, name, warnings.append)
+    header_done = False
+    for chunk in reader.chunks():
+        scanner.feed(chunk)
+        if not header_done and scanner.events_seen:
+            header_done = True
+            _apply_header(collector, scanner.top, path)
+    scanner.finish()
+    if not header_done:
+        _apply_header(collector, scanner.top, path)
+    top = scanner.top
+    dist = top.get("distributedInfo") if isinstance(top.get("distributedInfo"), dict) else {}
+    cols = collector.cols
+    if collector.rank is None:
+        rank = _int_or_none(dist.get("rank"))
+        rank = rank if rank is not None else _rank_from_name(name)
+        cols["rank"] = [rank] * len(cols["category"])
+        collector.rank = rank
+    _assign_steps(cols)
+    _link_kernels_to_collectives(cols)
+    ts, dur = cols["ts_us"], cols["dur_us"]
+    first = min(ts) if ts else None
+    last = max(t + d for t, d in zip(ts, dur)) if ts else None
+    meta = {
+        "rank": collector.rank,
+        "world_size": _int_or_none(dist.get("world_size")),
+        "backend": dist.get("backend"),
+        "device_properties": top.get("deviceProperties") or [],
+        "pg_config": dist.get("pg_config") or [],
+        "ts_first_us": first,
+        "ts_last_us": last,
+        "span_us": (last - first) if ts else 0,
+        "events_total": collector.total,
+        "events_skipped": dict(collector.skipped),
+        "ts_float": collector.ts_float,
+        "thread_names": collector.thread_names,
+        "trace": {k: v for k, v in top.items() if k not in ("distributedInfo", "deviceProperties")},
+        "gzip": reader.gzip,
+    }
+    return Table("kineto", cols, dict(COLUMNS), name, tuple(warnings), meta)
+
+
+def _apply_header(collector: _Collector, top: dict[str, Any], path: Any) -> None:
+    """Set rank and process-group sizes from the keys before traceEvents, so rows get them directly."""
+    dist = top.get("distributedInfo")
+    if not isinstance(dist, dict):
+        return
+    collector.rank = _int_or_none(dist.get("rank"))
+    for pg in dist.get("pg_config") or []:
+        if isinstance(pg, dict) and _int_or_none(pg.get("pg_size")) is not None:
+            collector.pg_sizes[str(pg.get("pg_name"))] = _int_or_none(pg.get("pg_size"))
+
+
+def _assign_steps(cols: dict[str, list[Any]]) -> None:
+    """Fill `step` the way HTA's add_iteration does (CPU by time, GPU through the launch)."""
+    names, ts, dur, stream, corr = cols["name"], cols["ts_us"], cols["dur_us"], cols["stream"], cols["correlation"]
+    spans = []
+    for i, name in enumerate(names):
+        if name.startswith("ProfilerStep"):
+            m = _PROFILER_STEP.match(name)
+            if m:
+                spans.append((ts[i], ts[i] + dur[i], int(m.group(1))))
+    if not spans:
+        return
+    spans.sort()
+    starts = [s[0] for s in spans]
+    steps = cols["step"]
+    launch_step: dict[int, int | None] = {}
+    gpu_rows = []
+    for i, t in enumerate(ts):
+        if stream[i] is not None and stream[i] != -1:
+            gpu_rows.append(i)
+            continue
+        k = bisect.bisect_right(starts, t) - 1
+        # Steps do not overlap in practice; where they do, walk back to one that contains t.
+        while k >= 0 and not (spans[k][0] <= t < spans[k][1]):
+            if spans[k][1] <= t and k >= 1 and spans[k - 1][1] <= t:
+                k = -1
+                break
+            k -= 1
+        step = spans[k][2] if k >= 0 else None
+        steps[i] = step
+        c = corr[i]
+        if c is not None and c != -1:
+            launch_step[c] = step
+    for i in gpu_rows:
+        c = corr[i]
+        steps[i] = launch_step.get(c) if c is not None else None
+
+
+def _link_kernels_to_collectives(cols: dict[str, list[Any]]) -> None:
+    """Give communication kernels the collective, size and group of the CPU call that launched them.
+
+    Old traces record sizes only on the CPU side (nccl:all_reduce with Input Dims); the launch
+    (cudaLaunchKernel, same correlation as the kernel) lies inside that call on the same thread.
+    """
+    kind, corr, coll = cols["kind"], cols["correlation"], cols["collective"]
+    want = {corr[i]: i for i in range(len(kind)) if kind[i] == "communication" and corr[i] is not None}
+    if not want:
+        return
+    ts, dur, pid, tid = cols["ts_us"], cols["dur_us"], cols["pid"], cols["tid"]
+    stream, msg = cols["stream"], cols["message_bytes"]
+    ops: dict[tuple[Any, Any], list[int]] = {}
+    for i, c in enumerate(coll):
+        if c is not None and (stream[i] is None or stream[i] == -1):
+            ops.setdefault((pid[i], tid[i]), []).append(i)
+    if not ops:
+        return
+    for rows in ops.values():
+        rows.sort(key=lambda r: ts[r])
+    starts = {k: [ts[r] for r in rows] for k, rows in ops.items()}
+    for i in range(len(kind)):
+        c = corr[i]
+        if c is None or c not in want or (stream[i] is not None and stream[i] != -1):
+            continue
+        key = (pid[i], tid[i])
+        rows = ops.get(key)
+        if not rows:
+            continue
+        k = bisect.bisect_right(starts[key], ts[i]) - 1
+        launcher = None
+        # The innermost enclosing call that knows the size wins (nccl:* inside record_param_comms
+        # inside c10d::*); calls nest, so a short walk back over earlier starts finds them.
+        for r in reversed(rows[max(0, k - 8):k + 1]):
+            if ts[r] <= ts[i] <= ts[r] + dur[r]:
+                if launcher is None:
+                    launcher = r
+                if msg[r] is not None:
+                    launcher = r
+                    break
+        if launcher is None:
+            continue
+        g = want[c]
+        if coll[launcher] not in (None, "barrier"):
+            coll[g] = coll[launcher]
+        if msg[g] is None and msg[launcher] is not None:
+            msg[g] = msg[launcher]
+            cols["message_from"][g] = "launch"
+        if cols["group"][g] is None:
+            cols["group"][g] = cols["group"][launcher]
+        if cols["group_size"][g] is None:
+            cols["group_size"][g] = cols["group_size"][launcher]
+
+
+def parse_kineto_ranks(paths: Iterable[str | os.PathLike[str]], *,
+                       categories: Iterable[str] | None = None) -> Table:
+    """Parse one trace per rank and stack them into one table; meta["ranks"] holds each file's meta."""
+    cols: dict[str, list[Any]] = {c: [] for c in COLUMNS}
+    warnings: list[str] = []
+    ranks: dict[Any, dict[str, Any]] = {}
+    sources = []
+    for p in paths:
+        t = parse_kineto(p, categories=categories)
+        sources.append(t.source)
+        warnings.extend(t.warnings)
+        rank = t.meta.get("rank")
+        if rank in ranks:
+            warnings.append(f"{t.source}: rank {rank} was already read from {ranks[rank]['source']}; "
+                            f"their events are pooled under one rank")
+        ranks[rank] = dict(t.meta, source=t.source)
+        for c in COLUMNS:
+            cols[c].extend(t.columns[c])
+        del t
+    worlds = {m.get("world_size") for m in ranks.values()} - {None}
+    meta = {"ranks": ranks, "world_size": worlds.pop() if len(worlds) == 1 else None}
+    return Table("kineto", cols, dict(COLUMNS), ", ".join(sources), tuple(warnings), meta)

@@ -1,0 +1,37 @@
+"""Loss parity across layouts against a 1-rank run with the same global batch (fp32, gloo)."""
+import pytest
+
+from tests.dist.conftest import SHORT, train
+
+pytestmark = [pytest.mark.dist, pytest.mark.slow]
+TOL = 1e-5
+
+
+@pytest.fixture(scope="module")
+def reference(runs_root):
+    t = train(runs_root / "ref", *SHORT, "hardware.gpus_per_node=1", "batch.micro_batch_size=4",
+              "parallel.zero_stage=0")
+    losses = t.losses()
+    assert len(losses) == 10
+    assert sum(losses[-3:]) / 3 < sum(losses[:3]) / 3 - 0.2, f"loss did not fall: {losses}"
+    return losses
+
+
+@pytest.mark.parametrize("zero", [0, 1, 2, 3])
+def test_zero_stage_matches_one_rank(runs_root, reference, zero):
+    t = train(runs_root / f"z{zero}", *SHORT, "hardware.gpus_per_node=2", "batch.micro_batch_size=2",
+              f"parallel.zero_stage={zero}")
+    for rank in (0, 1):
+        losses = t.losses(rank)
+        assert max(abs(a - b) for a, b in zip(losses, reference)) <= TOL, (zero, losses, reference)
+    assert t.losses(0) == t.losses(1)  # the logged loss is the data-parallel mean: same on every rank
+
+
+@pytest.mark.parametrize("gpus, zero", [(2, 0), (2, 3), (4, 1), (4, 3)], ids=["tp2", "tp2_zero3", "tp2dp2_zero1",
+                                                                              "tp2dp2_zero3"])
+def test_autotp_matches_one_rank(runs_root, reference, gpus, zero):
+    t = train(runs_root / f"tp{gpus}_{zero}", *SHORT, f"hardware.gpus_per_node={gpus}", "parallel.tp=2",
+              "batch.micro_batch_size=2" if gpus == 4 else "batch.micro_batch_size=4", f"parallel.zero_stage={zero}")
+    for rank in range(gpus):
+        losses = t.losses(rank)
+        assert max(abs(a - b) for a, b in zip(losses, reference)) <= TOL, (gpus, zero, rank, losses, reference)
