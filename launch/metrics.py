@@ -37,6 +37,7 @@ class MetaRecord:
     micro_batch_size: int
     global_batch_size: int
     seq_len: int
+    param_numel_local: int  # parameter elements this rank holds (its TP shard; under ZeRO-3 its partition)
     start_step: int  # > 0 when the run resumed from a checkpoint
     resumed_from: str | None
     kind: str = "meta"

@@ -199,37 +199,54 @@ class Plan:
 # --------------------------------------------------------------------------- parameters per rank
 
 
-def _tp_shard_embedding(layout: Layout) -> bool:
-    # Megatron-Core uses a vocab-parallel embedding and output layer; DeepSpeed AutoTP shards only
-    # the Linear layers inside the decoder blocks and leaves the embedding replicated.
-    return layout.backend == "megatron"
+def _tp_split(layout: Layout, split: str) -> bool:
+    """Whether tensor parallelism splits a parameter of this kind.
+
+    Megatron-Core: every Linear plus the vocab-parallel embedding and output layer. DeepSpeed AutoTP
+    (measured on 0.19.8): decoder Linears and lm_head (a column-parallel LinearLayer that gathers its
+    output), while the embedding stays replicated.
+    """
+    if split in ("out", "in"):
+        return True
+    if split == "vocab":
+        return True if layout.backend == "megatron" else "lm_head"
+    return False
 
 
-def _tp_shard_lm_head(layout: Layout) -> bool:
-    return layout.backend == "megatron"
+def rank_parameters(layout: Layout, stage: int) -> list[int]:
+    """Element counts of the parameter tensors one rank of pipeline stage `stage` holds (its TP shard)."""
+    m, t, p = layout.model, layout.grid.tp, layout.grid.pp
+    per_stage = m.num_layers // p
+    lo, hi = stage * per_stage, (stage + 1) * per_stage
+    out = []
+    for info in m.parameters():
+        if info.layer == -1:
+            keep = stage == 0
+        elif info.layer == m.num_layers:
+            keep = stage == p - 1
+        else:
+            keep = lo <= info.layer < hi
+        split = _tp_split(layout, info.split)
+        if split == "lm_head":
+            split = info.name.startswith("lm_head")
+        if keep:
+            out.append(info.numel // t if split else info.numel)
+    if m.tie_word_embeddings and p > 1 and stage == p - 1:
+        # The last stage keeps its own copy of the tied matrix (kept in sync by an all-reduce).
+        out.append(m.vocab_size * m.hidden_size // (t if layout.backend == "megatron" else 1))
+    return out
 
 
 def stage_params(layout: Layout, stage: int) -> tuple[int, int]:
     """(parameters held by one rank of pipeline stage `stage`, decoder layers on it)."""
-    m, t, p = layout.model, layout.grid.tp, layout.grid.pp
-    pc = m.param_counts()
-    layers = m.num_layers // p
-    # Inside a layer, norms (and the row-parallel output bias) are replicated; the rest splits over t.
-    replicated = pc.norms_per_layer + (m.hidden_size if m.attention_bias and m.architecture.startswith("Llama") else 0)
-    per_layer = (pc.per_layer - replicated) // t + replicated
-    n = layers * per_layer
-    emb = m.vocab_size * m.hidden_size
-    emb_rank = emb // t if _tp_shard_embedding(layout) else emb
-    head_rank = emb // t if _tp_shard_lm_head(layout) else emb
-    if stage == 0:
-        n += emb_rank
-    if stage == p - 1:
-        n += pc.final_norm
-        if not m.tie_word_embeddings:
-            n += head_rank
-        elif p > 1:
-            n += head_rank  # the last stage keeps its own copy of the tied matrix (kept in sync by an all-reduce)
-    return n, layers
+    return sum(rank_parameters(layout, stage)), layout.model.num_layers // layout.grid.pp
+
+
+def zero3_partition_numel(layout: Layout, stage: int = 0) -> int:
+    """Elements of parameters one rank owns under ZeRO-3: each tensor is split into dp equal pieces,
+    the last padded (DeepSpeed's ds_tensor holds ceil(numel / dp) elements)."""
+    d = layout.grid.dp
+    return sum(-(-n // d) for n in rank_parameters(layout, stage))
 
 
 def largest_layer_params(layout: Layout) -> int:
@@ -476,6 +493,10 @@ def communication(layout: Layout) -> list[Comm]:
             out.append(_comm(layout, "sp", "reduce_scatter", grp, calls, act, "SP: scatter after attention/MLP"))
         else:
             out.append(_comm(layout, "tp", "all_reduce", grp, calls, act, "row-parallel outputs fwd, column-parallel input grads bwd"))
+    if g.tp > 1 and layout.backend == "deepspeed":
+        logits = layout.seq_len * layout.micro_batch_size * m.vocab_size * e
+        out.append(_comm(layout, "tp", "all_gather", g.tp_group(0), mbs, logits,
+                         "AutoTP lm_head gathers the full-vocabulary logits every micro-batch"))
     if g.pp > 1:
         grp = (g.pp_group(0)[0], g.pp_group(0)[1])
         msg = act / g.tp if layout.sp else act
@@ -571,7 +592,8 @@ def make_plan(layout: Layout, recipe_name: str = "") -> Plan:
         f"× (1 - headroom {layout.headroom:.0%})",
     ]
     if layout.backend == "deepspeed" and g.tp > 1:
-        notes.append("DeepSpeed AutoTP shards the decoder Linear layers only; embedding and lm_head stay replicated")
+        notes.append("DeepSpeed AutoTP shards the decoder Linear layers and lm_head (gathering full logits); "
+                     "the embedding stays replicated")
     return Plan(recipe_name, layout.backend, hw.name, g.to_dict(), tuple(ranks), tuple(comm),
                 step_time(layout, comm), tuple(notes))
 

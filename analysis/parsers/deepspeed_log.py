@@ -9,7 +9,7 @@ without a column per name; analyzers pivot on `name`.
 Formats handled (from DeepSpeed's own format strings, v0.3 of 2020 to v0.18 of 2026):
   step=136005, skipped=0, lr=[2.0e-05, 2.0e-05], mom=[(0.9, 0.95), (0.9, 0.95)]   engine._report_progress
   time (ms) | fwd_microstep: 715.45 | bwd_microstep: ... | step_microstep: 160.78  SynchronizedWallClockTimer.log
-  time (ms) | fwd: 715.40 | bwd: ... | step: 160.79                                 (`forward`/`backward` before 0.9)
+  time (ms) | fwd: 715.40 | bwd: ... | step: 160.79                                 (`forward`/`backward` until mid-2023)
   rank=0 time (ms) | forward: ...                                                    (2021-2023 spelling)
   time (ms) | forward: 1.00 | ... | mem_allocated: 1.2345 GB | max_mem_allocated: ... GB | ...  (2020 memory_breakdown)
   epoch=0/micro_step=5/global_step=5, RunningAvgSamplesPerSec=..., CurrSamplesPerSec=...,
@@ -48,7 +48,8 @@ COLUMNS: dict[str, str] = {
             "timer line), 'pipe_step' (pipeline engine `steps:` line), 'overflow' (fp16 loss-scale overflow), "
             "'flops_profile' (one Flops Profiler summary block)",
     "step": "optimizer step the record belongs to: printed on 'step', 'pipe_step' and 'flops_profile' rows; "
-            "inferred for the others (see the module docstring); None when the log never prints a step",
+            "inferred for the others (see the module docstring); None when the log never prints a step, and "
+            "for memory reports printed before the first step (model build, engine set-up)",
     "name": "'timer' rows: timer name as printed (fwd, bwd_microstep, optimizer_allgather, forward, ...); "
             "'memory' rows: the see_memory_usage message printed just before (e.g. 'After Building Model') or "
             "'timer' for a 2020 memory_breakdown; None otherwise",
@@ -111,9 +112,12 @@ GIB = 1024 ** 3
 _LOG_PREFIX = re.compile(r"\[(?P<ts>\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3})\] \[(?P<level>[A-Z]+)\] "
                          r"\[(?P<src>[\w.]+):\d+:(?P<func>\w+)\] ")
 _RANK = re.compile(r"\[Rank (?P<rank>-?\d+)\]")
-# pdsh prefixes every line with `host: `; demand a DeepSpeed-looking remainder so that `wandb: ...` is no host.
-_PDSH = re.compile(r"^\s*(?P<host>[A-Za-z0-9][\w.-]*): (?=\[\d{4}-|\[Rank|step=|time \(ms\)|rank=\d|epoch=|\d+/\d+, )")
-_STEP = re.compile(r"\bstep=(?P<step>\d+), skipped=(?P<skipped>\d+), lr=(?P<lr>\[[^\]]*\]|[^,]*), mom=(?P<mom>.*?)\s*$")
+# pdsh prefixes every line with `host: `. What follows must look like DeepSpeed output, or the
+# pipeline engine's own `steps: 10 loss: ...` would read as host `steps`.
+_PDSH = re.compile(r"^\s*(?P<host>[A-Za-z0-9][\w.-]*): (?=\S*\[|step=|time \(ms\)|rank[=:]\d|epoch=|\d+/\d+, |"
+                   r"steps: |MA |\s*\d+%\|)")
+_STEP = re.compile(r"(?:\brank:(?P<rank>\d+) )?\bstep=(?P<step>\d+), skipped=(?P<skipped>\d+), "
+                   r"lr=(?P<lr>\[[^\]]*\]|[^,]*), mom=(?P<mom>.*?)\s*$")
 _TIMER = re.compile(r"(?:\brank=(?P<rank>\d+) )?time \(ms\)(?P<body>(?:\s*\|[^|]*)+)")
 _PAIR = re.compile(r"^\s*(?P<name>[^:]+?)\s*:\s*(?P<value>" + _NUM + r")\s*(?P<unit>GB)?\s*$")
 _TPUT_NEW = re.compile(r"epoch=(?P<epoch>\d+)/micro_step=(?P<micro>\d+)/global_step=(?P<gstep>\d+),")
@@ -123,17 +127,17 @@ _SEE_MEMORY = re.compile(r"\bMA (?P<ma>" + _NUM + r") GB\s+Max_MA (?P<max_ma>" +
                          r") GB\s+Max_CA (?P<max_ca>" + _NUM + r") GB")
 _PIPE = re.compile(r"\bsteps: (?P<step>\d+) loss: (?P<loss>" + _NUM + r") (?:.*?)iter time \(s\): (?P<iter>" + _NUM +
                    r") samples/sec: (?P<sps>" + _NUM + r")")
-_OVERFLOW = re.compile(r"OVERFLOW!.*?Attempted loss scale: (?P<old>" + _NUM + r"), reducing to (?P<new>" + _NUM + r")")
+_OVERFLOW = re.compile(r"OVERFLOW!(?:.*?Attempted loss scale: (?P<old>" + _NUM + r")(?:, reducing to (?P<new>" + _NUM +
+                       r"))?)?")
 _VERSION = re.compile(r"DeepSpeed info: version=(?P<ver>[^,\s]+)")
 _FLOPS_HEADER = "DeepSpeed Flops Profiler"
 _FLOPS_STEP = re.compile(r"Profile Summary at step (?P<step>\d+)")
 _FLOPS_END = re.compile(r"Aggregated Profile per|Detailed Profile per|Top \d* ?modules in terms")
 _FLOPS_VALUE = re.compile(r"^\s*(?P<num>" + _NUM + r")\s*(?P<prefix>[TGMKkmuB]?)(?P<unit>MACs|FLOPS|s)?\s*$")
 _PREFIX_SCALE = {"": 1.0, "T": 1e12, "G": 1e9, "B": 1e9, "M": 1e6, "K": 1e3, "k": 1e3, "m": 1e-3, "u": 1e-6}
-# Label (as printed, whitespace collapsed; `per device` in the standalone package) -> column.
 # Label (as printed, whitespace collapsed; `per device` in the standalone package) -> column. Count
-# (`fwd flops per GPU`) and rate (`fwd FLOPS per GPU = ...`) differ in case across versions, so
-# the rate labels are told apart by their ` = formula`.
+# (`fwd flops per GPU`) and rate (`fwd FLOPS per GPU = ... / fwd latency`) differ only in case, and
+# not in every version, so a rate is told apart by the division in its formula.
 _FLOPS_LABELS: tuple[tuple[re.Pattern, str], ...] = tuple((re.compile(p, re.IGNORECASE), c) for p, c in (
     (r"^world size$", "world_size"),
     (r"^data parallel size$", "dp"),
@@ -142,13 +146,13 @@ _FLOPS_LABELS: tuple[tuple[re.Pattern, str], ...] = tuple((re.compile(p, re.IGNO
     (r"^params per (?:gpu|device)$", "params_per_gpu"),
     (r"^params of model\b", "params_total"),
     (r"^fwd MACs per (?:gpu|device)$", "fwd_macs_per_gpu"),
-    (r"^fwd flops per (?:gpu|device)$", "fwd_flops_per_gpu"),
+    (r"^fwd flops per (?:gpu|device)(?: = [^/]*)?$", "fwd_flops_per_gpu"),  # 2021: `= 2 * fwd MACs per GPU`
     (r"^fwd flops of model\b", "fwd_flops_total"),
     (r"^fwd latency$", "fwd_latency_ms"),
     (r"^bwd latency$", "bwd_latency_ms"),
     (r"^step latency$", "step_latency_ms"),
     (r"^iter latency$", "iter_latency_ms"),
-    (r"^fwd flops per (?:gpu|device) =", "fwd_flop_per_s_per_gpu"),
+    (r"^fwd flops per (?:gpu|device) = .*/", "fwd_flop_per_s_per_gpu"),
     (r"^bwd flops per (?:gpu|device) =", "bwd_flop_per_s_per_gpu"),
     (r"^fwd\+bwd flops per (?:gpu|device) =", "fwd_bwd_flop_per_s_per_gpu"),
     (r"^flops per (?:gpu|device) =", "flop_per_s_per_gpu"),
@@ -175,7 +179,7 @@ def sniff(path: str | os.PathLike[str]) -> str | None:
     Launch scripts often print 100 KB of shell trace before training starts, hence the tail too. A
     Megatron-DeepSpeed log sniffs as both this and `megatron_log`; each parser takes its own lines.
     """
-    text = _head_and_tail(path)
+    text = head_and_tail(path)
     return "deepspeed_log" if text is not None and _SNIFF.search(text) else None
 
 
@@ -205,7 +209,8 @@ def parse_deepspeed_log(path_or_text: str | os.PathLike[str], *, source: str = "
                            meta=parser.meta)
 
 
-def _head_and_tail(path: str | os.PathLike[str]) -> str | None:
+def head_and_tail(path: str | os.PathLike[str]) -> str | None:
+    """The first and last 64 KiB of a text file, decoded leniently; None for binary or unreadable files."""
     try:
         with open(path, "rb") as fh:
             head = fh.read(_SNIFF_BYTES)
@@ -245,7 +250,7 @@ class _Parser:
         self.warned: dict[str, int] = {}
         self.rows: list[dict[str, Any]] = []
         self.meta: dict[str, Any] = {"deepspeed_version": None}
-        self.row_block: list[int | None] = []   # block of each row, None for rows with a printed step
+        self.row_block: list[int | None] = []   # block of each row; None: kept out of step inference
         self.block = 0
         self.block_rows = 0                        # rows placed in the current block so far
         self.block_step: dict[int, int] = {}
@@ -319,8 +324,8 @@ class _Parser:
             self.pipe_line(lineno, text, ctx)
         elif "OVERFLOW!" in text:
             m = _OVERFLOW.search(text)
-            if m:
-                self.add("overflow", lineno, ctx, loss_scale=float(m["old"]), new_loss_scale=float(m["new"]))
+            self.add("overflow", lineno, ctx, loss_scale=float(m["old"]) if m["old"] else None,
+                     new_loss_scale=float(m["new"]) if m["new"] else None)
         elif "DeepSpeed info:" in text:
             m = _VERSION.search(text)
             if m and self.meta["deepspeed_version"] is None:
@@ -352,6 +357,8 @@ class _Parser:
         except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
             mom = None
             self.warn("mom", lineno, f"mom={m['mom'][:60]!r} is not a Python literal; kept as None")
+        if m["rank"] is not None:
+            ctx = dict(ctx, rank=int(m["rank"]))  # 2020: `rank:0 step=...`
         step = int(m["step"])
         if self.block in self.block_step:
             # A second `step=` with no closing timer line between: timers are off, so the
@@ -413,9 +420,11 @@ class _Parser:
             return
         label = None
         if self.last_message and self.last_message[0] == lineno - 1:
+            # see_memory_usage prints its message on the line before; anything else there is no label.
             prev = self.last_message[1]
             p = _LOG_PREFIX.search(prev)
-            label = (prev[p.end():] if p else prev).strip() or None
+            if (p and p["func"] == "see_memory_usage") or (not p and "|" not in prev and "=" not in prev):
+                label = (prev[p.end():] if p else prev).strip() or None
         self.add("memory", lineno, ctx, name=label, allocated_bytes=_gib(m["ma"]),
                  max_allocated_bytes=_gib(m["max_ma"]), reserved_bytes=_gib(m["ca"]),
                  max_reserved_bytes=_gib(m["max_ca"]))

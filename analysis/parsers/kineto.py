@@ -94,6 +94,8 @@ _CATEGORY_ALIASES = {
     "gpu_user_Annotation": "gpu_user_annotation", "Python": "python_function",
 }
 _CPU_COLLECTIVE_CATEGORIES = frozenset({"cpu_op", "user_annotation"})
+_SCALAR_TYPES = frozenset({int, float, str, type(None)})
+_NO_ARGS: dict[str, Any] = {}
 
 # hta/utils/utils.py (KernelType, is_comm_kernel, is_memory_kernel, is_compute_kernel)
 _HTA_COMM = re.compile(r"^nccl.*Kernel")
@@ -133,8 +135,10 @@ _DTYPE_BYTES = {
 _FLOAT8 = re.compile(r"float8|fp8", re.IGNORECASE)
 
 _EVENT_SEP = re.compile(rb"\}\s*,\s*(?=\{\s*\")")
-_EVENT_START = re.compile(r"\{\s*\"")
-_SKIP_SEPARATORS = re.compile(r"[\s,]*")
+_EVENT_START_BYTES = re.compile(rb"\{\s*\"")
+_LEADING_SEPARATORS = re.compile(rb"[\s,]*")
+_SURROGATES = re.compile("[\udc80-\udcff]")
+_WHITESPACE = re.compile(r"[ \t\r\n]*")
 _RANK_IN_NAME = re.compile(r"rank[-_]?(\d+)", re.IGNORECASE)
 _PROFILER_STEP = re.compile(r"ProfilerStep\s*#\s*(\d+)")
 
@@ -206,7 +210,8 @@ def _int_or_none(value: Any) -> int | None:
 
 def _tensor_bytes(dims: Any, dtype: Any) -> int | None:
     size = dtype_bytes(dtype)
-    if size is None or not isinstance(dims, list) or not all(isinstance(d, int) and not isinstance(d, bool) for d in dims):
+    if size is None or not isinstance(dims, list) or not all(
+            isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in dims):
         return None
     return math.prod(dims) * size
 
@@ -257,11 +262,13 @@ class _Source:
     def __init__(self, path: str | os.PathLike[str], name: str, warn: Callable[[str], None]):
         self.path, self.name, self.warn = path, name, warn
         self.gzip = False
+        self.failed = False
 
     def chunks(self) -> Iterator[bytes]:
         try:
             fh = open(self.path, "rb")
         except OSError as exc:
+            self.failed = True
             self.warn(f"{self.name}: cannot read ({exc.strerror or exc})")
             return
         with fh:
@@ -278,40 +285,27 @@ class _Source:
         # zlib rather than gzip.GzipFile: a cut-short stream still yields everything before the
         # cut, and the compressed offset of the failure is known.
         inflater = zlib.decompressobj(31)
-        read = 0
-        pending = b""
-        while True:
-            raw = pending or fh.read(_RAW_READ_BYTES)
-            pending = b""
-            if not raw:
-                if not inflater.eof:
-                    self.warn(f"{self.name}: gzip stream ends early at compressed byte {read} "
-                              f"(file cut short, e.g. by a crashed run); the events before the cut are kept")
-                return
+        fed = 0
+        while raw := fh.read(_RAW_READ_BYTES):
             data = raw
-            try:
-                while data:
-                    out = inflater.decompress(data, _CHUNK_BYTES)
-                    if out:
-                        yield out
-                    data = inflater.unconsumed_tail
-                    if inflater.eof:
-                        break
-            except zlib.error as exc:
-                self.warn(f"{self.name}: gzip data corrupt near compressed byte {read} ({exc}); "
-                          f"the events before it are kept")
-                return
-            read += len(raw) - len(inflater.unused_data) if inflater.eof else len(raw)
-            if inflater.eof:
-                rest = inflater.unused_data
-                if rest.strip(b"\x00"):
+            while data:
+                if inflater.eof:
+                    if not data.strip(b"\0"):
+                        break  # zero padding after the last member
                     inflater = zlib.decompressobj(31)  # concatenated gzip members
-                    pending = rest
-                elif fh.read(1):
-                    inflater = zlib.decompressobj(31)
-                    fh.seek(-1, os.SEEK_CUR)
-                else:
+                try:
+                    out = inflater.decompress(data, _CHUNK_BYTES)
+                except zlib.error as exc:
+                    self.warn(f"{self.name}: gzip data corrupt after compressed byte {fed} ({exc}); "
+                              f"the events before it are kept")
                     return
+                if out:
+                    yield out
+                data = inflater.unused_data if inflater.eof else inflater.unconsumed_tail
+            fed += len(raw)
+        if not inflater.eof:
+            self.warn(f"{self.name}: gzip stream ends early at compressed byte {fed} "
+                      f"(file cut short, e.g. by a crashed run); the events before the cut are kept")
 
 
 class _Collector:
@@ -323,70 +317,70 @@ class _Collector:
         self.cols: dict[str, list[Any]] = {c: [] for c in COLUMNS}
         self.skipped: Counter[str] = Counter()
         self.total = 0
-        self.ts_float = False
         self.thread_names: dict[str, str] = {}
         self.pg_sizes: dict[str, int] = {}
         self._names: dict[str, str] = {}
         self._durs: dict[Any, Any] = {}
+        self._ids: dict[Any, Any] = {}
         self._kind: dict[str, str] = {}
         self._kernel_coll: dict[str, str] = {}
         self._cpu_coll: dict[str, str | None] = {}
 
-    def take(self, events: Iterable[Any]) -> None:
-        cols = self.cols
-        a_rank, a_pid, a_tid, a_stream = cols["rank"].append, cols["pid"].append, cols["tid"].append, cols["stream"].append
-        a_cat, a_name, a_ts, a_dur = cols["category"].append, cols["name"].append, cols["ts_us"].append, cols["dur_us"].append
-        a_kind, a_coll, a_msg, a_from = cols["kind"].append, cols["collective"].append, cols["message_bytes"].append, cols["message_from"].append
-        a_group, a_gsize, a_step, a_corr = cols["group"].append, cols["group_size"].append, cols["step"].append, cols["correlation"].append
-        names, durs, kinds = self._names, self._durs, self._kind
-        skipped, wanted, rank = self.skipped, self.wanted, self.rank
-        n = 0
+    def take(self, events: list[Any]) -> None:
+        # Rows are built as tuples and turned into columns once per batch: one append per event
+        # instead of one per column, and the tuples live only as long as the batch.
+        rows: list[tuple] = []
+        add = rows.append
+        # Repeated values share one object (names, durations, pids, tids): the table of a large
+        # trace is mostly these columns.
+        names, durs, ids, kinds, cpu_coll = self._names, self._durs, self._ids, self._kind, self._cpu_coll
+        aliases, cpu_cats, scalar = _CATEGORY_ALIASES, _CPU_COLLECTIVE_CATEGORIES, _SCALAR_TYPES
+        wanted, rank = self.wanted, self.rank
+        phases: Counter[Any] = Counter()
+        bad: Counter[str] = Counter()
         for e in events:
-            n += 1
-            if e.__class__ is not dict:
-                skipped["not an object"] += 1
-                continue
-            ts = e.get("ts")
-            if ts.__class__ is float:
-                self.ts_float = True
-            ph = e.get("ph")
-            if ph != "X":
-                skipped[f"ph={ph}"] += 1
-                if ph == "M":
-                    self._metadata(e)
-                continue
-            cat = e.get("cat")
-            dur = e.get("dur")
-            if cat is None or cat == "Trace":
-                skipped["no cat" if cat is None else "profiler span"] += 1
-                continue
-            if ts.__class__ not in (int, float) or dur.__class__ not in (int, float):
-                skipped["ts or dur not a number"] += 1
-                continue
             try:
-                cat = _CATEGORY_ALIASES.get(cat, cat)
+                ph = e["ph"]
+                if ph != "X":
+                    phases[ph] += 1
+                    if ph == "M":
+                        self._metadata(e)
+                    continue
+                cat = e["cat"]
+                if cat == "Trace":
+                    bad["profiler span"] += 1
+                    continue
+                ts = e["ts"]
+                dur = e["dur"]
+                if ts - ts or dur - dur:
+                    bad["ts or dur not finite"] += 1
+                    continue
+                cat = aliases.get(cat, cat)
                 if wanted is not None and cat not in wanted:
-                    skipped["category not wanted"] += 1
+                    bad["category not wanted"] += 1
                     continue
                 name = e.get("name", "")
                 if name.__class__ is not str:
                     name = str(name)
                 name = names.setdefault(name, name)
-                pid, tid = e.get("pid"), e.get("tid")
-                if not isinstance(pid, (int, str, float, type(None))):
+                pid = e.get("pid")
+                tid = e.get("tid")
+                if pid.__class__ not in scalar:
                     pid = str(pid)
-                if not isinstance(tid, (int, str, float, type(None))):
+                if tid.__class__ not in scalar:
                     tid = str(tid)
+                pid = ids.setdefault(pid, pid)
+                tid = ids.setdefault(tid, tid)
                 args = e.get("args")
                 if args.__class__ is not dict:
-                    args = {}
+                    args = _NO_ARGS
                 stream = args.get("stream")
                 if stream is not None and stream.__class__ is not int:
                     stream = _int_or_none(stream)
                 corr = args.get("correlation")
                 if corr is not None and corr.__class__ is not int:
                     corr = _int_or_none(corr)
-                kind = coll = msg = msg_from = group = gsize = None
+                kind = coll = None
                 if stream is not None and stream != -1:
                     kind = kinds.get(name)
                     if kind is None:
@@ -396,37 +390,43 @@ class _Collector:
                         if coll is None:
                             coll = self._kernel_coll[name] = kernel_collective(name)
                         coll = cpu_collective("record_param_comms", args.get("Collective name")) or coll
-                elif cat in _CPU_COLLECTIVE_CATEGORIES:
+                elif cat in cpu_cats:
                     if name == "record_param_comms":
                         coll = cpu_collective(name, args.get("Collective name"))
                     else:
-                        coll = self._cpu_coll.get(name, "?")
+                        coll = cpu_coll.get(name, "?")
                         if coll == "?":
-                            coll = self._cpu_coll[name] = cpu_collective(name)
-                if coll is not None and args:
+                            coll = cpu_coll[name] = cpu_collective(name)
+                if coll is None:
+                    add((rank, pid, tid, stream, cat, name, ts, durs.setdefault(dur, dur), kind,
+                         None, None, None, None, None, None, corr))
+                else:
                     msg, msg_from = _message(args)
                     group, gsize = _group(args, self.pg_sizes)
-                dur = durs.setdefault(dur, dur)
-            except (TypeError, ValueError, AttributeError, KeyError):
-                skipped["malformed fields"] += 1
-                continue
-            a_rank(rank)
-            a_pid(pid)
-            a_tid(tid)
-            a_stream(stream)
-            a_cat(cat)
-            a_name(name)
-            a_ts(ts)
-            a_dur(dur)
-            a_kind(kind)
-            a_coll(coll)
-            a_msg(msg)
-            a_from(msg_from)
-            a_group(group)
-            a_gsize(gsize)
-            a_step(None)
-            a_corr(corr)
-        self.total += n
+                    add((rank, pid, tid, stream, cat, name, ts, durs.setdefault(dur, dur), kind,
+                         coll, msg, msg_from, group, gsize, None, corr))
+            except KeyError:
+                bad["no ph, cat, ts or dur"] += 1
+            except (TypeError, ValueError, AttributeError):
+                bad["fields of the wrong type"] += 1
+        self.total += len(events)
+        for ph, count in phases.items():
+            self.skipped[f"ph={ph}"] += count
+        self.skipped.update(bad)
+        if rows:
+            for column, values in zip(self.cols.values(), zip(*rows)):
+                column.extend(values)
+
+    def header(self, top: dict[str, Any]) -> None:
+        """Take rank and process-group sizes from the keys before traceEvents, so rows get them directly."""
+        dist = top.get("distributedInfo")
+        if not isinstance(dist, dict):
+            return
+        self.rank = _int_or_none(dist.get("rank"))
+        pgs = dist.get("pg_config")
+        for pg in pgs if isinstance(pgs, list) else []:
+            if isinstance(pg, dict) and _int_or_none(pg.get("pg_size")) is not None:
+                self.pg_sizes[str(pg.get("pg_name"))] = _int_or_none(pg.get("pg_size"))
 
     def _metadata(self, e: dict) -> None:
         args = e.get("args")
@@ -435,48 +435,58 @@ class _Collector:
 
 
 class _Scanner:
-    """Streams the top-level JSON object, handing batches of traceEvents to the collector.
+    """Streams the top-level JSON value, handing batches of traceEvents to the collector.
 
     Fast path: cut the buffered text after the last `}, {"` and decode `[` + text + `]` in one call;
-    that succeeds only when the cut lies between two events of the array, so a cut that falls
-    inside a string or a nested object just fails and the slow path takes over. Slow path: decode
-    one value at a time with json.JSONDecoder.raw_decode, which also finds garbage and truncation.
+    that succeeds only when the cut lies between two events of the array (a cut inside a string or a
+    nested object leaves a bracket or a quote open), so a wrong cut just fails and the slow path
+    takes over. Slow path: decode one value at a time with json.JSONDecoder.raw_decode, which also
+    tells an event that goes on in the next chunk from bytes that are not JSON.
     """
 
-    def __init__(self, name: str, collector: _Collector, warn: Callable[[str], None]):
-        self.name, self.collector, self.warn = name, collector, warn
+    def __init__(self, name: str, collector: _Collector, warn: Callable[[str], None],
+                 on_events: Callable[[dict[str, Any]], None]):
+        self.name, self.collector, self.warn, self.on_events = name, collector, warn, on_events
         self.buf = b""
         self.offset = 0            # decompressed byte offset of buf[0]
-        self.state = "start"       # start, key, value, events, after, done
+        self.state = "start"       # start, key, colon, value, events, after, done
         self.root_array = False
-        self.key: str | None = None
+        self.key = ""
         self.top: dict[str, Any] = {}
         self.events_seen = False
-        self.array_closed = False
         self.decoder = json.JSONDecoder()
         self.warned: Counter[str] = Counter()
-
-    def _warn_once(self, kind: str, text: str) -> None:
-        self.warned[kind] += 1
-        if self.warned[kind] <= _MAX_WARNINGS_PER_KIND:
-            self.warn(text)
+        self.ignored_tail = 0
 
     def feed(self, chunk: bytes) -> None:
-        self.buf = self.buf + chunk if self.buf else chunk
-        if len(self.buf) < _CHUNK_BYTES // 2:
+        if self.state == "done":
+            self.ignored_tail += len(chunk.strip())
             return
-        self._run(final=False)
+        self.buf = self.buf + chunk if self.buf else chunk
+        if len(self.buf) >= _CHUNK_BYTES // 2:
+            self._run(final=False)
 
     def finish(self) -> None:
         self._run(final=True)
+        end = self.offset + len(self.buf)
+        self.ignored_tail += len(self.buf.strip()) if self.state == "done" else 0
+        if self.ignored_tail:
+            self.warn(f"{self.name}: {self.ignored_tail} bytes after the end of the JSON document were ignored")
         if self.state == "events":
-            self.warn(f"{self.name}: the traceEvents array is not closed at byte {self.offset + len(self.buf)} "
-                      f"(the writer did not finish); {self.collector.total} events read")
-        elif self.state not in ("done", "after") and not self.events_seen:
-            if self.offset + len(self.buf) == 0:
-                self.warn(f"{self.name}: empty file")
-            else:
-                self.warn(f"{self.name}: no traceEvents array found (read {self.offset + len(self.buf)} bytes)")
+            self.warn(f"{self.name}: the traceEvents array is not closed at byte {end} (the writer did "
+                      f"not finish); {self.collector.total} events read")
+        elif not self.events_seen:
+            self.warn(f"{self.name}: empty file" if end == 0 else
+                      f"{self.name}: no traceEvents array found in {end} bytes")
+        elif self.state not in ("done", "after"):
+            self.warn(f"{self.name}: the JSON document ends early at byte {end} (after the events)")
+
+    def _warn_limited(self, kind: str, text: str) -> None:
+        self.warned[kind] += 1
+        if self.warned[kind] <= _MAX_WARNINGS_PER_KIND:
+            self.warn(text)
+        elif self.warned[kind] == _MAX_WARNINGS_PER_KIND + 1:
+            self.warn(f"{self.name}: more problems of this kind ({kind}) are not reported one by one")
 
     def _consume(self, nbytes: int) -> None:
         self.buf = self.buf[nbytes:]
@@ -484,21 +494,23 @@ class _Scanner:
 
     def _run(self, final: bool) -> None:
         while self.buf and self.state != "done":
-            if self.state == "events" and not final and self._fast():
+            if self.state == "events" and self._fast():
                 continue
-            if not self._slow(final):
+            mark = (self.offset, self.state)
+            self._slow(final)
+            if (self.offset, self.state) == mark:
                 return
 
     def _fast(self) -> bool:
         buf = self.buf
-        tail_from = max(0, len(buf) - (1 << 18))
-        seps = list(_EVENT_SEP.finditer(buf, tail_from)) or list(_EVENT_SEP.finditer(buf))
-        lead = len(buf) - len(buf.lstrip())
+        lead = _LEADING_SEPARATORS.match(buf).end()
         if buf[lead:lead + 1] != b"{":
             return False
+        tail_from = max(lead, len(buf) - (1 << 18))
+        seps = list(_EVENT_SEP.finditer(buf, tail_from)) or list(_EVENT_SEP.finditer(buf, lead))
         for m in reversed(seps[-2:]):
             try:
-                events = _loads(b"[" + buf[:m.start() + 1] + b"]")
+                events = _loads(b"[" + buf[lead:m.start() + 1] + b"]")
             except (ValueError, TypeError):
                 continue
             self.collector.take(events)
@@ -506,59 +518,70 @@ class _Scanner:
             return True
         return False
 
-    def _slow(self, final: bool) -> bool:
-        """Decode values one at a time from the buffer; False when more input is needed or done."""
-        text = self.buf.decode("utf-8", "surrogateescape")
+    def _slow(self, final: bool) -> None:
+        """Decode values one at a time from the buffer, consuming what was decoded."""
+        raw = self.buf.decode("utf-8", "surrogateescape")
+        # Bytes that are not UTF-8 become lone surrogates; decode a copy where each is U+FFFD (same
+        # length, so indices still map back to byte offsets through `raw`).
+        text = _SURROGATES.sub("\ufffd", raw)
         i, n = 0, len(text)
-        progressed = False
         batch: list[Any] = []
-        try:
-            while i < n and self.state != "done":
-                i = _SKIP_SEPARATORS.match(text, i).end() if self.state in ("events", "after", "key") else _skip_ws(text, i)
-                if i >= n:
+        bad: str | None = None
+        while self.state != "done":
+            i = _WHITESPACE.match(text, i).end()
+            if i >= n:
+                break
+            ch = text[i]
+            state = self.state
+            if state == "start":
+                if ch == "{":
+                    self.state = "key"
+                elif ch == "[":
+                    self.state, self.root_array = "events", True
+                    self._enter_events()
+                else:
+                    bad = "the file does not start with a JSON object or array"
                     break
-                ch = text[i]
-                if self.state == "start":
-                    if ch == "{":
-                        self.state = "key"
-                    elif ch == "[":
-                        self.state, self.root_array, self.events_seen = "events", True, True
-                    else:
-                        return self._garbage(text, i, final, "the file does not start with a JSON object")
+                i += 1
+            elif state in ("key", "after"):
+                if ch == "," and state == "after":
+                    self.state = "key"
                     i += 1
-                elif self.state in ("key", "after"):
-                    if ch == "}":
-                        self.state = "done"
-                        i += 1
-                        break
-                    if ch != '"':
-                        return self._garbage(text, i, final, "expected a key of the top-level object")
-                    key, end = self._decode(text, i, final)
-                    if key is None:
-                        break
-                    j = _skip_ws(text, end)
-                    if j >= n:
-                        break
-                    if text[j] != ":":
-                        return self._garbage(text, j, final, "expected ':' after a top-level key")
-                    i, self.key, self.state = j + 1, key, "value"
-                elif self.state == "value":
-                    if self.key == "traceEvents" and ch == "[":
-                        self.state, self.events_seen = "events", True
-                        i += 1
-                        continue
-                    value, end = self._decode(text, i, final)
+                elif ch == "}":
+                    self.state = "done"
+                    i += 1
+                elif ch == '"' and state == "key":
+                    key, end, bad = self._decode(text, i, final)
                     if end is None:
                         break
-                    self.top[self.key] = value
-                    i, self.state = end, "after"
-                elif self.state == "events":
-                    if ch == "]":
-                        self.array_closed = True
-                        self.state = "done" if self.root_array else "after"
-                        i += 1
-                        continue
-                    value, end = self._decode(text, i, final)
+                    self.key, self.state, i = str(key), "colon", end
+                else:
+                    bad = "expected a key or the end of the top-level object"
+                    break
+            elif state == "colon":
+                if ch != ":":
+                    bad = "expected ':' after a top-level key"
+                    break
+                self.state, i = "value", i + 1
+            elif state == "value":
+                if self.key == "traceEvents" and ch == "[":
+                    self.state = "events"
+                    self._enter_events()
+                    i += 1
+                    continue
+                value, end, bad = self._decode(text, i, final)
+                if end is None:
+                    break
+                self.top[self.key] = value
+                self.state, i = "after", end
+            else:  # events
+                if ch == ",":
+                    i += 1
+                elif ch == "]":
+                    self.state = "done" if self.root_array else "after"
+                    i += 1
+                else:
+                    value, end, bad = self._decode(text, i, final)
                     if end is None:
                         break
                     batch.append(value)
@@ -566,56 +589,67 @@ class _Scanner:
                     if len(batch) >= 4096:
                         self.collector.take(batch)
                         batch = []
-                progressed = True
-        finally:
-            if batch:
-                self.collector.take(batch)
-            used = len(text[:i].encode("utf-8", "surrogateescape")) if i < n else len(self.buf)
-            self._consume(used)
-        if self.state == "done" and self.buf.strip():
-            self.warn(f"{self.name}: {len(self.buf.strip())} bytes after the end of the JSON document "
-                      f"at byte {self.offset} were ignored")
-            self._consume(len(self.buf))
-        return progressed and bool(self.buf) and not final and len(self.buf) >= _CHUNK_BYTES // 2
+        if batch:
+            self.collector.take(batch)
+        self._consume(len(raw[:i].encode("utf-8", "surrogateescape")) if i < n else len(self.buf))
+        if bad is not None:
+            self._resync(bad, final)
 
-    def _decode(self, text: str, i: int, final: bool) -> tuple[Any, int | None]:
-        """Decode one JSON value at text[i]; (None, None) when it needs more input or was garbage."""
+    def _enter_events(self) -> None:
+        self.events_seen = True
+        self.on_events(self.top)
+
+    def _decode(self, text: str, i: int, final: bool) -> tuple[Any, int | None, str | None]:
+        """(value, end, None) for the JSON value at text[i]; (None, None, None) when it goes on in
+        the next chunk; (None, None, reason) when the bytes there are not JSON."""
         try:
             value, end = self.decoder.raw_decode(text, i)
-        except (ValueError, RecursionError):
-            if not final and len(text) - i < _MAX_PENDING_BYTES:
-                return None, None
-            self._garbage(text, i, final, "cannot decode the JSON value here")
-            return None, None
+        except json.JSONDecodeError as exc:
+            # Within the last few characters the value may just be cut (a `tru` of `true`, a `1.5e`).
+            at_end = exc.pos >= len(text) - 9 or exc.msg.startswith("Unterminated string")
+            if at_end and not final and len(text) - i < _MAX_PENDING_BYTES:
+                return None, None, None
+            return None, None, ("truncated" if at_end and final else f"not JSON ({exc.msg})")
+        except (ValueError, RecursionError) as exc:
+            return None, None, f"not JSON ({exc})"
         if end >= len(text) and not final:
-            return None, None  # a number at the very end may go on in the next chunk
-        return value, end
+            return None, None, None  # a number at the very end may go on in the next chunk
+        return value, end, None
 
-    def _garbage(self, text: str, i: int, final: bool, what: str) -> bool:
-        """Skip to the next place an event can start; False (stop) when there is none."""
-        at = self.offset + len(text[:i].encode("utf-8", "surrogateescape"))
-        m = _EVENT_START.search(text, i + 1) if self.state == "events" else None
-        if m is None:
-            if final:
-                if self.state == "events":
-                    self._warn_once("truncated", f"{self.name}: the trace ends inside an event at byte {at} "
-                                    f"(file cut short or half-written); {self.collector.total} events read before it")
-                else:
-                    self._warn_once("garbage", f"{self.name}: {what} at byte {at}; the rest of the file is ignored")
+    def _resync(self, reason: str, final: bool) -> None:
+        """Skip to the next place an event can start; give up on the file where there is none.
+
+        `reason` is "truncated" when the input ends inside a value, else what is wrong."""
+        at = self.offset
+        in_events = self.state == "events"
+        if reason == "truncated":
+            if in_events:
+                self._warn_limited("truncated", f"{self.name}: the trace ends inside an event at byte {at} "
+                                                f"(file cut short or half-written); {self.collector.total} "
+                                                f"events read before it")
+            else:
+                self._warn_limited("truncated", f"{self.name}: the file ends inside a JSON value at byte {at}")
                 self.state = "done"
-                self._consume(len(self.buf))
-            return False
-        skip_to = self.offset + len(text[:m.start()].encode("utf-8", "surrogateescape"))
-        self._warn_once("garbage", f"{self.name}: {what} at byte {at}; skipped to the next event at byte {skip_to}")
-        self._consume(skip_to - self.offset)
-        return True
-
-
-def _skip_ws(text: str, i: int) -> int:
-    n = len(text)
-    while i < n and text[i] in " \t\r\n":
-        i += 1
-    return i
+            self._consume(len(self.buf))
+            return
+        if not in_events:
+            self._warn_limited("garbage", f"{self.name}: {reason} at byte {at}; the rest of the file is ignored")
+            self.state = "done"
+            self._consume(len(self.buf))
+            return
+        m = _EVENT_START_BYTES.search(self.buf, 1)
+        if m is not None:
+            self._warn_limited("garbage", f"{self.name}: {reason} at byte {at}; skipped to the next "
+                                          f"event at byte {at + m.start()}")
+            self._consume(m.start())
+        elif not final:
+            keep = 16  # an event start split across chunks
+            self._warn_limited("garbage", f"{self.name}: {reason} at byte {at}; skipped "
+                                          f"{max(0, len(self.buf) - keep)} bytes looking for the next event")
+            self._consume(max(0, len(self.buf) - keep))
+        else:
+            self._warn_limited("garbage", f"{self.name}: {reason} at byte {at}; nothing after it could be read")
+            self._consume(len(self.buf))
 
 
 def _rank_from_name(path: str) -> int | None:
@@ -635,17 +669,12 @@ def parse_kineto(path: str | os.PathLike[str], *, source: str = "",
     warnings: list[str] = []
     wanted = frozenset(categories) if categories is not None else None
     collector = _Collector(None, wanted)
-    scanner = _Scanner(name, collector, warnings.append)
+    scanner = _Scanner(name, collector, warnings.append, collector.header)
     reader = _Source(path, name, warnings.append)
-    header_done = False
     for chunk in reader.chunks():
         scanner.feed(chunk)
-        if not header_done and scanner.events_seen:
-            header_done = True
-            _apply_header(collector, scanner.top, path)
-    scanner.finish()
-    if not header_done:
-        _apply_header(collector, scanner.top, path)
+    if not reader.failed:
+        scanner.finish()
     top = scanner.top
     dist = top.get("distributedInfo") if isinstance(top.get("distributedInfo"), dict) else {}
     cols = collector.cols
@@ -670,23 +699,12 @@ def parse_kineto(path: str | os.PathLike[str], *, source: str = "",
         "span_us": (last - first) if ts else 0,
         "events_total": collector.total,
         "events_skipped": dict(collector.skipped),
-        "ts_float": collector.ts_float,
+        "ts_float": any(t.__class__ is float for t in ts),
         "thread_names": collector.thread_names,
         "trace": {k: v for k, v in top.items() if k not in ("distributedInfo", "deviceProperties")},
         "gzip": reader.gzip,
     }
     return Table("kineto", cols, dict(COLUMNS), name, tuple(warnings), meta)
-
-
-def _apply_header(collector: _Collector, top: dict[str, Any], path: Any) -> None:
-    """Set rank and process-group sizes from the keys before traceEvents, so rows get them directly."""
-    dist = top.get("distributedInfo")
-    if not isinstance(dist, dict):
-        return
-    collector.rank = _int_or_none(dist.get("rank"))
-    for pg in dist.get("pg_config") or []:
-        if isinstance(pg, dict) and _int_or_none(pg.get("pg_size")) is not None:
-            collector.pg_sizes[str(pg.get("pg_name"))] = _int_or_none(pg.get("pg_size"))
 
 
 def _assign_steps(cols: dict[str, list[Any]]) -> None:
@@ -702,6 +720,9 @@ def _assign_steps(cols: dict[str, list[Any]]) -> None:
         return
     spans.sort()
     starts = [s[0] for s in spans]
+    reach = []  # reach[k]: the latest end among spans[0..k], to stop the walk back early
+    for s in spans:
+        reach.append(max(reach[-1], s[1]) if reach else s[1])
     steps = cols["step"]
     launch_step: dict[int, int | None] = {}
     gpu_rows = []
@@ -709,14 +730,14 @@ def _assign_steps(cols: dict[str, list[Any]]) -> None:
         if stream[i] is not None and stream[i] != -1:
             gpu_rows.append(i)
             continue
+        step = None
         k = bisect.bisect_right(starts, t) - 1
-        # Steps do not overlap in practice; where they do, walk back to one that contains t.
-        while k >= 0 and not (spans[k][0] <= t < spans[k][1]):
-            if spans[k][1] <= t and k >= 1 and spans[k - 1][1] <= t:
-                k = -1
+        # HTA lets the last containing step win; steps rarely overlap, so this walk is one step long.
+        while k >= 0 and reach[k] > t:
+            if t < spans[k][1]:
+                step = spans[k][2]
                 break
             k -= 1
-        step = spans[k][2] if k >= 0 else None
         steps[i] = step
         c = corr[i]
         if c is not None and c != -1:
@@ -756,23 +777,24 @@ def _link_kernels_to_collectives(cols: dict[str, list[Any]]) -> None:
         if not rows:
             continue
         k = bisect.bisect_right(starts[key], ts[i]) - 1
-        launcher = None
-        # The innermost enclosing call that knows the size wins (nccl:* inside record_param_comms
-        # inside c10d::*); calls nest, so a short walk back over earlier starts finds them.
+        # Calls nest (c10d::* > record_param_comms > nccl:*), so a short walk back over earlier
+        # starts finds every enclosing one. The innermost names the collective; the largest size
+        # recorded among them is nccl-tests' convention (c10d::_allgather_base_ records the
+        # gathered output, nccl:_all_gather_base only the input shard).
+        launcher = sized = None
         for r in reversed(rows[max(0, k - 8):k + 1]):
             if ts[r] <= ts[i] <= ts[r] + dur[r]:
                 if launcher is None:
                     launcher = r
-                if msg[r] is not None:
-                    launcher = r
-                    break
+                if msg[r] is not None and (sized is None or msg[r] > msg[sized]):
+                    sized = r
         if launcher is None:
             continue
         g = want[c]
         if coll[launcher] not in (None, "barrier"):
             coll[g] = coll[launcher]
-        if msg[g] is None and msg[launcher] is not None:
-            msg[g] = msg[launcher]
+        if msg[g] is None and sized is not None:
+            msg[g] = msg[sized]
             cols["message_from"][g] = "launch"
         if cols["group"][g] is None:
             cols["group"][g] = cols["group"][launcher]

@@ -9,7 +9,7 @@ and megatron/training/utils of NVIDIA/Megatron-LM 2020-2026, Megatron-DeepSpeed'
 argonne-lcf/Megatron-DeepSpeed's megatron/training_log.py):
    iteration       10/    1000 | consumed samples:  40 | elapsed time per iteration (ms): 3171.3 | ...   (2020-2023)
    [2024-04-06 02:59:36] iteration 43/ 100 | ... | throughput per GPU (TFLOP/s/GPU): 239.8 | ...      (2023+)
-   iteration 1/ 317892 | ... | consumed tokens: ... | actual seqlen: 4096 | ... | TFLOPs: 38.61 |      (Megatron-DeepSpeed)
+   iteration 1/ 317892 | ... | consumed tokens: ... | actual seqlen: 4096 | ... | TFLOPs: 38.61 |   (Megatron-DeepSpeed)
    iteration=  136004/  136100 | consumed_samples= ... | lm loss=12.3 | ... | TFLOPs=53.66 |           (ALCF key=value)
    time (ms) | forward-compute: 265.42 | backward-compute: 462.83 | ...                              (timers, -2022)
    (min, max) time across ranks (ms):  /  max time across ranks (ms):  /  times across ranks (ms):   (timers, 2022+)
@@ -29,7 +29,7 @@ import os
 import re
 from typing import Any
 
-from analysis.parsers.deepspeed_log import is_deepspeed_timer_line
+from analysis.parsers.deepspeed_log import head_and_tail, is_deepspeed_timer_line
 from analysis.parsers.nccl_debug import read_source, split_lines
 from analysis.table import Table
 
@@ -84,7 +84,7 @@ MIB = 1024 ** 2
 _NUM = r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?|[-+]?(?:nan|inf)"
 _ITERATION = re.compile(r"\biteration\s*[=:]?\s*(?P<it>\d+)\s*/\s*(?P<total>\d+)\s*\|")
 _TIMESTAMP = re.compile(r"\[(?P<ts>\d{4}-\d\d-\d\d[ T]\d\d:\d\d:\d\d(?:[.,]\d+)?)\]")
-_FIELD = re.compile(r"(?P<name>[A-Za-z_][^|:=]*?)\s*[:=]\s*(?P<value>" + _NUM + r")(?![\w.])?")
+_FIELD = re.compile(r"(?P<name>[A-Za-z_][^|:=]*?)\s*[:=]\s*(?P<value>" + _NUM + r")")
 _FIELD_TEXT = re.compile(r"^\s*(?P<name>[A-Za-z_][^|:=]*?)\s*[:=]\s*(?P<value>\S.*?)\s*$")
 _VALIDATION = re.compile(r"\bvalidation(?P<suffix>\S*) loss at (?P<what>[^|]*?)\s*\|")
 _VALIDATION_ITERATION = re.compile(r"iteration (?P<it>\d+)")
@@ -102,10 +102,13 @@ _MEMORY_FIELDS = {"allocated": "allocated_bytes", "max allocated": "max_allocate
 _MEMORY_ITERATION = re.compile(r"(?:after (?P<a>\d+) iterations|iteration (?P<b>\d+))")
 _ARGS_HEADER = re.compile(r"^-{3,} (?P<title>[\w -]*arguments) -{3,}\s*$")
 _ARGS_END = re.compile(r"^-{3,} end of (?P<title>[\w -]*arguments) -{3,}\s*$")
-_ARG = re.compile(r"^\s+(?P<key>[A-Za-z_][\w-]*) (?:\.*\s)?(?P<value>.*?)\s*$")
+# `  {arg} {'.' * (48 - len(arg))} {value}`: names of 48 characters or more get no dots.
+_ARG = re.compile(r"^\s+(?P<key>[A-Za-z_][\w-]*) (?P<dots>\.*) ?(?P<value>.*?)\s*$")
+_ARG_NO_DOTS_MIN = 47
 _ARGS_MAX_STRAY = 50  # lines of other output tolerated inside a dump before calling it unterminated
 _WORLD = re.compile(r"using world size: (?P<world>\d+)")
-_WORLD_PART = re.compile(r"(?P<what>data|tensor-model|pipeline-model|context|expert-model)-parallel[ -]size: (?P<n>\d+)")
+_WORLD_PART = re.compile(r"(?<![\w-])(?P<what>data|tensor-model|pipeline-model|context|expert-model)"
+                         r"-parallel[ -]size: (?P<n>\d+)")
 _THEORETICAL = re.compile(r"Theoretical memory footprints: weight and optimizer=(?P<wo>" + _NUM + r") MB"
                           r"(?:, activation=(?P<act>" + _NUM + r") MB, total=(?P<total>" + _NUM + r") MB)?")
 _RANK_PARAMS = re.compile(r"number of parameters on \(tensor, pipeline\) model parallel rank "
@@ -156,9 +159,7 @@ def sniff(path: str | os.PathLike[str]) -> str | None:
 
     A Megatron-DeepSpeed log sniffs as both this and `deepspeed_log`; each parser takes its own lines.
     """
-    from analysis.parsers.deepspeed_log import _head_and_tail
-
-    text = _head_and_tail(path)
+    text = head_and_tail(path)
     return "megatron_log" if text is not None and _SNIFF.search(text) else None
 
 
@@ -276,9 +277,9 @@ class _Parser:
             if m:
                 self.timer_mode = {"(min, max) time": "minmax", "max time": "max", "times": "all"}[m["mode"]]
                 self.timer_name = None
-        elif "arguments" in text and text.startswith("---"):
-            m = _ARGS_HEADER.match(text)
-            if m and not text.lstrip("-").startswith(" end of"):
+        elif "arguments" in text and text.lstrip().startswith("---"):
+            m = _ARGS_HEADER.match(text.strip())
+            if m and not _ARGS_END.match(text.strip()):
                 self.args_open = (lineno, m["title"])
                 self.args_stray = 0
         elif "using world size:" in text:
@@ -297,11 +298,11 @@ class _Parser:
                                                      "params": int(m["n"])})
 
     def args_line(self, lineno: int, text: str) -> bool:
-        if _ARGS_END.match(text):
+        if _ARGS_END.match(text.strip()):
             self.args_open = None
             return True
         m = _ARG.match(text)
-        if m:
+        if m and (m["dots"] or len(m["key"]) >= _ARG_NO_DOTS_MIN):
             self.meta["args"].setdefault(m["key"], _typed(m["value"]))
             return True
         self.args_stray += 1
@@ -345,12 +346,11 @@ class _Parser:
                         self.warn("field", lineno, f"{name}={raw} is not a whole number; skipped")
                         continue
                 row[column] = value
-            elif "loss" in key and not key.startswith("loss scale"):
+            elif "loss" in key and not key.startswith("loss scale") and not key.endswith("ppl"):
                 row["losses"][name] = value
             else:
                 row["extra"][name] = value
-        lm = next((v for k, v in row["losses"].items() if _normal(k) in ("lm loss", "lm loss value")), None)
-        row["lm_loss"] = lm
+        row["lm_loss"] = next((v for k, v in row["losses"].items() if _normal(k) == "lm loss"), None)
         return row
 
     def iteration_line(self, lineno: int, text: str, m: re.Match) -> None:
@@ -369,7 +369,10 @@ class _Parser:
     def validation_line(self, lineno: int, text: str, m: re.Match) -> None:
         it = _VALIDATION_ITERATION.search(m["what"])
         rest = _VALIDATION_ITERATION.sub("", m["what"]).strip() or None
-        row = self.record_fields(lineno, self.fields(lineno, text[m.end():].split("|")))
+        # `lm loss value: 8.1` is the `lm loss` of the validation set.
+        pairs = [(n[:-len(" value")] if n.endswith(" value") else n, v)
+                 for n, v in self.fields(lineno, text[m.end():].split("|"))]
+        row = self.record_fields(lineno, pairs)
         self.add("validation", lineno, iteration=int(it["it"]) if it else self.iteration,
                  name=(m["suffix"] + " " + rest).strip() if rest or m["suffix"] else None, **row)
 
@@ -390,7 +393,8 @@ class _Parser:
                 if column:
                     values[column] = round(float(raw) * MIB)
             if len(values) < len(_MEMORY_FIELDS):
-                self.warn("memory", lineno, f"memory report without {sorted(set(_MEMORY_FIELDS.values()) - set(values))}")
+                missing = sorted(set(_MEMORY_FIELDS.values()) - set(values))
+                self.warn("memory", lineno, f"memory report without {missing}")
             label = m["label"].strip() or None
             it = _MEMORY_ITERATION.search(label or "")
             iteration = int(it["a"] or it["b"]) if it else self.iteration

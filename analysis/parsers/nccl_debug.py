@@ -72,7 +72,8 @@ _INIT = re.compile(
     r"comm (?P<ptr>0x[0-9a-fA-F]+|\(nil\)) rank (?P<rank>\d+) nranks (?P<nranks>\d+) cudaDev (?P<dev>\d+)"
     r"(?: nvmlDev (?P<nvml>\d+))?(?: busId (?P<busid>[0-9a-fA-F]+))?.*?- Init (?P<phase>START|COMPLETE)")
 _COMM_ID = re.compile(r"commId (0x[0-9a-fA-F]+)")
-_VERSION = re.compile(r"\b(?P<lib>NCCL|RCCL) version (?P<ver>\d+\.\d+\.\d+)[^\s+]*(?:\+(?P<rt>cuda|hip)(?P<rtver>[\d.]+))?")
+_VERSION = re.compile(
+    r"\b(?P<lib>NCCL|RCCL) version (?P<ver>\d+\.\d+\.\d+)[^\s+]*(?:\+(?P<rt>cuda|hip)(?P<rtver>[\d.]+))?")
 _DRIVER = re.compile(r"\bcudaDriverVersion (\d+)")
 _IB_USING = re.compile(r"^NET/IB\w* : Using(?P<rest>.*)$")
 _IB_DEV = re.compile(r"\[(?P<idx>\d+)\](?P<dev>[\w.-]+):(?P<port>\d+)/(?P<link>[A-Za-z]+)")
@@ -139,9 +140,14 @@ class LogLine:
     start: int  # offset of the prefix in the raw line, for callers that splice text around it
 
 
+def strip_mpi_tag(raw: str) -> str:
+    """`raw` without Open MPI's `[1,0]<stdout>:` output tag."""
+    return _MPI_TAG.sub("", raw)
+
+
 def find_log_line(raw: str) -> LogLine | None:
     """Find an NCCL log prefix anywhere in `raw` (launcher prefixes and glued text are tolerated)."""
-    line = _MPI_TAG.sub("", raw)
+    line = strip_mpi_tag(raw)
     offset = len(raw) - len(line)
     m = _PREFIX.search(line)
     if m:
@@ -209,80 +215,25 @@ def parse_nccl_debug(path_or_text: str | os.PathLike[str], *, source: str = "") 
     """
     text, name, warnings = read_source(path_or_text, source)
     lines, last_cut = split_lines(text)
-    rows: list[dict[str, Any]] = []
-    meta: dict[str, Any] = {
-        "nccl_version": None, "cuda_runtime": None, "cuda_driver": None, "nranks": None, "ranks": {},
-        "hosts": [], "ib_devices": [], "ib_no_device": False, "socket_interfaces": [], "net_plugins": [],
-        "env": {}, "algo_proto": {}, "rings": [], "channel_counts": None, "nnodes": None,
-        "nccl_warnings": [],
-    }
-    # Per logging thread: events in order (row index, closing marker kind, or reset) so that each
-    # connection line can be given the kind of the `Connected all ...` marker that ends its block.
-    events: dict[tuple, list[tuple[str, Any]]] = defaultdict(list)
-    thread_comm: dict[tuple, str] = {}        # last comm pointer announced on a thread
-    pointer_comm_id: dict[tuple, str] = {}    # (host, pid, pointer) -> commId
-    inits: list[dict[str, Any]] = []
+    state = _State()
     seen_nccl = False
-
     for lineno, raw in enumerate(lines, start=1):
         cut = last_cut and lineno == len(lines)
         log = find_log_line(raw)
         if log is None:
-            # VERSION-level lines come without a prefix.
-            if not cut:
-                for key, value in version_facts(raw).items():
-                    meta[key] = meta.get(key) or value
+            if not cut:  # VERSION-level lines come without a prefix
+                state.versions(raw)
             continue
         seen_nccl = True
         if cut:
             warnings.append(f"{name}:{lineno}: last line is cut short; ignored")
             break
-        msg = log.message
-        thread = (log.host, log.pid, log.tid) if log.host is not None else (None, None, log.cuda_dev)
-        if log.level == "WARN":
-            meta["nccl_warnings"].append(f"line {lineno}: {msg}")
-            continue
-        for key, value in version_facts(msg).items():
-            meta[key] = meta.get(key) or value
-
-        m = _CONN.match(msg)
-        if m:
-            rows.append(_connection_row(m, log, thread_comm.get(thread), lineno))
-            events[thread].append(("row", len(rows) - 1))
-            continue
-        m = _COLLNET.match(msg)
-        if m:
-            rank = int(m["rank"])
-            rows.append(_row(log, lineno, rank=rank, comm=thread_comm.get(thread), channel=int(m["ch"]),
-                             conn_index=_int(m["ci"]), peer_from=rank, direction=m["dir"],
-                             transport="CollNet", via_detail=m["via"], kind="collnet"))
-            continue
-        m = _NVLS.match(msg)
-        if m:
-            rows.append(_row(log, lineno, comm=m["ptr"], transport="NVLS", via_detail=msg, kind="nvls"))
-            continue
-        m = _RING_ORDER.match(msg)
-        if m:
-            meta["rings"].append({"channel": int(m["ch"]), "order": [int(x) for x in m["order"].split()],
-                                  "line": lineno})
-            continue
-        if _CONN_LIKE.match(msg):
-            warnings.append(f"{name}:{lineno}: connection line not understood: {msg[:120]}")
-            continue
-        for pattern, kind in _MARKERS:
-            if pattern.match(msg):
-                events[thread].append(("marker", kind))
-                break
-        else:
-            _header_fact(msg, meta, log, lineno, thread, thread_comm, pointer_comm_id, inits, events)
-
+        if not state.line(log, lineno):
+            warnings.append(f"{name}:{lineno}: connection line not understood: {log.message[:120]}")
     if not seen_nccl:
         warnings.append(f"{name}: no NCCL log lines found (was NCCL_DEBUG=INFO set?)")
-    _assign_kinds(rows, events)
-    _resolve_comms(rows, inits, pointer_comm_id, meta)
-    meta["hosts"] = sorted({r["host"] for r in rows if r["host"]} |
-                           {i["host"] for i in inits if i["host"]})
-    return Table.from_rows("nccl_debug", COLUMNS, rows, source=name, warnings=warnings, meta=meta)
+    state.finish()
+    return Table.from_rows("nccl_debug", COLUMNS, state.rows, source=name, warnings=warnings, meta=state.meta)
 
 
 def _row(log: LogLine, lineno: int, **fields: Any) -> dict[str, Any]:
@@ -305,59 +256,133 @@ def _connection_row(m: re.Match, log: LogLine, comm: str | None, lineno: int) ->
                 via_detail=via, kind=kind)
 
 
-def _header_fact(msg: str, meta: dict[str, Any], log: LogLine, lineno: int, thread: tuple,
-                 thread_comm: dict, pointer_comm_id: dict, inits: list, events: dict) -> None:
-    m = _INIT.search(msg)
-    if m:
+class _State:
+    """What reading a log has gathered so far; `finish` derives what needs the whole log."""
+
+    def __init__(self) -> None:
+        self.rows: list[dict[str, Any]] = []
+        self.meta: dict[str, Any] = {
+            "nccl_version": None, "cuda_runtime": None, "cuda_driver": None, "nranks": None, "ranks": {},
+            "comms": {}, "ranks_ambiguous": False, "hosts": [], "nnodes": None, "ib_devices": [],
+            "ib_no_device": False, "socket_interfaces": [], "net_plugins": [], "env": {}, "algo_proto": {},
+            "rings": [], "channel_counts": None, "nccl_warnings": [],
+        }
+        # Per logging thread: rows, closing markers and communicator starts in order, so that a
+        # connection line gets the kind of the `Connected all ...` marker that ends its block.
+        self.events: dict[tuple, list[tuple[str, Any]]] = defaultdict(list)
+        self.thread_comm: dict[tuple, str] = {}       # last comm pointer announced on a thread
+        self.pointer_comm_id: dict[tuple, str] = {}   # (host, pid, pointer) -> commId
+        self.pointer_rank: dict[tuple, int] = {}      # (host, pid, pointer) -> rank
+        self.inits: list[dict[str, Any]] = []         # Init COMPLETE lines
+
+    def versions(self, text: str) -> None:
+        for key, value in version_facts(text).items():
+            self.meta[key] = self.meta.get(key) or value
+
+    def line(self, log: LogLine, lineno: int) -> bool:
+        """Take one NCCL line; False when it looks like a connection line but cannot be read."""
+        msg, meta = log.message, self.meta
+        thread = (log.host, log.pid, log.tid) if log.host is not None else (None, None, log.cuda_dev)
+        if log.level == "WARN":
+            meta["nccl_warnings"].append(f"line {lineno}: {msg}")
+            return True
+        self.versions(msg)
+        m = _CONN.match(msg)
+        if m:
+            self.rows.append(_connection_row(m, log, self.thread_comm.get(thread), lineno))
+            self.events[thread].append(("row", len(self.rows) - 1))
+            return True
+        m = _COLLNET.match(msg)
+        if m:
+            rank = int(m["rank"])
+            self.rows.append(_row(log, lineno, rank=rank, comm=self.thread_comm.get(thread), channel=int(m["ch"]),
+                                  conn_index=_int(m["ci"]), peer_from=rank, direction=m["dir"],
+                                  transport="CollNet", via_detail=m["via"], kind="collnet"))
+            return True
+        m = _NVLS.match(msg)
+        if m:
+            rank = self.pointer_rank.get((log.host, log.pid, m["ptr"]))
+            self.rows.append(_row(log, lineno, rank=rank, peer_from=rank, comm=m["ptr"], transport="NVLS",
+                                  via_detail=msg, kind="nvls"))
+            return True
+        m = _RING_ORDER.match(msg)
+        if m:
+            meta["rings"].append({"channel": int(m["ch"]), "order": [int(x) for x in m["order"].split()],
+                                  "line": lineno})
+            return True
+        if _CONN_LIKE.match(msg):
+            return False
+        for pattern, kind in _MARKERS:
+            if pattern.match(msg):
+                self.events[thread].append(("marker", kind))
+                return True
+        self.fact(msg, log, lineno, thread)
+        return True
+
+    def announce(self, log: LogLine, ptr: str, rank: int, msg: str) -> None:
         comm_id = _COMM_ID.search(msg)
         if comm_id:
-            pointer_comm_id[(log.host, log.pid, m["ptr"])] = comm_id[1]
-        if m["phase"] == "START":
-            thread_comm[thread] = m["ptr"]
-            events[thread].append(("reset", None))
-        else:
-            inits.append({"host": log.host, "pid": log.pid, "ptr": m["ptr"], "rank": int(m["rank"]),
-                          "nranks": int(m["nranks"]), "cuda_dev": int(m["dev"]), "nvml_dev": _int(m["nvml"]),
-                          "busid": m["busid"], "comm_id": comm_id[1] if comm_id else None, "line": lineno})
-        return
-    m = _COMM_INFO.search(msg)
-    if m:
-        thread_comm[thread] = m["ptr"]
-        events[thread].append(("reset", None))
-        if m["nnodes"]:
-            meta["nnodes"] = max(meta["nnodes"] or 0, int(m["nnodes"]))
-        return
-    m = _IB_USING.match(msg)
-    if m:
-        for d in _IB_DEV.finditer(m["rest"]):
-            dev = {"device": d["dev"], "port": int(d["port"]), "link": d["link"]}
-            if dev not in meta["ib_devices"]:
-                meta["ib_devices"].append(dev)
-        return
-    if msg.startswith("NET/IB : No device found"):
-        meta["ib_no_device"] = True
-        return
-    m = _SOCKET_USING.match(msg)
-    if m:
-        for d in _SOCKET_DEV.finditer(m["rest"]):
-            iface = {"interface": d["ifname"], "address": d["addr"]}
-            if iface not in meta["socket_interfaces"]:
-                meta["socket_interfaces"].append(iface)
-        return
-    m = _USING_NETWORK.match(msg)
-    if m:
-        if m["name"] not in meta["net_plugins"]:
-            meta["net_plugins"].append(m["name"])
-        return
-    m = _ENV.match(msg)
-    if m:
-        meta["env"][m["name"]] = m["value"]
-        if m["name"] in ("NCCL_ALGO", "NCCL_PROTO"):
-            meta["algo_proto"][m["name"]] = m["value"]
-        return
-    m = _CHANNEL_COUNTS.match(msg)
-    if m and meta["channel_counts"] is None:
-        meta["channel_counts"] = {k: int(v) for k, v in m.groupdict().items() if v is not None}
+            self.pointer_comm_id[(log.host, log.pid, ptr)] = comm_id[1]
+        self.pointer_rank[(log.host, log.pid, ptr)] = rank
+
+    def fact(self, msg: str, log: LogLine, lineno: int, thread: tuple) -> None:
+        meta = self.meta
+        m = _INIT.search(msg)
+        if m:
+            self.announce(log, m["ptr"], int(m["rank"]), msg)
+            if m["phase"] == "START":
+                self.thread_comm[thread] = m["ptr"]
+                self.events[thread].append(("reset", None))
+            else:
+                self.inits.append({"host": log.host, "pid": log.pid, "ptr": m["ptr"], "rank": int(m["rank"]),
+                                   "nranks": int(m["nranks"]), "cuda_dev": int(m["dev"]),
+                                   "nvml_dev": _int(m["nvml"]), "busid": m["busid"], "line": lineno})
+            return
+        m = _COMM_INFO.search(msg)
+        if m:
+            self.announce(log, m["ptr"], int(m["rank"]), msg)
+            self.thread_comm[thread] = m["ptr"]
+            self.events[thread].append(("reset", None))
+            if m["nnodes"]:
+                meta["nnodes"] = max(meta["nnodes"] or 0, int(m["nnodes"]))
+            return
+        m = _IB_USING.match(msg)
+        if m:
+            for d in _IB_DEV.finditer(m["rest"]):
+                dev = {"device": d["dev"], "port": int(d["port"]), "link": d["link"]}
+                if dev not in meta["ib_devices"]:
+                    meta["ib_devices"].append(dev)
+            return
+        if msg.startswith("NET/IB : No device found"):
+            meta["ib_no_device"] = True
+            return
+        m = _SOCKET_USING.match(msg)
+        if m:
+            for d in _SOCKET_DEV.finditer(m["rest"]):
+                iface = {"interface": d["ifname"], "address": d["addr"]}
+                if iface not in meta["socket_interfaces"]:
+                    meta["socket_interfaces"].append(iface)
+            return
+        m = _USING_NETWORK.match(msg)
+        if m:
+            if m["name"] not in meta["net_plugins"]:
+                meta["net_plugins"].append(m["name"])
+            return
+        m = _ENV.match(msg)
+        if m:
+            meta["env"][m["name"]] = m["value"]
+            if m["name"] in ("NCCL_ALGO", "NCCL_PROTO"):
+                meta["algo_proto"][m["name"]] = m["value"]
+            return
+        m = _CHANNEL_COUNTS.match(msg)
+        if m and meta["channel_counts"] is None:
+            meta["channel_counts"] = {k: int(v) for k, v in m.groupdict().items() if v is not None}
+
+    def finish(self) -> None:
+        _assign_kinds(self.rows, self.events)
+        _resolve_comms(self.rows, self.inits, self.pointer_comm_id, self.pointer_rank, self.meta)
+        self.meta["hosts"] = sorted({r["host"] for r in self.rows if r["host"]} |
+                                    {i["host"] for i in self.inits if i["host"]})
 
 
 def _assign_kinds(rows: list[dict[str, Any]], events: Mapping[tuple, list[tuple[str, Any]]]) -> None:
@@ -378,52 +403,54 @@ def _assign_kinds(rows: list[dict[str, Any]], events: Mapping[tuple, list[tuple[
                     row["kind"] = "collnet"
 
 
-def _resolve_comms(rows: list[dict[str, Any]], inits: list[dict[str, Any]],
-                   pointer_comm_id: Mapping[tuple, str], meta: dict[str, Any]) -> None:
+def _resolve_comms(rows: list[dict[str, Any]], inits: list[dict[str, Any]], pointer_comm_id: Mapping[tuple, str],
+                   pointer_rank: Mapping[tuple, int], meta: dict[str, Any]) -> None:
     """Name each row's communicator and fill peer_host and meta['ranks'] from the Init lines."""
     comms: dict[str, dict[int, dict[str, Any]]] = defaultdict(dict)
+    comm_of_pointer: dict[tuple, str] = {}
     ambiguous = False
     for init in inits:
-        key = init["comm_id"] or pointer_comm_id.get((init["host"], init["pid"], init["ptr"]))
+        pointer = (init["host"], init["pid"], init["ptr"])
         # Without a commId (before 2.18) processes cannot be matched to one communicator, so
         # communicators are told apart by size; same-size groups then share one map.
-        key = key or f"nranks={init['nranks']}"
+        key = comm_of_pointer[pointer] = pointer_comm_id.get(pointer) or f"nranks={init['nranks']}"
         entry = {k: init[k] for k in ("host", "pid", "cuda_dev", "nvml_dev", "busid", "nranks")}
         previous = comms[key].get(init["rank"])
         if previous is not None and (previous["host"], previous["pid"], previous["cuda_dev"]) != (
                 entry["host"], entry["pid"], entry["cuda_dev"]):
             ambiguous = True
         comms[key].setdefault(init["rank"], entry)
-    rank_of_pointer = {(i["host"], i["pid"], i["ptr"]): i["rank"] for i in inits}
     pointers_of_process: dict[tuple, set[str]] = defaultdict(set)
-    for host, pid, ptr in list(rank_of_pointer) + list(pointer_comm_id):
+    for host, pid, ptr in pointer_rank:
         pointers_of_process[(host, pid)].add(ptr)
-    for row in rows:
+    comm_of_row: list[str | None] = [None] * len(rows)
+    for index, row in enumerate(rows):
         ptr = row["comm"]
         if ptr is None and row["host"] is not None:
             # Connections made later from another thread (point-to-point, runtime connect) belong to
             # the process's communicator when it has only one.
-            only = pointers_of_process.get((row["host"], row["pid"]), set())
-            ptr = next(iter(only)) if len(only) == 1 else None
+            candidates = pointers_of_process.get((row["host"], row["pid"]), set())
+            ptr = next(iter(candidates)) if len(candidates) == 1 else None
         if ptr is None:
             continue
-        row["comm"] = pointer_comm_id.get((row["host"], row["pid"], ptr), ptr)
+        pointer = (row["host"], row["pid"], ptr)
+        row["comm"] = pointer_comm_id.get(pointer, ptr)
+        comm_of_row[index] = comm_of_pointer.get(pointer)
         if row["rank"] is None:  # NVLS lines name the comm, not the rank
-            row["rank"] = row["peer_from"] = rank_of_pointer.get((row["host"], row["pid"], ptr))
+            row["rank"] = row["peer_from"] = pointer_rank.get(pointer)
     if comms:
         world = max(comms, key=lambda k: (next(iter(comms[k].values()))["nranks"], len(comms[k])))
         meta["ranks"] = dict(sorted(comms[world].items()))
         meta["nranks"] = next(iter(comms[world].values()))["nranks"]
         meta["comms"] = {k: dict(sorted(v.items())) for k, v in comms.items()}
     meta["ranks_ambiguous"] = ambiguous
-    for row in rows:
-        if row.get("peer_to") is None:
-            row["peer_host"] = None
+    only = next(iter(comms.values())) if len(comms) == 1 else None
+    for row, key in zip(rows, comm_of_row):
+        ranks = comms.get(key) or only
+        if row["peer_to"] is None or ranks is None:
             continue
         other = row["peer_to"] if row["rank"] == row["peer_from"] else row["peer_from"]
-        ranks = comms.get(row["comm"]) if row["comm"] in comms else (
-            next(iter(comms.values())) if len(comms) == 1 else None)
-        peer = ranks.get(other) if ranks else None
+        peer = ranks.get(other)
         row["peer_host"] = peer["host"] if peer else None
 
 
@@ -436,27 +463,30 @@ class Finding:
     evidence: tuple[str, ...] = ()
 
 
-def _ranks_text(ranks: Iterable[int | None]) -> str:
-    """'rank 3' or 'ranks 0–7, 12' (unknown ranks are left out)."""
+def _who(ranks: Iterable[int | None], host: str | None) -> tuple[str, bool]:
+    """('ranks 0–7, 12 on host A', plural?) for a message; unknown ranks are left out."""
     values = sorted({r for r in ranks if r is not None})
-    if not values:
-        return "ranks ?"
-    parts: list[str] = []
-    start = prev = None
-    for v in values + [None]:
-        if start is None:
-            start = prev = v
-        elif v is not None and v == prev + 1:
-            prev = v
+    spans: list[list[int]] = []
+    for v in values:
+        if spans and v == spans[-1][1] + 1:
+            spans[-1][1] = v
         else:
-            parts.append(f"{start}" if start == prev else f"{start}–{prev}")
-            start = prev = v
-    return ("rank " if len(values) == 1 else "ranks ") + ", ".join(parts)
+            spans.append([v, v])
+    text = ", ".join(f"{a}" if a == b else f"{a}–{b}" for a, b in spans) or "?"
+    plural = len(values) != 1
+    return ("ranks " if plural else "rank ") + text + (f" on host {host}" if host else ""), plural
 
 
 def _evidence(rows: list[dict[str, Any]], limit: int = 3) -> tuple[str, ...]:
     return tuple(f"line {r['line']}: {r['peer_from']} -> {r['peer_to']} via {r['via_detail']}"
                  for r in rows[:limit])
+
+
+def _grouped(rows: Iterable[dict[str, Any]], key) -> list[tuple[Any, list[dict[str, Any]]]]:
+    groups: dict[Any, list[dict[str, Any]]] = defaultdict(list)
+    for r in rows:
+        groups[key(r)].append(r)
+    return sorted(groups.items(), key=lambda kv: str(kv[0]))
 
 
 def _is_inter_node(row: Mapping[str, Any]) -> bool:
@@ -474,66 +504,60 @@ def verdict(table: Table, *, expect_net: str | None = None) -> list[Finding]:
     without it, IB devices listed in the log are taken as the expectation.
     """
     rows = list(table.rows())
-    meta = table.meta
-    findings: list[Finding] = []
     if not rows:
-        findings.append(Finding("info", "no connection lines found: set NCCL_DEBUG=INFO (and keep INIT in "
-                                        "NCCL_DEBUG_SUBSYS) to see which transports NCCL chose"))
-        return findings
+        return [Finding("info", "no connection lines found: set NCCL_DEBUG=INFO (and keep INIT in "
+                                "NCCL_DEBUG_SUBSYS) to see which transports NCCL chose")]
+    return _socket_findings(rows, table.meta, expect_net) + _shm_findings(rows, table.meta) + _gdr_findings(rows)
+
+
+def _socket_findings(rows: list[dict[str, Any]], meta: Mapping[str, Any], expect_net: str | None) -> list[Finding]:
     ib_names = list(dict.fromkeys(d["device"] for d in meta.get("ib_devices", [])))
     wants_ib = (expect_net or "").upper().removeprefix("NET/") in ("IB", "ROCE") or bool(ib_names)
-
     sockets = [r for r in rows if r["transport"] == "NET/Socket" and _is_inter_node(r)]
-    by_pair: dict[tuple, list[dict[str, Any]]] = defaultdict(list)
-    for r in sockets:
-        by_pair[(r["host"], r["peer_host"])].append(r)
-    for (host, peer_host), group in sorted(by_pair.items(), key=lambda kv: (str(kv[0][0]), str(kv[0][1]))):
-        who = _ranks_text(r["rank"] for r in group) + (f" on host {host}" if host else "")
-        talk = "talk" if who.startswith("ranks") else "talks"
-        to = f"host {peer_host}" if peer_host else "other nodes"
+    findings = []
+    for (host, peer_host), group in _grouped(sockets, lambda r: (r["host"], r["peer_host"])):
+        who, plural = _who((r["rank"] for r in group), host)
+        talks = f"{who} {'talk' if plural else 'talks'} to {f'host {peer_host}' if peer_host else 'other nodes'}"
         if wants_ib:
-            why = (f"IB devices {', '.join(ib_names)} are listed" if ib_names
-                   else f"the profile expects {expect_net}")
+            why = f"IB devices {', '.join(ib_names)} are listed" if ib_names else f"the profile expects {expect_net}"
             if "Socket" in meta.get("net_plugins", []):
                 why += "; 'Using network Socket' (NCCL_NET, NCCL_IB_DISABLE or a missing plugin?)"
-            findings.append(Finding("warn", f"{who} {talk} to {to} over NET/Socket: expected NET/IB ({why})",
-                                    _evidence(group)))
+            findings.append(Finding("warn", f"{talks} over NET/Socket: expected NET/IB ({why})", _evidence(group)))
         else:
             why = "NET/IB found no device" if meta.get("ib_no_device") else "no IB devices are listed"
-            findings.append(Finding("info", f"{who} {talk} to {to} over NET/Socket ({why}); TCP is far slower "
-                                            f"than IB/RoCE for inter-node collectives", _evidence(group)))
+            findings.append(Finding("info", f"{talks} over NET/Socket ({why}); TCP is far slower than IB/RoCE "
+                                            f"for inter-node collectives", _evidence(group)))
+    return findings
 
+
+def _shm_findings(rows: list[dict[str, Any]], meta: Mapping[str, Any]) -> list[Finding]:
     intra = [r for r in rows if r["peer_to"] is not None and not r["transport"].startswith("NET/")]
-    by_host: dict[Any, list[dict[str, Any]]] = defaultdict(list)
-    for r in intra:
-        by_host[r["host"]].append(r)
-    p2p_disabled = meta.get("env", {}).get("NCCL_P2P_DISABLE") in ("1",)
-    for host, group in sorted(by_host.items(), key=lambda kv: str(kv[0])):
+    p2p_disabled = meta.get("env", {}).get("NCCL_P2P_DISABLE") == "1"
+    findings = []
+    for host, group in _grouped(intra, lambda r: r["host"]):
         shm = [r for r in group if r["transport"] == "SHM"]
         if not shm:
             continue
-        where = f" on host {host}" if host else ""
-        who = _ranks_text(r["rank"] for r in shm) + where
-        use = "use" if who.startswith("ranks") else "uses"
+        who, plural = _who((r["rank"] for r in shm), host)
         if any(r["transport"].startswith("P2P/") for r in group):
-            findings.append(Finding("info", f"{who} {use} SHM for some GPU pairs while others use P2P: those pairs "
-                                            f"cross the CPU interconnect (typical of PCIe servers)", _evidence(shm)))
-        else:
-            cause = ("NCCL_P2P_DISABLE=1 is set" if p2p_disabled else
-                     "P2P is disabled or unavailable (NCCL_P2P_DISABLE, PCIe ACS/IOMMU, containers without "
-                     "shared IPC)")
-            findings.append(Finding("warn", f"{who} {'exchange' if use == 'use' else 'exchanges'} data over SHM instead of P2P: {cause}; expected "
-                                            f"P2P/IPC, P2P/CUMEM or P2P/direct pointer", _evidence(shm)))
+            findings.append(Finding("info", f"{who} {'use' if plural else 'uses'} SHM for some GPU pairs while "
+                                            f"others use P2P: those pairs cross the CPU interconnect (typical of "
+                                            f"PCIe servers)", _evidence(shm)))
+            continue
+        cause = "NCCL_P2P_DISABLE=1 is set" if p2p_disabled else (
+            "P2P is disabled or unavailable (NCCL_P2P_DISABLE, PCIe ACS/IOMMU, containers without shared IPC)")
+        findings.append(Finding("warn", f"{who} {'exchange' if plural else 'exchanges'} data over SHM instead of "
+                                        f"P2P: {cause}; expected P2P/IPC, P2P/CUMEM or P2P/direct pointer",
+                                _evidence(shm)))
+    return findings
 
+
+def _gdr_findings(rows: list[dict[str, Any]]) -> list[Finding]:
     plain_ib = [r for r in rows if r["transport"] == "NET/IB"]
-    by_host = defaultdict(list)
-    for r in plain_ib:
-        by_host[r["host"]].append(r)
-    for host, group in sorted(by_host.items(), key=lambda kv: str(kv[0])):
-        where = f" on host {host}" if host else ""
-        who = _ranks_text(r["rank"] for r in group) + where
-        use = "use" if who.startswith("ranks") else "uses"
-        findings.append(Finding("info", f"{who} {use} NET/IB without "
-                                        f"GPUDirect RDMA: data is staged through host memory (nvidia-peermem not "
-                                        f"loaded, or GPU and NIC too far apart in PCIe)", _evidence(group)))
+    findings = []
+    for host, group in _grouped(plain_ib, lambda r: r["host"]):
+        who, plural = _who((r["rank"] for r in group), host)
+        findings.append(Finding("info", f"{who} {'use' if plural else 'uses'} NET/IB without GPUDirect RDMA: "
+                                        f"data is staged through host memory (nvidia-peermem not loaded, or GPU "
+                                        f"and NIC too far apart in PCIe)", _evidence(group)))
     return findings

@@ -21,7 +21,7 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Mapping
 
-from analysis.parsers.nccl_debug import find_log_line, read_source, split_lines, version_facts
+from analysis.parsers.nccl_debug import find_log_line, read_source, split_lines, strip_mpi_tag, version_facts
 from analysis.table import Table
 
 COLUMNS: dict[str, str] = {
@@ -103,13 +103,13 @@ _ITER_FACTS = {
 _DEVICE = re.compile(
     r"Rank\s+(?P<rank>\d+)\s+(?:Group\s+(?P<group>\d+)\s+)?(?:Pid\s+(?P<pid>\d+)\s+)?on\s+(?P<host>\S+)\s+"
     r"device\s+(?P<device>\d+)\s+\[(?P<busid>[^\]]*)\]\s*(?P<name>.*?)\s*$")
-_TESTS_VERSION = re.compile(r"nccl-tests version (?P<ver>\S+)(?: nccl-headers=(?P<hdr>\d+))?(?: nccl-library=(?P<lib>\d+))?")
+_TESTS_VERSION = re.compile(
+    r"nccl-tests version (?P<ver>\S+)(?: nccl-headers=(?P<hdr>\d+))?(?: nccl-library=(?P<lib>\d+))?")
 _RCCL_TESTS_VERSION = re.compile(r"^rccl-tests: Version (\S+)")
 _COLLECTIVE_START = re.compile(r"Collective test starting: (\S+)")
 _COLLECTIVE_END = re.compile(r"Collective test concluded: (\S+)")
 _AVG_BUSBW = re.compile(r"Avg bus bandwidth\s*:\s*(" + _FLOAT + ")", re.IGNORECASE)
 _OUT_OF_BOUNDS = re.compile(r"Out of bounds values\s*:\s*(\d+)")
-_MPI_TAG = re.compile(r"^\[\d+,\d+\]<(?:stdout|stderr)>:")
 _MAX_FACTOR_WARNINGS = 5
 
 
@@ -198,10 +198,6 @@ def _layout_from_header(tokens: list[str], labels: list[str]) -> _Layout:
     return _Layout(keys, list(zip(labels, groups)), trailing, 1000.0 if legacy_ms else 1.0)
 
 
-def _strip(raw: str) -> str:
-    return _MPI_TAG.sub("", raw)
-
-
 def _is_row_start(tokens: list[str]) -> bool:
     return len(tokens) >= 2 and tokens[0].isdigit() and tokens[1].isdigit()
 
@@ -276,13 +272,13 @@ class _Parser:
             for key, value in (version_facts(log.message) if not cut else {}).items():
                 self.section.log_facts.setdefault(key, value)
                 self.file_facts.setdefault(key, value)
-            before = _strip(raw[:log.start]).split()
+            before = strip_mpi_tag(raw[:log.start]).split()
             if _is_row_start(before):
                 # nccl-tests prints a row in pieces; an NCCL line logged in between lands mid-row.
                 self.flush_fragment()
                 self.fragment = (before, lineno, log.host or "")
             return
-        text = _strip(raw)
+        text = strip_mpi_tag(raw)
         body = text.lstrip()
         tokens = body.lstrip("#").split()
         if body.startswith("#") or not tokens:
@@ -631,8 +627,9 @@ def _fixed(value: float, width: int) -> str:
     return ("%*.1e" if width >= 7 else "%*.0e") % (width, value)
 
 
-def _version_code(version: str) -> int:
-    major, minor, patch = (int(x) for x in (version.split(".") + ["0", "0"])[:3])
+def _version_code(version: str | tuple[int, ...]) -> int:
+    parts = version.split(".") if isinstance(version, str) else list(version)  # torch gives (2, 21, 5)
+    major, minor, patch = (int(x) for x in (parts + [0, 0])[:3])
     return major * 10000 + minor * 100 + patch if (major, minor) >= (2, 9) else major * 1000 + minor * 100 + patch
 
 
@@ -649,7 +646,8 @@ def format_nccl_tests(op: str, rows: Iterable[Mapping[str, Any]], header: Mappin
     """
     if op not in _FACTORS:
         raise ValueError(f"format_nccl_tests: unknown collective {op!r}; known: {', '.join(OPS)}")
-    header = dict(header or {})
+    # None means "not known" in parsed meta; print nccl-tests' default (or what the rows imply) instead.
+    header = {k: v for k, v in (header or {}).items() if v is not None}
     lines_by_key: dict[tuple, dict[str, Mapping[str, Any]]] = {}
     for row in rows:
         key = (row["size_bytes"], row.get("count"), row.get("dtype"), row.get("redop"), row.get("root"))
@@ -667,7 +665,7 @@ def format_nccl_tests(op: str, rows: Iterable[Mapping[str, Any]], header: Mappin
     program = f"{op}_perf"
     out: list[str] = []
     if header.get("nccl_version"):
-        code = _version_code(str(header["nccl_version"]))
+        code = _version_code(header["nccl_version"])
         out.append(f"# nccl-tests version {header.get('nccl_tests_version', 'layoutlab')} "
                    f"nccl-headers={code} nccl-library={code}")
     out.append(f"# Collective test starting: {program}")

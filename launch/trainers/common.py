@@ -274,3 +274,24 @@ def micro_batch_tensor(source, step: int, resolved: Resolved, dp_rank: int, micr
     rows = micro_batch(source, step, global_batch=r.batch.global_batch_size, micro=r.batch.micro_batch_size,
                        dp=resolved.grid.dp, dp_rank=dp_rank, micro_step=micro)
     return torch.from_numpy(rows).to(device)
+
+
+def count_layer_calls(model) -> list[int]:
+    """Count forward calls of each decoder layer's MLP: with activation checkpointing every layer runs
+    twice per micro-batch (forward, then recompute in backward), which proves recomputation happened.
+    The count wraps the MLP's `forward` itself: transformers 5 checkpoints the layer's `forward` and
+    torch 2.13 does not fire module hooks during the recompute, so hooks would miss it."""
+    counts = [0] * len(model.model.layers)
+    for i, layer in enumerate(model.model.layers):
+        inner = layer.mlp.forward
+
+        def counted(*args, _inner=inner, _i=i, **kwargs):
+            counts[_i] += 1
+            return _inner(*args, **kwargs)
+
+        layer.mlp.forward = counted
+    return counts
+
+
+def write_layer_calls(run: RunDir, rank: int, counts: list[int]) -> None:
+    (run.logs / f"layer_calls_rank{rank}.json").write_text(json.dumps({"forward_calls_per_layer": counts}))

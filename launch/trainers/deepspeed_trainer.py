@@ -133,6 +133,8 @@ def _train(run: RunDir, resolved: Resolved, env: common.RankEnv, terminal, cuda:
     if r.train.activation_checkpointing == "full":
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     model.config.use_cache = False
+    model.train()  # transformers builds models in eval mode, where it silently skips gradient checkpointing
+    layer_calls = common.count_layer_calls(model)
     engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=ds_config)
     # Step 1 of the fixed order happened inside initialize (AutoTP), step 2 (ZeRO) too; log the result.
     if par.tp > 1:
@@ -167,7 +169,8 @@ def _train(run: RunDir, resolved: Resolved, env: common.RankEnv, terminal, cuda:
         device="cuda" if cuda else "cpu", peak_flops_per_device=peak, flops_per_token=flops_per_token,
         flops_formula=M.FLOPS_FORMULA, tokens_per_step=resolved.tokens_per_step, warmup_steps=r.train.warmup_steps,
         zero_stage=par.zero_stage, dtype=r.precision.dtype, micro_batch_size=r.batch.micro_batch_size,
-        global_batch_size=r.batch.global_batch_size, seq_len=r.batch.seq_len, start_step=start_step,
+        global_batch_size=r.batch.global_batch_size, seq_len=r.batch.seq_len,
+        param_numel_local=local_param_numel(engine.module), start_step=start_step,
         resumed_from=str(resume_from.dir) if resume_from else None)
     writer = M.MetricsWriter(run.metrics(env.rank), meta)
     tb = None
@@ -231,6 +234,7 @@ def _train(run: RunDir, resolved: Resolved, env: common.RankEnv, terminal, cuda:
             watchdog.beat(step + 1, "checkpoint save")
             save(engine, run, resolved, step + 1, dist)
     progress.close()
+    common.write_layer_calls(run, env.rank, layer_calls)
     if prof is not None:
         prof.stop()
     writer.close()
@@ -241,6 +245,11 @@ def _train(run: RunDir, resolved: Resolved, env: common.RankEnv, terminal, cuda:
         print(f"done: {r.train.steps} steps; run directory {run.root}", file=terminal, flush=True)
     dist.destroy_process_group()
     return 0
+
+
+def local_param_numel(module) -> int:
+    """Elements this rank stores: a ZeRO-3 parameter's own partition (ds_tensor), else the tensor."""
+    return sum(p.ds_tensor.numel() if hasattr(p, "ds_tensor") else p.numel() for p in module.parameters())
 
 
 def save(engine, run: RunDir, resolved: Resolved, step: int, dist) -> None:

@@ -359,11 +359,14 @@ def test_writer_prints_like_nccl_tests_when_values_overflow_the_column():
     rows = [{"size_bytes": 1 << 33, "count": 1 << 31, "dtype": "float", "redop": "sum", "root": -1,
              "placement": p, "time_us": 123456.7, "algbw_GBps": 1816.16, "busbw_GBps": 3178.28, "wrong": None}
             for p in ("out-of-place", "in-place")]
-    text = format_nccl_tests("all_reduce", rows, {"devices": [{"rank": 0, "host": "h", "device": 0}]})
+    header = {"devices": [{"rank": 0, "host": "h", "device": 0}], "nccl_version": (2, 21, 5), "iters": None}
+    text = format_nccl_tests("all_reduce", rows, header)  # torch reports the NCCL version as a tuple
     line = next(line for line in text.splitlines() if line.startswith("  8589934592"))
     assert line.split()[5:9] == ["123457", "1816.2", "3178.3", "N/A"]
-    back = list(parse_nccl_tests(text).rows())
-    assert (back[0]["time_us"], back[0]["algbw_GBps"], back[0]["wrong"]) == (123457.0, 1816.2, None)
+    back = parse_nccl_tests(text)
+    assert (back.meta["nccl_version"], back.meta["iters"]) == ("2.21.5", 20)  # None: nccl-tests' default
+    first = next(back.rows())
+    assert (first["time_us"], first["algbw_GBps"], first["wrong"]) == (123457.0, 1816.2, None)
 
 
 def test_writer_rejects_rows_it_cannot_lay_out():

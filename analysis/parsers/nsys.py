@@ -1,0 +1,1033 @@
+"""Parse Nsight Systems output: SQLite exports and `nsys stats` reports.
+
+`parse_nsys_sqlite` reads `nsys export --type sqlite` files into one row per GPU activity (kernel,
+memcpy, memset), CUDA runtime/driver call and NVTX range. What it relies on, and where that comes
+from (tests/fixtures/nsys/README.md has the links):
+
+- Tables exist only when something filled them ("tables are created lazily", exporter docs), and
+  columns come and go between exporter versions (greenContextId and mangledName are recent,
+  eventClass on CUPTI_ACTIVITY_KIND_RUNTIME is not in the 2019-2020 docs, NVTX text may be inline
+  only), so every query is built from PRAGMA table_info, never from a fixed list.
+- Kernel and API names are ids into StringIds. NVTX text is `coalesce(StringIds[textId], text)`,
+  the order nsys's own nvtx_sum report uses; range event types are 59/60 (push-pop, start-end)
+  and 70/71 (their NVTXT twins), 75 creates a domain.
+- globalPid/globalTid pack 0xHHVVPPPPPPTTTTTT; correlation ids restart in every process, so a
+  GPU activity is joined to its launching API call on (pid, correlationId), as nsys's
+  nvtx_kern_sum does with `k.globalPid == (r.globalTid & 0xFFFFFFFFFF000000)`.
+- A GPU activity's NVTX context (step, phase) is the range open on the launching thread when the
+  launch call ran, again as nvtx_kern_sum does; GPU time lags the CPU, so using the kernel's own
+  start would put late kernels into the next step.
+- Device ids are TARGET_INFO_GPU.id (cuda_gpu_trace joins `gpu.id == deviceId`); 2020-era exports
+  have TARGET_INFO_CUDA_GPU keyed by deviceId instead.
+- Memcpy names follow cuda_gpu_trace: `[CUDA memcpy <ENUM_CUDA_MEMCPY_OPER.label>]`; exports
+  before the ENUM_* tables existed get the same labels from a built-in copy.
+- Runtime names lose their `_v7000`-style version suffix, as cuda_api_sum does. Rows of the
+  'CUDA backtrace' event class are dropped: with --cudabacktrace nsys writes each sampled call
+  twice (a real 2022.2 export has `cudaMemcpy_v3020` class 0 and `cudaMemcpy` class 67).
+- A truncated file is opened with `PRAGMA writable_schema`, without which SQLite refuses any
+  file shorter than its header says; tables are then read up to the first missing page.
+
+`parse_nsys_stats_csv` reads what `nsys stats` prints: CSV (`--format csv`, the default for files
+and pipes) and the human `column` format, one block per report, optionally preceded by the banner
+` ** CUDA GPU Kernel Summary (cuda_gpu_kern_sum):`, a `Processing [...] with [.../x.py]...`
+line, a `[5/8] Executing 'x' stats report` line (`nsys profile --stats=true`) or an older title
+such as `CUDA Kernel Statistics:`. Headers from every generation are understood: 2020
+(`Time(%)`, `Average`, `Minimum`, `Maximum`, no unit), 2021 (`Average (ns)`), 2022+ (`Time (%)`,
+`Avg (ns)`, `Med (ns)`), raw SQL aliases (`Total Time:dur_ns`), and `--timeunit` variants.
+"""
+from __future__ import annotations
+
+import bisect
+import csv
+import os
+import re
+import sqlite3
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable, Iterator, Mapping, Sequence
+
+from analysis.parsers.nccl_debug import read_source, split_lines
+from analysis.table import Table
+
+COLUMNS: dict[str, str] = {
+    "rank": "rank given by the caller (`rank=` int for the whole file, or a {pid: rank} mapping for a "
+            "report that captured several processes); None when not given",
+    "device": "GPU id of a kernel/memcpy/memset (CUPTI deviceId = TARGET_INFO_GPU.id; meta['devices'] "
+              "names it); None for CPU rows",
+    "stream": "CUDA stream id of a GPU row; None for CPU rows",
+    "category": "'kernel', 'memcpy', 'memset', 'cuda_runtime' (runtime and driver API calls) or 'nvtx' "
+                "(push-pop and start-end ranges; marks are not rows)",
+    "name": "kernel: demangled name (shortName when that is missing); memcpy: '[CUDA memcpy Host-to-Device]'; "
+            "memset: '[CUDA memset]'; cuda_runtime: API name without its '_vNNNN' suffix; nvtx: range text",
+    "short_name": "kernel base name (StringIds[shortName]); None for other rows",
+    "start_ns": "start timestamp in ns on the report's clock (ns since the session start unless the export "
+                "shifted it)",
+    "end_ns": "end timestamp in ns; None for an NVTX range still open when capture stopped",
+    "dur_ns": "end_ns - start_ns; None when end_ns is missing or before start_ns",
+    "bytes": "bytes copied (memcpy) or set (memset); None otherwise",
+    "copy_kind": "memcpy direction label (Host-to-Device, Device-to-Host, Device-to-Device, Peer-to-Peer, ...); "
+                 "None otherwise",
+    "correlation": "CUPTI correlationId (unique only within one process)",
+    "pid": "process id decoded from globalPid/globalTid",
+    "tid": "thread id: the calling thread for cuda_runtime/nvtx rows, the launching thread for GPU rows "
+           "(None when the launch call is not in the export)",
+    "launch_api": "GPU rows: name of the runtime/driver call that launched it (joined on pid + correlation); "
+                  "None when not found",
+    "launch_start_ns": "GPU rows: start of that launch call in ns; None when not found",
+    "kind": "GPU rows, as HTA classifies kernels: 'communication' (kernel name starts with 'nccl', e.g. "
+            "ncclDevKernel_*, ncclKernel_*), 'memory' (memcpy, memset, Memcpy*/Memset* kernels) or "
+            "'computation'; None for cuda_runtime and nvtx rows",
+    "collective": "all_reduce, all_gather, reduce_scatter, broadcast, reduce, send_recv, all_to_all, gather, "
+                  "scatter from an NCCL kernel name (all three NCCL naming schemes) or an NCCL NVTX range "
+                  "('ncclAllReduce'); None otherwise. NCCL runs all-to-all as send/recv kernels, so a PyTorch "
+                  "all_to_all shows up as send_recv",
+    "nccl_algo": "NCCL algorithm in the kernel name (RING, TREE, NVLS, COLLNET_DIRECT, ...); None if absent",
+    "nccl_proto": "NCCL protocol in the kernel name (LL, LL128, SIMPLE); None if absent",
+    "step": "training step number from the innermost NVTX range named like 'step 3', 'step_3', "
+            "'ProfilerStep#3', 'iteration 3' that was open on the launching thread at launch time (falling "
+            "back to any thread of the process, then to the GPU start time when the launch is unknown); "
+            "for NVTX and runtime rows, the range open at their own start. A process with no such ranges "
+            "but with optimizer ranges gets steps counted from 0, each ending with an optimizer range "
+            "(meta['step_source'][pid] says 'named' or 'optimizer')",
+    "phase": "'forward', 'backward' or 'optimizer' from the innermost NVTX range so named (also fwd/bwd/"
+             "optim, 'forward-compute', 'DeepSpeedEngine.backward', ...) open at the same moment as for step",
+    "nvtx_domain": "nvtx rows: name of the NVTX domain (None for the default domain)",
+}
+
+STATS_COLUMNS: dict[str, str] = {
+    "report": "nsys report id (cuda_gpu_kern_sum, cuda_api_sum, nvtx_sum, cuda_gpu_mem_time_sum, "
+              "cuda_gpu_mem_size_sum, osrt_sum, ...); older ids (gpukernsum, cudaapisum, nvtxppsum, ...) are "
+              "mapped to today's; guessed from the header when no banner names it (meta['guessed'])",
+    "name": "kernel / API function / NVTX range / memory operation name as printed; nvtx_sum's "
+            "default-domain prefix ':' is removed",
+    "style": "nvtx ranges: 'PushPop' or 'StartEnd' as printed; None otherwise",
+    "time_pct": "Time (%) column: share of the report's total time",
+    "total_ns": "Total Time, in ns (converted from --timeunit us/ms/s)",
+    "instances": "Instances / Num Calls / Calls / Count / Operations",
+    "avg_ns": "average duration in ns",
+    "med_ns": "median duration in ns (None before nsys 2021.2 printed no median)",
+    "min_ns": "shortest duration in ns",
+    "max_ns": "longest duration in ns",
+    "stddev_ns": "standard deviation in ns (None where the report has none)",
+    "total_bytes": "memory size reports: total bytes (from MB = 1e6 B, KiB = 1024 B, ...)",
+    "avg_bytes": "memory size reports: average bytes per operation",
+    "min_bytes": "memory size reports: smallest operation in bytes",
+    "max_bytes": "memory size reports: largest operation in bytes",
+    "start_ns": "trace reports: Start, in ns",
+    "dur_ns": "trace reports: Duration, in ns",
+    "kind": "kernel and memory reports: 'communication', 'memory' or 'computation' (same rule as the SQLite "
+            "table); None for API and NVTX reports",
+    "collective": "collective parsed from an NCCL kernel name; None otherwise",
+    "extra": "dict of the other columns of the row, header label -> text as printed",
+    "line": "1-based line number of the row in the source text",
+}
+
+# --- shared name rules ------------------------------------------------------------------------
+
+_COLLECTIVES = {
+    "allreduce": "all_reduce", "allgather": "all_gather", "reducescatter": "reduce_scatter",
+    "broadcast": "broadcast", "bcast": "broadcast", "reduce": "reduce", "sendrecv": "send_recv",
+    "send": "send_recv", "recv": "send_recv", "alltoall": "all_to_all", "alltoallv": "all_to_all",
+    "gather": "gather", "scatter": "scatter",
+}
+_ALGOS = ("COLLNET_DIRECT", "COLLNET_CHAIN", "NVLS_TREE", "RING", "TREE", "COLLNET", "NVLS", "PAT")
+_PROTOS = ("LL128", "LL", "SIMPLE")
+# NCCL 2.4-2.6 spelled the whole operation in camel case: ncclAllReduceRingLLKernel_sum_f32.
+_NCCL_OLDEST = re.compile(r"^nccl(?P<coll>AllReduce|AllGather|ReduceScatter|Broadcast|Reduce|SendRecv)"
+                          r"(?P<algo>Ring|Tree|CollNet)?(?P<proto>LL128|LL)?Kernel"
+                          r"(?:_(?P<redop>[a-z]+)_(?P<dtype>\w+))?$")
+_NCCL_NVTX = re.compile(r"^nccl:?_?(?P<coll>[A-Za-z_]+)$")
+
+
+@dataclass(frozen=True)
+class NcclKernel:
+    """What an NCCL kernel name says about the operation it runs."""
+    collective: str | None
+    algo: str | None
+    proto: str | None
+    redop: str | None
+    dtype: str | None
+
+
+def _base_name(name: str) -> str:
+    name = name.strip()
+    if name.startswith("void "):
+        name = name[5:]
+    return name.split("(", 1)[0].split("<", 1)[0].strip()
+
+
+def _split_algo(tokens: list[str]) -> tuple[str | None, str | None, list[str]]:
+    """Find the ALGO_PROTO pair wherever the naming scheme put it; return it and the other tokens."""
+    for i in range(len(tokens) - 1):
+        for width in (2, 1):
+            algo = "_".join(tokens[i:i + width])
+            if algo in _ALGOS and i + width < len(tokens) and tokens[i + width] in _PROTOS:
+                return algo, tokens[i + width], tokens[:i] + tokens[i + width + 1:]
+    return None, None, tokens
+
+
+def nccl_kernel_info(name: str | None) -> NcclKernel | None:
+    """Collective, algorithm, protocol, reduction and type encoded in an NCCL kernel name.
+
+    Three schemes: NCCL >= 2.19 `ncclDevKernel_AllReduce_Sum_bf16_RING_LL` (collectives without a
+    reduction drop redop and type: `ncclDevKernel_AllGather_RING_LL`, `ncclDevKernel_SendRecv`),
+    NCCL 2.7-2.18 `ncclKernel_AllReduce_RING_LL_Sum_float`, NCCL 2.4-2.6
+    `ncclAllReduceRingLLKernel_sum_f32`. Returns None for a name that is not an NCCL kernel.
+
+    >>> nccl_kernel_info("ncclDevKernel_AllReduce_Sum_bf16_RING_LL(ncclDevKernelArgsStorage<4096ul>)")
+    NcclKernel(collective='all_reduce', algo='RING', proto='LL', redop='Sum', dtype='bf16')
+    >>> nccl_kernel_info("ncclKernel_SendRecv_RING_SIMPLE_Sum_int8_t(ncclWorkElem)").dtype
+    'int8_t'
+    """
+    if not name:
+        return None
+    base = _base_name(name)
+    m = _NCCL_OLDEST.match(base)
+    if m:
+        return NcclKernel(_COLLECTIVES.get(m["coll"].lower()), m["algo"].upper() if m["algo"] else None,
+                          (m["proto"] or "SIMPLE").upper(), m["redop"], m["dtype"])
+    for prefix in ("ncclDevKernel_", "ncclKernel_"):
+        if base.startswith(prefix):
+            tokens = [t for t in base[len(prefix):].split("_") if t]
+            if not tokens:
+                break
+            algo, proto, rest = _split_algo(tokens[1:])
+            redop = dtype = None
+            if len(rest) >= 2:
+                redop, dtype = rest[0], "_".join(rest[1:])
+            return NcclKernel(_COLLECTIVES.get(tokens[0].lower()), algo, proto, redop, dtype)
+    if base.startswith("nccl"):
+        return NcclKernel(None, None, None, None, None)
+    return None
+
+
+def kernel_kind(name: str | None) -> str:
+    """HTA's kernel classes: NCCL kernels communicate, Memcpy/Memset move memory, the rest compute."""
+    base = _base_name(name or "")
+    if base.startswith("nccl"):
+        return "communication"
+    if base.startswith(("Memcpy", "Memset")) or "[CUDA memcpy" in (name or "") or "[CUDA memset" in (name or ""):
+        return "memory"
+    return "computation"
+
+
+def _nvtx_collective(text: str | None) -> str | None:
+    m = _NCCL_NVTX.match(text or "")
+    return _COLLECTIVES.get(m["coll"].replace("_", "").lower()) if m else None
+
+
+_STEP = re.compile(r"^\s*(?:ProfilerStep\s*#\s*|(?:train(?:ing)?[ _-]?)?(?:step|iteration|iter)[ _#:=-]*)(\d+)"
+                   r"\s*(?:$|,)", re.IGNORECASE)
+_PHASES = (
+    ("forward", re.compile(r"(?:^|[^a-z])(?:forward|fwd)(?:[^a-z]|$)")),
+    ("backward", re.compile(r"(?:^|[^a-z])(?:backward|bwd)(?:[^a-z]|$)")),
+    ("optimizer", re.compile(r"(?:^|[^a-z])(?:optimizer|optim|opt_step)(?:[^a-z]|$)")),
+)
+
+
+def step_number(text: str | None) -> int | None:
+    """The step an NVTX range name announces ('step 3', 'ProfilerStep#3', 'iteration_3'), else None."""
+    m = _STEP.match(text or "")
+    return int(m.group(1)) if m else None
+
+
+def phase_of(text: str | None) -> str | None:
+    """'forward', 'backward' or 'optimizer' when a range name names exactly one of them."""
+    low = (text or "").lower()
+    found = [phase for phase, rx in _PHASES if rx.search(low)]
+    return found[0] if len(found) == 1 else None
+
+
+def split_global_id(gid: int | None) -> tuple[int | None, int | None]:
+    """(pid, tid) of an nsys serialized GlobalId 0xHHVVPPPPPPTTTTTT; tid is 0 in a globalPid."""
+    if gid is None:
+        return None, None
+    try:
+        gid = int(gid)
+    except (TypeError, ValueError):
+        return None, None
+    return (gid >> 24) & 0xFFFFFF, gid & 0xFFFFFF
+
+
+# --- SQLite -----------------------------------------------------------------------------------
+
+_SQLITE_MAGIC = b"SQLite format 3\x00"
+_NSYS_TABLES = ("CUPTI_ACTIVITY_KIND_KERNEL", "CUPTI_ACTIVITY_KIND_RUNTIME", "CUPTI_ACTIVITY_KIND_MEMCPY",
+                "CUPTI_ACTIVITY_KIND_MEMSET", "NVTX_EVENTS", "TARGET_INFO_GPU", "TARGET_INFO_CUDA_GPU",
+                "META_DATA_EXPORT", "EXPORT_META_DATA", "ANALYSIS_DETAILS", "TARGET_INFO_SESSION_START_TIME",
+                "ThreadNames")
+_NVTX_RANGE_TYPES = frozenset({59, 60, 70, 71})       # push-pop, start-end, and their NVTXT twins
+_NVTX_DOMAIN_CREATE = 75
+# ENUM_CUDA_MEMCPY_OPER labels (CUpti_ActivityMemcpyKind), for exports older than the enum tables.
+_MEMCPY_LABELS = {
+    0: "Unknown", 1: "Host-to-Device", 2: "Device-to-Host", 3: "Host-to-Array", 4: "Array-to-Host",
+    5: "Array-to-Array", 6: "Array-to-Device", 7: "Device-to-Array", 8: "Device-to-Device", 9: "Host-to-Host",
+    10: "Peer-to-Peer", 11: "Unified Host-to-Device", 12: "Unified Device-to-Host", 13: "Unified Device-to-Device",
+}
+_API_VERSION = re.compile(r"_v\d+$")
+# ENUM_NSYS_EVENT_CLASS: 67 CUDA backtrace, 68/69 its start/finish (labels from a real 2024.5 export).
+_BACKTRACE_CLASSES = (67, 68, 69)
+_MAX_WARNINGS_PER_KIND = 5
+
+
+def _connect(path: Path) -> sqlite3.Connection:
+    # immutable=1: a report is only read and may sit on a read-only share, so skip locks and journals.
+    con = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro&immutable=1", uri=True)
+    # SQLite refuses a file shorter than the page count in its header ("malformed") unless
+    # writable_schema is on; then it reads what is there, which is what a truncated export needs.
+    con.execute("PRAGMA writable_schema = ON")
+    return con
+
+
+class _Export:
+    """One pass over an nsys export; collects rows, meta and warnings, never raises on content."""
+
+    def __init__(self, path: str | os.PathLike[str], name: str, rank: int | Mapping[int, int] | None) -> None:
+        self.path = Path(path)
+        self.name = name
+        self.rank = rank
+        self.warnings: list[str] = []
+        self.meta: dict[str, Any] = {}
+        self.con: sqlite3.Connection | None = None
+        self.tables: set[str] = set()
+        self.strings: dict[int, str] = {}
+        self._warned: dict[str, int] = {}
+
+    def warn(self, key: str, message: str) -> None:
+        count = self._warned.get(key, 0)
+        self._warned[key] = count + 1
+        if count < _MAX_WARNINGS_PER_KIND:
+            self.warnings.append(f"{self.name}: {message}")
+        elif count == _MAX_WARNINGS_PER_KIND:
+            self.warnings.append(f"{self.name}: further '{key}' warnings suppressed")
+
+    # opening ------------------------------------------------------------------------------
+
+    def open(self) -> bool:
+        try:
+            with open(self.path, "rb") as fh:
+                header = fh.read(100)
+            size = self.path.stat().st_size
+        except OSError as exc:
+            self.warn("open", f"cannot read ({exc.strerror or exc})")
+            return False
+        if not header.startswith(_SQLITE_MAGIC):
+            self.warn("open", "not an SQLite database (no 'SQLite format 3' header); expected an "
+                              "`nsys export --type sqlite` file")
+            return False
+        self._check_length(header, size)
+        try:
+            self.con = _connect(self.path)
+            self.tables = {r[0] for r in self.con.execute(
+                "SELECT name FROM sqlite_master WHERE type IN ('table', 'view')")}
+        except sqlite3.Error as exc:
+            self.warn("open", f"SQLite cannot read the schema ({exc}); the file is corrupt or truncated")
+            return False
+        self.meta["tables"] = sorted(self.tables)
+        if not self.tables & set(_NSYS_TABLES):
+            self.warn("open", "no Nsight Systems tables (CUPTI_ACTIVITY_KIND_*, NVTX_EVENTS, ...) in this "
+                              "SQLite file")
+        return True
+
+    def _check_length(self, header: bytes, size: int) -> None:
+        if len(header) < 100:
+            self.warn("truncated", f"only {size} bytes, shorter than an SQLite header")
+            return
+        page_size = int.from_bytes(header[16:18], "big")
+        page_size = 65536 if page_size == 1 else page_size
+        pages = int.from_bytes(header[28:32], "big")
+        # The in-header page count is valid only when it was written by the same change (SQLite file format §1.3.7).
+        if header[24:28] == header[92:96] and pages and page_size and size < pages * page_size:
+            self.warn("truncated", f"file is {size} bytes but its header says {pages * page_size}: truncated; "
+                                   f"rows in the missing pages are lost")
+
+    def columns(self, table: str) -> set[str]:
+        if table not in self.tables or self.con is None:
+            return set()
+        try:
+            return {r[1] for r in self.con.execute(f'PRAGMA table_info("{table}")')}
+        except sqlite3.Error as exc:
+            self.warn(f"read {table}", f"cannot read the columns of {table} ({exc})")
+            return set()
+
+    def select(self, table: str, wanted: Sequence[str]) -> Iterator[dict[str, Any]]:
+        """Rows of `table` as dicts with every wanted key (None where the column does not exist)."""
+        present = self.columns(table)
+        if not present or self.con is None:
+            return
+        exprs = [f'"{c}"' if c in present else f'NULL AS "{c}"' for c in wanted]
+        n = 0
+        try:
+            cur = self.con.execute(f'SELECT {", ".join(exprs)} FROM "{table}"')
+            for values in cur:
+                n += 1
+                yield dict(zip(wanted, values))
+        except sqlite3.Error as exc:
+            self.warn(f"read {table}", f"table {table} stopped after {n} rows ({exc}); the file is corrupt "
+                                       f"or truncated, the rows before were kept")
+            # After a corruption error SQLite may drop its parsed schema; the next table needs a fresh handle.
+            self.con.close()
+            try:
+                self.con = _connect(self.path)
+            except sqlite3.Error:
+                self.con = None
+
+    # lookups ------------------------------------------------------------------------------
+
+    def load_strings(self) -> None:
+        for row in self.select("StringIds", ["id", "value"]):
+            if row["id"] is not None:
+                self.strings[row["id"]] = row["value"]
+
+    def text(self, value: Any) -> str | None:
+        """A StringIds reference resolved; a value that is already text is returned as it is."""
+        if value is None:
+            return None
+        if isinstance(value, str):
+            return value
+        found = self.strings.get(value)
+        if found is None:
+            self.warn("string id", f"string id {value} is not in StringIds")
+        return found
+
+    def load_meta(self) -> None:
+        for table in ("META_DATA_EXPORT", "EXPORT_META_DATA"):
+            for row in self.select(table, ["name", "value"]):
+                if row["name"] == "EXPORT_PRODUCT_VERSION":
+                    self.meta["nsys_version"] = row["value"]
+                elif row["name"] == "EXPORT_SCHEMA_VERSION":
+                    self.meta["schema_version"] = row["value"]
+        for row in self.select("TARGET_INFO_SESSION_START_TIME", ["utcEpochNs"]):
+            self.meta["session_start_utc_ns"] = row["utcEpochNs"]
+        for row in self.select("ANALYSIS_DETAILS", ["duration"]):
+            self.meta["duration_ns"] = row["duration"]
+        devices: dict[int, str] = {}
+        for row in self.select("TARGET_INFO_GPU", ["id", "name"]):
+            if row["id"] is not None:
+                devices[row["id"]] = row["name"]
+        if "TARGET_INFO_CUDA_GPU" in self.tables:
+            key = "deviceId" if "deviceId" in self.columns("TARGET_INFO_CUDA_GPU") else "id"
+            for row in self.select("TARGET_INFO_CUDA_GPU", [key, "name"]):
+                if row[key] is not None:
+                    devices.setdefault(row[key], row["name"])
+        self.meta["devices"] = devices
+        self.meta["cuda_devices"] = [
+            {"pid": r["pid"], "cuda_id": r["cudaId"], "gpu_id": r["gpuId"]}
+            for r in self.select("TARGET_INFO_CUDA_DEVICE", ["pid", "cudaId", "gpuId"])]
+        self.meta["processes"] = {r["pid"]: r["name"] for r in self.select("PROCESSES", ["pid", "name"])
+                                  if r["pid"] is not None}
+        threads: dict[int, str | None] = {}
+        for row in self.select("ThreadNames", ["nameId", "globalTid"]):
+            tid = split_global_id(row["globalTid"])[1]
+            if tid is not None:
+                threads[tid] = self.text(row["nameId"])
+        self.meta["threads"] = threads
+
+    def memcpy_labels(self) -> dict[int, str]:
+        labels = dict(_MEMCPY_LABELS)
+        for row in self.select("ENUM_CUDA_MEMCPY_OPER", ["id", "label"]):
+            if row["id"] is not None and row["label"]:
+                labels[row["id"]] = row["label"]
+        return labels
+
+    def rank_of(self, pid: int | None) -> int | None:
+        if isinstance(self.rank, Mapping):
+            return self.rank.get(pid) if pid is not None else None
+        return self.rank
+
+    # rows ---------------------------------------------------------------------------------
+
+    def backtrace_classes(self) -> set[int]:
+        """eventClass ids of the rows nsys adds to the runtime table to hang a CUDA backtrace on.
+
+        With --cudabacktrace every sampled call appears twice (e.g. `cudaMemcpy_v3020` with class 0
+        and `cudaMemcpy` with class 67 'CUDA backtrace' in pipit's 2022.2 export); the copy is no call.
+        """
+        classes = {r["id"] for r in self.select("ENUM_NSYS_EVENT_CLASS", ["id", "name"])
+                   if r["id"] is not None and "BACKTRACE" in (r["name"] or "").upper()}
+        return classes or set(_BACKTRACE_CLASSES)
+
+    def runtime_rows(self) -> list[dict[str, Any]]:
+        rows, skipped = [], 0
+        backtrace = self.backtrace_classes()
+        for r in self.select("CUPTI_ACTIVITY_KIND_RUNTIME",
+                             ["start", "end", "eventClass", "globalTid", "correlationId", "nameId"]):
+            if r["eventClass"] in backtrace:
+                skipped += 1
+                continue
+            pid, tid = split_global_id(r["globalTid"])
+            name = self.text(r["nameId"])
+            rows.append(self._row("cuda_runtime", r, name=_API_VERSION.sub("", name) if name else name,
+                                  pid=pid, tid=tid))
+        if skipped:
+            self.meta["backtrace_rows_skipped"] = skipped
+        return rows
+
+    def kernel_rows(self) -> list[dict[str, Any]]:
+        rows = []
+        for r in self.select("CUPTI_ACTIVITY_KIND_KERNEL",
+                             ["start", "end", "deviceId", "streamId", "correlationId", "globalPid",
+                              "demangledName", "shortName"]):
+            short = self.text(r["shortName"])
+            name = self.text(r["demangledName"]) or short
+            info = nccl_kernel_info(short or name)
+            rows.append(self._row("kernel", r, name=name, short_name=short, pid=split_global_id(r["globalPid"])[0],
+                                  kind=kernel_kind(short or name),
+                                  collective=info.collective if info else None,
+                                  nccl_algo=info.algo if info else None, nccl_proto=info.proto if info else None))
+        return rows
+
+    def memcpy_rows(self) -> list[dict[str, Any]]:
+        labels = self.memcpy_labels() if "CUPTI_ACTIVITY_KIND_MEMCPY" in self.tables else {}
+        rows = []
+        for r in self.select("CUPTI_ACTIVITY_KIND_MEMCPY",
+                             ["start", "end", "deviceId", "streamId", "correlationId", "globalPid", "bytes",
+                              "copyKind"]):
+            label = labels.get(r["copyKind"], f"kind {r['copyKind']}")
+            rows.append(self._row("memcpy", r, name=f"[CUDA memcpy {label}]", bytes=r["bytes"], copy_kind=label,
+                                  pid=split_global_id(r["globalPid"])[0], kind="memory"))
+        for r in self.select("CUPTI_ACTIVITY_KIND_MEMSET",
+                             ["start", "end", "deviceId", "streamId", "correlationId", "globalPid", "bytes"]):
+            rows.append(self._row("memset", r, name="[CUDA memset]", bytes=r["bytes"],
+                                  pid=split_global_id(r["globalPid"])[0], kind="memory"))
+        return rows
+
+    def nvtx_rows(self) -> list[dict[str, Any]]:
+        events = list(self.select("NVTX_EVENTS", ["start", "end", "eventType", "text", "textId", "globalTid",
+                                                  "domainId"]))
+        domains: dict[tuple[int | None, Any], str | None] = {}
+        for e in events:
+            if e["eventType"] == _NVTX_DOMAIN_CREATE:
+                domains[(split_global_id(e["globalTid"])[0], e["domainId"])] = (
+                    self.text(e["textId"]) or e["text"])
+        rows, open_ranges = [], 0
+        for e in events:
+            if e["eventType"] not in _NVTX_RANGE_TYPES:
+                continue
+            pid, tid = split_global_id(e["globalTid"])
+            text = (self.text(e["textId"]) if e["textId"] is not None else None) or e["text"]
+            if e["end"] is None:
+                open_ranges += 1
+            rows.append(self._row("nvtx", e, name=text, pid=pid, tid=tid, collective=_nvtx_collective(text),
+                                  nvtx_domain=domains.get((pid, e["domainId"])) if e["domainId"] else None))
+        if open_ranges:
+            self.warn("open nvtx", f"{open_ranges} NVTX range(s) never ended (still open when capture stopped); "
+                                   f"their end_ns and dur_ns are None")
+        return rows
+
+    def _row(self, category: str, r: Mapping[str, Any], **fields: Any) -> dict[str, Any]:
+        start, end = r.get("start"), r.get("end")
+        dur = end - start if isinstance(start, int) and isinstance(end, int) else None
+        if dur is not None and dur < 0:
+            self.warn("negative duration", f"{category} '{fields.get('name')}' ends before it starts "
+                                           f"({start} > {end}); dur_ns left empty")
+            dur = None
+        row = {"category": category, "start_ns": start, "end_ns": end, "dur_ns": dur,
+               "correlation": r.get("correlationId"), "device": r.get("deviceId"), "stream": r.get("streamId")}
+        row.update(fields)
+        row["rank"] = self.rank_of(row.get("pid"))
+        return row
+
+    # joins --------------------------------------------------------------------------------
+
+    def join_launches(self, gpu: list[dict[str, Any]], runtime: list[dict[str, Any]]) -> None:
+        launches = {(r["pid"], r["correlation"]): r for r in runtime if r["correlation"] is not None}
+        missing = 0
+        for row in gpu:
+            call = launches.get((row["pid"], row["correlation"]))
+            if call is None:
+                missing += 1
+                continue
+            row["launch_api"] = call["name"]
+            row["launch_start_ns"] = call["start_ns"]
+            row["tid"] = call["tid"]
+        if missing and runtime:
+            self.warn("no launch", f"{missing} GPU activities have no CUDA runtime/driver call with their "
+                                   f"correlation id in this process; launch_api is None for them")
+
+    def assign_context(self, rows: list[dict[str, Any]], nvtx: list[dict[str, Any]]) -> None:
+        named = [(r["pid"], r["tid"], r["start_ns"], r["end_ns"], step_number(r["name"])) for r in nvtx]
+        step_source = {pid: "named" for pid, _, _, _, step in named if step is not None}
+        derived = _steps_from_optimizer(nvtx, exclude=set(step_source))
+        step_source.update({pid: "optimizer" for pid, *_ in derived})
+        self.meta["step_source"] = step_source
+        steps = _RangeIndex(named + derived)
+        phases = _RangeIndex((r["pid"], r["tid"], r["start_ns"], r["end_ns"], phase_of(r["name"])) for r in nvtx)
+        for row in rows:
+            if row["category"] in ("kernel", "memcpy", "memset"):
+                t, tid = (row.get("launch_start_ns"), row.get("tid"))
+                if t is None:
+                    t, tid = row["start_ns"], None
+            else:
+                t, tid = row["start_ns"], row["tid"]
+            if t is None:
+                continue
+            row["step"] = steps.find(row["pid"], tid, t)
+            row["phase"] = phases.find(row["pid"], tid, t)
+
+    def run(self) -> Table:
+        rows: list[dict[str, Any]] = []
+        if self.open():
+            self.load_strings()
+            self.load_meta()
+            runtime = self.runtime_rows()
+            gpu = self.kernel_rows() + self.memcpy_rows()
+            nvtx = self.nvtx_rows()
+            self.join_launches(gpu, runtime)
+            rows = runtime + gpu + nvtx
+            self.assign_context(rows, nvtx)
+            order = {"nvtx": 0, "cuda_runtime": 1, "kernel": 2, "memcpy": 2, "memset": 2}
+            rows.sort(key=lambda r: (r["start_ns"] is None, r["start_ns"] or 0, order[r["category"]]))
+            counts: dict[str, int] = {}
+            for r in rows:
+                counts[r["category"]] = counts.get(r["category"], 0) + 1
+            self.meta["counts"] = counts
+            self.meta["missing_tables"] = [t for t in ("CUPTI_ACTIVITY_KIND_KERNEL", "CUPTI_ACTIVITY_KIND_RUNTIME",
+                                                       "CUPTI_ACTIVITY_KIND_MEMCPY", "CUPTI_ACTIVITY_KIND_MEMSET",
+                                                       "NVTX_EVENTS") if t not in self.tables]
+        if self.con is not None:
+            self.con.close()
+        return Table.from_rows("nsys", COLUMNS, rows, source=self.name, warnings=self.warnings, meta=self.meta)
+
+
+def _steps_from_optimizer(nvtx: list[dict[str, Any]], exclude: set[Any]) -> list[tuple[Any, None, int, int, int]]:
+    """Step ranges for processes that mark phases but not steps: step k ends with the k-th optimizer range.
+
+    One optimizer step closes one training step however many forward/backward micro-batches it took,
+    so the optimizer ranges are the boundaries; step 0 starts at the process's first phase range.
+    """
+    by_pid: dict[Any, list[dict[str, Any]]] = {}
+    for r in nvtx:
+        if r["pid"] not in exclude and r["start_ns"] is not None and r["end_ns"] is not None and phase_of(r["name"]):
+            by_pid.setdefault(r["pid"], []).append(r)
+    steps = []
+    for pid, ranges in by_pid.items():
+        ranges.sort(key=lambda r: (r["start_ns"], -r["end_ns"]))
+        start, reach, number = ranges[0]["start_ns"], None, 0
+        for r in ranges:
+            if phase_of(r["name"]) != "optimizer" or (reach is not None and r["end_ns"] <= reach):
+                continue            # nested inside the previous optimizer range (e.g. a per-group step)
+            steps.append((pid, None, start, r["end_ns"], number))
+            start = reach = r["end_ns"]
+            number += 1
+    return steps
+
+
+class _RangeIndex:
+    """Labelled NVTX ranges per (pid, tid) and per pid, answering 'innermost labelled range open at t'."""
+
+    def __init__(self, ranges: Iterable[tuple[Any, Any, Any, Any, Any]]) -> None:
+        groups: dict[tuple, list[tuple[int, int, Any]]] = {}
+        for pid, tid, start, end, label in ranges:
+            if label is None or start is None or end is None:
+                continue
+            groups.setdefault((pid, tid), []).append((start, end, label))
+            if tid is not None:
+                groups.setdefault((pid, None), []).append((start, end, label))
+        self.index = {key: _Sorted(items) for key, items in groups.items()}
+
+    def find(self, pid: Any, tid: Any, t: int) -> Any:
+        if tid is not None and (pid, tid) in self.index:
+            label = self.index[(pid, tid)].innermost(t)
+            if label is not None:
+                return label
+        found = self.index.get((pid, None))
+        return found.innermost(t) if found else None
+
+
+class _Sorted:
+    def __init__(self, items: list[tuple[int, int, Any]]) -> None:
+        items.sort(key=lambda x: (x[0], -x[1]))
+        self.starts = [s for s, _, _ in items]
+        self.ends = [e for _, e, _ in items]
+        self.labels = [label for _, _, label in items]
+        # Running maximum of ends lets a backwards scan stop once nothing earlier can still be open.
+        self.reach: list[int] = []
+        for e in self.ends:
+            self.reach.append(max(e, self.reach[-1]) if self.reach else e)
+
+    def innermost(self, t: int) -> Any:
+        i = bisect.bisect_right(self.starts, t) - 1
+        while i >= 0 and self.reach[i] > t:
+            if self.ends[i] > t:
+                return self.labels[i]
+            i -= 1
+        return None
+
+
+def parse_nsys_sqlite(path: str | os.PathLike[str], *, source: str = "",
+                      rank: int | Mapping[int, int] | None = None) -> Table:
+    """Read an `nsys export --type sqlite` file into the `nsys` table (columns in COLUMNS).
+
+    `rank` labels the rows: an int for a one-process report, or {pid: rank} for a report that
+    captured several ranks. `meta` holds nsys_version, schema_version, devices {id: name},
+    cuda_devices, processes {pid: name}, threads {tid: name}, session_start_utc_ns, duration_ns,
+    tables, missing_tables and counts per category. A file that is not SQLite, is corrupt or is
+    truncated gives the rows that could be read (possibly none) and warnings naming the file.
+    """
+    return _Export(path, source or os.fspath(path), rank).run()
+
+
+# --- nsys stats ---------------------------------------------------------------------------------
+
+# Report ids before the 2021.6 renaming, and the title lines older versions printed instead of a banner.
+_OLD_REPORT_IDS = {
+    "gpukernsum": "cuda_gpu_kern_sum", "cudaapisum": "cuda_api_sum", "gpumemtimesum": "cuda_gpu_mem_time_sum",
+    "gpumemsizesum": "cuda_gpu_mem_size_sum", "gpusum": "cuda_gpu_sum", "nvtxsum": "nvtx_sum",
+    "nvtxppsum": "nvtx_pushpop_sum", "nvtxsesum": "nvtx_startend_sum", "osrtsum": "osrt_sum",
+    "cudaapitrace": "cuda_api_trace", "gputrace": "cuda_gpu_trace", "kernexecsum": "cuda_kern_exec_sum",
+    "kernexectrace": "cuda_kern_exec_trace", "nvtxkernsum": "nvtx_kern_sum", "nvtxpptrace": "nvtx_pushpop_trace",
+}
+_OLD_TITLES = (
+    (re.compile(r"^CUDA API Statistics", re.I), "cuda_api_sum", None),
+    (re.compile(r"^CUDA Kernel Statistics", re.I), "cuda_gpu_kern_sum", None),
+    (re.compile(r"^CUDA Memory Operation Statistics \(by time\)", re.I), "cuda_gpu_mem_time_sum", None),
+    (re.compile(r"^CUDA Memory Operation Statistics \(by size in (\w+)\)", re.I), "cuda_gpu_mem_size_sum", 1),
+    (re.compile(r"^NVTX (?:Push-Pop )?Range Statistics", re.I), "nvtx_sum", None),
+    (re.compile(r"^Operating System Runtime API Statistics", re.I), "osrt_sum", None),
+)
+_BANNER = re.compile(r"^\s*\*\*\s*(?P<title>.*?)\s*\((?P<id>[A-Za-z0-9_]+)\)\s*:?\s*$")
+_PROCESSING = re.compile(r"^\s*Processing \[[^\]]*\] with \[(?P<script>[^\]]*)\]")
+_EXECUTING = re.compile(r"^\s*(?:\[\d+/\d+\]\s*)?Executing '(?P<id>[A-Za-z0-9_]+)' stats report")
+_SKIPPED = re.compile(r"^\s*SKIPPED:\s*(?P<why>.*)$")
+_DASHES = re.compile(r"^\s*-+(?:\s+-+)*\s*$")
+_LABEL = re.compile(r"^(?P<label>.*?)\s*(?:\((?P<unit>[^()]*)\)|:(?P<raw>[A-Za-z]+_[A-Za-z%]+))?\s*$")
+_TIME_UNITS = {"ns": 1.0, "nsec": 1.0, "nanoseconds": 1.0, "us": 1e3, "μs": 1e3, "usec": 1e3, "ms": 1e6,
+               "msec": 1e6, "s": 1e9, "sec": 1e9}
+_SIZE_UNITS = {"b": 1.0, "bytes": 1.0, "kb": 1e3, "mb": 1e6, "gb": 1e9, "kib": 1024.0, "mib": 1024.0 ** 2,
+               "gib": 1024.0 ** 3}
+_COUNT_LABELS = {"instances", "num calls", "calls", "count", "operations"}
+_STAT_LABELS = {"avg": "avg", "average": "avg", "med": "med", "median": "med", "min": "min", "minimum": "min",
+                "max": "max", "maximum": "max", "stddev": "stddev", "std dev": "stddev"}
+_NAME_LABELS = {"name", "range", "operation"}
+_KNOWN_LABELS = (_COUNT_LABELS | set(_STAT_LABELS) | _NAME_LABELS
+                 | {"time", "total time", "total", "style", "start", "duration", "end", "corrid", "pid", "tid"})
+
+
+@dataclass
+class _Col:
+    label: str
+    field: str | None       # output column, or None for `extra`
+    scale: float = 1.0
+
+
+def _label_parts(text: str) -> tuple[str, str | None]:
+    m = _LABEL.match(text.strip())
+    label = (m["label"] if m else text).strip().lower()
+    unit = None
+    if m and m["unit"] is not None:
+        unit = m["unit"].strip()
+    elif m and m["raw"]:
+        # Raw SQL aliases some versions print: 'Total Time:dur_ns', 'Time:ratio_%', 'Total:mem_B'.
+        unit = m["raw"].split("_", 1)[1]
+    return label, unit
+
+
+def _columns_for(labels: Sequence[str], report: str | None, size_unit: str | None) -> list[_Col]:
+    sizes = report == "cuda_gpu_mem_size_sum"
+    cols = []
+    for raw in labels:
+        label, unit = _label_parts(raw)
+        u = (unit or "").lower()
+        if label == "time" and u == "%":
+            cols.append(_Col(raw, "time_pct"))
+        elif label in ("total time", "total") and (u in _TIME_UNITS or (not u and not sizes)):
+            cols.append(_Col(raw, "total_ns", _TIME_UNITS.get(u, 1.0)))
+        elif label in ("total", "total size") and (u in _SIZE_UNITS or sizes):
+            cols.append(_Col(raw, "total_bytes", _SIZE_UNITS.get(u or (size_unit or "kib").lower(), 1.0)))
+        elif label in _COUNT_LABELS:
+            cols.append(_Col(raw, "instances"))
+        elif label in _STAT_LABELS:
+            stat = _STAT_LABELS[label]
+            if u in _SIZE_UNITS or (sizes and not u):
+                field = f"{stat}_bytes" if stat in ("avg", "min", "max") else None
+                cols.append(_Col(raw, field, _SIZE_UNITS.get(u or (size_unit or "kib").lower(), 1.0)))
+            else:
+                cols.append(_Col(raw, f"{stat}_ns", _TIME_UNITS.get(u, 1.0)))
+        elif label in _NAME_LABELS:
+            cols.append(_Col(raw, "name"))
+        elif label == "style":
+            cols.append(_Col(raw, "style"))
+        elif label in ("start", "start time") and (u in _TIME_UNITS or not u):
+            cols.append(_Col(raw, "start_ns", _TIME_UNITS.get(u, 1.0)))
+        elif label == "duration" and (u in _TIME_UNITS or not u):
+            cols.append(_Col(raw, "dur_ns", _TIME_UNITS.get(u, 1.0)))
+        else:
+            cols.append(_Col(raw, None))
+    return cols
+
+
+def _known_count(labels: Sequence[str]) -> int:
+    return sum(1 for raw in labels if _label_parts(raw)[0] in _KNOWN_LABELS or _label_parts(raw)[1] == "%")
+
+
+def _number(text: str) -> float | None:
+    t = text.strip().replace(",", "")
+    if not t or t.upper() in ("N/A", "NAN", "-NAN", "-"):
+        return None
+    try:
+        return float(t)
+    except ValueError:
+        return None
+
+
+def _guess_report(labels: Sequence[str], names: list[str]) -> str | None:
+    """The report a header-only block most likely came from (CSV files written with --output carry no banner)."""
+    low = {_label_parts(raw)[0] for raw in labels}
+    if low & {"durchild", "rangestack", "nametree"}:
+        return "nvtx_pushpop_trace"
+    if low & {"grdx", "strm"}:
+        return "cuda_gpu_trace"
+    if "corrid" in low and low & {"t-pri", "thread name", "result"}:
+        return "cuda_api_trace"
+    if low & {"start", "duration"}:
+        return None
+    if "style" in low or "range" in low:
+        return "nvtx_sum"
+    if "operation" in low:
+        return "cuda_gpu_mem_time_sum"
+    if "instances" in low and "name" in low:
+        return "cuda_gpu_kern_sum"
+    if low & {"num calls", "calls"} and "name" in low and names:
+        return "cuda_api_sum" if all(re.match(r"^cu[A-Z]|^cuda[A-Z]", n) for n in names) else "osrt_sum"
+    return None
+
+
+def _size_report_from_labels(labels: Sequence[str]) -> str | None:
+    """A size summary printed without its title: 'Total' in bytes (or unitless) and no time share."""
+    parts = [_label_parts(raw) for raw in labels]
+    if any(label == "time" for label, _ in parts):
+        return None
+    if any(label in ("total", "total size") and (unit or "").lower() in set(_SIZE_UNITS) | {""}
+           for label, unit in parts):
+        return "cuda_gpu_mem_size_sum"
+    return None
+
+
+class _StatsParser:
+    def __init__(self, text: str, name: str, warnings: list[str]) -> None:
+        self.lines, self.cut = split_lines(text)
+        self.name = name
+        self.warnings = warnings
+        self.rows: list[dict[str, Any]] = []
+        self.meta: dict[str, Any] = {"reports": [], "skipped": [], "guessed": []}
+        self.pending: str | None = None
+        self.size_unit: str | None = None
+
+    def run(self) -> Table:
+        i, n = 0, len(self.lines)
+        while i < n:
+            line = self.lines[i]
+            if self._context(line):
+                i += 1
+                continue
+            if i + 1 < n and _DASHES.match(self.lines[i + 1]) and line.strip() and not _DASHES.match(line):
+                i = self._column_block(i)
+                continue
+            labels = self._csv_fields(line)
+            if labels and len(labels) >= 2 and _known_count(labels) >= 2 and _number(labels[0]) is None:
+                i = self._csv_block(i, labels)
+                continue
+            i += 1
+        if self.cut and self.rows and self.rows[-1]["line"] == n:
+            self.warnings.append(f"{self.name}: line {n}: the text ends without a newline; its last row may be "
+                                 f"cut short")
+        return Table.from_rows("nsys_stats", STATS_COLUMNS, self.rows, source=self.name, warnings=self.warnings,
+                               meta=self.meta)
+
+    def _context(self, line: str) -> bool:
+        stripped = line.strip()
+        for rx in (_BANNER, _EXECUTING):
+            m = rx.match(line)
+            if m:
+                self._set_report(m["id"])
+                return True
+        m = _PROCESSING.match(line)
+        if m:
+            self._set_report(os.path.splitext(os.path.basename(m["script"].replace("\\", "/")))[0])
+            return True
+        m = _SKIPPED.match(line)
+        if m:
+            self.meta["skipped"].append({"report": self.pending, "why": m["why"].strip()})
+            return True
+        for rx, report, unit_group in _OLD_TITLES:
+            m = rx.match(stripped)
+            if m:
+                self.pending = report
+                self.size_unit = m.group(unit_group) if unit_group else None
+                return True
+        return False
+
+    def _set_report(self, report_id: str) -> None:
+        self.pending = _OLD_REPORT_IDS.get(report_id, report_id)
+        self.size_unit = None
+
+    @staticmethod
+    def _csv_fields(line: str) -> list[str] | None:
+        if "," not in line:
+            return None
+        try:
+            return next(csv.reader([line]))
+        except (csv.Error, StopIteration):
+            return None
+
+    def _start_block(self, report: str | None) -> str | None:
+        self.pending = None
+        if report:
+            self.meta["reports"].append(report)
+        return report
+
+    def _emit(self, report: str | None, cols: list[_Col], values: list[str], lineno: int) -> dict[str, Any]:
+        row: dict[str, Any] = {"report": report, "line": lineno, "extra": {}}
+        for col, value in zip(cols, values):
+            value = value.strip()
+            if col.field is None:
+                row["extra"][col.label.strip()] = value
+            elif col.field in ("name", "style"):
+                row[col.field] = value
+            else:
+                num = _number(value)
+                if num is not None:
+                    num *= col.scale
+                    if col.field not in ("time_pct",) and float(num).is_integer() and not col.field.startswith(
+                            ("avg", "med", "stddev")):
+                        num = int(num)
+                row[col.field] = num
+        return row
+
+    def _finish_block(self, report: str | None, rows: list[dict[str, Any]], labels: Sequence[str],
+                      start_line: int) -> None:
+        if report is None:
+            report = _guess_report(labels, [r.get("name") or "" for r in rows])
+            if report:
+                self.meta["guessed"].append({"line": start_line, "report": report})
+                self.meta["reports"].append(report)
+        for row in rows:
+            row["report"] = report
+            name = row.get("name")
+            if report in ("nvtx_sum", "nvtx_pushpop_sum", "nvtx_startend_sum") and name and name.startswith(":"):
+                row["name"] = name[1:]
+            self._classify(row)
+        self.rows.extend(rows)
+
+    @staticmethod
+    def _classify(row: dict[str, Any]) -> None:
+        report, name = row.get("report"), row.get("name")
+        if not name or report is None:
+            return
+        if report.startswith(("cuda_gpu_mem", "um_")) or name.startswith(("[CUDA memcpy", "[CUDA memset",
+                                                                            "[CUDA Unified")):
+            row["kind"] = "memory"
+        elif report in ("cuda_gpu_kern_sum", "cuda_gpu_kern_gb_sum", "cuda_gpu_sum", "cuda_gpu_trace",
+                        "cuda_kern_exec_sum", "cuda_kern_exec_trace"):
+            row["kind"] = kernel_kind(name)
+            info = nccl_kernel_info(name)
+            row["collective"] = info.collective if info else None
+
+    def _csv_block(self, i: int, labels: list[str]) -> int:
+        guessed = None if self.pending else _size_report_from_labels(labels)
+        report = self._start_block(self.pending or guessed)
+        if guessed:
+            self.meta["guessed"].append({"line": i + 1, "report": guessed})
+        cols = _columns_for(labels, report, self.size_unit)
+        name_last = bool(cols) and cols[-1].field == "name"
+        rows, j, start = [], i + 1, i + 1
+        while j < len(self.lines):
+            line = self.lines[j]
+            if not line.strip() or _BANNER.match(line) or _PROCESSING.match(line) or _EXECUTING.match(line):
+                break
+            values = self._csv_fields(line)
+            if values is None:
+                break
+            if len(values) > len(cols) and name_last:
+                # An unquoted comma inside a demangled name splits it; the name is last, so rejoin it.
+                values = values[:len(cols) - 1] + [",".join(values[len(cols) - 1:])]
+            if len(values) != len(cols):
+                if _known_count(values) >= 2 and _number(values[0]) is None:
+                    break
+                self.warnings.append(f"{self.name}: line {j + 1}: {len(values)} fields where the header at line "
+                                     f"{start} has {len(cols)}; row skipped")
+                j += 1
+                continue
+            rows.append(self._emit(report, cols, values, j + 1))
+            j += 1
+        self._finish_block(report, rows, labels, start)
+        return j
+
+    def _column_block(self, i: int) -> int:
+        header, dashes = self.lines[i], self.lines[i + 1]
+        spans = [m.span() for m in re.finditer(r"-+", dashes)]
+        labels = [header[a:b].strip() for a, b in spans]
+        if _known_count(labels) < 2:
+            return i + 2
+        report = self._start_block(self.pending)
+        cols = _columns_for(labels, report, self.size_unit)
+        rows, j = [], i + 2
+        truncated_names = 0
+        while j < len(self.lines):
+            line = self.lines[j]
+            if not line.strip() or _BANNER.match(line) or _PROCESSING.match(line) or _EXECUTING.match(line):
+                break
+            values = [line[a:b] if k < len(spans) - 1 else line[a:] for k, (a, b) in enumerate(spans)]
+            row = self._emit(report, cols, values, j + 1)
+            if (row.get("name") or "").endswith("…"):
+                truncated_names += 1
+            rows.append(row)
+            j += 1
+        if truncated_names:
+            self.warnings.append(f"{self.name}: lines {i + 3}-{j}: {truncated_names} names were cut to fit by nsys "
+                                 f"(ending in '…'); use --format csv for full names")
+        self._finish_block(report, rows, labels, i + 1)
+        return j
+
+
+def parse_nsys_stats_csv(path_or_text: str | os.PathLike[str], *, source: str = "") -> Table:
+    """Parse `nsys stats` output (a path or the text) into the `nsys_stats` table (STATS_COLUMNS).
+
+    Several reports in one text are separated by their banners, `Processing [...]` or `Executing`
+    lines, old-style titles, or blank lines; each row says which report it came from. `meta` has
+    `reports` (in order), `skipped` (reports nsys skipped, with its reason) and `guessed` (blocks whose
+    report was inferred from the header). Damaged text gives the rows that could be read and
+    warnings naming the file and line; it never raises.
+    """
+    text, name, warnings = read_source(path_or_text, source)
+    return _StatsParser(text, name, warnings).run()
+
+
+# --- sniffing -----------------------------------------------------------------------------------
+
+_SNIFF_BYTES = 1 << 20
+_STATS_SIGNS = re.compile(
+    r"(?m)^\s*\*\*\s.*\((?:cuda|nvtx|osrt|um|mpi|openmp|vulkan|dx1[12]|opengl|nvvideo|syscall)\w*\)\s*:?\s*$"
+    r"|^\s*Processing \[[^\]]*\] with \[[^\]]*(?:reports|\.py)[^\]]*\]"
+    r"|^\s*(?:\[\d+/\d+\]\s*)?Executing '\w+' stats report"
+    r"|^\s*\"?Time ?(?:\(%\)|:ratio_%)\"?\s*[, ]\s*\"?Total Time"
+    r"|^\"?Start(?: \(\w+\)|:ts_ns)\"?,.*\b(?:CorrId|GrdX|Reg/Trd|DurChild|RangeStack|NameTree|T-Pri)\b")
+
+
+def sniff(path: str | os.PathLike[str]) -> str | None:
+    """'nsys_sqlite' for an nsys SQLite export, 'nsys_stats_csv' for `nsys stats` output, else None.
+
+    Decided by content: the SQLite header plus nsys table names (found through SQLite, or in the raw
+    schema bytes when the file is too damaged to open), or the banners and headers of nsys stats text.
+    """
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(_SNIFF_BYTES)
+    except OSError:
+        return None
+    if head.startswith(_SQLITE_MAGIC):
+        try:
+            con = _connect(Path(path))
+            try:
+                tables = {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+            finally:
+                con.close()
+            if tables & set(_NSYS_TABLES) and ("StringIds" in tables or tables & {"NVTX_EVENTS"}):
+                return "nsys_sqlite"
+            return None
+        except sqlite3.Error:
+            raw = head
+            return "nsys_sqlite" if b"StringIds" in raw and any(t.encode() in raw for t in _NSYS_TABLES) else None
+    text = head.decode("utf-8", errors="replace")
+    return "nsys_stats_csv" if _STATS_SIGNS.search(text) else None

@@ -1,0 +1,646 @@
+"""Analyses of Kineto trace tables (analysis.parsers.kineto), HTA-compatible where HTA has a definition.
+
+Every function is a pure function of a table from `parse_kineto` / `parse_kineto_ranks` and returns
+a Table with documented columns, one group of rows per rank.
+
+Which GPU events count (the "HTA scope"), as HolisticTraceAnalysis 0.5.0 loads a trace
+(hta/common/trace.py `_filter_irrelevant_gpu_kernels`, hta/common/trace_parser.py):
+- GPU events are rows with a stream other than -1 (kernels, memcpy, memset).
+- When the table holds two or more distinct ProfilerStep names, each rank keeps only the GPU events
+  launched (same correlation) by a CPU event that starts before the rank's last ProfilerStep
+  starts (`include_last_step=True`: no later than it ends); the last step is usually cut off by
+  the profiler stopping. With fewer ProfilerSteps every GPU event counts.
+- When a rank's trace writes some timestamp as a non-integer (ns-resolution traces, PyTorch PR
+  122425), HTA rounds every interval inward to whole microseconds: start = ceil(ts), end =
+  floor(ts + dur). `hta_rounding=False` keeps the exact intervals.
+- Intervals of one kind are merged as hta.utils.merge_kernel_intervals does (sort by start; a new
+  block starts when a start lies after every earlier end).
+Known differences: HTA counts a GPU kernel once per CPU event that shares its correlation (we count
+it once); HTA's JSON backend decides rounding per file exactly as here, its ijson backends always
+round.
+
+CPU-only traces (gloo runs have no GPU events) use a stated CPU-side definition instead, marked
+basis = "cpu_ops" in the outputs:
+- training thread(s): the thread(s) holding the ProfilerStep annotations, else the thread with the
+  most cpu_op time; window W: the union of the ProfilerStep spans (last one dropped as above), or
+  the whole trace when there are none;
+- communication M: collective calls (c10d::*, record_param_comms, nccl:*, gloo:*, functional
+  collectives) on any thread of the rank, M_sync being those on the training thread(s);
+- computation C: the other cpu_op events on the training thread(s), less the time inside M_sync
+  (the ops a collective call runs are part of the call);
+- compute = |C ∩ W|, non-compute (communication) = |(M \\ C) ∩ W|, idle = |W| - |(C ∪ M) ∩ W|,
+  overlap = |M ∩ C ∩ W| / |M ∩ W|.
+"""
+from __future__ import annotations
+
+import math
+import re
+import statistics
+from collections import Counter, defaultdict
+from typing import Any, Iterable, Mapping
+
+from analysis.parsers.nccl_tests import bus_factor
+from analysis.table import Table
+
+_PROFILER_STEP = re.compile(r"ProfilerStep\s*#\s*(\d+)")
+_SYNC_NAMES = frozenset({"Event Sync", "Context Sync"})
+_KINDS = ("computation", "communication", "memory")  # HTA's order: bit 1, 2, 4
+_BUS_NAMES = {"all_reduce": "all_reduce", "all_gather": "all_gather", "reduce_scatter": "reduce_scatter",
+              "all_to_all": "alltoall", "broadcast": "broadcast", "send_recv": "sendrecv",
+              "reduce": "reduce", "gather": "gather", "scatter": "scatter"}
+# CPU-side layers of one collective call, most precise first: the backend's own annotation spans
+# the work itself (on gloo's worker thread it is the only layer that does), then the profiler's
+# record_param_comms, then the c10d dispatcher op.
+_CPU_LAYERS = (("backend annotation", re.compile(r"^(?:nccl|gloo|mpi|ucc):")),
+               ("record_param_comms", re.compile(r"^record_param_comms$")),
+               ("c10d op", re.compile(r"^(?:c10d::|_?c10d_functional::)")))
+
+
+# ---------------------------------------------------------------------------------------------
+# interval helpers
+
+def _hta_merge(intervals: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    """hta.utils.merge_kernel_intervals: blocks of intervals, a new block when a start lies after
+    every earlier end; each block spans (min start, max end)."""
+    intervals = sorted(intervals)
+    out: list[list[float]] = []
+    reach = -math.inf
+    for s, e in intervals:
+        if not out or s > reach:
+            out.append([s, e])
+        elif e > out[-1][1]:
+            out[-1][1] = e
+        if e > reach:
+            reach = e
+    return [(s, e) for s, e in out]
+
+
+def _measure(blocks: Iterable[tuple[float, float]]) -> float:
+    return sum(e - s for s, e in blocks)
+
+
+def _sweep(groups: list[list[tuple[float, float]]]) -> dict[int, float]:
+    """Time spent in each combination of groups (bit i = group i active), as HTA computes it:
+    +bit at each block start, -bit at each end, running sum held until the next event."""
+    events = []
+    for bit, blocks in enumerate(groups):
+        v = 1 << bit
+        for s, e in blocks:
+            events.append((s, v))
+            events.append((e, -v))
+    events.sort(key=lambda x: x[0])
+    out: dict[int, float] = defaultdict(float)
+    running = 0
+    for k, (t, delta) in enumerate(events[:-1]):
+        running += delta
+        if running > 0:
+            out[running] += events[k + 1][0] - t
+    return out
+
+
+def _union(intervals: Iterable[tuple[float, float]]) -> list[tuple[float, float]]:
+    out: list[list[float]] = []
+    for s, e in sorted(i for i in intervals if i[1] > i[0]):
+        if out and s <= out[-1][1]:
+            if e > out[-1][1]:
+                out[-1][1] = e
+        else:
+            out.append([s, e])
+    return [(s, e) for s, e in out]
+
+
+def _intersect(a: list[tuple[float, float]], b: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    out, i, j = [], 0, 0
+    while i < len(a) and j < len(b):
+        s, e = max(a[i][0], b[j][0]), min(a[i][1], b[j][1])
+        if s < e:
+            out.append((s, e))
+        if a[i][1] < b[j][1]:
+            i += 1
+        else:
+            j += 1
+    return out
+
+
+def _subtract(a: list[tuple[float, float]], b: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    out, j = [], 0
+    for s, e in a:
+        while j < len(b) and b[j][1] <= s:
+            j += 1
+        k, cur = j, s
+        while k < len(b) and b[k][0] < e:
+            if b[k][0] > cur:
+                out.append((cur, b[k][0]))
+            cur = max(cur, b[k][1])
+            k += 1
+        if cur < e:
+            out.append((cur, e))
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# scoping
+
+class _Rank:
+    """The rows of one rank and the derived sets every analysis needs."""
+
+    def __init__(self, table: Table, rank: Any, rows: list[int], filter_steps: bool,
+                 include_last_step: bool, hta_rounding: bool):
+        self.table, self.rank, self.rows = table, rank, rows
+        c = table.columns
+        self.ts, self.dur, self.name = c["ts_us"], c["dur_us"], c["name"]
+        self.stream, self.corr, self.kind = c["stream"], c["correlation"], c["kind"]
+        self.coll, self.cat, self.pid, self.tid = c["collective"], c["category"], c["pid"], c["tid"]
+        meta = table.meta.get("ranks", {}).get(rank, {}) if "ranks" in table.meta else table.meta
+        self.meta: Mapping[str, Any] = meta or {}
+        self.round = hta_rounding and bool(self.meta.get("ts_float"))
+        self.steps = self._steps()
+        self.last_step_dropped = len(self.steps) >= 2 and not include_last_step
+        self.window_steps = self.steps[:-1] if self.last_step_dropped else self.steps
+        self.gpu = self._gpu_scope(filter_steps, include_last_step)
+
+    def interval(self, i: int) -> tuple[float, float]:
+        t, d = self.ts[i], self.dur[i]
+        if self.round:
+            return math.ceil(t), math.floor(t + d)
+        return t, t + d
+
+    def _is_gpu(self, i: int) -> bool:
+        s = self.stream[i]
+        return s is not None and s != -1
+
+    def _is_hta_kernel(self, i: int) -> bool:
+        s, c = self.stream[i], self.corr[i]
+        return (s is not None and s >= 0 and c is not None and c >= 0) or self.name[i] in _SYNC_NAMES
+
+    def _steps(self) -> list[tuple[float, float, int, int]]:
+        """(start, end, N, row) of the rank's ProfilerStep#N spans, by start."""
+        step_names = {n for n in set(map(self.name.__getitem__, self.rows)) if "ProfilerStep" in n}
+        out = []
+        for i in self.rows:
+            if self.name[i] in step_names and not self._is_gpu(i):
+                m = _PROFILER_STEP.match(self.name[i])
+                if m:
+                    out.append((self.ts[i], self.ts[i] + self.dur[i], int(m.group(1)), i))
+        return sorted(out)
+
+    def _gpu_scope(self, filter_steps: bool, include_last_step: bool) -> list[int]:
+        stream, corr, name, ts, dur = self.stream, self.corr, self.name, self.ts, self.dur
+        if not filter_steps or not self.steps:
+            return [i for i in self.rows if stream[i] is not None and stream[i] != -1]
+        step_rows = [s[3] for s in self.steps if not self._is_hta_kernel(s[3])]
+        if include_last_step:
+            limit = max(ts[i] + dur[i] for i in step_rows)
+        else:
+            limit = max(ts[i] for i in step_rows)
+        # HTA's split: a "GPU kernel" has a stream >= 0 and a correlation >= 0 (or is a sync event);
+        # everything else is a CPU event, kept when it starts in scope, and its correlation marks
+        # the GPU kernels it launched. A missing correlation plays HTA's default -1.
+        launched: set[Any] = set()
+        kernels, cpu_with_stream = [], []
+        for i in self.rows:
+            st, c = stream[i], corr[i]
+            if (st is not None and st >= 0 and c is not None and c >= 0) or name[i] in _SYNC_NAMES:
+                if st is not None and st != -1:
+                    kernels.append(i)
+            elif (ts[i] <= limit) if include_last_step else (ts[i] < limit):
+                launched.add(c)
+                if st is not None and st != -1:
+                    cpu_with_stream.append(i)
+        return [i for i in kernels if corr[i] in launched] + cpu_with_stream
+
+    def gpu_blocks(self, kind: str | None = None, collective: str | None = None) -> list[tuple[float, float]]:
+        return _hta_merge([self.interval(i) for i in self.gpu
+                           if (kind is None or self.kind[i] == kind)
+                           and (collective is None or self.coll[i] == collective)])
+
+    # CPU basis -------------------------------------------------------------------------------
+    def training_threads(self) -> set[tuple[Any, Any]]:
+        if self.steps:
+            return {(self.pid[s[3]], self.tid[s[3]]) for s in self.steps}
+        busy: Counter[tuple[Any, Any]] = Counter()
+        for i in self.rows:
+            if self.cat[i] == "cpu_op":
+                busy[(self.pid[i], self.tid[i])] += self.dur[i]
+        return {busy.most_common(1)[0][0]} if busy else set()
+
+    def window(self) -> list[tuple[float, float]]:
+        if self.window_steps:
+            return _union((s[0], s[1]) for s in self.window_steps)
+        cpu = [self.interval(i) for i in self.rows if not self._is_gpu(i)]
+        return [(min(s for s, _ in cpu), max(e for _, e in cpu))] if cpu else []
+
+    def cpu_sets(self, collective: str | None = None):
+        """(W, M, M_sync, C) of the CPU definition; M restricted to `collective` when given."""
+        threads = self.training_threads()
+        m_all, m_sync, c_ops = [], [], []
+        for i in self.rows:
+            if self._is_gpu(i):
+                continue
+            on_train = (self.pid[i], self.tid[i]) in threads
+            if self.coll[i] is not None:
+                if collective is None or self.coll[i] == collective:
+                    m_all.append(self.interval(i))
+                if on_train:
+                    m_sync.append(self.interval(i))
+            elif on_train and self.cat[i] == "cpu_op":
+                c_ops.append(self.interval(i))
+        w = self.window()
+        m_sync_u = _union(m_sync)
+        c = _intersect(_subtract(_union(c_ops), m_sync_u), w)
+        return w, _intersect(_union(m_all), w), c
+
+    def has_gpu(self) -> bool:
+        return bool(self.gpu)
+
+
+def _ranks(table: Table, include_last_step: bool = False, hta_rounding: bool = True,
+           hta_filter: bool = True) -> list[_Rank]:
+    ranks = table.columns["rank"]
+    by_rank: dict[Any, list[int]] = {}
+    if len(set(ranks)) == 1:
+        by_rank[ranks[0]] = list(range(len(ranks)))
+    else:
+        for i, r in enumerate(ranks):
+            by_rank.setdefault(r, []).append(i)
+    step_names = {n for n in set(table.columns["name"]) if "ProfilerStep" in n}
+    # HTA filters only when the whole job shows two or more ProfilerStep names.
+    filter_steps = hta_filter and len(step_names) >= 2
+    return [_Rank(table, r, rows, filter_steps, include_last_step, hta_rounding)
+            for r, rows in sorted(by_rank.items(), key=lambda kv: (kv[0] is None, kv[0] if kv[0] is not None else 0))]
+
+
+def _pct(part: float | None, whole: float | None) -> float | None:
+    if part is None or not whole:
+        return None
+    return 100.0 * part / whole
+
+
+# ---------------------------------------------------------------------------------------------
+# analyses
+
+TEMPORAL_COLUMNS = {
+    "rank": "trainer rank",
+    "basis": "gpu_kernels (HTA's definition) or cpu_ops (CPU-only trace; see the module docstring)",
+    "idle_time_us": "gpu_kernels: kernel_time_us minus the merged time of all GPU events; cpu_ops: "
+                    "window time with neither computation nor communication",
+    "compute_time_us": "gpu_kernels: merged time of computation kernels; cpu_ops: |C ∩ W|",
+    "non_compute_time_us": "gpu_kernels: merged time of all GPU events minus compute_time_us "
+                           "(communication, memory, other); cpu_ops: communication not overlapped "
+                           "by computation, |(M \\ C) ∩ W|",
+    "kernel_time_us": "gpu_kernels: end of the last GPU event minus start of the first (HTA's "
+                      "kernel_time); cpu_ops: |W|, the ProfilerStep window",
+    "idle_pct": "idle_time_us / kernel_time_us x 100 (HTA rounds its idle_time_pctg to 2 places)",
+    "compute_pct": "compute_time_us / kernel_time_us x 100",
+    "non_compute_pct": "non_compute_time_us / kernel_time_us x 100",
+}
+
+
+def temporal_breakdown(table: Table, *, include_last_step: bool = False, hta_rounding: bool = True) -> Table:
+    """Per rank compute / non-compute / idle time: HTA's get_temporal_breakdown for GPU traces
+    (hta/analyzers/breakdown_analysis.py), the CPU-side definition for CPU-only ones."""
+    rows = []
+    for rk in _ranks(table, include_last_step, hta_rounding):
+        if rk.has_gpu():
+            all_blocks = rk.gpu_blocks()
+            span = all_blocks[-1][1] - all_blocks[0][0]
+            idle = span - _measure(all_blocks)
+            compute = _measure(rk.gpu_blocks("computation"))
+            non_compute = span - compute - idle
+            basis = "gpu_kernels"
+        else:
+            w, m, c = rk.cpu_sets()
+            span = _measure(w)
+            compute = _measure(c)
+            non_compute = _measure(_subtract(m, c))
+            idle = span - _measure(_union(m + c))
+            basis = "cpu_ops"
+        rows.append({"rank": rk.rank, "basis": basis, "idle_time_us": idle, "compute_time_us": compute,
+                     "non_compute_time_us": non_compute, "kernel_time_us": span,
+                     "idle_pct": _pct(idle, span), "compute_pct": _pct(compute, span),
+                     "non_compute_pct": _pct(non_compute, span)})
+    return Table.from_rows("temporal_breakdown", TEMPORAL_COLUMNS, rows, source=table.source,
+                           meta={"include_last_step": include_last_step, "hta_rounding": hta_rounding})
+
+
+OVERLAP_COLUMNS = {
+    "rank": "trainer rank",
+    "basis": "gpu_kernels or cpu_ops",
+    "comm_time_us": "merged time of communication (kernels, or collective calls within W)",
+    "overlap_time_us": "part of comm_time_us during which computation runs",
+    "overlap_pct": "overlap_time_us / comm_time_us x 100 (HTA's comp_comm_overlap_pctg, unrounded); "
+                   "None without communication",
+}
+
+
+def comm_comp_overlap(table: Table, *, include_last_step: bool = False, hta_rounding: bool = True) -> Table:
+    """Per rank share of communication time overlapped by computation: HTA's get_comm_comp_overlap
+    (hta/analyzers/communication_analysis.py) for GPU traces, the CPU-side definition otherwise."""
+    rows = []
+    for rk in _ranks(table, include_last_step, hta_rounding):
+        comm, overlap, basis = _comm_and_overlap(rk, None)
+        rows.append({"rank": rk.rank, "basis": basis, "comm_time_us": comm, "overlap_time_us": overlap,
+                     "overlap_pct": _pct(overlap, comm)})
+    return Table.from_rows("comm_comp_overlap", OVERLAP_COLUMNS, rows, source=table.source,
+                           meta={"include_last_step": include_last_step, "hta_rounding": hta_rounding})
+
+
+def _comm_and_overlap(rk: _Rank, collective: str | None) -> tuple[float, float, str]:
+    if rk.has_gpu():
+        comm = rk.gpu_blocks("communication", collective)
+        comp = rk.gpu_blocks("computation")
+        return _measure(comm), _sweep([comm, comp]).get(3, 0.0), "gpu_kernels"
+    _, m, c = rk.cpu_sets(collective)
+    return _measure(m), _measure(_intersect(m, c)), "cpu_ops"
+
+
+EXPOSED_COLUMNS = {
+    "rank": "trainer rank",
+    "collective": "collective type, or 'all' for every communication kernel (call) of the rank",
+    "basis": "gpu_kernels or cpu_ops",
+    "comm_time_us": "merged time of that communication",
+    "overlapped_us": "part of comm_time_us during which computation runs on the rank",
+    "exposed_us": "comm_time_us - overlapped_us: communication nothing hides",
+    "exposed_pct_of_comm": "exposed_us / comm_time_us x 100",
+    "exposed_pct_of_span": "exposed_us / kernel_time_us of temporal_breakdown x 100",
+}
+
+
+def exposed_communication(table: Table, *, include_last_step: bool = False, hta_rounding: bool = True) -> Table:
+    """Communication time not overlapped by any computation on the same rank, in total and per collective."""
+    rows = []
+    for rk in _ranks(table, include_last_step, hta_rounding):
+        if rk.has_gpu():
+            blocks = rk.gpu_blocks()
+            span = blocks[-1][1] - blocks[0][0]
+            kinds = sorted({rk.coll[i] for i in rk.gpu if rk.kind[i] == "communication" and rk.coll[i]})
+        else:
+            span = _measure(rk.window())
+            kinds = sorted({rk.coll[i] for i in rk.rows if rk.coll[i] is not None and not rk._is_gpu(i)})
+        for coll in ["all", *kinds]:
+            comm, overlap, basis = _comm_and_overlap(rk, None if coll == "all" else coll)
+            exposed = comm - overlap
+            rows.append({"rank": rk.rank, "collective": coll, "basis": basis, "comm_time_us": comm,
+                         "overlapped_us": overlap, "exposed_us": exposed,
+                         "exposed_pct_of_comm": _pct(exposed, comm), "exposed_pct_of_span": _pct(exposed, span)})
+    return Table.from_rows("exposed_communication", EXPOSED_COLUMNS, rows, source=table.source,
+                           meta={"include_last_step": include_last_step, "hta_rounding": hta_rounding})
+
+
+KERNEL_COLUMNS = {
+    "rank": "trainer rank",
+    "kind": "computation, communication, memory or other (HTA's kernel type)",
+    "name": "full kernel (memcpy, memset) name",
+    "count": "number of events",
+    "total_us": "sum of durations",
+    "mean_us": "total_us / count",
+    "min_us": "shortest duration",
+    "max_us": "longest duration",
+    "std_us": "sample standard deviation of the durations (0 for one event), as pandas' std",
+    "share_of_kind_pct": "total_us / (total_us of all names of this kind on the rank) x 100",
+}
+
+
+def kernel_breakdown(table: Table, *, include_last_step: bool = False, hta_rounding: bool = True) -> Table:
+    """Time and count per kernel name and type, per rank (HTA's get_gpu_kernel_breakdown per-name
+    table, without its folding of the tail into 'others'), longest total first within a kind."""
+    rows = []
+    for rk in _ranks(table, include_last_step, hta_rounding):
+        durs: dict[tuple[str, str], list[float]] = defaultdict(list)
+        for i in rk.gpu:
+            s, e = rk.interval(i)
+            durs[(rk.kind[i], rk.name[i])].append(e - s)
+        kind_total: Counter[str] = Counter()
+        for (kind, _), ds in durs.items():
+            kind_total[kind] += sum(ds)
+        for (kind, name), ds in sorted(durs.items(), key=lambda kv: (kv[0][0], -sum(kv[1]))):
+            total = sum(ds)
+            rows.append({"rank": rk.rank, "kind": kind, "name": name, "count": len(ds), "total_us": total,
+                         "mean_us": total / len(ds), "min_us": min(ds), "max_us": max(ds),
+                         "std_us": statistics.stdev(ds) if len(ds) > 1 else 0.0,
+                         "share_of_kind_pct": _pct(total, kind_total[kind])})
+    return Table.from_rows("kernel_breakdown", KERNEL_COLUMNS, rows, source=table.source,
+                           meta={"include_last_step": include_last_step, "hta_rounding": hta_rounding})
+
+
+KERNEL_TYPE_COLUMNS = {
+    "rank": "trainer rank",
+    "kernel_type": "one kind (computation, communication, memory) or kinds running at once, joined "
+                   "by ' overlapping ' in HTA's order (computation, communication, memory)",
+    "time_us": "wall time in that state, from the merged intervals of each kind",
+    "share_pct": "time_us / the rank's total over all states x 100",
+}
+
+
+def kernel_type_breakdown(table: Table, *, include_last_step: bool = False, hta_rounding: bool = True) -> Table:
+    """HTA's kernel-type table of get_gpu_kernel_breakdown (include_memory_kernels=True), per rank;
+    HTA sums it over ranks."""
+    rows = []
+    for rk in _ranks(table, include_last_step, hta_rounding):
+        if not rk.has_gpu():
+            continue
+        states = _sweep([rk.gpu_blocks(k) for k in _KINDS])
+        total = sum(states.values())
+        for mask, t in sorted(states.items(), key=lambda kv: -kv[1]):
+            label = " overlapping ".join(k for b, k in enumerate(_KINDS) if mask & (1 << b))
+            rows.append({"rank": rk.rank, "kernel_type": label, "time_us": t, "share_pct": _pct(t, total)})
+    return Table.from_rows("kernel_type_breakdown", KERNEL_TYPE_COLUMNS, rows, source=table.source,
+                           meta={"include_last_step": include_last_step, "hta_rounding": hta_rounding})
+
+
+DIFF_COLUMNS = {
+    "name": "kernel name",
+    "kind": "kernel type (of run b when it differs)",
+    "count_a": "events in run a (per rank-step with normalize='per_step')",
+    "count_b": "events in run b (same normalisation)",
+    "count_delta": "count_b - count_a",
+    "time_a_us": "total duration in run a (same normalisation)",
+    "time_b_us": "total duration in run b (same normalisation)",
+    "time_delta_us": "time_b_us - time_a_us",
+    "time_delta_pct": "time_delta_us / time_a_us x 100; None when the kernel is new in b",
+}
+
+
+def kernel_diff(a: Table, b: Table, *, normalize: str = "none", include_last_step: bool = False,
+                hta_rounding: bool = True) -> Table:
+    """Counts and time changed per kernel name between two runs, largest absolute time change first.
+
+    normalize='per_step' divides each run by its number of (rank, ProfilerStep) pairs in scope, so
+    runs that profiled different numbers of steps or ranks compare."""
+    if normalize not in ("none", "per_step"):
+        raise ValueError(f"kernel_diff: normalize must be 'none' or 'per_step' (got {normalize!r})")
+    sides = []
+    for t in (a, b):
+        counts: Counter[str] = Counter()
+        times: Counter[str] = Counter()
+        kinds: dict[str, str] = {}
+        steps = 0
+        for rk in _ranks(t, include_last_step, hta_rounding):
+            steps += len(rk.window_steps)
+            for i in rk.gpu:
+                s, e = rk.interval(i)
+                counts[rk.name[i]] += 1
+                times[rk.name[i]] += e - s
+                kinds[rk.name[i]] = rk.kind[i]
+        scale = 1.0 / steps if normalize == "per_step" and steps else 1.0
+        sides.append((counts, times, kinds, scale))
+    (ca, ta, ka, sa), (cb, tb, kb, sb) = sides
+    rows = []
+    for name in set(ca) | set(cb):
+        time_a, time_b = ta[name] * sa, tb[name] * sb
+        rows.append({"name": name, "kind": kb.get(name, ka.get(name)), "count_a": ca[name] * sa,
+                     "count_b": cb[name] * sb, "count_delta": cb[name] * sb - ca[name] * sa,
+                     "time_a_us": time_a, "time_b_us": time_b, "time_delta_us": time_b - time_a,
+                     "time_delta_pct": _pct(time_b - time_a, time_a)})
+    rows.sort(key=lambda r: (-abs(r["time_delta_us"]), r["name"]))
+    return Table.from_rows("kernel_diff", DIFF_COLUMNS, rows, source=f"{a.source} -> {b.source}",
+                           meta={"normalize": normalize})
+
+
+COLLECTIVE_COLUMNS = {
+    "rank": "trainer rank",
+    "collective": "collective type",
+    "source": "what was counted: gpu_kernels, or the CPU layer used (backend annotation such as "
+              "gloo:all_reduce, record_param_comms, c10d op), the most precise one present",
+    "count": "number of calls",
+    "total_us": "sum of durations",
+    "mean_us": "total_us / count",
+    "sized_count": "calls whose message size is known",
+    "message_bytes": "sum of message_bytes over the sized calls (nccl-tests' size convention; an "
+                     "all_gather counted from backend annotations, which record only the input "
+                     "shard, is scaled by group_size)",
+    "group_size": "ranks in the group (most common value among the calls)",
+    "group_size_from": "recorded (args, or pg_config by group name) | only process group (the calls "
+                       "name none and distributedInfo.pg_config lists one) | world_size (assumed: "
+                       "the trace lists no process groups at all) | None",
+    "algbw_GBps": "message_bytes / (summed duration of the sized calls), 1e9 bytes per second",
+    "bus_factor": "nccl-tests factor for the collective and group_size: all_reduce 2(n-1)/n; "
+                  "all_gather, reduce_scatter, all_to_all (n-1)/n; broadcast, send_recv 1",
+    "busbw_GBps": "algbw_GBps x bus_factor; None when the size or the group size is unknown",
+}
+
+
+def collective_summary(table: Table, *, include_last_step: bool = False, hta_rounding: bool = True) -> Table:
+    """Per rank and collective type: count, time, and achieved bus bandwidth where the message
+    and group sizes are known. GPU traces count communication kernels (HTA scope); CPU-only traces
+    count one CPU layer of each call."""
+    rows = []
+    for rk in _ranks(table, include_last_step, hta_rounding):
+        c = rk.table.columns
+        msg, gsize = c["message_bytes"], c["group_size"]
+        groups: dict[tuple[str, str], list[int]] = defaultdict(list)
+        if rk.has_gpu():
+            for i in rk.gpu:
+                if rk.kind[i] == "communication":
+                    groups[(rk.coll[i] or "unknown", "gpu_kernels")].append(i)
+        else:
+            w = rk.window()
+            for i in rk.rows:
+                if rk.coll[i] is None or rk._is_gpu(i) or not _starts_in(rk.ts[i], w):
+                    continue
+                layer = next((lbl for lbl, rx in _CPU_LAYERS if rx.match(rk.name[i])), None)
+                if layer is not None:
+                    groups[(rk.coll[i], layer)].append(i)
+            best: dict[str, str] = {}
+            for coll, layer in groups:
+                order = [lbl for lbl, _ in _CPU_LAYERS]
+                if coll not in best or order.index(layer) < order.index(best[coll]):
+                    best[coll] = layer
+            groups = defaultdict(list, {k: v for k, v in groups.items() if best[k[0]] == k[1]})
+        for (coll, source), idx in sorted(groups.items()):
+            durs = [rk.interval(i)[1] - rk.interval(i)[0] for i in idx]
+            sized = [(msg[i], d) for i, d in zip(idx, durs) if msg[i] is not None]
+            sizes = Counter(gsize[i] for i in idx if gsize[i] is not None)
+            n, n_from = (sizes.most_common(1)[0][0], "recorded") if sizes else _assumed_group_size(rk)
+            if coll == "all_gather" and source == "backend annotation" and n:
+                # nccl:/gloo:all_gather annotations record only this rank's input shard
+                sized = [(m * n, d) for m, d in sized]
+            nbytes = sum(m for m, _ in sized) if sized else None
+            sized_time = sum(d for _, d in sized)
+            algbw = nbytes / sized_time / 1e3 if sized and sized_time > 0 else None
+            factor = bus_factor(_BUS_NAMES[coll], n) if coll in _BUS_NAMES and n else None
+            rows.append({"rank": rk.rank, "collective": coll, "source": source, "count": len(idx),
+                         "total_us": sum(durs), "mean_us": sum(durs) / len(idx), "sized_count": len(sized),
+                         "message_bytes": nbytes, "group_size": n, "group_size_from": n_from,
+                         "algbw_GBps": algbw, "bus_factor": factor,
+                         "busbw_GBps": algbw * factor if algbw is not None and factor is not None else None})
+    return Table.from_rows("collective_summary", COLLECTIVE_COLUMNS, rows, source=table.source,
+                           meta={"include_last_step": include_last_step, "hta_rounding": hta_rounding})
+
+
+def _starts_in(t: float, window: list[tuple[float, float]]) -> bool:
+    return any(s <= t < e for s, e in window)
+
+
+def _assumed_group_size(rk: _Rank) -> tuple[int | None, str | None]:
+    """Group size for calls that record none: the job's only process group, or the world when
+    the trace lists no groups at all (traces from before PyTorch recorded them)."""
+    pgs = rk.meta.get("pg_config")
+    if isinstance(pgs, list) and len(pgs) == 1 and isinstance(pgs[0], dict):
+        size = pgs[0].get("pg_size")
+        if isinstance(size, int) and size > 0:
+            return size, "only process group"
+    world = rk.meta.get("world_size") or rk.table.meta.get("world_size")
+    if not pgs and isinstance(world, int) and world > 0 and not any(
+            rk.table.columns["group"][i] is not None for i in rk.rows):
+        return world, "world_size"
+    return None, None
+
+
+STRAGGLER_COLUMNS = {
+    "rank": "trainer rank",
+    "steps": "ProfilerSteps in scope on the rank",
+    "step_time_us": "median ProfilerStep duration",
+    "comm_time_us": "median per step of the merged communication time (kernels launched in the "
+                    "step, or collective calls inside it on CPU-only traces)",
+    "step_excess_pct": "step_time_us / median step_time_us of the other ranks x 100 - 100",
+    "comm_deficit_pct": "(median comm_time_us of the other ranks - comm_time_us) / median step "
+                        "time of the other ranks x 100: how much less this rank waits in collectives",
+    "straggler": "True when step_excess_pct or comm_deficit_pct exceeds threshold_pct",
+    "reason": "slow steps | others wait for it in collectives | both; None otherwise",
+}
+
+
+def stragglers(table: Table, *, threshold_pct: float = 10.0, include_last_step: bool = False,
+               hta_rounding: bool = True) -> Table:
+    """Ranks that stand out from the others.
+
+    Rule: each rank is compared with the median of the *other* ranks (so it works from two ranks
+    on). It is a straggler when its median step is more than threshold_pct longer, or when it
+    spends less time in collectives than the others by more than threshold_pct of a step: in a
+    synchronous job the rank that arrives last at a collective waits least, and everyone else's
+    wait is the time lost to it. Needs ProfilerStep annotations; a lone rank is never flagged.
+    """
+    per_rank = []
+    for rk in _ranks(table, include_last_step, hta_rounding):
+        steps = {s[2]: s[1] - s[0] for s in rk.window_steps}
+        comm_by_step: dict[int, list[tuple[float, float]]] = defaultdict(list)
+        if rk.has_gpu():
+            step_col = rk.table.columns["step"]
+            for i in rk.gpu:
+                if rk.kind[i] == "communication" and step_col[i] in steps:
+                    comm_by_step[step_col[i]].append(rk.interval(i))
+            comm = [_measure(_hta_merge(comm_by_step[n])) for n in steps]
+        else:
+            _, m, _ = rk.cpu_sets()
+            comm = [_measure(_intersect(m, [(s[0], s[1])])) for s in rk.window_steps]
+        per_rank.append((rk.rank, len(steps), statistics.median(steps.values()) if steps else None,
+                         statistics.median(comm) if comm else None))
+    rows = []
+    for rank, nsteps, step_t, comm_t in per_rank:
+        others = [(s, c) for r, _, s, c in per_rank if r != rank and s is not None]
+        excess = deficit = None
+        if step_t is not None and others:
+            med_step = statistics.median(s for s, _ in others)
+            med_comm = statistics.median(c for _, c in others)
+            excess = _pct(step_t - med_step, med_step)
+            deficit = _pct(med_comm - comm_t, med_step)
+        slow = excess is not None and excess > threshold_pct
+        early = deficit is not None and deficit > threshold_pct
+        reason = ("both" if slow and early else "slow steps" if slow else
+                  "others wait for it in collectives" if early else None)
+        rows.append({"rank": rank, "steps": nsteps, "step_time_us": step_t, "comm_time_us": comm_t,
+                     "step_excess_pct": excess, "comm_deficit_pct": deficit, "straggler": slow or early,
+                     "reason": reason})
+    return Table.from_rows("stragglers", STRAGGLER_COLUMNS, rows, source=table.source,
+                           meta={"threshold_pct": threshold_pct, "include_last_step": include_last_step})
