@@ -1,4 +1,5 @@
-"""`python -m launch run RECIPE [key=value ...] [--dry-run]` and `python -m launch plan key=value ...`.
+"""`python -m launch run RECIPE [key=value ...] [--dry-run]`, `python -m launch plan key=value ...`,
+`python -m launch export RUN_DIR [step=N] [out=DIR]`.
 
 Every user error is a `ConfigError`: one line on stderr, exit code 2, no traceback.
 """
@@ -17,6 +18,7 @@ from launch.errors import ConfigError
 from launch.planner import GiB, Plan, plan_resolved
 from launch.resolve import Resolved, resolve_path
 from launch.rundir import RunDir
+from launch.trainers.common import ResumeError
 
 BUILT_BACKENDS: frozenset[str] = frozenset({"deepspeed"})  # backends whose trainer exists; others exit 2 before any launch
 
@@ -139,6 +141,8 @@ def cmd_run(args: Sequence[str]) -> int:
         raise ConfigError(resolved.recipe_path, "plan", f"{_gib(worst.memory[worst.implementation].total)} GiB",
                           f"exceeds the usable {_gib(worst.usable_bytes)} GiB on {worst.kind}",
                           "lower memory (zero_stage, tp, activation_checkpointing, micro_batch_size) or set plan.ignore_fit=true")
+    if resolved.recipe.run.resume == "auto":
+        _check_resume(resolved)
     run = RunDir.create(resolved.recipe_name)
     cmd = launcher.build(resolved, str(run.root))
     run.write_text_atomic(run.resolved, resolved.to_json() + "\n")
@@ -150,18 +154,39 @@ def cmd_run(args: Sequence[str]) -> int:
     return _execute(cmd)
 
 
+def _check_resume(resolved: Resolved) -> None:
+    """Refuse an impossible resume before any rank starts (the trainer checks again, for the record)."""
+    from launch.rundir import runs_root
+    from launch.trainers.common import check_resume_compatible, find_resume
+
+    ckpt = find_resume(runs_root() / resolved.recipe_name)
+    if ckpt is None:
+        return
+    check_resume_compatible(ckpt, resolved)  # raises ResumeError: one line, exit 2
+
+
+def _term_with_parent() -> None:
+    """In the launcher child: SIGTERM when this CLI dies, so torchrun can stop its ranks in order."""
+    import ctypes
+
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass
+
+
 def _execute(cmd: launcher.LaunchCommand) -> int:
-    """Run the launcher in its own process group so that Ctrl-C or a kill reaches every rank."""
-    proc = subprocess.Popen(list(cmd.argv), env={**os.environ, **cmd.env}, start_new_session=True)
+    """Run the launcher in our process group: a Ctrl-C or a kill of the group reaches every rank, and
+    torchrun (which stops all ranks when one fails) gets SIGTERM if we are killed alone."""
+    proc = subprocess.Popen(list(cmd.argv), env={**os.environ, **cmd.env}, preexec_fn=_term_with_parent)
 
     def forward(signum, _frame):
-        try:
-            os.killpg(proc.pid, signum)
-        except ProcessLookupError:
-            pass
+        if proc.poll() is None:
+            proc.send_signal(signum)
 
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, forward)
+    signal.signal(signal.SIGTERM, forward)
+    # Ctrl-C already reaches torchrun through the terminal's process group; do not die before it.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     return proc.wait()
 
 
@@ -178,7 +203,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             from launch.compare import cmd_plan
 
             return cmd_plan(rest)
-        raise ConfigError("command line", "command", command, "is not a command", "use `run` or `plan`")
+        if command == "export":
+            from launch.export import cmd_export
+
+            return cmd_export(rest)
+        raise ConfigError("command line", "command", command, "is not a command", "use `run`, `plan` or `export`")
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
+        return 2
+    except ResumeError as e:
+        print(f"error: resume: {e}", file=sys.stderr)
         return 2

@@ -8,6 +8,11 @@ from launch.rundir import RunDir
 
 
 def main(argv: list[str]) -> int:
+    from launch.trainers.common import die_with_parent
+
+    die_with_parent()
+    # The deepspeed launcher appends --local_rank=N; LOCAL_RANK in the environment says the same.
+    argv = [a for a in argv if not a.startswith("--local_rank")]
     if len(argv) != 1:
         print("usage: python -m launch.train RUN_DIR", file=sys.stderr)
         return 2

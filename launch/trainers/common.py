@@ -35,6 +35,23 @@ def rank_env() -> RankEnv:
                    int(os.environ.get("LOCAL_RANK", "0")))
 
 
+def die_with_parent() -> None:
+    """End this rank when the process that started it dies, even by SIGKILL.
+
+    torchrun starts every worker in a session of its own, so killing the job's process group (or
+    torchrun alone, with SIGKILL) would otherwise leave the ranks running as orphans.
+    """
+    import ctypes
+    import signal
+
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except OSError:
+        return
+    if os.getppid() == 1:  # the parent died before the prctl took effect
+        os._exit(1)
+
+
 def redirect_logs(run: RunDir, rank: int) -> TextIO:
     """Send this rank's stdout/stderr (including C++ and NCCL output) to logs/rank{R}.out|err.
 
@@ -205,6 +222,45 @@ class Checkpoint:
     @property
     def dir(self) -> Path:
         return self.path / self.tag
+
+
+class ResumeError(RuntimeError):
+    pass
+
+
+def check_resume_compatible(ckpt: Checkpoint, resolved: Resolved) -> bool:
+    """Refuse what cannot load; True when the checkpoint must go through DeepSpeed's universal format
+    (another data- or tensor-parallel degree)."""
+    info, par = ckpt.info, resolved.recipe.parallel
+    if info.get("backend") != resolved.recipe.backend:
+        raise ResumeError(f"{ckpt.dir}: checkpoint was written by backend {info.get('backend')!r}; "
+                          "resume it with the same backend, or set run.resume=never")
+    if info.get("model") != resolved.model.name:
+        raise ResumeError(f"{ckpt.dir}: checkpoint holds model {info.get('model')!r}, this run trains "
+                          f"{resolved.model.name!r}; set run.resume=never to start fresh")
+    z_old, z_new = info["zero_stage"], par.zero_stage
+    if z_old != z_new and not {z_old, z_new} <= {1, 2}:
+        raise ResumeError(
+            f"{ckpt.dir}: checkpoint was saved with parallel.zero_stage={z_old}; this run has zero_stage={z_new}. "
+            f"DeepSpeed 0.19.8 cannot load one into the other (its loader fails with a bare AssertionError); "
+            f"set parallel.zero_stage={z_old}, or run.resume=never to start fresh")
+    changed = (info["tp"], info["dp"]) != (par.tp, par.dp)
+    if changed and z_old == 0:
+        raise ResumeError(f"{ckpt.dir}: a ZeRO-0 checkpoint (tp={info['tp']}, dp={info['dp']}) cannot be resharded to "
+                          f"tp={par.tp}, dp={par.dp} (DeepSpeed's universal format needs ZeRO >= 1); keep the layout "
+                          "or set run.resume=never")
+    return changed
+
+
+def find_resume(runs_dir: Path) -> Checkpoint | None:
+    """The newest complete checkpoint among earlier runs of a recipe (runs/<recipe>/*), before a launch."""
+    if not runs_dir.is_dir():
+        return None
+    for d in sorted(runs_dir.iterdir(), reverse=True):
+        found = complete_checkpoints(d / "checkpoints")
+        if found:
+            return found[-1]
+    return None
 
 
 def write_marker(ckpt_root: Path, tag: str, info: dict[str, Any]) -> None:

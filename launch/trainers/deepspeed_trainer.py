@@ -22,10 +22,7 @@ from launch.resolve import Resolved
 from launch.rundir import RunDir
 from launch.schedule import lr_at
 from launch.trainers import common
-
-
-class ResumeError(RuntimeError):
-    pass
+from launch.trainers.common import ResumeError, check_resume_compatible
 
 
 def _no_jit_comm_op() -> None:
@@ -34,21 +31,6 @@ def _no_jit_comm_op() -> None:
     import deepspeed.ops
 
     deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
-
-
-def check_resume_compatible(ckpt: common.Checkpoint, resolved: Resolved) -> bool:
-    """True when the checkpoint must go through DeepSpeed's universal format (other dp/tp degree)."""
-    info, par = ckpt.info, resolved.recipe.parallel
-    if info.get("backend") != "deepspeed":
-        raise ResumeError(f"{ckpt.dir}: checkpoint was written by backend {info.get('backend')!r}; "
-                          "resume it with the same backend, or set run.resume=never")
-    z_old, z_new = info["zero_stage"], par.zero_stage
-    if z_old != z_new and not {z_old, z_new} <= {1, 2}:
-        raise ResumeError(
-            f"{ckpt.dir}: checkpoint was saved with parallel.zero_stage={z_old}; this run has zero_stage={z_new}. "
-            f"DeepSpeed 0.19.8 cannot load one into the other (its loader fails with a bare AssertionError); "
-            f"set parallel.zero_stage={z_old}, or run.resume=never to start fresh")
-    return (info["tp"], info["dp"]) != (par.tp, par.dp)
 
 
 def to_universal(ckpt: common.Checkpoint) -> Path:
@@ -80,7 +62,13 @@ def main(run_dir: str) -> int:
     watchdog = common.Watchdog(env.rank, float(r.run.timeout_s), terminal if env.rank == 0 else None)
     step = 0
     try:
-        return _train(run, resolved, env, terminal if env.rank == 0 else None, cuda, watchdog)
+        rc = _train(run, resolved, env, terminal if env.rank == 0 else None, cuda, watchdog)
+        # Every record, checkpoint and marker is on disk and all ranks passed the final barrier. Leave
+        # without interpreter teardown: DeepSpeed/gloo background threads have aborted a finished
+        # ZeRO-3 run there ("terminate called without an active exception"), turning success into failure.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(rc)
     except ResumeError as e:
         print(f"layoutlab: {e}", file=sys.stderr)
         if env.rank == 0:
@@ -243,7 +231,6 @@ def _train(run: RunDir, resolved: Resolved, env: common.RankEnv, terminal, cuda:
     dist.barrier()
     if env.rank == 0:
         print(f"done: {r.train.steps} steps; run directory {run.root}", file=terminal, flush=True)
-    dist.destroy_process_group()
     return 0
 
 

@@ -1,0 +1,135 @@
+"""Checkpoints: resume with identical losses, reshard to another layout, refuse the impossible, export."""
+import json
+import os
+import signal
+import subprocess
+import time
+
+import numpy as np
+import pytest
+
+from launch.data import Synthetic, global_batch_indices
+from launch.metrics import read_metrics
+from launch.trainers.common import MARKER, complete_checkpoints
+from tests.conftest import REPO
+from tests.dist.conftest import SHORT, free_port, train
+
+pytestmark = [pytest.mark.dist, pytest.mark.slow]
+CKPT = (*SHORT, "train.checkpoint_every=5")
+TOL = 1e-5
+
+
+def interrupted_after_5(runs, *overrides):
+    """A full 10-step run whose final save never completed: its last good checkpoint is step 5."""
+    full = train(runs, *CKPT, *overrides)
+    (full.root / "checkpoints" / "step10" / MARKER).unlink()
+    assert [c.step for c in complete_checkpoints(full.root / "checkpoints")] == [5]
+    return full
+
+
+@pytest.mark.parametrize("zero", [2, 3])
+def test_resume_same_layout_reproduces_losses(runs_root, zero):
+    runs = runs_root / f"resume_z{zero}"
+    full = interrupted_after_5(runs, f"parallel.zero_stage={zero}")
+    resumed = train(runs, *CKPT, f"parallel.zero_stage={zero}")
+    meta = resumed.metrics().meta
+    assert meta.start_step == 5 and meta.resumed_from.endswith("step5")
+    assert [s.step for s in resumed.metrics().steps] == [6, 7, 8, 9, 10]
+    assert max(abs(a - b) for a, b in zip(resumed.losses(), full.losses()[5:])) <= TOL
+
+
+@pytest.mark.parametrize("zero", [2, 3])
+def test_two_rank_checkpoint_resumes_on_one_rank(runs_root, zero):
+    runs = runs_root / f"reshard_z{zero}"
+    full = interrupted_after_5(runs, f"parallel.zero_stage={zero}")
+    one = train(runs, *CKPT, f"parallel.zero_stage={zero}", "hardware.gpus_per_node=1", "batch.micro_batch_size=4")
+    assert one.metrics().meta.start_step == 5 and one.metrics().meta.dp == 1
+    assert max(abs(a - b) for a, b in zip(one.losses(), full.losses()[5:])) <= TOL
+    assert (full.root / "checkpoints" / "step5_universal" / "zero").is_dir()
+
+
+def test_autotp_tp2dp2_checkpoint_resumes_on_one_rank(runs_root):
+    runs = runs_root / "reshard_tp"
+    full = interrupted_after_5(runs, "parallel.zero_stage=1", "parallel.tp=2", "hardware.gpus_per_node=4",
+                               "batch.micro_batch_size=2")
+    one = train(runs, *CKPT, "parallel.zero_stage=1", "hardware.gpus_per_node=1", "batch.micro_batch_size=4")
+    assert one.metrics().meta.start_step == 5
+    assert max(abs(a - b) for a, b in zip(one.losses(), full.losses()[5:])) <= TOL
+
+
+def test_stage_change_2_to_3_is_refused_before_launch(runs_root):
+    runs = runs_root / "refuse"
+    train(runs, *CKPT, "parallel.zero_stage=2", "train.steps=5")
+    p = subprocess.run(["bash", "launch/run.sh", "recipes/tiny_zero2", *CKPT, "train.steps=5", "parallel.zero_stage=3"],
+                       cwd=REPO, env={**os.environ, "LAYOUTLAB_RUNS": str(runs)}, capture_output=True, text=True)
+    assert p.returncode == 2
+    line = p.stderr.strip().splitlines()[-1]
+    assert "zero_stage=2" in line and "zero_stage=3" in line and "run.resume=never" in line
+    assert len(list((runs / "tiny_zero2").iterdir())) == 1  # no run directory was created
+
+
+def test_export_loads_in_transformers_and_reproduces_the_loss(runs_root):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    runs = runs_root / "export"
+    full = interrupted_after_5(runs, "parallel.zero_stage=3")
+    out = runs_root / "exported"
+    p = subprocess.run(["python", "-m", "launch", "export", str(full.root), "step=5", f"out={out}"], cwd=REPO,
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert (out / "model.safetensors").is_file() and (out / "config.json").is_file()
+    model = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32, attn_implementation="eager")
+    model.eval()
+    meta = full.metrics().meta
+    src = Synthetic(512, meta.seq_len, 1234)
+    rows = np.stack([src.sample(i) for i in global_batch_indices(5, meta.global_batch_size, None)])
+    x = torch.from_numpy(rows)
+    with torch.no_grad():
+        # the run logs the mean of per-micro-batch means; with equal-length rows that is the batch mean
+        loss = model(input_ids=x, labels=x).loss.item()
+    assert loss == pytest.approx(full.losses()[5], abs=TOL)  # step 6 ran forward on the step-5 weights
+
+
+def test_killed_run_resumes_from_its_last_checkpoint(runs_root):
+    runs = runs_root / "killed"
+    args = ["bash", "launch/run.sh", "recipes/tiny_zero2", *SHORT, "train.steps=400", "train.checkpoint_every=3"]
+    env = {**os.environ, "LAYOUTLAB_RUNS": str(runs), "MASTER_PORT": str(free_port())}
+    proc = subprocess.Popen(args, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
+    deadline = time.time() + 240
+    ckpts = []
+    while time.time() < deadline:
+        roots = list((runs / "tiny_zero2").glob("*/checkpoints")) if (runs / "tiny_zero2").exists() else []
+        ckpts = complete_checkpoints(roots[0]) if roots else []
+        if len(ckpts) >= 2:
+            break
+        time.sleep(0.5)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=60)
+    assert len(ckpts) >= 2, "no checkpoints appeared"
+    killed_root = roots[0].parent
+    for _ in range(40):  # the ranks follow their parent down (PR_SET_PDEATHSIG): no orphans keep training
+        if no_rank_left(killed_root):
+            break
+        time.sleep(0.25)
+    assert no_rank_left(killed_root)
+    done = {c.step for c in complete_checkpoints(killed_root / "checkpoints")}
+    m = read_metrics(killed_root / "metrics" / "rank0.jsonl")  # logs stay readable after a kill
+    assert m.meta is not None and len(m.steps) >= max(done)
+    resumed = train(runs, *SHORT, "train.steps=400", "train.checkpoint_every=3", "train.steps=" + str(max(done) + 3))
+    assert resumed.metrics().meta.start_step == max(done)
+
+
+def no_rank_left(run_root) -> bool:
+    """No process whose command line names this run directory is still alive."""
+    import pathlib
+
+    for p in pathlib.Path("/proc").iterdir():
+        if p.name.isdigit():
+            try:
+                if str(run_root) in (p / "cmdline").read_bytes().decode(errors="replace"):
+                    return False
+            except OSError:
+                continue
+    return True
