@@ -43,7 +43,6 @@ from analysis.parsers.nccl_tests import bus_factor
 from analysis.table import Table
 
 _PROFILER_STEP = re.compile(r"ProfilerStep\s*#\s*(\d+)")
-_SYNC_NAMES = frozenset({"Event Sync", "Context Sync"})
 _KINDS = ("computation", "communication", "memory")  # HTA's order: bit 1, 2, 4
 _BUS_NAMES = {"all_reduce": "all_reduce", "all_gather": "all_gather", "reduce_scatter": "reduce_scatter",
               "all_to_all": "alltoall", "broadcast": "broadcast", "send_recv": "sendrecv",
@@ -62,17 +61,22 @@ _CPU_LAYERS = (("backend annotation", re.compile(r"^(?:nccl|gloo|mpi|ucc):")),
 def _hta_merge(intervals: list[tuple[float, float]]) -> list[tuple[float, float]]:
     """hta.utils.merge_kernel_intervals: blocks of intervals, a new block when a start lies after
     every earlier end; each block spans (min start, max end)."""
-    intervals = sorted(intervals)
-    out: list[list[float]] = []
+    intervals.sort()
+    out = []
     reach = -math.inf
+    cs = ce = None
     for s, e in intervals:
-        if not out or s > reach:
-            out.append([s, e])
-        elif e > out[-1][1]:
-            out[-1][1] = e
+        if s > reach:
+            if cs is not None:
+                out.append((cs, ce))
+            cs, ce = s, e
+        elif e > ce:
+            ce = e
         if e > reach:
             reach = e
-    return [(s, e) for s, e in out]
+    if cs is not None:
+        out.append((cs, ce))
+    return out
 
 
 def _measure(blocks: Iterable[tuple[float, float]]) -> float:
@@ -144,8 +148,8 @@ def _subtract(a: list[tuple[float, float]], b: list[tuple[float, float]]) -> lis
 class _Rank:
     """The rows of one rank and the derived sets every analysis needs."""
 
-    def __init__(self, table: Table, rank: Any, rows: list[int], filter_steps: bool,
-                 include_last_step: bool, hta_rounding: bool):
+    def __init__(self, table: Table, rank: Any, rows: list[int], step_numbers: dict[str, int],
+                 filter_steps: bool, include_last_step: bool, hta_rounding: bool):
         self.table, self.rank, self.rows = table, rank, rows
         c = table.columns
         self.ts, self.dur, self.name = c["ts_us"], c["dur_us"], c["name"]
@@ -154,65 +158,49 @@ class _Rank:
         meta = table.meta.get("ranks", {}).get(rank, {}) if "ranks" in table.meta else table.meta
         self.meta: Mapping[str, Any] = meta or {}
         self.round = hta_rounding and bool(self.meta.get("ts_float"))
-        self.steps = self._steps()
+        stream, name, ts, dur = self.stream, self.name, self.ts, self.dur
+        whole = isinstance(rows, range)  # a one-rank table: scan the columns directly
+        self.gpu_all = ([i for i, s in enumerate(stream) if s is not None and s != -1] if whole else
+                        [i for i in rows if stream[i] is not None and stream[i] != -1])
+        step_rows = ([i for i, n in enumerate(name) if n in step_numbers] if whole else
+                     [i for i in rows if name[i] in step_numbers])
+        # (start, end, N, row) of the rank's ProfilerStep#N spans, by start
+        self.steps = sorted((ts[i], ts[i] + dur[i], step_numbers[name[i]], i) for i in step_rows
+                            if stream[i] is None or stream[i] == -1)
         self.last_step_dropped = len(self.steps) >= 2 and not include_last_step
         self.window_steps = self.steps[:-1] if self.last_step_dropped else self.steps
         self.gpu = self._gpu_scope(filter_steps, include_last_step)
+        self._gpu_iv: list[tuple[float, float]] | None = None
 
-    def interval(self, i: int) -> tuple[float, float]:
-        t, d = self.ts[i], self.dur[i]
+    def intervals(self, rows: Iterable[int]) -> list[tuple[float, float]]:
+        ts, dur = self.ts, self.dur
         if self.round:
-            return math.ceil(t), math.floor(t + d)
-        return t, t + d
-
-    def _is_gpu(self, i: int) -> bool:
-        s = self.stream[i]
-        return s is not None and s != -1
-
-    def _is_hta_kernel(self, i: int) -> bool:
-        s, c = self.stream[i], self.corr[i]
-        return (s is not None and s >= 0 and c is not None and c >= 0) or self.name[i] in _SYNC_NAMES
-
-    def _steps(self) -> list[tuple[float, float, int, int]]:
-        """(start, end, N, row) of the rank's ProfilerStep#N spans, by start."""
-        step_names = {n for n in set(map(self.name.__getitem__, self.rows)) if "ProfilerStep" in n}
-        out = []
-        for i in self.rows:
-            if self.name[i] in step_names and not self._is_gpu(i):
-                m = _PROFILER_STEP.match(self.name[i])
-                if m:
-                    out.append((self.ts[i], self.ts[i] + self.dur[i], int(m.group(1)), i))
-        return sorted(out)
+            return [(math.ceil(ts[i]), math.floor(ts[i] + dur[i])) for i in rows]
+        return [(ts[i], ts[i] + dur[i]) for i in rows]
 
     def _gpu_scope(self, filter_steps: bool, include_last_step: bool) -> list[int]:
-        stream, corr, name, ts, dur = self.stream, self.corr, self.name, self.ts, self.dur
         if not filter_steps or not self.steps:
-            return [i for i in self.rows if stream[i] is not None and stream[i] != -1]
-        step_rows = [s[3] for s in self.steps if not self._is_hta_kernel(s[3])]
-        if include_last_step:
-            limit = max(ts[i] + dur[i] for i in step_rows)
-        else:
-            limit = max(ts[i] for i in step_rows)
-        # HTA's split: a "GPU kernel" has a stream >= 0 and a correlation >= 0 (or is a sync event);
-        # everything else is a CPU event, kept when it starts in scope, and its correlation marks
-        # the GPU kernels it launched. A missing correlation plays HTA's default -1.
-        launched: set[Any] = set()
-        kernels, cpu_with_stream = [], []
-        for i in self.rows:
-            st, c = stream[i], corr[i]
-            if (st is not None and st >= 0 and c is not None and c >= 0) or name[i] in _SYNC_NAMES:
-                if st is not None and st != -1:
-                    kernels.append(i)
-            elif (ts[i] <= limit) if include_last_step else (ts[i] < limit):
-                launched.add(c)
-                if st is not None and st != -1:
-                    cpu_with_stream.append(i)
-        return [i for i in kernels if corr[i] in launched] + cpu_with_stream
+            return self.gpu_all
+        stream, corr, ts = self.stream, self.corr, self.ts
+        launch = self.table.columns["launch_ts_us"]
+        limit = max(s[1] for s in self.steps) if include_last_step else self.steps[-1][0]
+        # HTA's split: a GPU kernel (stream >= 0 and correlation >= 0) is kept when a CPU event
+        # with its correlation starts in scope (the launch); an event with a stream but no
+        # correlation counts as a CPU event, kept when it starts in scope itself.
+        kept = []
+        for i in self.gpu_all:
+            c = corr[i]
+            t = launch[i] if stream[i] >= 0 and c is not None and c >= 0 else ts[i]
+            if t is not None and (t <= limit if include_last_step else t < limit):
+                kept.append(i)
+        return kept
 
     def gpu_blocks(self, kind: str | None = None, collective: str | None = None) -> list[tuple[float, float]]:
-        return _hta_merge([self.interval(i) for i in self.gpu
-                           if (kind is None or self.kind[i] == kind)
-                           and (collective is None or self.coll[i] == collective)])
+        if self._gpu_iv is None:
+            self._gpu_iv = self.intervals(self.gpu)
+        k, coll = self.kind, self.coll
+        return _hta_merge([iv for i, iv in zip(self.gpu, self._gpu_iv)
+                           if (kind is None or k[i] == kind) and (collective is None or coll[i] == collective)])
 
     # CPU basis -------------------------------------------------------------------------------
     def training_threads(self) -> set[tuple[Any, Any]]:
@@ -224,31 +212,34 @@ class _Rank:
                 busy[(self.pid[i], self.tid[i])] += self.dur[i]
         return {busy.most_common(1)[0][0]} if busy else set()
 
+    def is_cpu(self, i: int) -> bool:
+        return self.stream[i] is None or self.stream[i] == -1
+
     def window(self) -> list[tuple[float, float]]:
         if self.window_steps:
             return _union((s[0], s[1]) for s in self.window_steps)
-        cpu = [self.interval(i) for i in self.rows if not self._is_gpu(i)]
+        cpu = self.intervals(i for i in self.rows if self.is_cpu(i))
         return [(min(s for s, _ in cpu), max(e for _, e in cpu))] if cpu else []
 
     def cpu_sets(self, collective: str | None = None):
-        """(W, M, M_sync, C) of the CPU definition; M restricted to `collective` when given."""
+        """(W, M, C) of the CPU definition; M restricted to `collective` when given."""
         threads = self.training_threads()
         m_all, m_sync, c_ops = [], [], []
+        pid, tid, coll, cat = self.pid, self.tid, self.coll, self.cat
         for i in self.rows:
-            if self._is_gpu(i):
+            if not self.is_cpu(i):
                 continue
-            on_train = (self.pid[i], self.tid[i]) in threads
-            if self.coll[i] is not None:
-                if collective is None or self.coll[i] == collective:
-                    m_all.append(self.interval(i))
+            on_train = (pid[i], tid[i]) in threads
+            if coll[i] is not None:
+                if collective is None or coll[i] == collective:
+                    m_all.append(i)
                 if on_train:
-                    m_sync.append(self.interval(i))
-            elif on_train and self.cat[i] == "cpu_op":
-                c_ops.append(self.interval(i))
+                    m_sync.append(i)
+            elif on_train and cat[i] == "cpu_op":
+                c_ops.append(i)
         w = self.window()
-        m_sync_u = _union(m_sync)
-        c = _intersect(_subtract(_union(c_ops), m_sync_u), w)
-        return w, _intersect(_union(m_all), w), c
+        c = _intersect(_subtract(_union(self.intervals(c_ops)), _union(self.intervals(m_sync))), w)
+        return w, _intersect(_union(self.intervals(m_all)), w), c
 
     def has_gpu(self) -> bool:
         return bool(self.gpu)
@@ -259,14 +250,18 @@ def _ranks(table: Table, include_last_step: bool = False, hta_rounding: bool = T
     ranks = table.columns["rank"]
     by_rank: dict[Any, list[int]] = {}
     if len(set(ranks)) == 1:
-        by_rank[ranks[0]] = list(range(len(ranks)))
+        by_rank[ranks[0]] = range(len(ranks))
     else:
         for i, r in enumerate(ranks):
             by_rank.setdefault(r, []).append(i)
-    step_names = {n for n in set(table.columns["name"]) if "ProfilerStep" in n}
+    step_numbers = {}
+    for n in set(table.columns["name"]):
+        m = _PROFILER_STEP.match(n) if "ProfilerStep" in n else None
+        if m:
+            step_numbers[n] = int(m.group(1))
     # HTA filters only when the whole job shows two or more ProfilerStep names.
-    filter_steps = hta_filter and len(step_names) >= 2
-    return [_Rank(table, r, rows, filter_steps, include_last_step, hta_rounding)
+    filter_steps = hta_filter and len(step_numbers) >= 2
+    return [_Rank(table, r, rows, step_numbers, filter_steps, include_last_step, hta_rounding)
             for r, rows in sorted(by_rank.items(), key=lambda kv: (kv[0] is None, kv[0] if kv[0] is not None else 0))]
 
 
@@ -376,7 +371,7 @@ def exposed_communication(table: Table, *, include_last_step: bool = False, hta_
             kinds = sorted({rk.coll[i] for i in rk.gpu if rk.kind[i] == "communication" and rk.coll[i]})
         else:
             span = _measure(rk.window())
-            kinds = sorted({rk.coll[i] for i in rk.rows if rk.coll[i] is not None and not rk._is_gpu(i)})
+            kinds = sorted({rk.coll[i] for i in rk.rows if rk.coll[i] is not None and rk.is_cpu(i)})
         for coll in ["all", *kinds]:
             comm, overlap, basis = _comm_and_overlap(rk, None if coll == "all" else coll)
             exposed = comm - overlap
@@ -407,8 +402,7 @@ def kernel_breakdown(table: Table, *, include_last_step: bool = False, hta_round
     rows = []
     for rk in _ranks(table, include_last_step, hta_rounding):
         durs: dict[tuple[str, str], list[float]] = defaultdict(list)
-        for i in rk.gpu:
-            s, e = rk.interval(i)
+        for i, (s, e) in zip(rk.gpu, rk.intervals(rk.gpu)):
             durs[(rk.kind[i], rk.name[i])].append(e - s)
         kind_total: Counter[str] = Counter()
         for (kind, _), ds in durs.items():
@@ -477,8 +471,7 @@ def kernel_diff(a: Table, b: Table, *, normalize: str = "none", include_last_ste
         steps = 0
         for rk in _ranks(t, include_last_step, hta_rounding):
             steps += len(rk.window_steps)
-            for i in rk.gpu:
-                s, e = rk.interval(i)
+            for i, (s, e) in zip(rk.gpu, rk.intervals(rk.gpu)):
                 counts[rk.name[i]] += 1
                 times[rk.name[i]] += e - s
                 kinds[rk.name[i]] = rk.kind[i]
@@ -536,7 +529,7 @@ def collective_summary(table: Table, *, include_last_step: bool = False, hta_rou
         else:
             w = rk.window()
             for i in rk.rows:
-                if rk.coll[i] is None or rk._is_gpu(i) or not _starts_in(rk.ts[i], w):
+                if rk.coll[i] is None or not rk.is_cpu(i) or not _starts_in(rk.ts[i], w):
                     continue
                 layer = next((lbl for lbl, rx in _CPU_LAYERS if rx.match(rk.name[i])), None)
                 if layer is not None:
@@ -548,7 +541,7 @@ def collective_summary(table: Table, *, include_last_step: bool = False, hta_rou
                     best[coll] = layer
             groups = defaultdict(list, {k: v for k, v in groups.items() if best[k[0]] == k[1]})
         for (coll, source), idx in sorted(groups.items()):
-            durs = [rk.interval(i)[1] - rk.interval(i)[0] for i in idx]
+            durs = [e - s for s, e in rk.intervals(idx)]
             sized = [(msg[i], d) for i, d in zip(idx, durs) if msg[i] is not None]
             sizes = Counter(gsize[i] for i in idx if gsize[i] is not None)
             n, n_from = (sizes.most_common(1)[0][0], "recorded") if sizes else _assumed_group_size(rk)
@@ -617,9 +610,9 @@ def stragglers(table: Table, *, threshold_pct: float = 10.0, include_last_step: 
         comm_by_step: dict[int, list[tuple[float, float]]] = defaultdict(list)
         if rk.has_gpu():
             step_col = rk.table.columns["step"]
-            for i in rk.gpu:
+            for i, iv in zip(rk.gpu, rk.intervals(rk.gpu)):
                 if rk.kind[i] == "communication" and step_col[i] in steps:
-                    comm_by_step[step_col[i]].append(rk.interval(i))
+                    comm_by_step[step_col[i]].append(iv)
             comm = [_measure(_hta_merge(comm_by_step[n])) for n in steps]
         else:
             _, m, _ = rk.cpu_sets()

@@ -4,7 +4,7 @@ Each run is a fresh Python process doing the same work: load one rank's trace, t
 breakdown, communication/computation overlap and GPU kernel breakdown. HTA runs twice, with its
 default JSON parser and with ParserBackend.IJSON_BATCH_AND_COMPRESS; ours runs with orjson (when
 installed) and with the standard library's json. Wall time is measured around the process, peak
-memory is the process's ru_maxrss from wait4. Ratios are against the faster HTA run; the targets
+memory is the peak RSS (VmHWM) each process reports at its end. Ratios are against the faster HTA run; the targets
 are >= 20x faster and <= 1/4 of its peak memory.
 
 HTA lives in its own venv, never in the project's environment:
@@ -32,7 +32,16 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_TRACE = REPO / "tests" / "fixtures" / "kineto" / "hta_trace_diff_test.json.gz"
 
-_OURS = """
+# Each child reports its own peak RSS (VmHWM): ru_maxrss from wait4 would include this parent's
+# peak, which Linux carries over fork and exec.
+_PEAK = """
+def peak_mib():
+    for line in open("/proc/self/status"):
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+"""
+
+_OURS = _PEAK + """
 import json, sys
 {prelude}
 from analysis.parsers.kineto import parse_kineto
@@ -46,14 +55,14 @@ types = {{}}
 for r in kt.rows():
     types[r["kernel_type"]] = types.get(r["kernel_type"], 0) + r["time_us"]
 print(json.dumps({{
-    "rows": len(t), "warnings": list(t.warnings)[:3],
+    "peak_mib": peak_mib(), "rows": len(t), "warnings": list(t.warnings)[:3],
     "temporal": [[r["rank"], r["idle_time_us"], r["compute_time_us"], r["non_compute_time_us"], r["kernel_time_us"]]
                  for r in tb.rows()],
     "overlap_pct": [[r["rank"], r["overlap_pct"]] for r in ov.rows()],
     "kernel_names": len(kb), "kernel_types": types}}))
 """
 
-_HTA = """
+_HTA = _PEAK + """
 import json, logging, sys, warnings
 warnings.filterwarnings("ignore")
 logging.disable(logging.CRITICAL)
@@ -68,6 +77,7 @@ tb = a.get_temporal_breakdown(visualize=False)
 ov = a.get_comm_comp_overlap(visualize=False)
 types, names = a.get_gpu_kernel_breakdown(visualize=False)
 print(json.dumps({
+    "peak_mib": peak_mib(),
     "temporal": [[int(r["rank"]), float(r["idle_time(us)"]), float(r["compute_time(us)"]),
                   float(r["non_compute_time(us)"]), float(r["kernel_time(us)"])] for _, r in tb.iterrows()],
     "overlap_pct": [[int(r["rank"]), float(r["comp_comm_overlap_pctg"])] for _, r in ov.iterrows()],
@@ -77,25 +87,20 @@ print(json.dumps({
 
 
 def run_measured(argv: list[str], env: dict[str, str] | None = None) -> dict:
-    """Run one process: wall seconds, its own peak RSS (MiB, from wait4) and its JSON answer."""
+    """Run one process: wall seconds around it, and its JSON answer (which holds its peak RSS)."""
     t0 = time.perf_counter()
-    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
-        proc = subprocess.Popen(argv, stdout=out, stderr=err, env=env, cwd=REPO)
-        _, status, usage = os.wait4(proc.pid, 0)
-        proc.returncode = os.waitstatus_to_exitcode(status)
-        wall = time.perf_counter() - t0
-        out.seek(0)
-        err.seek(0)
-        text, errs = out.read().decode(errors="replace"), err.read().decode(errors="replace")
+    proc = subprocess.run(argv, capture_output=True, env=env, cwd=REPO)
+    wall = time.perf_counter() - t0
     answer = None
-    lines = text.strip().splitlines()
+    lines = proc.stdout.decode(errors="replace").strip().splitlines()
     if lines:
         try:
             answer = json.loads(lines[-1])
         except ValueError:
             answer = None
-    error = None if answer is not None else ((errs.strip().splitlines() or ["no output"])[-1])
-    return {"wall_s": wall, "peak_mib": usage.ru_maxrss / 1024, "answer": answer, "error": error}
+    error = None if answer is not None else (
+        (proc.stderr.decode(errors="replace").strip().splitlines() or ["no output"])[-1])
+    return {"wall_s": wall, "peak_mib": answer["peak_mib"] if answer else None, "answer": answer, "error": error}
 
 
 def build_repeated(source: Path, repeat: int, target: Path) -> dict:
@@ -190,7 +195,8 @@ def bench_one(path: Path, hta_python: Path | None) -> None:
             speed = best[1]["wall_s"] / r["wall_s"]
             mem = r["peak_mib"] / best[1]["peak_mib"]
         note = "" if r["answer"] is not None else f"   FAILED: {r['error']}"
-        print(f"   {label:<34}{r['wall_s']:>9.2f}{r['peak_mib']:>10.0f}{fmt(speed, '.1f'):>10}{fmt(mem, '.3f'):>10}{note}")
+        print(f"   {label:<34}{r['wall_s']:>9.2f}{fmt(r['peak_mib'], '.0f'):>10}{fmt(speed, '.1f'):>10}"
+              f"{fmt(mem, '.3f'):>10}{note}")
     if best is not None:
         ours = runs["ours (orjson)"]
         if ours["answer"] is not None:

@@ -151,7 +151,36 @@ def cmd_run(args: Sequence[str]) -> int:
     run.write_text_atomic(run.launch_cmd, cmd.shell() + "\n")
     render(resolved, plan, cmd, console)
     console.print(f"[bold]run directory[/bold] {run.root}")
-    return _execute(cmd)
+    from launch.extensions import ensure_cpu_adam, needs_cpu_adam
+
+    if needs_cpu_adam(resolved):
+        ensure_cpu_adam(console, env=dict(cmd.env))
+    rc = _execute(cmd)
+    if rc != 0:
+        for line in failure_summary(run, resolved.world_size):
+            print(line, file=sys.stderr)
+    return rc
+
+
+def failure_summary(run: RunDir, world: int) -> list[str]:
+    """After a failed run: what each rank said about its failure, and the last step it recorded."""
+    from launch.metrics import read_metrics
+
+    lines = [f"error: the run failed; per-rank logs are in {run.logs}"]
+    for rank in range(world):
+        said = ""
+        try:
+            for text in run.stderr(rank).read_text(errors="replace").splitlines():
+                if text.startswith("layoutlab: rank"):
+                    said = text
+        except OSError:
+            pass
+        last = None
+        if run.metrics(rank).is_file():
+            steps = read_metrics(run.metrics(rank)).steps
+            last = steps[-1].step if steps else 0
+        lines.append(f"  rank {rank}: last recorded step {last}" + (f"; {said}" if said else ""))
+    return lines
 
 
 def _check_resume(resolved: Resolved) -> None:

@@ -29,7 +29,9 @@ def build(resolved, run_dir: str, *, environ: Mapping[str, str] | None = None) -
     environ = os.environ if environ is None else environ
     r = resolved.recipe
     hw = r.hardware
-    env: dict[str, str] = {"LAYOUTLAB_RUN_DIR": run_dir}
+    from launch.extensions import extensions_dir
+
+    env: dict[str, str] = {"LAYOUTLAB_RUN_DIR": run_dir, "TORCH_EXTENSIONS_DIR": str(extensions_dir())}
     if resolved.hardware.name == "cpu":
         env["DS_ACCELERATOR"] = "cpu"
         env["OMP_NUM_THREADS"] = str(cpu_threads(hw.gpus_per_node))

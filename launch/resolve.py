@@ -219,9 +219,13 @@ def resolve(loaded: LoadedRecipe, world_size: int | None = None) -> Resolved:
     if r.run.profile == "nsys" and hw.name == "cpu":
         raise ConfigError(w("run.profile"), "run.profile", "nsys", "needs NVIDIA GPUs (Nsight Systems traces CUDA)",
                           'set run.profile="torch" on CPU ranks')
-    if r.data.source == "text" and not r.data.path:
-        raise ConfigError(w("data.source"), "data.source", "text", "needs data.path",
-                          "set data.path to a .txt/.jsonl file or folder (relative to the recipe)")
+    if r.data.source == "text":
+        if not r.data.path:
+            raise ConfigError(w("data.source"), "data.source", "text", "needs data.path",
+                              "set data.path to a .txt/.jsonl file or folder (relative to the recipe)")
+        if not (Path(w("data.path")).parent / r.data.path).exists() and not Path(r.data.path).exists():
+            raise ConfigError(w("data.path"), "data.path", r.data.path, "does not exist",
+                              "give a .txt/.jsonl file or folder, relative to the recipe or absolute")
 
     # Placement warnings.
     if par.tp > hw_s.gpus_per_node:

@@ -1,9 +1,9 @@
 """Parse PyTorch profiler (Kineto) Chrome traces, `.json` or `.json.gz`, into one table of events.
 
 The file is read as a stream: decompressed chunks are cut at event boundaries and each batch of
-events is decoded at once (orjson when it is installed, else the standard library), so the working
-memory is a few MiB whatever the trace size; only the table itself grows with the number of events
-kept. A trace that a crashed run left half-written, a gzip stream cut short, or bytes that are not
+events is decoded at once by msgspec into small typed structs that hold only the fields used here
+(the rest of each event is skipped in C), so the working memory is a few MiB whatever the trace
+size; only the table itself grows with the number of events kept. A trace that a crashed run left half-written, a gzip stream cut short, or bytes that are not
 JSON give the events read up to that point (and after it, where the scanner can find the next event
 again) plus a warning naming the file and the byte offset in the decompressed JSON text.
 
@@ -26,7 +26,6 @@ non-integer number: HTA then rounds GPU intervals inward to whole microseconds),
 from __future__ import annotations
 
 import bisect
-import codecs
 import json
 import math
 import os
@@ -35,12 +34,9 @@ import zlib
 from collections import Counter
 from typing import Any, Callable, Iterable, Iterator
 
-from analysis.table import Table
+import msgspec
 
-try:
-    import orjson
-except ImportError:  # pragma: no cover - orjson only speeds the same decoding up
-    orjson = None
+from analysis.table import Table
 
 COLUMNS: dict[str, str] = {
     "rank": "trainer rank: distributedInfo.rank, else a rank number in the file name (rank-3, rank_3, "
@@ -79,6 +75,8 @@ COLUMNS: dict[str, str] = {
     "step": "N of the ProfilerStep#N span containing the event's start (CPU events) or the start of "
             "the CPU call that launched it, matched by correlation (GPU events); None outside steps",
     "correlation": "args.correlation (links a cuda_runtime launch to its GPU event); None when absent",
+    "launch_ts_us": "GPU events: start of the (earliest) CPU event with the same correlation, i.e. the "
+                    "launch; None for CPU events and for GPU events launched before the trace began",
 }
 
 _CHUNK_BYTES = 1 << 20          # decompressed bytes handed to the decoder at a time
@@ -142,7 +140,65 @@ _WHITESPACE = re.compile(r"[ \t\r\n]*")
 _RANK_IN_NAME = re.compile(r"rank[-_]?(\d+)", re.IGNORECASE)
 _PROFILER_STEP = re.compile(r"ProfilerStep\s*#\s*(\d+)")
 
-_loads: Callable[[bytes], Any] = orjson.loads if orjson is not None else json.loads
+
+
+class _Args(msgspec.Struct):
+    """The event args this parser reads; Input Dims / Input type stay raw JSON until a collective
+    needs them (every cpu_op of a record_shapes trace has them)."""
+
+    stream: Any = None
+    correlation: Any = None
+    name: Any = None  # metadata events: the thread or process name
+    collective_name: Any = msgspec.field(name="Collective name", default=None)
+    in_nelems: Any = msgspec.field(name="In msg nelems", default=None)
+    out_nelems: Any = msgspec.field(name="Out msg nelems", default=None)
+    in_size: Any = msgspec.field(name="In msg size", default=None)
+    out_size: Any = msgspec.field(name="Out msg size", default=None)
+    dtype: Any = None
+    group_size: Any = msgspec.field(name="Group size", default=None)
+    pg_name: Any = msgspec.field(name="Process Group Name", default=None)
+    pg_ranks: Any = msgspec.field(name="Process Group Ranks", default=None)
+    input_dims: msgspec.Raw = msgspec.field(name="Input Dims", default=msgspec.Raw())
+    input_types: msgspec.Raw = msgspec.field(name="Input type", default=msgspec.Raw())
+
+
+class _Event(msgspec.Struct):
+    ph: Any = None
+    cat: Any = None
+    name: Any = None
+    pid: Any = None
+    tid: Any = None
+    ts: Any = None
+    dur: Any = None
+    args: _Args | None = None
+
+
+_BATCH = msgspec.json.Decoder(list[_Event])
+_ARG_FIELDS = {f.name: f.encode_name for f in msgspec.structs.fields(_Args)}
+_NOT_AN_EVENT = object()
+_EMPTY_ARGS = _Args()
+
+
+def _event_from_dict(value: Any) -> Any:
+    """The slow path's decoded JSON value as an _Event (or a marker when it is not an object)."""
+    if not isinstance(value, dict):
+        return _NOT_AN_EVENT
+    raw = value.get("args")
+    args = None
+    if isinstance(raw, dict):
+        fields = {}
+        for attr, key in _ARG_FIELDS.items():
+            if key in raw:
+                v = raw[key]
+                if attr in ("input_dims", "input_types"):
+                    try:
+                        v = msgspec.Raw(msgspec.json.encode(v))
+                    except (TypeError, ValueError, OverflowError):
+                        continue
+                fields[attr] = v
+        args = _Args(**fields)
+    return _Event(ph=value.get("ph"), cat=value.get("cat"), name=value.get("name"), pid=value.get("pid"),
+                  tid=value.get("tid"), ts=value.get("ts"), dur=value.get("dur"), args=args)
 
 
 def kernel_kind(name: str) -> str:
@@ -216,18 +272,20 @@ def _tensor_bytes(dims: Any, dtype: Any) -> int | None:
     return math.prod(dims) * size
 
 
-def _message(args: dict) -> tuple[int | None, str | None]:
+def _raw_json(raw: msgspec.Raw) -> Any:
+    return msgspec.json.decode(raw) if len(raw) else None
+
+
+def _message(args: _Args) -> tuple[int | None, str | None]:
     """(message_bytes, message_from) from a collective event's args; see COLUMNS."""
-    sizes = [v for v in (_int_or_none(args.get("In msg size")), _int_or_none(args.get("Out msg size")))
-             if v is not None and v >= 0]
+    sizes = [v for v in (_int_or_none(args.in_size), _int_or_none(args.out_size)) if v is not None and v >= 0]
     if sizes:
         return max(sizes), "msg_size"
-    nelems = [v for v in (_int_or_none(args.get("In msg nelems")), _int_or_none(args.get("Out msg nelems")))
-              if v is not None and v >= 0]
-    elem = dtype_bytes(args.get("dtype"))
+    nelems = [v for v in (_int_or_none(args.in_nelems), _int_or_none(args.out_nelems)) if v is not None and v >= 0]
+    elem = dtype_bytes(args.dtype)
     if nelems and elem is not None:
         return max(nelems) * elem, "msg_nelems"
-    dims, types = args.get("Input Dims"), args.get("Input type")
+    dims, types = _raw_json(args.input_dims), _raw_json(args.input_types)
     if isinstance(dims, list) and isinstance(types, list):
         best = None
         for d, t in zip(dims, types):
@@ -239,11 +297,10 @@ def _message(args: dict) -> tuple[int | None, str | None]:
     return None, None
 
 
-def _group(args: dict, pg_sizes: dict[str, int]) -> tuple[str | None, int | None]:
-    name = args.get("Process Group Name")
-    ranks = args.get("Process Group Ranks")
+def _group(args: _Args, pg_sizes: dict[str, int]) -> tuple[str | None, int | None]:
+    name, ranks = args.pg_name, args.pg_ranks
     group = str(name) if name not in (None, "") else (str(ranks) if ranks not in (None, "", "[]") else None)
-    size = _int_or_none(args.get("Group size"))
+    size = _int_or_none(args.group_size)
     if size is None or size <= 0:
         size = None
         if isinstance(ranks, str) and ranks.strip().startswith("["):
@@ -328,11 +385,11 @@ class _Collector:
 
     def take(self, events: list[Any]) -> None:
         # Rows are built as tuples and turned into columns once per batch: one append per event
-        # instead of one per column, and the tuples live only as long as the batch.
+        # instead of one per column, and the tuples live only as long as the batch. Repeated
+        # values share one object (names, durations, pids, tids): the table of a large trace is
+        # mostly these columns.
         rows: list[tuple] = []
         add = rows.append
-        # Repeated values share one object (names, durations, pids, tids): the table of a large
-        # trace is mostly these columns.
         names, durs, ids, kinds, cpu_coll = self._names, self._durs, self._ids, self._kind, self._cpu_coll
         aliases, cpu_cats, scalar = _CATEGORY_ALIASES, _CPU_COLLECTIVE_CATEGORIES, _SCALAR_TYPES
         wanted, rank = self.wanted, self.rank
@@ -340,44 +397,48 @@ class _Collector:
         bad: Counter[str] = Counter()
         for e in events:
             try:
-                ph = e["ph"]
+                ph = e.ph
                 if ph != "X":
                     phases[ph] += 1
                     if ph == "M":
                         self._metadata(e)
                     continue
-                cat = e["cat"]
+                cat = e.cat
+                ts = e.ts
+                dur = e.dur
+                if cat is None or ts is None or dur is None:
+                    bad["no cat, ts or dur"] += 1
+                    continue
                 if cat == "Trace":
                     bad["profiler span"] += 1
                     continue
-                ts = e["ts"]
-                dur = e["dur"]
                 if ts - ts or dur - dur:
                     bad["ts or dur not finite"] += 1
                     continue
                 cat = aliases.get(cat, cat)
+                cat = names.setdefault(cat, cat)
                 if wanted is not None and cat not in wanted:
                     bad["category not wanted"] += 1
                     continue
-                name = e.get("name", "")
+                name = e.name
                 if name.__class__ is not str:
-                    name = str(name)
+                    name = "" if name is None else str(name)
                 name = names.setdefault(name, name)
-                pid = e.get("pid")
-                tid = e.get("tid")
+                pid = e.pid
+                tid = e.tid
                 if pid.__class__ not in scalar:
                     pid = str(pid)
                 if tid.__class__ not in scalar:
                     tid = str(tid)
                 pid = ids.setdefault(pid, pid)
                 tid = ids.setdefault(tid, tid)
-                args = e.get("args")
-                if args.__class__ is not dict:
-                    args = _NO_ARGS
-                stream = args.get("stream")
+                args = e.args
+                if args is None:
+                    args = _EMPTY_ARGS
+                stream = args.stream
                 if stream is not None and stream.__class__ is not int:
                     stream = _int_or_none(stream)
-                corr = args.get("correlation")
+                corr = args.correlation
                 if corr is not None and corr.__class__ is not int:
                     corr = _int_or_none(corr)
                 kind = coll = None
@@ -389,25 +450,23 @@ class _Collector:
                         coll = self._kernel_coll.get(name)
                         if coll is None:
                             coll = self._kernel_coll[name] = kernel_collective(name)
-                        coll = cpu_collective("record_param_comms", args.get("Collective name")) or coll
+                        coll = cpu_collective("record_param_comms", args.collective_name) or coll
                 elif cat in cpu_cats:
                     if name == "record_param_comms":
-                        coll = cpu_collective(name, args.get("Collective name"))
+                        coll = cpu_collective(name, args.collective_name)
                     else:
-                        coll = cpu_coll.get(name, "?")
-                        if coll == "?":
-                            coll = cpu_coll[name] = cpu_collective(name)
+                        coll = cpu_coll[name] if name in cpu_coll else self._cpu_collective(name)
                 if coll is None:
                     add((rank, pid, tid, stream, cat, name, ts, durs.setdefault(dur, dur), kind,
-                         None, None, None, None, None, None, corr))
+                         None, None, None, None, None, None, corr, None))
                 else:
                     msg, msg_from = _message(args)
                     group, gsize = _group(args, self.pg_sizes)
                     add((rank, pid, tid, stream, cat, name, ts, durs.setdefault(dur, dur), kind,
-                         coll, msg, msg_from, group, gsize, None, corr))
-            except KeyError:
-                bad["no ph, cat, ts or dur"] += 1
-            except (TypeError, ValueError, AttributeError):
+                         coll, msg, msg_from, group, gsize, None, corr, None))
+            except AttributeError:
+                bad["not an object"] += 1
+            except (TypeError, ValueError, msgspec.DecodeError):
                 bad["fields of the wrong type"] += 1
         self.total += len(events)
         for ph, count in phases.items():
@@ -416,6 +475,10 @@ class _Collector:
         if rows:
             for column, values in zip(self.cols.values(), zip(*rows)):
                 column.extend(values)
+
+    def _cpu_collective(self, name: str) -> str | None:
+        coll = self._cpu_coll[name] = cpu_collective(name)
+        return coll
 
     def header(self, top: dict[str, Any]) -> None:
         """Take rank and process-group sizes from the keys before traceEvents, so rows get them directly."""
@@ -428,10 +491,9 @@ class _Collector:
             if isinstance(pg, dict) and _int_or_none(pg.get("pg_size")) is not None:
                 self.pg_sizes[str(pg.get("pg_name"))] = _int_or_none(pg.get("pg_size"))
 
-    def _metadata(self, e: dict) -> None:
-        args = e.get("args")
-        if e.get("name") == "thread_name" and isinstance(args, dict) and isinstance(args.get("name"), str):
-            self.thread_names[f"{e.get('pid')}/{e.get('tid')}"] = args["name"]
+    def _metadata(self, e: _Event) -> None:
+        if e.name == "thread_name" and e.args is not None and isinstance(e.args.name, str):
+            self.thread_names[f"{e.pid}/{e.tid}"] = e.args.name
 
 
 class _Scanner:
@@ -506,12 +568,13 @@ class _Scanner:
         lead = _LEADING_SEPARATORS.match(buf).end()
         if buf[lead:lead + 1] != b"{":
             return False
-        tail_from = max(lead, len(buf) - (1 << 18))
+        tail_from = max(lead, len(buf) - (1 << 16))
         seps = list(_EVENT_SEP.finditer(buf, tail_from)) or list(_EVENT_SEP.finditer(buf, lead))
+        view = memoryview(buf)
         for m in reversed(seps[-2:]):
             try:
-                events = _loads(b"[" + buf[lead:m.start() + 1] + b"]")
-            except (ValueError, TypeError):
+                events = _BATCH.decode(b"".join((b"[", view[lead:m.start() + 1], b"]")))
+            except msgspec.DecodeError:
                 continue
             self.collector.take(events)
             self._consume(m.end())
@@ -584,7 +647,7 @@ class _Scanner:
                     value, end, bad = self._decode(text, i, final)
                     if end is None:
                         break
-                    batch.append(value)
+                    batch.append(_event_from_dict(value))
                     i = end
                     if len(batch) >= 4096:
                         self.collector.take(batch)
@@ -708,43 +771,55 @@ def parse_kineto(path: str | os.PathLike[str], *, source: str = "",
 
 
 def _assign_steps(cols: dict[str, list[Any]]) -> None:
-    """Fill `step` the way HTA's add_iteration does (CPU by time, GPU through the launch)."""
+    """Fill `step` the way HTA's add_iteration does (CPU by time, GPU through the launch), and
+    `launch_ts_us` of GPU events."""
     names, ts, dur, stream, corr = cols["name"], cols["ts_us"], cols["dur_us"], cols["stream"], cols["correlation"]
-    spans = []
-    for i, name in enumerate(names):
-        if name.startswith("ProfilerStep"):
-            m = _PROFILER_STEP.match(name)
-            if m:
-                spans.append((ts[i], ts[i] + dur[i], int(m.group(1))))
-    if not spans:
-        return
+    steps, launch_ts = cols["step"], cols["launch_ts_us"]
+    numbers = {}
+    for name in set(names):
+        m = _PROFILER_STEP.match(name) if name.startswith("ProfilerStep") else None
+        if m:
+            numbers[name] = int(m.group(1))
+    spans = [(ts[i], ts[i] + dur[i], numbers[x]) for i, x in enumerate(names) if x in numbers]
     spans.sort()
     starts = [s[0] for s in spans]
     reach = []  # reach[k]: the latest end among spans[0..k], to stop the walk back early
     for s in spans:
         reach.append(max(reach[-1], s[1]) if reach else s[1])
-    steps = cols["step"]
+    disjoint = all(reach[k - 1] <= spans[k][0] for k in range(1, len(spans)))
     launch_step: dict[int, int | None] = {}
+    launch_at: dict[int, Any] = {}
     gpu_rows = []
+    lo = hi = current = None  # the step the previous row fell in: events come in runs
     for i, t in enumerate(ts):
-        if stream[i] is not None and stream[i] != -1:
+        st = stream[i]
+        if st is not None and st != -1:
             gpu_rows.append(i)
             continue
-        step = None
-        k = bisect.bisect_right(starts, t) - 1
-        # HTA lets the last containing step win; steps rarely overlap, so this walk is one step long.
-        while k >= 0 and reach[k] > t:
-            if t < spans[k][1]:
-                step = spans[k][2]
-                break
-            k -= 1
+        if lo is not None and lo <= t < hi:
+            step = current
+        else:
+            step = None
+            k = bisect.bisect_right(starts, t) - 1
+            # HTA lets the last containing step win; steps rarely overlap, so this walk is one step long.
+            while k >= 0 and reach[k] > t:
+                if t < spans[k][1]:
+                    step = spans[k][2]
+                    if disjoint:
+                        lo, hi, current = spans[k]
+                    break
+                k -= 1
         steps[i] = step
         c = corr[i]
-        if c is not None and c != -1:
+        if c is not None:
             launch_step[c] = step
+            if c not in launch_at or t < launch_at[c]:
+                launch_at[c] = t
     for i in gpu_rows:
         c = corr[i]
-        steps[i] = launch_step.get(c) if c is not None else None
+        if c is not None:
+            steps[i] = launch_step.get(c)
+            launch_ts[i] = launch_at.get(c)
 
 
 def _link_kernels_to_collectives(cols: dict[str, list[Any]]) -> None:

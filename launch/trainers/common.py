@@ -107,6 +107,19 @@ class Watchdog:
                 os._exit(124)
 
 
+def inject_fault(rank: int, step: int) -> None:
+    """Chaos testing: LAYOUTLAB_FAULT="hang:RANK:STEP" or "crash:RANK:STEP" makes that rank stall or
+    raise at the start of that step, to show how the job comes down (tests use it; users may too)."""
+    spec = os.environ.get("LAYOUTLAB_FAULT")
+    if not spec:
+        return
+    kind, r, s = spec.split(":")
+    if int(r) == rank and int(s) == step:
+        if kind == "hang":
+            time.sleep(10**6)
+        raise RuntimeError(f"injected fault ({spec})")
+
+
 def fail_message(rank: int, step: int, exc: BaseException) -> str:
     return f"layoutlab: rank {rank} failed at step {step}: {type(exc).__name__}: {exc}"
 
@@ -151,7 +164,7 @@ def build_model(resolved: Resolved, device_is_cuda: bool):
 def data_source(resolved: Resolved):
     r = resolved.recipe
     if r.data.source == "text":
-        path = Path(resolved.recipe_path).parent / r.data.path
+        path = Path(resolved.recipe_path).parent / r.data.path  # an absolute data.path stays as it is
         return ByteText.from_path(path, r.batch.seq_len, r.train.seed, resolved.model.vocab_size)
     return Synthetic(resolved.model.vocab_size, r.batch.seq_len, r.train.seed)
 

@@ -174,6 +174,7 @@ def _train(run: RunDir, resolved: Resolved, env: common.RankEnv, terminal, cuda:
     ga = resolved.grad_accum
     for step in range(start_step, r.train.steps):
         watchdog.beat(step + 1, "step")
+        common.inject_fault(env.rank, step + 1)
         lr = lr_at(step, lr=r.train.lr, min_lr=r.train.min_lr, warmup=r.train.lr_warmup_steps,
                    total=r.train.steps, schedule=r.train.lr_schedule)
         for group in engine.optimizer.param_groups:
@@ -182,6 +183,7 @@ def _train(run: RunDir, resolved: Resolved, env: common.RankEnv, terminal, cuda:
             torch.cuda.synchronize()
         t0 = time.perf_counter()
         losses = []
+        own_norm = None
         with common.region(f"step {step + 1}", cuda):
             for micro in range(ga):
                 batch = common.micro_batch_tensor(source, step, resolved, dp_rank, micro, device)
@@ -189,6 +191,8 @@ def _train(run: RunDir, resolved: Resolved, env: common.RankEnv, terminal, cuda:
                     loss = engine(input_ids=batch, labels=batch).loss
                 with common.region("backward", cuda):
                     engine.backward(loss)
+                if micro == ga - 1 and par.zero_stage == 0 and par.tp == 1:
+                    own_norm = _grad_norm(engine.module)  # DeepSpeed reports none without ZeRO
                 with common.region("optimizer", cuda):
                     engine.step()  # DeepSpeed only steps the optimizer at the accumulation boundary
                 losses.append(loss.detach().float())
@@ -202,6 +206,7 @@ def _train(run: RunDir, resolved: Resolved, env: common.RankEnv, terminal, cuda:
         if prof is not None:
             prof.step()
         gn = engine.get_global_grad_norm()
+        gn = own_norm if gn is None else gn
         tokens = resolved.tokens_per_step
         tflops = flops_per_token * tokens / seconds / resolved.world_size / 1e12
         rec = M.StepRecord(
@@ -232,6 +237,14 @@ def _train(run: RunDir, resolved: Resolved, env: common.RankEnv, terminal, cuda:
     if env.rank == 0:
         print(f"done: {r.train.steps} steps; run directory {run.root}", file=terminal, flush=True)
     return 0
+
+
+def _grad_norm(module) -> float:
+    """Pre-clipping L2 norm of the (already data-parallel averaged) gradients of an unsharded model."""
+    import torch
+
+    sq = sum(float(p.grad.detach().float().pow(2).sum()) for p in module.parameters() if p.grad is not None)
+    return float(torch.tensor(sq).sqrt())
 
 
 def local_param_numel(module) -> int:

@@ -72,3 +72,13 @@ def test_activation_checkpointing_same_losses_and_recomputes(runs_root):
     # 4 steps × 1 micro-batch: with checkpointing each decoder layer runs again in backward (recompute)
     assert plain["forward_calls_per_layer"] == [4, 4, 4, 4]
     assert calls["forward_calls_per_layer"] == [8, 8, 8, 8]
+
+
+def test_real_text_trains_and_matches_one_rank(runs_root, repo):
+    corpus = repo / "tests" / "fixtures" / "text" / "corpus.jsonl"
+    args = (*SHORT, "data.source=text", f'data.path="{corpus}"', "batch.seq_len=64", "parallel.zero_stage=2")
+    two = train(runs_root / "text2", *args)
+    one = train(runs_root / "text1", *args, "hardware.gpus_per_node=1", "batch.micro_batch_size=8")
+    losses = two.losses()
+    assert sum(losses[-3:]) / 3 < sum(losses[:3]) / 3 - 0.2, losses
+    assert max(abs(a - b) for a, b in zip(losses, one.losses())) <= 1e-5

@@ -1,0 +1,28 @@
+"""A rank that fails or stalls brings the job down in time, naming the rank and the step, with no orphans."""
+import time
+
+import pytest
+
+from tests.dist.conftest import SHORT, train
+from tests.dist.test_deepspeed_checkpoint import no_rank_left
+
+pytestmark = [pytest.mark.dist, pytest.mark.slow]
+
+
+def test_crashing_rank_names_itself_and_the_step(runs_root):
+    t = train(runs_root / "crash", *SHORT, env_extra={"LAYOUTLAB_FAULT": "crash:1:4"}, check=False)
+    assert t.proc.returncode != 0
+    assert "rank 1 failed at step 4: RuntimeError: injected fault" in t.proc.stderr
+    assert "rank 1: last recorded step 3" in t.proc.stderr
+    assert no_rank_left(t.root)
+
+
+def test_stalled_rank_is_ended_within_the_timeout(runs_root):
+    t0 = time.time()
+    t = train(runs_root / "hang", *SHORT, "run.timeout_s=15", env_extra={"LAYOUTLAB_FAULT": "hang:0:3"}, check=False,
+              timeout=240)
+    elapsed = time.time() - t0
+    assert t.proc.returncode != 0
+    assert "rank 0 stalled at step 3 (step)" in t.proc.stderr + t.proc.stdout
+    assert elapsed < 15 + 60  # start-up + the timeout + teardown, far from hanging forever
+    assert no_rank_left(t.root)

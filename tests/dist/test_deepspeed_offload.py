@@ -1,0 +1,18 @@
+"""CPU offload trains and matches the on-device losses (uses the cached DeepSpeedCPUAdam build)."""
+import pytest
+
+from tests.dist.conftest import SHORT, train
+
+pytestmark = [pytest.mark.dist, pytest.mark.slow]
+
+
+def test_offload_matches_device_losses(runs_root):
+    base = train(runs_root / "off_ref", *SHORT, "parallel.zero_stage=3")
+    opt = train(runs_root / "off_opt", *SHORT, "parallel.zero_stage=3", "parallel.offload_optimizer=cpu", timeout=900)
+    both = train(runs_root / "off_all", *SHORT, "parallel.zero_stage=3", "parallel.offload_optimizer=cpu",
+                 "parallel.offload_params=cpu", timeout=900)
+    assert "cpu_adam ready" in opt.proc.stdout  # the build (or its cache) ran before the ranks started
+    resolved = (opt.root / "resolved.json").read_text()
+    assert '"torch_adam": false' in resolved and '"device": "cpu"' in resolved
+    for run in (opt, both):
+        assert max(abs(a - b) for a, b in zip(run.losses(), base.losses())) <= 1e-5
