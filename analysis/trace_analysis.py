@@ -39,10 +39,10 @@ import statistics
 from collections import Counter, defaultdict
 from typing import Any, Iterable, Mapping
 
+from analysis.parsers.kineto import PROFILER_STEP
 from analysis.parsers.nccl_tests import bus_factor
 from analysis.table import Table
 
-_PROFILER_STEP = re.compile(r"ProfilerStep\s*#\s*(\d+)")
 _KINDS = ("computation", "communication", "memory")  # HTA's order: bit 1, 2, 4
 _BUS_NAMES = {"all_reduce": "all_reduce", "all_gather": "all_gather", "reduce_scatter": "reduce_scatter",
               "all_to_all": "alltoall", "broadcast": "broadcast", "send_recv": "sendrecv",
@@ -256,7 +256,7 @@ def _ranks(table: Table, include_last_step: bool = False, hta_rounding: bool = T
             by_rank.setdefault(r, []).append(i)
     step_numbers = {}
     for n in set(table.columns["name"]):
-        m = _PROFILER_STEP.match(n) if "ProfilerStep" in n else None
+        m = PROFILER_STEP.match(n) if "ProfilerStep" in n else None
         if m:
             step_numbers[n] = int(m.group(1))
     # HTA filters only when the whole job shows two or more ProfilerStep names.

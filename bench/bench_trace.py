@@ -2,10 +2,9 @@
 
 Each run is a fresh Python process doing the same work: load one rank's trace, then temporal
 breakdown, communication/computation overlap and GPU kernel breakdown. HTA runs twice, with its
-default JSON parser and with ParserBackend.IJSON_BATCH_AND_COMPRESS; ours runs with orjson (when
-installed) and with the standard library's json. Wall time is measured around the process, peak
-memory is the peak RSS (VmHWM) each process reports at its end. Ratios are against the faster HTA run; the targets
-are >= 20x faster and <= 1/4 of its peak memory.
+default JSON parser and with ParserBackend.IJSON_BATCH_AND_COMPRESS. Wall time is measured around
+the process; peak memory is the peak RSS (VmHWM) each process reports at its end. Ratios are
+against the faster HTA run; the targets are >= 20x faster and <= 1/4 of its peak memory.
 
 HTA lives in its own venv, never in the project's environment:
     python -m venv /tmp/htavenv && /tmp/htavenv/bin/pip install HolisticTraceAnalysis==0.5.0 ijson
@@ -43,7 +42,6 @@ def peak_mib():
 
 _OURS = _PEAK + """
 import json, sys
-{prelude}
 from analysis.parsers.kineto import parse_kineto
 from analysis import trace_analysis as ta
 t = parse_kineto(sys.argv[1])
@@ -51,15 +49,15 @@ tb = ta.temporal_breakdown(t)
 ov = ta.comm_comp_overlap(t)
 kb = ta.kernel_breakdown(t)
 kt = ta.kernel_type_breakdown(t)
-types = {{}}
+types = {}
 for r in kt.rows():
     types[r["kernel_type"]] = types.get(r["kernel_type"], 0) + r["time_us"]
-print(json.dumps({{
+print(json.dumps({
     "peak_mib": peak_mib(), "rows": len(t), "warnings": list(t.warnings)[:3],
     "temporal": [[r["rank"], r["idle_time_us"], r["compute_time_us"], r["non_compute_time_us"], r["kernel_time_us"]]
                  for r in tb.rows()],
     "overlap_pct": [[r["rank"], r["overlap_pct"]] for r in ov.rows()],
-    "kernel_names": len(kb), "kernel_types": types}}))
+    "kernel_names": len(kb), "kernel_types": types}))
 """
 
 _HTA = _PEAK + """
@@ -183,9 +181,7 @@ def bench_one(path: Path, hta_python: Path | None) -> None:
             runs[f"HTA 0.5.0 {backend}"] = run_measured(
                 [str(hta_python), "-c", _HTA, str(path), backend, str(rank_of(path))])
             print(f"   {'HTA 0.5.0 ' + backend:<34} done in {runs[f'HTA 0.5.0 {backend}']['wall_s']:.1f} s", flush=True)
-    runs["ours (orjson)"] = run_measured([sys.executable, "-c", _OURS.format(prelude=""), str(path)], env)
-    runs["ours (stdlib json)"] = run_measured(
-        [sys.executable, "-c", _OURS.format(prelude="sys.modules['orjson'] = None"), str(path)], env)
+    runs["ours"] = run_measured([sys.executable, "-c", _OURS, str(path)], env)
     hta_ok = {k: v for k, v in runs.items() if k.startswith("HTA") and v["answer"] is not None}
     best = min(hta_ok.items(), key=lambda kv: kv[1]["wall_s"]) if hta_ok else None
     print(f"   {'run':<34}{'wall s':>9}{'peak MiB':>10}{'x faster':>10}{'mem frac':>10}")
@@ -198,7 +194,7 @@ def bench_one(path: Path, hta_python: Path | None) -> None:
         print(f"   {label:<34}{r['wall_s']:>9.2f}{fmt(r['peak_mib'], '.0f'):>10}{fmt(speed, '.1f'):>10}"
               f"{fmt(mem, '.3f'):>10}{note}")
     if best is not None:
-        ours = runs["ours (orjson)"]
+        ours = runs["ours"]
         if ours["answer"] is not None:
             speed = best[1]["wall_s"] / ours["wall_s"]
             mem = ours["peak_mib"] / best[1]["peak_mib"]
@@ -213,7 +209,7 @@ def bench_one(path: Path, hta_python: Path | None) -> None:
         overlap = "; ".join(f"r{o[0]}: {fmt(o[1])}" for o in a["overlap_pct"])
         print(f"   {label:<34}{temporal} | overlap {overlap}")
     ref = best[1]["answer"] if best else None
-    ours = runs["ours (orjson)"]["answer"]
+    ours = runs["ours"]["answer"]
     if ref and ours:
         print("   kernel type time (us), HTA | ours:")
         for k in sorted(set(ref["kernel_types"]) | set(ours["kernel_types"]), key=lambda k: -ref["kernel_types"].get(k, 0)):

@@ -141,8 +141,13 @@ def cmd_run(args: Sequence[str]) -> int:
         raise ConfigError(resolved.recipe_path, "plan", f"{_gib(worst.memory[worst.implementation].total)} GiB",
                           f"exceeds the usable {_gib(worst.usable_bytes)} GiB on {worst.kind}",
                           "lower memory (zero_stage, tp, activation_checkpointing, micro_batch_size) or set plan.ignore_fit=true")
+    launcher.preflight(resolved)
     if resolved.recipe.run.resume == "auto":
-        _check_resume(resolved)
+        done = _check_resume(resolved)
+        if done is not None and done.step >= resolved.recipe.train.steps:
+            print(f"nothing to do: {done.dir} already holds step {done.step} of train.steps="
+                  f"{resolved.recipe.train.steps}; set run.resume=never to train again from scratch, or raise train.steps")
+            return 0
     run = RunDir.create(resolved.recipe_name)
     cmd = launcher.build(resolved, str(run.root))
     run.write_text_atomic(run.resolved, resolved.to_json() + "\n")
@@ -183,15 +188,15 @@ def failure_summary(run: RunDir, world: int) -> list[str]:
     return lines
 
 
-def _check_resume(resolved: Resolved) -> None:
+def _check_resume(resolved: Resolved):
     """Refuse an impossible resume before any rank starts (the trainer checks again, for the record)."""
     from launch.rundir import runs_root
     from launch.trainers.common import check_resume_compatible, find_resume
 
     ckpt = find_resume(runs_root() / resolved.recipe_name)
-    if ckpt is None:
-        return
-    check_resume_compatible(ckpt, resolved)  # raises ResumeError: one line, exit 2
+    if ckpt is not None:
+        check_resume_compatible(ckpt, resolved)  # raises ResumeError: one line, exit 2
+    return ckpt
 
 
 def _term_with_parent() -> None:

@@ -59,6 +59,26 @@ def build(resolved, run_dir: str, *, environ: Mapping[str, str] | None = None) -
         # A failed rank makes torchrun stop every other rank; restarts are resume=auto's job, not torchrun's.
         argv += ["--max-restarts", "0", "-m", TRAIN_MODULE, run_dir]
     if r.run.profile == "nsys":
+        # One report per node (it covers every rank on the node), exported to SQLite when profiling
+        # ends so that the analysis reads it without nsys installed.
+        env["NODE_RANK"] = environ.get("NODE_RANK", "0")
         argv = ["nsys", "profile", "--trace", "cuda,nvtx,osrt", "--sample", "none", "--force-overwrite", "true",
-                "--output", f"{run_dir}/traces/nsys_node%q{{NODE_RANK}}", *argv]
+                "--export", "sqlite", "--output", f"{run_dir}/traces/nsys_node%q{{NODE_RANK}}", *argv]
     return LaunchCommand(tuple(argv), env)
+
+
+def preflight(resolved, *, which=None) -> None:
+    """What must exist on this machine before ranks start (the dry-run shows the command regardless)."""
+    import shutil
+
+    from launch.errors import ConfigError
+
+    which = which or shutil.which
+    r = resolved.recipe
+    if r.run.profile == "nsys" and which("nsys") is None:
+        raise ConfigError(resolved.recipe_path, "run.profile", "nsys", "needs Nsight Systems' `nsys` on PATH",
+                          'install Nsight Systems (it ships with the CUDA toolkit) or set run.profile="torch"')
+    if r.run.launcher == "deepspeed" and r.hardware.nodes > 1 and not os.environ.get("LAYOUTLAB_HOSTFILE"):
+        raise ConfigError(resolved.recipe_path, "run.launcher", "deepspeed",
+                          f"needs a hostfile for {r.hardware.nodes} nodes",
+                          "export LAYOUTLAB_HOSTFILE=/path/to/hostfile (lines `host slots=N`), or use run.launcher=torchrun")

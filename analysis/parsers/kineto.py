@@ -3,9 +3,10 @@
 The file is read as a stream: decompressed chunks are cut at event boundaries and each batch of
 events is decoded at once by msgspec into small typed structs that hold only the fields used here
 (the rest of each event is skipped in C), so the working memory is a few MiB whatever the trace
-size; only the table itself grows with the number of events kept. A trace that a crashed run left half-written, a gzip stream cut short, or bytes that are not
-JSON give the events read up to that point (and after it, where the scanner can find the next event
-again) plus a warning naming the file and the byte offset in the decompressed JSON text.
+size; only the table itself grows with the number of events kept (about 200 bytes a row). A trace
+that a crashed run left half-written, a gzip stream cut short, or bytes that are not JSON give the
+events read up to that point (and after it, where the scanner can find the next event again) plus
+a warning naming the file and the byte offset in the decompressed JSON text.
 
 One row per complete ("ph": "X") event, except the profiler's own "Trace" span. Instant events,
 flow arrows, counters and metadata are counted in `meta["events_skipped"]`; thread names from the
@@ -45,8 +46,8 @@ COLUMNS: dict[str, str] = {
     "tid": "event tid as written (thread id for CPU events, stream for GPU events)",
     "stream": "int(args.stream) when the event has one (GPU kernels, memcpy, memset), else None",
     "category": "event category: kernel, gpu_memcpy, gpu_memset, cpu_op, cuda_runtime, cuda_driver, "
-                "user_annotation, gpu_user_annotation, python_function, ... (old capitalised "
-                "names such as Kernel, Memcpy, Runtime, Operator are mapped to these)",
+                "user_annotation, gpu_user_annotation, python_function, ... (PyTorch 1.8's Kernel, "
+                "Memcpy, Memset, Runtime, Operator are mapped to these)",
     "name": "event name as written",
     "ts_us": "start time in microseconds, as written in the trace (epoch- or boot-relative)",
     "dur_us": "duration in microseconds",
@@ -84,16 +85,11 @@ _RAW_READ_BYTES = 1 << 16       # compressed bytes read at a time
 _MAX_PENDING_BYTES = 64 << 20   # an "event" still unfinished after this many bytes is garbage
 _MAX_WARNINGS_PER_KIND = 5
 
-GPU_CATEGORIES = frozenset({"kernel", "gpu_memcpy", "gpu_memset"})
-_CATEGORY_ALIASES = {
-    "Kernel": "kernel", "Memcpy": "gpu_memcpy", "Memset": "gpu_memset", "Runtime": "cuda_runtime",
-    "Driver": "cuda_driver", "Operator": "cpu_op", "Cuda Runtime": "cuda_runtime",
-    "cuda_profiler_range": "cuda_profiler_range", "User annotation": "user_annotation",
-    "gpu_user_Annotation": "gpu_user_annotation", "Python": "python_function",
-}
+# Category names of the first Kineto releases (PyTorch 1.8) -> the ones written since.
+_CATEGORY_ALIASES = {"Kernel": "kernel", "Memcpy": "gpu_memcpy", "Memset": "gpu_memset",
+                     "Runtime": "cuda_runtime", "Operator": "cpu_op"}
 _CPU_COLLECTIVE_CATEGORIES = frozenset({"cpu_op", "user_annotation"})
 _SCALAR_TYPES = frozenset({int, float, str, type(None)})
-_NO_ARGS: dict[str, Any] = {}
 
 # hta/utils/utils.py (KernelType, is_comm_kernel, is_memory_kernel, is_compute_kernel)
 _HTA_COMM = re.compile(r"^nccl.*Kernel")
@@ -138,8 +134,7 @@ _LEADING_SEPARATORS = re.compile(rb"[\s,]*")
 _SURROGATES = re.compile("[\udc80-\udcff]")
 _WHITESPACE = re.compile(r"[ \t\r\n]*")
 _RANK_IN_NAME = re.compile(r"rank[-_]?(\d+)", re.IGNORECASE)
-_PROFILER_STEP = re.compile(r"ProfilerStep\s*#\s*(\d+)")
-
+PROFILER_STEP = re.compile(r"ProfilerStep\s*#\s*(\d+)")
 
 
 class _Args(msgspec.Struct):
@@ -193,7 +188,7 @@ def _event_from_dict(value: Any) -> Any:
                 if attr in ("input_dims", "input_types"):
                     try:
                         v = msgspec.Raw(msgspec.json.encode(v))
-                    except (TypeError, ValueError, OverflowError):
+                    except (msgspec.EncodeError, TypeError, ValueError, OverflowError):
                         continue
                 fields[attr] = v
         args = _Args(**fields)
@@ -273,7 +268,10 @@ def _tensor_bytes(dims: Any, dtype: Any) -> int | None:
 
 
 def _raw_json(raw: msgspec.Raw) -> Any:
-    return msgspec.json.decode(raw) if len(raw) else None
+    try:
+        return msgspec.json.decode(raw) if len(raw) else None
+    except msgspec.DecodeError:  # e.g. a number too large for a float: the size is just unknown
+        return None
 
 
 def _message(args: _Args) -> tuple[int | None, str | None]:
@@ -777,7 +775,7 @@ def _assign_steps(cols: dict[str, list[Any]]) -> None:
     steps, launch_ts = cols["step"], cols["launch_ts_us"]
     numbers = {}
     for name in set(names):
-        m = _PROFILER_STEP.match(name) if name.startswith("ProfilerStep") else None
+        m = PROFILER_STEP.match(name) if name.startswith("ProfilerStep") else None
         if m:
             numbers[name] = int(m.group(1))
     spans = [(ts[i], ts[i] + dur[i], numbers[x]) for i, x in enumerate(names) if x in numbers]

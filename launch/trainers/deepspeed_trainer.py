@@ -172,60 +172,86 @@ def _train(run: RunDir, resolved: Resolved, env: common.RankEnv, terminal, cuda:
         prof.start()
     progress = common.ProgressLine(terminal, r.train.steps, start_step, resolved.recipe_name)
     ga = resolved.grad_accum
-    for step in range(start_step, r.train.steps):
-        watchdog.beat(step + 1, "step")
-        common.inject_fault(env.rank, step + 1)
-        lr = lr_at(step, lr=r.train.lr, min_lr=r.train.min_lr, warmup=r.train.lr_warmup_steps,
-                   total=r.train.steps, schedule=r.train.lr_schedule)
-        for group in engine.optimizer.param_groups:
-            group["lr"] = lr
-        if cuda:
-            torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        losses = []
-        own_norm = None
-        with common.region(f"step {step + 1}", cuda):
-            for micro in range(ga):
-                batch = common.micro_batch_tensor(source, step, resolved, dp_rank, micro, device)
-                with common.region("forward", cuda):
-                    loss = engine(input_ids=batch, labels=batch).loss
-                with common.region("backward", cuda):
-                    engine.backward(loss)
-                if micro == ga - 1 and par.zero_stage == 0 and par.tp == 1:
-                    own_norm = _grad_norm(engine.module)  # DeepSpeed reports none without ZeRO
-                with common.region("optimizer", cuda):
-                    engine.step()  # DeepSpeed only steps the optimizer at the accumulation boundary
-                losses.append(loss.detach().float())
-            mean = torch.stack(losses).mean()
-            if dp_world > 1:
-                dist.all_reduce(mean, group=dp_group)
-                mean = mean / dp_world
-        if cuda:
-            torch.cuda.synchronize()
-        seconds = time.perf_counter() - t0
-        if prof is not None:
-            prof.step()
-        gn = engine.get_global_grad_norm()
-        gn = own_norm if gn is None else gn
-        tokens = resolved.tokens_per_step
+    tokens = resolved.tokens_per_step
+    pending = None
+
+    def emit(p) -> None:
+        if p is None:
+            return
+        step_, lr_, seconds, gn, mean, work, mem = p
+        if work is not None:
+            work.wait()
+        loss = float(mean) / dp_world
         tflops = flops_per_token * tokens / seconds / resolved.world_size / 1e12
         rec = M.StepRecord(
-            step=step + 1, warmup=step < r.train.warmup_steps, loss=float(mean), lr=lr,
+            step=step_ + 1, warmup=step_ < r.train.warmup_steps, loss=loss, lr=lr_,
             grad_norm=None if gn is None else float(gn), step_time_s=seconds, tokens_per_s=tokens / seconds,
             tokens_per_s_per_device=tokens / seconds / resolved.world_size, tflops_per_device=tflops,
-            mfu=tflops * 1e12 / peak if peak else 0.0, **common.memory_fields(cuda))
+            mfu=tflops * 1e12 / peak if peak else 0.0, **mem)
         writer.step(rec)
         if tb is not None:
             for k in ("loss", "lr", "grad_norm", "step_time_s", "tokens_per_s_per_device", "mfu"):
                 v = getattr(rec, k)
                 if v is not None and math.isfinite(v):
                     tb.add_scalar(f"train/{k}", v, rec.step)
-        progress.update(step + 1, f"loss {rec.loss:.4f}  {rec.step_time_s * 1e3:.0f} ms/step  "
-                                  f"{rec.tokens_per_s_per_device:,.0f} tok/s/dev")
-        every = r.train.checkpoint_every
-        if (every and (step + 1) % every == 0) or step + 1 == r.train.steps:
-            watchdog.beat(step + 1, "checkpoint save")
-            save(engine, run, resolved, step + 1, dist)
+        progress.update(step_ + 1, f"loss {rec.loss:.4f}  {rec.step_time_s * 1e3:.0f} ms/step  "
+                                   f"{rec.tokens_per_s_per_device:,.0f} tok/s/dev")
+
+    try:
+        for step in range(start_step, r.train.steps):
+            watchdog.beat(step + 1, "step")
+            common.inject_fault(env.rank, step + 1)
+            lr = lr_at(step, lr=r.train.lr, min_lr=r.train.min_lr, warmup=r.train.lr_warmup_steps,
+                       total=r.train.steps, schedule=r.train.lr_schedule)
+            for group in engine.optimizer.param_groups:
+                group["lr"] = lr
+            if cuda:
+                torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            losses = []
+            own_norm = None
+            with common.region(f"step {step + 1}", cuda):
+                for micro in range(ga):
+                    batch = common.micro_batch_tensor(source, step, resolved, dp_rank, micro, device)
+                    with common.region("forward", cuda):
+                        loss = engine(input_ids=batch, labels=batch).loss
+                    with common.region("backward", cuda):
+                        engine.backward(loss)
+                    if micro == ga - 1 and par.zero_stage == 0 and par.tp == 1:
+                        own_norm = _grad_norm(engine.module)  # DeepSpeed reports none without ZeRO
+                    with common.region("optimizer", cuda):
+                        engine.step()  # DeepSpeed only steps the optimizer at the accumulation boundary
+                    losses.append(loss.detach().float())
+            if cuda:
+                torch.cuda.synchronize()
+            seconds = time.perf_counter() - t0
+            if prof is not None:
+                prof.step()
+            # The data-parallel mean of the loss is reduced asynchronously and written one step later, so
+            # the collective overlaps the next step's compute instead of sitting on every step's critical path.
+            mean = torch.stack(losses).mean()
+            work = dist.all_reduce(mean, group=dp_group, async_op=True) if dp_world > 1 else None
+            gn = engine.get_global_grad_norm()
+            gn = own_norm if gn is None else gn
+            emit(pending)
+            pending = (step, lr, seconds, gn, mean, work, common.memory_fields(cuda))
+            every = r.train.checkpoint_every
+            if (every and (step + 1) % every == 0) or step + 1 == r.train.steps:
+                emit(pending)  # a checkpoint never runs ahead of the metrics on disk
+                pending = None
+                watchdog.beat(step + 1, "checkpoint save")
+                save(engine, run, resolved, step + 1, dist)
+    except BaseException:
+        # Keep the last finished step's record: its loss reduction normally completes at once; if a peer
+        # is gone it cannot, and a short bounded wait gives up instead of hanging the failure path.
+        if pending is not None:
+            try:
+                if pending[5] is None or pending[5].wait(timeout=dt.timedelta(seconds=5)):
+                    emit(pending._replace(work=None) if hasattr(pending, "_replace") else (*pending[:5], None, pending[6]))
+            except Exception:  # noqa: BLE001 - the original failure is what must surface
+                pass
+        raise
+    emit(pending)
     progress.close()
     common.write_layer_calls(run, env.rank, layer_calls)
     if prof is not None:

@@ -82,3 +82,10 @@ def test_real_text_trains_and_matches_one_rank(runs_root, repo):
     losses = two.losses()
     assert sum(losses[-3:]) / 3 < sum(losses[:3]) / 3 - 0.2, losses
     assert max(abs(a - b) for a, b in zip(losses, one.losses())) <= 1e-5
+
+
+def test_deepspeed_launcher_gives_the_same_run(runs_root):
+    a = train(runs_root / "launch_torchrun", *SHORT, "train.steps=4")
+    b = train(runs_root / "launch_ds", *SHORT, "train.steps=4", "run.launcher=deepspeed")
+    assert "deepspeed.launcher.runner" in (b.root / "launch_cmd.txt").read_text()
+    assert b.losses(0) == pytest.approx(a.losses(0), abs=1e-6) and b.losses(1) == b.losses(0)

@@ -79,3 +79,28 @@ def test_plan_command_writes_chart(tmp_path):
     assert fits[(4, "DP")] is False and fits[(4, "ZeRO-3")] is True and fits[(8, "ZeRO-1")] is True
     p = subprocess.run([sys.executable, "-m", "launch", "plan", "gpus=x"], cwd=REPO, capture_output=True, text=True)
     assert p.returncode == 2 and "gpus" in p.stderr
+
+
+def test_nsys_profile_wraps_the_launch_and_exports_sqlite():
+    p, _ = run("recipes/7b_zero3_ac", "run.profile=nsys", "--dry-run")
+    assert p.returncode == 0, p.stderr
+    cmd = p.stdout.split("launch command")[1]
+    assert "nsys profile" in cmd and "--export sqlite" in cmd and "traces/nsys_node%q{NODE_RANK}" in cmd
+    assert cmd.index("nsys profile") < cmd.index("torch.distributed.run")
+
+
+def test_preflight_refuses_nsys_missing_and_multinode_deepspeed_without_hostfile(monkeypatch):
+    import pytest
+
+    from launch.errors import ConfigError
+    from launch.launcher import preflight
+    from launch.resolve import resolve_path
+
+    r = resolve_path(REPO / "recipes/7b_zero3_ac", ["run.profile=nsys"])
+    with pytest.raises(ConfigError, match="needs Nsight Systems"):
+        preflight(r, which=lambda _: None)
+    preflight(r, which=lambda _: "/usr/bin/nsys")
+    monkeypatch.delenv("LAYOUTLAB_HOSTFILE", raising=False)
+    r = resolve_path(REPO / "recipes/7b_zero3_ac", ["run.launcher=deepspeed", "hardware.nodes=2"])
+    with pytest.raises(ConfigError, match="LAYOUTLAB_HOSTFILE"):
+        preflight(r)

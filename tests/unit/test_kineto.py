@@ -17,7 +17,6 @@ import os
 import subprocess
 import sys
 import textwrap
-import zlib
 from pathlib import Path
 
 import pytest
@@ -403,6 +402,20 @@ def test_modern_format_fields(tmp_path):
     assert (tb["compute_time_us"], tb["non_compute_time_us"], tb["kernel_time_us"]) == (400, 80, 1240)
     assert _row(ta.comm_comp_overlap(t), rank=3)["overlap_pct"] == pytest.approx(60.0)
     assert _row(ta.temporal_breakdown(t, include_last_step=True), rank=3)["kernel_time_us"] == 2240
+
+
+def test_hta_rounding_of_fractional_timestamps(tmp_path):
+    # ns-resolution traces: HTA rounds each interval inward, [ceil(ts), floor(ts + dur)]
+    ev = [{"ph": "X", "cat": "kernel", "name": n, "pid": 0, "tid": 7, "ts": ts, "dur": dur,
+           "args": {"stream": 7, "correlation": k}}
+          for k, (n, ts, dur) in enumerate([("gemm", 10.3, 5.5), ("ncclDevKernel_SendRecv", 14.2, 3.0)])]
+    t = parse_kineto(_write(tmp_path / "ns.json", {"traceEvents": ev}))
+    assert t.meta["ts_float"] is True
+    hta = _row(ta.temporal_breakdown(t), rank=None)
+    assert (hta["compute_time_us"], hta["kernel_time_us"], hta["idle_time_us"]) == (4, 6, 0)
+    exact = _row(ta.temporal_breakdown(t, hta_rounding=False), rank=None)
+    assert exact["compute_time_us"] == pytest.approx(5.5) and exact["kernel_time_us"] == pytest.approx(6.9)
+    assert _row(ta.comm_comp_overlap(t, hta_rounding=False), rank=None)["overlap_pct"] == pytest.approx(1.6 / 3.0 * 100)
 
 
 def test_stragglers_flag_the_slow_rank(tmp_path):

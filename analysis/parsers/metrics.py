@@ -1,0 +1,170 @@
+"""Read our own per-rank metrics JSONL (`metrics/rank{R}.jsonl`, all ranks of a run) into one table.
+
+The schema belongs to `launch.metrics`, which writes these files and reads them back; this module
+only stacks its records into a `Table`, one row per (rank, optimizer step). A run killed mid-write
+leaves a cut last line: that line is skipped with a warning naming the file and line, and every
+finished step before it is kept.
+
+`Table.meta`: `ranks` ({rank: the rank's meta record as a dict, plus `file`}), `files`, and the
+fields every rank agrees on (recipe, backend, world, tp, pp, dp, zero_stage, dtype,
+micro_batch_size, global_batch_size, seq_len, tokens_per_step, warmup_steps, flops_per_token,
+flops_formula, peak_flops_per_device, hardware_profile, device); a field the ranks disagree on is
+left out and named in a warning. A resumed run appends a second meta record to each file; the
+steps after it belong to the later one, and `resumes` counts them.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+from pathlib import Path
+from typing import Any, Iterable
+
+from analysis.table import Table
+from launch.metrics import SCHEMA_VERSION, MetricsError, iter_records, validate
+
+COLUMNS: dict[str, str] = {
+    "rank": "trainer rank (the meta record's rank; without one, the N of rankN in the file name)",
+    "step": "1-based optimizer step",
+    "warmup": "True for the run's warm-up steps (train.warmup_steps), which the trainer marks as excluded "
+              "from measured statistics",
+    "loss": "training loss, mean over data-parallel ranks (the same number on every rank)",
+    "lr": "learning rate used for the step",
+    "grad_norm": "global gradient norm before clipping; None when the backend reports none",
+    "step_time_s": "wall time of the optimizer step on this rank, seconds (device synchronised before and after)",
+    "tokens_per_s": "tokens of the global batch / step_time_s",
+    "tokens_per_s_per_device": "tokens_per_s / world size",
+    "tflops_per_device": "model TFLOP/s per device: flops_per_token × tokens / step_time_s / world / 1e12 "
+                         "(meta flops_formula)",
+    "mfu": "tflops_per_device × 1e12 / peak_flops_per_device (meta), a fraction",
+    "mem_max_allocated_bytes": "GPU ranks: torch.cuda.max_memory_allocated() so far, bytes; None on CPU",
+    "mem_max_reserved_bytes": "GPU ranks: torch.cuda.max_memory_reserved() so far, bytes; None on CPU",
+    "rss_max_bytes": "CPU ranks: peak resident set size of the rank's process so far, bytes; None on GPU",
+    "file": "the JSONL file the row came from",
+    "line": "1-based line of the record in that file",
+}
+
+_STEP_FIELDS = [c for c in COLUMNS if c not in ("rank", "file", "line")]
+_SHARED_META = ("recipe", "backend", "world", "tp", "pp", "dp", "zero_stage", "dtype", "micro_batch_size",
+                "global_batch_size", "seq_len", "tokens_per_step", "warmup_steps", "flops_per_token",
+                "flops_formula", "peak_flops_per_device", "hardware_profile", "device")
+_RANK_IN_NAME = re.compile(r"rank[-_]?(\d+)", re.IGNORECASE)
+_SNIFF_LINES = 5
+_SNIFF_BYTES = 64 * 1024
+
+
+def sniff(path: str | os.PathLike[str]) -> str | None:
+    """'metrics_jsonl' when the file's first complete line is a record of our metrics schema, else None.
+
+    Judged by content: the first non-empty line must be a JSON object that `launch.metrics.validate`
+    accepts (a meta record, or a step record when the meta line is missing).
+    """
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(_SNIFF_BYTES)
+    except OSError:
+        return None
+    if not head.lstrip().startswith(b"{"):
+        return None
+    lines = head.split(b"\n")
+    for raw in lines[:_SNIFF_LINES]:
+        line = raw.strip()
+        if not line:
+            continue
+        try:
+            rec = json.loads(line.decode("utf-8", "replace"))
+        except ValueError:
+            return None
+        if not isinstance(rec, dict):
+            return None
+        try:
+            validate(rec)
+        except MetricsError:
+            return None
+        return "metrics_jsonl"
+    return None
+
+
+def metrics_files(path: str | os.PathLike[str]) -> list[Path]:
+    """The metrics files of a run directory, a metrics/ folder or a single file, chosen by content."""
+    p = Path(path)
+    if p.is_file():
+        return [p]
+    folder = p / "metrics" if (p / "metrics").is_dir() else p
+    return sorted(f for f in folder.iterdir() if f.is_file() and sniff(f))
+
+
+def parse_metrics(paths: str | os.PathLike[str] | Iterable[str | os.PathLike[str]], *,
+                  relative_to: str | os.PathLike[str] | None = None) -> Table:
+    """Stack the metrics JSONL of every rank into the `metrics` table (COLUMNS).
+
+    `paths`: a run directory, its metrics/ folder, one file, or a list of files. `relative_to`
+    shortens the file names written in the `file` column and in warnings. Never raises on content.
+    """
+    if isinstance(paths, (str, os.PathLike)):
+        files = metrics_files(paths)
+    else:
+        files = [Path(p) for p in paths]
+    base = Path(relative_to) if relative_to is not None else None
+    rows: list[dict[str, Any]] = []
+    warnings: list[str] = []
+    ranks: dict[Any, dict[str, Any]] = {}
+    resumes = 0
+    for f in files:
+        name = _display(f, base)
+        meta: dict[str, Any] | None = None
+        metas = 0
+        try:
+            records = list(iter_records(f))
+        except OSError as exc:
+            warnings.append(f"{name}: cannot read ({exc.strerror or exc})")
+            continue
+        for lineno, rec, problem in records:
+            if problem:
+                warnings.append(problem.replace(str(f), name, 1))
+                continue
+            if rec["kind"] == "meta":
+                meta = rec
+                metas += 1
+                continue
+            rank = meta["rank"] if meta is not None else _rank_from_name(f)
+            row = {c: rec.get(c) for c in _STEP_FIELDS}
+            row.update(rank=rank, file=name, line=lineno)
+            rows.append(row)
+        if meta is None:
+            warnings.append(f"{name}: no meta record; rank taken from the file name, run facts unknown")
+            continue
+        resumes += max(0, metas - 1)
+        rank = meta["rank"]
+        if rank in ranks:
+            warnings.append(f"{name}: rank {rank} also in {ranks[rank]['file']}; their steps are pooled")
+        ranks[rank] = {**{k: v for k, v in meta.items() if k != "kind"}, "file": name}
+    if not files:
+        warnings.append(f"{_display(Path(paths), base) if isinstance(paths, (str, os.PathLike)) else 'metrics'}: "
+                        f"no metrics JSONL found")
+    shared: dict[str, Any] = {}
+    for key in _SHARED_META:
+        values = {json.dumps(m.get(key)) for m in ranks.values()}
+        if len(values) == 1:
+            shared[key] = next(iter(ranks.values())).get(key)
+        elif len(values) > 1:
+            warnings.append(f"metrics: ranks disagree on {key} ({', '.join(sorted(values))}); left out of meta")
+    rows.sort(key=lambda r: (r["rank"] is None, r["rank"] or 0, r["step"] or 0))
+    meta_out = {**shared, "ranks": ranks, "files": [_display(f, base) for f in files], "resumes": resumes,
+                "schema_version": SCHEMA_VERSION}
+    return Table.from_rows("metrics", COLUMNS, rows, source=", ".join(meta_out["files"]), warnings=warnings,
+                           meta=meta_out)
+
+
+def _rank_from_name(path: Path) -> int | None:
+    m = _RANK_IN_NAME.search(path.name)
+    return int(m.group(1)) if m else None
+
+
+def _display(path: Path, base: Path | None) -> str:
+    if base is not None:
+        try:
+            return str(path.resolve().relative_to(base.resolve()))
+        except ValueError:
+            pass
+    return str(path)

@@ -1,0 +1,283 @@
+"""Find what a run left behind: classify every file under a path by its content, never by its name.
+
+Each file is offered to the parsers' own `sniff()` functions (metrics JSONL, DeepSpeed and Megatron
+logs, nsys SQLite / `nsys stats` text, TensorBoard event files) and to the content tests kept here
+for formats whose parser has none (Kineto traces, nccl-tests output, NCCL_DEBUG logs, and our own
+resolved.json / plan.json / env.json). A file may have several kinds: a Megatron-DeepSpeed log is
+both a DeepSpeed and a Megatron log, a training log run with NCCL_DEBUG=INFO is also an NCCL log.
+
+A folder that holds a resolved config (by content) is one of our run directories; every file under
+it belongs to that run. Recognised files outside run directories form one foreign run per path
+given. Files nothing recognises are listed with the reason, never silently dropped.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import zlib
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from analysis.parsers import deepspeed_log, megatron_log, metrics, nsys, tensorboard
+from analysis.parsers.deepspeed_log import head_and_tail
+from analysis.parsers.nccl_debug import find_log_line
+
+KINDS: dict[str, str] = {
+    "resolved": "our resolved config (resolved.json): marks its folder as a run directory",
+    "plan": "our planner output (plan.json)",
+    "env": "our environment record (env.json)",
+    "layer_calls": "our per-rank layer call counts (logs/layer_calls_rank*.json)",
+    "metrics_jsonl": "our per-rank metrics JSONL",
+    "kineto_trace": "PyTorch profiler (Kineto) Chrome trace, .json or .json.gz, one per rank",
+    "nsys_sqlite": "Nsight Systems SQLite export",
+    "nsys_stats_csv": "`nsys stats` output (CSV or column text)",
+    "nccl_tests": "nccl-tests / rccl-tests output",
+    "nccl_debug": "NCCL_DEBUG=INFO log lines",
+    "deepspeed_log": "DeepSpeed training log",
+    "megatron_log": "Megatron-LM / Megatron-DeepSpeed training log",
+    "tensorboard": "TensorBoard event file",
+}
+
+_SNIFF_BYTES = 64 * 1024
+_MAX_FILES = 20000
+_GZIP_MAGIC = b"\x1f\x8b"
+_TRACE_SIGNS = re.compile(rb'"traceEvents"\s*:|\{\s*"ph"\s*:\s*"[XBEiIMCbnesftPOND]"')
+_NCCL_TESTS_SIGNS = re.compile(
+    r"(?m)^\S*#\s+(?:size|bytes)\s+(?:count|N)\s+type\b|# nccl-tests version|^\s*rccl-tests: Version|"
+    r"#\s+Avg bus bandwidth\s*:")
+_RESOLVED_KEYS = {"schema_version", "recipe_name", "recipe", "model", "hardware", "grid", "ds_config"}
+_PLAN_KEYS = {"recipe_name", "backend", "hardware", "grid", "ranks", "comm", "step", "notes"}
+_ENV_KEYS = {"git_commit", "packages", "python"}
+_SMALL_JSON = 4 << 20
+
+
+@dataclass(frozen=True)
+class Recognized:
+    path: Path
+    kinds: tuple[str, ...]  # empty when skipped
+    reason: str = ""  # why a file was skipped, or a note on a recognised one
+
+
+@dataclass(frozen=True)
+class RunFiles:
+    """The files of one run: our run directory, or the foreign files found under one path."""
+
+    label: str
+    root: Path
+    run_dir: bool
+    files: tuple[Recognized, ...]
+    skipped: tuple[Recognized, ...]
+    warnings: tuple[str, ...] = ()
+
+    def of(self, kind: str) -> list[Path]:
+        return [f.path for f in self.files if kind in f.kinds]
+
+    def rel(self, path: Path | str) -> str:
+        """`path` relative to the run's root, as reports name files."""
+        try:
+            return str(Path(path).resolve().relative_to(self.root.resolve())) or "."
+        except ValueError:
+            return str(path)
+
+
+@dataclass(frozen=True)
+class Inventory:
+    root: Path
+    files: tuple[Recognized, ...]
+    skipped: tuple[Recognized, ...]
+    run_dirs: tuple[Path, ...]
+    warnings: tuple[str, ...] = field(default_factory=tuple)
+
+
+# ----------------------------------------------------------------------------------- content tests
+
+def _head(path: Path, n: int = _SNIFF_BYTES) -> bytes:
+    try:
+        with open(path, "rb") as fh:
+            return fh.read(n)
+    except OSError:
+        return b""
+
+
+def _decompressed_head(path: Path) -> bytes:
+    """The first 64 KiB of a file, gunzipped when it is gzip (a cut stream gives what it holds)."""
+    raw = _head(path, 1 << 20)
+    if not raw.startswith(_GZIP_MAGIC):
+        return raw[:_SNIFF_BYTES]
+    try:
+        return zlib.decompressobj(16 + zlib.MAX_WBITS).decompress(raw, _SNIFF_BYTES)
+    except zlib.error:
+        return b""
+
+
+def sniff_kineto(path: str | os.PathLike[str]) -> str | None:
+    """'kineto_trace' for a Chrome-trace JSON (plain or gzip) with `traceEvents` or trace events."""
+    head = _decompressed_head(Path(path)).lstrip()
+    if not head[:1] in (b"{", b"["):
+        return None
+    return "kineto_trace" if _TRACE_SIGNS.search(head) else None
+
+
+def sniff_nccl_tests(path: str | os.PathLike[str]) -> str | None:
+    """'nccl_tests' when the text holds an nccl-tests / rccl-tests column header or banner."""
+    text = head_and_tail(path)
+    return "nccl_tests" if text is not None and _NCCL_TESTS_SIGNS.search(text) else None
+
+
+def sniff_nccl_debug(path: str | os.PathLike[str]) -> str | None:
+    """'nccl_debug' when some line carries NCCL's log prefix (`host:pid:tid [dev] NCCL INFO`)."""
+    text = head_and_tail(path)
+    if text is None or "NCCL" not in text:
+        return None
+    for line in text.split("\n"):
+        if "NCCL" in line and find_log_line(line) is not None:
+            return "nccl_debug"
+    return None
+
+
+def sniff_own_json(path: str | os.PathLike[str]) -> str | None:
+    """'resolved', 'plan', 'env' or 'layer_calls' for our own run-directory JSON files, by their keys."""
+    p = Path(path)
+    head = _head(p, 64).lstrip()
+    if not head.startswith(b"{"):
+        return None
+    try:
+        if p.stat().st_size > _SMALL_JSON:
+            return None
+        d = json.loads(p.read_text(errors="replace"))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(d, dict):
+        return None
+    keys = set(d)
+    if _RESOLVED_KEYS <= keys:
+        return "resolved"
+    if _PLAN_KEYS <= keys:
+        return "plan"
+    if _ENV_KEYS <= keys:
+        return "env"
+    if set(d) == {"forward_calls_per_layer"}:
+        return "layer_calls"
+    return None
+
+
+# Order matters only for speed: binary formats first, then JSON, then text logs (all are tried).
+_SNIFFERS: tuple[Callable[[str], str | None], ...] = (
+    nsys.sniff, tensorboard.sniff, sniff_kineto, sniff_own_json, metrics.sniff,
+    sniff_nccl_tests, sniff_nccl_debug, deepspeed_log.sniff, megatron_log.sniff,
+)
+_EXCLUSIVE = {"nsys_sqlite", "tensorboard", "kineto_trace", "resolved", "plan", "env", "layer_calls",
+              "metrics_jsonl"}
+
+
+def classify(path: str | os.PathLike[str]) -> Recognized:
+    """The kinds of one file, judged by content, or the reason none applies."""
+    p = Path(path)
+    try:
+        size = p.stat().st_size
+    except OSError as exc:
+        return Recognized(p, (), f"cannot read ({exc.strerror or exc})")
+    if size == 0:
+        return Recognized(p, (), "empty file")
+    kinds: list[str] = []
+    for sniff in _SNIFFERS:
+        try:
+            kind = sniff(os.fspath(p))
+        except Exception as exc:  # a sniffer must never stop the walk; say which one failed
+            return Recognized(p, (), f"could not be read while testing its format ({type(exc).__name__}: {exc})")
+        if kind:
+            kinds.append(kind)
+            if kind in _EXCLUSIVE:
+                break
+    if kinds:
+        return Recognized(p, tuple(kinds))
+    head = _head(p, 4096)
+    if b"\0" in head or head.startswith(_GZIP_MAGIC):
+        return Recognized(p, (), "binary file of no supported format")
+    return Recognized(p, (), "text without lines from any supported tool (DeepSpeed, Megatron, nccl-tests, "
+                             "NCCL_DEBUG, nsys stats, our metrics)")
+
+
+def recognize(path: str | os.PathLike[str]) -> Inventory:
+    """Classify every file under `path` (a file or a folder, searched recursively) by content."""
+    root = Path(path)
+    if not root.exists():
+        return Inventory(root, (), (Recognized(root, (), "does not exist"),), ())
+    if root.is_file():
+        r = classify(root)
+        return Inventory(root, (r,) if r.kinds else (), () if r.kinds else (r,), ())
+    found: list[Recognized] = []
+    skipped: list[Recognized] = []
+    warnings: list[str] = []
+    run_dirs: list[Path] = []
+    count = 0
+    for dirpath, dirnames, filenames in os.walk(root):
+        d = Path(dirpath)
+        here: list[Recognized] = []
+        for name in sorted(filenames):
+            count += 1
+            if count > _MAX_FILES:
+                warnings.append(f"{root}: more than {_MAX_FILES} files; the rest were not examined")
+                break
+            r = classify(d / name)
+            (here if r.kinds else skipped).append(r)
+        is_run = any("resolved" in r.kinds for r in here)
+        if is_run:
+            run_dirs.append(d)
+        found.extend(here)
+        if count > _MAX_FILES:
+            break
+        keep = []
+        for name in sorted(dirnames):
+            if name.startswith("."):
+                skipped.append(Recognized(d / name, (), "hidden folder"))
+            elif is_run and name == "checkpoints":
+                # The run directory's layout (launch/rundir.py) puts model state here: large, not evidence.
+                skipped.append(Recognized(d / name, (), "checkpoints of the run (model state, not analysed)"))
+            else:
+                keep.append(name)
+        dirnames[:] = keep
+    return Inventory(root, tuple(found), tuple(skipped), tuple(run_dirs), tuple(warnings))
+
+
+def group_runs(inv: Inventory, label: str | None = None) -> list[RunFiles]:
+    """One RunFiles per run directory under the path, plus one for the foreign files outside them.
+
+    Labels: the given label (suffixed with the run's folder when the path holds several runs), else
+    `<recipe folder>/<stamp>` for a run directory and the folder (or file) name otherwise.
+    """
+    def owner(p: Path) -> Path | None:
+        best = None
+        for r in inv.run_dirs:
+            if p == r or r in p.parents:
+                if best is None or len(r.parts) > len(best.parts):
+                    best = r
+        return best
+
+    by_run: dict[Path | None, list[Recognized]] = defaultdict(list)
+    skipped_by: dict[Path | None, list[Recognized]] = defaultdict(list)
+    for f in inv.files:
+        by_run[owner(f.path)].append(f)
+    for s in inv.skipped:
+        skipped_by[owner(s.path)].append(s)
+    root = inv.root if inv.root.is_dir() else inv.root.parent
+    runs: list[RunFiles] = []
+    many = len(inv.run_dirs) + (1 if by_run.get(None) else 0) > 1
+    for rd in inv.run_dirs:
+        default = f"{rd.parent.name}/{rd.name}" if rd.parent.name else rd.name
+        lbl = (f"{label}/{rd.relative_to(root)}" if many else label) if label else default
+        runs.append(RunFiles(lbl, rd, True, tuple(by_run.get(rd, ())), tuple(skipped_by.get(rd, ()))))
+    foreign = by_run.get(None, [])
+    loose_skipped = skipped_by.get(None, [])
+    if foreign or not runs:
+        name = inv.root.name if inv.root.is_dir() else inv.root.stem.split(".")[0]
+        lbl = label or name or str(inv.root)
+        runs.append(RunFiles(lbl, root, False, tuple(foreign), tuple(loose_skipped), inv.warnings))
+    elif loose_skipped:
+        first = runs[0]
+        runs[0] = RunFiles(first.label, first.root, first.run_dir, first.files,
+                           first.skipped + tuple(loose_skipped), first.warnings + inv.warnings)
+    return runs
