@@ -132,17 +132,18 @@ def cmd_run(args: Sequence[str]) -> int:
         cmd = launcher.build(resolved, str(Path("runs") / resolved.recipe_name / "<UTC yyyymmdd-hhmmss>"))
         render(resolved, plan, cmd, console)
         return 0
-    if resolved.recipe.backend not in BUILT_BACKENDS:
+    bench = resolved.recipe.run.mode == "commbench"  # the collective sweep needs no trainer, memory fit or checkpoint
+    if not bench and resolved.recipe.backend not in BUILT_BACKENDS:
         raise ConfigError(resolved.recipe_path, "backend", resolved.recipe.backend,
                           "has no trainer in this version of layoutlab yet",
                           "use --dry-run to see the plan, or a recipe whose backend is built")
-    if not plan.fits and not resolved.recipe.plan.ignore_fit:
+    if not bench and not plan.fits and not resolved.recipe.plan.ignore_fit:
         worst = plan.worst()
         raise ConfigError(resolved.recipe_path, "plan", f"{_gib(worst.memory[worst.implementation].total)} GiB",
                           f"exceeds the usable {_gib(worst.usable_bytes)} GiB on {worst.kind}",
                           "lower memory (zero_stage, tp, activation_checkpointing, micro_batch_size) or set plan.ignore_fit=true")
     launcher.preflight(resolved)
-    if resolved.recipe.run.resume == "auto":
+    if not bench and resolved.recipe.run.resume == "auto":
         done = _check_resume(resolved)
         if done is not None and done.step >= resolved.recipe.train.steps:
             print(f"nothing to do: {done.dir} already holds step {done.step} of train.steps="
@@ -158,8 +159,12 @@ def cmd_run(args: Sequence[str]) -> int:
     console.print(f"[bold]run directory[/bold] {run.root}")
     from launch.extensions import ensure_cpu_adam, needs_cpu_adam
 
-    if needs_cpu_adam(resolved):
+    if not bench and needs_cpu_adam(resolved):
         ensure_cpu_adam(console, env=dict(cmd.env))
+    if bench:
+        from launch.nccl_tests_runner import run_nccl_tests
+
+        run_nccl_tests(resolved, run, console, env=dict(cmd.env))
     rc = _execute(cmd)
     if rc != 0:
         for line in failure_summary(run, resolved.world_size):

@@ -6,17 +6,18 @@ downstream (planner, launcher, trainers, report) reads `resolved.json`, never th
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from launch import dsconfig
+from launch import commbench, dsconfig
 from launch.errors import ConfigError
 from launch.grid import RankGrid
 from launch.hardware import HardwareProfile, load_profile
 from launch.models import ModelSpec, load_model
-from launch.schema import LoadedRecipe, Recipe, from_dict, load_recipe, to_dict
+from launch.schema import CommbenchSection, LoadedRecipe, Recipe, from_dict, load_recipe, to_dict
 
 SCHEMA_VERSION = 1
 
@@ -236,7 +237,10 @@ def resolve(loaded: LoadedRecipe, world_size: int | None = None) -> Resolved:
                         "layoutlab's parity tests cover it")
 
     grid = RankGrid(par.tp, par.pp, dp, hw_s.gpus_per_node, hw_s.nodes)
-    recipe = dataclasses.replace(r, parallel=dataclasses.replace(par, dp=dp))
+    commbench_s = dataclasses.replace(r.commbench, max_bytes=r.commbench.max_bytes or commbench.default_max_bytes(hw.name))
+    if r.run.mode == "commbench":
+        _check_commbench(w, commbench_s, r.commbench.max_bytes, grid, hw)
+    recipe = dataclasses.replace(r, parallel=dataclasses.replace(par, dp=dp), commbench=commbench_s)
     ds_config: dict[str, Any] = {}
     ds_base = ""
     if r.backend == "deepspeed":
@@ -300,6 +304,61 @@ def _deepspeed_config(loaded: LoadedRecipe, r: Recipe, grad_accum: int, hw: Hard
                               f"contradicts the recipe ({'parallel.offload_params' if kind == 'offload_param' else 'parallel.offload_optimizer'} is \"none\")",
                               "pick a base without offload or set the recipe's offload field")
     return cfg, base_file
+
+
+def _check_commbench(w, cb: CommbenchSection, max_bytes_set: int, grid: RankGrid, hw: HardwareProfile) -> None:
+    """The sweep's settings against the layout and the backend (`cb.max_bytes` already holds the default)."""
+    for dotted, value, low in [("commbench.min_bytes", cb.min_bytes, 1), ("commbench.max_bytes", max_bytes_set, 0),
+                               ("commbench.step_factor", cb.step_factor, 2), ("commbench.warmup_iters", cb.warmup_iters, 0),
+                               ("commbench.iters", cb.iters, 1)]:
+        if value < low:
+            raise ConfigError(w(dotted), dotted, value, f"must be at least {low}", f"set {dotted}={low} or more")
+    if not cb.ops:
+        raise ConfigError(w("commbench.ops"), "commbench.ops", [], "is empty, so there is nothing to measure",
+                          f"list some of {', '.join(commbench.OPS)}")
+    for op in cb.ops:
+        if op not in commbench.OPS:
+            close = difflib.get_close_matches(op, commbench.OPS, n=1, cutoff=0.6)
+            raise ConfigError(w("commbench.ops"), "commbench.ops", list(cb.ops), f"names {op!r}, which is not a collective the sweep runs",
+                              (f"did you mean {close[0]!r}? " if close else "") + f"choose among {', '.join(commbench.OPS)}")
+    if cb.min_bytes > cb.max_bytes:
+        default = "" if max_bytes_set else f" (the {hw.name} profile's default, as commbench.max_bytes=0)"
+        raise ConfigError(w("commbench.min_bytes"), "commbench.min_bytes", cb.min_bytes,
+                          f"is above commbench.max_bytes={cb.max_bytes}{default}: the size range is empty",
+                          f"set commbench.min_bytes <= {cb.max_bytes} or raise commbench.max_bytes")
+    if cb.ranks and cb.group != "world":
+        raise ConfigError(w("commbench.ranks"), "commbench.ranks", list(cb.ranks),
+                          f'and commbench.group="{cb.group}" both choose the group', "set only one of them")
+    if cb.ranks:
+        outside = [x for x in cb.ranks if not 0 <= x < grid.world]
+        if outside:
+            raise ConfigError(w("commbench.ranks"), "commbench.ranks", list(cb.ranks),
+                              f"names rank {outside[0]}, outside the world of {grid.world} ranks (0-{grid.world - 1})",
+                              f"list ranks between 0 and {grid.world - 1}")
+        if len(set(cb.ranks)) != len(cb.ranks):
+            raise ConfigError(w("commbench.ranks"), "commbench.ranks", list(cb.ranks), "names a rank twice",
+                              "list each rank once")
+    groups = commbench.groups_of(cb, grid)
+    n = len(groups[0])
+    if n < 2:
+        dotted = "commbench.ranks" if cb.ranks else "commbench.group"
+        why = {"tp": f"parallel.tp={grid.tp}", "dp": f"parallel.dp={grid.dp}", "pp": f"parallel.pp={grid.pp}",
+               "inter_node": f"hardware.nodes={grid.nodes}", "world": f"a world of {grid.world}"}[cb.group]
+        raise ConfigError(w(dotted), dotted, list(cb.ranks) if cb.ranks else cb.group,
+                          f"gives groups of 1 rank ({'as listed' if cb.ranks else why}): a collective needs 2 or more",
+                          "choose a group with at least 2 ranks, e.g. commbench.group=\"world\" on 2+ ranks")
+    dtype = commbench.DTYPES[cb.dtype]
+    backend = commbench.backend_of(hw.name)
+    sizes = commbench.sweep_sizes(cb.min_bytes, cb.max_bytes, cb.step_factor)
+    for op in cb.ops:
+        reason = commbench.unsupported(backend, op, cb.dtype)
+        if reason:
+            raise ConfigError(w("commbench.dtype"), "commbench.dtype", cb.dtype, reason,
+                              f'set commbench.dtype="float32" (or bfloat16, float16, ...) or drop {op} from commbench.ops')
+        if not commbench.shapes(op, sizes, dtype.size, n):
+            raise ConfigError(w("commbench.max_bytes"), "commbench.max_bytes", cb.max_bytes,
+                              f"leaves {op} on {n} ranks no message of at least one {cb.dtype} element per rank",
+                              f"raise commbench.max_bytes to {n * dtype.size} or more")
 
 
 def _divisors(n: int) -> list[int]:

@@ -3,6 +3,7 @@
 runs/<recipe>/<UTC yyyymmdd-hhmmss>/
   resolved.json  plan.json  env.json  launch_cmd.txt
   metrics/rank{R}.jsonl   logs/rank{R}.out|err   traces/   nccl/   commbench/   tensorboard/   checkpoints/
+  commbench/<op>.txt|json   commbench/nccl-tests/<op>.txt   (run.mode = "commbench")
 """
 from __future__ import annotations
 
@@ -70,6 +71,21 @@ class RunDir:
     @property
     def commbench(self) -> Path:
         return self.root / "commbench"
+
+    def commbench_text(self, op: str) -> Path:
+        """The built-in sweep's result for one collective, in nccl-tests' text layout."""
+        return self.commbench / f"{op}.txt"
+
+    def commbench_json(self, op: str) -> Path:
+        return self.commbench / f"{op}.json"
+
+    @property
+    def nccl_tests(self) -> Path:
+        return self.commbench / "nccl-tests"
+
+    def nccl_tests_text(self, op: str) -> Path:
+        """NVIDIA nccl-tests' own output for one collective (named by our op name)."""
+        return self.nccl_tests / f"{op}.txt"
 
     @property
     def tensorboard(self) -> Path:

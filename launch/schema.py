@@ -107,6 +107,26 @@ class PlanSection:
     ignore_fit: bool = False  # launch even when the plan predicts out-of-memory
 
 
+COMMBENCH_DTYPE = Literal["float32", "bfloat16", "float16", "float64", "int8", "uint8", "int32", "int64",
+                          "float8_e4m3", "float8_e5m2"]
+
+
+@dataclass(frozen=True)
+class CommbenchSection:
+    """The collective sweep of `run.mode = "commbench"` (launch/commbench.py), nccl-tests' knobs by our names."""
+
+    ops: tuple[str, ...] = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "send_recv")
+    min_bytes: int = 8
+    max_bytes: int = 0  # 0: the profile's default (256 MiB on GPUs, 4 MiB on the CPU profile)
+    step_factor: int = 2  # sizes min_bytes, min_bytes × f, ... up to max_bytes
+    dtype: COMMBENCH_DTYPE = "float32"
+    warmup_iters: int = 5
+    iters: int = 20
+    group: Literal["world", "tp", "dp", "pp", "inter_node"] = "world"  # tp/dp/pp: every such group at once
+    ranks: tuple[int, ...] = ()  # an explicit group instead of `group`; the other ranks wait
+    nccl_tests: bool = True  # also run NVIDIA nccl-tests (*_perf on PATH) before the sweep, on GPUs
+
+
 @dataclass(frozen=True)
 class Recipe:
     backend: Literal["deepspeed", "megatron"]
@@ -120,6 +140,7 @@ class Recipe:
     hardware: HardwareSection = HardwareSection()
     deepspeed: DeepSpeedSection = DeepSpeedSection()
     plan: PlanSection = PlanSection()
+    commbench: CommbenchSection = CommbenchSection()
     extends: str | None = None
     description: str = ""
 
@@ -313,6 +334,11 @@ def _try(opt: Any, value: Any) -> tuple[bool, Any]:
         return ok, float(value) if ok else None
     if opt is str:
         return isinstance(value, str), value
+    if get_origin(opt) is tuple:  # tuple[T, ...]: a TOML array of T
+        if not isinstance(value, (list, tuple)):
+            return False, None
+        items = [_try(get_args(opt)[0], v) for v in value]
+        return all(ok for ok, _ in items), tuple(v for _, v in items)
     return False, None
 
 
@@ -324,6 +350,9 @@ def _describe(typ: Any) -> str:
             continue
         if get_origin(opt) is Literal:
             words.append(" | ".join(f'"{a}"' if isinstance(a, str) else str(a) for a in get_args(opt)))
+        elif get_origin(opt) is tuple:
+            item = get_args(opt)[0]
+            words.append("a list of " + {int: "integers", str: "strings"}.get(item, _describe(item)))
         else:
             words.append({int: "an integer", float: "a number", bool: "true or false", str: "a string"}.get(opt, str(opt)))
     return " or ".join(words)

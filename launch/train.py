@@ -17,6 +17,10 @@ def main(argv: list[str]) -> int:
         print("usage: python -m launch.train RUN_DIR", file=sys.stderr)
         return 2
     resolved = Resolved.load(RunDir.open(argv[0]).resolved)
+    if resolved.recipe.run.mode == "commbench":  # the collective sweep needs no trainer, whatever the backend
+        from launch import commbench
+
+        return commbench.main(argv[0])
     if resolved.recipe.backend == "deepspeed":
         from launch.trainers import deepspeed_trainer
 

@@ -90,6 +90,13 @@ def test_export_loads_in_transformers_and_reproduces_the_loss(runs_root):
         loss = model(input_ids=x, labels=x).loss.item()
     assert loss == pytest.approx(full.losses()[5], abs=TOL)  # step 6 ran forward on the step-5 weights
 
+    # and a new run starts from those weights when the recipe names the folder (model.weights)
+    rows0 = torch.from_numpy(np.stack([src.sample(i) for i in global_batch_indices(0, meta.global_batch_size, None)]))
+    with torch.no_grad():
+        first = model(input_ids=rows0, labels=rows0).loss.item()
+    warm = train(runs_root / "from_weights", *SHORT, "train.steps=2", "train.warmup_steps=1", f'model.weights="{out}"', "run.resume=never")
+    assert warm.losses()[0] == pytest.approx(first, abs=TOL)
+
 
 def test_killed_run_resumes_from_its_last_checkpoint(runs_root):
     runs = runs_root / "killed"

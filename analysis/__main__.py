@@ -1,0 +1,154 @@
+"""Command line of the analysis package.
+
+  python -m analysis report [LABEL=]PATH ... [ceiling=PATH] [hardware=PROFILE] [device_memory_gib=N] -o OUT.html|OUT.md
+  python -m analysis doctor [LABEL=]PATH ... [ceiling=PATH] [hardware=PROFILE] [device_memory_gib=N]
+  python -m analysis recognize PATH ...
+
+PATH is a run directory, a folder of foreign files (DeepSpeed / Megatron logs, per-rank traces, nsys
+exports, nccl-tests output), or one file; files are recognised by content. `-o` may be repeated;
+its suffix picks the format. `hardware=` names a hardware profile (launch/catalogue/hardware) for
+runs without a resolved.json: it gives the peak FLOP/s for MFU and the device memory. Errors print
+one line and exit 2.
+"""
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Sequence
+
+_KEYS = ("ceiling", "hardware", "device_memory_gib")
+USAGE = ("usage: python -m analysis report [LABEL=]PATH ... [ceiling=PATH] [hardware=PROFILE] "
+         "[device_memory_gib=N] -o OUT.html|OUT.md\n"
+         "       python -m analysis doctor [LABEL=]PATH ... [ceiling=PATH] [hardware=PROFILE] [device_memory_gib=N]\n"
+         "       python -m analysis recognize PATH ...")
+
+
+class UsageError(Exception):
+    pass
+
+
+def parse_args(argv: Sequence[str]) -> tuple[list[tuple[str | None, str]], dict[str, str], list[str]]:
+    """(inputs as (label, path), key=value options, outputs). An existing path is a path even with '='."""
+    inputs: list[tuple[str | None, str]] = []
+    options: dict[str, str] = {}
+    outputs: list[str] = []
+    it = iter(argv)
+    for a in it:
+        if a in ("-o", "--output"):
+            nxt = next(it, None)
+            if nxt is None:
+                raise UsageError(f"{a} needs a file name (OUT.html or OUT.md)")
+            outputs.append(nxt)
+        elif a.startswith("-o") and len(a) > 2:
+            outputs.append(a[2:])
+        elif a.startswith("-"):
+            raise UsageError(f"unknown flag {a}; options are key=value ({', '.join(_KEYS)})")
+        elif os.path.exists(a):
+            inputs.append((None, a))
+        elif "=" in a:
+            key, value = a.split("=", 1)
+            if key in _KEYS:
+                if key in options:
+                    raise UsageError(f"{key}= given twice")
+                options[key] = value
+            elif not key:
+                raise UsageError(f"{a}: empty label")
+            else:
+                inputs.append((key, value))
+        else:
+            inputs.append((None, a))
+    return inputs, options, outputs
+
+
+def _options(options: dict[str, str]) -> dict:
+    kw: dict = {}
+    if "ceiling" in options:
+        if not Path(options["ceiling"]).exists():
+            raise UsageError(f"ceiling={options['ceiling']}: no such file or folder")
+        kw["ceiling"] = options["ceiling"]
+    if "hardware" in options:
+        from launch.errors import ConfigError
+        from launch.hardware import load_profile
+
+        try:
+            kw["hardware"] = load_profile(options["hardware"], context="command line", field="hardware")
+        except ConfigError as exc:
+            raise UsageError(str(exc)) from None
+        kw["hardware_source"] = f"hardware={options['hardware']} (command line)"
+    if "device_memory_gib" in options:
+        try:
+            gib = float(options["device_memory_gib"])
+        except ValueError:
+            raise UsageError(f"device_memory_gib={options['device_memory_gib']}: not a number") from None
+        if gib <= 0:
+            raise UsageError(f"device_memory_gib={gib:g}: must be > 0")
+        kw["device_memory_bytes"] = int(gib * 2**30)
+    return kw
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help"):
+        print(USAGE)
+        return 0 if argv else 2
+    cmd, rest = argv[0], argv[1:]
+    try:
+        if cmd == "recognize":
+            return _recognize(rest)
+        if cmd not in ("report", "doctor"):
+            raise UsageError(f"unknown command {cmd!r}")
+        inputs, options, outputs = parse_args(rest)
+        if not inputs:
+            raise UsageError("give at least one PATH")
+        missing = [p for _, p in inputs if not Path(p).exists()]
+        if missing:
+            raise UsageError(f"{missing[0]}: no such file or folder")
+        if cmd == "report" and not outputs:
+            raise UsageError("give -o OUT.html or -o OUT.md")
+        for o in outputs:
+            if Path(o).suffix.lower() not in (".html", ".htm", ".md", ".markdown"):
+                raise UsageError(f"-o {o}: the suffix decides the format; use .html or .md")
+        kw = _options(options)
+    except UsageError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        print(USAGE, file=sys.stderr)
+        return 2
+    from analysis.report import build_report, write_report
+
+    rep = build_report(inputs, **kw)
+    if cmd == "doctor":
+        for f in rep.findings:
+            print(f"[{f.severity}] {f.run}: {f.rule}: {f.message}")
+            for ev in f.evidence:
+                print(f"    evidence: {ev}")
+            print(f"    fix: {f.fix}")
+        if not rep.findings:
+            print("no findings")
+        return 0
+    for path in write_report(rep, outputs):
+        print(f"wrote {path}")
+    warned = sum(len(r.run.warnings) for r in rep.runs)
+    if warned:
+        print(f"{warned} warning(s) about partial or unreadable inputs: see the report's Warnings section")
+    return 0
+
+
+def _recognize(paths: Sequence[str]) -> int:
+    from analysis.recognize import group_runs, recognize
+
+    if not paths:
+        raise UsageError("give at least one PATH")
+    for p in paths:
+        inv = recognize(p)
+        for rf in group_runs(inv):
+            print(f"{rf.label}  ({'run directory' if rf.run_dir else 'foreign files'}: {rf.root})")
+            for f in rf.files:
+                print(f"  {rf.rel(f.path)}: {', '.join(f.kinds)}")
+            for s in rf.skipped:
+                print(f"  {rf.rel(s.path)}: skipped ({s.reason})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

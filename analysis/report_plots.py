@@ -1,0 +1,128 @@
+"""The report's figures, drawn with matplotlib's object API (no pyplot state) and returned as PNG bytes.
+
+Each function takes plain numbers already computed by the analyzers; none reads a file or computes
+a statistic beyond placing points.
+"""
+from __future__ import annotations
+
+import io
+from typing import Mapping, Sequence
+
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+
+_COLORS = ("#4C72B0", "#DD8452", "#55A868", "#C44E52", "#8172B3", "#937860", "#DA8BC3", "#8C8C8C", "#CCB974",
+           "#64B5CD")
+SEGMENT_COLORS = {"compute": "#4C72B0", "other": "#BBBBBB", "idle": "#EEEEEE"}
+
+
+def _png(fig: Figure) -> bytes:
+    FigureCanvasAgg(fig)
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=110, bbox_inches="tight")
+    return buf.getvalue()
+
+
+def step_time_distribution(series: Sequence[tuple[str, Sequence[float]]]) -> bytes:
+    """Box plot of measured step times per run, every step drawn as a point over it."""
+    fig = Figure(figsize=(7.5, 0.6 + 0.55 * max(1, len(series))))
+    ax = fig.add_subplot()
+    labels = [s[0] for s in series]
+    data = [[t * 1e3 for t in s[1]] for s in series]
+    ax.boxplot(data, orientation="horizontal", widths=0.5, showfliers=False)
+    for i, vals in enumerate(data, start=1):
+        n = len(vals)
+        ys = [i + 0.18 * (((k * 0.618) % 1.0) - 0.5) for k in range(n)]
+        ax.scatter(vals, ys, s=10, alpha=0.6, color=_COLORS[(i - 1) % len(_COLORS)], zorder=3)
+    ax.set_yticks(range(1, len(labels) + 1), labels)
+    ax.set_xlabel("step time, ms (measured window, warm-up excluded)")
+    ax.grid(axis="x", alpha=0.3)
+    return _png(fig)
+
+
+def time_breakdown_bars(bars: Sequence[tuple[str, Mapping[str, float]]]) -> bytes:
+    """Stacked horizontal bars, one per run: shares (%) of the measured span.
+
+    Segment names: 'compute', 'exposed <collective>' ..., 'other', 'idle'; missing ones are 0.
+    """
+    names: list[str] = []
+    for _, segs in bars:
+        for k in segs:
+            if k not in names:
+                names.append(k)
+    order = ["compute"] + sorted(n for n in names if n.startswith("exposed ")) + ["other", "idle"]
+    order = [n for n in order if n in names]
+    fig = Figure(figsize=(7.5, 0.9 + 0.5 * max(1, len(bars))))
+    ax = fig.add_subplot()
+    comm_colors = iter(_COLORS[1:])
+    colors = {n: SEGMENT_COLORS.get(n) or next(comm_colors, "#999999") for n in order}
+    for i, (label, segs) in enumerate(bars):
+        left = 0.0
+        for n in order:
+            w = segs.get(n, 0.0)
+            ax.barh(i, w, left=left, color=colors[n], edgecolor="white", label=n if i == 0 else None)
+            left += w
+    for n in order:  # legend entries for segments absent from the first bar
+        if not bars or n not in bars[0][1]:
+            ax.barh(0, 0, color=colors[n], label=n)
+    ax.set_yticks(range(len(bars)), [b[0] for b in bars])
+    ax.invert_yaxis()
+    ax.set_xlim(0, 100)
+    ax.set_xlabel("% of the measured span (mean over ranks)")
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.35), ncol=min(5, len(order)), fontsize=8, frameon=False)
+    return _png(fig)
+
+
+def memory_per_rank(groups: Sequence[tuple[str, Sequence[tuple[str, float, float | None]]]],
+                    device_gib: float | None = None) -> bytes:
+    """Measured peak per rank (bars) and the plan's prediction (black ticks), GiB, grouped by run."""
+    fig = Figure(figsize=(7.5, 3.2))
+    ax = fig.add_subplot()
+    x = 0.0
+    ticks, labels = [], []
+    for gi, (run, ranks) in enumerate(groups):
+        color = _COLORS[gi % len(_COLORS)]
+        for rank, measured, predicted in ranks:
+            ax.bar(x, measured, width=0.8, color=color, label=run if rank == ranks[0][0] else None)
+            if predicted is not None:
+                ax.plot([x - 0.45, x + 0.45], [predicted, predicted], color="black", lw=2,
+                        label="plan prediction" if gi == 0 and rank == ranks[0][0] else None)
+            ticks.append(x)
+            labels.append(rank)
+            x += 1
+        x += 0.8
+    if device_gib:
+        ax.axhline(device_gib, color="#C44E52", ls="--", lw=1, label="device memory")
+    ax.set_xticks(ticks, labels, fontsize=8)
+    ax.set_xlabel("rank")
+    ax.set_ylabel("peak memory, GiB")
+    ax.legend(fontsize=8, frameon=False)
+    ax.grid(axis="y", alpha=0.3)
+    return _png(fig)
+
+
+def busbw_vs_size(points: Sequence[tuple[str, Sequence[tuple[float, float]]]],
+                  ceilings: Sequence[tuple[str, Sequence[tuple[float, float]]]]) -> bytes:
+    """Achieved bus bandwidth of each collective call against its message size (points), with the
+    nccl-tests sweeps (lines), log-log."""
+    fig = Figure(figsize=(7.5, 3.6))
+    ax = fig.add_subplot()
+    for i, (label, pts) in enumerate(points):
+        pts = [(s, b) for s, b in pts if s and b and s > 0 and b > 0]
+        if pts:
+            ax.scatter([p[0] for p in pts], [p[1] for p in pts], s=12, alpha=0.7, color=_COLORS[i % len(_COLORS)],
+                       label=label)
+    for j, (label, curve) in enumerate(ceilings):
+        curve = sorted((s, b) for s, b in curve if s and b and s > 0 and b > 0)
+        if curve:
+            ax.plot([c[0] for c in curve], [c[1] for c in curve], lw=1.5, ls="-", marker=".",
+                    color=_COLORS[(j + 5) % len(_COLORS)], label=label)
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("message size, bytes")
+    ax.set_ylabel("bus bandwidth, GB/s")
+    ax.grid(which="both", alpha=0.2)
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=7, frameon=False, loc="best")
+    return _png(fig)
+

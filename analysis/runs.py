@@ -1,0 +1,149 @@
+"""Load what `analysis.recognize` found for one run into parsed tables (the only stage that reads files).
+
+Nothing here analyses: a `Run` holds the parser tables, our resolved config and plan when the run is
+ours, the files used and skipped, and every warning the parsers raised (truncated or corrupt inputs
+give partial tables and warnings, never an exception).
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from analysis.nsys_adapter import as_kineto
+from analysis.parsers.deepspeed_log import parse_deepspeed_log
+from analysis.parsers.kineto import parse_kineto_ranks
+from analysis.parsers.megatron_log import parse_megatron_log
+from analysis.parsers.metrics import parse_metrics
+from analysis.parsers.nccl_debug import parse_nccl_debug
+from analysis.parsers.nccl_tests import parse_nccl_tests
+from analysis.parsers.nsys import parse_nsys_sqlite, parse_nsys_stats_csv
+from analysis.parsers.tensorboard import parse_tensorboard
+from analysis.recognize import RunFiles
+from analysis.table import Table
+
+
+@dataclass
+class Run:
+    label: str
+    root: Path
+    run_dir: bool
+    files: list[tuple[str, tuple[str, ...]]]  # (path relative to root, kinds)
+    skipped: list[tuple[str, str]]  # (path, reason)
+    resolved: Any = None  # launch.resolve.Resolved
+    resolved_source: str | None = None
+    plan: Any = None  # launch.planner.Plan
+    plan_source: str | None = None
+    hardware: Any = None  # launch.hardware.HardwareProfile
+    hardware_source: str | None = None
+    metrics: Table | None = None
+    megatron: list[Table] = field(default_factory=list)
+    deepspeed: list[Table] = field(default_factory=list)
+    tensorboard: list[Table] = field(default_factory=list)
+    trace: Table | None = None  # Kineto-shaped: Kineto traces, or nsys exports through nsys_adapter
+    trace_from: str | None = None  # "kineto" | "nsys"
+    nsys_stats: list[Table] = field(default_factory=list)
+    nccl_tests: list[Table] = field(default_factory=list)
+    nccl_debug: list[Table] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+
+    def rel(self, path: str | os.PathLike[str]) -> str:
+        try:
+            return str(Path(path).resolve().relative_to(self.root.resolve()))
+        except ValueError:
+            return str(path)
+
+    def relabel(self, text: str) -> str:
+        """`text` with the run's root folder left out of the file names it mentions."""
+        root = str(self.root.resolve())
+        out = text.replace(root + os.sep, "")
+        plain = str(self.root)
+        if plain not in (".", ""):
+            out = out.replace(plain.rstrip(os.sep) + os.sep, "")
+        return out
+
+
+def load_run(rf: RunFiles, *, hardware: Any = None, hardware_source: str = "") -> Run:
+    """Parse every recognised file of one run. `hardware` (a HardwareProfile) stands in for runs
+    without a resolved.json of their own."""
+    run = Run(rf.label, rf.root, rf.run_dir, [(rf.rel(f.path), f.kinds) for f in rf.files],
+              [(rf.rel(s.path), s.reason) for s in rf.skipped], warnings=list(rf.warnings))
+    rel = rf.rel
+    for p in rf.of("resolved")[:1]:
+        from launch.errors import ConfigError
+        from launch.resolve import Resolved
+
+        try:
+            run.resolved = Resolved.load(p)
+            run.resolved_source = rel(p)
+            run.hardware, run.hardware_source = run.resolved.hardware, f"{rel(p)} hardware.{run.resolved.hardware.name}"
+        except (ConfigError, OSError, ValueError, KeyError, TypeError) as exc:
+            run.warnings.append(f"{rel(p)}: cannot be read as a resolved config ({exc}); layout and plan unknown")
+    if run.hardware is None and hardware is not None:
+        run.hardware, run.hardware_source = hardware, hardware_source
+    plans = rf.of("plan")
+    if plans:
+        from launch.planner import Plan
+
+        try:
+            run.plan = Plan.from_json(plans[0].read_text())
+            run.plan_source = rel(plans[0])
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            run.warnings.append(f"{rel(plans[0])}: cannot be read as a plan ({exc})")
+    if run.plan is None and run.resolved is not None:
+        from launch.planner import plan_resolved
+
+        run.plan = plan_resolved(run.resolved)
+        run.plan_source = f"recomputed from {run.resolved_source} (launch.planner.plan_resolved; no plan.json)"
+    metrics = rf.of("metrics_jsonl")
+    if metrics:
+        run.metrics = parse_metrics(metrics, relative_to=rf.root)
+    for p in rf.of("megatron_log"):
+        t = parse_megatron_log(p, source=rel(p))
+        if len(t):
+            run.megatron.append(t)
+        else:
+            run.warnings.extend(t.warnings)
+    for p in rf.of("deepspeed_log"):
+        t = parse_deepspeed_log(p, source=rel(p))
+        if len(t):
+            run.deepspeed.append(t)
+        else:
+            run.warnings.extend(t.warnings)
+    for p in rf.of("tensorboard"):
+        run.tensorboard.append(parse_tensorboard(p, source=rel(p)))
+    traces = rf.of("kineto_trace")
+    if traces:
+        t = parse_kineto_ranks(traces)
+        ranks = {r: {**m, "source": rel(m.get("source", ""))} for r, m in t.meta.get("ranks", {}).items()}
+        run.trace = Table(t.name, t.columns, t.doc, ", ".join(rel(p) for p in traces),
+                          tuple(run.relabel(w) for w in t.warnings), {**t.meta, "ranks": ranks})
+        run.trace_from = "kineto"
+    sqlite = rf.of("nsys_sqlite")
+    if sqlite:
+        tables = [parse_nsys_sqlite(p, source=rel(p)) for p in sqlite]
+        if run.trace is None:
+            run.trace, run.trace_from = as_kineto(tables), "nsys"
+        else:
+            run.warnings.append(f"{', '.join(rel(p) for p in sqlite)}: nsys exports beside Kineto traces; the time "
+                                f"breakdown uses the Kineto traces")
+    for p in rf.of("nsys_stats_csv"):
+        run.nsys_stats.append(parse_nsys_stats_csv(p, source=rel(p)))
+    for p in rf.of("nccl_tests"):
+        t = parse_nccl_tests(p, source=rel(p))
+        if len(t):
+            run.nccl_tests.append(t)
+        else:
+            run.warnings.extend(t.warnings)
+    for p in rf.of("nccl_debug"):
+        run.nccl_debug.append(parse_nccl_debug(p, source=rel(p)))
+    for t in [run.metrics, *run.megatron, *run.deepspeed, *run.tensorboard, *run.nsys_stats, *run.nccl_tests,
+              *run.nccl_debug]:
+        if t is not None:
+            run.warnings.extend(run.relabel(w) for w in t.warnings)
+    if run.trace is not None and run.trace_from == "kineto":
+        run.warnings.extend(run.trace.warnings)
+    elif run.trace is not None:
+        run.warnings.extend(run.relabel(w) for w in run.trace.warnings)
+    return run

@@ -1,0 +1,71 @@
+"""Two real tiny runs (ZeRO-2 vs ZeRO-3 on 2 gloo ranks, torch profiler on) through run.sh, then one
+report on both: step statistics agree with the metrics, memory sits beside the plan, the CPU-only
+traces give a breakdown with its stated CPU-side definition, and HTML + Markdown are written."""
+from __future__ import annotations
+
+import statistics
+import subprocess
+import sys
+
+import pytest
+
+from analysis.report import build_report, write_report
+from launch.metrics import read_metrics
+from tests.conftest import REPO
+from tests.dist.conftest import train
+
+pytestmark = [pytest.mark.dist, pytest.mark.slow]
+
+RUN = ("train.steps=12", "train.warmup_steps=4", "train.checkpoint_every=0", "run.resume=never",
+       "run.profile=torch", "run.profile_active_steps=3", "batch.seq_len=32")
+
+
+@pytest.fixture(scope="module")
+def two_runs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("report_runs")
+    z2 = train(root / "z2", *RUN, "parallel.zero_stage=2")
+    z3 = train(root / "z3", *RUN, "parallel.zero_stage=3")
+    return z2, z3
+
+
+def _median_measured(run) -> float:
+    per_step: dict[int, float] = {}
+    for rank in (0, 1):
+        for s in read_metrics(run.root / "metrics" / f"rank{rank}.jsonl").steps:
+            if not s.warmup:
+                per_step[s.step] = max(per_step.get(s.step, 0.0), s.step_time_s)
+    return statistics.median(per_step.values())
+
+
+def test_report_on_two_real_runs(two_runs, tmp_path):
+    z2, z3 = two_runs
+    rep = build_report([("zero2", z2.root), ("zero3", z3.root)])
+    assert [r.label for r in rep.runs] == ["zero2", "zero3"]
+    for res, run in zip(rep.runs, (z2, z3)):
+        s = next(res.stats.rows())
+        assert s["steps_dropped"] == 4 and s["steps_measured"] == 8
+        assert s["step_time_median_s"] == pytest.approx(_median_measured(run))
+        mem = list(res.memory.rows())
+        assert len(mem) == 2 and all(m["predicted_bytes"] and m["predicted_what"].startswith("plan.json")
+                                     for m in mem)
+        assert all(m["measured_what"] == "peak RSS (CPU process)" for m in mem)
+        assert {b["basis"] for b in res.breakdown.rows()} == {"cpu_ops"}
+        assert any("cpu_ops basis (CPU-only trace): compute = CPU ops on the training thread" in n for n in res.notes)
+        assert res.bandwidth is not None and len(res.bandwidth) > 0 and res.vs_layout is not None
+    ag = [{r["collective"]: r["calls_per_step"] for r in res.bandwidth.rows()}.get("all_gather", 0.0)
+          for res in rep.runs]
+    assert ag[1] > ag[0]  # ZeRO-3 gathers parameters every forward and backward, ZeRO-2 once per step
+    out = write_report(rep, [tmp_path / "r.html", tmp_path / "r.md"])
+    html = (tmp_path / "r.html").read_text()
+    md = (tmp_path / "r.md").read_text()
+    assert {p.name for p in out} >= {"r.html", "r.md"}
+    assert "cpu_ops basis (CPU-only trace)" in html and "traces/rank0.json" in html
+    assert "## Prediction vs measurement" in md and "plan.json" in md
+
+
+def test_cli_on_a_real_run(two_runs, tmp_path):
+    z2, _ = two_runs
+    p = subprocess.run([sys.executable, "-m", "analysis", "report", str(z2.root), "-o", str(tmp_path / "r.md")],
+                       cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    assert (tmp_path / "r.md").is_file()

@@ -1,0 +1,197 @@
+"""The comparative report (analysis.report, python -m analysis): foreign folders side by side, our run
+directory with its plan, truncated inputs, a self-contained HTML file with escaped log strings, the CLI."""
+from __future__ import annotations
+
+import gzip
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from analysis.__main__ import main, parse_args
+from analysis.report import build_report, write_report
+from tests.unit.report_support import (ALCF, ALLREDUCE_8XH100, BIGSCIENCE, GLOO, HTA, NCCL, REPO, make_run_dir)
+
+
+@pytest.fixture(scope="module")
+def foreign(tmp_path_factory):
+    """bigscience Megatron log vs ALCF Megatron-DeepSpeed log vs HTA Kineto traces, each in its own folder."""
+    root = tmp_path_factory.mktemp("foreign")
+    for name, files in (("bigscience", [BIGSCIENCE]), ("alcf", [ALCF]),
+                        ("traces", [*HTA, NCCL / "c_debug_v2_19_roce_listed_socket_used.txt"])):
+        (root / name).mkdir()
+        for f in files:
+            shutil.copy(f, root / name / f"file{files.index(f)}.log")  # names say nothing: content decides
+    # nccl-tests output without a command line names its collective only in the file name (kept here)
+    shutil.copy(ALLREDUCE_8XH100, root / "traces" / "all_reduce_perf.txt")
+    rep = build_report([(None, root / "bigscience"), ("ALCF", root / "alcf"), (None, root / "traces")])
+    out = root / "out"
+    written = write_report(rep, [out / "r.html", out / "r.md"])
+    return rep, out, written
+
+
+def test_foreign_folders_side_by_side(foreign):
+    rep, out, written = foreign
+    assert [r.label for r in rep.runs] == ["bigscience", "ALCF", "traces"]
+    big, alcf, tr = rep.runs
+    s = next(big.stats.rows())
+    assert s["steps_measured"] == 18 and s["steps_dropped"] == 2
+    assert big.layout["tp"] == 4 and big.layout["pp"] == 8 and big.layout["world"] == 32
+    assert next(alcf.stats.rows())["tokens_per_s_per_device"] is not None
+    assert len(big.memory) == 32 and big.memory.column("predicted_what")[0].startswith("none")
+    assert big.timers and alcf.timers  # Megatron timers; ALCF also DeepSpeed's
+    assert tr.breakdown is not None and {r["basis"] for r in tr.breakdown.rows()} == {"gpu_kernels"}
+    bw = {r["collective"]: r for r in tr.bandwidth.rows()}
+    assert bw["all_reduce"]["ceiling_source"] == "all_reduce_perf.txt" and bw["all_reduce"]["pct_of_ceiling"] < 50
+    rules = {(f.run, f.rule) for f in rep.findings}
+    assert {("traces", "low_busbw"), ("traces", "slow_transport"),
+            ("bigscience, ALCF", "mismatched_runs")} <= rules
+    assert {p.name for p in written} >= {"r.html", "r.md", "figure1.png"}
+    md = (out / "r.md").read_text()
+    for section in ("## Runs", "## Doctor", "## How fast", "## Memory", "## Where the time went", "## Collectives",
+                    "## Stragglers", "## Kernel diff", "## Prediction vs measurement", "## Definitions"):
+        assert section in md
+    assert "none: no run has a plan" in md
+    assert "foreign log: first 10% of the logged step range 10-200" in md
+    # rank 0's "max reserved: 26732.0" MB, and the line it came from
+    assert "| bigscience | 0 | 26.11 GiB | max_reserved (GPU) |" in md
+    assert big.steps.column("source")[2] == "file0.log:412"
+
+
+def test_every_table_names_its_source(foreign):
+    _, out, _ = foreign
+    html = (out / "r.html").read_text()
+    headers = re.findall(r"<table><thead><tr>(.*?)</tr></thead>", html)
+    assert len(headers) > 8
+    for h in headers:  # the doctor's table names its files in the evidence column
+        assert "<th>source</th>" in h or "<th>evidence (file: numbers)</th>" in h, h
+
+
+def test_html_is_self_contained(foreign):
+    _, out, _ = foreign
+    html = (out / "r.html").read_text()
+    assert "<script" not in html.lower() and "<link" not in html.lower()
+    assert not re.search(r"""(?:src|href)\s*=\s*["']?\s*(?:https?:)?//""", html, re.I)
+    assert not re.search(r"url\(\s*['\"]?https?:", html, re.I)
+    imgs = re.findall(r"<img [^>]*src='([^']*)'", html)
+    assert len(imgs) >= 3 and all(i.startswith("data:image/png;base64,") for i in imgs)
+
+
+def test_log_strings_are_escaped(tmp_path):
+    text = BIGSCIENCE.read_text().replace("forward-compute:", "<script>alert(1)</script>:", 3)
+    d = tmp_path / "evil <img onerror=x>"
+    d.mkdir()
+    (d / "train.log").write_text(text)
+    rep = build_report([("<b>label</b>", d)])
+    write_report(rep, [tmp_path / "r.html", tmp_path / "r.md"])
+    html = (tmp_path / "r.html").read_text()
+    md = (tmp_path / "r.md").read_text()
+    assert "<script>alert(1)</script>" not in html and "&lt;script&gt;alert(1)&lt;/script&gt;" in html
+    assert "<b>label</b>" not in html and "&lt;b&gt;label&lt;/b&gt;" in html
+    assert "<script>" not in md and "&lt;script&gt;alert(1)&lt;/script&gt;" in md
+    assert "<script" not in html.lower() and "<img onerror" not in html and "&lt;img onerror=x&gt;" in html
+
+
+def test_our_run_directory_with_plan_and_traces(tmp_path):
+    run = make_run_dir(tmp_path / "runs")
+    rep = build_report([(None, run)])
+    (r,) = rep.runs
+    assert r.label == "tiny_zero2/20260101-000000" and r.run.run_dir
+    s = next(r.stats.rows())
+    assert s["steps_dropped"] == 5 and "warmup_steps=5" in s["drop_rule"]
+    assert "torchtitan" in s["mfu_formula"]
+    mem = next(r.memory.rows())
+    assert mem["predicted_bytes"] and mem["predicted_what"].startswith("plan.json")
+    assert {b["basis"] for b in r.breakdown.rows()} == {"cpu_ops"}
+    assert any("cpu_ops basis" in n for n in r.notes)
+    assert r.vs_layout is not None and {v["collective"] for v in r.vs_layout.rows()} >= {"all_reduce"}
+    assert {p["quantity"] for p in r.prediction} >= {"step time", "tokens/s/device", "MFU"}
+    skipped = dict(r.run.skipped)
+    assert "checkpoints" in skipped and "launch_cmd.txt" in skipped
+
+
+def test_run_without_plan_json_recomputes_it(tmp_path):
+    run = make_run_dir(tmp_path / "runs", plan=False, traces=False)
+    (r,) = build_report([(None, run)]).runs
+    assert "recomputed from resolved.json" in next(r.memory.rows())["predicted_what"]
+
+
+def test_truncated_inputs_give_a_partial_report_with_warnings(tmp_path):
+    d = tmp_path / "cut"
+    d.mkdir()
+    text = BIGSCIENCE.read_bytes()
+    (d / "a.out").write_bytes(text[: int(len(text) * 0.6)])
+    raw = gzip.decompress(GLOO[0].read_bytes())
+    (d / "t0.json").write_bytes(raw[: len(raw) // 2])
+    shutil.copy(GLOO[1], d / "t1.json.gz")
+    shutil.copy(NCCL / "c_allreduce_v2_13_truncated_midrow.txt", d / "n.txt")
+    run = make_run_dir(tmp_path / "runs", traces=False, cut_last_line=True)
+    rep = build_report([(None, d), (None, run)])
+    cut, ours = rep.runs
+    assert cut.stats is not None and next(cut.stats.rows())["steps_measured"] > 0
+    assert cut.breakdown is not None and len(cut.breakdown) == 2
+    warn = "\n".join(cut.run.warnings)
+    assert "t0.json" in warn and "byte" in warn
+    assert "n.txt" in warn
+    assert any(w.startswith("metrics/rank0.jsonl:13: not JSON") for w in ours.run.warnings)
+    write_report(rep, [tmp_path / "r.html"])
+    html = (tmp_path / "r.html").read_text()
+    assert "Warnings (partial inputs)" in html and "t0.json" in html
+
+
+def test_unknown_files_are_listed_as_skipped(tmp_path):
+    d = tmp_path / "mixed"
+    d.mkdir()
+    shutil.copy(BIGSCIENCE, d / "run.out")
+    (d / "notes.txt").write_text("hello\n")
+    rep = build_report([(None, d)])
+    write_report(rep, [tmp_path / "r.md"])
+    md = (tmp_path / "r.md").read_text()
+    assert "notes.txt — skipped: text without lines from any supported tool" in md
+
+
+def test_kernel_diff_between_two_gpu_trace_runs(tmp_path):
+    a, b = tmp_path / "a", tmp_path / "b"
+    a.mkdir(), b.mkdir()
+    shutil.copy(HTA[0], a / "x.gz")
+    shutil.copy(HTA[1], b / "y.gz")
+    rep = build_report([(None, a), (None, b)])
+    assert rep.kernel_diff is not None and len(rep.kernel_diff) > 0
+    assert "b minus a" in rep.kernel_diff_note
+
+
+# ---------------------------------------------------------------------------------------- CLI
+
+def test_parse_args_labels_options_and_outputs(tmp_path):
+    p = tmp_path / "x=y"
+    p.mkdir()
+    inputs, opts, outs = parse_args(["zero2=/some/where", str(p), "ceiling=/c", "-o", "a.html", "-ob.md"])
+    assert inputs == [("zero2", "/some/where"), (None, str(p))]
+    assert opts == {"ceiling": "/c"} and outs == ["a.html", "b.md"]
+
+
+def test_cli_errors_are_one_line_and_exit_2(tmp_path, capsys):
+    assert main(["report", str(tmp_path)]) == 2
+    assert "error: give -o OUT.html or -o OUT.md" in capsys.readouterr().err
+    assert main(["report", str(tmp_path / "missing"), "-o", "x.html"]) == 2
+    assert main(["report", str(tmp_path), "-o", "x.pdf"]) == 2
+    assert main(["report", str(tmp_path), "hardware=nope", "-o", str(tmp_path / "x.md")]) == 2
+    err = capsys.readouterr().err
+    assert "hardware" in err and "Traceback" not in err
+
+
+def test_cli_report_and_doctor(tmp_path):
+    d = tmp_path / "big"
+    d.mkdir()
+    shutil.copy(BIGSCIENCE, d / "log")
+    out = tmp_path / "rep.html"
+    p = subprocess.run([sys.executable, "-m", "analysis", "report", f"bs={d}", "hardware=a100-80gb",
+                        "-o", str(out)], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    assert out.is_file() and "wrote" in p.stdout
+    html = out.read_text()
+    assert "a100-80gb" in html
+    assert main(["doctor", str(d)]) == 0

@@ -1,0 +1,147 @@
+"""analysis.recognize: every kind of file is told by its content, on renamed copies of the real fixtures;
+analysis.parsers.metrics reads our own JSONL (all ranks) into one table."""
+from __future__ import annotations
+
+import gzip
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from analysis.parsers import metrics as metrics_parser
+from analysis.recognize import classify, group_runs, recognize
+from tests.unit.report_support import (ALCF, ALLREDUCE_8XH100, BIGSCIENCE, GLOO, HTA, LOGS, NCCL, NSYS,
+                                       build_nsys_exports, make_run_dir)
+
+
+@pytest.fixture(scope="module")
+def nsys_exports(tmp_path_factory):
+    return build_nsys_exports(tmp_path_factory.mktemp("nsys"))
+
+
+def _tensorboard_file(folder: Path) -> Path:
+    from tensorboard.compat.proto import event_pb2, summary_pb2
+    from tensorboard.summary.writer.event_file_writer import EventFileWriter
+
+    w = EventFileWriter(str(folder))
+    for step in range(1, 4):
+        w.add_event(event_pb2.Event(wall_time=1.7e9 + step, step=step, summary=summary_pb2.Summary(
+            value=[summary_pb2.Summary.Value(tag="iteration-time", simple_value=0.5)])))
+    w.close()
+    return next(folder.iterdir())
+
+
+CASES = [
+    (BIGSCIENCE, {"megatron_log"}),
+    (ALCF, {"deepspeed_log", "megatron_log"}),
+    (LOGS / "c_ds_v0_9_forward_names_gas2_pdsh.txt", {"deepspeed_log"}),
+    (LOGS / "c_megatron_lm_2025_minmax_moe.txt", {"megatron_log"}),
+    (ALLREDUCE_8XH100, {"nccl_tests"}),
+    (NCCL / "c_allreduce_2017_ms.txt", {"nccl_tests"}),
+    (NCCL / "c_reduce_v2_13_mpirun_tagged.txt", {"nccl_tests", "nccl_debug"}),
+    (NCCL / "real_reducescatter_2node_4gpu_issue128_EXCERPT.txt", {"nccl_tests"}),
+    (NCCL / "c_debug_v2_18_socket_ib_disabled.txt", {"nccl_debug"}),
+    (NCCL / "real_debug_transport_excerpts_from_issues.txt", {"nccl_debug"}),
+    (GLOO[0], {"kineto_trace"}),
+    (HTA[1], {"kineto_trace"}),
+    (NSYS / "stats" / "profile_stats_column_2024.txt", {"nsys_stats_csv"}),
+    (NSYS / "stats" / "legacy_2020.csv", {"nsys_stats_csv"}),
+]
+
+
+@pytest.mark.parametrize("src,kinds", CASES, ids=[c[0].name for c in CASES])
+def test_renamed_fixture_is_recognised_by_content(tmp_path, src, kinds):
+    dst = tmp_path / "blob_0001.dat"  # no telling name, no telling suffix
+    shutil.copy(src, dst)
+    assert set(classify(dst).kinds) == kinds
+
+
+def test_uncompressed_trace_nsys_export_tensorboard_and_our_files(tmp_path, nsys_exports):
+    plain = tmp_path / "a"
+    plain.write_bytes(gzip.decompress(GLOO[1].read_bytes()))
+    assert classify(plain).kinds == ("kineto_trace",)
+    db = tmp_path / "b"
+    shutil.copy(nsys_exports["legacy"], db)
+    assert classify(db).kinds == ("nsys_sqlite",)
+    tbdir = tmp_path / "tb"
+    tbdir.mkdir()
+    ev = _tensorboard_file(tbdir)
+    renamed = tmp_path / "c"
+    shutil.copy(ev, renamed)
+    assert classify(renamed).kinds == ("tensorboard",)
+    run = make_run_dir(tmp_path / "runs", traces=False)
+    for name, kind in (("resolved.json", "resolved"), ("plan.json", "plan"), ("metrics/rank1.jsonl", "metrics_jsonl")):
+        copy = tmp_path / f"x_{kind}"
+        shutil.copy(run / name, copy)
+        assert classify(copy).kinds == (kind,)
+
+
+def test_unknown_files_are_skipped_with_a_reason(tmp_path):
+    (tmp_path / "notes.txt").write_text("nothing a tool wrote\n")
+    (tmp_path / "weights.bin").write_bytes(b"\x00\x01\x02" * 100)
+    (tmp_path / "empty.log").write_text("")
+    (tmp_path / "other.json").write_text(json.dumps({"a": 1}))
+    inv = recognize(tmp_path)
+    assert not inv.files
+    reasons = {s.path.name: s.reason for s in inv.skipped}
+    assert "no supported tool" in reasons["notes.txt"] or "supported tool" in reasons["notes.txt"]
+    assert reasons["weights.bin"].startswith("binary")
+    assert reasons["empty.log"] == "empty file"
+    assert "other.json" in reasons
+
+
+def test_run_directory_is_found_by_its_resolved_config_and_checkpoints_are_skipped(tmp_path):
+    run = make_run_dir(tmp_path / "runs")
+    shutil.copy(BIGSCIENCE, tmp_path / "runs" / "stray.log")  # a foreign file beside the run
+    inv = recognize(tmp_path / "runs")
+    assert inv.run_dirs == (run,)
+    runs = group_runs(inv)
+    ours = next(r for r in runs if r.run_dir)
+    assert ours.label == "tiny_zero2/20260101-000000"
+    assert {p.name for p in ours.of("kineto_trace")} == {"rank0.json.gz", "rank1.json.gz"}
+    assert len(ours.of("metrics_jsonl")) == 2
+    assert any(s.path.name == "checkpoints" and "model state" in s.reason for s in ours.skipped)
+    assert not any("mp_rank_00" in str(f.path) for f in inv.files + inv.skipped)
+    foreign = next(r for r in runs if not r.run_dir)
+    assert foreign.label == "runs" and [p.name for p in foreign.of("megatron_log")] == ["stray.log"]
+
+
+def test_labels_given_and_several_runs_under_one_path(tmp_path):
+    make_run_dir(tmp_path / "runs", "a")
+    make_run_dir(tmp_path / "runs", "b", traces=False)
+    runs = group_runs(recognize(tmp_path / "runs"), "z2")
+    assert [r.label for r in runs] == ["z2/tiny_zero2/a", "z2/tiny_zero2/b"]
+    one = group_runs(recognize(tmp_path / "runs" / "tiny_zero2" / "a"), "mine")
+    assert [r.label for r in one] == ["mine"]
+
+
+# ------------------------------------------------------------------------------- metrics parser
+
+def test_metrics_table_stacks_all_ranks_with_file_and_line(tmp_path):
+    run = make_run_dir(tmp_path, traces=False, steps=8)
+    t = metrics_parser.parse_metrics(run, relative_to=run)
+    assert set(t.columns) == set(metrics_parser.COLUMNS)
+    assert len(t) == 16 and sorted(set(t.column("rank"))) == [0, 1]
+    first = next(t.rows())
+    assert (first["rank"], first["step"], first["file"], first["line"]) == (0, 1, "metrics/rank0.jsonl", 2)
+    raw = json.loads((run / "metrics" / "rank0.jsonl").read_text().splitlines()[1])
+    assert first["step_time_s"] == raw["step_time_s"] and first["warmup"] is True
+    m = t.meta
+    assert m["world"] == 2 and m["warmup_steps"] == 5 and m["global_batch_size"] == 8
+    assert "torchtitan" in m["flops_formula"] and set(m["ranks"]) == {0, 1}
+    assert not t.warnings
+
+
+def test_metrics_cut_last_line_gives_partial_table_and_a_warning(tmp_path):
+    run = make_run_dir(tmp_path, traces=False, steps=6, cut_last_line=True)
+    t = metrics_parser.parse_metrics(run, relative_to=run)
+    assert len(t) == 10  # the sixth step of each rank is cut
+    assert any(w.startswith("metrics/rank0.jsonl:7: not JSON") for w in t.warnings)
+
+
+def test_metrics_sniff_rejects_other_jsonl(tmp_path):
+    f = tmp_path / "x.jsonl"
+    f.write_text('{"text": "a corpus line"}\n')
+    assert metrics_parser.sniff(f) is None
+    assert metrics_parser.sniff(NCCL / "c_allreduce_2017_ms.txt") is None
