@@ -30,7 +30,7 @@ import re
 from typing import Any
 
 from analysis.parsers.deepspeed_log import head_and_tail, is_deepspeed_timer_line
-from analysis.parsers.nccl_debug import read_source, split_lines
+from analysis.parsers._text import capped_warn, read_source, split_lines
 from analysis.table import Table
 
 COLUMNS: dict[str, str] = {
@@ -217,13 +217,7 @@ class _Parser:
         self.timer_name: str | None = None               # current name in the all-ranks format
 
     def warn(self, kind: str, lineno: int | None, message: str) -> None:
-        n = self.warned.get(kind, 0) + 1
-        self.warned[kind] = n
-        where = f"{self.name}:{lineno}" if lineno else self.name
-        if n <= _MAX_WARNINGS_PER_KIND:
-            self.warnings.append(f"{where}: {message}")
-        elif n == _MAX_WARNINGS_PER_KIND + 1:
-            self.warnings.append(f"{self.name}: further '{kind}' warnings suppressed")
+        capped_warn(self.warnings, self.warned, _MAX_WARNINGS_PER_KIND, self.name, kind, lineno, message)
 
     def run(self, text: str) -> None:
         lines, last_cut = split_lines(text)

@@ -23,6 +23,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping
 
+from analysis.parsers._text import read_source, split_lines  # noqa: F401 (re-exported)
 from analysis.table import Table
 
 COLUMNS: dict[str, str] = {
@@ -90,41 +91,6 @@ _MARKERS = (
     (re.compile(r"^Connected NVLS\b"), "nvls"),
     (re.compile(r"^(?:Connected collnet|rank \d+ Connected CollNet)"), "collnet"),
 )
-
-
-def read_source(path_or_text: str | os.PathLike[str], source: str = "") -> tuple[str, str, list[str]]:
-    """Return (text, source name, warnings) for a path or for the text itself.
-
-    A `str` with no newline that names an existing file is read as a path; anything else is text.
-    Undecodable bytes are replaced rather than raised on, since corrupt logs are normal input.
-    """
-    warnings: list[str] = []
-    is_path = isinstance(path_or_text, os.PathLike) or (
-        isinstance(path_or_text, str) and "\n" not in path_or_text and len(path_or_text) < 4096
-        and os.path.isfile(path_or_text))
-    if not is_path:
-        text = str(path_or_text)
-        name = source or "<text>"
-    else:
-        name = source or os.fspath(path_or_text)
-        try:
-            with open(path_or_text, "rb") as fh:
-                data = fh.read()
-        except OSError as exc:
-            return "", name, [f"{name}: cannot read ({exc.strerror or exc})"]
-        text = data.decode("utf-8", errors="replace")
-        if "\ufffd" in text:
-            warnings.append(f"{name}: bytes that are not UTF-8 were replaced")
-    return text.replace("\r\n", "\n").replace("\r", "\n"), name, warnings
-
-
-def split_lines(text: str) -> tuple[list[str], bool]:
-    """Lines of `text` and whether the last one is cut (no newline after it)."""
-    lines = text.split("\n")
-    if lines and lines[-1] == "":
-        lines.pop()
-        return lines, False
-    return lines, bool(lines)
 
 
 @dataclass(frozen=True)

@@ -46,7 +46,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Mapping, Sequence
 
-from analysis.parsers.nccl_debug import read_source, split_lines
+from analysis.parsers._text import read_source, split_lines
 from analysis.table import Table
 
 COLUMNS: dict[str, str] = {

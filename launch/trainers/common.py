@@ -204,7 +204,6 @@ def make_profiler(resolved: Resolved, run: RunDir, rank: int, cuda: bool, start_
     r = resolved.recipe
     if r.run.profile != "torch":
         return None
-    import torch
     from torch.profiler import ProfilerActivity, profile, schedule
 
     skip = max(0, r.train.warmup_steps - start_step)
