@@ -113,7 +113,8 @@ def resolve(loaded: LoadedRecipe, world_size: int | None = None) -> Resolved:
                                ("train.warmup_steps", train.warmup_steps, 0),
                                ("train.lr_warmup_steps", train.lr_warmup_steps, 0),
                                ("train.checkpoint_every", train.checkpoint_every, 0),
-                               ("run.timeout_s", r.run.timeout_s, 1), ("run.profile_active_steps", r.run.profile_active_steps, 1)]:
+                               ("run.timeout_s", r.run.timeout_s, 1), ("run.profile_active_steps", r.run.profile_active_steps, 1),
+                               ("run.log_every", r.run.log_every, 1)]:
         if value < low:
             raise ConfigError(w(dotted), dotted, value, f"must be at least {low}", f"set {dotted}={low} or more")
     if par.zero_stage not in (0, 1, 2, 3):
@@ -167,6 +168,10 @@ def resolve(loaded: LoadedRecipe, world_size: int | None = None) -> Resolved:
             if bad:
                 raise ConfigError(w(dotted), dotted, value, f'needs backend = "megatron" (got "{r.backend}")',
                                   f'set backend = "megatron" or {dotted}={"false" if dotted.endswith("sp") else 1}')
+    if r.backend == "deepspeed" and r.train.activation_checkpointing == "selective":
+        raise ConfigError(w("train.activation_checkpointing"), "train.activation_checkpointing", "selective",
+                          "is a Megatron-Core feature; DeepSpeed/Hugging Face models checkpoint whole layers",
+                          'set train.activation_checkpointing="full" or backend = "megatron"')
     if par.vpp > 1 and par.pp == 1:
         raise ConfigError(w("parallel.vpp"), "parallel.vpp", par.vpp, "needs parallel.pp > 1 (got 1)",
                           "set parallel.pp=2 or parallel.vpp=1")

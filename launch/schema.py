@@ -86,7 +86,7 @@ class RunSection:
     profile_active_steps: int = 3
     mode: Literal["train", "commbench"] = "train"
     timeout_s: int = 600  # process-group timeout: a stalled collective fails after this
-    log_every: int = 1
+    log_every: int = 1  # TensorBoard and progress line every N steps (metrics JSONL: every step)
 
 
 @dataclass(frozen=True)

@@ -188,7 +188,9 @@ def _train(run: RunDir, resolved: Resolved, env: common.RankEnv, terminal, cuda:
             grad_norm=None if gn is None else float(gn), step_time_s=seconds, tokens_per_s=tokens / seconds,
             tokens_per_s_per_device=tokens / seconds / resolved.world_size, tflops_per_device=tflops,
             mfu=tflops * 1e12 / peak if peak else 0.0, **mem)
-        writer.step(rec)
+        writer.step(rec)  # every step; TensorBoard and the progress line every run.log_every steps
+        if rec.step % r.run.log_every and rec.step != r.train.steps:
+            return
         if tb is not None:
             for k in ("loss", "lr", "grad_norm", "step_time_s", "tokens_per_s_per_device", "mfu"):
                 v = getattr(rec, k)

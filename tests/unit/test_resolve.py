@@ -178,3 +178,9 @@ def test_ds_base_contradicting_recipe_is_refused(write_recipe):
     (d / "my.json").write_text("{oops")
     e = err(d)
     assert "not valid JSON" in str(e)
+
+
+def test_selective_recompute_needs_megatron():
+    e = err(RECIPES / "tiny_zero2", ["train.activation_checkpointing=selective"])
+    assert e.field == "train.activation_checkpointing" and 'set train.activation_checkpointing="full"' in str(e)
+    assert resolve_path(FLAGSHIP).recipe.train.activation_checkpointing == "selective"  # megatron: fine
