@@ -64,11 +64,8 @@ def busbw_plot(tables: Mapping[str, Table], *, nominal_GBps: float | None = None
             n = _nranks(table, op)
             style = "--" if "nccl-tests" in label else "-"
             (line,) = ax.plot(sizes, busbw, style, marker="o", markersize=3, linewidth=1.6,
-                              color=colors[i % len(colors)], label=label)
-            handles.setdefault(label, line)
-            if n:
-                ax.annotate(f"n={n}", (sizes[-1], busbw[-1]), textcoords="offset points", xytext=(4, 0),
-                            fontsize=7, color=colors[i % len(colors)], va="center")
+                              color=colors[i % len(colors)])
+            handles.setdefault(f"{label} (n={n})" if n else label, line)
         if nominal_GBps:
             ax.axhline(nominal_GBps, color="0.35", linestyle=(0, (4, 3)), linewidth=1.2)
             ax.annotate(f"nominal {nominal_GBps:g} GB/s", (0.02, nominal_GBps), xycoords=("axes fraction", "data"),

@@ -215,7 +215,7 @@ def put(view, values) -> None:
 # --------------------------------------------------------------------------- one op on one rank (torch)
 
 
-class _Collective:
+class Collective:
     """The out-of-place and in-place calls of `op` for group rank r of `members`, on preallocated buffers."""
 
     def __init__(self, op: str, group, members: Sequence[int], r: int) -> None:
@@ -351,7 +351,7 @@ def _sweep(run: RunDir, resolved, env, terminal, cuda: bool, watchdog) -> int:
         coll = None
         if mine is not None:
             members = groups[mine]
-            coll = _Collective(op, handles[mine], members, members.index(env.rank))
+            coll = Collective(op, handles[mine], members, members.index(env.rank))
         send, recv, scratch = _buffers(plan[op], dtype, device, torch)
         lo, span, poison = value_plan(dtype, n if op in REDUCING else 1)
         for k, s in enumerate(plan[op]):
@@ -397,7 +397,7 @@ def _buffers(plan: Sequence[Shape], dtype: DType, device, torch):
     return send, recv, scratch
 
 
-def _measure(coll: _Collective, placement: str, send, recv, scratch, s: Shape, values: tuple[int, int, int],
+def _measure(coll: Collective, placement: str, send, recv, scratch, s: Shape, values: tuple[int, int, int],
              cb, sync: Callable[[], None]) -> tuple[float, int]:
     """(seconds per call, wrong elements) of one placement at one size on this rank."""
     import torch.distributed as dist

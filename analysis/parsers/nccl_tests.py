@@ -21,11 +21,15 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from analysis.parsers.nccl_debug import find_log_line, read_source, split_lines, strip_mpi_tag, version_facts
+from analysis.parsers._text import read_source, split_lines
+from analysis.parsers.nccl_debug import find_log_line, strip_mpi_tag, version_facts
 from analysis.table import Table
 
 # The writer and the bus factors live with the sweep that writes this format (launch may not import analysis).
-from launch.nccl_format import BUS_FACTORS as _FACTORS, OPS, bus_factor, format_nccl_tests  # noqa: F401 - re-exported
+from launch.nccl_format import BUS_FACTORS as _FACTORS, OPS, bus_factor, format_nccl_tests
+
+__all__ = ["COLUMNS", "OPS", "bus_factor", "format_nccl_tests", "large_message_busbw", "op_from_name",
+           "parse_nccl_tests", "peak_busbw"]
 
 COLUMNS: dict[str, str] = {
     "section": "index into meta['sections']: which run in the file the row comes from (files often "

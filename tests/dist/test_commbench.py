@@ -106,7 +106,7 @@ PROBE = textwrap.dedent("""
         for op in cb.OPS:
             s = cb.shape(op, 16 * d.size * n, d.size, n)
             lo, span, poison = cb.value_plan(d, n if op in cb.REDUCING else 1)
-            coll = cb._Collective(op, None, range(n), r)
+            coll = cb.Collective(op, None, range(n), r)
             for placement in cb.PLACEMENTS:
                 call = (coll.out_of_place if placement == "out-of-place" else coll.in_place)(send, recv, scratch, s)
                 coll.load_input(placement, send, recv, s, lo, span, poison)

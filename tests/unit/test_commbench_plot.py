@@ -1,0 +1,74 @@
+"""analysis/comm_plot.py: busbw vs size per collective, one line per run, the profile's nominal busbw dashed."""
+import subprocess
+import sys
+
+import pytest
+
+from analysis import comm_plot
+from analysis.parsers.nccl_tests import parse_nccl_tests
+from launch.commbench import write_result
+from launch.resolve import resolve_path
+from launch.rundir import RunDir
+from tests.conftest import REPO, RECIPES
+from tests.unit.test_commbench_format import make_result
+
+FIXTURES = REPO / "tests" / "fixtures" / "nccl"
+
+
+def fake_run(tmp_path, *overrides, ops=("all_reduce", "all_to_all")) -> RunDir:
+    """A run directory as a commbench run leaves it (resolved.json + results), without starting ranks."""
+    resolved = resolve_path(RECIPES / "tiny_zero2", ["run.mode=commbench", *overrides])
+    run = RunDir.create(resolved.recipe_name, root=tmp_path / "runs")
+    run.write_text_atomic(run.resolved, resolved.to_json())
+    for op in ops:
+        write_result(run, make_result(op, 2, lambda i, p: 1e-5 * (1.4 ** i) * (1 + p), lambda i, p: 0))
+    return run
+
+
+def test_series_keeps_the_best_placement_per_size():
+    t = parse_nccl_tests(FIXTURES / "c_allreduce_v2_13_8xh100.txt")
+    sizes, best = comm_plot.busbw_series(t, "all_reduce")
+    _, oop = comm_plot.busbw_series(t, "all_reduce", "out-of-place")
+    _, inp = comm_plot.busbw_series(t, "all_reduce", "in-place")
+    assert sizes == sorted(sizes) and best == [max(a, b) for a, b in zip(oop, inp)]
+
+
+def test_plot_of_runs_and_files(tmp_path):
+    run = fake_run(tmp_path)
+    tables, warnings = comm_plot.load([run.root, FIXTURES / "c_sweep_four_collectives_concatenated.txt"])
+    label = f"tiny_zero2/{run.root.name}"
+    assert warnings == [] and set(tables) == {label, "c_sweep_four_collectives_concatenated"}
+    assert {r["op"] for r in tables[label].rows()} == {"all_reduce", "alltoall"}
+    out = comm_plot.busbw_plot(tables, nominal_GBps=1.0, out_png=tmp_path / "plot.png")
+    assert out.stat().st_size > 20_000 and out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    with pytest.raises(ValueError, match="placement"):
+        comm_plot.busbw_plot(tables, out_png=tmp_path / "x.png", placement="both")
+
+
+def test_files_inside_a_run_carry_its_label(tmp_path):
+    run = fake_run(tmp_path)
+    tables, _ = comm_plot.load([run.commbench_json("all_reduce"), run.commbench_text("all_to_all")])
+    assert list(tables) == [f"tiny_zero2/{run.root.name}"]  # one line: the JSON and the text of one run merge
+    assert {r["op"] for r in tables[f"tiny_zero2/{run.root.name}"].rows()} == {"all_reduce", "alltoall"}
+
+
+def test_nominal_busbw_comes_from_the_hardware_profile(tmp_path):
+    assert comm_plot.nominal_from_run(fake_run(tmp_path / "a").root) == 1.0  # cpu profile, one node
+    h100 = fake_run(tmp_path / "b", "hardware.profile=h100-sxm")
+    assert comm_plot.nominal_from_run(h100.root) == 370.0
+    two_nodes = fake_run(tmp_path / "c", "hardware.profile=h100-sxm", "hardware.nodes=2", "batch.global_batch_size=16")
+    assert comm_plot.nominal_from_run(two_nodes.root) == 340.0
+
+
+def test_command_line_writes_the_png_without_importing_torch(tmp_path):
+    run = fake_run(tmp_path)
+    out = tmp_path / "busbw.png"
+    code = ("import sys; from analysis.comm_plot import main; rc = main(sys.argv[1:]); "
+            "assert 'torch' not in sys.modules, 'torch imported'; sys.exit(rc)")
+    p = subprocess.run([sys.executable, "-c", code, str(run.root), "-o", str(out)], cwd=REPO, capture_output=True,
+                       text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    assert out.is_file() and p.stdout.strip() == str(out)
+    p = subprocess.run([sys.executable, "-m", "analysis.comm_plot", str(tmp_path / "nope"), "-o", str(out)], cwd=REPO,
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 2 and "does not exist" in p.stderr
