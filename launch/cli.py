@@ -95,8 +95,13 @@ def render(resolved: Resolved, plan: Plan, cmd: launcher.LaunchCommand, console)
     for n in plan.notes:
         console.print(f"  note: {n}")
     verdict = "fits" if plan.fits else "DOES NOT FIT"
-    console.print(f"[bold]plan: {verdict}[/bold]" + ("" if plan.fits or r.plan.ignore_fit else
-                  " — a real run is refused; lower memory (zero_stage, tp, activation_checkpointing) or set plan.ignore_fit=true"))
+    if r.run.mode == "commbench":
+        refusal = " (run.mode=commbench measures collectives only: no fit check)"
+    elif plan.fits or r.plan.ignore_fit:
+        refusal = ""
+    else:
+        refusal = " — a real run is refused; lower memory (zero_stage, tp, activation_checkpointing) or set plan.ignore_fit=true"
+    console.print(f"[bold]plan: {verdict}[/bold]{refusal}")
     console.print()
     console.print("[bold]launch command[/bold]")
     console.print(cmd.shell(), markup=False)
@@ -185,11 +190,12 @@ def failure_summary(run: RunDir, world: int) -> list[str]:
                     said = text
         except OSError:
             pass
-        last = None
+        step = ""
         if run.metrics(rank).is_file():
             steps = read_metrics(run.metrics(rank)).steps
-            last = steps[-1].step if steps else 0
-        lines.append(f"  rank {rank}: last recorded step {last}" + (f"; {said}" if said else ""))
+            step = f"last recorded step {steps[-1].step if steps else 0}"
+        lines.append(f"  rank {rank}: " + "; ".join(x for x in (step, said) if x) if (step or said) else
+                     f"  rank {rank}: see {run.stderr(rank)}")
     return lines
 
 
