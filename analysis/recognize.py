@@ -30,6 +30,7 @@ KINDS: dict[str, str] = {
     "plan": "our planner output (plan.json)",
     "env": "our environment record (env.json)",
     "layer_calls": "our per-rank layer call counts (logs/layer_calls_rank*.json)",
+    "commbench_json": "our collective sweep result (commbench/<op>.json, the unrounded twin of <op>.txt)",
     "metrics_jsonl": "our per-rank metrics JSONL",
     "kineto_trace": "PyTorch profiler (Kineto) Chrome trace, .json or .json.gz, one per rank",
     "nsys_sqlite": "Nsight Systems SQLite export",
@@ -44,13 +45,16 @@ KINDS: dict[str, str] = {
 _SNIFF_BYTES = 64 * 1024
 _MAX_FILES = 20000
 _GZIP_MAGIC = b"\x1f\x8b"
-_TRACE_SIGNS = re.compile(rb'"traceEvents"\s*:|\{\s*"ph"\s*:\s*"[XBEiIMCbnesftPOND]"')
+# `traceEvents` may follow a long header (distributedInfo of a large job), hence Kineto's header keys too.
+_TRACE_SIGNS = re.compile(rb'"traceEvents"\s*:|\{\s*"ph"\s*:\s*"[XBEiIMCbnesftPOND]"|'
+                          rb'"(?:distributedInfo|deviceProperties)"\s*:')
 _NCCL_TESTS_SIGNS = re.compile(
     r"(?m)^\S*#\s+(?:size|bytes)\s+(?:count|N)\s+type\b|# nccl-tests version|^\s*rccl-tests: Version|"
     r"#\s+Avg bus bandwidth\s*:")
 _RESOLVED_KEYS = {"schema_version", "recipe_name", "recipe", "model", "hardware", "grid", "ds_config"}
 _PLAN_KEYS = {"recipe_name", "backend", "hardware", "grid", "ranks", "comm", "step", "notes"}
 _ENV_KEYS = {"git_commit", "packages", "python"}
+_COMMBENCH_KEYS = {"version", "op", "nccl_tests_op", "rows", "group_size", "bus_factor"}
 _SMALL_JSON = 4 << 20
 
 
@@ -103,7 +107,7 @@ def _head(path: Path, n: int = _SNIFF_BYTES) -> bytes:
 
 
 def _decompressed_head(path: Path) -> bytes:
-    """The first 64 KiB of a file, gunzipped when it is gzip (a cut stream gives what it holds)."""
+    """The first 64 KiB of a file's text, gunzipped when it is gzip (a cut stream gives what it holds)."""
     raw = _head(path, 1 << 20)
     if not raw.startswith(_GZIP_MAGIC):
         return raw[:_SNIFF_BYTES]
@@ -139,7 +143,8 @@ def sniff_nccl_debug(path: str | os.PathLike[str]) -> str | None:
 
 
 def sniff_own_json(path: str | os.PathLike[str]) -> str | None:
-    """'resolved', 'plan', 'env' or 'layer_calls' for our own run-directory JSON files, by their keys."""
+    """'resolved', 'plan', 'env', 'commbench_json' or 'layer_calls' for our own run-directory JSON files,
+    by their keys."""
     p = Path(path)
     head = _head(p, 64).lstrip()
     if not head.startswith(b"{"):
@@ -159,6 +164,8 @@ def sniff_own_json(path: str | os.PathLike[str]) -> str | None:
         return "plan"
     if _ENV_KEYS <= keys:
         return "env"
+    if _COMMBENCH_KEYS <= keys:
+        return "commbench_json"
     if set(d) == {"forward_calls_per_layer"}:
         return "layer_calls"
     return None
@@ -170,7 +177,7 @@ _SNIFFERS: tuple[Callable[[str], str | None], ...] = (
     sniff_nccl_tests, sniff_nccl_debug, deepspeed_log.sniff, megatron_log.sniff,
 )
 _EXCLUSIVE = {"nsys_sqlite", "tensorboard", "kineto_trace", "resolved", "plan", "env", "layer_calls",
-              "metrics_jsonl"}
+              "commbench_json", "metrics_jsonl"}
 
 
 def classify(path: str | os.PathLike[str]) -> Recognized:

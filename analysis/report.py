@@ -15,7 +15,6 @@ import base64
 import html
 import math
 import os
-import statistics
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,7 +22,6 @@ from typing import Any, Callable, Iterable, Sequence
 
 from analysis import analyze as A
 from analysis import doctor as D
-from analysis import trace_analysis as ta
 from analysis.parsers.nccl_tests import parse_nccl_tests
 from analysis.recognize import group_runs, recognize
 from analysis.runs import Run, load_run
@@ -205,7 +203,7 @@ def _prediction(run: Run, res: RunResult) -> list[dict[str, Any]]:
     if plan is None:
         return []
     rows = []
-    st = res.stats.rows().__next__() if res.stats is not None and len(res.stats) else None
+    st = next(res.stats.rows()) if res.stats is not None and len(res.stats) else None
     src_m = res.stats.source if res.stats is not None else ""
 
     def add(q: str, pred: float | None, meas: float | None, unit: str, ms: str) -> None:
@@ -234,14 +232,16 @@ def _prediction(run: Run, res: RunResult) -> list[dict[str, Any]]:
 
 
 def _ceiling_curves(tables: Sequence[Table]) -> list[tuple[str, str, list[tuple[float, float]]]]:
+    """(op, file, [(size, busbw)]) per collective of each nccl-tests table (comm_plot's best-of-placements
+    series)."""
+    from analysis.comm_plot import busbw_series
+
     out = []
     for t in tables:
-        by_op: dict[str, list[tuple[float, float]]] = defaultdict(list)
-        for r in t.rows():
-            if r["placement"] == "out-of-place" and A._finite(r["busbw_GBps"]) and r["size_bytes"]:
-                by_op[r["op"]].append((r["size_bytes"], r["busbw_GBps"]))
-        for op, pts in by_op.items():
-            out.append((op, t.source, pts))
+        for op in sorted({r["op"] for r in t.rows() if r["op"]}):
+            sizes, bw = busbw_series(t, op)
+            if sizes:
+                out.append((op, t.source, list(zip(sizes, bw))))
     return out
 
 
@@ -276,6 +276,15 @@ def analyze_run(run: Run, *, ceilings: Sequence[Table] | None = None, ceiling_so
         if run.trace_from == "nsys":
             res.notes.append(f"time breakdown from Nsight Systems exports via analysis.nsys_adapter; ranks: "
                              f"{tr.meta.get('rank_from')}")
+            # An nsys rank without GPU activity in the window would fall back to the CPU-op basis, which has
+            # no meaning for CUDA API and NVTX rows: leave it out and say so.
+            empty = [b["rank"] for b in res.breakdown.rows() if b["basis"] == "cpu_ops"]
+            if empty:
+                res.breakdown = Table.from_rows(res.breakdown.name, res.breakdown.doc,
+                                                [b for b in res.breakdown.rows() if b["basis"] != "cpu_ops"],
+                                                source=res.breakdown.source)
+                res.notes.append(f"rank(s) {', '.join(map(str, empty))}: no GPU activity in the profiled window "
+                                 f"of the nsys export; left out of the breakdown")
         if any(r["basis"] == "cpu_ops" for r in res.breakdown.rows()):
             res.notes.append("cpu_ops basis (CPU-only trace): " + _CPU_BASIS)
     measured = set(res.stats.meta.get("measured_steps", [])) if res.stats is not None else None

@@ -91,8 +91,12 @@ def memory_per_rank(groups: Sequence[tuple[str, Sequence[tuple[str, float, float
             labels.append(rank)
             x += 1
         x += 0.8
-    if device_gib:
+    top = max([m for _, rs in groups for _, m, _ in rs] + [p for _, rs in groups for _, _, p in rs if p] + [0.0])
+    if device_gib and device_gib <= 2 * top:
         ax.axhline(device_gib, color="#C44E52", ls="--", lw=1, label="device memory")
+    elif device_gib:  # a limit far above every bar would flatten them: name it instead
+        ax.text(0.99, 0.97, f"device memory {device_gib:.0f} GiB (off scale)", transform=ax.transAxes,
+                ha="right", va="top", fontsize=8, color="#C44E52")
     ax.set_xticks(ticks, labels, fontsize=8)
     ax.set_xlabel("rank")
     ax.set_ylabel("peak memory, GiB")

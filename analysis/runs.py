@@ -136,6 +136,18 @@ def load_run(rf: RunFiles, *, hardware: Any = None, hardware_source: str = "") -
             run.nccl_tests.append(t)
         else:
             run.warnings.extend(t.warnings)
+    if not run.nccl_tests:
+        # Only when no nccl-tests text is there: commbench writes every result twice (text and JSON).
+        from analysis.comm_plot import commbench_table
+        from launch.commbench import read_result
+
+        for p in rf.of("commbench_json"):
+            try:
+                t = commbench_table(read_result(p))
+            except (OSError, ValueError, KeyError, TypeError) as exc:
+                run.warnings.append(f"{rel(p)}: cannot be read as a commbench result ({exc})")
+                continue
+            run.nccl_tests.append(Table(t.name, t.columns, t.doc, rel(p), t.warnings, t.meta))
     for p in rf.of("nccl_debug"):
         run.nccl_debug.append(parse_nccl_debug(p, source=rel(p)))
     for t in [run.metrics, *run.megatron, *run.deepspeed, *run.tensorboard, *run.nsys_stats, *run.nccl_tests,

@@ -1,6 +1,8 @@
-"""Two real tiny runs (ZeRO-2 vs ZeRO-3 on 2 gloo ranks, torch profiler on) through run.sh, then one
-report on both: step statistics agree with the metrics, memory sits beside the plan, the CPU-only
-traces give a breakdown with its stated CPU-side definition, and HTML + Markdown are written."""
+"""Two real tiny runs (ZeRO-2 vs ZeRO-3 on 2 gloo ranks, torch profiler on) and one collective sweep
+(run.mode=commbench) through run.sh, then one report on both runs with the sweep as the ceiling: step
+statistics agree with the metrics, memory sits beside the plan, the CPU-only traces give a breakdown
+with its stated CPU-side definition, achieved busbw is set against the sweep, HTML + Markdown are
+written."""
 from __future__ import annotations
 
 import statistics
@@ -25,7 +27,8 @@ def two_runs(tmp_path_factory):
     root = tmp_path_factory.mktemp("report_runs")
     z2 = train(root / "z2", *RUN, "parallel.zero_stage=2")
     z3 = train(root / "z3", *RUN, "parallel.zero_stage=3")
-    return z2, z3
+    bench = train(root / "bench", "run.mode=commbench")
+    return z2, z3, bench
 
 
 def _median_measured(run) -> float:
@@ -38,8 +41,8 @@ def _median_measured(run) -> float:
 
 
 def test_report_on_two_real_runs(two_runs, tmp_path):
-    z2, z3 = two_runs
-    rep = build_report([("zero2", z2.root), ("zero3", z3.root)])
+    z2, z3, bench = two_runs
+    rep = build_report([("zero2", z2.root), ("zero3", z3.root)], ceiling=str(bench.root))
     assert [r.label for r in rep.runs] == ["zero2", "zero3"]
     for res, run in zip(rep.runs, (z2, z3)):
         s = next(res.stats.rows())
@@ -55,6 +58,10 @@ def test_report_on_two_real_runs(two_runs, tmp_path):
     ag = [{r["collective"]: r["calls_per_step"] for r in res.bandwidth.rows()}.get("all_gather", 0.0)
           for res in rep.runs]
     assert ag[1] > ag[0]  # ZeRO-3 gathers parameters every forward and backward, ZeRO-2 once per step
+    for res in rep.runs:
+        ar = next(r for r in res.bandwidth.rows() if r["collective"] == "all_reduce")
+        assert ar["ceiling_GBps"] > 0 and ar["pct_of_ceiling"] is not None
+        assert ar["ceiling_source"].endswith("commbench/all_reduce.txt")
     out = write_report(rep, [tmp_path / "r.html", tmp_path / "r.md"])
     html = (tmp_path / "r.html").read_text()
     md = (tmp_path / "r.md").read_text()
@@ -64,7 +71,7 @@ def test_report_on_two_real_runs(two_runs, tmp_path):
 
 
 def test_cli_on_a_real_run(two_runs, tmp_path):
-    z2, _ = two_runs
+    z2, _, _ = two_runs
     p = subprocess.run([sys.executable, "-m", "analysis", "report", str(z2.root), "-o", str(tmp_path / "r.md")],
                        cwd=REPO, capture_output=True, text=True, timeout=120)
     assert p.returncode == 0, p.stderr

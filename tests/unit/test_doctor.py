@@ -111,8 +111,14 @@ def test_low_busbw():
                                              "group_size_from": "recorded", "ceiling_source": "nccl.txt",
                                              "source": "trace.json"}])
     (f,) = D.low_busbw("r", bw(90.0))
-    assert "25%" in f.message and f.evidence[1] == "nccl.txt: 358 GB/s large-message busbw"
+    assert f.severity == "warn" and "25%" in f.message
+    assert f.evidence == ("trace.json: 90 GB/s over messages >= 1 MiB, group size 8 (recorded)",
+                          "nccl.txt: 358 GB/s large-message busbw")
     assert not D.low_busbw("r", bw(300.0))
+    small = bw(90.0)
+    small.columns["busbw_large_GBps"][0] = None
+    (f,) = D.low_busbw("r", small)
+    assert f.severity == "info" and "latency-bound" in f.evidence[0]
 
 
 @pytest.mark.parametrize("rule", sorted(D.RULES))

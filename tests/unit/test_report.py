@@ -7,13 +7,13 @@ import re
 import shutil
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
 from analysis.__main__ import main, parse_args
 from analysis.report import build_report, write_report
-from tests.unit.report_support import (ALCF, ALLREDUCE_8XH100, BIGSCIENCE, GLOO, HTA, NCCL, REPO, make_run_dir)
+from tests.unit.report_support import (ALCF, ALLREDUCE_8XH100, BIGSCIENCE, GLOO, HTA, NCCL, NSYS, REPO,
+                                       build_nsys_exports, make_run_dir)
 
 
 @pytest.fixture(scope="module")
@@ -161,6 +161,20 @@ def test_kernel_diff_between_two_gpu_trace_runs(tmp_path):
     rep = build_report([(None, a), (None, b)])
     assert rep.kernel_diff is not None and len(rep.kernel_diff) > 0
     assert "b minus a" in rep.kernel_diff_note
+
+
+def test_nsys_folder_gets_the_trace_breakdown(tmp_path):
+    exports = build_nsys_exports(tmp_path / "build")
+    d = tmp_path / "profile"
+    d.mkdir()
+    shutil.copy(exports["modern"], d / "report1")
+    shutil.copy(NSYS / "stats" / "bundle_banners_2024.csv", d / "stats.out")
+    (r,) = build_report([(None, d)]).runs
+    assert r.run.trace_from == "nsys"
+    (b,) = list(r.breakdown.rows())  # rank 1 has no GPU work in its window: left out, and said so
+    assert b["rank"] == 0 and b["basis"] == "gpu_kernels" and b["source"] == "report1"
+    assert any("no GPU activity" in n for n in r.notes)
+    assert r.nsys_totals and next(r.nsys_totals[0].rows())["source"] == "stats.out"
 
 
 # ---------------------------------------------------------------------------------------- CLI
