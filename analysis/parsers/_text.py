@@ -50,3 +50,32 @@ def capped_warn(warnings: list[str], counts: dict[str, int], cap: int, name: str
         warnings.append(f"{where}: {message}")
     elif n == cap + 1:
         warnings.append(f"{name}: further '{kind}' warnings suppressed")
+
+
+class LineParser:
+    """Base of the line-oriented log parsers: feeds every line to `line()`, turning a line that matched a
+    pattern but holds no valid number into a capped warning instead of an exception."""
+
+    max_warnings_per_kind = 10
+    garbled: tuple[type[BaseException], ...] = (ValueError, OverflowError, RecursionError, MemoryError)
+
+    def __init__(self, name: str, warnings: list[str]) -> None:
+        self.name = name
+        self.warnings = warnings
+        self.warned: dict[str, int] = {}
+
+    def warn(self, kind: str, lineno: int | None, message: str) -> None:
+        capped_warn(self.warnings, self.warned, self.max_warnings_per_kind, self.name, kind, lineno, message)
+
+    def line(self, lineno: int, raw: str, cut: bool) -> None:
+        raise NotImplementedError
+
+    def feed(self, text: str) -> int:
+        """Parse every line of `text`; returns the number of lines."""
+        lines, last_cut = split_lines(text)
+        for lineno, raw in enumerate(lines, start=1):
+            try:
+                self.line(lineno, raw, last_cut and lineno == len(lines))
+            except self.garbled as exc:
+                self.warn("garbled", lineno, f"line not understood ({type(exc).__name__}); skipped")
+        return len(lines)

@@ -39,7 +39,7 @@ import os
 import re
 from typing import Any
 
-from analysis.parsers._text import capped_warn, read_source, split_lines
+from analysis.parsers._text import LineParser, read_source
 from analysis.table import Table
 
 COLUMNS: dict[str, str] = {
@@ -243,11 +243,11 @@ def _cut_last_field(text: str, separators: str = "|,") -> str:
     return text[:cut] if cut >= 0 else ""
 
 
-class _Parser:
+class _Parser(LineParser):
+    max_warnings_per_kind = _MAX_WARNINGS_PER_KIND
+
     def __init__(self, name: str, warnings: list[str]) -> None:
-        self.name = name
-        self.warnings = warnings
-        self.warned: dict[str, int] = {}
+        super().__init__(name, warnings)
         self.rows: list[dict[str, Any]] = []
         self.meta: dict[str, Any] = {"deepspeed_version": None}
         self.row_block: list[int | None] = []   # block of each row; None: kept out of step inference
@@ -258,19 +258,9 @@ class _Parser:
         self.training = False                     # set by the first per-step record
         self.last_message: tuple[int, str] | None = None  # for see_memory_usage's label line
 
-    def warn(self, kind: str, lineno: int | None, message: str) -> None:
-        capped_warn(self.warnings, self.warned, _MAX_WARNINGS_PER_KIND, self.name, kind, lineno, message)
-
     def run(self, text: str) -> None:
-        lines, last_cut = split_lines(text)
-        for lineno, raw in enumerate(lines, start=1):
-            cut = last_cut and lineno == len(lines)
-            try:
-                self.line(lineno, raw, cut)
-            except (ValueError, OverflowError, RecursionError, MemoryError) as exc:
-                # A pattern matched text that is not the number or literal it looks like.
-                self.warn("garbled", lineno, f"line not understood ({type(exc).__name__}); skipped")
-        self.close_flops(len(lines))
+        n_lines = self.feed(text)
+        self.close_flops(n_lines)
         self.assign_steps()
         if not self.rows:
             self.warn("empty", None, "no DeepSpeed training-log lines found (is this a DeepSpeed log?)")

@@ -30,7 +30,7 @@ import re
 from typing import Any
 
 from analysis.parsers.deepspeed_log import head_and_tail, is_deepspeed_timer_line
-from analysis.parsers._text import capped_warn, read_source, split_lines
+from analysis.parsers._text import LineParser, read_source
 from analysis.table import Table
 
 COLUMNS: dict[str, str] = {
@@ -202,11 +202,11 @@ def _int(value: float) -> int | None:
     return int(value) if value == value and abs(value) != float("inf") and value == int(value) else None
 
 
-class _Parser:
+class _Parser(LineParser):
+    max_warnings_per_kind = _MAX_WARNINGS_PER_KIND
+
     def __init__(self, name: str, warnings: list[str]) -> None:
-        self.name = name
-        self.warnings = warnings
-        self.warned: dict[str, int] = {}
+        super().__init__(name, warnings)
         self.rows: list[dict[str, Any]] = []
         self.meta: dict[str, Any] = {"args": {}, "layout": {}, "theoretical_memory_bytes": None,
                                      "rank_parameters": []}
@@ -216,17 +216,8 @@ class _Parser:
         self.timer_mode: str | None = None
         self.timer_name: str | None = None               # current name in the all-ranks format
 
-    def warn(self, kind: str, lineno: int | None, message: str) -> None:
-        capped_warn(self.warnings, self.warned, _MAX_WARNINGS_PER_KIND, self.name, kind, lineno, message)
-
     def run(self, text: str) -> None:
-        lines, last_cut = split_lines(text)
-        for lineno, raw in enumerate(lines, start=1):
-            cut = last_cut and lineno == len(lines)
-            try:
-                self.line(lineno, raw, cut)
-            except (ValueError, OverflowError) as exc:
-                self.warn("garbled", lineno, f"line not understood ({type(exc).__name__}); skipped")
+        self.feed(text)
         if self.args_open:
             self.warn("args", self.args_open[0], "arguments dump has no end line (file cut short?); kept what "
                                                   "was read")
