@@ -33,15 +33,19 @@ basis = "cpu_ops" in the outputs:
 """
 from __future__ import annotations
 
+import functools
+import itertools
 import math
+import operator
 import re
 import statistics
+import weakref
 from collections import Counter, defaultdict
 from typing import Any, Iterable, Mapping
 
-from analysis.parsers.kineto import PROFILER_STEP
-from analysis.parsers.nccl_tests import bus_factor
+from analysis.parsers.kineto import PROFILER_STEP, gc_paused
 from analysis.table import Table
+from launch.nccl_format import bus_factor  # the nccl-tests factors, without the nccl-tests parser
 
 _KINDS = ("computation", "communication", "memory")  # HTA's order: bit 1, 2, 4
 _BUS_NAMES = {"all_reduce": "all_reduce", "all_gather": "all_gather", "reduce_scatter": "reduce_scatter",
@@ -53,6 +57,18 @@ _BUS_NAMES = {"all_reduce": "all_reduce", "all_gather": "all_gather", "reduce_sc
 _CPU_LAYERS = (("backend annotation", re.compile(r"^(?:nccl|gloo|mpi|ucc):")),
                ("record_param_comms", re.compile(r"^record_param_comms$")),
                ("c10d op", re.compile(r"^(?:c10d::|_?c10d_functional::)")))
+
+
+# What the GPU-basis analyses read: the GPU events, the runtime / driver calls that launch them
+# (their correlation gives the launch time HTA's scope uses, and the step), and the user annotations
+# that hold ProfilerStep#N. On a GPU trace whose ProfilerStep spans are user annotations (as
+# Kineto writes them), a table from parse_kineto(..., categories=GPU_ANALYSIS_CATEGORIES) gives the
+# same temporal_breakdown, comm_comp_overlap, kernel_breakdown, kernel_type_breakdown and
+# kernel_diff as the full table, and is read faster (no rows for the cpu_op events, often half of
+# them). Not for CPU-only traces, nor for the collective and size columns of communication kernels,
+# which come from the CPU collective calls.
+GPU_ANALYSIS_CATEGORIES = frozenset({"kernel", "gpu_memcpy", "gpu_memset", "gpu_user_annotation", "cuda_runtime",
+                                     "cuda_driver", "user_annotation"})
 
 
 # ---------------------------------------------------------------------------------------------
@@ -92,13 +108,13 @@ def _sweep(groups: list[list[tuple[float, float]]]) -> dict[int, float]:
         for s, e in blocks:
             events.append((s, v))
             events.append((e, -v))
-    events.sort(key=lambda x: x[0])
+    events.sort(key=operator.itemgetter(0))  # stable: ties keep HTA's order
+    times = list(map(operator.itemgetter(0), events))
+    running = itertools.accumulate(map(operator.itemgetter(1), events))
     out: dict[int, float] = defaultdict(float)
-    running = 0
-    for k, (t, delta) in enumerate(events[:-1]):
-        running += delta
-        if running > 0:
-            out[running] += events[k + 1][0] - t
+    for state, held in zip(running, map(operator.sub, times[1:], times)):
+        if state > 0:
+            out[state] += held
     return out
 
 
@@ -146,24 +162,30 @@ def _subtract(a: list[tuple[float, float]], b: list[tuple[float, float]]) -> lis
 # scoping
 
 class _Rank:
-    """The rows of one rank and the derived sets every analysis needs."""
+    """The rows of one rank and the derived sets every analysis needs.
 
-    def __init__(self, table: Table, rank: Any, rows: list[int], step_numbers: dict[str, int],
-                 filter_steps: bool, include_last_step: bool, hta_rounding: bool):
-        self.table, self.rank, self.rows = table, rank, rows
-        c = table.columns
+    Holds the table's columns and meta but not the table itself, so that the cache in _ranks can
+    let go of it when the table goes away."""
+
+    def __init__(self, columns: Mapping[str, list[Any]], table_meta: Mapping[str, Any], rank: Any,
+                 rows: list[int] | range, step_numbers: dict[str, int], filter_steps: bool,
+                 include_last_step: bool, hta_rounding: bool):
+        self.columns, self.table_meta, self.rank, self.rows = columns, table_meta, rank, rows
+        c = columns
         self.ts, self.dur, self.name = c["ts_us"], c["dur_us"], c["name"]
         self.stream, self.corr, self.kind = c["stream"], c["correlation"], c["kind"]
         self.coll, self.cat, self.pid, self.tid = c["collective"], c["category"], c["pid"], c["tid"]
-        meta = table.meta.get("ranks", {}).get(rank, {}) if "ranks" in table.meta else table.meta
+        meta = table_meta.get("ranks", {}).get(rank, {}) if "ranks" in table_meta else table_meta
         self.meta: Mapping[str, Any] = meta or {}
         self.round = hta_rounding and bool(self.meta.get("ts_float"))
         stream, name, ts, dur = self.stream, self.name, self.ts, self.dur
-        whole = isinstance(rows, range)  # a one-rank table: scan the columns directly
-        self.gpu_all = ([i for i, s in enumerate(stream) if s is not None and s != -1] if whole else
-                        [i for i in rows if stream[i] is not None and stream[i] != -1])
-        step_rows = ([i for i, n in enumerate(name) if n in step_numbers] if whole else
-                     [i for i in rows if name[i] in step_numbers])
+        if isinstance(rows, range):  # a one-rank table: scan the columns in C
+            with_stream = _where(map(operator.is_not, stream, itertools.repeat(None)))
+            step_rows = _where(map(step_numbers.__contains__, name))
+        else:
+            with_stream = [i for i in rows if stream[i] is not None]
+            step_rows = [i for i in rows if name[i] in step_numbers]
+        self.gpu_all = [i for i in with_stream if stream[i] != -1] if -1 in stream else with_stream
         # (start, end, N, row) of the rank's ProfilerStep#N spans, by start
         self.steps = sorted((ts[i], ts[i] + dur[i], step_numbers[name[i]], i) for i in step_rows
                             if stream[i] is None or stream[i] == -1)
@@ -171,6 +193,7 @@ class _Rank:
         self.window_steps = self.steps[:-1] if self.last_step_dropped else self.steps
         self.gpu = self._gpu_scope(filter_steps, include_last_step)
         self._gpu_iv: list[tuple[float, float]] | None = None
+        self._blocks: dict[tuple[str | None, str | None], list[tuple[float, float]]] = {}
 
     def intervals(self, rows: Iterable[int]) -> list[tuple[float, float]]:
         ts, dur = self.ts, self.dur
@@ -178,11 +201,17 @@ class _Rank:
             return [(math.ceil(ts[i]), math.floor(ts[i] + dur[i])) for i in rows]
         return [(ts[i], ts[i] + dur[i]) for i in rows]
 
+    def gpu_intervals(self) -> list[tuple[float, float]]:
+        """intervals(self.gpu), computed once."""
+        if self._gpu_iv is None:
+            self._gpu_iv = self.intervals(self.gpu)
+        return self._gpu_iv
+
     def _gpu_scope(self, filter_steps: bool, include_last_step: bool) -> list[int]:
         if not filter_steps or not self.steps:
             return self.gpu_all
         stream, corr, ts = self.stream, self.corr, self.ts
-        launch = self.table.columns["launch_ts_us"]
+        launch = self.columns["launch_ts_us"]
         limit = max(s[1] for s in self.steps) if include_last_step else self.steps[-1][0]
         # HTA's split: a GPU kernel (stream >= 0 and correlation >= 0) is kept when a CPU event
         # with its correlation starts in scope (the launch); an event with a stream but no
@@ -196,11 +225,15 @@ class _Rank:
         return kept
 
     def gpu_blocks(self, kind: str | None = None, collective: str | None = None) -> list[tuple[float, float]]:
-        if self._gpu_iv is None:
-            self._gpu_iv = self.intervals(self.gpu)
-        k, coll = self.kind, self.coll
-        return _hta_merge([iv for i, iv in zip(self.gpu, self._gpu_iv)
-                           if (kind is None or k[i] == kind) and (collective is None or coll[i] == collective)])
+        """Merged intervals of the GPU events in scope of one kind (and collective); computed once
+        per rank, since the analyses ask for the same ones."""
+        blocks = self._blocks.get((kind, collective))
+        if blocks is None:
+            k, coll = self.kind, self.coll
+            blocks = self._blocks[(kind, collective)] = _hta_merge(
+                [iv for i, iv in zip(self.gpu, self.gpu_intervals())
+                 if (kind is None or k[i] == kind) and (collective is None or coll[i] == collective)])
+        return blocks
 
     # CPU basis -------------------------------------------------------------------------------
     def training_threads(self) -> set[tuple[Any, Any]]:
@@ -245,10 +278,27 @@ class _Rank:
         return bool(self.gpu)
 
 
+# A report runs several analyses on one table; they share its per-rank scope and merged blocks,
+# which take longer to derive than most analyses take. Keyed by the table object (tables are not
+# modified once built) and dropped when it is freed.
+_SCOPES: dict[int, dict[tuple[bool, bool, bool], list[_Rank]]] = {}
+
+
 def _ranks(table: Table, include_last_step: bool = False, hta_rounding: bool = True,
            hta_filter: bool = True) -> list[_Rank]:
+    scopes = _SCOPES.get(id(table))
+    if scopes is None:
+        scopes = _SCOPES[id(table)] = {}
+        weakref.finalize(table, _SCOPES.pop, id(table), None)
+    key = (include_last_step, hta_rounding, hta_filter)
+    if key not in scopes:
+        scopes[key] = _scope(table, include_last_step, hta_rounding, hta_filter)
+    return scopes[key]
+
+
+def _scope(table: Table, include_last_step: bool, hta_rounding: bool, hta_filter: bool) -> list[_Rank]:
     ranks = table.columns["rank"]
-    by_rank: dict[Any, list[int]] = {}
+    by_rank: dict[Any, list[int] | range] = {}
     if len(set(ranks)) == 1:
         by_rank[ranks[0]] = range(len(ranks))
     else:
@@ -261,8 +311,24 @@ def _ranks(table: Table, include_last_step: bool = False, hta_rounding: bool = T
             step_numbers[n] = int(m.group(1))
     # HTA filters only when the whole job shows two or more ProfilerStep names.
     filter_steps = hta_filter and len(step_numbers) >= 2
-    return [_Rank(table, r, rows, step_numbers, filter_steps, include_last_step, hta_rounding)
+    return [_Rank(table.columns, table.meta, r, rows, step_numbers, filter_steps, include_last_step, hta_rounding)
             for r, rows in sorted(by_rank.items(), key=lambda kv: (kv[0] is None, kv[0] if kv[0] is not None else 0))]
+
+
+def _where(flags: Iterable[Any]) -> list[int]:
+    """Indices of the true flags, found in C (itertools.compress over the row numbers)."""
+    return list(itertools.compress(itertools.count(), flags))
+
+
+def _gc_paused(analysis):
+    """Run an analysis with the cyclic garbage collector held off (see kineto.gc_paused): it
+    allocates an interval tuple per GPU event and would otherwise trigger collections that walk
+    every container alive, the large table included."""
+    @functools.wraps(analysis)
+    def run(*args, **kwargs):
+        with gc_paused():
+            return analysis(*args, **kwargs)
+    return run
 
 
 def _pct(part: float | None, whole: float | None) -> float | None:
@@ -291,6 +357,7 @@ TEMPORAL_COLUMNS = {
 }
 
 
+@_gc_paused
 def temporal_breakdown(table: Table, *, include_last_step: bool = False, hta_rounding: bool = True) -> Table:
     """Per rank compute / non-compute / idle time: HTA's get_temporal_breakdown for GPU traces
     (hta/analyzers/breakdown_analysis.py), the CPU-side definition for CPU-only ones."""
@@ -328,6 +395,7 @@ OVERLAP_COLUMNS = {
 }
 
 
+@_gc_paused
 def comm_comp_overlap(table: Table, *, include_last_step: bool = False, hta_rounding: bool = True) -> Table:
     """Per rank share of communication time overlapped by computation: HTA's get_comm_comp_overlap
     (hta/analyzers/communication_analysis.py) for GPU traces, the CPU-side definition otherwise."""
@@ -361,6 +429,7 @@ EXPOSED_COLUMNS = {
 }
 
 
+@_gc_paused
 def exposed_communication(table: Table, *, include_last_step: bool = False, hta_rounding: bool = True) -> Table:
     """Communication time not overlapped by any computation on the same rank, in total and per collective."""
     rows = []
@@ -396,13 +465,14 @@ KERNEL_COLUMNS = {
 }
 
 
+@_gc_paused
 def kernel_breakdown(table: Table, *, include_last_step: bool = False, hta_rounding: bool = True) -> Table:
     """Time and count per kernel name and type, per rank (HTA's get_gpu_kernel_breakdown per-name
     table, without its folding of the tail into 'others'), longest total first within a kind."""
     rows = []
     for rk in _ranks(table, include_last_step, hta_rounding):
         durs: dict[tuple[str, str], list[float]] = defaultdict(list)
-        for i, (s, e) in zip(rk.gpu, rk.intervals(rk.gpu)):
+        for i, (s, e) in zip(rk.gpu, rk.gpu_intervals()):
             durs[(rk.kind[i], rk.name[i])].append(e - s)
         kind_total: Counter[str] = Counter()
         for (kind, _), ds in durs.items():
@@ -426,6 +496,7 @@ KERNEL_TYPE_COLUMNS = {
 }
 
 
+@_gc_paused
 def kernel_type_breakdown(table: Table, *, include_last_step: bool = False, hta_rounding: bool = True) -> Table:
     """HTA's kernel-type table of get_gpu_kernel_breakdown (include_memory_kernels=True), per rank;
     HTA sums it over ranks."""
@@ -455,6 +526,7 @@ DIFF_COLUMNS = {
 }
 
 
+@_gc_paused
 def kernel_diff(a: Table, b: Table, *, normalize: str = "none", include_last_step: bool = False,
                 hta_rounding: bool = True) -> Table:
     """Counts and time changed per kernel name between two runs, largest absolute time change first.
@@ -471,7 +543,7 @@ def kernel_diff(a: Table, b: Table, *, normalize: str = "none", include_last_ste
         steps = 0
         for rk in _ranks(t, include_last_step, hta_rounding):
             steps += len(rk.window_steps)
-            for i, (s, e) in zip(rk.gpu, rk.intervals(rk.gpu)):
+            for i, (s, e) in zip(rk.gpu, rk.gpu_intervals()):
                 counts[rk.name[i]] += 1
                 times[rk.name[i]] += e - s
                 kinds[rk.name[i]] = rk.kind[i]
@@ -513,13 +585,14 @@ COLLECTIVE_COLUMNS = {
 }
 
 
+@_gc_paused
 def collective_summary(table: Table, *, include_last_step: bool = False, hta_rounding: bool = True) -> Table:
     """Per rank and collective type: count, time, and achieved bus bandwidth where the message
     and group sizes are known. GPU traces count communication kernels (HTA scope); CPU-only traces
     count one CPU layer of each call."""
     rows = []
     for rk in _ranks(table, include_last_step, hta_rounding):
-        c = rk.table.columns
+        c = rk.columns
         msg, gsize = c["message_bytes"], c["group_size"]
         groups: dict[tuple[str, str], list[int]] = defaultdict(list)
         if rk.has_gpu():
@@ -573,9 +646,9 @@ def _assumed_group_size(rk: _Rank) -> tuple[int | None, str | None]:
         size = pgs[0].get("pg_size")
         if isinstance(size, int) and size > 0:
             return size, "only process group"
-    world = rk.meta.get("world_size") or rk.table.meta.get("world_size")
+    world = rk.meta.get("world_size") or rk.table_meta.get("world_size")
     if not pgs and isinstance(world, int) and world > 0 and not any(
-            rk.table.columns["group"][i] is not None for i in rk.rows):
+            rk.columns["group"][i] is not None for i in rk.rows):
         return world, "world_size"
     return None, None
 
@@ -594,6 +667,7 @@ STRAGGLER_COLUMNS = {
 }
 
 
+@_gc_paused
 def stragglers(table: Table, *, threshold_pct: float = 10.0, include_last_step: bool = False,
                hta_rounding: bool = True) -> Table:
     """Ranks that stand out from the others.
@@ -609,8 +683,8 @@ def stragglers(table: Table, *, threshold_pct: float = 10.0, include_last_step: 
         steps = {s[2]: s[1] - s[0] for s in rk.window_steps}
         comm_by_step: dict[int, list[tuple[float, float]]] = defaultdict(list)
         if rk.has_gpu():
-            step_col = rk.table.columns["step"]
-            for i, iv in zip(rk.gpu, rk.intervals(rk.gpu)):
+            step_col = rk.columns["step"]
+            for i, iv in zip(rk.gpu, rk.gpu_intervals()):
                 if rk.kind[i] == "communication" and step_col[i] in steps:
                     comm_by_step[step_col[i]].append(iv)
             comm = [_measure(_hta_merge(comm_by_step[n])) for n in steps]

@@ -27,8 +27,11 @@ non-integer number: HTA then rounds GPU intervals inward to whole microseconds),
 from __future__ import annotations
 
 import bisect
+import contextlib
+import gc
 import json
 import math
+import operator
 import os
 import re
 import zlib
@@ -137,12 +140,19 @@ _RANK_IN_NAME = re.compile(r"rank[-_]?(\d+)", re.IGNORECASE)
 PROFILER_STEP = re.compile(r"ProfilerStep\s*#\s*(\d+)")
 
 
-class _Args(msgspec.Struct):
+# Two decodings of the same events. A batch is first decoded into the typed structs, where msgspec
+# checks in C that every field has the type Kineto writes, so the collector's loop needs no type
+# checks or conversions. A batch where some event breaks the types (a string stream, a null name, a
+# number out of range) is decoded again into the loose structs, whose events the collector checks
+# and converts one by one. gc=False: the structs hold only decoded JSON values, which cannot form
+# cycles, and untracked objects spare the cyclic collector.
+
+class _Args(msgspec.Struct, frozen=True, gc=False):
     """The event args this parser reads; Input Dims / Input type stay raw JSON until a collective
     needs them (every cpu_op of a record_shapes trace has them)."""
 
-    stream: Any = None
-    correlation: Any = None
+    stream: int | None = None
+    correlation: int | None = None
     name: Any = None  # metadata events: the thread or process name
     collective_name: Any = msgspec.field(name="Collective name", default=None)
     in_nelems: Any = msgspec.field(name="In msg nelems", default=None)
@@ -157,7 +167,40 @@ class _Args(msgspec.Struct):
     input_types: msgspec.Raw = msgspec.field(name="Input type", default=msgspec.Raw())
 
 
-class _Event(msgspec.Struct):
+_EMPTY_ARGS = _Args()
+
+
+class _Event(msgspec.Struct, gc=False):
+    ph: str | None = None
+    cat: str | None = None
+    name: str = ""
+    pid: int | str | None = None
+    tid: int | str | None = None
+    ts: int | float | None = None
+    dur: int | float | None = None
+    args: _Args = _EMPTY_ARGS  # shared, never modified
+
+
+class _LooseArgs(msgspec.Struct, gc=False):
+    """_Args with any JSON value in stream and correlation."""
+
+    stream: Any = None
+    correlation: Any = None
+    name: Any = None
+    collective_name: Any = msgspec.field(name="Collective name", default=None)
+    in_nelems: Any = msgspec.field(name="In msg nelems", default=None)
+    out_nelems: Any = msgspec.field(name="Out msg nelems", default=None)
+    in_size: Any = msgspec.field(name="In msg size", default=None)
+    out_size: Any = msgspec.field(name="Out msg size", default=None)
+    dtype: Any = None
+    group_size: Any = msgspec.field(name="Group size", default=None)
+    pg_name: Any = msgspec.field(name="Process Group Name", default=None)
+    pg_ranks: Any = msgspec.field(name="Process Group Ranks", default=None)
+    input_dims: msgspec.Raw = msgspec.field(name="Input Dims", default=msgspec.Raw())
+    input_types: msgspec.Raw = msgspec.field(name="Input type", default=msgspec.Raw())
+
+
+class _LooseEvent(msgspec.Struct, gc=False):
     ph: Any = None
     cat: Any = None
     name: Any = None
@@ -165,17 +208,18 @@ class _Event(msgspec.Struct):
     tid: Any = None
     ts: Any = None
     dur: Any = None
-    args: _Args | None = None
+    args: _LooseArgs | None = None
 
 
 _BATCH = msgspec.json.Decoder(list[_Event])
+_LOOSE_BATCH = msgspec.json.Decoder(list[_LooseEvent])
 _ARG_FIELDS = {f.name: f.encode_name for f in msgspec.structs.fields(_Args)}
 _NOT_AN_EVENT = object()
-_EMPTY_ARGS = _Args()
+_UNWANTED = object()  # a category the caller did not ask for
 
 
 def _event_from_dict(value: Any) -> Any:
-    """The slow path's decoded JSON value as an _Event (or a marker when it is not an object)."""
+    """The slow path's decoded JSON value as a _LooseEvent (or a marker when it is not an object)."""
     if not isinstance(value, dict):
         return _NOT_AN_EVENT
     raw = value.get("args")
@@ -191,9 +235,9 @@ def _event_from_dict(value: Any) -> Any:
                     except (msgspec.EncodeError, TypeError, ValueError, OverflowError):
                         continue
                 fields[attr] = v
-        args = _Args(**fields)
-    return _Event(ph=value.get("ph"), cat=value.get("cat"), name=value.get("name"), pid=value.get("pid"),
-                  tid=value.get("tid"), ts=value.get("ts"), dur=value.get("dur"), args=args)
+        args = _LooseArgs(**fields)
+    return _LooseEvent(ph=value.get("ph"), cat=value.get("cat"), name=value.get("name"), pid=value.get("pid"),
+                       tid=value.get("tid"), ts=value.get("ts"), dur=value.get("dur"), args=args)
 
 
 def kernel_kind(name: str) -> str:
@@ -364,7 +408,13 @@ class _Source:
 
 
 class _Collector:
-    """Turns decoded events into column lists; the hot loop of the parser."""
+    """Turns decoded events into column lists; the hot loop of the parser.
+
+    Typed batches (nearly all) need no per-event type checks. Loose batches are checked event by
+    event as before, and their valid events converted to typed ones. Rows are built as tuples and
+    turned into columns once per batch: one append per event instead of one per column, and the
+    tuples live only as long as the batch.
+    """
 
     def __init__(self, rank: int | None, wanted: frozenset[str] | None):
         self.rank = rank
@@ -374,23 +424,89 @@ class _Collector:
         self.total = 0
         self.thread_names: dict[str, str] = {}
         self.pg_sizes: dict[str, int] = {}
+        # Repeated values share one object (categories, names, durations, pids, tids): the table of
+        # a large trace is mostly these columns.
         self._names: dict[str, str] = {}
+        self._categories: dict[Any, Any] = {}
         self._durs: dict[Any, Any] = {}
         self._ids: dict[Any, Any] = {}
         self._kind: dict[str, str] = {}
         self._kernel_coll: dict[str, str] = {}
         self._cpu_coll: dict[str, str | None] = {}
 
-    def take(self, events: list[Any]) -> None:
-        # Rows are built as tuples and turned into columns once per batch: one append per event
-        # instead of one per column, and the tuples live only as long as the batch. Repeated
-        # values share one object (names, durations, pids, tids): the table of a large trace is
-        # mostly these columns.
+    def take(self, events: list[_Event]) -> None:
+        """A typed batch: the fields have Kineto's types, so no event needs a type check."""
         rows: list[tuple] = []
         add = rows.append
         names, durs, ids, kinds, cpu_coll = self._names, self._durs, self._ids, self._kind, self._cpu_coll
-        aliases, cpu_cats, scalar = _CATEGORY_ALIASES, _CPU_COLLECTIVE_CATEGORIES, _SCALAR_TYPES
-        wanted, rank = self.wanted, self.rank
+        categories, cpu_cats, rank = self._categories, _CPU_COLLECTIVE_CATEGORIES, self.rank
+        phases: Counter[Any] = Counter()
+        bad: Counter[str] = Counter()
+        for e in events:
+            ph = e.ph
+            if ph != "X":
+                phases[ph] += 1
+                if ph == "M":
+                    self._metadata(e)
+                continue
+            cat = e.cat
+            ts = e.ts
+            dur = e.dur
+            if cat is None or ts is None or dur is None:
+                bad["no cat, ts or dur"] += 1
+                continue
+            if cat == "Trace":
+                bad["profiler span"] += 1
+                continue
+            cat = categories.get(cat) or self._category(cat)
+            if cat is _UNWANTED:
+                bad["category not wanted"] += 1
+                continue
+            name = e.name
+            name = names.setdefault(name, name)
+            pid = e.pid
+            tid = e.tid
+            pid = ids.setdefault(pid, pid)
+            tid = ids.setdefault(tid, tid)
+            args = e.args
+            stream = args.stream
+            corr = args.correlation
+            kind = coll = None
+            if stream is not None and stream != -1:
+                kind = kinds.get(name)
+                if kind is None:
+                    kind = kinds[name] = kernel_kind(name)
+                if kind == "communication":
+                    coll = self._kernel_coll.get(name)
+                    if coll is None:
+                        coll = self._kernel_coll[name] = kernel_collective(name)
+                    coll = cpu_collective("record_param_comms", args.collective_name) or coll
+            elif cat in cpu_cats:
+                if name == "record_param_comms":
+                    coll = cpu_collective(name, args.collective_name)
+                else:
+                    coll = cpu_coll[name] if name in cpu_coll else self._cpu_collective(name)
+            if coll is None:
+                add((rank, pid, tid, stream, cat, name, ts, durs.setdefault(dur, dur), kind,
+                     None, None, None, None, None, None, corr, None))
+            else:
+                msg, msg_from = _message(args)
+                group, gsize = _group(args, self.pg_sizes)
+                add((rank, pid, tid, stream, cat, name, ts, durs.setdefault(dur, dur), kind,
+                     coll, msg, msg_from, group, gsize, None, corr, None))
+        self.total += len(events)
+        for ph, count in phases.items():
+            self.skipped[f"ph={ph}"] += count
+        self.skipped.update(bad)
+        if rows:
+            for column, values in zip(self.cols.values(), zip(*rows)):
+                column.extend(values)
+
+    def take_loose(self, events: list[Any]) -> None:
+        """A batch of _LooseEvent (or markers of values that are not objects), checked one by one."""
+        complete: list[_Event] = []
+        add = complete.append
+        scalar = _SCALAR_TYPES
         phases: Counter[Any] = Counter()
         bad: Counter[str] = Counter()
         for e in events:
@@ -413,66 +529,42 @@ class _Collector:
                 if ts - ts or dur - dur:
                     bad["ts or dur not finite"] += 1
                     continue
-                cat = aliases.get(cat, cat)
-                cat = names.setdefault(cat, cat)
-                if wanted is not None and cat not in wanted:
-                    bad["category not wanted"] += 1
-                    continue
-                name = e.name
+                hash(cat)  # take() looks categories up in dicts
+                name, pid, tid = e.name, e.pid, e.tid
                 if name.__class__ is not str:
                     name = "" if name is None else str(name)
-                name = names.setdefault(name, name)
-                pid = e.pid
-                tid = e.tid
                 if pid.__class__ not in scalar:
                     pid = str(pid)
                 if tid.__class__ not in scalar:
                     tid = str(tid)
-                pid = ids.setdefault(pid, pid)
-                tid = ids.setdefault(tid, tid)
                 args = e.args
                 if args is None:
                     args = _EMPTY_ARGS
-                stream = args.stream
-                if stream is not None and stream.__class__ is not int:
-                    stream = _int_or_none(stream)
-                corr = args.correlation
-                if corr is not None and corr.__class__ is not int:
-                    corr = _int_or_none(corr)
-                kind = coll = None
-                if stream is not None and stream != -1:
-                    kind = kinds.get(name)
-                    if kind is None:
-                        kind = kinds[name] = kernel_kind(name)
-                    if kind == "communication":
-                        coll = self._kernel_coll.get(name)
-                        if coll is None:
-                            coll = self._kernel_coll[name] = kernel_collective(name)
-                        coll = cpu_collective("record_param_comms", args.collective_name) or coll
-                elif cat in cpu_cats:
-                    if name == "record_param_comms":
-                        coll = cpu_collective(name, args.collective_name)
-                    else:
-                        coll = cpu_coll[name] if name in cpu_coll else self._cpu_collective(name)
-                if coll is None:
-                    add((rank, pid, tid, stream, cat, name, ts, durs.setdefault(dur, dur), kind,
-                         None, None, None, None, None, None, corr, None))
                 else:
-                    msg, msg_from = _message(args)
-                    group, gsize = _group(args, self.pg_sizes)
-                    add((rank, pid, tid, stream, cat, name, ts, durs.setdefault(dur, dur), kind,
-                         coll, msg, msg_from, group, gsize, None, corr, None))
+                    fields = msgspec.structs.asdict(args)
+                    fields["stream"] = _int_or_none(args.stream) if args.stream is not None else None
+                    fields["correlation"] = _int_or_none(args.correlation) if args.correlation is not None else None
+                    args = _Args(**fields)
+                add(_Event("X", cat, name, pid, tid, ts, dur, args))
             except AttributeError:
                 bad["not an object"] += 1
-            except (TypeError, ValueError, msgspec.DecodeError):
+            except (TypeError, ValueError):
                 bad["fields of the wrong type"] += 1
-        self.total += len(events)
+        self.total += len(events) - len(complete)
         for ph, count in phases.items():
             self.skipped[f"ph={ph}"] += count
         self.skipped.update(bad)
-        if rows:
-            for column, values in zip(self.cols.values(), zip(*rows)):
-                column.extend(values)
+        self.take(complete)
+
+    def _category(self, cat: Any) -> Any:
+        """The category a trace's `cat` stands for (alias resolved, one shared object), or
+        _UNWANTED; remembered in self._categories."""
+        name = _CATEGORY_ALIASES.get(cat, cat)
+        name = self._names.setdefault(name, name)
+        if self.wanted is not None and name not in self.wanted:
+            name = _UNWANTED
+        self._categories[cat] = name
+        return name
 
     def _cpu_collective(self, name: str) -> str | None:
         coll = self._cpu_coll[name] = cpu_collective(name)
@@ -489,7 +581,7 @@ class _Collector:
             if isinstance(pg, dict) and _int_or_none(pg.get("pg_size")) is not None:
                 self.pg_sizes[str(pg.get("pg_name"))] = _int_or_none(pg.get("pg_size"))
 
-    def _metadata(self, e: _Event) -> None:
+    def _metadata(self, e: Any) -> None:
         if e.name == "thread_name" and e.args is not None and isinstance(e.args.name, str):
             self.thread_names[f"{e.pid}/{e.tid}"] = e.args.name
 
@@ -570,11 +662,16 @@ class _Scanner:
         seps = list(_EVENT_SEP.finditer(buf, tail_from)) or list(_EVENT_SEP.finditer(buf, lead))
         view = memoryview(buf)
         for m in reversed(seps[-2:]):
+            text = b"".join((b"[", view[lead:m.start() + 1], b"]"))
             try:
-                events = _BATCH.decode(b"".join((b"[", view[lead:m.start() + 1], b"]")))
-            except msgspec.DecodeError:
+                self.collector.take(_BATCH.decode(text))
+            except msgspec.ValidationError:  # some event breaks Kineto's types: decode it loosely
+                try:
+                    self.collector.take_loose(_LOOSE_BATCH.decode(text))
+                except msgspec.DecodeError:
+                    continue
+            except msgspec.DecodeError:  # the cut is not between two events
                 continue
-            self.collector.take(events)
             self._consume(m.end())
             return True
         return False
@@ -648,10 +745,10 @@ class _Scanner:
                     batch.append(_event_from_dict(value))
                     i = end
                     if len(batch) >= 4096:
-                        self.collector.take(batch)
+                        self.collector.take_loose(batch)
                         batch = []
         if batch:
-            self.collector.take(batch)
+            self.collector.take_loose(batch)
         self._consume(len(raw[:i].encode("utf-8", "surrogateescape")) if i < n else len(self.buf))
         if bad is not None:
             self._resync(bad, final)
@@ -718,6 +815,20 @@ def _rank_from_name(path: str) -> int | None:
     return int(m.group(1)) if m else None
 
 
+@contextlib.contextmanager
+def gc_paused() -> Iterator[None]:
+    """Hold off Python's cyclic garbage collector: building a table allocates millions of objects,
+    none of them in a cycle, and each allocation burst would otherwise trigger collections that
+    walk every container still alive (a third of the parse time of a large trace)."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
 def parse_kineto(path: str | os.PathLike[str], *, source: str = "",
                  categories: Iterable[str] | None = None) -> Table:
     """Parse one Kineto trace into a table (COLUMNS); never raises on bad input.
@@ -726,6 +837,11 @@ def parse_kineto(path: str | os.PathLike[str], *, source: str = "",
     bounds the table of a very large trace; ProfilerStep annotations and the CPU calls that link GPU
     events to steps are then missing unless user_annotation and cuda_runtime are among them.
     """
+    with gc_paused():
+        return _parse_kineto(path, source, categories)
+
+
+def _parse_kineto(path: str | os.PathLike[str], source: str, categories: Iterable[str] | None) -> Table:
     name = source or os.fspath(path)
     warnings: list[str] = []
     wanted = frozenset(categories) if categories is not None else None
@@ -748,7 +864,7 @@ def parse_kineto(path: str | os.PathLike[str], *, source: str = "",
     _link_kernels_to_collectives(cols)
     ts, dur = cols["ts_us"], cols["dur_us"]
     first = min(ts) if ts else None
-    last = max(t + d for t, d in zip(ts, dur)) if ts else None
+    last = max(map(operator.add, ts, dur)) if ts else None
     meta = {
         "rank": collector.rank,
         "world_size": _int_or_none(dist.get("world_size")),
@@ -760,7 +876,7 @@ def parse_kineto(path: str | os.PathLike[str], *, source: str = "",
         "span_us": (last - first) if ts else 0,
         "events_total": collector.total,
         "events_skipped": dict(collector.skipped),
-        "ts_float": any(t.__class__ is float for t in ts),
+        "ts_float": float in set(map(type, ts)),
         "thread_names": collector.thread_names,
         "trace": {k: v for k, v in top.items() if k not in ("distributedInfo", "deviceProperties")},
         "gzip": reader.gzip,

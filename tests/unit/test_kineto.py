@@ -440,6 +440,51 @@ def test_parse_many_ranks_keeps_meta_and_warns_on_duplicates(tmp_path):
     assert any("rank 0 was already read" in w for w in t.warnings)
 
 
+# --- fast paths give the same answers ----------------------------------------------------------------
+
+def _same_table(a, b):
+    assert list(a.columns) == list(b.columns)
+    for c in a.columns:
+        assert [repr(v) for v in a.columns[c]] == [repr(v) for v in b.columns[c]], c
+    assert a.warnings == b.warnings and a.meta == b.meta
+
+
+@pytest.mark.parametrize("path", [RANK0, DIFF, GLOO[0]])
+def test_loosely_typed_batches_read_like_typed_ones(path, monkeypatch):
+    """Batches are decoded into typed structs, and again into loose ones when some event breaks the
+    types; forcing every batch down the loose path must give the same table."""
+    import msgspec
+
+    from analysis.parsers import kineto
+
+    typed = parse_kineto(path)
+    monkeypatch.setattr(kineto, "_BATCH", msgspec.json.Decoder(list[int]))  # every batch fails validation
+    _same_table(typed, parse_kineto(path))
+
+
+def test_gpu_analysis_categories_keep_the_gpu_answers(sampled, diff):
+    """parse_kineto(categories=GPU_ANALYSIS_CATEGORIES) gives the GPU-basis analyses the same answers."""
+    cats = ta.GPU_ANALYSIS_CATEGORIES
+    for full, part in ((sampled, parse_kineto_ranks([RANK0, RANK1], categories=cats)),
+                       (diff, parse_kineto(DIFF, categories=cats))):
+        assert len(part) < len(full)
+        for kw in ({}, {"include_last_step": True}, {"hta_rounding": False}):
+            for analysis in (ta.temporal_breakdown, ta.comm_comp_overlap, ta.kernel_breakdown,
+                             ta.kernel_type_breakdown):
+                assert list(analysis(part, **kw).rows()) == list(analysis(full, **kw).rows())
+            assert list(ta.kernel_diff(part, part, **kw).rows()) == list(ta.kernel_diff(full, full, **kw).rows())
+
+
+def test_analyses_of_one_table_share_its_scope_until_it_is_freed():
+    t = parse_kineto(RANK0)
+    first = ta.temporal_breakdown(t)
+    assert id(t) in ta._SCOPES
+    assert list(ta.temporal_breakdown(t).rows()) == list(first.rows())
+    key = id(t)
+    del t
+    assert key not in ta._SCOPES
+
+
 # --- streaming, layouts and bad input -------------------------------------------------------------
 
 def test_chunk_boundaries_nested_args_and_tricky_strings(tmp_path):
