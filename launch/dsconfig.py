@@ -10,15 +10,28 @@ from launch.errors import ConfigError
 DS_CONFIGS = Path(__file__).resolve().parent.parent / "ds_configs"
 
 
+# The shipped bases that hold exactly one offload combination; any other combination starts from the
+# plain stage base and the resolver adds the offload sections (OFFLOAD_DEFAULTS).
+_OFFLOAD_BASES = {
+    (2, "cpu", "none"): "zero2_offload_optimizer_cpu.json",
+    (3, "cpu", "none"): "zero3_offload_optimizer_cpu.json",
+    (3, "cpu", "cpu"): "zero3_offload_all_cpu.json",
+    (3, "nvme", "nvme"): "zero3_offload_nvme.json",
+}
+
+OFFLOAD_DEFAULTS = {
+    ("offload_optimizer", "cpu"): {"device": "cpu", "pin_memory": True},
+    ("offload_param", "cpu"): {"device": "cpu", "pin_memory": True},
+    ("offload_optimizer", "nvme"): {"device": "nvme", "pin_memory": True, "buffer_count": 4, "fast_init": False},
+    ("offload_param", "nvme"): {"device": "nvme", "pin_memory": True, "buffer_count": 5, "buffer_size": 100_000_000,
+                                "max_in_cpu": 1_000_000_000},
+}
+AIO_DEFAULTS = {"block_size": 1048576, "queue_depth": 8, "thread_count": 1, "single_submit": False,
+                "overlap_events": True}
+
+
 def default_base(zero_stage: int, offload_optimizer: str, offload_params: str) -> Path:
-    if offload_params == "nvme" or offload_optimizer == "nvme":
-        name = "zero3_offload_nvme.json"
-    elif offload_params == "cpu":
-        name = "zero3_offload_all_cpu.json"
-    elif offload_optimizer == "cpu":
-        name = f"zero{zero_stage}_offload_optimizer_cpu.json" if zero_stage in (2, 3) else "zero2_offload_optimizer_cpu.json"
-    else:
-        name = f"zero{zero_stage}.json"
+    name = _OFFLOAD_BASES.get((zero_stage, offload_optimizer, offload_params), f"zero{zero_stage}.json")
     return DS_CONFIGS / name
 
 

@@ -261,7 +261,7 @@ def load_model(name: str | None = None, config_path: str | Path | None = None, *
             "model",
             {"name": name, "config_path": None if config_path is None else str(config_path)},
             "needs exactly one of a catalogue name or a config.json path",
-            f"set model.name to one of {', '.join(catalogue_names())}, or model.config_path to an HF config.json",
+            f"set model.name to one of {', '.join(catalogue_names())}, or model.config to an HF config.json",
         )
     if name is not None:
         known = catalogue_names()
@@ -273,7 +273,7 @@ def load_model(name: str | None = None, config_path: str | Path | None = None, *
                 "model.name",
                 name,
                 "is not in the model catalogue",
-                f"{hint}use one of: {', '.join(known)}; or set model.config_path to an HF config.json",
+                f"{hint}use one of: {', '.join(known)}; or set model.config to an HF config.json",
             )
         path = catalogue_dir() / f"{name}.json"
         spec_name = name
@@ -285,11 +285,11 @@ def load_model(name: str | None = None, config_path: str | Path | None = None, *
                 if (path / "config.json").is_file()
                 else "point it at the config.json file itself"
             )
-            raise ConfigError(where, "model.config_path", str(path), "is a directory, not a config.json", hint)
+            raise ConfigError(where, "model.config", str(path), "is a directory, not a config.json", hint)
         if not path.is_file():
             raise ConfigError(
                 where,
-                "model.config_path",
+                "model.config",
                 str(path),
                 "does not exist",
                 "point it at an existing HF config.json, or use model.name for a catalogue model",
@@ -306,7 +306,7 @@ def _read_json(path: Path, where: str) -> dict[str, Any]:
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(
             where,
-            "model.config_path",
+            "model.config",
             shown,
             f"cannot be read ({exc})",
             "check the file's permissions and that it is UTF-8 JSON",

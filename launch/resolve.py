@@ -201,16 +201,21 @@ def resolve(loaded: LoadedRecipe, world_size: int | None = None) -> Resolved:
                           "needs parallel.zero_stage >= 1 (got 0)",
                           'set parallel.zero_stage=2 or parallel.offload_optimizer="none"')
     if "nvme" in (par.offload_optimizer, par.offload_params):
+        nvme_field = "parallel.offload_optimizer" if par.offload_optimizer == "nvme" else "parallel.offload_params"
         if par.zero_stage != 3:
             raise ConfigError(w("parallel.zero_stage"), "parallel.zero_stage", par.zero_stage,
-                              "must be 3 for NVMe offload (ZeRO-Infinity)", "set parallel.zero_stage=3")
+                              f"must be 3 for NVMe offload ({nvme_field}=\"nvme\", ZeRO-Infinity)",
+                              "set parallel.zero_stage=3")
         if hw.name == "cpu":
-            raise ConfigError(w("parallel.offload_params"), "parallel.offload_params", par.offload_params,
-                              "(NVMe offload) needs a GPU machine; DeepSpeed's async I/O swaps to GPU memory",
-                              'use hardware.profile for your GPU or offload "cpu"')
+            raise ConfigError(w(nvme_field), nvme_field, "nvme",
+                              "needs a GPU machine; DeepSpeed's async I/O swaps to GPU memory",
+                              f'use hardware.profile for your GPU or {nvme_field}="cpu"')
         if not par.nvme_path.startswith("/"):
             raise ConfigError(w("parallel.nvme_path"), "parallel.nvme_path", par.nvme_path,
                               "must be an absolute path on a local NVMe drive", "set e.g. parallel.nvme_path=\"/local_nvme\"")
+    if r.backend == "megatron" and "nvme" in (par.offload_optimizer, par.offload_params):
+        raise ConfigError(w("parallel.offload_optimizer"), "parallel.offload_optimizer", par.offload_optimizer,
+                          "NVMe offload is a DeepSpeed feature", 'use backend="deepspeed" or offload "cpu"/"none"')
     if r.backend == "megatron" and par.offload_params != "none":
         raise ConfigError(w("parallel.offload_params"), "parallel.offload_params", par.offload_params,
                           "is a DeepSpeed feature", 'set parallel.offload_params="none" or backend="deepspeed"')
@@ -301,13 +306,21 @@ def _deepspeed_config(loaded: LoadedRecipe, r: Recipe, grad_accum: int, hw: Hard
         # left out, it is derived from the two fields above and the data-parallel size is ours.
         del owned["train_batch_size"]
     base_file = str(base_path.relative_to(dsconfig.DS_CONFIGS.parent)) if base_path.is_relative_to(dsconfig.DS_CONFIGS.parent) else str(base_path)
+    zo = base.setdefault("zero_optimization", {})
+    for kind, dev, field in (("offload_optimizer", par.offload_optimizer, "parallel.offload_optimizer"),
+                             ("offload_param", par.offload_params, "parallel.offload_params")):
+        have = zo.get(kind)
+        if dev == "none":
+            if isinstance(have, dict) and have.get("device", "none") != "none":
+                raise ConfigError(base_file, f"zero_optimization.{kind}.device", have["device"],
+                                  f'contradicts the recipe ({field} is "none")',
+                                  f"pick a base without {kind} or set {field}")
+        elif not isinstance(have, dict):
+            # The recipe owns the offload choice; a base need not spell it out.
+            zo[kind] = dict(dsconfig.OFFLOAD_DEFAULTS[(kind, dev)])
+    if "nvme" in (par.offload_optimizer, par.offload_params):
+        base.setdefault("aio", dict(dsconfig.AIO_DEFAULTS))
     cfg = dsconfig.compose(base, base_file, owned)
-    zo = cfg.get("zero_optimization", {})
-    for kind, dev in (("offload_optimizer", par.offload_optimizer), ("offload_param", par.offload_params)):
-        if dev == "none" and isinstance(zo.get(kind), dict) and zo[kind].get("device", "none") != "none":
-            raise ConfigError(base_file, f"zero_optimization.{kind}.device", zo[kind]["device"],
-                              f"contradicts the recipe ({'parallel.offload_params' if kind == 'offload_param' else 'parallel.offload_optimizer'} is \"none\")",
-                              "pick a base without offload or set the recipe's offload field")
     return cfg, base_file
 
 

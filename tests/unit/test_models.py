@@ -254,7 +254,7 @@ def test_missing_config_file(tmp_path):
     with pytest.raises(ConfigError) as info:
         load_model(config_path=path, context=RECIPE)
     e = info.value
-    assert (e.file, e.field, e.value) == (RECIPE, "model.config_path", str(path))
+    assert (e.file, e.field, e.value) == (RECIPE, "model.config", str(path))
     assert e.problem == "does not exist"
     assert str(path) in str(e)
 

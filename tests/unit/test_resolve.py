@@ -184,3 +184,23 @@ def test_selective_recompute_needs_megatron():
     e = err(RECIPES / "tiny_zero2", ["train.activation_checkpointing=selective"])
     assert e.field == "train.activation_checkpointing" and 'set train.activation_checkpointing="full"' in str(e)
     assert resolve_path(FLAGSHIP).recipe.train.activation_checkpointing == "selective"  # megatron: fine
+
+
+@pytest.mark.parametrize("zero", [1, 2, 3])
+@pytest.mark.parametrize("opt", ["none", "cpu", "nvme"])
+@pytest.mark.parametrize("par", ["none", "cpu", "nvme"])
+def test_every_valid_offload_combination_composes(zero, opt, par):
+    if (par != "none" and zero != 3) or ("nvme" in (opt, par) and zero != 3):
+        pytest.skip("refused by the resolver's own rules (tested above)")
+    r = resolve_path(RECIPES / "7b_zero3_ac", [f"parallel.zero_stage={zero}", f"parallel.offload_optimizer={opt}",
+                                               f"parallel.offload_params={par}", "parallel.nvme_path=/scratch/nvme"])
+    zo = r.ds_config["zero_optimization"]
+    assert zo["stage"] == zero
+    for kind, dev in (("offload_optimizer", opt), ("offload_param", par)):
+        if dev == "none":
+            assert zo.get(kind, {}).get("device", "none") == "none"
+        else:
+            assert zo[kind]["device"] == dev
+            if dev == "nvme":
+                assert zo[kind]["nvme_path"] == "/scratch/nvme" and "aio" in r.ds_config
+    assert r.ds_config["optimizer"]["params"]["torch_adam"] is (opt == "none")
