@@ -99,10 +99,19 @@ def resolve(loaded: LoadedRecipe, world_size: int | None = None) -> Resolved:
         raise ConfigError(w("model.name"), "model.name", r.model.name,
                           "and model.config: exactly one must be set",
                           "set model.name to a catalogue model or model.config to a config.json path")
+    # Path fields are made absolute here, so that resolved.json means the same from any directory.
+    paths = {}
+    for dotted, value in (("model.config", r.model.config), ("model.weights", r.model.weights),
+                          ("data.path", r.data.path), ("deepspeed.config", r.deepspeed.config)):
+        if value:
+            paths[dotted] = str(loaded.path_of(dotted, value))
     if r.model.name is not None:
         model = load_model(name=r.model.name, context=w("model.name"))
     else:
-        model = load_model(config_path=Path(w("model.config")).parent / r.model.config, context=w("model.config"))
+        model = load_model(config_path=paths["model.config"], context=w("model.config"))
+    if r.model.weights and not Path(paths["model.weights"]).is_dir():
+        raise ConfigError(w("model.weights"), "model.weights", r.model.weights, f"is not a folder ({paths['model.weights']})",
+                          "give a local Hugging Face model folder (config.json + *.safetensors), relative to the recipe")
     hw = load_profile(hw_s.profile, context=w("hardware.profile"))
 
     for dotted, value, low in [("parallel.tp", par.tp, 1), ("parallel.pp", par.pp, 1), ("parallel.vpp", par.vpp, 1),
@@ -234,9 +243,10 @@ def resolve(loaded: LoadedRecipe, world_size: int | None = None) -> Resolved:
         if not r.data.path:
             raise ConfigError(w("data.source"), "data.source", "text", "needs data.path",
                               "set data.path to a .txt/.jsonl file or folder (relative to the recipe)")
-        if not (Path(w("data.path")).parent / r.data.path).exists() and not Path(r.data.path).exists():
-            raise ConfigError(w("data.path"), "data.path", r.data.path, "does not exist",
-                              "give a .txt/.jsonl file or folder, relative to the recipe or absolute")
+        if not Path(paths["data.path"]).exists():
+            raise ConfigError(w("data.path"), "data.path", r.data.path, f"does not exist ({paths['data.path']})",
+                              "give a .txt/.jsonl file or folder, relative to the recipe (or to the working "
+                              "directory for an override) or absolute")
 
     # Placement warnings.
     if par.tp > hw_s.gpus_per_node:
@@ -250,7 +260,11 @@ def resolve(loaded: LoadedRecipe, world_size: int | None = None) -> Resolved:
     commbench_s = dataclasses.replace(r.commbench, max_bytes=r.commbench.max_bytes or commbench.default_max_bytes(hw.name))
     if r.run.mode == "commbench":
         _check_commbench(w, commbench_s, r.commbench.max_bytes, grid, hw)
-    recipe = dataclasses.replace(r, parallel=dataclasses.replace(par, dp=dp), commbench=commbench_s)
+    recipe = dataclasses.replace(
+        r, parallel=dataclasses.replace(par, dp=dp), commbench=commbench_s,
+        model=dataclasses.replace(r.model, config=paths.get("model.config"), weights=paths.get("model.weights")),
+        data=dataclasses.replace(r.data, path=paths.get("data.path")),
+        deepspeed=dataclasses.replace(r.deepspeed, config=paths.get("deepspeed.config")))
     ds_config: dict[str, Any] = {}
     ds_base = ""
     if r.backend == "deepspeed":
@@ -265,9 +279,9 @@ def resolve(loaded: LoadedRecipe, world_size: int | None = None) -> Resolved:
 def _deepspeed_config(loaded: LoadedRecipe, r: Recipe, grad_accum: int, hw: HardwareProfile) -> tuple[dict, str]:
     par = r.parallel
     if r.deepspeed.config:
-        base_path = Path(loaded.where("deepspeed.config")).parent / r.deepspeed.config
-        if not base_path.is_file() and (dsconfig.DS_CONFIGS / r.deepspeed.config).is_file():
-            base_path = dsconfig.DS_CONFIGS / r.deepspeed.config
+        base_path = Path(r.deepspeed.config)  # already absolute (resolve)
+        if not base_path.is_file() and (dsconfig.DS_CONFIGS / Path(base_path).name).is_file():
+            base_path = dsconfig.DS_CONFIGS / Path(base_path).name  # "zero2.json" names a shipped base
     else:
         base_path = dsconfig.default_base(par.zero_stage, par.offload_optimizer, par.offload_params)
     base = dsconfig.read_json(base_path, context=loaded.where("deepspeed.config"), field="deepspeed.config")

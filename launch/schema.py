@@ -160,6 +160,16 @@ class LoadedRecipe:
         """The file to name in an error about `dotted` (the one that set it, else the recipe)."""
         return self.origin.get(dotted, str(self.path))
 
+    def path_of(self, dotted: str, value: str) -> Path:
+        """A path field made absolute: relative to the file that set it, or to the working directory for
+        a command-line override."""
+        p = Path(value).expanduser()
+        if p.is_absolute():
+            return p
+        origin = self.where(dotted)
+        base = Path.cwd() if origin.startswith("override ") else Path(origin).parent
+        return (base / p).resolve()
+
 
 # --------------------------------------------------------------------------- loading
 
@@ -180,9 +190,12 @@ def load_recipe(path: str | Path, overrides: Sequence[str] = ()) -> LoadedRecipe
     for f in chain:
         data = _read_toml(f)
         data.pop("extends", None)
+        _drop_other_model_source(merged, data.get("model", {}) if isinstance(data.get("model"), dict) else {})
         _merge(merged, data, origin, str(f), "")
     for item in overrides:
         key, value = _parse_override(item)
+        if key in ("model.name", "model.config"):
+            _drop_other_model_source(merged, {key.split(".")[1]: value})
         _set_dotted(merged, key, value)
         parts = key.split(".")
         for i in range(1, len(parts)):
@@ -197,6 +210,18 @@ def load_recipe(path: str | Path, overrides: Sequence[str] = ()) -> LoadedRecipe
         chain=tuple(str(c) for c in chain),
         overrides=tuple(overrides),
     )
+
+
+def _drop_other_model_source(merged: dict, model_layer: Mapping[str, Any]) -> None:
+    """A layer naming the model one way replaces an inherited model named the other way (a recipe with
+    `model.config` extends a base with `model.name`); a layer naming it both ways is caught by the resolver."""
+    model = merged.get("model")
+    if not isinstance(model, dict):
+        return
+    if "config" in model_layer and "name" not in model_layer:
+        model.pop("name", None)
+    if "name" in model_layer and "config" not in model_layer:
+        model.pop("config", None)
 
 
 def _read_toml(f: Path) -> dict[str, Any]:

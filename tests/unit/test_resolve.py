@@ -120,9 +120,24 @@ def test_bf16_on_t4_is_refused():
 
 
 def test_model_name_and_config_exclusive(write_recipe):
-    d = write_recipe("x", '[model]\nconfig = "cfg.json"\n')
+    d = write_recipe("x", '[model]\nconfig = "cfg.json"\nname = "tiny-llama"\n')
     e = err(d)
     assert "exactly one must be set" in str(e)
+
+
+def test_child_config_replaces_inherited_name_and_paths_become_absolute(write_recipe, repo, tmp_path, monkeypatch):
+    d = write_recipe("x", '[model]\nconfig = "cfg.json"\n')  # the base names tiny-llama
+    (d / "cfg.json").write_text((repo / "launch/catalogue/models/tiny-qwen2.json").read_text())
+    r = resolve_path(d)
+    assert r.model.architecture == "Qwen2ForCausalLM" and r.recipe.model.config == str(d / "cfg.json")
+    # an override's relative path is relative to the working directory, not to the recipe
+    monkeypatch.chdir(repo)
+    r = resolve_path(d, ["data.source=text", "data.path=tests/fixtures/text/corpus.jsonl"])
+    assert r.recipe.data.path == str(repo / "tests/fixtures/text/corpus.jsonl")
+    r = resolve_path(d, ["deepspeed.config=ds_configs/zero2.json", "parallel.zero_stage=2"])
+    assert r.ds_base == "ds_configs/zero2.json"
+    e = err(d, ["model.weights=nowhere"])
+    assert e.field == "model.weights" and "is not a folder" in str(e)
 
 
 def test_model_from_config_path(write_recipe, repo):
