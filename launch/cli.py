@@ -204,9 +204,17 @@ def _check_resume(resolved: Resolved):
     from launch.rundir import runs_root
     from launch.trainers.common import check_resume_compatible, find_resume
 
-    ckpt = find_resume(runs_root() / resolved.recipe_name)
-    if ckpt is not None:
-        check_resume_compatible(ckpt, resolved)  # raises ResumeError: one line, exit 2
+    ckpt, notes = find_resume(runs_root() / resolved.recipe_name, resolved)
+    for note in notes:
+        print(f"note: {note}")
+    if ckpt is not None and check_resume_compatible(ckpt, resolved):  # raises ResumeError: one line, exit 2
+        from rich.console import Console
+
+        from launch.trainers.deepspeed_trainer import to_universal
+
+        # Before any rank starts: converting a large checkpoint takes minutes, longer than the watchdog allows.
+        with Console().status(f"converting {ckpt.dir} to DeepSpeed's universal format for the new layout"):
+            to_universal(ckpt)
     return ckpt
 
 

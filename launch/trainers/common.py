@@ -206,8 +206,11 @@ def make_profiler(resolved: Resolved, run: RunDir, rank: int, cuda: bool, start_
         return None
     from torch.profiler import ProfilerActivity, profile, schedule
 
-    skip = max(0, r.train.warmup_steps - start_step)
-    active = min(r.run.profile_active_steps, max(1, r.train.steps - start_step - skip - 1))
+    # Counted from this run's first step (a resumed run is cold again); shortened when the run is too short
+    # for warm-up + one schedule warm-up step + the active steps, so that a trace is always written.
+    remaining = r.train.steps - start_step
+    active = max(1, min(r.run.profile_active_steps, remaining - 1))
+    skip = max(0, min(r.train.warmup_steps, remaining - active - 1))
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
 
     def ready(p) -> None:
@@ -264,15 +267,38 @@ def check_resume_compatible(ckpt: Checkpoint, resolved: Resolved) -> bool:
     return changed
 
 
-def find_resume(runs_dir: Path) -> Checkpoint | None:
-    """The newest complete checkpoint among earlier runs of a recipe (runs/<recipe>/*), before a launch."""
+def training_identity(resolved: Resolved) -> dict[str, Any]:
+    """What a checkpoint must share with a run to continue it: model, data, batch, sequence length, dtype and
+    optimizer settings. The layout (tp, dp, ZeRO stage, offload, nodes) may differ: resharding is supported,
+    within the limits check_resume_compatible states; train.steps may grow."""
+    r = resolved.recipe
+    t = r.train
+    return {
+        "model": resolved.model.name, "hf_config": resolved.model.to_dict()["hf_config"], "dtype": r.precision.dtype,
+        "global_batch_size": r.batch.global_batch_size, "seq_len": r.batch.seq_len,
+        "optimizer": [t.lr, t.min_lr, t.lr_schedule, t.lr_warmup_steps, t.weight_decay, t.adam_beta1, t.adam_beta2,
+                      t.grad_clip, t.seed],
+        "data": [r.data.source, r.data.path, r.data.tokenizer],
+    }
+
+
+def find_resume(runs_dir: Path, resolved: Resolved) -> tuple[Checkpoint | None, list[str]]:
+    """The newest complete checkpoint among the runs of a recipe (runs/<recipe>/*) that continues this
+    training, and a note for each newer one passed over because it belongs to a different configuration."""
+    notes: list[str] = []
     if not runs_dir.is_dir():
-        return None
+        return None, notes
+    want = json.loads(json.dumps(training_identity(resolved)))
     for d in sorted(runs_dir.iterdir(), reverse=True):
         found = complete_checkpoints(d / "checkpoints")
-        if found:
-            return found[-1]
-    return None
+        if not found:
+            continue
+        have = found[-1].info.get("identity", {})
+        if have == want:
+            return found[-1], notes
+        diff = sorted(k for k in set(want) | set(have) if want.get(k) != have.get(k))
+        notes.append(f"{found[-1].dir}: not resumed, it trains a different configuration (differs in {', '.join(diff)})")
+    return None, notes
 
 
 def write_marker(ckpt_root: Path, tag: str, info: dict[str, Any]) -> None:
@@ -280,10 +306,6 @@ def write_marker(ckpt_root: Path, tag: str, info: dict[str, Any]) -> None:
     tmp = target.with_name(MARKER + ".tmp")
     tmp.write_text(json.dumps(info, indent=2))
     os.replace(tmp, target)
-    latest = ckpt_root / "latest_complete"
-    tmp = latest.with_name("latest_complete.tmp")
-    tmp.write_text(tag)
-    os.replace(tmp, latest)
 
 
 def complete_checkpoints(root: Path) -> list[Checkpoint]:
@@ -297,15 +319,6 @@ def complete_checkpoints(root: Path) -> list[Checkpoint]:
                 except (json.JSONDecodeError, OSError):
                     continue
     return sorted(out, key=lambda c: c.step)
-
-
-def latest_checkpoint(run: RunDir) -> Checkpoint | None:
-    """The newest complete checkpoint of this run, else of the newest earlier run of the same recipe."""
-    for candidate in [run, *reversed(run.siblings())]:
-        found = complete_checkpoints(candidate.checkpoints)
-        if found:
-            return found[-1]
-    return None
 
 
 class ProgressLine:

@@ -103,16 +103,18 @@ def _train(run: RunDir, resolved: Resolved, env: common.RankEnv, terminal, cuda:
         print("\n".join(resolved.grid.describe()), flush=True)
 
     ds_config = json.loads(json.dumps(resolved.ds_config))
-    resume_from = None
     start_step = 0
-    if r.run.resume == "auto":
-        resume_from = common.latest_checkpoint(run)
+    # Rank 0 decides which checkpoint to continue and tells the others: ranks reading a shared file system
+    # on their own could disagree (attribute caches) and then hang or diverge.
+    choice = [common.find_resume(run.root.parent, resolved)[0] if r.run.resume == "auto" and env.rank == 0 else None]
+    dist.broadcast_object_list(choice, src=0)
+    resume_from = choice[0]
     universal = False
     if resume_from is not None:
         universal = check_resume_compatible(resume_from, resolved)
         if universal:
             if env.rank == 0:
-                to_universal(resume_from)
+                to_universal(resume_from)  # normally done by run.sh before launch; cached, so this is a check
             dist.barrier()
             ds_config.setdefault("checkpoint", {})["load_universal"] = True
 
@@ -184,7 +186,8 @@ def _train(run: RunDir, resolved: Resolved, env: common.RankEnv, terminal, cuda:
         loss = float(mean) / dp_world
         tflops = flops_per_token * tokens / seconds / resolved.world_size / 1e12
         rec = M.StepRecord(
-            step=step_ + 1, warmup=step_ < r.train.warmup_steps, loss=loss, lr=lr_,
+            # Counted from this run's first step: after a resume the first steps are cold again.
+            step=step_ + 1, warmup=step_ < start_step + r.train.warmup_steps, loss=loss, lr=lr_,
             grad_norm=None if gn is None else float(gn), step_time_s=seconds, tokens_per_s=tokens / seconds,
             tokens_per_s_per_device=tokens / seconds / resolved.world_size, tflops_per_device=tflops,
             mfu=tflops * 1e12 / peak if peak else 0.0, **mem)
@@ -289,7 +292,7 @@ def save(engine, run: RunDir, resolved: Resolved, step: int, dist) -> None:
         par = resolved.recipe.parallel
         common.write_marker(run.checkpoints, tag, {
             "step": step, "backend": "deepspeed", "tp": par.tp, "pp": par.pp, "dp": par.dp,
-            "zero_stage": par.zero_stage, "world": resolved.world_size, "recipe": resolved.recipe_name,
-            "model": resolved.model.name, "dtype": resolved.recipe.precision.dtype,
+            "zero_stage": par.zero_stage, "model": resolved.model.name,
+            "identity": common.training_identity(resolved),
         })
     dist.barrier()

@@ -140,3 +140,13 @@ def no_rank_left(run_root) -> bool:
             except OSError:
                 continue
     return True
+
+
+def test_a_different_configuration_starts_fresh_with_a_note(runs_root):
+    runs = runs_root / "identity"
+    train(runs, *CKPT, "train.steps=5")
+    other = train(runs, *CKPT, "train.steps=5", "batch.seq_len=48")
+    assert other.metrics().meta.start_step == 0 and other.metrics().meta.resumed_from is None
+    assert "not resumed, it trains a different configuration (differs in seq_len)" in other.proc.stdout
+    longer = train(runs, *CKPT, "train.steps=8")  # same configuration, more steps: continues the first run
+    assert longer.metrics().meta.start_step == 5
