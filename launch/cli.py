@@ -154,12 +154,20 @@ def cmd_run(args: Sequence[str]) -> int:
             print(f"nothing to do: {done.dir} already holds step {done.step} of train.steps="
                   f"{resolved.recipe.train.steps}; set run.resume=never to train again from scratch, or raise train.steps")
             return 0
-    run = RunDir.create(resolved.recipe_name)
+    joined = os.environ.get("LAYOUTLAB_RUN_DIR")
+    run = RunDir.join(joined) if joined else RunDir.create(resolved.recipe_name)
     cmd = launcher.build(resolved, str(run.root))
-    run.write_text_atomic(run.resolved, resolved.to_json() + "\n")
-    run.write_text_atomic(run.plan, plan.to_json() + "\n")
-    run.write_text_atomic(run.env, json.dumps(envinfo.capture(), indent=2) + "\n")
-    run.write_text_atomic(run.launch_cmd, cmd.shell() + "\n")
+    if joined and run.resolved.is_file():
+        if Resolved.load(run.resolved).to_json() != resolved.to_json():
+            raise ConfigError(str(run.resolved), "LAYOUTLAB_RUN_DIR", joined, "was resolved differently on node 0",
+                              "run the same recipe and overrides on every node")
+    else:
+        run.write_text_atomic(run.resolved, resolved.to_json() + "\n")
+        run.write_text_atomic(run.plan, plan.to_json() + "\n")
+    node = os.environ.get("NODE_RANK", "0")
+    run.write_text_atomic(run.env if node == "0" else run.root / f"env_node{node}.json",
+                          json.dumps(envinfo.capture(), indent=2) + "\n")
+    run.write_text_atomic(run.launch_cmd if node == "0" else run.root / f"launch_cmd_node{node}.txt", cmd.shell() + "\n")
     render(resolved, plan, cmd, console)
     console.print(f"[bold]run directory[/bold] {run.root}")
     from launch.extensions import ensure_cpu_adam, needs_cpu_adam

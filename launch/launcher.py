@@ -40,12 +40,15 @@ def build(resolved, run_dir: str, *, environ: Mapping[str, str] | None = None) -
         env["NCCL_DEBUG"] = environ.get("NCCL_DEBUG", "INFO")
         env["NCCL_DEBUG_SUBSYS"] = environ.get("NCCL_DEBUG_SUBSYS", "INIT,NET,GRAPH,ENV")
         env["TORCH_NCCL_ASYNC_ERROR_HANDLING"] = "1"
-    master_addr = environ.get("MASTER_ADDR", "127.0.0.1")
-    master_port = environ.get("MASTER_PORT", "29500")
+    master_addr = environ.get("MASTER_ADDR", "127.0.0.1")  # multi-node: preflight requires it
+    # A fixed port would make two jobs on one host meet in the same rendezvous store.
+    master_port = environ.get("MASTER_PORT") or str(_free_port())
     py = sys.executable
     if r.run.launcher == "deepspeed":
         argv = [py, "-m", "deepspeed.launcher.runner", "--num_nodes", str(hw.nodes), "--num_gpus", str(hw.gpus_per_node),
-                "--master_addr", master_addr, "--master_port", master_port]
+                "--master_port", master_port]
+        if environ.get("MASTER_ADDR"):  # otherwise DeepSpeed takes the first host of the hostfile
+            argv += ["--master_addr", master_addr]
         if environ.get("LAYOUTLAB_HOSTFILE"):
             argv += ["--hostfile", environ["LAYOUTLAB_HOSTFILE"]]
         argv += ["--module", TRAIN_MODULE, run_dir]
@@ -67,6 +70,14 @@ def build(resolved, run_dir: str, *, environ: Mapping[str, str] | None = None) -
     return LaunchCommand(tuple(argv), env)
 
 
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
 def preflight(resolved, *, which=None) -> None:
     """What must exist on this machine before ranks start (the dry-run shows the command regardless)."""
     import shutil
@@ -78,6 +89,11 @@ def preflight(resolved, *, which=None) -> None:
     if r.run.profile == "nsys" and which("nsys") is None:
         raise ConfigError(resolved.recipe_path, "run.profile", "nsys", "needs Nsight Systems' `nsys` on PATH",
                           'install Nsight Systems (it ships with the CUDA toolkit) or set run.profile="torch"')
+    if r.run.launcher == "torchrun" and r.hardware.nodes > 1 and not os.environ.get("MASTER_ADDR"):
+        raise ConfigError(resolved.recipe_path, "hardware.nodes", r.hardware.nodes,
+                          "needs MASTER_ADDR (node 0's address) for torchrun's rendezvous",
+                          "on every node: export MASTER_ADDR=<node 0> NODE_RANK=<n>, and on nodes > 0 also "
+                          "LAYOUTLAB_RUN_DIR=<the run directory node 0 printed>")
     if r.run.launcher == "deepspeed" and r.hardware.nodes > 1 and not os.environ.get("LAYOUTLAB_HOSTFILE"):
         raise ConfigError(resolved.recipe_path, "run.launcher", "deepspeed",
                           f"needs a hostfile for {r.hardware.nodes} nodes",

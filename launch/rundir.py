@@ -97,16 +97,28 @@ class RunDir:
 
     @classmethod
     def create(cls, recipe_name: str, *, root: Path | None = None, now: _dt.datetime | None = None) -> "RunDir":
-        base = (root or runs_root()) / recipe_name
+        base = ((root or runs_root()) / recipe_name).resolve()
+        base.mkdir(parents=True, exist_ok=True)
         stamp = (now or _dt.datetime.now(_dt.timezone.utc)).strftime("%Y%m%d-%H%M%S")
-        path = base / stamp
-        n = 1
-        while path.exists():  # two launches in one second get distinct folders
-            path = base / f"{stamp}-{n}"
-            n += 1
+        n = 0
+        while True:  # mkdir is the atomic claim: two launches in one second get distinct folders
+            path = base / (stamp if n == 0 else f"{stamp}-{n}")
+            try:
+                path.mkdir()
+                break
+            except FileExistsError:
+                n += 1
         for sub in SUBDIRS:
-            (path / sub).mkdir(parents=True, exist_ok=True)
+            (path / sub).mkdir(exist_ok=True)
         return cls(path)
+
+    @classmethod
+    def join(cls, path: str | Path) -> "RunDir":
+        """The run directory node 0 created, joined by the other nodes of a multi-node job."""
+        run = cls(Path(path).resolve())
+        for sub in SUBDIRS:
+            (run.root / sub).mkdir(parents=True, exist_ok=True)
+        return run
 
     @classmethod
     def open(cls, path: str | Path) -> "RunDir":

@@ -100,6 +100,11 @@ def test_preflight_refuses_nsys_missing_and_multinode_deepspeed_without_hostfile
     with pytest.raises(ConfigError, match="needs Nsight Systems"):
         preflight(r, which=lambda _: None)
     preflight(r, which=lambda _: "/usr/bin/nsys")
+    monkeypatch.delenv("MASTER_ADDR", raising=False)
+    with pytest.raises(ConfigError, match="needs MASTER_ADDR"):
+        preflight(resolve_path(REPO / "recipes/8b_tp8_sp_zero1"))
+    monkeypatch.setenv("MASTER_ADDR", "10.0.0.1")
+    preflight(resolve_path(REPO / "recipes/8b_tp8_sp_zero1"))
     monkeypatch.delenv("LAYOUTLAB_HOSTFILE", raising=False)
     r = resolve_path(REPO / "recipes/7b_zero3_ac", ["run.launcher=deepspeed", "hardware.nodes=2"])
     with pytest.raises(ConfigError, match="LAYOUTLAB_HOSTFILE"):
