@@ -142,6 +142,10 @@ def cmd_run(args: Sequence[str]) -> int:
         raise ConfigError(resolved.recipe_path, "backend", resolved.recipe.backend,
                           "has no trainer in this version of layoutlab yet",
                           "use --dry-run to see the plan, or a recipe whose backend is built")
+    if not bench and not plan.host_fits and not resolved.recipe.plan.ignore_fit:
+        raise ConfigError(resolved.recipe_path, "plan", f"{_gib(plan.host_bytes_per_node)} GiB host",
+                          f"of offloaded state per node exceeds the usable {_gib(plan.host_usable_bytes)} GiB host memory",
+                          "offload less (parallel.offload_params/offload_optimizer), use more nodes, or set plan.ignore_fit=true")
     if not bench and not plan.fits and not resolved.recipe.plan.ignore_fit:
         worst = plan.worst()
         raise ConfigError(resolved.recipe_path, "plan", f"{_gib(worst.memory[worst.implementation].total)} GiB",

@@ -81,6 +81,9 @@ def layouts(opts: dict[str, str]) -> list[Row]:
     dtype = opts.get("dtype", "bf16")
     if dtype not in ("bf16", "fp16", "fp32"):
         raise ConfigError("command line", "dtype", dtype, "is not a dtype", "use bf16, fp16 or fp32")
+    if not hw.supports(dtype):
+        raise ConfigError("command line", "dtype", dtype, f"is not supported by {hw.device}",
+                          f"use dtype={'fp16' if hw.supports('fp16') else 'fp32'}")
     recomputes = opts.get("recompute", "none,full").split(",")
     for rc in recomputes:
         if rc not in ("none", "selective", "full"):

@@ -133,6 +133,7 @@ class Comm:
     busbw_GBps: float  # the link speed assumed
     time_s: float
     note: str = ""
+    after_step: bool = False  # runs after the optimizer step: nothing left to overlap it with
 
 
 @dataclass(frozen=True)
@@ -162,11 +163,17 @@ class Plan:
     comm: tuple[Comm, ...]
     step: StepTime
     notes: tuple[str, ...]
+    host_bytes_per_node: int = 0  # offloaded state of every rank on the busiest node
+    host_usable_bytes: int = 0  # the node's host memory minus headroom
     schema_version: int = PLAN_SCHEMA_VERSION
 
     @property
+    def host_fits(self) -> bool:
+        return self.host_bytes_per_node <= self.host_usable_bytes
+
+    @property
     def fits(self) -> bool:
-        return all(r.fits for r in self.ranks)
+        return all(r.fits for r in self.ranks) and self.host_fits
 
     def worst(self) -> RankPlan:
         return max(self.ranks, key=lambda r: r.memory[r.implementation].total)
@@ -179,6 +186,7 @@ class Plan:
                 mem["model_states"] = src.memory[acc].model_states
                 mem["total"] = src.memory[acc].total
         d["fits"] = self.fits
+        d["host_fits"] = self.host_fits
         return json.dumps(d, indent=2)
 
     @classmethod
@@ -193,7 +201,8 @@ class Plan:
             for rp in d["ranks"])
         return cls(recipe_name=d["recipe_name"], backend=d["backend"], hardware=d["hardware"], grid=d["grid"],
                    ranks=ranks, comm=tuple(Comm(**c) for c in d["comm"]), step=StepTime(**d["step"]),
-                   notes=tuple(d["notes"]), schema_version=d["schema_version"])
+                   notes=tuple(d["notes"]), host_bytes_per_node=d.get("host_bytes_per_node", 0),
+                   host_usable_bytes=d.get("host_usable_bytes", 0), schema_version=d["schema_version"])
 
 
 # --------------------------------------------------------------------------- parameters per rank
@@ -301,9 +310,11 @@ def model_states(layout: Layout, params: int, accounting: str) -> tuple[int, int
             host += e * params // d
             w -= e * params // d
     elif accounting == "megatron":
-        grad_bytes = 4 if mixed else 4
+        # Megatron-Core's distributed-optimizer table: bf16 params + fp32 main grads 6 + 12/d; fp16 params and
+        # grads (fp32 main grads live in the optimizer) 4 + 16/d; fp32 8 + 8/d.
+        grad_bytes, opt_bytes = {"bf16": (4, 12), "fp16": (2, 16), "fp32": (4, 8)}[layout.dtype]
         w, g = e * params, grad_bytes * params
-        opt = (12 if mixed else 8) * params
+        opt = opt_bytes * params
         o = math.ceil(opt / d) if z >= 1 else opt
         if z >= 3:
             w, g = math.ceil(w / d), math.ceil(g / d)
@@ -326,13 +337,16 @@ class ActTerm:
 
 
 def activation_terms(arch: str, s: int, b: int, h: int, a: int, *, ffn: int = 0, kv_heads: int = 0,
-                     head_dim: int = 0, e: int = 2) -> list[ActTerm]:
+                     head_dim: int = 0, e: int = 2, hf_norm: bool = False, eager_attention: bool = False) -> list[ActTerm]:
     """Bytes saved for backward by one transformer layer.
 
     "gpt": Korthikanti et al. 2022, §4.1 (16-bit activations, 1-byte dropout masks, 4h MLP):
            sbh(34 + 5as/h) without parallelism.
     "llama": RMSNorm (saves its input), q/k/v after RoPE, fused attention (output + fp32 log-sum-exp,
            no s×s scores), SwiGLU saving gate, up, silu(gate) and their product; no dropout.
+           hf_norm: Hugging Face's RMSNorm instead of a fused one: it saves an fp32 copy of its input and the
+           normalized tensor. eager_attention: the s×s softmax is materialised (fp32, plus its cast to the
+           model dtype), as Hugging Face's eager attention on CPU ranks does.
     """
     sbh = s * b * h
     if arch == "gpt":
@@ -349,14 +363,21 @@ def activation_terms(arch: str, s: int, b: int, h: int, a: int, *, ffn: int = 0,
     if arch == "llama":
         kv = s * b * kv_heads * head_dim
         sbf = s * b * ffn
-        return [
-            ActTerm("norm1_input", e * sbh, "replicated"), ActTerm("qkv_input", e * sbh, "replicated"),
+        norm_in = 4 * sbh if hf_norm else e * sbh
+        terms = [
+            ActTerm("norm1_input", norm_in, "replicated"), ActTerm("qkv_input", e * sbh, "replicated"),
             ActTerm("q_rope", e * s * b * a * head_dim, "tp"), ActTerm("k_rope_v", 2 * e * kv, "tp"),
             ActTerm("attn_out", e * s * b * a * head_dim, "tp"), ActTerm("attn_lse", 4 * b * a * s, "tp"),
-            ActTerm("norm2_input", e * sbh, "replicated"), ActTerm("mlp_input", e * sbh, "replicated"),
+            ActTerm("norm2_input", norm_in, "replicated"), ActTerm("mlp_input", e * sbh, "replicated"),
             ActTerm("gate_out", e * sbf, "tp"), ActTerm("up_out", e * sbf, "tp"),
             ActTerm("silu_out", e * sbf, "tp"), ActTerm("down_input", e * sbf, "tp"),
         ]
+        if hf_norm and e != 4:
+            terms += [ActTerm("norm1_normalized", e * sbh, "replicated"), ActTerm("norm2_normalized", e * sbh, "replicated")]
+        if eager_attention:
+            probs = (4 + (e if e != 4 else 0)) * a * s * s * b
+            terms.append(ActTerm("attn_probs", probs, "tp", scores=True))
+        return terms
     raise ValueError(f"unknown layer arch {arch!r}")
 
 
@@ -378,8 +399,11 @@ def layer_activation_bytes(terms: list[ActTerm], *, t: int = 1, sp: bool = False
 
 def _model_terms(layout: Layout, b: int) -> list[ActTerm]:
     m = layout.model
+    # The DeepSpeed backend trains Hugging Face modules: unfused RMSNorm, and eager attention on CPU ranks.
+    hf = layout.backend == "deepspeed"
     return activation_terms("llama", layout.seq_len, b, m.hidden_size, m.num_heads, ffn=m.intermediate_size,
-                            kv_heads=m.num_kv_heads, head_dim=m.head_dim, e=layout.elem_bytes)
+                            kv_heads=m.num_kv_heads, head_dim=m.head_dim, e=layout.elem_bytes, hf_norm=hf,
+                            eager_attention=hf and layout.hardware.name == "cpu")
 
 
 def in_flight(layout: Layout, stage: int) -> float:
@@ -404,10 +428,11 @@ def stage_activations(layout: Layout, stage: int) -> int:
         # While one layer is recomputed, its full activation set is alive once.
         stored += layer_activation_bytes(terms, t=t, sp=layout.sp, recompute="none")
     if stage == p - 1:
-        # Output layer: final-norm input, 16-bit logits, the fp32 upcast and log-softmax of the loss.
+        # Output layer: final-norm input, 16-bit logits, the fp32 upcast and log-softmax of the loss, and at
+        # the start of the backward the fp32 gradient of the logits beside them.
         vocab_split = t if layout.backend == "megatron" else 1
         sbv = layout.seq_len * b * m.vocab_size
-        stored += layout.elem_bytes * layout.seq_len * b * m.hidden_size + (layout.elem_bytes + 8) * sbv / vocab_split
+        stored += layout.elem_bytes * layout.seq_len * b * m.hidden_size + (layout.elem_bytes + 12) * sbv / vocab_split
     return int(stored * in_flight(layout, stage))
 
 
@@ -448,11 +473,12 @@ def bus_factor(collective: str, n: int) -> float:
             "all_to_all": (n - 1) / n, "broadcast": 1.0, "send_recv": 1.0}[collective]
 
 
-def _comm(layout: Layout, par: str, coll: str, group: tuple[int, ...], calls: int, msg: float, note: str = "") -> Comm:
+def _comm(layout: Layout, par: str, coll: str, group: tuple[int, ...], calls: int, msg: float, note: str = "",
+          after_step: bool = False) -> Comm:
     link, bw = _bw(layout, group)
     per_rank = calls * msg * bus_factor(coll, len(group))
     return Comm(par, coll, link, len(group), int(calls), int(msg), int(per_rank), bw,
-                per_rank / (bw * 1e9) if bw else 0.0, note)
+                per_rank / (bw * 1e9) if bw else 0.0, note, after_step)
 
 
 def communication(layout: Layout) -> list[Comm]:
@@ -467,27 +493,36 @@ def communication(layout: Layout) -> list[Comm]:
         if layout.backend == "megatron":
             if z == 0:
                 out.append(_comm(layout, "dp", "all_reduce", grp, 1, params * e, "gradient all-reduce once per step"))
-            else:
+            elif z in (1, 2):
                 out.append(_comm(layout, "dp", "reduce_scatter", grp, 1, params * e, "distributed optimizer: gradients"))
-                out.append(_comm(layout, "dp", "all_gather", grp, 1, params * e, "distributed optimizer: updated parameters"))
-                if z == 3:
-                    out.append(_comm(layout, "dp", "all_gather", grp, 2 * mbs, params * e, "FSDP: parameters before forward and backward"))
+                out.append(_comm(layout, "dp", "all_gather", grp, 1, params * e, "distributed optimizer: updated parameters",
+                                 after_step=True))
+            else:
+                out.append(_comm(layout, "dp", "all_gather", grp, 2 * mbs, params * e, "FSDP: parameters before forward and backward"))
+                out.append(_comm(layout, "dp", "reduce_scatter", grp, mbs, params * e, "FSDP: gradients every micro-batch"))
         elif z == 0:
             out.append(_comm(layout, "dp", "all_reduce", grp, 1, params * e, "gradient all-reduce at the accumulation boundary"))
         elif z in (1, 2):
             rs_calls = mbs if z == 2 else 1
             out.append(_comm(layout, "dp", "reduce_scatter", grp, rs_calls, params * e,
                              "gradient reduce-scatter " + ("every micro-step (ZeRO-2)" if z == 2 else "at the boundary (ZeRO-1)")))
-            out.append(_comm(layout, "dp", "all_gather", grp, 1, params * e, "updated parameter partitions"))
+            out.append(_comm(layout, "dp", "all_gather", grp, 1, params * e, "updated parameter partitions",
+                             after_step=True))
         else:
             out.append(_comm(layout, "dp", "all_gather", grp, 2 * mbs, params * e, "ZeRO-3: parameters before forward and before backward"))
             out.append(_comm(layout, "dp", "reduce_scatter", grp, mbs, params * e, "ZeRO-3: gradients every micro-step"))
     if g.tp > 1:
         grp = g.tp_group(0)
-        micro = mbs * (1 if g.pp == 1 else 1)
-        passes = 3 if layout.recompute == "full" else 2  # forward, backward, (+ recomputed forward)
-        per_layer = 2 * passes  # attention and MLP each once per pass
-        calls = per_layer * layers * micro
+        forwards = 2 if layout.recompute == "full" else 1  # the recompute runs the forward collectives again
+        if layout.backend == "deepspeed":
+            # AutoTP: the two row-parallel Linears (o_proj, down_proj) all-reduce their output in forward; each of
+            # the five column-parallel ones (q, k, v, gate, up) all-reduces its input gradient in backward
+            # (deepspeed/module_inject/layers.py LinearLayer -> ColumnParallel), plus lm_head's input gradient.
+            per_layer = 2 * forwards + 5
+            calls = (per_layer * layers + 1) * mbs
+        else:
+            per_layer = 2 * (forwards + 1)  # attention and MLP once per forward and once in backward
+            calls = per_layer * layers * mbs
         if layout.sp:
             out.append(_comm(layout, "sp", "all_gather", grp, calls, act, "SP: gather the sequence before attention/MLP"))
             out.append(_comm(layout, "sp", "reduce_scatter", grp, calls, act, "SP: scatter after attention/MLP"))
@@ -527,18 +562,28 @@ def step_time(layout: Layout, comm: list[Comm]) -> StepTime:
     tp = sum(c.time_s for c in comm if c.parallelism in ("tp", "sp"))
     pp = sum(c.time_s for c in comm if c.parallelism == "pp")
     dp = sum(c.time_s for c in comm if c.parallelism == "dp")
-    backward = compute * 2 / 3
+    forward_win, backward_win = compute / 3, compute * 2 / 3
+    ga = max(1, layout.grad_accum)
+    dp_c = [c for c in comm if c.parallelism == "dp"]
+    after = sum(c.time_s for c in dp_c if c.after_step)  # e.g. the post-step parameter all-gather: never hidden
     if layout.zero_stage == 3:
-        forward = compute / 3
-        fwd_gather = sum(c.time_s for c in comm if c.parallelism == "dp" and c.collective == "all_gather") / 2
-        dp_exposed = max(0.0, fwd_gather - forward) + max(0.0, dp - fwd_gather - backward)
+        fwd_gather = sum(c.time_s for c in dp_c if c.collective == "all_gather" and not c.after_step) / 2
+        rest = sum(c.time_s for c in dp_c if not c.after_step) - fwd_gather
+        dp_exposed = max(0.0, fwd_gather - forward_win) + max(0.0, rest - backward_win) + after
     else:
-        dp_exposed = max(0.0, dp - backward)
+        # Collectives issued every micro-step can hide behind every backward; one issued at the accumulation
+        # boundary only behind the last micro-batch's backward.
+        per_micro = sum(c.time_s for c in dp_c if not c.after_step and c.calls_per_step > 1)
+        boundary = sum(c.time_s for c in dp_c if not c.after_step and c.calls_per_step <= 1)
+        dp_exposed = max(0.0, per_micro - backward_win) + max(0.0, boundary - backward_win / ga) + after
     offload = 0.0
+    params, _ = stage_params(layout, 0)
+    part = params / g.dp
     if layout.offload_optimizer != "none":
-        params, _ = stage_params(layout, 0)
-        part = params / g.dp
-        offload = (2 * part * layout.elem_bytes) / (PCIE_GBps * 1e9) + 16 * 2 * part / (HOST_ADAM_GBps * 1e9)
+        offload += (2 * part * layout.elem_bytes) / (PCIE_GBps * 1e9) + 16 * 2 * part / (HOST_ADAM_GBps * 1e9)
+    if layout.offload_params != "none":
+        # Offloaded 16-bit parameter partitions cross PCIe before the forward and again before the backward.
+        offload += 2 * ga * part * layout.elem_bytes / (PCIE_GBps * 1e9)
     total = compute + bubble + tp + pp + dp_exposed + offload
     return StepTime(
         model_flops_per_step=model_flops, hardware_flops_per_step=hw_flops, compute_s=compute, bubble_s=bubble,
@@ -546,8 +591,10 @@ def step_time(layout: Layout, comm: list[Comm]) -> StepTime:
         tokens_per_s_per_device=tokens / total / g.world if total else 0.0,
         mfu=model_flops / total / g.world / peak if total and peak else 0.0,
         assumptions=(f"compute at {hw.achievable_mfu:.0%} of {hw.name} {layout.dtype} peak; TP/SP and PP traffic on "
-                     "the critical path; DP traffic overlaps the backward pass (ZeRO-3: forward gathers overlap the "
-                     "forward); bandwidth terms only, no per-call latency; bubble (p-1)/(v·m)"),
+                     "the critical path; DP traffic issued every micro-step overlaps the backward, boundary traffic only "
+                     "the last micro-batch's backward, post-step gathers none (ZeRO-3: forward gathers overlap the "
+                     "forward); offload adds PCIe and host-Adam time; bandwidth terms only, no per-call latency; "
+                     "bubble (p-1)/(v·m)"),
     )
 
 
@@ -562,7 +609,7 @@ def make_plan(layout: Layout, recipe_name: str = "") -> Plan:
     g, hw = layout.grid, layout.hardware
     allowance_fixed = RUNTIME_ALLOWANCE_CPU if hw.name == "cpu" else RUNTIME_ALLOWANCE_GPU
     usable = int(hw.memory_bytes * (1 - layout.headroom))
-    stages = sorted({0, g.pp - 1} | set(range(g.pp)))
+    stages = range(g.pp)
     ranks: list[RankPlan] = []
     for st in stages:
         params, layers = stage_params(layout, st)
@@ -594,8 +641,15 @@ def make_plan(layout: Layout, recipe_name: str = "") -> Plan:
     if layout.backend == "deepspeed" and g.tp > 1:
         notes.append("DeepSpeed AutoTP shards the decoder Linear layers and lm_head (gathering full logits); "
                      "the embedding stays replicated")
+    per_node: dict[int, int] = {}
+    for rp in ranks:
+        for rank in rp.ranks:
+            per_node[g.node(rank)] = per_node.get(g.node(rank), 0) + rp.memory[rp.implementation].host_bytes
+    host = max(per_node.values(), default=0)
+    notes.append(f"host check: offloaded state {host / GiB:.1f} GiB per node against {hw.host_memory_bytes / GiB:.0f} GiB "
+                 f"× (1 - headroom); model construction may need more transiently")
     return Plan(recipe_name, layout.backend, hw.name, g.to_dict(), tuple(ranks), tuple(comm),
-                step_time(layout, comm), tuple(notes))
+                step_time(layout, comm), tuple(notes), host, int(hw.host_memory_bytes * (1 - layout.headroom)))
 
 
 def _merge_identical(ranks: list[RankPlan]) -> list[RankPlan]:

@@ -126,6 +126,19 @@ def resolve(loaded: LoadedRecipe, world_size: int | None = None) -> Resolved:
                                ("run.log_every", r.run.log_every, 1)]:
         if value < low:
             raise ConfigError(w(dotted), dotted, value, f"must be at least {low}", f"set {dotted}={low} or more")
+    t = train
+    for dotted, ok, want in [
+        ("plan.headroom", 0.0 <= r.plan.headroom < 1.0, "a fraction in [0, 1), e.g. 0.1"),
+        ("train.lr", t.lr > 0, "a positive learning rate"),
+        ("train.min_lr", 0 <= t.min_lr <= t.lr, f"between 0 and train.lr={t.lr:g}"),
+        ("train.grad_clip", t.grad_clip >= 0, "0 (off) or a positive norm"),
+        ("train.weight_decay", t.weight_decay >= 0, "0 or more"),
+        ("train.adam_beta1", 0 <= t.adam_beta1 < 1, "in [0, 1), e.g. 0.9"),
+        ("train.adam_beta2", 0 <= t.adam_beta2 < 1, "in [0, 1), e.g. 0.95"),
+    ]:
+        if not ok:
+            value = getattr(r.plan if dotted.startswith("plan") else t, dotted.split(".")[1])
+            raise ConfigError(w(dotted), dotted, value, "is out of range", f"set {dotted} to {want}")
     if par.zero_stage not in (0, 1, 2, 3):
         raise ConfigError(w("parallel.zero_stage"), "parallel.zero_stage", par.zero_stage, "is not a ZeRO stage",
                           "set parallel.zero_stage to 0, 1, 2 or 3")
@@ -171,6 +184,10 @@ def resolve(loaded: LoadedRecipe, world_size: int | None = None) -> Resolved:
     if par.sp and par.tp == 1:
         raise ConfigError(w("parallel.sp"), "parallel.sp", True, "needs parallel.tp > 1 (got 1)",
                           "set parallel.tp=2 or parallel.sp=false")
+    if par.sp and batch.seq_len % par.tp:
+        raise ConfigError(w("batch.seq_len"), "batch.seq_len", batch.seq_len,
+                          f"is not divisible by parallel.tp={par.tp}; sequence parallelism splits the sequence over tp",
+                          f"set batch.seq_len to a multiple of {par.tp}")
     if r.backend != "megatron":
         for dotted, value, bad in [("parallel.pp", par.pp, par.pp > 1), ("parallel.sp", par.sp, par.sp),
                                    ("parallel.vpp", par.vpp, par.vpp > 1)]:

@@ -152,3 +152,29 @@ def test_mfu_definition():
     per_token = 6 * LLAMA7.param_counts().flops_params + 12 * 32 * 32 * 128 * 4096
     assert s.model_flops_per_step == pytest.approx(per_token * tokens)
     assert math.isclose(s.mfu, 0.40, rel_tol=0.2)  # compute-bound layout: close to the assumed efficiency
+
+
+@pytest.mark.parametrize("dtype, bytes_per_param", [("bf16", (6, 12)), ("fp16", (4, 16)), ("fp32", (8, 8))])
+def test_megatron_distributed_optimizer_table(dtype, bytes_per_param):
+    fixed, sharded = bytes_per_param  # Megatron-Core's docs: bytes/param = fixed + sharded / d
+    lay = layout(dp=8, zero=1, backend="megatron", dtype=dtype)
+    w, g, o, _ = model_states(lay, 1_000_000, "megatron")
+    assert w + g == fixed * 1_000_000 and o == sharded * 1_000_000 / 8
+
+
+def test_autotp_all_reduce_count_and_post_step_gather_is_exposed():
+    lay = layout(tp=2, dp=1, gbs=1)
+    tp = [c for c in communication(lay) if c.collective == "all_reduce" and c.parallelism == "tp"]
+    # per layer: 2 forward (o_proj, down_proj) + 5 backward (q, k, v, gate, up), plus lm_head's input grad
+    assert tp[0].calls_per_step == 7 * 32 + 1
+    z1 = make_plan(layout(dp=4, zero=1, gpn=1, gbs=64))  # 4 nodes of 1 GPU: gathers cross the network
+    gather = [c for c in z1.comm if c.after_step]
+    assert gather and z1.step.dp_exposed_s >= sum(c.time_s for c in gather)
+
+
+def test_host_memory_is_fit_checked():
+    plan = plan_resolved(resolve_path(RECIPES / "0.5b_zero2", [
+        "model.name=llama-2-7b", "parallel.zero_stage=3", "parallel.offload_optimizer=cpu",
+        "parallel.offload_params=cpu", "batch.seq_len=512"]))
+    assert all(r.fits for r in plan.ranks) and not plan.host_fits and not plan.fits
+    assert plan.host_bytes_per_node > 2 * 50 * 2**30  # two ranks' fp32 optimizer state + params of 7B

@@ -219,3 +219,18 @@ def test_every_valid_offload_combination_composes(zero, opt, par):
             if dev == "nvme":
                 assert zo[kind]["nvme_path"] == "/scratch/nvme" and "aio" in r.ds_config
     assert r.ds_config["optimizer"]["params"]["torch_adam"] is (opt == "none")
+
+
+@pytest.mark.parametrize("override, field", [
+    ("plan.headroom=1.5", "plan.headroom"), ("plan.headroom=-0.1", "plan.headroom"), ("train.lr=-1", "train.lr"),
+    ("train.min_lr=1", "train.min_lr"), ("train.grad_clip=-1", "train.grad_clip"),
+    ("train.adam_beta2=1.5", "train.adam_beta2"), ("train.weight_decay=-0.1", "train.weight_decay"),
+])
+def test_numeric_ranges(override, field):
+    e = err(FLAGSHIP, [override])
+    assert e.field == field and "is out of range" in str(e) and str(e).startswith("override ")
+
+
+def test_sequence_parallel_needs_seq_len_divisible_by_tp():
+    e = err(RECIPES / "7b_tp4_sp", ["batch.seq_len=4098"])
+    assert e.field == "batch.seq_len" and "multiple of 4" in e.fix
