@@ -6,7 +6,7 @@ is `meta`; every following record is one optimizer step. Stdout is for humans: n
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, fields
+from dataclasses import MISSING, asdict, dataclass, fields
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -63,9 +63,7 @@ class StepRecord:
 
 _META_FIELDS = {f.name for f in fields(MetaRecord)}
 _STEP_FIELDS = {f.name for f in fields(StepRecord)}
-import dataclasses as _dc
-
-_REQUIRED_STEP = {f.name for f in fields(StepRecord) if f.default is _dc.MISSING}
+_REQUIRED_STEP = {f.name for f in fields(StepRecord) if f.default is MISSING}
 
 
 class MetricsWriter:

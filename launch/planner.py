@@ -4,10 +4,10 @@ Accountings of model-state memory (all three are computed; the fit check uses th
   * "zero_paper"  — Rajbhandari et al. 2020, Table 1: 16-bit weights 2 B + 16-bit grads 2 B + K = 12 B
                     (fp32 master, Adam m, Adam v) per parameter; fp32 training: 4 + 4 + 8.
   * "deepspeed"   — DeepSpeed 0.19.8's implementation, matching its own estimators
-                    (estimate_zero2/zero3_model_states_mem_needs): ZeRO-1/2 keep full 16-bit weights and
-                    grads plus an fp32 partition of master + m + v + grads (16 B/N); ZeRO-3 keeps 2 + 16 B/N
-                    plus the largest layer gathered (4 B × its params); ZeRO-0 keeps fp32 master and fp32
-                    grads beside the 16-bit copies (20 B).
+                    (estimate_zero2/zero3_model_states_mem_needs): ZeRO-2 keeps full 16-bit weights plus
+                    a partition of 16-bit and fp32 grads, fp32 master, m and v (2 + 18/N B); ZeRO-1 keeps the
+                    16-bit grads whole; ZeRO-3 keeps 18/N B plus the largest layer gathered (4 B × its
+                    params); ZeRO-0 keeps fp32 master and fp32 grads beside the 16-bit copies (20 B).
   * "megatron"    — Megatron-Core 0.16.1: bf16 weights 2 B, fp32 main grads 4 B (bf16 training accumulates
                     gradients in fp32), optimizer 12 B; with the distributed optimizer (zero_stage >= 1) the
                     12 B are split over the data-parallel group (6 + 12/d, as its docs state).

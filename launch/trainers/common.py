@@ -138,8 +138,6 @@ def hf_config(resolved: Resolved):
     cfg.pop("transformers_version", None)
     config = AutoConfig.for_model(model_type, **cfg)
     config.architectures = [resolved.model.architecture]
-    # Dropout is off in every catalogue model; eager attention keeps CPU and GPU numerics comparable
-    # for the parity tests, SDPA is used on GPU for speed.
     return config
 
 
@@ -149,6 +147,7 @@ def build_model(resolved: Resolved, device_is_cuda: bool):
     from transformers import AutoModelForCausalLM
 
     config = hf_config(resolved)
+    # Eager attention on CPU ranks keeps the parity tests' numerics exactly reproducible; GPUs use SDPA (fused).
     attn = "sdpa" if device_is_cuda else "eager"
     weights = resolved.recipe.model.weights
     if weights:

@@ -98,7 +98,7 @@ def _train(run: RunDir, resolved: Resolved, env: common.RankEnv, terminal, cuda:
     deepspeed.init_distributed(dist_backend="nccl" if cuda else "gloo",
                                timeout=dt.timedelta(seconds=r.run.timeout_s))
     if dist.get_world_size() != resolved.world_size:
-        raise ResumeError(f"started with {dist.get_world_size()} ranks but resolved.json expects {resolved.world_size}")
+        raise RuntimeError(f"started with {dist.get_world_size()} ranks but resolved.json expects {resolved.world_size}")
     if env.rank == 0:
         print("\n".join(resolved.grid.describe()), flush=True)
 
@@ -134,7 +134,7 @@ def _train(run: RunDir, resolved: Resolved, env: common.RankEnv, terminal, cuda:
         dp_rank, dp_world, dp_group = dist.get_rank(), dist.get_world_size(), None
     grid_coords = resolved.grid.coords(env.rank)
     if (dp_rank, dp_world) != (grid_coords[1], resolved.grid.dp):
-        raise ResumeError(f"DeepSpeed placed rank {env.rank} at data-parallel rank {dp_rank}/{dp_world}; the rank grid "
+        raise RuntimeError(f"DeepSpeed placed rank {env.rank} at data-parallel rank {dp_rank}/{dp_world}; the rank grid "
                           f"expects {grid_coords[1]}/{resolved.grid.dp}")
 
     if resume_from is not None:
@@ -252,7 +252,7 @@ def _train(run: RunDir, resolved: Resolved, env: common.RankEnv, terminal, cuda:
         if pending is not None:
             try:
                 if pending[5] is None or pending[5].wait(timeout=dt.timedelta(seconds=5)):
-                    emit(pending._replace(work=None) if hasattr(pending, "_replace") else (*pending[:5], None, pending[6]))
+                    emit((*pending[:5], None, pending[6]))
             except Exception:  # noqa: BLE001 - the original failure is what must surface
                 pass
         raise
