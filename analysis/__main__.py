@@ -12,10 +12,11 @@ one line and exit 2.
 """
 from __future__ import annotations
 
+import math
 import os
 import sys
 from pathlib import Path
-from typing import Sequence
+from typing import Iterable, Sequence
 
 _KEYS = ("ceiling", "hardware", "device_memory_gib")
 USAGE = ("usage: python -m analysis report [LABEL=]PATH ... [ceiling=PATH] [hardware=PROFILE] "
@@ -25,7 +26,12 @@ USAGE = ("usage: python -m analysis report [LABEL=]PATH ... [ceiling=PATH] [hard
 
 
 class UsageError(Exception):
-    pass
+    """A mistake on the command line: printed as one `error:` line, with the usage when the command's
+    shape is wrong (not for a path that does not exist)."""
+
+    def __init__(self, message: str, *, show_usage: bool = True):
+        super().__init__(message)
+        self.show_usage = show_usage
 
 
 def parse_args(argv: Sequence[str]) -> tuple[list[tuple[str | None, str]], dict[str, str], list[str]]:
@@ -65,7 +71,7 @@ def _options(options: dict[str, str]) -> dict:
     kw: dict = {}
     if "ceiling" in options:
         if not Path(options["ceiling"]).exists():
-            raise UsageError(f"ceiling={options['ceiling']}: no such file or folder")
+            raise UsageError(f"ceiling={options['ceiling']}: no such file or folder", show_usage=False)
         kw["ceiling"] = options["ceiling"]
     if "hardware" in options:
         from launch.errors import ConfigError
@@ -81,8 +87,9 @@ def _options(options: dict[str, str]) -> dict:
             gib = float(options["device_memory_gib"])
         except ValueError:
             raise UsageError(f"device_memory_gib={options['device_memory_gib']}: not a number") from None
-        if gib <= 0:
-            raise UsageError(f"device_memory_gib={gib:g}: must be > 0")
+        if not math.isfinite(gib) or gib <= 0:
+            raise UsageError(f"device_memory_gib={options['device_memory_gib']}: must be a finite number > 0 "
+                             f"(GiB of one device)")
         kw["device_memory_bytes"] = int(gib * 2**30)
     return kw
 
@@ -101,9 +108,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         inputs, options, outputs = parse_args(rest)
         if not inputs:
             raise UsageError("give at least one PATH")
-        missing = [p for _, p in inputs if not Path(p).exists()]
-        if missing:
-            raise UsageError(f"{missing[0]}: no such file or folder")
+        _require_paths(p for _, p in inputs)
         if cmd == "report" and not outputs:
             raise UsageError("give -o OUT.html or -o OUT.md")
         for o in outputs:
@@ -112,7 +117,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         kw = _options(options)
     except UsageError as exc:
         print(f"error: {exc}", file=sys.stderr)
-        print(USAGE, file=sys.stderr)
+        if exc.show_usage:
+            print(USAGE, file=sys.stderr)
         return 2
     from analysis.report import build_report, write_report
 
@@ -131,7 +137,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     warned = sum(len(r.run.warnings) for r in rep.runs)
     if warned:
         print(f"{warned} warning(s) about partial or unreadable inputs: see the report's Warnings section")
+    unused = sum(len(r.unused) for r in rep.runs)
+    if unused:
+        print(f"{unused} note(s) on logs not used for steps, memory or layout: see the report's Runs section")
     return 0
+
+
+def _require_paths(paths: Iterable[str]) -> None:
+    for p in paths:
+        if not Path(p).exists():
+            raise UsageError(f"{p}: no such file or folder", show_usage=False)
 
 
 def _recognize(paths: Sequence[str]) -> int:
@@ -139,6 +154,7 @@ def _recognize(paths: Sequence[str]) -> int:
 
     if not paths:
         raise UsageError("give at least one PATH")
+    _require_paths(paths)
     for p in paths:
         inv = recognize(p)
         for rf in group_runs(inv):
@@ -147,6 +163,8 @@ def _recognize(paths: Sequence[str]) -> int:
                 print(f"  {rf.rel(f.path)}: {', '.join(f.kinds)}")
             for s in rf.skipped:
                 print(f"  {rf.rel(s.path)}: skipped ({s.reason})")
+            for w in rf.warnings:
+                print(f"  warning: {w}")
     return 0
 
 

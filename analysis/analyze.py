@@ -33,8 +33,8 @@ from collections import Counter, defaultdict
 from typing import Any, Iterable, Mapping, Sequence
 
 from analysis import trace_analysis as ta
-from analysis.parsers.kineto import PROFILER_STEP
-from analysis.parsers.nccl_tests import bus_factor, large_message_busbw
+from analysis.collectives import CPU_LAYERS, NCCL_TESTS_OP, bus_factor_of, group_size_hint, nccl_tests_bytes
+from analysis.parsers.nccl_tests import large_message_busbw
 from analysis.table import Table
 
 # ------------------------------------------------------------------------------------------ steps
@@ -472,14 +472,7 @@ def stragglers(trace: Table, *, threshold_pct: float = 10.0) -> Table:
 
 # ------------------------------------------------------------------------------------ collectives
 
-# trace_analysis / kineto collective names -> nccl-tests op names
-NCCL_TESTS_OP = {"all_reduce": "all_reduce", "all_gather": "all_gather", "reduce_scatter": "reduce_scatter",
-                 "all_to_all": "alltoall", "send_recv": "sendrecv", "broadcast": "broadcast", "reduce": "reduce",
-                 "gather": "gather", "scatter": "scatter"}
 LARGE_MESSAGE_BYTES = 1 << 20
-_BACKEND_ANNOTATION = re.compile(r"^(?:nccl|gloo|mpi|ucc):")
-_CPU_LAYERS = (("backend annotation", _BACKEND_ANNOTATION), ("record_param_comms", re.compile(r"^record_param_comms$")),
-               ("c10d op", re.compile(r"^(?:c10d::|_?c10d_functional::)")))
 
 CALL_COLUMNS = {
     "rank": "trainer rank",
@@ -487,41 +480,21 @@ CALL_COLUMNS = {
     "step": "ProfilerStep the call belongs to (None outside steps)",
     "message_bytes": "message size in nccl-tests' convention (all_gather: the gathered output); None when unknown",
     "dur_us": "duration of the call (GPU kernel, or the CPU layer named in `layer`)",
-    "group_size": "ranks in the group: recorded, else the hint (see group_size_from)",
-    "group_size_from": "recorded in the trace, or the hint's origin",
+    "group_size": "ranks in the group: recorded, else analysis.collectives.group_size_hint (see group_size_from)",
+    "group_size_from": "recorded in the trace, or the rule of the hint that gave it",
     "busbw_GBps": "message_bytes / dur_us / 1e3 x nccl-tests bus factor(collective, group_size); None when unknown",
     "layer": "gpu_kernels, or the CPU layer counted (backend annotation, record_param_comms, c10d op)",
     "source": "trace file of the rank",
 }
 
 
-def group_size_hint(trace: Table, layout: Mapping[str, int] | None = None) -> tuple[int | None, str]:
-    """A group size for calls that record none: every process group in the trace has the same size;
-    else the layout has one parallel dimension > 1 (every collective then spans it); else, in a trace
-    that lists no process groups at all, the world size (trace_analysis.collective_summary's rule)."""
-    sizes = set()
-    ranks = trace.meta.get("ranks")
-    metas = list(ranks.values()) if isinstance(ranks, Mapping) else [trace.meta]
-    for m in metas:
-        for pg in m.get("pg_config") or []:
-            if isinstance(pg, Mapping) and isinstance(pg.get("pg_size"), int):
-                sizes.add(pg["pg_size"])
-    if len(sizes) == 1:
-        return sizes.pop(), "every process group in distributedInfo has this size"
-    if layout:
-        dims = {k: v for k, v in layout.items() if k in ("tp", "pp", "dp") and isinstance(v, int) and v > 1}
-        if len(dims) == 1:
-            (k, v), = dims.items()
-            return v, f"layout: only {k}={v} is > 1"
-    worlds = {m.get("world_size") for m in metas} | {trace.meta.get("world_size")}
-    worlds.discard(None)
-    if not sizes and len(worlds) == 1 and not any(g is not None for g in trace.columns["group"]):
-        return worlds.pop(), "world_size (assumed: the trace lists no process groups)"
-    return None, "unknown"
-
-
 def collective_calls(trace: Table, *, group_size: int | None = None, group_size_from: str = "") -> Table:
-    """Every collective call: GPU communication kernels, or on CPU-only ranks the most precise CPU layer."""
+    """Every collective call: GPU communication kernels, or on CPU-only ranks the most precise CPU layer.
+
+    Calls that record no group size take `group_size`, by default group_size_hint(trace) without a
+    layout, the size trace_analysis.collective_summary assumes."""
+    if group_size is None:
+        group_size, group_size_from = group_size_hint(trace)
     c = trace.columns
     by_rank: dict[Any, list[int]] = defaultdict(list)
     for i, r in enumerate(c["rank"]):
@@ -533,7 +506,7 @@ def collective_calls(trace: Table, *, group_size: int | None = None, group_size_
             chosen, layer = gpu, "gpu_kernels"
         else:
             chosen, layer = [], None
-            for lbl, rx in _CPU_LAYERS:
+            for lbl, rx in CPU_LAYERS:
                 chosen = [i for i in idx if c["collective"][i] is not None and c["stream"][i] in (None, -1)
                           and rx.match(c["name"][i] or "")]
                 if chosen:
@@ -546,13 +519,10 @@ def collective_calls(trace: Table, *, group_size: int | None = None, group_size_
             n, n_from = c["group_size"][i], "recorded"
             if n is None:
                 n, n_from = group_size, group_size_from or "unknown"
-            msg = c["message_bytes"][i]
-            if msg is not None and coll == "all_gather" and layer == "backend annotation" and n:
-                msg = msg * n  # backend annotations record only this rank's input shard
+            msg = nccl_tests_bytes(coll, c["message_bytes"][i], c["message_from"][i], layer, n)
             dur = c["dur_us"][i]
-            bw = None
-            if msg and dur and n and n > 1 and coll in NCCL_TESTS_OP:
-                bw = msg / dur / 1e3 * bus_factor(NCCL_TESTS_OP[coll], n)
+            factor = bus_factor_of(coll, n) if n and n > 1 else None
+            bw = msg / dur / 1e3 * factor if msg and dur and factor is not None else None
             rows.append({"rank": rank, "collective": coll, "step": c["step"][i], "message_bytes": msg, "dur_us": dur,
                          "group_size": n, "group_size_from": n_from if n else "unknown", "busbw_GBps": bw,
                          "layer": layer, "source": _rank_source(trace, rank)})
@@ -590,7 +560,7 @@ def nccl_ceilings(tables: Iterable[Table]) -> Table:
 
 BANDWIDTH_COLUMNS = {
     "collective": "collective type",
-    "calls_per_step": "calls per profiled step in the window of window_steps, mean over ranks (None without "
+    "calls_per_step": "calls per profiled step in trace_analysis.window_steps, mean over ranks (None without "
                       "ProfilerStep annotations)",
     "time_per_step_ms": "summed call time per profiled step, mean over ranks, ms",
     "calls": "calls counted over all ranks in the window",
@@ -609,7 +579,7 @@ BANDWIDTH_COLUMNS = {
 
 def collective_bandwidth(calls: Table, windows: Mapping[Any, set[int]], ceilings: Table | None, *,
                          no_ceiling_reason: str = "no nccl-tests output (commbench/ or ceiling=)") -> Table:
-    """Per collective type over the calls in the profiled window (window_steps; every call of a rank
+    """Per collective type over the calls in the profiled window (trace_analysis.window_steps; every call of a rank
     without ProfilerSteps): calls and time per step, achieved busbw, and the nccl-tests ceiling."""
     ceil = {r["op"]: r for r in ceilings.rows()} if ceilings is not None else {}
     groups: dict[str, list[dict[str, Any]]] = defaultdict(list)
@@ -652,23 +622,6 @@ def collective_bandwidth(calls: Table, windows: Mapping[Any, set[int]], ceilings
                      "basis": ", ".join(sorted({r["layer"] for r in rs if r["layer"]})),
                      "source": ", ".join(sorted({r["source"] for r in rs}))})
     return Table.from_rows("collective_bandwidth", BANDWIDTH_COLUMNS, rows, source=calls.source)
-
-
-def window_steps(trace: Table) -> dict[Any, set[int]]:
-    """ProfilerStep numbers per rank in trace_analysis's scope: the rank's ProfilerStep spans, less the
-    last one when it has two or more (the profiler usually stops inside the last step)."""
-    c = trace.columns
-    spans: dict[Any, list[tuple[float, int]]] = defaultdict(list)
-    for i, name in enumerate(c["name"]):
-        if name and name.startswith("ProfilerStep") and c["stream"][i] in (None, -1):
-            m = PROFILER_STEP.match(name)
-            if m:
-                spans[c["rank"][i]].append((c["ts_us"][i], int(m.group(1))))
-    out: dict[Any, set[int]] = {}
-    for rank in set(c["rank"]):
-        s = sorted(spans.get(rank, []))
-        out[rank] = {n for _, n in (s[:-1] if len(s) >= 2 else s)}
-    return out
 
 
 # -------------------------------------------------------------------- collectives vs the layout

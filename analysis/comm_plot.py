@@ -39,11 +39,12 @@ def busbw_series(table: Table, op: str, placement: str = "best") -> tuple[list[i
 def busbw_plot(tables: Mapping[str, Table], *, nominal_GBps: float | None = None, out_png: str | Path,
                placement: str = "best", title: str | None = None) -> Path:
     """Draw bus bandwidth vs message size (log x) for every collective in `tables` ({label: nccl_tests table})."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from matplotlib import rcParams
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
     from matplotlib.ticker import FuncFormatter, LogLocator
+
+    from analysis.report_plots import plain_text
 
     if placement not in PLACEMENTS:
         raise ValueError(f"busbw_plot: placement {placement!r} is not one of {', '.join(PLACEMENTS)}")
@@ -53,8 +54,10 @@ def busbw_plot(tables: Mapping[str, Table], *, nominal_GBps: float | None = None
         raise ValueError("busbw_plot: the tables hold no rows")
     cols = min(3, len(ops))
     rows = -(-len(ops) // cols)
-    fig, axes = plt.subplots(rows, cols, figsize=(5.2 * cols, 3.9 * rows), squeeze=False)
-    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    fig = Figure(figsize=(5.2 * cols, 3.9 * rows))
+    FigureCanvasAgg(fig)
+    axes = fig.subplots(rows, cols, squeeze=False)
+    colors = rcParams["axes.prop_cycle"].by_key()["color"]
     handles: dict[str, object] = {}
     for ax, op in zip(axes.flat, ops):
         for i, (label, table) in enumerate(tables.items()):
@@ -74,7 +77,7 @@ def busbw_plot(tables: Mapping[str, Table], *, nominal_GBps: float | None = None
         ax.xaxis.set_major_locator(LogLocator(base=2, numticks=8))
         ax.xaxis.set_major_formatter(FuncFormatter(lambda x, _pos: _bytes(x)))
         ax.set_ylim(bottom=0, top=max(ax.get_ylim()[1], (nominal_GBps or 0) * 1.12))
-        ax.set_title(op, fontsize=11)
+        ax.set_title(plain_text(op), fontsize=11)
         ax.set_xlabel("message size")
         ax.set_ylabel("busbw (GB/s)")
         ax.grid(True, which="major", alpha=0.3)
@@ -82,16 +85,16 @@ def busbw_plot(tables: Mapping[str, Table], *, nominal_GBps: float | None = None
     for ax in list(axes.flat)[len(ops):]:
         ax.set_visible(False)
     which = {"best": "best of out-of-place and in-place", "out-of-place": "out-of-place", "in-place": "in-place"}
-    fig.suptitle(title or f"bus bandwidth vs message size ({which[placement]}; dashed reference: nominal link busbw)",
+    fig.suptitle(plain_text(title) if title else
+                 f"bus bandwidth vs message size ({which[placement]}; dashed reference: nominal link busbw)",
                  fontsize=12)
-    fig.legend(list(handles.values()), list(handles), loc="lower center", ncol=min(3, len(handles)), fontsize=9,
-               frameon=False, bbox_to_anchor=(0.5, 0.0))
+    fig.legend(list(handles.values()), [plain_text(h) for h in handles], loc="lower center",
+               ncol=min(3, len(handles)), fontsize=9, frameon=False, bbox_to_anchor=(0.5, 0.0))
     legend_rows = -(-len(handles) // 3)
     fig.tight_layout(rect=(0, 0.045 * legend_rows + 0.02, 1, 0.95))
     out = Path(out_png)
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=130)
-    plt.close(fig)
     return out
 
 
@@ -127,18 +130,28 @@ def load(paths: Iterable[str | Path]) -> tuple[dict[str, Table], list[str]]:
 
     groups: dict[str, list[Table]] = {}
     warnings: list[str] = []
+
+    def add_result(label: str, f: Path) -> None:
+        try:
+            table = commbench_table(read_result(f))
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+            # cut short, another program's JSON, or not an object at all: the other inputs still plot
+            warnings.append(f"{f}: cannot be read as a commbench result ({str(exc).removeprefix(f'{f}: ')}); skipped")
+            return
+        groups.setdefault(label, []).append(table)
+
     for raw in paths:
         path = Path(raw)
         if path.is_dir():
             label = _run_label(path)
             for f in sorted((path / "commbench").glob("*.json")):
-                groups.setdefault(label, []).append(commbench_table(read_result(f)))
+                add_result(label, f)
             for f in sorted((path / "commbench" / "nccl-tests").glob("*.txt")):
                 groups.setdefault(f"{label} nccl-tests", []).append(parse_nccl_tests(f))
             if label not in groups:
-                warnings.append(f"{path}: no commbench/*.json (was it a run.mode=commbench run?)")
+                warnings.append(f"{path}: no readable commbench/*.json (was it a run.mode=commbench run?)")
         elif path.suffix == ".json":
-            groups.setdefault(_file_label(path), []).append(commbench_table(read_result(path)))
+            add_result(_file_label(path), path)
         else:
             groups.setdefault(_file_label(path), []).append(parse_nccl_tests(path))
     tables = {}
@@ -188,6 +201,23 @@ def nominal_from_run(run_dir: str | Path) -> float | None:
     return hw.inter_node_busbw_GBps if resolved.grid.spans_nodes(group) else hw.intra_node_busbw_GBps
 
 
+def _first_nominal(inputs: Sequence[str]) -> float | None:
+    """nominal_from_run of the first run directory that has one; a damaged resolved.json is warned about."""
+    from launch.errors import ConfigError
+
+    for p in inputs:
+        if not Path(p).is_dir():
+            continue
+        try:
+            nominal = nominal_from_run(p)
+        except (ConfigError, OSError, ValueError, KeyError, TypeError) as exc:
+            print(f"warning: {p}: its resolved.json cannot be read ({exc}); no nominal busbw from it", file=sys.stderr)
+            continue
+        if nominal:
+            return nominal
+    return None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m analysis.comm_plot", description=__doc__.split("\n\n")[0])
     ap.add_argument("inputs", nargs="+", help="run directories, commbench/<op>.json files or nccl-tests text outputs")
@@ -205,9 +235,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not any(len(t) for t in tables.values()):
         print("error: no results to plot in " + ", ".join(args.inputs), file=sys.stderr)
         return 2
-    nominal = args.nominal
-    if nominal is None:
-        nominal = next((v for v in (nominal_from_run(p) for p in args.inputs if Path(p).is_dir()) if v), None)
+    nominal = args.nominal if args.nominal is not None else _first_nominal(args.inputs)
     out = busbw_plot(tables, nominal_GBps=nominal, out_png=args.out, placement=args.placement)
     print(out)
     return 0

@@ -12,6 +12,7 @@ given. Files nothing recognises are listed with the reason, never silently dropp
 """
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import re
@@ -22,8 +23,8 @@ from pathlib import Path
 from typing import Callable
 
 from analysis.parsers import deepspeed_log, megatron_log, metrics, nsys, tensorboard
-from analysis.parsers.deepspeed_log import head_and_tail
-from analysis.parsers.nccl_debug import find_log_line
+from analysis.parsers._text import has_lines, head_and_tail, line_start_pattern
+from analysis.parsers.nccl_debug import LOG_LINE_START
 
 KINDS: dict[str, str] = {
     "resolved": "our resolved config (resolved.json): marks its folder as a run directory",
@@ -48,9 +49,10 @@ _GZIP_MAGIC = b"\x1f\x8b"
 # `traceEvents` may follow a long header (distributedInfo of a large job), hence Kineto's header keys too.
 _TRACE_SIGNS = re.compile(rb'"traceEvents"\s*:|\{\s*"ph"\s*:\s*"[XBEiIMCbnesftPOND]"|'
                           rb'"(?:distributedInfo|deviceProperties)"\s*:')
-_NCCL_TESTS_SIGNS = re.compile(
-    r"(?m)^\S*#\s+(?:size|bytes)\s+(?:count|N)\s+type\b|# nccl-tests version|^\s*rccl-tests: Version|"
-    r"#\s+Avg bus bandwidth\s*:")
+# nccl-tests' column header and its units line, its banners and its footer, each where a line starts.
+_NCCL_TESTS_SIGNS = line_start_pattern(
+    r"#[ \t]+(?:size|bytes)[ \t]+(?:count|N)[ \t]+type\b|#[ \t]+\(B\)[ \t]+\(elements\)|# nccl-tests version|"
+    r"rccl-tests: Version|#?[ \t]*Avg bus bandwidth[ \t]*:")
 _RESOLVED_KEYS = {"schema_version", "recipe_name", "recipe", "model", "hardware", "grid", "ds_config"}
 _PLAN_KEYS = {"recipe_name", "backend", "hardware", "grid", "ranks", "comm", "step", "notes"}
 _ENV_KEYS = {"git_commit", "packages", "python"}
@@ -126,25 +128,19 @@ def sniff_kineto(path: str | os.PathLike[str]) -> str | None:
 
 
 def sniff_nccl_tests(path: str | os.PathLike[str]) -> str | None:
-    """'nccl_tests' when the text holds an nccl-tests / rccl-tests column header or banner."""
-    text = head_and_tail(path)
-    return "nccl_tests" if text is not None and _NCCL_TESTS_SIGNS.search(text) else None
+    """'nccl_tests' when at least two lines start with an nccl-tests / rccl-tests column header, units
+    line, banner or footer."""
+    return "nccl_tests" if has_lines(_NCCL_TESTS_SIGNS, head_and_tail(path)) else None
 
 
 def sniff_nccl_debug(path: str | os.PathLike[str]) -> str | None:
-    """'nccl_debug' when some line carries NCCL's log prefix (`host:pid:tid [dev] NCCL INFO`)."""
-    text = head_and_tail(path)
-    if text is None or "NCCL" not in text:
-        return None
-    for line in text.split("\n"):
-        if "NCCL" in line and find_log_line(line) is not None:
-            return "nccl_debug"
-    return None
+    """'nccl_debug' when at least two lines start with NCCL's log prefix (`host:pid:tid [dev] NCCL INFO`)."""
+    return "nccl_debug" if has_lines(LOG_LINE_START, head_and_tail(path)) else None
 
 
 def sniff_own_json(path: str | os.PathLike[str]) -> str | None:
     """'resolved', 'plan', 'env', 'commbench_json' or 'layer_calls' for our own run-directory JSON files,
-    by their keys."""
+    by their keys; a damaged resolved.json or plan.json by its first keys (see _damaged_own_json)."""
     p = Path(path)
     head = _head(p, 64).lstrip()
     if not head.startswith(b"{"):
@@ -153,8 +149,10 @@ def sniff_own_json(path: str | os.PathLike[str]) -> str | None:
         if p.stat().st_size > _SMALL_JSON:
             return None
         d = json.loads(p.read_text(errors="replace"))
-    except (OSError, ValueError):
+    except OSError:
         return None
+    except ValueError:
+        return _damaged_own_json(p)
     if not isinstance(d, dict):
         return None
     keys = set(d)
@@ -169,6 +167,21 @@ def sniff_own_json(path: str | os.PathLike[str]) -> str | None:
     if set(d) == {"forward_calls_per_layer"}:
         return "layer_calls"
     return None
+
+
+# The first two keys our writers put in resolved.json (launch.resolve.Resolved.to_json) and plan.json
+# (launch.planner.Plan.to_json).
+_RESOLVED_HEAD = ("schema_version", "recipe_name")
+_PLAN_HEAD = ("recipe_name", "backend")
+_JSON_KEY = re.compile(rb'"([A-Za-z_]\w*)"\s*:')
+
+
+def _damaged_own_json(path: Path) -> str | None:
+    """'resolved' or 'plan' for one of ours that is no longer valid JSON (cut short, edited by hand),
+    told by the first keys its writer puts there: classified so, the loader warns that it cannot be
+    read and the folder stays a run directory, instead of both being dropped without a word."""
+    first = tuple(m[1].decode() for m in itertools.islice(_JSON_KEY.finditer(_head(path, 4096)), 2))
+    return {_RESOLVED_HEAD: "resolved", _PLAN_HEAD: "plan"}.get(first)
 
 
 # Order matters only for speed: binary formats first, then JSON, then text logs (all are tried).
@@ -282,7 +295,11 @@ def group_runs(inv: Inventory, label: str | None = None) -> list[RunFiles]:
     if foreign or not runs:
         name = inv.root.name if inv.root.is_dir() else inv.root.stem.split(".")[0]
         lbl = label or name or str(inv.root)
-        runs.append(RunFiles(lbl, root, False, tuple(foreign), tuple(loose_skipped), inv.warnings))
+        warnings = inv.warnings
+        if not foreign and not runs:
+            why = f"{len(loose_skipped)} skipped, each with its reason" if loose_skipped else "it is empty"
+            warnings += (f"{inv.root}: nothing recognised ({why}); there is nothing to report for it",)
+        runs.append(RunFiles(lbl, root, False, tuple(foreign), tuple(loose_skipped), warnings))
     elif loose_skipped:
         first = runs[0]
         runs[0] = RunFiles(first.label, first.root, first.run_dir, first.files,

@@ -22,6 +22,8 @@ from typing import Any, Callable, Iterable, Sequence
 
 from analysis import analyze as A
 from analysis import doctor as D
+from analysis import trace_analysis as ta
+from analysis.collectives import NCCL_TESTS_OP, REDUCTIONS, group_size_hint
 from analysis.parsers.nccl_tests import parse_nccl_tests
 from analysis.recognize import group_runs, recognize
 from analysis.runs import Run, load_run
@@ -53,6 +55,7 @@ class RunResult:
     nsys_totals: list[Table] = field(default_factory=list)
     prediction: list[dict[str, Any]] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    unused: list[str] = field(default_factory=list)  # logs whose steps, memory or layout another log gave
 
     @property
     def label(self) -> str:
@@ -107,12 +110,13 @@ def layout_of(run: Run) -> dict[str, Any]:
                    world=m.get("world"), hardware=m.get("hardware_profile"),
                    source=f"meta record of {m['files'][0]}" if m.get("files") else "metrics meta")
         return out
-    for log in run.megatron:
-        lay = log.meta.get("layout") or {}
-        iters = [r for r in log.rows() if r["kind"] == "iteration"]
-        gbs = lay.get("global_batch_size") or next((r["global_batch_size"] for r in iters if r["global_batch_size"]), None)
-        seq = lay.get("seq_length") or next((r["seq_length"] for r in iters if r["seq_length"]), None)
-        if lay or iters:
+    for log in _megatron_first(run):
+        if _layout_records(log):
+            lay = log.meta.get("layout") or {}
+            iters = [r for r in log.rows() if r["kind"] == "iteration"]
+            gbs = lay.get("global_batch_size") or next((r["global_batch_size"] for r in iters if r["global_batch_size"]),
+                                                       None)
+            seq = lay.get("seq_length") or next((r["seq_length"] for r in iters if r["seq_length"]), None)
             out.update(backend="megatron", tp=lay.get("tp"), pp=lay.get("pp"), dp=lay.get("dp"),
                        zero_stage=lay.get("zero_stage"), sp=lay.get("sp"),
                        micro_batch_size=lay.get("micro_batch_size"), global_batch_size=gbs, seq_len=seq,
@@ -120,7 +124,7 @@ def layout_of(run: Run) -> dict[str, Any]:
             break
     if out["source"] is None:
         for log in run.deepspeed:
-            prof = [r for r in log.rows() if r["kind"] == "flops_profile"]
+            prof = _layout_records(log)
             if prof:
                 p = prof[0]
                 out.update(backend="deepspeed", dp=p["dp"], world=p["world_size"],
@@ -133,6 +137,21 @@ def layout_of(run: Run) -> dict[str, Any]:
     if run.hardware is not None:
         out["hardware"] = run.hardware.name
     return out
+
+
+def _megatron_first(run: Run) -> list[Table]:
+    """The run's Megatron logs, those with the arguments dump first: such a log states the layout
+    (iteration lines give only batch and sequence), so layout, steps and memory come from one log
+    when it has them all."""
+    return sorted(run.megatron, key=lambda t: not t.meta.get("layout"))
+
+
+def _layout_records(log: Table) -> list[Any]:
+    """What a log tells of the layout: Megatron's arguments dump or iteration lines, DeepSpeed's Flops
+    Profiler summaries; empty when it tells nothing."""
+    if log.name == "megatron_log":
+        return [log.meta["layout"]] if log.meta.get("layout") else [r for r in log.rows() if r["kind"] == "iteration"]
+    return [r for r in log.rows() if r["kind"] == "flops_profile"]
 
 
 def _steps(run: Run, layout: dict[str, Any]) -> tuple[Table | None, str, str]:
@@ -151,8 +170,9 @@ def _steps(run: Run, layout: dict[str, Any]) -> tuple[Table | None, str, str]:
         if dtype is None:
             dtype, dtype_note = "bf16", "; the log names no dtype, bf16 assumed"
         peak = run.hardware.peak_flops(dtype)
-    for log in run.megatron:
-        if any(r["kind"] == "iteration" for r in log.rows()):
+    for log in _megatron_first(run):
+        t = A.steps_from_megatron(log, peak_flops=peak)
+        if _timed(t):
             if peak:
                 formula = (f"MFU = the log's TFLOP/s/GPU / {peak / 1e12:g} TFLOP/s ({run.hardware.name} "
                            f"{layout.get('dtype') or 'bf16'} peak, {run.hardware_source}{dtype_note}); the TFLOP count "
@@ -160,16 +180,58 @@ def _steps(run: Run, layout: dict[str, Any]) -> tuple[Table | None, str, str]:
             else:
                 formula = ("unknown: the peak FLOP/s is not known for a foreign log; pass hardware=PROFILE "
                            "(and the log must print TFLOP/s/GPU)")
-            return A.steps_from_megatron(log, peak_flops=peak), formula, ""
+            return t, formula, ""
     for log in run.deepspeed:
         t = A.steps_from_deepspeed(log)
-        if len(t):
+        if _timed(t):
             return t, "unknown: DeepSpeed's step lines carry no FLOP count", ""
     for tb in run.tensorboard:
         t = A.steps_from_tensorboard(tb)
-        if len(t):
+        if _timed(t):
             return t, "unknown: TensorBoard step times carry no FLOP count", ""
     return None, "", ""
+
+
+def _timed(steps: Table) -> bool:
+    """Whether a steps table holds a step with a time (iteration lines without one measure nothing)."""
+    return any(s is not None and t is not None for s, t in zip(steps.columns["step"], steps.columns["step_time_s"]))
+
+
+def _unused_logs(run: Run, res: RunResult) -> list[str]:
+    """Logs that hold steps, memory reports or a layout the report took from another log of the same run.
+
+    A folder of foreign files is one run and each of these comes from one log, so the others are named
+    rather than dropped silently (our runs take all three from resolved.json and metrics/)."""
+    logs = [*run.megatron, *run.deepspeed, *run.tensorboard]
+    if run.metrics is not None and len(run.metrics) or len({t.source for t in logs}) < 2:
+        return []
+    has = {
+        "steps": (res.steps.source if res.steps is not None else None,
+                  lambda t: _timed(_STEPS_FROM[t.name](t))),
+        "memory": (res.memory.source if res.memory is not None else None,
+                   lambda t: t.name != "tensorboard" and len(_MEMORY_FROM[t.name](t)) > 0),
+        "layout": (res.layout.get("source") if run.resolved is None else None,
+                   lambda t: t.name != "tensorboard" and bool(_layout_records(t))),
+    }
+    out = []
+    for what, (used, holds) in has.items():
+        chosen = next((t.source for t in logs if used is not None
+                       and (used == t.source or used.startswith(t.source + ":"))), None)
+        if chosen is None:
+            continue
+        others = sorted({t.source for t in logs if t.source != chosen and holds(t)})
+        if others:
+            out.append(f"{what} from {chosen}; not used for {what}: {', '.join(others)} (a folder of foreign files "
+                       f"is one run and takes its {what} from one log; pass a log as its own PATH to report it as a "
+                       f"run)")
+    return out
+
+
+_STEPS_FROM: dict[str, Callable[[Table], Table]] = {
+    "megatron_log": A.steps_from_megatron, "deepspeed_log": A.steps_from_deepspeed,
+    "tensorboard": A.steps_from_tensorboard}
+_MEMORY_FROM: dict[str, Callable[[Table], Table]] = {
+    "megatron_log": A.memory_from_megatron, "deepspeed_log": A.memory_from_deepspeed}
 
 
 def _memory(run: Run, device_memory_bytes: int | None) -> Table | None:
@@ -177,17 +239,11 @@ def _memory(run: Run, device_memory_bytes: int | None) -> Table | None:
     if run.metrics is not None and len(run.metrics):
         mem = A.memory_from_metrics(run.metrics)
     else:
-        for log in run.megatron:
-            t = A.memory_from_megatron(log)
+        for log in [*_megatron_first(run), *run.deepspeed]:
+            t = _MEMORY_FROM[log.name](log)
             if len(t):
                 mem = t
                 break
-        if mem is None:
-            for log in run.deepspeed:
-                t = A.memory_from_deepspeed(log)
-                if len(t):
-                    mem = t
-                    break
     if mem is None:
         return None
     dev, dev_src = device_memory_bytes, "given (device_memory_gib=)" if device_memory_bytes else ""
@@ -206,10 +262,10 @@ def _prediction(run: Run, res: RunResult) -> list[dict[str, Any]]:
     st = next(res.stats.rows()) if res.stats is not None and len(res.stats) else None
     src_m = res.stats.source if res.stats is not None else ""
 
-    def add(q: str, pred: float | None, meas: float | None, unit: str, ms: str) -> None:
+    def add(q: str, pred: float | None, meas: float | None, unit: str, ms: str, missing: str = "") -> None:
         rows.append({"quantity": q, "predicted": pred, "measured": meas, "unit": unit,
                      "measured_over_predicted": meas / pred if pred and meas is not None else None,
-                     "source": f"{run.plan_source} vs {ms}"})
+                     "missing": missing, "source": f"{run.plan_source} vs {ms}"})
 
     if st:
         ms = (lambda x: x * 1e3 if x is not None else None)
@@ -221,13 +277,21 @@ def _prediction(run: Run, res: RunResult) -> list[dict[str, Any]]:
         add(f"peak memory (rank {worst['rank']}, {worst['measured_what']})", worst["predicted_bytes"],
             worst["measured_bytes"], "bytes", worst["source"])
     if res.bandwidth is not None:
+        def group(collective: str) -> str:
+            return " + ".join(REDUCTIONS) if collective in REDUCTIONS else collective
+
         planned: dict[str, float] = defaultdict(float)
         for c in plan.comm:
-            planned[c.collective] += c.time_s
+            planned[group(c.collective)] += c.time_s
+        measured: dict[str, float] = defaultdict(float)
+        sources: dict[str, set[str]] = defaultdict(set)
         for r in res.bandwidth.rows():
-            if r["collective"] in planned and r["time_per_step_ms"] is not None:
-                add(f"{r['collective']} time per step (bandwidth terms only)", planned[r["collective"]] * 1e3,
-                    r["time_per_step_ms"], "ms", r["source"])
+            if r["time_per_step_ms"] is not None:
+                measured[group(r["collective"])] += r["time_per_step_ms"]
+                sources[group(r["collective"])].add(r["source"])
+        for q in sorted(planned):
+            add(f"{q} time per step (bandwidth terms only)", planned[q] * 1e3, measured.get(q), "ms",
+                ", ".join(sorted(sources[q])) or res.bandwidth.source, "" if q in measured else "not observed")
     return rows
 
 
@@ -265,10 +329,10 @@ def analyze_run(run: Run, *, ceilings: Sequence[Table] | None = None, ceiling_so
         res.breakdown = A.time_breakdown(tr)
         res.exposed = A.exposed_by_collective(tr)
         res.stragglers = A.stragglers(tr, threshold_pct=D.STRAGGLER_PCT)
-        n, n_from = A.group_size_hint(tr, {k: layout[k] for k in ("tp", "pp", "dp") if layout.get(k)})
+        n, n_from = group_size_hint(tr, {k: layout[k] for k in ("tp", "pp", "dp") if layout.get(k)})
         res.calls = A.collective_calls(tr, group_size=n, group_size_from=n_from)
         res.bandwidth = A.collective_bandwidth(
-            res.calls, A.window_steps(tr), res.ceilings,
+            res.calls, ta.window_steps(tr), res.ceilings,
             no_ceiling_reason=("no nccl-tests output in the run (commbench/) and no ceiling= given"))
         if run.resolved is not None:
             res.vs_layout = A.collectives_vs_layout(res.bandwidth, A.expected_from_resolved(run.resolved),
@@ -296,6 +360,7 @@ def analyze_run(run: Run, *, ceilings: Sequence[Table] | None = None, ceiling_so
                 res.timers.append(t)
     res.nsys_totals = [t for t in (A.nsys_stats_totals(s) for s in run.nsys_stats) if len(t)]
     res.prediction = _prediction(run, res)
+    res.unused = _unused_logs(run, res)
     return res
 
 
@@ -453,6 +518,9 @@ def _runs_blocks(rep: Report) -> list[Block]:
         skipped = [f"{p} — skipped: {why}" for p, why in r.run.skipped]
         out.append(Block("details", f"{r.label}: {len(items)} file(s) used, {len(skipped)} skipped",
                          items=items + skipped))
+    unused = [f"{r.label}: {u}" for r in rep.runs for u in r.unused]
+    if unused:
+        out.append(Block("list", "Logs not used", items=unused))
     warned = [(r.label, r.run.warnings) for r in rep.runs if r.run.warnings]
     if warned:
         out.append(Block("h3", "Warnings (partial inputs)"))
@@ -483,8 +551,9 @@ def _speed_blocks(rep: Report) -> list[Block]:
             rows.append([r.label] + ["–"] * 9 + ["no step records (metrics, Megatron or DeepSpeed lines)", "–"])
             continue
         s = next(r.stats.rows())
+        p10, p90 = s.get("step_time_p10_s"), s.get("step_time_p90_s")
         rows.append([r.label, _ms(s.get("step_time_median_s")),
-                     f"{_ms(s.get('step_time_p10_s'))}–{_ms(s.get('step_time_p90_s'))}",
+                     f"{_ms(p10)}–{_ms(p90)}" if p10 is not None and p90 is not None else "n/a",
                      _ms(s.get("step_time_mean_s")), _pct(s.get("step_time_cv_pct")),
                      _num(s.get("tokens_per_s_per_device")), _num(s.get("tflops_per_device")), _pct(s.get("mfu_pct")),
                      f"{s['steps_measured']} / {s['steps_dropped']}", s["drop_rule"], s["step_source"],
@@ -519,8 +588,7 @@ def _memory_blocks(rep: Report) -> list[Block]:
                          nice_bytes(m["predicted_bytes"]), _num(m["measured_over_predicted"]),
                          nice_bytes(m["device_memory_bytes"]), _pct(m["pct_of_device"]),
                          r.run.relabel(m["predicted_what"] or "–"), r.run.relabel(m["source"] or "–")])
-            ranks.append((f"{r.label[:12]}:{m['rank']}" if len(rep.runs) > 1 else str(m["rank"]),
-                          m["measured_bytes"] / 2**30,
+            ranks.append((_num(m["rank"]), m["measured_bytes"] / 2**30,
                           m["predicted_bytes"] / 2**30 if m["predicted_bytes"] else None))
             dev = dev or m["device_memory_bytes"]
         groups.append((r.label, ranks))
@@ -613,7 +681,7 @@ def _collective_blocks(rep: Report) -> list[Block]:
         if r.bandwidth is None:
             continue
         for b in r.bandwidth.rows():
-            observed_ops.add(A.NCCL_TESTS_OP.get(b["collective"]))
+            observed_ops.add(NCCL_TESTS_OP.get(b["collective"]))
             rows.append([r.label, b["collective"], _num(b["calls_per_step"]), _num(b["time_per_step_ms"]),
                          nice_bytes(b["mean_message_bytes"]), f"{_num(b['group_size'])} ({b['group_size_from']})",
                          _num(b["busbw_GBps"]), _num(b["busbw_large_GBps"]), _num(b["ceiling_GBps"]),
@@ -703,7 +771,7 @@ def _prediction_blocks(rep: Report) -> list[Block]:
     for r in rep.runs:
         for p in r.prediction:
             fmt = nice_bytes if p["unit"] == "bytes" else _num
-            rows.append([r.label, p["quantity"], fmt(p["predicted"]), fmt(p["measured"]),
+            rows.append([r.label, p["quantity"], fmt(p["predicted"]), p["missing"] or fmt(p["measured"]),
                          p["unit"] if p["unit"] != "bytes" else "", _num(p["measured_over_predicted"]),
                          r.run.relabel(p["source"])])
     if rows:
@@ -754,7 +822,9 @@ def _plot(name: str, *args: Any) -> bytes:
 
 def _md_cell(text: Any) -> str:
     s = html.escape(str(text), quote=False).replace("|", "\\|").replace("\n", " ").replace("\r", " ")
-    return s.replace("`", "\\`").replace("*", "\\*").replace("[", "\\[").replace("]", "\\]")
+    # `$` too: renderers with math (GitHub) would read text between two of them as a formula
+    return (s.replace("`", "\\`").replace("*", "\\*").replace("[", "\\[").replace("]", "\\]")
+            .replace("$", "\\$"))
 
 
 def render_markdown(rep: Report, out_path: str | os.PathLike[str]) -> list[Path]:

@@ -16,6 +16,12 @@ _COLORS = ("#4C72B0", "#DD8452", "#55A868", "#C44E52", "#8172B3", "#937860", "#D
 SEGMENT_COLORS = {"compute": "#4C72B0", "other": "#BBBBBB", "idle": "#EEEEEE"}
 
 
+def plain_text(text: object) -> str:
+    """`text` drawn as written. Matplotlib reads text between two `$` as mathtext and raises on what is
+    not TeX; a label here is a run name, a file name or a collective, never a formula."""
+    return str(text).replace("$", r"\$")
+
+
 def _png(fig: Figure) -> bytes:
     FigureCanvasAgg(fig)
     buf = io.BytesIO()
@@ -27,7 +33,7 @@ def step_time_distribution(series: Sequence[tuple[str, Sequence[float]]]) -> byt
     """Box plot of measured step times per run, every step drawn as a point over it."""
     fig = Figure(figsize=(7.5, 0.6 + 0.55 * max(1, len(series))))
     ax = fig.add_subplot()
-    labels = [s[0] for s in series]
+    labels = [plain_text(s[0]) for s in series]
     data = [[t * 1e3 for t in s[1]] for s in series]
     ax.boxplot(data, orientation="horizontal", widths=0.5, showfliers=False)
     for i, vals in enumerate(data, start=1):
@@ -60,12 +66,12 @@ def time_breakdown_bars(bars: Sequence[tuple[str, Mapping[str, float]]]) -> byte
         left = 0.0
         for n in order:
             w = segs.get(n, 0.0)
-            ax.barh(i, w, left=left, color=colors[n], edgecolor="white", label=n if i == 0 else None)
+            ax.barh(i, w, left=left, color=colors[n], edgecolor="white", label=plain_text(n) if i == 0 else None)
             left += w
     for n in order:  # legend entries for segments absent from the first bar
         if not bars or n not in bars[0][1]:
-            ax.barh(0, 0, color=colors[n], label=n)
-    ax.set_yticks(range(len(bars)), [b[0] for b in bars])
+            ax.barh(0, 0, color=colors[n], label=plain_text(n))
+    ax.set_yticks(range(len(bars)), [plain_text(b[0]) for b in bars])
     ax.invert_yaxis()
     ax.set_xlim(0, 100)
     ax.set_xlabel("% of the measured span (mean over ranks)")
@@ -75,20 +81,25 @@ def time_breakdown_bars(bars: Sequence[tuple[str, Mapping[str, float]]]) -> byte
 
 def memory_per_rank(groups: Sequence[tuple[str, Sequence[tuple[str, float, float | None]]]],
                     device_gib: float | None = None) -> bytes:
-    """Measured peak per rank (bars) and the plan's prediction (black ticks), GiB, grouped by run."""
+    """Measured peak per rank (bars) and the plan's prediction (black ticks), GiB, grouped by run.
+
+    With several runs each is numbered: ticks read `run number:rank`, the legend gives each number's
+    run (labels are too long for ticks and often share their first characters)."""
     fig = Figure(figsize=(7.5, 3.2))
     ax = fig.add_subplot()
     x = 0.0
     ticks, labels = [], []
+    several = len(groups) > 1
     for gi, (run, ranks) in enumerate(groups):
         color = _COLORS[gi % len(_COLORS)]
-        for rank, measured, predicted in ranks:
-            ax.bar(x, measured, width=0.8, color=color, label=run if rank == ranks[0][0] else None)
+        name = plain_text(f"{gi + 1}: {run}" if several else run)
+        for k, (rank, measured, predicted) in enumerate(ranks):
+            ax.bar(x, measured, width=0.8, color=color, label=name if k == 0 else None)
             if predicted is not None:
                 ax.plot([x - 0.45, x + 0.45], [predicted, predicted], color="black", lw=2,
-                        label="plan prediction" if gi == 0 and rank == ranks[0][0] else None)
+                        label="plan prediction" if gi == 0 and k == 0 else None)
             ticks.append(x)
-            labels.append(rank)
+            labels.append(plain_text(f"{gi + 1}:{rank}" if several else rank))
             x += 1
         x += 0.8
     top = max([m for _, rs in groups for _, m, _ in rs] + [p for _, rs in groups for _, _, p in rs if p] + [0.0])
@@ -98,7 +109,7 @@ def memory_per_rank(groups: Sequence[tuple[str, Sequence[tuple[str, float, float
         ax.text(0.99, 0.97, f"device memory {device_gib:.0f} GiB (off scale)", transform=ax.transAxes,
                 ha="right", va="top", fontsize=8, color="#C44E52")
     ax.set_xticks(ticks, labels, fontsize=8)
-    ax.set_xlabel("rank")
+    ax.set_xlabel("run:rank" if several else "rank")
     ax.set_ylabel("peak memory, GiB")
     ax.legend(fontsize=8, frameon=False)
     ax.grid(axis="y", alpha=0.3)
@@ -115,12 +126,12 @@ def busbw_vs_size(points: Sequence[tuple[str, Sequence[tuple[float, float]]]],
         pts = [(s, b) for s, b in pts if s and b and s > 0 and b > 0]
         if pts:
             ax.scatter([p[0] for p in pts], [p[1] for p in pts], s=12, alpha=0.7, color=_COLORS[i % len(_COLORS)],
-                       label=label)
+                       label=plain_text(label))
     for j, (label, curve) in enumerate(ceilings):
         curve = sorted((s, b) for s, b in curve if s and b and s > 0 and b > 0)
         if curve:
             ax.plot([c[0] for c in curve], [c[1] for c in curve], lw=1.5, ls="-", marker=".",
-                    color=_COLORS[(j + 5) % len(_COLORS)], label=label)
+                    color=_COLORS[(j + 5) % len(_COLORS)], label=plain_text(label))
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlabel("message size, bytes")

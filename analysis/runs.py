@@ -79,7 +79,8 @@ def load_run(rf: RunFiles, *, hardware: Any = None, hardware_source: str = "") -
             run.resolved_source = rel(p)
             run.hardware, run.hardware_source = run.resolved.hardware, f"{rel(p)} hardware.{run.resolved.hardware.name}"
         except (ConfigError, OSError, ValueError, KeyError, TypeError) as exc:
-            run.warnings.append(f"{rel(p)}: cannot be read as a resolved config ({exc}); layout and plan unknown")
+            run.warnings.append(f"{rel(p)}: cannot be read as a resolved config ({exc}); the layout comes from "
+                                f"the metrics' meta record and the plan only from a readable plan.json")
     if run.hardware is None and hardware is not None:
         run.hardware, run.hardware_source = hardware, hardware_source
     plans = rf.of("plan")

@@ -19,6 +19,11 @@ Known differences: HTA counts a GPU kernel once per CPU event that shares its co
 it once); HTA's JSON backend decides rounding per file exactly as here, its ijson backends always
 round.
 
+A file cut short (parsers.kineto meta `truncated`) holds no event that starts after the last one
+read (`read_until_us`): each rank's window keeps only the steps that end before it, and the GPU
+scope only what was launched before the last of those ends (no HTA counterpart; HTA cannot load
+such a file). Threads the writer had not reached are lost with the cut.
+
 CPU-only traces (gloo runs have no GPU events) use a stated CPU-side definition instead, marked
 basis = "cpu_ops" in the outputs:
 - training thread(s): the thread(s) holding the ProfilerStep annotations, else the thread with the
@@ -37,26 +42,16 @@ import functools
 import itertools
 import math
 import operator
-import re
 import statistics
 import weakref
 from collections import Counter, defaultdict
 from typing import Any, Iterable, Mapping
 
+from analysis.collectives import CPU_LAYERS, bus_factor_of, group_size_hint, nccl_tests_bytes
 from analysis.parsers.kineto import PROFILER_STEP, gc_paused
 from analysis.table import Table
-from launch.nccl_format import bus_factor  # the nccl-tests factors, without the nccl-tests parser
 
 _KINDS = ("computation", "communication", "memory")  # HTA's order: bit 1, 2, 4
-_BUS_NAMES = {"all_reduce": "all_reduce", "all_gather": "all_gather", "reduce_scatter": "reduce_scatter",
-              "all_to_all": "alltoall", "broadcast": "broadcast", "send_recv": "sendrecv",
-              "reduce": "reduce", "gather": "gather", "scatter": "scatter"}
-# CPU-side layers of one collective call, most precise first: the backend's own annotation spans
-# the work itself (on gloo's worker thread it is the only layer that does), then the profiler's
-# record_param_comms, then the c10d dispatcher op.
-_CPU_LAYERS = (("backend annotation", re.compile(r"^(?:nccl|gloo|mpi|ucc):")),
-               ("record_param_comms", re.compile(r"^record_param_comms$")),
-               ("c10d op", re.compile(r"^(?:c10d::|_?c10d_functional::)")))
 
 
 # What the GPU-basis analyses read: the GPU events, the runtime / driver calls that launch them
@@ -191,6 +186,12 @@ class _Rank:
                             if stream[i] is None or stream[i] == -1)
         self.last_step_dropped = len(self.steps) >= 2 and not include_last_step
         self.window_steps = self.steps[:-1] if self.last_step_dropped else self.steps
+        # A cut-short file (parsers.kineto meta) holds no event that starts after the last one read: a
+        # step ending later would count its missing events as idle, so the window keeps only the steps
+        # that end before it (the parser warns which).
+        self.read_until: float | None = self.meta.get("read_until_us") if self.meta.get("truncated") else None
+        if self.read_until is not None:
+            self.window_steps = [s for s in self.window_steps if s[1] <= self.read_until]
         self.gpu = self._gpu_scope(filter_steps, include_last_step)
         self._gpu_iv: list[tuple[float, float]] | None = None
         self._blocks: dict[tuple[str | None, str | None], list[tuple[float, float]]] = {}
@@ -213,6 +214,8 @@ class _Rank:
         stream, corr, ts = self.stream, self.corr, self.ts
         launch = self.columns["launch_ts_us"]
         limit = max(s[1] for s in self.steps) if include_last_step else self.steps[-1][0]
+        if self.read_until is not None:
+            limit = min(limit, self.window_steps[-1][1] if self.window_steps else -math.inf)
         # HTA's split: a GPU kernel (stream >= 0 and correlation >= 0) is kept when a CPU event
         # with its correlation starts in scope (the launch); an event with a stream but no
         # correlation counts as a CPU event, kept when it starts in scope itself.
@@ -251,8 +254,13 @@ class _Rank:
     def window(self) -> list[tuple[float, float]]:
         if self.window_steps:
             return _union((s[0], s[1]) for s in self.window_steps)
+        if self.steps:  # a truncated file cut every step short
+            return []
         cpu = self.intervals(i for i in self.rows if self.is_cpu(i))
-        return [(min(s for s, _ in cpu), max(e for _, e in cpu))] if cpu else []
+        if not cpu:
+            return []
+        end = max(e for _, e in cpu)
+        return [(min(s for s, _ in cpu), min(end, self.read_until) if self.read_until is not None else end)]
 
     def cpu_sets(self, collective: str | None = None):
         """(W, M, C) of the CPU definition; M restricted to `collective` when given."""
@@ -313,6 +321,12 @@ def _scope(table: Table, include_last_step: bool, hta_rounding: bool, hta_filter
     filter_steps = hta_filter and len(step_numbers) >= 2
     return [_Rank(table.columns, table.meta, r, rows, step_numbers, filter_steps, include_last_step, hta_rounding)
             for r, rows in sorted(by_rank.items(), key=lambda kv: (kv[0] is None, kv[0] if kv[0] is not None else 0))]
+
+
+def window_steps(table: Table, *, include_last_step: bool = False) -> dict[Any, set[int]]:
+    """ProfilerStep numbers of each rank's measured window, the scope every analysis here uses: the
+    rank's steps, less the last one when it has two or more, less those a truncated file cuts short."""
+    return {rk.rank: {s[2] for s in rk.window_steps} for rk in _ranks(table, include_last_step)}
 
 
 def _where(flags: Iterable[Any]) -> list[int]:
@@ -571,13 +585,13 @@ COLLECTIVE_COLUMNS = {
     "total_us": "sum of durations",
     "mean_us": "total_us / count",
     "sized_count": "calls whose message size is known",
-    "message_bytes": "sum of message_bytes over the sized calls (nccl-tests' size convention; an "
-                     "all_gather counted from backend annotations, which record only the input "
-                     "shard, is scaled by group_size)",
+    "message_bytes": "sum over the sized calls of their size in nccl-tests' convention "
+                     "(analysis.collectives.nccl_tests_bytes: an all_gather backend annotation sized "
+                     "from its Input Dims, this rank's shard, is scaled by group_size)",
     "group_size": "ranks in the group (most common value among the calls)",
-    "group_size_from": "recorded (args, or pg_config by group name) | only process group (the calls "
-                       "name none and distributedInfo.pg_config lists one) | world_size (assumed: "
-                       "the trace lists no process groups at all) | None",
+    "group_size_from": "recorded (args, or pg_config by group name); else the rule of "
+                       "analysis.collectives.group_size_hint (only process group | every process group "
+                       "has this size | world_size); None when none applies",
     "algbw_GBps": "message_bytes / (summed duration of the sized calls), 1e9 bytes per second",
     "bus_factor": "nccl-tests factor for the collective and group_size: all_reduce 2(n-1)/n; "
                   "all_gather, reduce_scatter, all_to_all (n-1)/n; broadcast, send_recv 1",
@@ -591,9 +605,11 @@ def collective_summary(table: Table, *, include_last_step: bool = False, hta_rou
     and group sizes are known. GPU traces count communication kernels (HTA scope); CPU-only traces
     count one CPU layer of each call."""
     rows = []
+    hint = group_size_hint(table)
+    order = [lbl for lbl, _ in CPU_LAYERS]
     for rk in _ranks(table, include_last_step, hta_rounding):
         c = rk.columns
-        msg, gsize = c["message_bytes"], c["group_size"]
+        msg, msg_from, gsize = c["message_bytes"], c["message_from"], c["group_size"]
         groups: dict[tuple[str, str], list[int]] = defaultdict(list)
         if rk.has_gpu():
             for i in rk.gpu:
@@ -604,27 +620,27 @@ def collective_summary(table: Table, *, include_last_step: bool = False, hta_rou
             for i in rk.rows:
                 if rk.coll[i] is None or not rk.is_cpu(i) or not _starts_in(rk.ts[i], w):
                     continue
-                layer = next((lbl for lbl, rx in _CPU_LAYERS if rx.match(rk.name[i])), None)
+                layer = next((lbl for lbl, rx in CPU_LAYERS if rx.match(rk.name[i])), None)
                 if layer is not None:
                     groups[(rk.coll[i], layer)].append(i)
             best: dict[str, str] = {}
             for coll, layer in groups:
-                order = [lbl for lbl, _ in _CPU_LAYERS]
                 if coll not in best or order.index(layer) < order.index(best[coll]):
                     best[coll] = layer
             groups = defaultdict(list, {k: v for k, v in groups.items() if best[k[0]] == k[1]})
         for (coll, source), idx in sorted(groups.items()):
             durs = [e - s for s, e in rk.intervals(idx)]
-            sized = [(msg[i], d) for i, d in zip(idx, durs) if msg[i] is not None]
             sizes = Counter(gsize[i] for i in idx if gsize[i] is not None)
-            n, n_from = (sizes.most_common(1)[0][0], "recorded") if sizes else _assumed_group_size(rk)
-            if coll == "all_gather" and source == "backend annotation" and n:
-                # nccl:/gloo:all_gather annotations record only this rank's input shard
-                sized = [(m * n, d) for m, d in sized]
+            if sizes:
+                n, n_from = sizes.most_common(1)[0][0], "recorded"
+            else:
+                n, n_from = hint if hint[0] else (None, None)
+            sized = [(nccl_tests_bytes(coll, msg[i], msg_from[i], source, n), d)
+                     for i, d in zip(idx, durs) if msg[i] is not None]
             nbytes = sum(m for m, _ in sized) if sized else None
             sized_time = sum(d for _, d in sized)
             algbw = nbytes / sized_time / 1e3 if sized and sized_time > 0 else None
-            factor = bus_factor(_BUS_NAMES[coll], n) if coll in _BUS_NAMES and n else None
+            factor = bus_factor_of(coll, n)
             rows.append({"rank": rk.rank, "collective": coll, "source": source, "count": len(idx),
                          "total_us": sum(durs), "mean_us": sum(durs) / len(idx), "sized_count": len(sized),
                          "message_bytes": nbytes, "group_size": n, "group_size_from": n_from,
@@ -636,21 +652,6 @@ def collective_summary(table: Table, *, include_last_step: bool = False, hta_rou
 
 def _starts_in(t: float, window: list[tuple[float, float]]) -> bool:
     return any(s <= t < e for s, e in window)
-
-
-def _assumed_group_size(rk: _Rank) -> tuple[int | None, str | None]:
-    """Group size for calls that record none: the job's only process group, or the world when
-    the trace lists no groups at all (traces from before PyTorch recorded them)."""
-    pgs = rk.meta.get("pg_config")
-    if isinstance(pgs, list) and len(pgs) == 1 and isinstance(pgs[0], dict):
-        size = pgs[0].get("pg_size")
-        if isinstance(size, int) and size > 0:
-            return size, "only process group"
-    world = rk.meta.get("world_size") or rk.table_meta.get("world_size")
-    if not pgs and isinstance(world, int) and world > 0 and not any(
-            rk.columns["group"][i] is not None for i in rk.rows):
-        return world, "world_size"
-    return None, None
 
 
 STRAGGLER_COLUMNS = {

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import re
 
 
 def read_source(path_or_text: str | os.PathLike[str], source: str = "") -> tuple[str, str, list[str]]:
@@ -28,6 +29,62 @@ def read_source(path_or_text: str | os.PathLike[str], source: str = "") -> tuple
         if "\ufffd" in text:
             warnings.append(f"{name}: bytes that are not UTF-8 were replaced")
     return text.replace("\r\n", "\n").replace("\r", "\n"), name, warnings
+
+
+_SNIFF_BYTES = 64 * 1024
+
+# What launchers and loggers write before a tool's own text at the start of a line, any number of
+# them: indentation (a log pasted into a Markdown code block), Open MPI's `[1,0]<stdout>:`, torchrun's
+# `[default0]:`, pdsh's and `srun --label`'s `host: `, timestamps (`[2024-04-04 09:09:53,313]`,
+# `2024-04-04T09:09:53`), logger fields (`[INFO]`, `[I]`, DeepSpeed's `[logging.py:96:log_dist]`)
+# and `[Rank N]`. Sniffers anchor their patterns behind it: a README or a script that quotes a log
+# line inside a table cell or a string literal does not start the line with it. Blanks are taken
+# possessively: a long run of them must not be retried at every split (quadratic time).
+LINE_PREFIX = (r"[ \t]*+(?:(?:\[\d+,\d+\]<(?:stdout|stderr)>:|\[(?:default|rank)\d+\]:|[A-Za-z0-9][\w.-]*: |"
+               r"\[?\d{4}-\d\d-\d\d[ T]\d\d:\d\d:\d\d(?:[.,]\d+)?\]?|\[[A-Z]+\]|\[[\w./-]+:\d+:\w+\]|"
+               r"\[Rank -?\d+\])[ \t]*+){0,6}")
+# One matching line can be a quotation; a tool's output repeats its format.
+SNIFF_MIN_LINES = 2
+
+
+def line_start_pattern(body: str) -> re.Pattern[str]:
+    """`body` (alternatives allowed) anchored at the start of a line, behind LINE_PREFIX."""
+    return re.compile(r"^" + LINE_PREFIX + r"(?:" + body + r")", re.MULTILINE)
+
+
+def has_lines(pattern: re.Pattern[str], text: str | None, at_least: int = SNIFF_MIN_LINES) -> bool:
+    """Whether `at_least` lines of `text` match a line_start_pattern (each match starts its own line)."""
+    if text is None:
+        return False
+    found = 0
+    for _ in pattern.finditer(text):
+        found += 1
+        if found >= at_least:
+            return True
+    return False
+
+
+def head_and_tail(path: str | os.PathLike[str]) -> str | None:
+    """The first and last 64 KiB of a text file, decoded leniently; None for binary or unreadable files.
+
+    Launch scripts often print 100 KB of shell trace before training starts, hence the tail too; it
+    begins at a line start, so that a line cut in two does not pass for one that starts there."""
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(_SNIFF_BYTES)
+            size = os.fstat(fh.fileno()).st_size
+            tail = b""
+            if size > 2 * _SNIFF_BYTES:
+                fh.seek(size - _SNIFF_BYTES)
+                tail = fh.read(_SNIFF_BYTES)
+                tail = b"\n" + tail[tail.find(b"\n") + 1:]
+            elif size > _SNIFF_BYTES:
+                tail = fh.read()  # the rest, contiguous with the head
+    except OSError:
+        return None
+    if b"\0" in head[:4096]:
+        return None  # binary (an event file, a trace): never a text log
+    return (head + tail).decode("utf-8", errors="replace")
 
 
 def split_lines(text: str) -> tuple[list[str], bool]:

@@ -39,7 +39,7 @@ import os
 import re
 from typing import Any
 
-from analysis.parsers._text import LineParser, read_source
+from analysis.parsers._text import LineParser, has_lines, head_and_tail, line_start_pattern, read_source
 from analysis.table import Table
 
 COLUMNS: dict[str, str] = {
@@ -165,22 +165,24 @@ _FLOPS_MAX_LINES = 60  # the summary is ~30 lines; an unclosed block must not sw
 _DS_TIMER_NAME = re.compile(r"[a-z0-9_]+")
 _MEMORY_BREAKDOWN = {"mem_allocated": "allocated_bytes", "max_mem_allocated": "max_allocated_bytes",
                      "cache_allocated": "reserved_bytes", "max_cache_allocated": "max_reserved_bytes"}
-_SNIFF = re.compile(
-    r"\bstep=\d+, skipped=\d+, lr=|SamplesPerSec=|DeepSpeed Flops Profiler|DeepSpeed info: version=|"
+# Lines only DeepSpeed starts this way (behind launcher and logging prefixes): `step=`, the ThroughputTimer,
+# the Flops Profiler banner and summary line, the version line, its logging prefix, and a timer line.
+_SNIFF = line_start_pattern(
+    r"(?:rank:\d+ )?step=\d+, skipped=\d+, lr=|"
+    r"(?:epoch=\d+/micro_step=\d+/global_step=\d+|\d+/\d+), (?:RunningAvg)?SamplesPerSec=|"
+    r"-* ?DeepSpeed Flops Profiler\b|Profile Summary at step \d+|DeepSpeed info: version=|"
     r"\[(?:INFO|WARNING)\] \[(?:logging|engine|config|timer|utils|real_accelerator|stage_1_and_2|stage3)\.py:\d+:|"
-    r"time \(ms\) \| (?:fwd|forward)(?:_microstep)?: " + "(?:" + _NUM + ")")
-_SNIFF_BYTES = 64 * 1024
+    r"(?:rank=\d+ )?time \(ms\) \| (?:fwd|forward)(?:_microstep)?: (?:" + _NUM + ")")
 _MAX_WARNINGS_PER_KIND = 10
 
 
 def sniff(path: str | os.PathLike[str]) -> str | None:
-    """'deepspeed_log' if the file's first or last 64 KiB hold lines DeepSpeed writes, else None.
+    """'deepspeed_log' if at least two lines of the file's first or last 64 KiB start (behind launcher
+    and logging prefixes) the way DeepSpeed's own lines do, else None.
 
-    Launch scripts often print 100 KB of shell trace before training starts, hence the tail too. A
-    Megatron-DeepSpeed log sniffs as both this and `megatron_log`; each parser takes its own lines.
+    A Megatron-DeepSpeed log sniffs as both this and `megatron_log`; each parser takes its own lines.
     """
-    text = head_and_tail(path)
-    return "deepspeed_log" if text is not None and _SNIFF.search(text) else None
+    return "deepspeed_log" if has_lines(_SNIFF, head_and_tail(path)) else None
 
 
 def is_deepspeed_timer_line(line: str) -> bool:
@@ -207,25 +209,6 @@ def parse_deepspeed_log(path_or_text: str | os.PathLike[str], *, source: str = "
     parser.run(text)
     return Table.from_rows("deepspeed_log", COLUMNS, parser.rows, source=name, warnings=warnings,
                            meta=parser.meta)
-
-
-def head_and_tail(path: str | os.PathLike[str]) -> str | None:
-    """The first and last 64 KiB of a text file, decoded leniently; None for binary or unreadable files."""
-    try:
-        with open(path, "rb") as fh:
-            head = fh.read(_SNIFF_BYTES)
-            size = os.fstat(fh.fileno()).st_size
-            tail = b""
-            if size > 2 * _SNIFF_BYTES:
-                fh.seek(size - _SNIFF_BYTES)
-                tail = fh.read(_SNIFF_BYTES)
-            elif size > _SNIFF_BYTES:
-                tail = fh.read()
-    except OSError:
-        return None
-    if b"\0" in head[:4096]:
-        return None  # binary (an event file, a trace): never a text log
-    return (head + b"\n" + tail).decode("utf-8", errors="replace")
 
 
 def _finite(value: float) -> float | None:

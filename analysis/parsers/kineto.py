@@ -20,8 +20,10 @@ Memcpy/Memset/dma is memory, one that contains Memcpy, starts with Memset or con
 Table.meta keys: rank, world_size, backend, device_properties, pg_config (process groups as
 recorded in distributedInfo), ts_first_us / ts_last_us / span_us (first start and last end of the
 rows kept), events_total, events_skipped (by reason), ts_float (some event's ts is written as a
-non-integer number: HTA then rounds GPU intervals inward to whole microseconds), thread_names
-({"pid/tid": name}), trace (the other top-level keys of the file, e.g. schemaVersion, traceName).
+non-integer number: HTA then rounds GPU intervals inward to whole microseconds), truncated (the
+traceEvents array never closed: the file was cut short), read_until_us (the start of the last event
+read from a truncated file, else None), thread_names ({"pid/tid": name}), trace (the other top-level
+keys of the file, e.g. schemaVersion, traceName).
 `parse_kineto_ranks` puts one such mapping per rank under meta["ranks"].
 """
 from __future__ import annotations
@@ -865,6 +867,17 @@ def _parse_kineto(path: str | os.PathLike[str], source: str, categories: Iterabl
     ts, dur = cols["ts_us"], cols["dur_us"]
     first = min(ts) if ts else None
     last = max(map(operator.add, ts, dur)) if ts else None
+    # The traceEvents array never closed: the file was cut short. Kineto writes each thread's events in
+    # start order, so every event that starts before the last one read is there and none after it.
+    truncated = scanner.state == "events"
+    read_until = ts[-1] if truncated and ts else None
+    if read_until is not None:
+        late = sorted(int(m.group(1)) for i, n in enumerate(cols["name"]) if n.startswith("ProfilerStep")
+                      and (m := PROFILER_STEP.match(n)) and ts[i] + dur[i] > read_until)
+        if late:
+            warnings.append(f"{name}: the trace is cut short at ts {read_until} us (the last event read); steps "
+                            f"that end after it (ProfilerStep {', '.join(f'#{n}' for n in late)}) have incomplete "
+                            f"events and are left out of the measured window")
     meta = {
         "rank": collector.rank,
         "world_size": _int_or_none(dist.get("world_size")),
@@ -877,6 +890,8 @@ def _parse_kineto(path: str | os.PathLike[str], source: str, categories: Iterabl
         "events_total": collector.total,
         "events_skipped": dict(collector.skipped),
         "ts_float": float in set(map(type, ts)),
+        "truncated": truncated,
+        "read_until_us": read_until,
         "thread_names": collector.thread_names,
         "trace": {k: v for k, v in top.items() if k not in ("distributedInfo", "deviceProperties")},
         "gzip": reader.gzip,

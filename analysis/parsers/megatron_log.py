@@ -29,8 +29,8 @@ import os
 import re
 from typing import Any
 
-from analysis.parsers.deepspeed_log import head_and_tail, is_deepspeed_timer_line
-from analysis.parsers._text import LineParser, read_source
+from analysis.parsers.deepspeed_log import is_deepspeed_timer_line
+from analysis.parsers._text import LineParser, has_lines, head_and_tail, line_start_pattern, read_source
 from analysis.table import Table
 
 COLUMNS: dict[str, str] = {
@@ -113,10 +113,12 @@ _THEORETICAL = re.compile(r"Theoretical memory footprints: weight and optimizer=
                           r"(?:, activation=(?P<act>" + _NUM + r") MB, total=(?P<total>" + _NUM + r") MB)?")
 _RANK_PARAMS = re.compile(r"number of parameters on \(tensor, pipeline\) model parallel rank "
                           r"\((?P<t>\d+), (?P<p>\d+)\)\s*[:=]\s*(?P<n>\d+)")
-_SNIFF = re.compile(
-    r"^-{3,} arguments -{3,}\s*$|\biteration\s*[=:]?\s*\d+\s*/\s*\d+\s*\|\s*consumed[ _]samples\s*[:=]|"
-    r"time across ranks \(ms\):|\] \(after \d+ iterations\) memory \(MB\)|using world size: \d+, data-parallel|"
-    r"> initializing tensor model parallel with size \d+", re.MULTILINE)
+# Lines only Megatron starts this way (behind launcher and logging prefixes): the arguments dump, the
+# iteration line, a timer block header, a memory report, the world-size and tensor-parallel set-up lines.
+_SNIFF = line_start_pattern(
+    r"-{3,} arguments -{3,}\s*$|iteration\s*[=:]?\s*\d+\s*/\s*\d+\s*\|\s*consumed[ _]samples\s*[:=]|"
+    r"(?:\(min, max\) time|max time|times) across ranks \(ms\):|\(after \d+ iterations\) memory \(MB\)|"
+    r"using world size: \d+, data-parallel|> initializing tensor model parallel with size \d+")
 _MAX_WARNINGS_PER_KIND = 10
 
 # Iteration-line field (lower case, `_`/parentheses as spaces) -> (column, type).
@@ -155,12 +157,12 @@ _WORLD_LINE_KEYS = {"data": "dp", "tensor-model": "tp", "pipeline-model": "pp", 
 
 
 def sniff(path: str | os.PathLike[str]) -> str | None:
-    """'megatron_log' if the file's first or last 64 KiB hold lines Megatron writes, else None.
+    """'megatron_log' if at least two lines of the file's first or last 64 KiB start (behind launcher and
+    logging prefixes) the way Megatron's own lines do, else None.
 
     A Megatron-DeepSpeed log sniffs as both this and `deepspeed_log`; each parser takes its own lines.
     """
-    text = head_and_tail(path)
-    return "megatron_log" if text is not None and _SNIFF.search(text) else None
+    return "megatron_log" if has_lines(_SNIFF, head_and_tail(path)) else None
 
 
 def parse_megatron_log(path_or_text: str | os.PathLike[str], *, source: str = "") -> Table:

@@ -23,7 +23,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping
 
-from analysis.parsers._text import read_source, split_lines  # noqa: F401 (re-exported)
+from analysis.parsers._text import line_start_pattern, read_source, split_lines  # noqa: F401 (re-exported)
 from analysis.table import Table
 
 COLUMNS: dict[str, str] = {
@@ -56,6 +56,10 @@ _LEVEL = r"\[(?P<dev>\d+)\](?: \S+:\d+(?: \([^)]*\))?)? NCCL (?P<level>INFO|WARN
 _PREFIX = re.compile(r"(?P<host>[^\s:]+):(?P<pid>\d+):(?P<tid>\d+) " + _LEVEL)
 # Users often paste logs with the host prefix cut away: ` [0] NCCL INFO ...`.
 _BARE_PREFIX = re.compile(_LEVEL)
+# NCCL's prefix where a log line starts (behind launcher prefixes), with a plausible host: how a log is
+# recognised. find_log_line looks anywhere in a line, as nccl-tests output glues INFO lines into its
+# rows, but a README or a script that quotes one does not start a line with it.
+LOG_LINE_START = line_start_pattern(r"(?:[\w.-]+:\d+:\d+ )?" + _LEVEL)
 
 _CONN = re.compile(
     r"^(?P<word>Channel|Ring) (?P<ch>\d+)(?:/(?P<ci>\d+))? : (?P<src>\d+)(?:\[[0-9a-fA-Fx]*\])? -> "

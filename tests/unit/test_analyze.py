@@ -2,6 +2,7 @@
 here with a regex of the test's own) or against HolisticTraceAnalysis's published numbers."""
 from __future__ import annotations
 
+import json
 import math
 import re
 import statistics
@@ -10,6 +11,7 @@ import pytest
 
 from analysis import analyze as A
 from analysis import trace_analysis as ta
+from analysis.collectives import group_size_hint
 from analysis.nsys_adapter import as_kineto
 from analysis.parsers.deepspeed_log import parse_deepspeed_log
 from analysis.parsers.kineto import parse_kineto_ranks
@@ -169,10 +171,10 @@ def test_nsys_export_goes_through_the_same_breakdown(tmp_path):
 # ------------------------------------------------------------------------------ collectives
 
 def test_collective_calls_and_bandwidth_on_hta_traces(hta):
-    n, why = A.group_size_hint(hta)
+    n, why = group_size_hint(hta)
     assert n == 128 and "world_size" in why
     calls = A.collective_calls(hta, group_size=n, group_size_from=why)
-    window = A.window_steps(hta)
+    window = ta.window_steps(hta)
     assert window == {0: {551}, 1: {551}}  # ProfilerStep#551 and #552, the last one dropped as HTA does
     ag = [c for c in calls.rows() if c["rank"] == 0 and c["collective"] == "all_gather" and c["step"] in window[0]]
     assert len(ag) == 1 and ag[0]["message_bytes"] == 1073741824 and ag[0]["layer"] == "gpu_kernels"
@@ -191,7 +193,7 @@ def test_collective_calls_and_bandwidth_on_hta_traces(hta):
 
 def test_cpu_trace_calls_use_the_backend_annotation():
     gloo = parse_kineto_ranks(GLOO)
-    assert A.window_steps(gloo) == {0: {2, 3}, 1: {2, 3}}  # ProfilerStep#2-4, the last one dropped
+    assert ta.window_steps(gloo) == {0: {2, 3}, 1: {2, 3}}  # ProfilerStep#2-4, the last one dropped
     calls = A.collective_calls(gloo)
     assert {c["layer"] for c in calls.rows()} == {"backend annotation"}
     summary = {(r["rank"], r["collective"]): r for r in ta.collective_summary(gloo).rows()}
@@ -201,6 +203,48 @@ def test_cpu_trace_calls_use_the_backend_annotation():
             counted[(c["rank"], c["collective"])] = counted.get((c["rank"], c["collective"]), 0) + 1
     for key, n in counted.items():
         assert summary[key]["count"] == n
+
+
+def _cpu_trace(tmp_path, name, rank, args_by_op, pg_config):
+    """A CPU-only trace of one rank: one ProfilerStep, one gloo annotation per op with the args given."""
+    events = [{"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#1", "pid": 1, "tid": 1, "ts": 0, "dur": 1000}]
+    for k, (op, args) in enumerate(args_by_op.items()):
+        events.append({"ph": "X", "cat": "cpu_op", "name": f"gloo:{op}", "pid": 1, "tid": 1, "ts": 100 + 200 * k,
+                       "dur": 100, "args": args})
+    doc = {"traceEvents": events, "distributedInfo": {"backend": "gloo", "rank": rank, "world_size": 4,
+                                                      "pg_config": pg_config}}
+    path = tmp_path / name
+    path.write_text(json.dumps(doc))
+    return path
+
+
+def test_all_gather_sizes_are_scaled_only_when_they_are_the_input_shard(tmp_path):
+    pgs = [{"pg_name": "0", "pg_size": 4}]
+    shard = _cpu_trace(tmp_path, "shard.json", 0, {"all_gather": {"Input Dims": [[256]], "Input type": ["float"]}}, pgs)
+    # 'In/Out msg size' already hold the gathered output (4 KiB): no scaling by the group
+    gathered = _cpu_trace(tmp_path, "gathered.json", 0,
+                          {"all_gather": {"In msg size": 1024, "Out msg size": 4096}}, pgs)
+    for path, expected in ((gathered, 4096), (shard, 256 * 4 * 4)):
+        trace = parse_kineto_ranks([path])
+        (call,) = [c for c in A.collective_calls(trace).rows() if c["collective"] == "all_gather"]
+        (summ,) = [r for r in ta.collective_summary(trace).rows() if r["collective"] == "all_gather"]
+        assert (call["message_bytes"], summ["message_bytes"]) == (expected, expected), path.name
+        assert call["busbw_GBps"] == pytest.approx(summ["busbw_GBps"])
+
+
+def test_library_and_report_assume_the_same_group_size(tmp_path):
+    # Two process groups of one size, recorded in no call: the report's hint and collective_summary agree
+    pgs = [{"pg_name": "0", "pg_size": 2}, {"pg_name": "1", "pg_size": 2}]
+    args = {"all_reduce": {"Input Dims": [[1024]], "Input type": ["float"]}}
+    trace = parse_kineto_ranks([_cpu_trace(tmp_path, f"r{r}.json", r, args, pgs) for r in (0, 1)])
+    n, why = group_size_hint(trace)
+    assert (n, why) == (2, "every process group has this size")
+    for r in ta.collective_summary(trace).rows():
+        assert (r["group_size"], r["group_size_from"], r["bus_factor"]) == (2, why, 1.0)
+    for c in A.collective_calls(trace).rows():
+        assert (c["group_size"], c["group_size_from"]) == (2, why)
+    # the report may narrow it with the layout only where the trace itself says nothing
+    assert group_size_hint(trace, {"dp": 4})[0] == 2
 
 
 def test_expected_collectives_follow_the_layout():

@@ -72,3 +72,41 @@ def test_command_line_writes_the_png_without_importing_torch(tmp_path):
     p = subprocess.run([sys.executable, "-m", "analysis.comm_plot", str(tmp_path / "nope"), "-o", str(out)], cwd=REPO,
                        capture_output=True, text=True, timeout=120)
     assert p.returncode == 2 and "does not exist" in p.stderr
+
+
+def test_unreadable_results_are_warned_about_and_skipped(tmp_path):
+    run = fake_run(tmp_path)
+    good = run.commbench_json("all_reduce")
+    cut = tmp_path / "cut.json"
+    cut.write_bytes(good.read_bytes()[:300])
+    other = tmp_path / "other.json"
+    other.write_text('{"a": 1}')
+    listed = tmp_path / "list.json"
+    listed.write_text("[1, 2]")
+    tables, warnings = comm_plot.load([cut, other, listed, good])
+    assert list(tables) == [f"tiny_zero2/{run.root.name}"]
+    assert [w.split(": ")[0] for w in warnings] == [str(cut), str(other), str(listed)]
+    assert all("cannot be read as a commbench result" in w and w.endswith("skipped") for w in warnings)
+    for op in ("all_reduce", "all_to_all"):  # a run directory whose results are all damaged
+        f = run.commbench_json(op)
+        f.write_bytes(f.read_bytes()[:300])
+    tables, warnings = comm_plot.load([run.root])
+    assert tables == {} and len(warnings) == 3 and "no readable commbench/*.json" in warnings[-1]
+
+
+def test_dollar_signs_are_drawn_as_written_without_pyplot(tmp_path):
+    run = fake_run(tmp_path)
+    code = ("import sys; from analysis.comm_plot import busbw_plot, load; t, _ = load([sys.argv[1]]); "
+            "busbw_plot({'cost $5 vs $10': next(iter(t.values()))}, out_png=sys.argv[2], title='a $ b $^'); "
+            "assert 'matplotlib.pyplot' not in sys.modules, 'pyplot imported'")
+    p = subprocess.run([sys.executable, "-c", code, str(run.root), str(tmp_path / "p.png")], cwd=REPO,
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    assert (tmp_path / "p.png").stat().st_size > 10_000
+
+
+def test_a_damaged_resolved_json_costs_only_the_nominal_line(tmp_path, capsys):
+    run = fake_run(tmp_path)
+    run.resolved.write_bytes(run.resolved.read_bytes()[:200])
+    assert comm_plot.main([str(run.root), "-o", str(tmp_path / "p.png")]) == 0
+    assert "its resolved.json cannot be read" in capsys.readouterr().err and (tmp_path / "p.png").is_file()

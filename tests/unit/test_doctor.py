@@ -8,7 +8,7 @@ from analysis import doctor as D
 from analysis.parsers.kineto import parse_kineto_ranks
 from analysis.parsers.nccl_debug import parse_nccl_debug
 from analysis.table import Table
-from tests.unit.report_support import HTA, NCCL
+from tests.unit.report_support import GLOO, HTA, NCCL
 
 
 def _table(doc, rows):
@@ -79,6 +79,15 @@ def test_idle_device():
     (f,) = D.idle_device("r", _breakdown(50.0, 5.0, idle=35.0))
     assert "idle 35%" in f.message and "GPU runs nothing" in f.message
     assert not D.idle_device("r", _breakdown(50.0, 5.0, idle=12.0))
+
+
+def test_no_idle_device_from_a_truncated_trace(tmp_path):
+    # A gzip trace cut at 4000 bytes holds a sliver of its first step; the rest must not read as idle time.
+    cut = tmp_path / "r0.json.gz"
+    cut.write_bytes(GLOO[0].read_bytes()[:4000])
+    trace = parse_kineto_ranks([cut, GLOO[1]])
+    assert trace.meta["ranks"][0]["truncated"]
+    assert not D.idle_device("r", A.time_breakdown(trace))
 
 
 def test_straggler_on_traces():

@@ -24,6 +24,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from analysis import trace_analysis as ta
+from analysis.table import Table
 from analysis.parsers.kineto import (COLUMNS, cpu_collective, kernel_collective, kernel_kind, parse_kineto,
                                      parse_kineto_ranks)
 
@@ -557,6 +558,30 @@ def test_half_written_json_gives_prefix_and_warning(tmp_path, full_rank0, cut):
         assert len(t) > 0
     for analysis in (ta.temporal_breakdown, ta.comm_comp_overlap, ta.collective_summary, ta.stragglers):
         analysis(t)
+
+
+def test_a_truncated_trace_measures_only_the_steps_it_holds(tmp_path, gloo):
+    raw = gzip.decompress(GLOO[0].read_bytes())
+    whole = parse_kineto(GLOO[0])
+    assert (whole.meta["truncated"], whole.meta["read_until_us"]) == (False, None)
+    p = tmp_path / "r0.json"
+    p.write_bytes(raw[:raw.find(b"ProfilerStep#3") + 5000])  # the training thread is cut inside step 3
+    t = parse_kineto(p)
+    assert t.meta["truncated"] and t.meta["read_until_us"] == t.column("ts_us")[-1]
+    assert any("steps that end after it (ProfilerStep #3)" in w for w in t.warnings)
+    assert ta.window_steps(t) == {0: {2}} and ta.window_steps(gloo)[0] == {2, 3}
+    step2 = _row(whole.where(name="ProfilerStep#2"), rank=0)["dur_us"]
+    cut = _row(ta.temporal_breakdown(t), rank=0)
+    assert cut["kernel_time_us"] == pytest.approx(step2)
+    # What step 2 of the whole file measures; the cut loses only the worker thread written after the
+    # training thread (2 of step 2's 4 all-reduces), so idle is within a point of it, not 64%.
+    rows = [r for r in whole.rows() if r["name"] != "ProfilerStep#4"]
+    only2 = _row(ta.temporal_breakdown(Table.from_rows("kineto", COLUMNS, rows, meta=whole.meta)), rank=0)
+    assert cut["compute_time_us"] == only2["compute_time_us"]
+    assert abs(cut["idle_pct"] - only2["idle_pct"]) < 1
+    p.write_bytes(raw[:raw.find(b"ProfilerStep#2") + 5000])  # no step complete: nothing measured
+    t = parse_kineto(p)
+    assert ta.window_steps(t) == {0: set()} and _row(ta.temporal_breakdown(t), rank=0)["idle_pct"] is None
 
 
 def test_garbage_in_the_middle_is_skipped(tmp_path, full_rank0):

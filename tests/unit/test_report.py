@@ -113,6 +113,26 @@ def test_our_run_directory_with_plan_and_traces(tmp_path):
     assert "checkpoints" in skipped and "launch_cmd.txt" in skipped
 
 
+def test_prediction_compares_the_gradient_reduction_either_way_it_runs(tmp_path):
+    from analysis.report import _prediction
+    from analysis.table import Table
+
+    run = make_run_dir(tmp_path / "runs")  # ZeRO-2: the plan reduce-scatters, DeepSpeed on gloo all-reduces
+    (r,) = build_report([(None, run)]).runs
+    assert {c.collective for c in r.run.plan.comm} == {"reduce_scatter", "all_gather"}
+    assert "reduce_scatter" not in {b["collective"] for b in r.bandwidth.rows()}
+    comm = {p["quantity"].split(" time per step")[0]: p for p in r.prediction if "time per step" in p["quantity"]}
+    assert set(comm) == {"all_gather", "all_reduce + reduce_scatter"}
+    red = comm["all_reduce + reduce_scatter"]
+    assert red["measured"] == next(b["time_per_step_ms"] for b in r.bandwidth.rows() if b["collective"] == "all_reduce")
+    # a planned collective the traces do not show is listed as such, not left out
+    r.bandwidth = Table.from_rows(r.bandwidth.name, r.bandwidth.doc,
+                                  [b for b in r.bandwidth.rows() if b["collective"] != "all_gather"],
+                                  source=r.bandwidth.source)
+    (gone,) = [p for p in _prediction(r.run, r) if p["quantity"].startswith("all_gather")]
+    assert (gone["measured"], gone["missing"]) == (None, "not observed")
+
+
 def test_run_without_plan_json_recomputes_it(tmp_path):
     run = make_run_dir(tmp_path / "runs", plan=False, traces=False)
     (r,) = build_report([(None, run)]).runs
@@ -177,6 +197,69 @@ def test_nsys_folder_gets_the_trace_breakdown(tmp_path):
     assert r.nsys_totals and next(r.nsys_totals[0].rows())["source"] == "stats.out"
 
 
+def test_steps_come_from_the_first_log_with_step_times(tmp_path):
+    d = tmp_path / "two"
+    d.mkdir()
+    # Sorted first, with an arguments dump like the complete log beside it, but iteration lines without a time
+    text = BIGSCIENCE.read_text()
+    dump = text[text.index("------------------------ arguments"):text.index("end of arguments")]
+    (d / "a.log").write_text(dump + "end of arguments ---\n" + "".join(
+        f" iteration {i:8d}/     100 | consumed samples: {32 * i:10d} | lm loss: 1.0 |\n" for i in range(1, 30)))
+    shutil.copy(BIGSCIENCE, d / "b.log")
+    (r,) = build_report([(None, d)]).runs
+    assert r.steps.source == "b.log" and next(r.stats.rows())["steps_measured"] == 18
+
+
+def test_logs_not_used_are_named(tmp_path):
+    d = tmp_path / "folder"
+    d.mkdir()
+    shutil.copy(BIGSCIENCE, d / "a.out")
+    shutil.copy(REPO / "tests" / "fixtures" / "logs" / "c_megatron_lm_2025_minmax_moe.txt", d / "b.out")
+    rep = build_report([(None, d)])
+    (r,) = rep.runs
+    assert r.steps.source == "a.out"
+    assert {u.split(";")[0] for u in r.unused} == {"steps from a.out", "memory from a.out", "layout from a.out"}
+    assert all("not used for" in u and "b.out" in u for u in r.unused)
+    write_report(rep, [tmp_path / "r.md"])
+    md = (tmp_path / "r.md").read_text()
+    assert "**Logs not used**" in md and "steps from a.out; not used for steps: b.out" in md
+    one = tmp_path / "one"
+    one.mkdir()
+    shutil.copy(BIGSCIENCE, one / "a.out")
+    assert build_report([(None, one)]).runs[0].unused == []
+
+
+def test_dollar_signs_in_labels_and_paths_are_drawn_as_written(tmp_path):
+    d = tmp_path / "cost_$5_vs_$10"
+    d.mkdir()
+    shutil.copy(BIGSCIENCE, d / "a.log")
+    shutil.copy(GLOO[0], d / "t$0$.json.gz")
+    shutil.copy(GLOO[1], d / "t1.json.gz")
+    shutil.copy(NCCL / "c_allreduce_v2_13_8xh100.txt", d / "sweep_$x^$.txt")
+    rep = build_report([(None, d), ("price $1 $\\frac{", d)])
+    written = write_report(rep, [tmp_path / "r.md", tmp_path / "r.html"])
+    assert len([p for p in written if p.suffix == ".png"]) >= 4
+    assert "cost_\\$5_vs_\\$10" in (tmp_path / "r.md").read_text()  # Markdown with math would read $5_vs_$
+
+
+def test_memory_plot_numbers_runs_whose_labels_share_a_prefix(tmp_path, monkeypatch):
+    from analysis import report_plots
+    from analysis.report import report_blocks
+
+    a = make_run_dir(tmp_path / "runs", "20260101-000000", traces=False)
+    b = make_run_dir(tmp_path / "runs", "20260101-000001", traces=False)
+    rep = build_report([(None, a), (None, b)])
+    assert [r.label for r in rep.runs] == ["tiny_zero2/20260101-000000", "tiny_zero2/20260101-000001"]
+    figures = []
+    monkeypatch.setattr(report_plots, "_png", lambda fig: figures.append(fig) or b"")
+    report_blocks(rep)
+    (mem,) = [f for f in figures if f.axes[0].get_ylabel() == "peak memory, GiB"]
+    ax = mem.axes[0]
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["1:0", "1:1", "2:0", "2:1"]
+    legend = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert {"1: tiny_zero2/20260101-000000", "2: tiny_zero2/20260101-000001"} <= set(legend)
+
+
 # ---------------------------------------------------------------------------------------- CLI
 
 def test_parse_args_labels_options_and_outputs(tmp_path):
@@ -209,3 +292,34 @@ def test_cli_report_and_doctor(tmp_path):
     html = out.read_text()
     assert "a100-80gb" in html
     assert main(["doctor", str(d)]) == 0
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "-inf", "1e400", "0", "-2"])
+def test_device_memory_must_be_a_finite_positive_number(tmp_path, capsys, value):
+    assert main(["report", str(tmp_path), f"device_memory_gib={value}", "-o", str(tmp_path / "r.md")]) == 2
+    err = capsys.readouterr().err
+    assert f"error: device_memory_gib={value}: must be a finite number > 0" in err and "Traceback" not in err
+
+
+def test_recognize_of_a_missing_path_is_an_error(tmp_path, capsys):
+    assert main(["recognize", str(tmp_path / "nope")]) == 2
+    assert capsys.readouterr().err.strip() == f"error: {tmp_path / 'nope'}: no such file or folder"
+    assert main(["report", str(tmp_path / "nope"), "-o", str(tmp_path / "r.md")]) == 2
+    assert capsys.readouterr().err.strip() == f"error: {tmp_path / 'nope'}: no such file or folder"
+
+
+def test_an_empty_folder_is_said_to_hold_nothing(tmp_path, capsys):
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert main(["recognize", str(empty)]) == 0
+    assert f"warning: {empty}: nothing recognised (it is empty)" in capsys.readouterr().out
+    (r,) = build_report([(None, empty)]).runs
+    assert any("nothing recognised" in w for w in r.run.warnings)
+
+
+def test_missing_percentiles_read_n_a(tmp_path):
+    from analysis.report import report_blocks
+
+    run = make_run_dir(tmp_path / "runs", traces=False, step_times=[float("nan")] * 12)  # no finite step time
+    (speed,) = [b for b in report_blocks(build_report([(None, run)])) if "p10–p90, ms" in b.headers]
+    assert speed.rows[0][2] == "n/a"

@@ -11,6 +11,7 @@ import pytest
 
 from analysis.parsers import metrics as metrics_parser
 from analysis.recognize import classify, group_runs, recognize
+from analysis.report import build_report
 from tests.unit.report_support import (ALCF, ALLREDUCE_8XH100, BIGSCIENCE, GLOO, HTA, LOGS, NCCL, NSYS,
                                        build_nsys_exports, make_run_dir)
 
@@ -57,6 +58,34 @@ def test_renamed_fixture_is_recognised_by_content(tmp_path, src, kinds):
     assert set(classify(dst).kinds) == kinds
 
 
+def test_documents_and_scripts_that_quote_log_lines_are_not_logs():
+    # The fixture folders' README and generator quote every format in table cells and string literals.
+    for folder in (LOGS, NCCL):
+        inv = recognize(folder)
+        assert not {"README.md", "make_fixtures.py"} & {f.path.name for f in inv.files}, folder
+        assert {"README.md"} <= {s.path.name for s in inv.skipped}
+
+
+_LINES = {"deepspeed_log": "step=10, skipped=0, lr=[0.0001], mom=[(0.9, 0.95)]",
+          "megatron_log": " iteration       10/    1000 | consumed samples:   40 | elapsed time per iteration (ms): 3171.3 |",
+          "nccl_debug": "node7:2210:2226 [0] NCCL INFO Channel 00/0 : 0[0] -> 1[1] via P2P/IPC",
+          "nccl_tests": "#       size         count      type   redop    root     time   algbw   busbw #wrong"}
+
+
+@pytest.mark.parametrize("prefix", ["", "    ", "[1,0]<stdout>:", "worker-0: ", "[default3]:",
+                                    "[2024-04-04 09:09:53,313] [INFO] [logging.py:96:log_dist] [Rank 0] "])
+@pytest.mark.parametrize("kind", sorted(_LINES))
+def test_log_lines_count_at_a_line_start_behind_launcher_prefixes(tmp_path, prefix, kind):
+    line = _LINES[kind]
+    f = tmp_path / "x"
+    f.write_text(f"{prefix}{line}\n" * 2)
+    assert kind in classify(f).kinds
+    f.write_text(f"{prefix}{line}\n")  # one line is a quotation as likely as a log
+    assert kind not in classify(f).kinds
+    f.write_text(f"| `{prefix}{line}` | a table cell |\n" * 3 + f'    lines = ["{prefix}{line}"]\n' * 3)
+    assert kind not in classify(f).kinds
+
+
 def test_uncompressed_trace_nsys_export_tensorboard_and_our_files(tmp_path, nsys_exports):
     plain = tmp_path / "a"
     plain.write_bytes(gzip.decompress(GLOO[1].read_bytes()))
@@ -75,6 +104,24 @@ def test_uncompressed_trace_nsys_export_tensorboard_and_our_files(tmp_path, nsys
         copy = tmp_path / f"x_{kind}"
         shutil.copy(run / name, copy)
         assert classify(copy).kinds == (kind,)
+
+
+def test_a_damaged_resolved_or_plan_keeps_the_run_directory_and_warns(tmp_path):
+    run = make_run_dir(tmp_path / "runs", traces=False)
+    for name, keep in (("resolved.json", 200), ("plan.json", 300)):
+        f = run / name
+        f.write_bytes(f.read_bytes()[:keep])  # cut short: no longer JSON
+    assert classify(run / "resolved.json").kinds == ("resolved",)
+    assert classify(run / "plan.json").kinds == ("plan",)
+    assert recognize(tmp_path / "runs").run_dirs == (run,)
+    (r,) = build_report([(None, run)]).runs
+    assert r.run.run_dir and r.label == "tiny_zero2/20260101-000000"
+    warned = "\n".join(r.run.warnings)
+    assert "resolved.json: cannot be read as a resolved config" in warned
+    assert "plan.json: cannot be read as a plan" in warned
+    other = tmp_path / "other.json"
+    other.write_text('{"recipe_name": "x", "seed": ')  # damaged, and not with our first keys
+    assert classify(other).kinds == ()
 
 
 def test_unknown_files_are_skipped_with_a_reason(tmp_path):

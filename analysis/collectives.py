@@ -1,0 +1,89 @@
+"""How a collective call is counted and sized, defined once for the library (trace_analysis) and the
+report (analyze), so that the two cannot disagree on a trace.
+
+- `NCCL_TESTS_OP`: our collective names (the `collective` column of analysis.parsers.kineto) ->
+  nccl-tests op names, the names `bus_factor` knows.
+- `REDUCTIONS`: the collectives a gradient reduction may run as.
+- `CPU_LAYERS`: the CPU-side layers of one collective call, most precise first.
+- `nccl_tests_bytes`: a call's message size in nccl-tests' convention.
+- `group_size_hint`: the group size of calls that record none.
+"""
+from __future__ import annotations
+
+import re
+from typing import Any, Mapping
+
+from analysis.table import Table
+from launch.nccl_format import bus_factor
+
+NCCL_TESTS_OP = {"all_reduce": "all_reduce", "all_gather": "all_gather", "reduce_scatter": "reduce_scatter",
+                 "all_to_all": "alltoall", "send_recv": "sendrecv", "broadcast": "broadcast", "reduce": "reduce",
+                 "gather": "gather", "scatter": "scatter"}
+
+# A data-parallel gradient reduction runs as either, by implementation and backend (DeepSpeed's ZeRO-2
+# reduce-scatters on NCCL but all-reduces on gloo), so a prediction of one is compared with both.
+REDUCTIONS = ("all_reduce", "reduce_scatter")
+
+BACKEND_ANNOTATION = "backend annotation"
+# The backend's own annotation spans the work itself (on gloo's worker thread it is the only layer
+# that does), then the profiler's record_param_comms, then the c10d dispatcher op.
+CPU_LAYERS = ((BACKEND_ANNOTATION, re.compile(r"^(?:nccl|gloo|mpi|ucc):")),
+              ("record_param_comms", re.compile(r"^record_param_comms$")),
+              ("c10d op", re.compile(r"^(?:c10d::|_?c10d_functional::)")))
+
+
+def bus_factor_of(collective: str, group_size: int | None) -> float | None:
+    """nccl-tests' busbw / algbw factor for one of our collective names; None when it has none."""
+    op = NCCL_TESTS_OP.get(collective)
+    return bus_factor(op, group_size) if op and group_size else None
+
+
+def nccl_tests_bytes(collective: str, message_bytes: int | float | None, message_from: str | None,
+                     layer: str | None, group_size: int | None) -> int | float | None:
+    """`message_bytes` (parsers.kineto) in nccl-tests' convention, where all_gather counts the gathered output.
+
+    Only an all_gather sized from the `Input Dims` of a backend annotation (gloo:all_gather,
+    nccl:all_gather) holds this rank's input shard, so only it is scaled by the group size; sizes from
+    'In/Out msg size' or nelems are already the larger of input and output, and a kernel takes the
+    largest size among the calls that launched it (c10d::_allgather_base_ records the output).
+    """
+    if (message_bytes is not None and collective == "all_gather" and layer == BACKEND_ANNOTATION
+            and message_from == "input_dims" and group_size):
+        return message_bytes * group_size
+    return message_bytes
+
+
+def group_size_hint(trace: Table, layout: Mapping[str, Any] | None = None) -> tuple[int | None, str]:
+    """The group size of calls that record none, and why; the first rule that applies:
+
+    1. every process group listed in distributedInfo.pg_config (over all ranks of the trace) has the
+       same size: "only process group" when one is listed, "every process group has this size";
+    2. `layout` (tp/pp/dp) has exactly one dimension > 1, so every collective spans it;
+    3. the trace lists no process group at all (no pg_config, no group on any call) and one world
+       size: "world_size" (traces from before PyTorch recorded groups);
+    else (None, "unknown"). trace_analysis.collective_summary applies it without a layout.
+    """
+    ranks = trace.meta.get("ranks")
+    metas = list(ranks.values()) if isinstance(ranks, Mapping) else [trace.meta]
+    sizes: set[int] = set()
+    listed = 0
+    for m in metas:
+        for pg in m.get("pg_config") or []:
+            listed += 1
+            if isinstance(pg, Mapping) and isinstance(pg.get("pg_size"), int) and pg["pg_size"] > 0:
+                sizes.add(pg["pg_size"])
+    if len(sizes) == 1:
+        names = {str(pg.get("pg_name")) for m in metas for pg in m.get("pg_config") or [] if isinstance(pg, Mapping)}
+        return sizes.pop(), "only process group" if len(names) == 1 else "every process group has this size"
+    if layout:
+        dims = {k: v for k, v in layout.items() if k in ("tp", "pp", "dp") and isinstance(v, int) and v > 1}
+        if len(dims) == 1:
+            (k, v), = dims.items()
+            return v, f"layout: only {k}={v} is > 1"
+    worlds = {m.get("world_size") for m in metas} | {trace.meta.get("world_size")}
+    worlds.discard(None)
+    if not listed and len(worlds) == 1 and not any(g is not None for g in trace.columns["group"]):
+        world = worlds.pop()
+        if isinstance(world, int) and world > 0:
+            return world, "world_size"
+    return None, "unknown"
