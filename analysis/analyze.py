@@ -672,6 +672,16 @@ def expected_collectives(*, backend: str, tp: int, pp: int, dp: int, zero_stage:
             why["all_gather"].append(f"SP: 2 per layer per pass × {passes} passes × {L} layers × {m} micro-batches "
                                      f"(+ backward re-gathers)")
             why["reduce_scatter"].append(f"SP: 2 per layer per pass × {passes} passes × {L} layers × {m} micro-batches")
+        elif backend == "deepspeed":
+            # AutoTP (DeepSpeed 0.19.8): the row-parallel o_proj and down_proj all-reduce their outputs in every
+            # forward; each of the five column-parallel Linears (q, k, v, gate, up) and lm_head all-reduces its
+            # input gradient in backward (module_inject/layers.py), as launch/planner.py counts.
+            forwards = passes - 1
+            n = (2 * forwards * L + 5 * L + 1) * m
+            mins["all_reduce"] += n
+            maxs["all_reduce"] += n
+            why["all_reduce"].append(f"AutoTP: (2 per layer × {forwards} forward pass(es) + 5 per layer backward) × {L} "
+                                     f"layers + 1 (lm_head) per micro-batch × {m}")
         else:
             mins["all_reduce"] += n
             maxs["all_reduce"] += n
