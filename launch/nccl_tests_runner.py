@@ -101,6 +101,23 @@ def invocations(resolved, run: RunDir, *, launch_env: Mapping[str, str], environ
     return out, notes
 
 
+def _stop(proc: subprocess.Popen) -> None:
+    """SIGTERM first, so that mpirun/srun can stop the *_perf processes they started on other nodes (a SIGKILL
+    would leave them holding the GPUs); SIGKILL only if they do not go."""
+    import signal
+
+    for sig, grace in ((signal.SIGTERM, 15), (signal.SIGKILL, 5)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(timeout=grace)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
 def run_nccl_tests(resolved, run: RunDir, console, *, env: Mapping[str, str]) -> None:
     """Run what `invocations` says, each within run.timeout_s; failures are reported and skipped."""
     todo, notes = invocations(resolved, run, launch_env=env, environ=os.environ, which=shutil.which)
@@ -115,10 +132,12 @@ def run_nccl_tests(resolved, run: RunDir, console, *, env: Mapping[str, str]) ->
         console.print(f"nccl-tests: {inv.shell()}", markup=False)
         err = inv.output.with_suffix(".err")
         with inv.output.open("w") as stdout, err.open("w") as stderr:
+            proc = subprocess.Popen(inv.argv, env={**os.environ, **inv.env}, stdout=stdout, stderr=stderr,
+                                    start_new_session=True)
             try:
-                rc = subprocess.run(inv.argv, env={**os.environ, **inv.env}, stdout=stdout, stderr=stderr,
-                                    timeout=timeout).returncode
+                rc = proc.wait(timeout=timeout)
             except subprocess.TimeoutExpired:
+                _stop(proc)
                 console.print(f"nccl-tests: {binary(inv.op)} ran past run.timeout_s={timeout}; partial output in "
                               f"{inv.output}", markup=False)
                 continue

@@ -66,3 +66,20 @@ def test_sub_groups_say_that_nccl_tests_measure_the_world():
     todo, notes = plan("hardware.gpus_per_node=4", "batch.global_batch_size=32", "parallel.tp=2", 'commbench.group="dp"')
     assert len(todo) == 2 and notes == ['commbench: nccl-tests measure all 4 ranks; the built-in sweep measures '
                                         'commbench.group="dp"']
+
+
+def test_a_timed_out_launcher_gets_sigterm_for_its_whole_group(tmp_path):
+    import subprocess
+    import time
+
+    from launch.nccl_tests_runner import _stop
+
+    marker = tmp_path / "terminated"
+    # stands in for mpirun: it must get the chance to stop what it started
+    script = f'trap "touch {marker}; exit 0" TERM; sleep 100 & wait'
+    proc = subprocess.Popen(["bash", "-c", script], start_new_session=True)
+    time.sleep(0.3)
+    t0 = time.time()
+    _stop(proc)
+    assert proc.poll() is not None and time.time() - t0 < 10
+    assert marker.exists()
