@@ -174,10 +174,10 @@ def cmd_run(args: Sequence[str]) -> int:
     run.write_text_atomic(run.launch_cmd if node == "0" else run.root / f"launch_cmd_node{node}.txt", cmd.shell() + "\n")
     render(resolved, plan, cmd, console)
     console.print(f"[bold]run directory[/bold] {run.root}")
-    from launch.extensions import ensure_cpu_adam, needs_cpu_adam
+    from launch.extensions import ensure_op, needed_ops
 
-    if not bench and needs_cpu_adam(resolved):
-        ensure_cpu_adam(console, env=dict(cmd.env))
+    for op in [] if bench else needed_ops(resolved):
+        ensure_op(op, console, env=dict(cmd.env))
     if bench:
         from launch.nccl_tests_runner import run_nccl_tests
 

@@ -234,3 +234,12 @@ def test_numeric_ranges(override, field):
 def test_sequence_parallel_needs_seq_len_divisible_by_tp():
     e = err(RECIPES / "7b_tp4_sp", ["batch.seq_len=4098"])
     assert e.field == "batch.seq_len" and "multiple of 4" in e.fix
+
+
+def test_offload_needs_the_right_prebuilt_ops():
+    from launch.extensions import needed_ops
+
+    assert needed_ops(resolve_path(RECIPES / "tiny_zero2")) == []
+    assert needed_ops(resolve_path(RECIPES / "tiny_zero2", ["parallel.offload_optimizer=cpu"])) == ["cpu_adam"]
+    nvme = resolve_path(RECIPES / "7b_zero3_ac", ["parallel.offload_optimizer=nvme", "parallel.offload_params=nvme"])
+    assert needed_ops(nvme) == ["cpu_adam", "async_io"]
