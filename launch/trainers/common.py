@@ -332,7 +332,9 @@ class ProgressLine:
 
         self._p = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
                            TextColumn("{task.fields[stats]}"), TimeRemainingColumn(),
-                           console=Console(file=terminal, width=120), transient=False)
+                           console=Console(file=terminal, width=120), transient=False,
+                           # Redrawing competes with the ranks for cores (2 ranks on 2 CPU cores): twice a second is enough.
+                           refresh_per_second=2)
         self._task = self._p.add_task(label, total=total, completed=start, stats="")
         self._p.start()
 
