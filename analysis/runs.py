@@ -100,18 +100,14 @@ def load_run(rf: RunFiles, *, hardware: Any = None, hardware_source: str = "") -
     metrics = rf.of("metrics_jsonl")
     if metrics:
         run.metrics = parse_metrics(metrics, relative_to=rf.root)
-    for p in rf.of("megatron_log"):
-        t = parse_megatron_log(p, source=rel(p))
-        if len(t):
-            run.megatron.append(t)
-        else:
-            run.warnings.extend(t.warnings)
-    for p in rf.of("deepspeed_log"):
-        t = parse_deepspeed_log(p, source=rel(p))
-        if len(t):
-            run.deepspeed.append(t)
-        else:
-            run.warnings.extend(t.warnings)
+    for kind, parse, into in (("megatron_log", parse_megatron_log, run.megatron),
+                              ("deepspeed_log", parse_deepspeed_log, run.deepspeed)):
+        for p in rf.of(kind):
+            t = parse(p, source=rel(p))
+            if len(t):
+                into.append(t)
+            else:
+                run.warnings.extend(t.warnings)
     for p in rf.of("tensorboard"):
         run.tensorboard.append(parse_tensorboard(p, source=rel(p)))
     traces = rf.of("kineto_trace")

@@ -162,18 +162,12 @@ def resolve(loaded: LoadedRecipe, world_size: int | None = None) -> Resolved:
                           f'set parallel.dp={dp} or parallel.dp="auto"')
 
     # Divisibility of the model by the layout.
-    if model.num_heads % par.tp:
-        raise ConfigError(w("parallel.tp"), "parallel.tp", par.tp,
-                          f"does not divide the {model.num_heads} attention heads of {model.name}",
-                          f"choose tp among {_divisors(model.num_heads)}")
-    if model.num_kv_heads % par.tp:
-        raise ConfigError(w("parallel.tp"), "parallel.tp", par.tp,
-                          f"does not divide the {model.num_kv_heads} KV heads of {model.name}",
-                          f"choose tp among {_divisors(model.num_kv_heads)}")
-    if model.intermediate_size % par.tp:
-        raise ConfigError(w("parallel.tp"), "parallel.tp", par.tp,
-                          f"does not divide the MLP width {model.intermediate_size} of {model.name}",
-                          f"choose tp among {_divisors(model.intermediate_size)}")
+    for size, what in ((model.num_heads, f"{model.num_heads} attention heads"),
+                       (model.num_kv_heads, f"{model.num_kv_heads} KV heads"),
+                       (model.intermediate_size, f"MLP width {model.intermediate_size}")):
+        if size % par.tp:
+            raise ConfigError(w("parallel.tp"), "parallel.tp", par.tp, f"does not divide the {what} of {model.name}",
+                              f"choose tp among {_divisors(size)}")
     stages = par.pp * par.vpp
     if model.num_layers % stages:
         raise ConfigError(w("parallel.pp"), "parallel.pp", par.pp,
