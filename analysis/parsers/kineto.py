@@ -44,6 +44,21 @@ import msgspec
 
 from analysis.table import Table
 
+# The C fast path (analysis/parsers/_kscan.c, built by `pip install`, optional): it takes the
+# well-formed events and leaves everything else to the decoders here, so the tables are the same
+# without it. LAYOUTLAB_KINETO_PURE=1 turns it off (the tests run both ways).
+_kscan: Any = None
+_kinflate: Any = None
+if os.environ.get("LAYOUTLAB_KINETO_PURE", "") in ("", "0"):
+    try:
+        from analysis.parsers import _kscan
+    except ImportError:
+        _kscan = None
+    try:
+        from analysis.parsers import _kinflate
+    except ImportError:
+        _kinflate = None
+
 COLUMNS: dict[str, str] = {
     "rank": "trainer rank: distributedInfo.rank, else a rank number in the file name (rank-3, rank_3, "
             "rank3), else None",
@@ -87,6 +102,8 @@ COLUMNS: dict[str, str] = {
 
 _CHUNK_BYTES = 1 << 20          # decompressed bytes handed to the decoder at a time
 _RAW_READ_BYTES = 1 << 16       # compressed bytes read at a time
+_THREAD_GUNZIP_BYTES = 1 << 18  # gzip files larger than this are inflated by a second thread (_kinflate)
+_GUNZIP_AHEAD = 4               # decompressed chunks it may run ahead
 _MAX_PENDING_BYTES = 64 << 20   # an "event" still unfinished after this many bytes is garbage
 _MAX_WARNINGS_PER_KIND = 5
 
@@ -214,6 +231,10 @@ class _LooseEvent(msgspec.Struct, gc=False):
 
 
 _BATCH = msgspec.json.Decoder(list[_Event])
+# Columns the C scanner leaves for scan_fast to pad (rank is one value; the others are filled later).
+_PADDED = ("collective", "message_bytes", "message_from", "group", "group_size", "step", "launch_ts_us")
+_EVENT = msgspec.json.Decoder(_Event)
+_STR = msgspec.json.Decoder(str)
 _LOOSE_BATCH = msgspec.json.Decoder(list[_LooseEvent])
 _ARG_FIELDS = {f.name: f.encode_name for f in msgspec.structs.fields(_Args)}
 _NOT_AN_EVENT = object()
@@ -377,12 +398,15 @@ class _Source:
             fh.seek(0)
             if head == b"\x1f\x8b":
                 self.gzip = True
-                yield from self._gunzip(fh)
+                if _kinflate is not None and os.fstat(fh.fileno()).st_size > _THREAD_GUNZIP_BYTES:
+                    yield from self._gunzip_in_thread(fh)
+                else:
+                    yield from self._gunzip(fh, self.warn)
             else:
                 while block := fh.read(_CHUNK_BYTES):
                     yield block
 
-    def _gunzip(self, fh) -> Iterator[bytes]:
+    def _gunzip(self, fh, warn: Callable[[str], None]) -> Iterator[bytes]:
         # zlib rather than gzip.GzipFile: a cut-short stream still yields everything before the
         # cut, and the compressed offset of the failure is known.
         inflater = zlib.decompressobj(31)
@@ -397,16 +421,42 @@ class _Source:
                 try:
                     out = inflater.decompress(data, _CHUNK_BYTES)
                 except zlib.error as exc:
-                    self.warn(f"{self.name}: gzip data corrupt after compressed byte {fed} ({exc}); "
-                              f"the events before it are kept")
+                    warn(f"{self.name}: gzip data corrupt after compressed byte {fed} ({exc}); "
+                         f"the events before it are kept")
                     return
                 if out:
                     yield out
                 data = inflater.unused_data if inflater.eof else inflater.unconsumed_tail
             fed += len(raw)
         if not inflater.eof:
+            warn(f"{self.name}: gzip stream ends early at compressed byte {fed} "
+                 f"(file cut short, e.g. by a crashed run); the events before the cut are kept")
+
+    def _gunzip_in_thread(self, fh) -> Iterator[bytes]:
+        """_gunzip done by _kinflate.Reader in a second thread that never takes the GIL, a few chunks
+        ahead of the scanning (inflation is a third of the time of a gzipped trace otherwise). The
+        warnings are _gunzip's; on corrupt data the output up to the failure is kept (zlib's
+        decompressobj drops the output of the call that fails)."""
+        import threading
+
+        reader = _kinflate.Reader(fh.fileno(), _CHUNK_BYTES, _GUNZIP_AHEAD)
+        worker = threading.Thread(target=reader.run, name="kineto-gunzip", daemon=True)
+        worker.start()
+        try:
+            while (block := reader.next()) is not None:
+                yield block
+        finally:
+            reader.close()
+            worker.join()
+        status, code, message, fed, errno = reader.outcome()
+        if status == 1:
             self.warn(f"{self.name}: gzip stream ends early at compressed byte {fed} "
                       f"(file cut short, e.g. by a crashed run); the events before the cut are kept")
+        elif status == 2:
+            self.warn(f"{self.name}: gzip data corrupt after compressed byte {fed} (Error {code} while "
+                      f"decompressing data: {message}); the events before it are kept")
+        elif status == 3:
+            self.warn(f"{self.name}: cannot read after compressed byte {fed} ({os.strerror(errno)})")
 
 
 class _Collector:
@@ -479,23 +529,16 @@ class _Collector:
                 if kind is None:
                     kind = kinds[name] = kernel_kind(name)
                 if kind == "communication":
-                    coll = self._kernel_coll.get(name)
-                    if coll is None:
-                        coll = self._kernel_coll[name] = kernel_collective(name)
-                    coll = cpu_collective("record_param_comms", args.collective_name) or coll
+                    coll = self._collective(name, kind, cat, args)
             elif cat in cpu_cats:
-                if name == "record_param_comms":
-                    coll = cpu_collective(name, args.collective_name)
-                else:
-                    coll = cpu_coll[name] if name in cpu_coll else self._cpu_collective(name)
+                coll = cpu_coll[name] if name in cpu_coll else self._cpu_collective(name)
+                if coll is not None or name == "record_param_comms":
+                    coll = self._collective(name, kind, cat, args)
             if coll is None:
                 add((rank, pid, tid, stream, cat, name, ts, durs.setdefault(dur, dur), kind,
                      None, None, None, None, None, None, corr, None))
             else:
-                msg, msg_from = _message(args)
-                group, gsize = _group(args, self.pg_sizes)
-                add((rank, pid, tid, stream, cat, name, ts, durs.setdefault(dur, dur), kind,
-                     coll, msg, msg_from, group, gsize, None, corr, None))
+                add((rank, pid, tid, stream, cat, name, ts, durs.setdefault(dur, dur), kind, *coll, None, corr, None))
         self.total += len(events)
         for ph, count in phases.items():
             self.skipped[f"ph={ph}"] += count
@@ -557,6 +600,71 @@ class _Collector:
             self.skipped[f"ph={ph}"] += count
         self.skipped.update(bad)
         self.take(complete)
+
+    def _collective(self, name: str, kind: str | None, cat: str, args: _Args) -> tuple | None:
+        """(collective, message_bytes, message_from, group, group_size) of a row that may be a
+        collective: a communication kernel, or a CPU op of a collective category whose name (or
+        record_param_comms' args) says so; None when it is not one."""
+        if kind == "communication":
+            coll = self._kernel_coll.get(name)
+            if coll is None:
+                coll = self._kernel_coll[name] = kernel_collective(name)
+            coll = cpu_collective("record_param_comms", args.collective_name) or coll
+        elif kind is None and cat in _CPU_COLLECTIVE_CATEGORIES:
+            if name == "record_param_comms":
+                coll = cpu_collective(name, args.collective_name)
+            else:
+                coll = self._cpu_coll[name] if name in self._cpu_coll else self._cpu_collective(name)
+        else:
+            return None
+        if coll is None:
+            return None
+        return (coll, *_message(args), *_group(args, self.pg_sizes))
+
+    def scan_fast(self, buf: bytes) -> tuple[int, int]:
+        """Rows of the complete events at the start of `buf`, through the C scanner (_kscan).
+
+        Returns (bytes taken, why it stopped: 0 the buffer ends inside an event, 1 no event starts
+        there, 2 an event the C scanner leaves to the decoders here)."""
+        ctx = (list(self.cols.values()), self.rank, self._category_pair, self._names, self._ids, self._durs,
+               self._kind, kernel_kind, self._cpu_coll, self._cpu_collective, _STR.decode)
+        cols = self.cols
+        before = len(cols["name"])
+        end, why, events, specials, metadata, phases, no_cat, trace_span, unwanted = _kscan.scan(buf, 0, ctx)
+        added = len(cols["name"]) - before
+        if added:
+            cols["rank"].extend([self.rank] * added)
+            padding = [None] * added
+            for column in _PADDED:
+                cols[column].extend(padding)
+        self.total += events
+        skipped = self.skipped
+        for ph, count in phases.items():
+            skipped[f"ph={ph}"] += count
+        for reason, count in (("no cat, ts or dur", no_cat), ("profiler span", trace_span),
+                              ("category not wanted", unwanted)):
+            if count:
+                skipped[reason] += count
+        if metadata or specials:
+            view = memoryview(buf)
+            for start, stop in metadata:
+                self._metadata(_EVENT.decode(view[start:stop]))
+            names, kinds, cats = cols["name"], cols["kind"], cols["category"]
+            targets = [cols[c] for c in ("collective", "message_bytes", "message_from", "group", "group_size")]
+            for row, start, stop in specials:
+                values = self._collective(names[row], kinds[row], cats[row], _EVENT.decode(view[start:stop]).args)
+                if values is not None:
+                    for column, value in zip(targets, values):
+                        column[row] = value
+        return end, why
+
+    def _category_pair(self, cat: str) -> tuple[str | None, bool]:
+        """For the C scanner: (the category `cat` stands for, or None when not wanted; whether CPU
+        collectives are looked for in it)."""
+        name = self._categories.get(cat) or self._category(cat)
+        if name is _UNWANTED:
+            return None, False
+        return name, name in _CPU_COLLECTIVE_CATEGORIES
 
     def _category(self, cat: Any) -> Any:
         """The category a trace's `cat` stands for (alias resolved, one shared object), or
@@ -657,6 +765,13 @@ class _Scanner:
 
     def _fast(self) -> bool:
         buf = self.buf
+        if _kscan is not None:
+            end, why = self.collector.scan_fast(buf)
+            if end:
+                self._consume(end)
+                return True
+            if why != 2:  # no complete event yet, or not an event: the slow path decides
+                return False
         lead = _LEADING_SEPARATORS.match(buf).end()
         if buf[lead:lead + 1] != b"{":
             return False
@@ -699,6 +814,8 @@ class _Scanner:
                 elif ch == "[":
                     self.state, self.root_array = "events", True
                     self._enter_events()
+                    i += 1
+                    break  # the events go to the fast path
                 else:
                     bad = "the file does not start with a JSON object or array"
                     break
@@ -728,7 +845,7 @@ class _Scanner:
                     self.state = "events"
                     self._enter_events()
                     i += 1
-                    continue
+                    break  # the events go to the fast path
                 value, end, bad = self._decode(text, i, final)
                 if end is None:
                     break

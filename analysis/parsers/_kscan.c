@@ -1,0 +1,690 @@
+/* Fast path of the Kineto trace parser (analysis/parsers/kineto.py): scans complete traceEvents
+ * array elements from a buffer and appends their rows to the collector's column lists.
+ *
+ * It handles only what it can handle exactly as the typed msgspec path (kineto._Event / _Args)
+ * would, and stops at the first event where it cannot say so: bytes that are not valid JSON, a
+ * field of another type than Kineto writes (a string stream, a null name, a float pid), an integer
+ * of more than 18 digits, a repeated key, nesting deeper than 64. It returns the offset where it
+ * stopped; the Python parser carries on from there with the decoders that handle everything, so
+ * results never depend on whether this module is built. Events that need their args beyond stream
+ * and correlation (collectives, metadata) are returned as byte spans for Python to decode.
+ *
+ * scan(buf, pos, ctx) -> (end, why, events, specials, metadata, phases, no_cat_ts_dur, trace_span,
+ *                          unwanted)
+ *   buf: bytes; pos: offset of the first element (separators before it are skipped);
+ *   ctx: tuple (cols, rank, category, names, ids, durs, kinds, kernel_kind, cpu_coll, cpu_collective,
+ *               decode_str)
+ *     cols: list of the 17 column lists in kineto.COLUMNS order;
+ *     category(cat) -> (canonical or the unwanted marker, is a CPU collective category);
+ *     names / ids / durs: dicts sharing repeated values; kinds: name -> kernel kind, filled through
+ *     kernel_kind(name); cpu_coll: name -> collective or None, filled through cpu_collective(name);
+ *     decode_str(bytes) -> str for a JSON string with escapes.
+ *   end: offset after the last event taken (and its separators); why: 0 the buffer ends inside the
+ *   next element, 1 the next byte is not the start of an object (e.g. the closing ']'), 2 the next
+ *   element is one this scanner leaves to the Python path;
+ *   specials: [(row index, span start, span end)] rows whose collective columns Python fills;
+ *   metadata: [(span start, span end)] of ph "M" events; phases: {ph: count} of other phases.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+#include <string.h>
+
+#define MAX_DEPTH 64
+#define NCOLS 17
+enum { C_RANK, C_PID, C_TID, C_STREAM, C_CAT, C_NAME, C_TS, C_DUR, C_KIND, C_COLL, C_MSG, C_MSGFROM,
+       C_GROUP, C_GSIZE, C_STEP, C_CORR, C_LAUNCH };
+
+/* results of the low-level scanners */
+#define OK 0
+#define INCOMPLETE 1   /* the buffer ends inside the value */
+#define INVALID 2      /* not JSON, or not what the typed path accepts */
+#define PYERR 3        /* a Python exception is set */
+
+typedef struct {
+    const unsigned char *p, *end;
+} Cur;
+
+/* one scanned field */
+enum { T_ABSENT, T_NULL, T_STR, T_INT, T_FLOAT };
+typedef struct {
+    int type;
+    const unsigned char *s;   /* string: bytes between the quotes; number: its text */
+    Py_ssize_t n;
+    int escaped;              /* string holds backslash escapes */
+    long long i;
+    double d;
+} Field;
+
+static inline void skip_ws(Cur *c) {
+    while (c->p < c->end && (*c->p == ' ' || *c->p == '\n' || *c->p == '\r' || *c->p == '\t')) c->p++;
+}
+
+/* Validate UTF-8 of [s, e) (only called when a byte >= 0x80 occurs). */
+static int valid_utf8(const unsigned char *s, const unsigned char *e) {
+    while (s < e) {
+        unsigned char b = *s;
+        if (b < 0x80) { s++; continue; }
+        int n; uint32_t cp;
+        if (b >= 0xC2 && b <= 0xDF) { n = 1; cp = b & 0x1F; }
+        else if (b >= 0xE0 && b <= 0xEF) { n = 2; cp = b & 0x0F; }
+        else if (b >= 0xF0 && b <= 0xF4) { n = 3; cp = b & 0x07; }
+        else return 0;
+        if (e - s <= n) return 0;
+        for (int k = 1; k <= n; k++) {
+            if ((s[k] & 0xC0) != 0x80) return 0;
+            cp = (cp << 6) | (s[k] & 0x3F);
+        }
+        if ((n == 2 && (cp < 0x800 || (cp >= 0xD800 && cp <= 0xDFFF))) || (n == 3 && (cp < 0x10000 || cp > 0x10FFFF)))
+            return 0;
+        s += n + 1;
+    }
+    return 1;
+}
+
+static inline int is_hex(unsigned char ch) {
+    return (ch >= '0' && ch <= '9') || (ch >= 'a' && ch <= 'f') || (ch >= 'A' && ch <= 'F');
+}
+
+/* Bytes that end the plain run of a string: the quote, backslash, control characters, non-ASCII. */
+static unsigned char string_stop[256];
+
+static void init_tables(void) {
+    for (int k = 0; k < 256; k++) string_stop[k] = (k == '"' || k == '\\' || k < 0x20 || k >= 0x80);
+}
+
+/* c->p at the opening quote. */
+static int scan_string(Cur *c, Field *f) {
+    const unsigned char *s = ++c->p;
+    int escaped = 0, high = 0;
+    for (;;) {
+        const unsigned char *q = c->p, *e = c->end;
+        while (e - q >= 4) {
+            if (string_stop[q[0]]) break;
+            if (string_stop[q[1]]) { q += 1; break; }
+            if (string_stop[q[2]]) { q += 2; break; }
+            if (string_stop[q[3]]) { q += 3; break; }
+            q += 4;
+        }
+        while (q < e && !string_stop[*q]) q++;
+        c->p = q;
+        if (q >= c->end) return INCOMPLETE;
+        unsigned char ch = *q;
+        if (ch == '"') break;
+        if (ch < 0x20) return INVALID;
+        if (ch >= 0x80) { high = 1; c->p++; continue; }
+        /* backslash */
+        escaped = 1;
+        if (q + 1 >= c->end) return INCOMPLETE;
+        unsigned char x = q[1];
+        if (x == 'u') {
+            if (q + 6 > c->end) return INCOMPLETE;
+            for (int k = 2; k < 6; k++) if (!is_hex(q[k])) return INVALID;
+            c->p = q + 6;
+        } else if (x == '"' || x == '\\' || x == '/' || x == 'b' || x == 'f' || x == 'n' || x == 'r' || x == 't') {
+            c->p = q + 2;
+        } else {
+            return INVALID;
+        }
+    }
+    if (high && !valid_utf8(s, c->p)) return INVALID;
+    if (f) { f->type = T_STR; f->s = s; f->n = c->p - s; f->escaped = escaped; }
+    c->p++;  /* closing quote */
+    return OK;
+}
+
+/* c->p at '-' or a digit. */
+static int scan_number(Cur *c, Field *f) {
+    const unsigned char *s = c->p, *q = c->p, *e = c->end;
+    int is_float = 0;
+    if (q < e && *q == '-') q++;
+    if (q >= e) return INCOMPLETE;
+    if (*q == '0') q++;
+    else if (*q >= '1' && *q <= '9') { while (q < e && *q >= '0' && *q <= '9') q++; }
+    else return INVALID;
+    if (q < e && *q == '.') {
+        is_float = 1; q++;
+        if (q >= e) return INCOMPLETE;
+        if (!(*q >= '0' && *q <= '9')) return INVALID;
+        while (q < e && *q >= '0' && *q <= '9') q++;
+    }
+    if (q < e && (*q == 'e' || *q == 'E')) {
+        is_float = 1; q++;
+        if (q < e && (*q == '+' || *q == '-')) q++;
+        if (q >= e) return INCOMPLETE;
+        if (!(*q >= '0' && *q <= '9')) return INVALID;
+        while (q < e && *q >= '0' && *q <= '9') q++;
+    }
+    if (q >= e) return INCOMPLETE;  /* the number may go on in the next chunk */
+    c->p = q;
+    if (!f) return OK;
+    f->s = s; f->n = q - s;
+    if (!is_float) {
+        const unsigned char *d = s;
+        int neg = 0;
+        if (*d == '-') { neg = 1; d++; }
+        if (q - d > 18) return INVALID;  /* leave big integers to the Python path */
+        long long v = 0;
+        for (; d < q; d++) v = v * 10 + (*d - '0');
+        f->type = T_INT; f->i = neg ? -v : v;
+    } else {
+        char tmp[64];
+        if (f->n >= (Py_ssize_t)sizeof(tmp)) return INVALID;
+        memcpy(tmp, s, f->n); tmp[f->n] = 0;
+        char *endp = NULL;
+        double v = PyOS_string_to_double(tmp, &endp, NULL);
+        if (v == -1.0 && PyErr_Occurred()) { PyErr_Clear(); return INVALID; }
+        if (!endp || *endp) return INVALID;
+        if (!(v - v == 0.0)) return INVALID;  /* inf: msgspec rejects out-of-range numbers differently */
+        f->type = T_FLOAT; f->d = v;
+    }
+    return OK;
+}
+
+static int scan_literal(Cur *c, const char *word, Py_ssize_t n) {
+    if (c->end - c->p < n) {
+        if (memcmp(c->p, word, c->end - c->p) == 0) return INCOMPLETE;
+        return INVALID;
+    }
+    if (memcmp(c->p, word, n) != 0) return INVALID;
+    c->p += n;
+    if (c->p >= c->end) return INCOMPLETE;  /* keep the rule: a value never ends the buffer */
+    return OK;
+}
+
+static int skip_value(Cur *c, int depth);
+
+static int skip_container(Cur *c, int depth, unsigned char close) {
+    if (depth > MAX_DEPTH) return INVALID;
+    c->p++;
+    skip_ws(c);
+    if (c->p >= c->end) return INCOMPLETE;
+    if (*c->p == close) { c->p++; return OK; }
+    for (;;) {
+        int r;
+        if (close == '}') {
+            if (*c->p != '"') return INVALID;
+            if ((r = scan_string(c, NULL)) != OK) return r;
+            skip_ws(c);
+            if (c->p >= c->end) return INCOMPLETE;
+            if (*c->p != ':') return INVALID;
+            c->p++;
+            skip_ws(c);
+            if (c->p >= c->end) return INCOMPLETE;
+        }
+        if ((r = skip_value(c, depth + 1)) != OK) return r;
+        skip_ws(c);
+        if (c->p >= c->end) return INCOMPLETE;
+        if (*c->p == ',') {
+            c->p++;
+            skip_ws(c);
+            if (c->p >= c->end) return INCOMPLETE;
+            continue;
+        }
+        if (*c->p == close) { c->p++; return OK; }
+        return INVALID;
+    }
+}
+
+/* c->p at the first byte of a value (not whitespace, not the end). */
+static int skip_value(Cur *c, int depth) {
+    switch (*c->p) {
+    case '"': return scan_string(c, NULL);
+    case '{': return skip_container(c, depth, '}');
+    case '[': return skip_container(c, depth, ']');
+    case 't': return scan_literal(c, "true", 4);
+    case 'f': return scan_literal(c, "false", 5);
+    case 'n': return scan_literal(c, "null", 4);
+    default:
+        if (*c->p == '-' || (*c->p >= '0' && *c->p <= '9')) return scan_number(c, NULL);
+        return INVALID;
+    }
+}
+
+/* A value into f when it is one of `allowed` (bit 1<<T_*); INVALID for another type. */
+static int scan_field(Cur *c, Field *f, int allowed) {
+    int r;
+    unsigned char ch = *c->p;
+    if (f->type != T_ABSENT) return INVALID;  /* repeated key */
+    if (ch == '"') r = scan_string(c, f);
+    else if (ch == 'n') { r = scan_literal(c, "null", 4); f->type = T_NULL; }
+    else if (ch == '-' || (ch >= '0' && ch <= '9')) r = scan_number(c, f);
+    else r = skip_value(c, 1) == INCOMPLETE ? INCOMPLETE : INVALID;  /* object, array, bool */
+    if (r != OK) return r;
+    if (!((1 << f->type) & allowed)) return INVALID;
+    return OK;
+}
+
+#define KEYIS(k, n, lit) ((n) == (Py_ssize_t)sizeof(lit) - 1 && memcmp((k), (lit), sizeof(lit) - 1) == 0)
+
+typedef struct {
+    Field ph, cat, name, pid, tid, ts, dur, stream, corr;
+    int args_seen;
+    const unsigned char *start, *stop;
+} Event;
+
+/* An object's members: the ones of interest into fields, the rest skipped (validated). */
+static int scan_args(Cur *c, Event *ev) {
+    c->p++;  /* '{' */
+    skip_ws(c);
+    if (c->p >= c->end) return INCOMPLETE;
+    if (*c->p == '}') { c->p++; return OK; }
+    for (;;) {
+        Field key = {0};
+        int r;
+        if (*c->p != '"') return INVALID;
+        if ((r = scan_string(c, &key)) != OK) return r;
+        skip_ws(c);
+        if (c->p >= c->end) return INCOMPLETE;
+        if (*c->p != ':') return INVALID;
+        c->p++;
+        skip_ws(c);
+        if (c->p >= c->end) return INCOMPLETE;
+        if (!key.escaped && KEYIS(key.s, key.n, "stream"))
+            r = scan_field(c, &ev->stream, (1 << T_NULL) | (1 << T_INT));
+        else if (!key.escaped && KEYIS(key.s, key.n, "correlation"))
+            r = scan_field(c, &ev->corr, (1 << T_NULL) | (1 << T_INT));
+        else if (key.escaped)
+            r = INVALID;  /* an escaped key may spell a field name: leave it to msgspec */
+        else
+            r = skip_value(c, 2);
+        if (r != OK) return r;
+        skip_ws(c);
+        if (c->p >= c->end) return INCOMPLETE;
+        if (*c->p == ',') {
+            c->p++;
+            skip_ws(c);
+            if (c->p >= c->end) return INCOMPLETE;
+            continue;
+        }
+        if (*c->p == '}') { c->p++; return OK; }
+        return INVALID;
+    }
+}
+
+static int scan_event(Cur *c, Event *ev) {
+    memset(ev, 0, sizeof(*ev));
+    ev->start = c->p;
+    c->p++;  /* '{' */
+    skip_ws(c);
+    if (c->p >= c->end) return INCOMPLETE;
+    if (*c->p == '}') { c->p++; ev->stop = c->p; return OK; }
+    const int STRNULL = (1 << T_NULL) | (1 << T_STR);
+    const int ID = (1 << T_NULL) | (1 << T_STR) | (1 << T_INT);
+    const int NUM = (1 << T_NULL) | (1 << T_INT) | (1 << T_FLOAT);
+    for (;;) {
+        Field key = {0};
+        int r;
+        if (*c->p != '"') return INVALID;
+        if ((r = scan_string(c, &key)) != OK) return r;
+        skip_ws(c);
+        if (c->p >= c->end) return INCOMPLETE;
+        if (*c->p != ':') return INVALID;
+        c->p++;
+        skip_ws(c);
+        if (c->p >= c->end) return INCOMPLETE;
+        const unsigned char *k = key.s;
+        Py_ssize_t n = key.n;
+        if (key.escaped) r = INVALID;
+        else if (KEYIS(k, n, "ph")) {
+            r = scan_field(c, &ev->ph, STRNULL);
+            if (r == OK && ev->ph.type == T_STR && ev->ph.escaped) r = INVALID;  /* an escaped ph may spell X or M */
+        }
+        else if (KEYIS(k, n, "cat")) r = scan_field(c, &ev->cat, STRNULL);
+        else if (KEYIS(k, n, "name")) r = scan_field(c, &ev->name, 1 << T_STR);
+        else if (KEYIS(k, n, "pid")) r = scan_field(c, &ev->pid, ID);
+        else if (KEYIS(k, n, "tid")) r = scan_field(c, &ev->tid, ID);
+        else if (KEYIS(k, n, "ts")) r = scan_field(c, &ev->ts, NUM);
+        else if (KEYIS(k, n, "dur")) r = scan_field(c, &ev->dur, NUM);
+        else if (KEYIS(k, n, "args")) {
+            if (ev->args_seen) return INVALID;
+            ev->args_seen = 1;
+            if (*c->p != '{') r = skip_value(c, 1) == INCOMPLETE ? INCOMPLETE : INVALID;
+            else r = scan_args(c, ev);
+        } else r = skip_value(c, 1);
+        if (r != OK) return r;
+        skip_ws(c);
+        if (c->p >= c->end) return INCOMPLETE;
+        if (*c->p == ',') {
+            c->p++;
+            skip_ws(c);
+            if (c->p >= c->end) return INCOMPLETE;
+            continue;
+        }
+        if (*c->p == '}') { c->p++; ev->stop = c->p; return OK; }
+        return INVALID;
+    }
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Python objects for fields */
+
+static PyObject *str_of(Field *f, PyObject *decode_str) {
+    if (f->type != T_STR) return PyUnicode_FromStringAndSize("", 0);
+    if (!f->escaped) return PyUnicode_DecodeUTF8((const char *)f->s, f->n, NULL);
+    PyObject *raw = PyBytes_FromStringAndSize((const char *)f->s - 1, f->n + 2);
+    if (!raw) return NULL;
+    PyObject *out = PyObject_CallOneArg(decode_str, raw);
+    Py_DECREF(raw);
+    return out;
+}
+
+/* New reference to a field's value (None when absent or null). */
+static PyObject *value_of(Field *f, PyObject *decode_str) {
+    switch (f->type) {
+    case T_STR: return str_of(f, decode_str);
+    case T_INT: return PyLong_FromLongLong(f->i);
+    case T_FLOAT: return PyFloat_FromDouble(f->d);
+    default: Py_RETURN_NONE;
+    }
+}
+
+/* The shared object equal to `v` from `pool` (new reference); consumes v. */
+static PyObject *shared(PyObject *pool, PyObject *v) {
+    if (!v) return NULL;
+    PyObject *s = PyDict_SetDefault(pool, v, v);
+    Py_XINCREF(s);
+    Py_DECREF(v);
+    return s;
+}
+
+/* small caches keyed by raw bytes: categories and phases */
+#define NCACHE 32
+typedef struct {
+    const unsigned char *s;   /* points into the buffer: valid only during one call */
+    Py_ssize_t n;
+    PyObject *a, *b;          /* borrowed from the dicts/tuples that hold them */
+    Py_ssize_t count;
+} Slot;
+
+static Slot *find_slot(Slot *slots, int nslots, const unsigned char *s, Py_ssize_t n) {
+    for (int k = 0; k < nslots; k++)
+        if (slots[k].n == n && memcmp(slots[k].s, s, n) == 0) return &slots[k];
+    return NULL;
+}
+
+/* Kept rows repeat a few hundred names: a table keyed by the name's raw bytes gives the shared str,
+ * its kernel kind and whether it is a CPU collective without building and hashing a new str. */
+#define NAME_SLOTS 4096  /* a power of two */
+#define SMALL_DURS 4096
+typedef struct {
+    const unsigned char *s;   /* in the buffer: valid only during one call */
+    Py_ssize_t n;
+    PyObject *name;           /* borrowed: the names dict holds it */
+    PyObject *kind;           /* borrowed from kinds, NULL until known */
+    int comm;                 /* kind is "communication" */
+    int cpu_special;          /* -1 unknown; else whether a CPU op of this name is a collective call */
+} NameSlot;
+
+typedef struct {
+    NameSlot names[NAME_SLOTS];
+    PyObject *durs[SMALL_DURS];  /* borrowed from the durs dict */
+} Cache;
+
+static NameSlot *name_slot(Cache *cache, const unsigned char *s, Py_ssize_t n) {
+    uint64_t h = 0x9E3779B97F4A7C15ull ^ (uint64_t)n;
+    Py_ssize_t k = 0;
+    for (; k + 8 <= n; k += 8) {
+        uint64_t w;
+        memcpy(&w, s + k, 8);
+        h = (h ^ w) * 0xff51afd7ed558ccdull;
+        h ^= h >> 32;
+    }
+    for (; k < n; k++) h = (h ^ s[k]) * 0x100000001b3ull;
+    h ^= h >> 29;
+    for (size_t probe = 0; probe < 64; probe++) {
+        NameSlot *slot = &cache->names[(h + probe) & (NAME_SLOTS - 1)];
+        if (!slot->name) { slot->cpu_special = -1; return slot; }
+        if (slot->n == n && memcmp(slot->s, s, n) == 0) return slot;
+    }
+    return NULL;  /* crowded: go without the cache */
+}
+
+/* pid / tid repeat in runs: the shared object of the last integer seen */
+typedef struct {
+    long long i;
+    PyObject *obj;  /* borrowed from ids */
+} LastId;
+
+static PyObject *cached_id(LastId *last, Field *f, PyObject *ids, PyObject *decode_str) {
+    if (f->type == T_INT && last->obj && last->i == f->i) {
+        Py_INCREF(last->obj);
+        return last->obj;
+    }
+    PyObject *v = shared(ids, value_of(f, decode_str));
+    if (v && f->type == T_INT) { last->i = f->i; last->obj = v; }
+    return v;
+}
+
+static int append(PyObject *list, PyObject *v) {
+    /* steals v */
+    if (!v) return -1;
+    int r = PyList_Append(list, v);
+    Py_DECREF(v);
+    return r;
+}
+
+static PyObject *scan(PyObject *self, PyObject *args) {
+    Py_buffer view;
+    Py_ssize_t pos;
+    PyObject *ctx;
+    if (!PyArg_ParseTuple(args, "y*nO!", &view, &pos, &PyTuple_Type, &ctx)) return NULL;
+    PyObject *cols, *rank, *category, *names, *ids, *durs, *kinds, *kernel_kind, *cpu_coll, *cpu_collective,
+        *decode_str;
+    if (!PyArg_ParseTuple(ctx, "O!OOO!O!O!O!OO!OO", &PyList_Type, &cols, &rank, &category, &PyDict_Type, &names,
+                          &PyDict_Type, &ids, &PyDict_Type, &durs, &PyDict_Type, &kinds, &kernel_kind,
+                          &PyDict_Type, &cpu_coll, &cpu_collective, &decode_str)) {
+        PyBuffer_Release(&view);
+        return NULL;
+    }
+    if (PyList_GET_SIZE(cols) != NCOLS) {
+        PyBuffer_Release(&view);
+        PyErr_SetString(PyExc_ValueError, "cols must hold 17 lists");
+        return NULL;
+    }
+    PyObject *col[NCOLS];
+    for (int k = 0; k < NCOLS; k++) {
+        col[k] = PyList_GET_ITEM(cols, k);
+        if (!PyList_Check(col[k])) {
+            PyBuffer_Release(&view);
+            PyErr_SetString(PyExc_TypeError, "cols must hold lists");
+            return NULL;
+        }
+    }
+    PyObject *specials = PyList_New(0), *metadata = PyList_New(0), *phases = PyDict_New();
+    PyObject *cat_results = PyList_New(0);  /* keeps category() results alive for the cache */
+    PyObject *ph_keys = PyList_New(0);
+    PyObject *result = NULL;
+    Slot cats[NCACHE], phs[NCACHE];
+    LastId last_pid = {0, NULL}, last_tid = {0, NULL};
+    Cache *cache = PyMem_Calloc(1, sizeof(Cache));
+    if (!cache) { PyErr_NoMemory(); goto done; }
+    int ncats = 0, nphs = 0;
+    Py_ssize_t events = 0, no_cat = 0, trace_span = 0, unwanted = 0;
+    int why = 0;
+    if (!specials || !metadata || !phases || !cat_results || !ph_keys) goto done;
+
+    const unsigned char *base = (const unsigned char *)view.buf;
+    Cur c = {base + pos, base + view.len};
+    const unsigned char *taken = c.p;
+    for (;;) {
+        while (c.p < c.end && (*c.p == ',' || *c.p == ' ' || *c.p == '\n' || *c.p == '\r' || *c.p == '\t')) c.p++;
+        taken = c.p;
+        if (c.p >= c.end) { why = 0; break; }
+        if (*c.p != '{') { why = 1; break; }
+        Event ev;
+        int r = scan_event(&c, &ev);
+        if (r == INCOMPLETE) { why = 0; break; }
+        if (r != OK) { why = 2; break; }
+        /* the element must be followed by a separator or the end of the array */
+        {
+            const unsigned char *q = c.p;
+            while (q < c.end && (*q == ' ' || *q == '\n' || *q == '\r' || *q == '\t')) q++;
+            if (q >= c.end) { why = 0; break; }
+            if (*q != ',' && *q != ']') { why = 2; break; }
+        }
+        events++;
+        if ((events & 255) == 0) {
+            /* Let a waiting thread run (the gzip reader needs the GIL for a moment per chunk). */
+            Py_BEGIN_ALLOW_THREADS
+            Py_END_ALLOW_THREADS
+        }
+        /* ph */
+        if (!(ev.ph.type == T_STR && ev.ph.n == 1 && ev.ph.s[0] == 'X' && !ev.ph.escaped)) {
+            if (ev.ph.type == T_STR && ev.ph.n == 1 && ev.ph.s[0] == 'M' && !ev.ph.escaped) {
+                PyObject *span = Py_BuildValue("(nn)", (Py_ssize_t)(ev.start - base), (Py_ssize_t)(ev.stop - base));
+                if (append(metadata, span) < 0) goto done;
+            }
+            const unsigned char *s = ev.ph.type == T_STR ? ev.ph.s : (const unsigned char *)"";
+            Py_ssize_t n = ev.ph.type == T_STR ? ev.ph.n : -1;  /* -1: null or absent */
+            Slot *slot = NULL;
+            for (int k = 0; k < nphs; k++)
+                if (phs[k].n == n && (n < 0 || memcmp(phs[k].s, s, n) == 0)) { slot = &phs[k]; break; }
+            if (slot) { slot->count++; continue; }
+            PyObject *key = ev.ph.type == T_STR ? str_of(&ev.ph, decode_str) : (Py_INCREF(Py_None), Py_None);
+            if (!key) goto done;
+            if (PyList_Append(ph_keys, key) < 0) { Py_DECREF(key); goto done; }
+            Py_DECREF(key);
+            if (nphs < NCACHE) {
+                phs[nphs].s = s; phs[nphs].n = n; phs[nphs].a = key; phs[nphs].b = NULL; phs[nphs].count = 1;
+                nphs++;
+            } else {
+                PyObject *old = PyDict_GetItemWithError(phases, key);
+                if (!old && PyErr_Occurred()) goto done;
+                PyObject *v = PyLong_FromSsize_t((old ? PyLong_AsSsize_t(old) : 0) + 1);
+                if (!v || PyDict_SetItem(phases, key, v) < 0) { Py_XDECREF(v); goto done; }
+                Py_DECREF(v);
+            }
+            continue;
+        }
+        if (ev.cat.type != T_STR || ev.ts.type <= T_NULL || ev.dur.type <= T_NULL) { no_cat++; continue; }
+        /* category */
+        PyObject *canon, *cpu_cat;
+        Slot *cs = ev.cat.escaped ? NULL : find_slot(cats, ncats, ev.cat.s, ev.cat.n);
+        if (cs) {
+            canon = cs->a; cpu_cat = cs->b;
+        } else {
+            PyObject *catstr = str_of(&ev.cat, decode_str);
+            if (!catstr) goto done;
+            int is_trace = PyUnicode_CompareWithASCIIString(catstr, "Trace") == 0;
+            PyObject *res = is_trace ? (Py_INCREF(Py_None), Py_None) : PyObject_CallOneArg(category, catstr);
+            Py_DECREF(catstr);
+            if (!res) goto done;
+            if (PyList_Append(cat_results, res) < 0) { Py_DECREF(res); goto done; }
+            Py_DECREF(res);
+            if (is_trace) { canon = NULL; cpu_cat = NULL; }
+            else {
+                if (!PyTuple_Check(res) || PyTuple_GET_SIZE(res) != 2) {
+                    PyErr_SetString(PyExc_TypeError, "category() must return a pair");
+                    goto done;
+                }
+                canon = PyTuple_GET_ITEM(res, 0); cpu_cat = PyTuple_GET_ITEM(res, 1);
+            }
+            if (!ev.cat.escaped && ncats < NCACHE) {
+                cats[ncats].s = ev.cat.s; cats[ncats].n = ev.cat.n; cats[ncats].a = canon; cats[ncats].b = cpu_cat;
+                ncats++;
+            }
+        }
+        if (!canon) { trace_span++; continue; }
+        if (canon == Py_None) { unwanted++; continue; }
+        /* a kept row */
+        NameSlot *ns = ev.name.type == T_STR && !ev.name.escaped ? name_slot(cache, ev.name.s, ev.name.n) : NULL;
+        PyObject *name = ns && ns->name ? (Py_INCREF(ns->name), ns->name) : shared(names, str_of(&ev.name, decode_str));
+        if (!name) goto done;
+        if (ns && !ns->name) { ns->s = ev.name.s; ns->n = ev.name.n; ns->name = name; }  /* names holds it */
+        Py_ssize_t row = PyList_GET_SIZE(col[C_CAT]);
+        int special = 0;
+        PyObject *kind = Py_None;
+        int gpu = ev.stream.type == T_INT && ev.stream.i != -1;
+        if (gpu) {
+            kind = ns ? ns->kind : NULL;
+            if (!kind) {
+                kind = PyDict_GetItemWithError(kinds, name);
+                if (!kind) {
+                    if (PyErr_Occurred()) { Py_DECREF(name); goto done; }
+                    PyObject *k = PyObject_CallOneArg(kernel_kind, name);
+                    if (!k || PyDict_SetItem(kinds, name, k) < 0) { Py_XDECREF(k); Py_DECREF(name); goto done; }
+                    Py_DECREF(k);
+                    kind = PyDict_GetItemWithError(kinds, name);
+                    if (!kind) { Py_DECREF(name); goto done; }
+                }
+                if (ns) {
+                    ns->kind = kind;  /* kinds holds it */
+                    ns->comm = PyUnicode_CompareWithASCIIString(kind, "communication") == 0;
+                }
+            }
+            special = ns ? ns->comm : PyUnicode_CompareWithASCIIString(kind, "communication") == 0;
+        } else if (cpu_cat == Py_True) {
+            if (ns && ns->cpu_special >= 0) special = ns->cpu_special;
+            else {
+                if (PyUnicode_CompareWithASCIIString(name, "record_param_comms") == 0) special = 1;
+                else {
+                    PyObject *coll = PyDict_GetItemWithError(cpu_coll, name);
+                    if (!coll) {
+                        if (PyErr_Occurred()) { Py_DECREF(name); goto done; }
+                        coll = PyObject_CallOneArg(cpu_collective, name);
+                        if (!coll) { Py_DECREF(name); goto done; }
+                        Py_DECREF(coll);  /* cpu_collective stores it in cpu_coll */
+                    }
+                    special = coll != Py_None;
+                }
+                if (ns) ns->cpu_special = special;
+            }
+        }
+        PyObject *pid = cached_id(&last_pid, &ev.pid, ids, decode_str);
+        PyObject *tid = pid ? cached_id(&last_tid, &ev.tid, ids, decode_str) : NULL;
+        PyObject *dur = NULL;
+        if (tid) {
+            if (ev.dur.type == T_INT && ev.dur.i >= 0 && ev.dur.i < SMALL_DURS) {
+                dur = cache->durs[ev.dur.i];
+                if (dur) Py_INCREF(dur);
+                else if ((dur = shared(durs, PyLong_FromLongLong(ev.dur.i)))) cache->durs[ev.dur.i] = dur;  /* durs holds it */
+            } else dur = shared(durs, value_of(&ev.dur, decode_str));
+        }
+        if (!dur) { Py_XDECREF(pid); Py_XDECREF(tid); Py_DECREF(name); goto done; }
+        /* rank and the columns filled later (collective ... step, launch_ts) are padded by the caller */
+        Py_INCREF(canon); Py_INCREF(kind);
+        if (append(col[C_PID], pid) < 0 || append(col[C_TID], tid) < 0
+            || append(col[C_STREAM], value_of(&ev.stream, decode_str)) < 0 || append(col[C_CAT], canon) < 0
+            || append(col[C_NAME], name) < 0 || append(col[C_TS], value_of(&ev.ts, decode_str)) < 0
+            || append(col[C_DUR], dur) < 0 || append(col[C_KIND], kind) < 0
+            || append(col[C_CORR], value_of(&ev.corr, decode_str)) < 0)
+            goto done;
+        if (special) {
+            PyObject *sp = Py_BuildValue("(nnn)", row, (Py_ssize_t)(ev.start - base), (Py_ssize_t)(ev.stop - base));
+            if (append(specials, sp) < 0) goto done;
+        }
+    }
+    for (int k = 0; k < nphs; k++) {
+        PyObject *old = PyDict_GetItemWithError(phases, phs[k].a);
+        if (!old && PyErr_Occurred()) goto done;
+        PyObject *v = PyLong_FromSsize_t((old ? PyLong_AsSsize_t(old) : 0) + phs[k].count);
+        if (!v || PyDict_SetItem(phases, phs[k].a, v) < 0) { Py_XDECREF(v); goto done; }
+        Py_DECREF(v);
+    }
+    result = Py_BuildValue("(ninNNNnnn)", (Py_ssize_t)(taken - base), why, events, specials, metadata, phases,
+                           no_cat, trace_span, unwanted);
+    specials = metadata = phases = NULL;  /* stolen by N */
+done:
+    Py_XDECREF(specials);
+    Py_XDECREF(metadata);
+    Py_XDECREF(phases);
+    Py_XDECREF(cat_results);
+    Py_XDECREF(ph_keys);
+    PyMem_Free(cache);
+    PyBuffer_Release(&view);
+    return result;
+}
+
+static PyMethodDef methods[] = {
+    {"scan", scan, METH_VARARGS, "Scan complete Kineto events from a buffer into column lists (see the C source)."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_kscan", "Fast path of analysis.parsers.kineto.", -1,
+                                    methods};
+
+PyMODINIT_FUNC PyInit__kscan(void) {
+    init_tables();
+    return PyModule_Create(&module);
+}

@@ -1,0 +1,197 @@
+"""The C fast path of the Kineto parser (_kscan: event scanner, _kinflate: gzip reader thread) gives
+the same tables as the pure-Python path, on the real traces and on arbitrary events.
+
+The pure path is what a machine without a C compiler runs; `pure` below switches the fast path off
+the way LAYOUTLAB_KINETO_PURE=1 does. Comparisons are by repr, so 1 vs 1.0 vs True differ.
+"""
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import shutil
+import subprocess
+import sys
+import sysconfig
+import threading
+from importlib.util import find_spec
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from analysis import trace_analysis as ta
+from analysis.parsers import kineto
+from analysis.parsers.kineto import parse_kineto
+from tests.unit.test_kineto import _SMALL, _event, _json_values, _modern_trace
+
+REPO = Path(__file__).resolve().parents[2]
+FIX = REPO / "tests" / "fixtures" / "kineto"
+TRACES = sorted(FIX.glob("*.json.gz"))
+
+needs_fast = pytest.mark.skipif(kineto._kscan is None or kineto._kinflate is None,
+                                reason="C fast path not built (no compiler at install time)")
+
+
+def _pure(path, **kw):
+    saved = kineto._kscan, kineto._kinflate
+    kineto._kscan = kineto._kinflate = None
+    try:
+        return parse_kineto(path, **kw)
+    finally:
+        kineto._kscan, kineto._kinflate = saved
+
+
+def _same(a, b):
+    assert list(a.columns) == list(b.columns)
+    for c in a.columns:
+        assert [repr(v) for v in a.columns[c]] == [repr(v) for v in b.columns[c]], c
+    assert a.warnings == b.warnings
+    assert a.meta == b.meta
+
+
+def test_fast_path_is_built_where_a_compiler_is():
+    """setup.py builds the extensions as optional: a failed build would pass silently and leave
+    every report several times slower. Where this Python could compile them, they must be there."""
+    cc = (sysconfig.get_config_var("CC") or "cc").split()[0]
+    if shutil.which(cc) is None or not Path(sysconfig.get_paths()["include"], "Python.h").exists():
+        pytest.skip(f"no C compiler ({cc}) or Python headers here: the pure path is the only one")
+    assert find_spec("analysis.parsers._kscan"), "analysis/parsers/_kscan.c was not built: run `pip install -e .`"
+    assert find_spec("analysis.parsers._kinflate"), ("analysis/parsers/_kinflate.c was not built (needs zlib "
+                                                     "headers, zlib1g-dev): run `pip install -e .`")
+
+
+@needs_fast
+@pytest.mark.parametrize("path", TRACES, ids=lambda p: p.name)
+@pytest.mark.parametrize("cats", [None, ta.GPU_ANALYSIS_CATEGORIES], ids=["all", "gpu"])
+def test_real_traces_read_the_same(path, cats):
+    fast = parse_kineto(path, categories=cats)
+    assert len(fast) > 0
+    _same(fast, _pure(path, categories=cats))
+
+
+@needs_fast
+@pytest.mark.parametrize("gz", [False, True])
+@pytest.mark.parametrize("cut", [150, 250000, 1200000])
+def test_cut_short_traces_read_the_same(tmp_path, cut, gz):
+    text = gzip.decompress((FIX / "hta_trace_diff_test.json.gz").read_bytes())[:3000000]
+    data = gzip.compress(text)[:cut // 4] if gz else text[:cut]
+    p = tmp_path / ("cut.json.gz" if gz else "cut.json")
+    p.write_bytes(data)
+    _same(parse_kineto(p), _pure(p))
+
+
+@needs_fast
+def test_garbage_and_odd_events_read_the_same(tmp_path):
+    """Events the scanner leaves to msgspec (string stream, null name, escaped keys, big integers,
+    duplicate keys) and bytes that are not JSON, between ordinary events."""
+    text = gzip.decompress((FIX / "hta_trace_filter__sampled_rank-0.json.gz").read_bytes())
+    odd = [b'{"ph": "X", "cat": "kernel", "name": "k", "pid": 0, "tid": 7, "ts": 5, "dur": 1, '
+           b'"args": {"stream": "7", "correlation": 1}}',
+           b'{"ph": "X", "cat": "cpu_op", "name": null, "pid": 0, "tid": 1, "ts": 6, "dur": 1}',
+           b'{"ph": "X", "c\\u0061t": "kernel", "name": "k2", "pid": 0, "tid": 7, "ts": 7, "dur": 1}',
+           b'{"ph": "X", "cat": "cpu_op", "name": "big", "pid": 0, "tid": 1, "ts": 123456789012345678901, "dur": 1}',
+           b'{"ph": "X", "cat": "cpu_op", "name": "dup", "name": "dup2", "pid": 0, "tid": 1, "ts": 8, "dur": 1}',
+           b'{"ph": "\\u0058", "cat": "cpu_op", "name": "esc\\"aped \\u00e9", "pid": "p", "tid": 1.0, "ts": 9, "dur": 1}',
+           b'{"ph": "X", "cat": "cpu_op", "name": "n\\u00e9", "pid": 0, "tid": 1, "ts": 1e3, "dur": 2.5}']
+    at = range(200000, 900000, 100000)
+    pieces, last = [], 0
+    for k, pos in enumerate(at):
+        cut = text.index(b', {"ph"', pos) + 1
+        pieces += [text[last:cut], b" " + odd[k % len(odd)] + b","]
+        last = cut
+    pieces.append(text[last:])
+    data = b"".join(pieces)
+    garbled = data[:900000] + b"\x00\xff]]} {{ ,, NaN garbage" + data[900000:]
+    for name, body in (("odd.json", data), ("garbled.json", garbled)):
+        p = tmp_path / name
+        p.write_bytes(body)
+        fast = parse_kineto(p)
+        _same(fast, _pure(p))
+    assert {"k", "big", "dup2", "esc\"aped é", "né"} <= set(fast.column("name"))
+
+
+@needs_fast
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(events=st.lists(_event, max_size=40), gz=st.booleans(), indent=st.sampled_from([None, 1]))
+def test_arbitrary_events_read_the_same(tmp_path, events, gz, indent):
+    doc = json.dumps({"distributedInfo": {"rank": 1}, "traceEvents": events}, indent=indent).encode()
+    p = tmp_path / ("e.json.gz" if gz else "e.json")
+    p.write_bytes(gzip.compress(doc) if gz else doc)
+    _same(parse_kineto(p), _pure(p))
+
+
+@needs_fast
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(cut=st.integers(0, len(_SMALL)), junk=st.binary(max_size=40), at=st.integers(0, len(_SMALL)))
+def test_any_truncation_or_garbage_reads_the_same(tmp_path, cut, junk, at):
+    p = tmp_path / "x.json"
+    p.write_bytes((_SMALL[:at] + junk + _SMALL[at:])[:cut + len(junk)])
+    _same(parse_kineto(p), _pure(p))
+
+
+# --- the gzip reader thread ----------------------------------------------------------------------------
+
+def _read_all(path: Path, chunk: int = 1 << 20, ahead: int = 4) -> tuple[bytes, tuple]:
+    reader = kineto._kinflate.Reader(os.open(path, os.O_RDONLY), chunk, ahead)
+    worker = threading.Thread(target=reader.run)
+    worker.start()
+    parts = []
+    while (block := reader.next()) is not None:
+        parts.append(block)
+    worker.join()
+    return b"".join(parts), reader.outcome()
+
+
+@needs_fast
+def test_reader_inflates_members_padding_and_reports_cuts(tmp_path):
+    doc = json.dumps(_modern_trace(1)).encode() * 50
+    p = tmp_path / "multi.gz"
+    p.write_bytes(gzip.compress(doc[:1000]) + gzip.compress(doc[1000:]) + b"\0" * 700)
+    data, outcome = _read_all(p, chunk=4096, ahead=2)
+    assert data == doc and outcome[0] == 0
+    whole = gzip.compress(doc)
+    p.write_bytes(whole[:len(whole) // 2])
+    data, (status, _, _, fed, _) = _read_all(p, chunk=4096)
+    assert status == 1 and fed == len(whole) // 2 and doc.startswith(data) and 0 < len(data) < len(doc)
+    bad = bytearray(whole)
+    bad[len(bad) // 2:len(bad) // 2 + 64] = b"\xff" * 64
+    p.write_bytes(bytes(bad))
+    data, (status, code, message, _, _) = _read_all(p, chunk=4096)
+    assert status == 2 and code == -3 and message  # Z_DATA_ERROR and doc.startswith(data)
+    t = parse_kineto(p)  # through the parser: a warning in _gunzip's words, the events before kept
+    assert any("gzip data corrupt after compressed byte" in w and "Error -3 while decompressing" in w
+               for w in t.warnings)
+
+
+@needs_fast
+def test_reader_stops_when_the_consumer_does(tmp_path):
+    """A parse abandoned half way (generator closed) stops and joins the inflating thread."""
+    p = tmp_path / "big.json.gz"
+    p.write_bytes(gzip.compress(os.urandom(12 << 20), compresslevel=1))  # > _GUNZIP_AHEAD chunks ahead
+    assert p.stat().st_size > kineto._THREAD_GUNZIP_BYTES
+    source = kineto._Source(p, str(p), lambda w: None)
+    chunks = source.chunks()
+    assert next(chunks)
+    assert any(t.name == "kineto-gunzip" for t in threading.enumerate())  # blocked, the ring full
+    before = threading.active_count()
+    chunks.close()
+    assert threading.active_count() <= before - 1
+    assert not any(t.name == "kineto-gunzip" for t in threading.enumerate())
+
+
+def test_pure_switch_turns_the_fast_path_off():
+    code = "from analysis.parsers import kineto; print(kineto._kscan is None, kineto._kinflate is None)"
+    env = dict(os.environ, LAYOUTLAB_KINETO_PURE="1", PYTHONPATH=str(REPO))
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["True", "True"]
+
+
+def test_kineto_suite_passes_on_the_pure_path():
+    """Every parser test of test_kineto.py again with the C path switched off (what a machine without
+    a compiler runs)."""
+    env = dict(os.environ, LAYOUTLAB_KINETO_PURE="1", PYTHONPATH=str(REPO))
+    out = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/unit/test_kineto.py"],
+                         env=env, cwd=REPO, capture_output=True, text=True)
+    assert out.returncode == 0, out.stdout[-3000:]
