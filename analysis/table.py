@@ -7,18 +7,39 @@ warning naming the file and the line or byte, never an exception).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Any, Iterable, Iterator, Mapping
 
 
-@dataclass(frozen=True)
 class Table:
-    name: str
-    columns: Mapping[str, list[Any]]
-    doc: Mapping[str, str]
-    source: str = ""
-    warnings: tuple[str, ...] = ()
-    meta: Mapping[str, Any] = field(default_factory=dict)
+    """Immutable after construction (frozen like a dataclass, without importing dataclasses: the
+    report's start-up time counts against the analysis speed target)."""
+
+    __slots__ = ("name", "columns", "doc", "source", "warnings", "meta", "__weakref__")
+
+    def __init__(self, name: str, columns: Mapping[str, list[Any]], doc: Mapping[str, str], source: str = "",
+                 warnings: tuple[str, ...] = (), meta: Mapping[str, Any] | None = None) -> None:
+        for attr, value in (("name", name), ("columns", columns), ("doc", doc), ("source", source),
+                            ("warnings", warnings), ("meta", {} if meta is None else meta)):
+            object.__setattr__(self, attr, value)
+        self.__post_init__()
+
+    def __setattr__(self, attr: str, value: Any) -> None:
+        raise AttributeError(f"Table is immutable: cannot set {attr!r}")
+
+    def __delattr__(self, attr: str) -> None:
+        raise AttributeError(f"Table is immutable: cannot delete {attr!r}")
+
+    def __eq__(self, other: object) -> bool:
+        if other.__class__ is not Table:
+            return NotImplemented
+        return all(getattr(self, a) == getattr(other, a) for a in ("name", "columns", "doc", "source", "warnings",
+                                                                    "meta"))
+
+    __hash__ = None  # type: ignore[assignment]  # mutable contents, as the frozen dataclass with dict fields
+
+    def __repr__(self) -> str:
+        return (f"Table(name={self.name!r}, rows={len(self)}, columns={list(self.columns)}, "
+                f"source={self.source!r}, warnings={len(self.warnings)})")
 
     def __post_init__(self) -> None:
         lengths = {len(v) for v in self.columns.values()}

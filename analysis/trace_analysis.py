@@ -42,13 +42,13 @@ import functools
 import itertools
 import math
 import operator
-import statistics
 import weakref
 from collections import Counter, defaultdict
 from typing import Any, Iterable, Mapping
 
 from analysis.collectives import CPU_LAYERS, bus_factor_of, group_size_hint, nccl_tests_bytes
-from analysis.parsers.kineto import PROFILER_STEP, gc_paused
+from analysis.parsers import kineto as _kineto
+from analysis.parsers.kineto import PROFILER_STEP, _where, gc_paused
 from analysis.table import Table
 
 _KINDS = ("computation", "communication", "memory")  # HTA's order: bit 1, 2, 4
@@ -71,7 +71,12 @@ GPU_ANALYSIS_CATEGORIES = frozenset({"kernel", "gpu_memcpy", "gpu_memset", "gpu_
 
 def _hta_merge(intervals: list[tuple[float, float]]) -> list[tuple[float, float]]:
     """hta.utils.merge_kernel_intervals: blocks of intervals, a new block when a start lies after
-    every earlier end; each block spans (min start, max end)."""
+    every earlier end; each block spans (min start, max end). In C when the parser's extension is
+    built (same objects out; the equality is tested)."""
+    if _kineto._kscan is not None:
+        merged = _kineto._kscan.hta_merge(intervals)
+        if merged is not None:
+            return merged
     intervals.sort()
     out = []
     reach = -math.inf
@@ -96,7 +101,12 @@ def _measure(blocks: Iterable[tuple[float, float]]) -> float:
 
 def _sweep(groups: list[list[tuple[float, float]]]) -> dict[int, float]:
     """Time spent in each combination of groups (bit i = group i active), as HTA computes it:
-    +bit at each block start, -bit at each end, running sum held until the next event."""
+    +bit at each block start, -bit at each end, running sum held until the next event (in C when
+    the parser's extension is built)."""
+    if _kineto._kscan is not None:
+        states = _kineto._kscan.sweep(groups)
+        if states is not None:
+            return states
     events = []
     for bit, blocks in enumerate(groups):
         v = 1 << bit
@@ -329,11 +339,6 @@ def window_steps(table: Table, *, include_last_step: bool = False) -> dict[Any, 
     return {rk.rank: {s[2] for s in rk.window_steps} for rk in _ranks(table, include_last_step)}
 
 
-def _where(flags: Iterable[Any]) -> list[int]:
-    """Indices of the true flags, found in C (itertools.compress over the row numbers)."""
-    return list(itertools.compress(itertools.count(), flags))
-
-
 def _gc_paused(analysis):
     """Run an analysis with the cyclic garbage collector held off (see kineto.gc_paused): it
     allocates an interval tuple per GPU event and would otherwise trigger collections that walk
@@ -343,6 +348,13 @@ def _gc_paused(analysis):
         with gc_paused():
             return analysis(*args, **kwargs)
     return run
+
+
+def _stdev(values: list[float], mean: float) -> float:
+    """Sample standard deviation (n - 1), two-pass in floats as pandas' std; 0 for one value."""
+    if len(values) < 2:
+        return 0.0
+    return math.sqrt(math.fsum((v - mean) ** 2 for v in values) / (len(values) - 1))
 
 
 def _pct(part: float | None, whole: float | None) -> float | None:
@@ -495,7 +507,7 @@ def kernel_breakdown(table: Table, *, include_last_step: bool = False, hta_round
             total = sum(ds)
             rows.append({"rank": rk.rank, "kind": kind, "name": name, "count": len(ds), "total_us": total,
                          "mean_us": total / len(ds), "min_us": min(ds), "max_us": max(ds),
-                         "std_us": statistics.stdev(ds) if len(ds) > 1 else 0.0,
+                         "std_us": _stdev(ds, total / len(ds)),
                          "share_of_kind_pct": _pct(total, kind_total[kind])})
     return Table.from_rows("kernel_breakdown", KERNEL_COLUMNS, rows, source=table.source,
                            meta={"include_last_step": include_last_step, "hta_rounding": hta_rounding})
@@ -679,6 +691,7 @@ def stragglers(table: Table, *, threshold_pct: float = 10.0, include_last_step: 
     synchronous job the rank that arrives last at a collective waits least, and everyone else's
     wait is the time lost to it. Needs ProfilerStep annotations; a lone rank is never flagged.
     """
+    import statistics  # here, not at the top: start-up time of the trace analyses
     per_rank = []
     for rk in _ranks(table, include_last_step, hta_rounding):
         steps = {s[2]: s[1] - s[0] for s in rk.window_steps}

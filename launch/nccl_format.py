@@ -7,7 +7,8 @@ other way round). Collective names are nccl-tests' own (`alltoall`, `sendrecv`).
 """
 from __future__ import annotations
 
-import statistics
+import math
+
 from typing import Any, Callable, Iterable, Mapping
 
 # Bus factor per collective, as a function of the rank count (nccl-tests src/*.cu GetBw).
@@ -140,7 +141,7 @@ def format_nccl_tests(op: str, rows: Iterable[Mapping[str, Any]], header: Mappin
             busbws.append(r["busbw_GBps"])
             errors += wrong or 0
         out.append(text)
-    avg = header.get("avg_busbw_GBps", statistics.fmean(busbws) if busbws else 0.0)
+    avg = header.get("avg_busbw_GBps", math.fsum(busbws) / len(busbws) if busbws else 0.0)
     out.append("# %-20s : %d %s" % ("Out of bounds values", errors, "FAILED" if errors else "OK"))
     out.append("# %-20s : %g " % ("Avg bus bandwidth", avg))
     out += ["#", f"# Collective test concluded: {program}", ""]

@@ -676,8 +676,291 @@ done:
     return result;
 }
 
+/* untrack_scalar_lists(lists) -> number untracked: take lists that hold no GC-tracked object out of
+ * the cyclic collector. A table's columns are lists of hundreds of thousands of ints, floats and
+ * strs; they cannot be part of a cycle, yet every collection after the parse walked all their items
+ * (several ms per collection, and once more at interpreter exit). A list that holds any tracked
+ * object stays tracked. */
+static PyObject *untrack_scalar_lists(PyObject *self, PyObject *lists) {
+    PyObject *it = PyObject_GetIter(lists);
+    if (!it) return NULL;
+    Py_ssize_t done = 0;
+    PyObject *obj;
+    while ((obj = PyIter_Next(it))) {
+        if (PyList_CheckExact(obj) && PyObject_GC_IsTracked(obj)) {
+            Py_ssize_t n = PyList_GET_SIZE(obj), k = 0;
+            for (; k < n; k++) {
+                PyObject *v = PyList_GET_ITEM(obj, k);
+                if (PyObject_IS_GC(v) && PyObject_GC_IsTracked(v)) break;
+            }
+            if (k == n) {
+                PyObject_GC_UnTrack(obj);
+                done++;
+            }
+        }
+        Py_DECREF(obj);
+    }
+    Py_DECREF(it);
+    if (PyErr_Occurred()) return NULL;
+    return PyLong_FromSsize_t(done);
+}
+
+/* The exact double of an int or float, or 0 when there is none (an int beyond 2**53, another type). */
+static int exact_double(PyObject *v, double *out) {
+    if (PyFloat_CheckExact(v)) { *out = PyFloat_AS_DOUBLE(v); return 1; }
+    if (PyLong_CheckExact(v)) {
+        int overflow = 0;
+        long long x = PyLong_AsLongLongAndOverflow(v, &overflow);
+        if (overflow || x > (1LL << 53) || x < -(1LL << 53)) { PyErr_Clear(); return 0; }
+        *out = (double)x;
+        return 1;
+    }
+    return 0;
+}
+
+/* assign_steps(ts, stream, corr, steps, launch_ts, spans, reach, disjoint) -> bool
+ * The row loop of kineto._assign_steps, same rules (see there): CPU rows take the ProfilerStep span
+ * containing their start (the last containing one wins), GPU rows (stream set and not -1) the step
+ * and the earliest start of the CPU rows with their correlation. `spans` is the sorted list of
+ * (start, end, N), `reach[k]` the latest end among spans[0..k]. Returns False, having changed
+ * nothing, when some time is not an int within 2**53 or a float: the Python loop then runs. */
+static PyObject *assign_steps(PyObject *self, PyObject *args) {
+    PyObject *ts, *stream, *corr, *steps, *launch_ts, *spans, *reach;
+    int disjoint;
+    if (!PyArg_ParseTuple(args, "O!O!O!O!O!O!O!p", &PyList_Type, &ts, &PyList_Type, &stream, &PyList_Type, &corr,
+                          &PyList_Type, &steps, &PyList_Type, &launch_ts, &PyList_Type, &spans, &PyList_Type,
+                          &reach, &disjoint))
+        return NULL;
+    Py_ssize_t n = PyList_GET_SIZE(ts), ns = PyList_GET_SIZE(spans);
+    if (PyList_GET_SIZE(stream) != n || PyList_GET_SIZE(corr) != n || PyList_GET_SIZE(steps) != n
+        || PyList_GET_SIZE(launch_ts) != n || PyList_GET_SIZE(reach) != ns) {
+        PyErr_SetString(PyExc_ValueError, "assign_steps: lists of different lengths");
+        return NULL;
+    }
+    double *t = PyMem_Malloc(sizeof(double) * (n + 3 * ns + 1));
+    PyObject *launch_step = PyDict_New(), *launch_at = PyDict_New(), *result = NULL;
+    Py_ssize_t *gpu = PyMem_Malloc(sizeof(Py_ssize_t) * (n + 1));
+    if (!t || !launch_step || !launch_at || !gpu) { PyErr_NoMemory(); goto done; }
+    double *start = t + n, *end = start + ns, *rch = end + ns;
+    for (Py_ssize_t i = 0; i < n; i++)
+        if (!exact_double(PyList_GET_ITEM(ts, i), &t[i])) { result = Py_NewRef(Py_False); goto done; }
+    for (Py_ssize_t k = 0; k < ns; k++) {
+        PyObject *sp = PyList_GET_ITEM(spans, k);
+        if (!PyTuple_Check(sp) || PyTuple_GET_SIZE(sp) != 3 || !exact_double(PyTuple_GET_ITEM(sp, 0), &start[k])
+            || !exact_double(PyTuple_GET_ITEM(sp, 1), &end[k]) || !exact_double(PyList_GET_ITEM(reach, k), &rch[k])) {
+            result = Py_NewRef(Py_False);
+            goto done;
+        }
+    }
+    Py_ssize_t ngpu = 0;
+    int have = 0;               /* lo, hi, current valid (disjoint spans: the run the previous row fell in) */
+    double lo = 0, hi = 0;
+    PyObject *current = Py_None;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *st = PyList_GET_ITEM(stream, i);
+        if (st != Py_None) {
+            int overflow = 0;
+            long v = PyLong_Check(st) ? PyLong_AsLongAndOverflow(st, &overflow) : 0;
+            if (!PyLong_Check(st) || overflow || v != -1) {
+                if (PyErr_Occurred()) goto done;
+                gpu[ngpu++] = i;
+                continue;
+            }
+        }
+        double x = t[i];
+        PyObject *step = Py_None;
+        if (have && lo <= x && x < hi) step = current;
+        else {
+            /* bisect_right(start, x) - 1 */
+            Py_ssize_t a = 0, b = ns;
+            while (a < b) {
+                Py_ssize_t mid = (a + b) / 2;
+                if (x < start[mid]) b = mid; else a = mid + 1;
+            }
+            for (Py_ssize_t k = a - 1; k >= 0 && rch[k] > x; k--) {
+                if (x < end[k]) {
+                    step = PyTuple_GET_ITEM(PyList_GET_ITEM(spans, k), 2);
+                    if (disjoint) { have = 1; lo = start[k]; hi = end[k]; current = step; }
+                    break;
+                }
+            }
+        }
+        Py_INCREF(step);
+        PyList_SetItem(steps, i, step);
+        PyObject *c = PyList_GET_ITEM(corr, i);
+        if (c != Py_None) {
+            if (PyDict_SetItem(launch_step, c, step) < 0) goto done;
+            PyObject *prev = PyDict_GetItemWithError(launch_at, c);
+            if (!prev && PyErr_Occurred()) goto done;
+            double pv = 0;
+            if (!prev || (exact_double(prev, &pv) && x < pv)) {
+                if (PyDict_SetItem(launch_at, c, PyList_GET_ITEM(ts, i)) < 0) goto done;
+            }
+        }
+    }
+    for (Py_ssize_t g = 0; g < ngpu; g++) {
+        Py_ssize_t i = gpu[g];
+        PyObject *c = PyList_GET_ITEM(corr, i);
+        if (c == Py_None) continue;
+        PyObject *step = PyDict_GetItemWithError(launch_step, c);
+        if (!step && PyErr_Occurred()) goto done;
+        PyObject *at = step ? PyDict_GetItemWithError(launch_at, c) : NULL;
+        if (!at && PyErr_Occurred()) goto done;
+        step = step ? step : Py_None;
+        at = at ? at : Py_None;
+        Py_INCREF(step);
+        PyList_SetItem(steps, i, step);
+        Py_INCREF(at);
+        PyList_SetItem(launch_ts, i, at);
+    }
+    result = Py_NewRef(Py_True);
+done:
+    PyMem_Free(t);
+    PyMem_Free(gpu);
+    Py_XDECREF(launch_step);
+    Py_XDECREF(launch_at);
+    return result;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* interval helpers of analysis.trace_analysis: same results, objects and order as the Python */
+
+typedef struct {
+    double a, b;       /* merge: start, end; sweep: time, unused */
+    Py_ssize_t seq;    /* input position: equal keys keep it, as Python's stable sort */
+} Key;
+
+static int cmp_interval(const void *x, const void *y) {
+    const Key *p = x, *q = y;
+    if (p->a != q->a) return p->a < q->a ? -1 : 1;
+    if (p->b != q->b) return p->b < q->b ? -1 : 1;
+    return p->seq < q->seq ? -1 : p->seq > q->seq;
+}
+
+static int cmp_time(const void *x, const void *y) {
+    const Key *p = x, *q = y;
+    if (p->a != q->a) return p->a < q->a ? -1 : 1;
+    return p->seq < q->seq ? -1 : p->seq > q->seq;
+}
+
+/* hta_merge(intervals) -> merged list, or None when some bound is not an exact double (the Python
+ * runs then). trace_analysis._hta_merge: sort by (start, end); a new block when a start lies after
+ * every earlier end; each block is (its first start, its largest end) as the original objects. */
+static PyObject *hta_merge(PyObject *self, PyObject *intervals) {
+    if (!PyList_Check(intervals)) { PyErr_SetString(PyExc_TypeError, "hta_merge: a list"); return NULL; }
+    Py_ssize_t n = PyList_GET_SIZE(intervals);
+    Key *k = PyMem_Malloc(sizeof(Key) * (n + 1));
+    if (!k) return PyErr_NoMemory();
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *iv = PyList_GET_ITEM(intervals, i);
+        if (!PyTuple_Check(iv) || PyTuple_GET_SIZE(iv) != 2 || !exact_double(PyTuple_GET_ITEM(iv, 0), &k[i].a)
+            || !exact_double(PyTuple_GET_ITEM(iv, 1), &k[i].b) || k[i].a != k[i].a || k[i].b != k[i].b) {
+            PyMem_Free(k);
+            Py_RETURN_NONE;
+        }
+        k[i].seq = i;
+    }
+    qsort(k, n, sizeof(Key), cmp_interval);
+    PyObject *out = PyList_New(0);
+    if (!out) { PyMem_Free(k); return NULL; }
+    double reach = -Py_HUGE_VAL, ce = 0;
+    PyObject *cs_obj = NULL, *ce_obj = NULL;
+    for (Py_ssize_t j = 0; j < n; j++) {
+        PyObject *iv = PyList_GET_ITEM(intervals, k[j].seq);
+        double s = k[j].a, e = k[j].b;
+        if (s > reach) {
+            if (cs_obj) {
+                PyObject *t = PyTuple_Pack(2, cs_obj, ce_obj);
+                if (!t || PyList_Append(out, t) < 0) { Py_XDECREF(t); goto fail; }
+                Py_DECREF(t);
+            }
+            cs_obj = PyTuple_GET_ITEM(iv, 0);
+            ce_obj = PyTuple_GET_ITEM(iv, 1);
+            ce = e;
+        } else if (e > ce) {
+            ce_obj = PyTuple_GET_ITEM(iv, 1);
+            ce = e;
+        }
+        if (e > reach) reach = e;
+    }
+    if (cs_obj) {
+        PyObject *t = PyTuple_Pack(2, cs_obj, ce_obj);
+        if (!t || PyList_Append(out, t) < 0) { Py_XDECREF(t); goto fail; }
+        Py_DECREF(t);
+    }
+    /* the Python sorts its argument in place; callers pass fresh lists and do not look again */
+    PyMem_Free(k);
+    return out;
+fail:
+    PyMem_Free(k);
+    Py_DECREF(out);
+    return NULL;
+}
+
+/* sweep(groups) -> {state: time}, or None when it cannot be exact (the Python runs then).
+ * trace_analysis._sweep: +bit at each block start, -bit at each end, events stably sorted by time,
+ * the running state held until the next event; states in order of first appearance. */
+static PyObject *sweep(PyObject *self, PyObject *groups) {
+    if (!PyList_Check(groups)) { PyErr_SetString(PyExc_TypeError, "sweep: a list"); return NULL; }
+    Py_ssize_t ng = PyList_GET_SIZE(groups), n = 0;
+    if (ng > 8) Py_RETURN_NONE;
+    for (Py_ssize_t g = 0; g < ng; g++) {
+        PyObject *blocks = PyList_GET_ITEM(groups, g);
+        if (!PyList_Check(blocks)) Py_RETURN_NONE;
+        n += 2 * PyList_GET_SIZE(blocks);
+    }
+    Key *k = PyMem_Malloc(sizeof(Key) * (n + 1));
+    long *delta = PyMem_Malloc(sizeof(long) * (n + 1));
+    if (!k || !delta) { PyMem_Free(k); PyMem_Free(delta); return PyErr_NoMemory(); }
+    Py_ssize_t m = 0;
+    for (Py_ssize_t g = 0; g < ng; g++) {
+        PyObject *blocks = PyList_GET_ITEM(groups, g);
+        for (Py_ssize_t i = 0; i < PyList_GET_SIZE(blocks); i++) {
+            PyObject *iv = PyList_GET_ITEM(blocks, i);
+            double s, e;
+            if (!PyTuple_Check(iv) || PyTuple_GET_SIZE(iv) != 2 || !exact_double(PyTuple_GET_ITEM(iv, 0), &s)
+                || !exact_double(PyTuple_GET_ITEM(iv, 1), &e) || s != s || e != e) {
+                PyMem_Free(k);
+                PyMem_Free(delta);
+                Py_RETURN_NONE;
+            }
+            k[m].a = s; k[m].b = 0; k[m].seq = m; delta[m] = 1L << g; m++;
+            k[m].a = e; k[m].b = 0; k[m].seq = m; delta[m] = -(1L << g); m++;
+        }
+    }
+    qsort(k, n, sizeof(Key), cmp_time);
+    double total[256] = {0};
+    int order[256], seen[256] = {0}, norder = 0;
+    long state = 0;
+    for (Py_ssize_t j = 0; j + 1 < n; j++) {
+        state += delta[k[j].seq];
+        if (state > 0 && state < 256) {
+            if (!seen[state]) { seen[state] = 1; order[norder++] = (int)state; }
+            total[state] += k[j + 1].a - k[j].a;
+        }
+    }
+    PyMem_Free(k);
+    PyMem_Free(delta);
+    PyObject *out = PyDict_New();
+    if (!out) return NULL;
+    for (int j = 0; j < norder; j++) {
+        PyObject *key = PyLong_FromLong(order[j]), *val = PyFloat_FromDouble(total[order[j]]);
+        if (!key || !val || PyDict_SetItem(out, key, val) < 0) {
+            Py_XDECREF(key); Py_XDECREF(val); Py_DECREF(out);
+            return NULL;
+        }
+        Py_DECREF(key); Py_DECREF(val);
+    }
+    return out;
+}
+
 static PyMethodDef methods[] = {
+    {"hta_merge", hta_merge, METH_O, "trace_analysis._hta_merge in C (see the C source)."},
+    {"sweep", sweep, METH_O, "trace_analysis._sweep in C (see the C source)."},
+    {"assign_steps", assign_steps, METH_VARARGS, "The row loop of kineto._assign_steps (see the C source)."},
     {"scan", scan, METH_VARARGS, "Scan complete Kineto events from a buffer into column lists (see the C source)."},
+    {"untrack_scalar_lists", untrack_scalar_lists, METH_O,
+     "untrack_scalar_lists(lists) -> count: take lists holding no GC-tracked object out of the cyclic GC"},
     {NULL, NULL, 0, NULL},
 };
 

@@ -31,7 +31,7 @@ from __future__ import annotations
 import bisect
 import contextlib
 import gc
-import json
+import itertools
 import math
 import operator
 import os
@@ -343,6 +343,9 @@ def _raw_json(raw: msgspec.Raw) -> Any:
 
 def _message(args: _Args) -> tuple[int | None, str | None]:
     """(message_bytes, message_from) from a collective event's args; see COLUMNS."""
+    if (args.in_size is None and args.out_size is None and args.in_nelems is None and args.out_nelems is None
+            and not len(args.input_dims)):
+        return None, None  # e.g. the kernels of traces that record sizes only on the CPU side
     sizes = [v for v in (_int_or_none(args.in_size), _int_or_none(args.out_size)) if v is not None and v >= 0]
     if sizes:
         return max(sizes), "msg_size"
@@ -364,6 +367,8 @@ def _message(args: _Args) -> tuple[int | None, str | None]:
 
 def _group(args: _Args, pg_sizes: dict[str, int]) -> tuple[str | None, int | None]:
     name, ranks = args.pg_name, args.pg_ranks
+    if name is None and ranks is None and args.group_size is None:
+        return None, None
     group = str(name) if name not in (None, "") else (str(ranks) if ranks not in (None, "", "[]") else None)
     size = _int_or_none(args.group_size)
     if size is None or size <= 0:
@@ -609,7 +614,8 @@ class _Collector:
             coll = self._kernel_coll.get(name)
             if coll is None:
                 coll = self._kernel_coll[name] = kernel_collective(name)
-            coll = cpu_collective("record_param_comms", args.collective_name) or coll
+            if args.collective_name is not None:
+                coll = cpu_collective("record_param_comms", args.collective_name) or coll
         elif kind is None and cat in _CPU_COLLECTIVE_CATEGORIES:
             if name == "record_param_comms":
                 coll = cpu_collective(name, args.collective_name)
@@ -716,7 +722,7 @@ class _Scanner:
         self.key = ""
         self.top: dict[str, Any] = {}
         self.events_seen = False
-        self.decoder = json.JSONDecoder()
+        self.decoder: Any = None  # json.JSONDecoder, made when the slow path first needs it
         self.warned: Counter[str] = Counter()
         self.ignored_tail = 0
 
@@ -879,6 +885,10 @@ class _Scanner:
     def _decode(self, text: str, i: int, final: bool) -> tuple[Any, int | None, str | None]:
         """(value, end, None) for the JSON value at text[i]; (None, None, None) when it goes on in
         the next chunk; (None, None, reason) when the bytes there are not JSON."""
+        import json  # only here: the fast path needs no json module (start-up time)
+
+        if self.decoder is None:
+            self.decoder = json.JSONDecoder()
         try:
             value, end = self.decoder.raw_decode(text, i)
         except json.JSONDecodeError as exc:
@@ -1013,7 +1023,20 @@ def _parse_kineto(path: str | os.PathLike[str], source: str, categories: Iterabl
         "trace": {k: v for k, v in top.items() if k not in ("distributedInfo", "deviceProperties")},
         "gzip": reader.gzip,
     }
+    _untrack(cols)
     return Table("kineto", cols, dict(COLUMNS), name, tuple(warnings), meta)
+
+
+def _where(flags: Iterable[Any]) -> list[int]:
+    """Indices of the true flags, found in C (itertools.compress over the row numbers)."""
+    return list(itertools.compress(itertools.count(), flags))
+
+
+def _untrack(cols: dict[str, list[Any]]) -> None:
+    """Take the column lists out of the cyclic garbage collector (see _kscan.untrack_scalar_lists):
+    they hold only scalars, and each collection would otherwise walk every value of the table."""
+    if _kscan is not None:
+        _kscan.untrack_scalar_lists(cols.values())
 
 
 def _assign_steps(cols: dict[str, list[Any]]) -> None:
@@ -1033,6 +1056,8 @@ def _assign_steps(cols: dict[str, list[Any]]) -> None:
     for s in spans:
         reach.append(max(reach[-1], s[1]) if reach else s[1])
     disjoint = all(reach[k - 1] <= spans[k][0] for k in range(1, len(spans)))
+    if _kscan is not None and _kscan.assign_steps(ts, stream, corr, steps, launch_ts, spans, reach, disjoint):
+        return
     launch_step: dict[int, int | None] = {}
     launch_at: dict[int, Any] = {}
     gpu_rows = []
@@ -1075,23 +1100,25 @@ def _link_kernels_to_collectives(cols: dict[str, list[Any]]) -> None:
     (cudaLaunchKernel, same correlation as the kernel) lies inside that call on the same thread.
     """
     kind, corr, coll = cols["kind"], cols["correlation"], cols["collective"]
-    want = {corr[i]: i for i in range(len(kind)) if kind[i] == "communication" and corr[i] is not None}
+    # The row scans run in C (itertools.compress over map): a table has ~10^5 rows, a few collectives.
+    want = {corr[i]: i for i in _where(map(operator.eq, kind, itertools.repeat("communication")))
+            if corr[i] is not None}
     if not want:
         return
     ts, dur, pid, tid = cols["ts_us"], cols["dur_us"], cols["pid"], cols["tid"]
     stream, msg = cols["stream"], cols["message_bytes"]
     ops: dict[tuple[Any, Any], list[int]] = {}
-    for i, c in enumerate(coll):
-        if c is not None and (stream[i] is None or stream[i] == -1):
+    for i in _where(map(operator.is_not, coll, itertools.repeat(None))):
+        if stream[i] is None or stream[i] == -1:
             ops.setdefault((pid[i], tid[i]), []).append(i)
     if not ops:
         return
     for rows in ops.values():
         rows.sort(key=lambda r: ts[r])
     starts = {k: [ts[r] for r in rows] for k, rows in ops.items()}
-    for i in range(len(kind)):
+    for i in _where(map(want.__contains__, corr)):
         c = corr[i]
-        if c is None or c not in want or (stream[i] is not None and stream[i] != -1):
+        if stream[i] is not None and stream[i] != -1:
             continue
         key = (pid[i], tid[i])
         rows = ops.get(key)
@@ -1144,4 +1171,5 @@ def parse_kineto_ranks(paths: Iterable[str | os.PathLike[str]], *,
         del t
     worlds = {m.get("world_size") for m in ranks.values()} - {None}
     meta = {"ranks": ranks, "world_size": worlds.pop() if len(worlds) == 1 else None}
+    _untrack(cols)
     return Table("kineto", cols, dict(COLUMNS), ", ".join(sources), tuple(warnings), meta)

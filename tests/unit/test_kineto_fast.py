@@ -6,6 +6,7 @@ the way LAYOUTLAB_KINETO_PURE=1 does. Comparisons are by repr, so 1 vs 1.0 vs Tr
 """
 from __future__ import annotations
 
+import contextlib
 import gzip
 import json
 import os
@@ -34,13 +35,29 @@ needs_fast = pytest.mark.skipif(kineto._kscan is None or kineto._kinflate is Non
                                 reason="C fast path not built (no compiler at install time)")
 
 
-def _pure(path, **kw):
+@contextlib.contextmanager
+def pure_path():
     saved = kineto._kscan, kineto._kinflate
     kineto._kscan = kineto._kinflate = None
     try:
-        return parse_kineto(path, **kw)
+        yield
     finally:
         kineto._kscan, kineto._kinflate = saved
+
+
+def _pure(path, **kw):
+    with pure_path():
+        return parse_kineto(path, **kw)
+
+
+ANALYSES = (ta.temporal_breakdown, ta.comm_comp_overlap, ta.exposed_communication, ta.kernel_breakdown,
+            ta.kernel_type_breakdown, ta.collective_summary, ta.stragglers)
+
+
+def _analyses(table) -> list:
+    out = [[{k: repr(v) for k, v in r.items()} for r in f(table).rows()] for f in ANALYSES]
+    out.append([{k: repr(v) for k, v in r.items()} for r in ta.temporal_breakdown(table, hta_rounding=False).rows()])
+    return out
 
 
 def _same(a, b):
@@ -68,7 +85,26 @@ def test_fast_path_is_built_where_a_compiler_is():
 def test_real_traces_read_the_same(path, cats):
     fast = parse_kineto(path, categories=cats)
     assert len(fast) > 0
-    _same(fast, _pure(path, categories=cats))
+    pure = _pure(path, categories=cats)
+    _same(fast, pure)
+    # the analyses' interval helpers (hta_merge, sweep) have C versions too
+    with pure_path():
+        expected = _analyses(pure)
+    assert _analyses(fast) == expected
+
+
+@needs_fast
+@settings(max_examples=200, deadline=None)
+@given(groups=st.lists(st.lists(st.tuples(st.integers(0, 60) | st.floats(0, 60, allow_nan=False),
+                                          st.integers(0, 60) | st.floats(0, 60, allow_nan=False)), max_size=12),
+                       max_size=4))
+def test_interval_helpers_match_the_python(groups):
+    """hta_merge and sweep in C against the Python, ties and int/float mixes included."""
+    blocks = [ta._hta_merge(list(g)) for g in groups]
+    with pure_path():
+        assert [repr(b) for b in blocks] == [repr(ta._hta_merge(list(g))) for g in groups]
+        expected = dict(ta._sweep(blocks))
+    assert repr(ta._sweep(blocks)) == repr(expected) and list(ta._sweep(blocks)) == list(expected)
 
 
 @needs_fast
