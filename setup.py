@@ -8,6 +8,6 @@ same tables (tests/unit/test_kineto_fast.py checks that on every fixture), only 
 from setuptools import Extension, setup
 
 setup(ext_modules=[Extension("analysis.parsers._kscan", ["analysis/parsers/_kscan.c"], optional=True,
-                             extra_compile_args=["-O2"]),
+                             extra_compile_args=["-O3"]),
                    Extension("analysis.parsers._kinflate", ["analysis/parsers/_kinflate.c"], optional=True,
-                             libraries=["z"], extra_compile_args=["-O2"])])
+                             libraries=["z"], extra_compile_args=["-O3"])])

@@ -7,16 +7,21 @@ the process; peak memory is the peak RSS (VmHWM) each process reports at its end
 against the faster HTA run; the targets are >= 20x faster and <= 1/4 of its peak memory.
 
 Ours reads only trace_analysis.GPU_ANALYSIS_CATEGORIES, the events these analyses use (HTA's
-analyses use no others either; the printed numbers show they come out the same), and runs from
-compiled bytecode as HTA's installed package does: this environment may set
-PYTHONDONTWRITEBYTECODE, so the project's modules are compiled once, untimed, into a temporary
-PYTHONPYCACHEPREFIX instead of being compiled from source in every timed process.
+analyses use no others either; the printed numbers show they come out the same).
+
+Like against like: each side runs in its own virtual environment holding only what it needs, from
+compiled bytecode. HTA's venv holds HTA and its dependencies; ours (made here on first use, or
+--ours-venv) holds msgspec, with the repository on PYTHONPATH and the project's modules compiled
+once, untimed, beforehand (this environment may set PYTHONDONTWRITEBYTECODE). Running ours from the
+development interpreter instead would add its site-packages' start-up (.pth hooks, an editable
+finder: 20 ms here) to every run, which HTA's venv does not pay. The header says whether ours ran
+with the C fast path (analysis/parsers/_kscan.c, _kinflate.c; built by `pip install -e .`).
 
 HTA lives in its own venv, never in the project's environment:
     python -m venv /tmp/htavenv && /tmp/htavenv/bin/pip install HolisticTraceAnalysis==0.5.0 ijson
 
 Usage (from the repository root):
-    python bench/bench_trace.py [--hta-venv DIR] [--repeat 5] [--source TRACE] [TRACE ...]
+    python bench/bench_trace.py [--hta-venv DIR] [--ours-venv DIR] [--repeat 5] [--source TRACE] [TRACE ...]
 The traces measured are tests/fixtures/kineto/hta_trace_diff_test.json.gz, any TRACE given, and a
 trace built at run time in a temporary directory by repeating --source's steps --repeat times
 (shifted in time, ProfilerStep numbers and correlation ids renumbered), about 150 MB of JSON
@@ -177,16 +182,42 @@ def fmt(x: float | None, spec: str = ".2f") -> str:
     return "-" if x is None else format(x, spec)
 
 
-def bytecode_env(cache: Path) -> dict[str, str]:
-    """Environment for our runs: the project's modules compiled (now, untimed) into `cache`."""
-    env = dict(os.environ, PYTHONPATH=str(REPO), PYTHONPYCACHEPREFIX=str(cache))
-    env.pop("PYTHONDONTWRITEBYTECODE", None)
-    subprocess.run([sys.executable, "-m", "compileall", "-q", "analysis", "launch"], env=env, cwd=REPO,
-                   check=True, capture_output=True)
-    return env
+def msgspec_pin() -> str:
+    text = (REPO / "pyproject.toml").read_text()
+    start = text.index('"msgspec')
+    return text[start + 1:text.index('"', start + 1)]
 
 
-def bench_one(path: Path, hta_python: Path | None, env: dict[str, str]) -> None:
+def ours_python(venv: Path) -> Path:
+    """The interpreter of ours' venv, made (python -m venv + pip install msgspec) when missing; the
+    development interpreter when that fails (the comparison then carries its start-up overhead)."""
+    python = venv / "bin" / "python"
+    if not python.exists():
+        print(f"making {venv} (msgspec only) for our side ...", flush=True)
+        made = subprocess.run([sys.executable, "-m", "venv", str(venv)], capture_output=True).returncode == 0
+        made = made and subprocess.run([str(python), "-m", "pip", "install", "-q", msgspec_pin()],
+                                       capture_output=True).returncode == 0
+        if not made:
+            print(f"   could not make {venv}: ours runs on {sys.executable}, with its site-packages start-up")
+            return Path(sys.executable)
+    return python
+
+
+def ours_env() -> dict[str, str]:
+    """Environment for our runs: the repository on PYTHONPATH, its modules compiled (now, untimed)."""
+    subprocess.run([sys.executable, "-m", "compileall", "-q", "analysis", "launch"], cwd=REPO, check=True,
+                   capture_output=True)
+    return dict(os.environ, PYTHONPATH=str(REPO))
+
+
+def fast_path(python: Path, env: dict[str, str]) -> str:
+    code = ("from analysis.parsers import kineto as k; "
+            "print('C fast path' if k._kscan and k._kinflate else 'pure Python (C fast path not built)')")
+    out = subprocess.run([str(python), "-c", code], env=env, cwd=REPO, capture_output=True, text=True)
+    return out.stdout.strip() or f"cannot import analysis: {out.stderr.strip().splitlines()[-1:]}"
+
+
+def bench_one(path: Path, hta_python: Path | None, python: Path, env: dict[str, str]) -> None:
     size = path.stat().st_size
     print(f"\n== {path.name}  ({size / 1e6:.1f} MB on disk, rank {rank_of(path)})", flush=True)
     runs: dict[str, dict] = {}
@@ -195,7 +226,7 @@ def bench_one(path: Path, hta_python: Path | None, env: dict[str, str]) -> None:
             runs[f"HTA 0.5.0 {backend}"] = run_measured(
                 [str(hta_python), "-c", _HTA, str(path), backend, str(rank_of(path))])
             print(f"   {'HTA 0.5.0 ' + backend:<34} done in {runs[f'HTA 0.5.0 {backend}']['wall_s']:.1f} s", flush=True)
-    runs["ours"] = run_measured([sys.executable, "-c", _OURS, str(path)], env)
+    runs["ours"] = run_measured([str(python), "-c", _OURS, str(path)], env)
     hta_ok = {k: v for k, v in runs.items() if k.startswith("HTA") and v["answer"] is not None}
     best = min(hta_ok.items(), key=lambda kv: kv[1]["wall_s"]) if hta_ok else None
     print(f"   {'run':<34}{'wall s':>9}{'peak MiB':>10}{'x faster':>10}{'mem frac':>10}")
@@ -235,6 +266,8 @@ def main() -> None:
     ap.add_argument("traces", nargs="*", type=Path, help="more Kineto traces (.json or .json.gz) to measure")
     ap.add_argument("--hta-venv", type=Path, default=Path(os.environ.get("HTA_VENV", "/tmp/htavenv")),
                     help="venv with HolisticTraceAnalysis==0.5.0 (and ijson); env HTA_VENV; default /tmp/htavenv")
+    ap.add_argument("--ours-venv", type=Path, default=Path(os.environ.get("OURS_VENV", "/tmp/layoutlab-bench-venv")),
+                    help="venv for our side (msgspec only; made when missing); env OURS_VENV")
     ap.add_argument("--source", type=Path, default=DEFAULT_TRACE, help="trace whose steps are repeated")
     ap.add_argument("--repeat", type=int, default=5, help="copies of --source in the large trace (0: none)")
     args = ap.parse_args()
@@ -242,10 +275,12 @@ def main() -> None:
     if not hta_python.exists():
         print(f"no HTA venv at {args.hta_venv} (set --hta-venv or HTA_VENV); measuring ours only")
         hta_python = None
-    print(f"python {sys.version.split()[0]}, {os.cpu_count()} CPUs; HTA: {hta_python or 'absent'}")
+    python = ours_python(args.ours_venv)
+    env = ours_env()
+    print(f"python {sys.version.split()[0]}, {os.cpu_count()} CPUs; HTA: {hta_python or 'absent'}; "
+          f"ours: {python} ({fast_path(python, env)})")
     traces = [DEFAULT_TRACE, *args.traces]
     with tempfile.TemporaryDirectory() as tmp:
-        env = bytecode_env(Path(tmp) / "pycache")
         if args.repeat > 0:
             big = Path(tmp) / f"repeated{args.repeat}x_{args.source.name.split('.')[0]}.json"
             t0 = time.perf_counter()
@@ -254,7 +289,7 @@ def main() -> None:
                   f"in {time.perf_counter() - t0:.0f} s")
             traces.append(big)
         for path in traces:
-            bench_one(path, hta_python, env)
+            bench_one(path, hta_python, python, env)
 
 
 if __name__ == "__main__":

@@ -104,6 +104,7 @@ _CHUNK_BYTES = 1 << 20          # decompressed bytes handed to the decoder at a 
 _RAW_READ_BYTES = 1 << 16       # compressed bytes read at a time
 _THREAD_GUNZIP_BYTES = 1 << 18  # gzip files larger than this are inflated by a second thread (_kinflate)
 _GUNZIP_AHEAD = 4               # decompressed chunks it may run ahead
+_SLOW_WINDOW = 1 << 16         # bytes the slow path decodes to text at a time (it is tried first)
 _MAX_PENDING_BYTES = 64 << 20   # an "event" still unfinished after this many bytes is garbage
 _MAX_WARNINGS_PER_KIND = 5
 
@@ -762,21 +763,31 @@ class _Scanner:
 
     def _run(self, final: bool) -> None:
         while self.buf and self.state != "done":
-            if self.state == "events" and self._fast():
-                continue
+            if self.state == "events":
+                progress = self._fast()
+                if progress:
+                    continue
+                if progress is None and not final:
+                    return  # the buffer ends inside an event: wait for the next chunk
             mark = (self.offset, self.state)
-            self._slow(final)
+            self._slow(final, _SLOW_WINDOW)
+            if (self.offset, self.state) == mark and not final and len(self.buf) > _SLOW_WINDOW:
+                self._slow(final)  # a value longer than the window
             if (self.offset, self.state) == mark:
                 return
 
-    def _fast(self) -> bool:
+    def _fast(self) -> bool | None:
+        """Take the complete events at the start of the buffer: True when some were taken, None
+        when the buffer ends inside the first one (the C scanner says so), else False."""
         buf = self.buf
         if _kscan is not None:
             end, why = self.collector.scan_fast(buf)
             if end:
                 self._consume(end)
                 return True
-            if why != 2:  # no complete event yet, or not an event: the slow path decides
+            if why == 0:
+                return None
+            if why == 1:  # not an event (the closing bracket, garbage): the slow path decides
                 return False
         lead = _LEADING_SEPARATORS.match(buf).end()
         if buf[lead:lead + 1] != b"{":
@@ -799,9 +810,11 @@ class _Scanner:
             return True
         return False
 
-    def _slow(self, final: bool) -> None:
-        """Decode values one at a time from the buffer, consuming what was decoded."""
-        raw = self.buf.decode("utf-8", "surrogateescape")
+    def _slow(self, final: bool, window: int | None = None) -> None:
+        """Decode values one at a time from the buffer (its first `window` bytes when given and not
+        final: the header before traceEvents needs no more), consuming what was decoded."""
+        data = self.buf if window is None or final or len(self.buf) <= window else self.buf[:window]
+        raw = data.decode("utf-8", "surrogateescape")
         # Bytes that are not UTF-8 become lone surrogates; decode a copy where each is U+FFFD (same
         # length, so indices still map back to byte offsets through `raw`).
         text = _SURROGATES.sub("\ufffd", raw)
@@ -874,7 +887,7 @@ class _Scanner:
                         batch = []
         if batch:
             self.collector.take_loose(batch)
-        self._consume(len(raw[:i].encode("utf-8", "surrogateescape")) if i < n else len(self.buf))
+        self._consume(len(raw[:i].encode("utf-8", "surrogateescape")) if i < n else len(data))
         if bad is not None:
             self._resync(bad, final)
 
@@ -994,6 +1007,7 @@ def _parse_kineto(path: str | os.PathLike[str], source: str, categories: Iterabl
     ts, dur = cols["ts_us"], cols["dur_us"]
     first = min(ts) if ts else None
     last = max(map(operator.add, ts, dur)) if ts else None
+    ts_float = any(map(float.__instancecheck__, ts))
     # The traceEvents array never closed: the file was cut short. Kineto writes each thread's events in
     # start order, so every event that starts before the last one read is there and none after it.
     truncated = scanner.state == "events"
@@ -1016,7 +1030,7 @@ def _parse_kineto(path: str | os.PathLike[str], source: str, categories: Iterabl
         "span_us": (last - first) if ts else 0,
         "events_total": collector.total,
         "events_skipped": dict(collector.skipped),
-        "ts_float": float in set(map(type, ts)),
+        "ts_float": ts_float,
         "truncated": truncated,
         "read_until_us": read_until,
         "thread_names": collector.thread_names,
@@ -1049,7 +1063,7 @@ def _assign_steps(cols: dict[str, list[Any]]) -> None:
         m = PROFILER_STEP.match(name) if name.startswith("ProfilerStep") else None
         if m:
             numbers[name] = int(m.group(1))
-    spans = [(ts[i], ts[i] + dur[i], numbers[x]) for i, x in enumerate(names) if x in numbers]
+    spans = [(ts[i], ts[i] + dur[i], numbers[names[i]]) for i in _where(map(numbers.__contains__, names))]
     spans.sort()
     starts = [s[0] for s in spans]
     reach = []  # reach[k]: the latest end among spans[0..k], to stop the walk back early
