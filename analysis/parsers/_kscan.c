@@ -1,29 +1,32 @@
 /* Fast path of the Kineto trace parser (analysis/parsers/kineto.py): scans complete traceEvents
  * array elements from a buffer and appends their rows to the collector's column lists.
  *
- * It handles only what it can handle exactly as the typed msgspec path (kineto._Event / _Args)
+ * It handles only what it can handle exactly as the typed msgspec path (kineto's _Event / _Args)
  * would, and stops at the first event where it cannot say so: bytes that are not valid JSON, a
  * field of another type than Kineto writes (a string stream, a null name, a float pid), an integer
- * of more than 18 digits, a repeated key, nesting deeper than 64. It returns the offset where it
- * stopped; the Python parser carries on from there with the decoders that handle everything, so
- * results never depend on whether this module is built. Events that need their args beyond stream
- * and correlation (collectives, metadata) are returned as byte spans for Python to decode.
+ * of more than 18 digits in a typed field, an escaped key, a repeated key, nesting deeper than 64.
+ * It returns the offset where it stopped; the Python parser carries on from there with the decoders
+ * that handle everything, so results never depend on whether this module is built (the tests
+ * compare both). Collective rows get the args the collective columns need, metadata events what
+ * the thread names need, so the common path never imports msgspec.
  *
  * scan(buf, pos, ctx) -> (end, why, events, specials, metadata, phases, no_cat_ts_dur, trace_span,
  *                          unwanted)
  *   buf: bytes; pos: offset of the first element (separators before it are skipped);
- *   ctx: tuple (cols, rank, category, names, ids, durs, kinds, kernel_kind, cpu_coll, cpu_collective,
- *               decode_str)
- *     cols: list of the 17 column lists in kineto.COLUMNS order;
- *     category(cat) -> (canonical or the unwanted marker, is a CPU collective category);
+ *   ctx: tuple (cols, category, names, ids, durs, kinds, kernel_kind, cpu_coll, cpu_collective,
+ *               decode_json)
+ *     cols: list of the 17 column lists in kineto.COLUMNS order (rank and the collective, step and
+ *     launch columns are left for the caller to pad);
+ *     category(cat) -> (canonical or None when not wanted, is a CPU collective category);
  *     names / ids / durs: dicts sharing repeated values; kinds: name -> kernel kind, filled through
  *     kernel_kind(name); cpu_coll: name -> collective or None, filled through cpu_collective(name);
- *     decode_str(bytes) -> str for a JSON string with escapes.
+ *     decode_json(bytes) -> the value, for strings with escapes and array / object args.
  *   end: offset after the last event taken (and its separators); why: 0 the buffer ends inside the
  *   next element, 1 the next byte is not the start of an object (e.g. the closing ']'), 2 the next
  *   element is one this scanner leaves to the Python path;
- *   specials: [(row index, span start, span end)] rows whose collective columns Python fills;
- *   metadata: [(span start, span end)] of ph "M" events; phases: {ph: count} of other phases.
+ *   specials: [(row index, args)] rows that may be collectives, args in kineto._Args' field order
+ *   (Input Dims and Input type as raw JSON bytes); metadata: [(name, pid, tid, args.name)] of the
+ *   ph "M" events; phases: {ph: count} of the other phases.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -260,8 +263,22 @@ static int scan_field(Cur *c, Field *f, int allowed) {
 
 #define KEYIS(k, n, lit) ((n) == (Py_ssize_t)sizeof(lit) - 1 && memcmp((k), (lit), sizeof(lit) - 1) == 0)
 
+/* args read for the collective columns (kineto._Args, same order) and, last, args.name of metadata */
+#define NARGS 12
+static const char *const ARG_KEYS[NARGS] = {
+    "Collective name", "In msg nelems", "Out msg nelems", "In msg size", "Out msg size", "dtype", "Group size",
+    "Process Group Name", "Process Group Ranks", "Input Dims", "Input type", "name"};
+#define ARG_INPUT_DIMS 9   /* Input Dims and Input type stay raw JSON (bytes) */
+#define ARG_NAME 11
+
+typedef struct {
+    const unsigned char *s, *e;  /* the value's bytes; s == NULL: absent */
+} Span;
+
 typedef struct {
     Field ph, cat, name, pid, tid, ts, dur, stream, corr;
+    Span arg[NARGS];
+    int nargs_seen;
     int args_seen;
     const unsigned char *start, *stop;
 } Event;
@@ -284,14 +301,21 @@ static int scan_args(Cur *c, Event *ev) {
         c->p++;
         skip_ws(c);
         if (c->p >= c->end) return INCOMPLETE;
+        int which = -1;
         if (!key.escaped && KEYIS(key.s, key.n, "stream"))
             r = scan_field(c, &ev->stream, (1 << T_NULL) | (1 << T_INT));
         else if (!key.escaped && KEYIS(key.s, key.n, "correlation"))
             r = scan_field(c, &ev->corr, (1 << T_NULL) | (1 << T_INT));
         else if (key.escaped)
             r = INVALID;  /* an escaped key may spell a field name: leave it to msgspec */
-        else
+        else {
+            for (int k = 0; k < NARGS; k++)
+                if ((size_t)key.n == strlen(ARG_KEYS[k]) && memcmp(key.s, ARG_KEYS[k], key.n) == 0) { which = k; break; }
+            if (which >= 0 && ev->arg[which].s) return INVALID;  /* repeated: msgspec decides */
+            const unsigned char *v = c->p;
             r = skip_value(c, 2);
+            if (r == OK && which >= 0) { ev->arg[which].s = v; ev->arg[which].e = c->p; ev->nargs_seen = 1; }
+        }
         if (r != OK) return r;
         skip_ws(c);
         if (c->p >= c->end) return INCOMPLETE;
@@ -312,6 +336,10 @@ static int scan_event(Cur *c, Event *ev) {
     ev->ph.type = ev->cat.type = ev->name.type = ev->pid.type = ev->tid.type = T_ABSENT;
     ev->ts.type = ev->dur.type = ev->stream.type = ev->corr.type = T_ABSENT;
     ev->ph.escaped = ev->cat.escaped = ev->name.escaped = 0;
+    if (ev->nargs_seen) {
+        for (int k = 0; k < NARGS; k++) ev->arg[k].s = NULL;
+        ev->nargs_seen = 0;
+    }
     ev->args_seen = 0;
     ev->stop = NULL;
     ev->start = c->p;
@@ -388,6 +416,47 @@ static PyObject *value_of(Field *f, PyObject *decode_str) {
     case T_FLOAT: return PyFloat_FromDouble(f->d);
     default: Py_RETURN_NONE;
     }
+}
+
+/* An args value as the typed msgspec path gives it (new reference): Input Dims / Input type as the
+ * raw JSON bytes (b"" when absent), the others as Python values (None when absent); strings with
+ * escapes, arrays and objects through decode_json (msgspec, imported when first needed). */
+static PyObject *arg_value(const Span *a, int raw, PyObject *decode_json) {
+    if (raw) {
+        if (!a->s) return PyBytes_FromStringAndSize(NULL, 0);
+        return PyBytes_FromStringAndSize((const char *)a->s, a->e - a->s);
+    }
+    if (!a->s) Py_RETURN_NONE;
+    unsigned char ch = a->s[0];
+    if (ch == 'n') Py_RETURN_NONE;
+    if (ch == 't') Py_RETURN_TRUE;
+    if (ch == 'f') Py_RETURN_FALSE;
+    if (ch == '"' || ch == '-' || (ch >= '0' && ch <= '9')) {
+        /* the value was validated by skip_value; rescan it into a Field (a sentinel-free copy of
+         * the cursor: the value ends before a->e, which lies inside the buffer) */
+        Field f;
+        f.type = T_ABSENT;
+        f.escaped = 0;
+        Cur c = {a->s, a->e + 1};
+        int r = ch == '"' ? scan_string(&c, &f) : scan_number(&c, &f);
+        if (r == OK && !(f.type == T_STR && f.escaped)) return value_of(&f, NULL);
+    }
+    PyObject *bytes = PyBytes_FromStringAndSize((const char *)a->s, a->e - a->s);
+    if (!bytes) return NULL;
+    PyObject *out = PyObject_CallOneArg(decode_json, bytes);
+    Py_DECREF(bytes);
+    return out;
+}
+
+static PyObject *args_tuple(const Event *ev, PyObject *decode_json) {
+    PyObject *t = PyTuple_New(ARG_NAME);
+    if (!t) return NULL;
+    for (int k = 0; k < ARG_NAME; k++) {
+        PyObject *v = arg_value(&ev->arg[k], k >= ARG_INPUT_DIMS, decode_json);
+        if (!v) { Py_DECREF(t); return NULL; }
+        PyTuple_SET_ITEM(t, k, v);
+    }
+    return t;
 }
 
 /* The shared object equal to `v` from `pool` (new reference); consumes v. */
@@ -480,9 +549,8 @@ static PyObject *scan(PyObject *self, PyObject *args) {
     Py_ssize_t pos;
     PyObject *ctx;
     if (!PyArg_ParseTuple(args, "y*nO!", &view, &pos, &PyTuple_Type, &ctx)) return NULL;
-    PyObject *cols, *rank, *category, *names, *ids, *durs, *kinds, *kernel_kind, *cpu_coll, *cpu_collective,
-        *decode_str;
-    if (!PyArg_ParseTuple(ctx, "O!OOO!O!O!O!OO!OO", &PyList_Type, &cols, &rank, &category, &PyDict_Type, &names,
+    PyObject *cols, *category, *names, *ids, *durs, *kinds, *kernel_kind, *cpu_coll, *cpu_collective, *decode_str;
+    if (!PyArg_ParseTuple(ctx, "O!OO!O!O!O!OO!OO", &PyList_Type, &cols, &category, &PyDict_Type, &names,
                           &PyDict_Type, &ids, &PyDict_Type, &durs, &PyDict_Type, &kinds, &kernel_kind,
                           &PyDict_Type, &cpu_coll, &cpu_collective, &decode_str)) {
         PyBuffer_Release(&view);
@@ -518,12 +586,13 @@ static PyObject *scan(PyObject *self, PyObject *args) {
     const unsigned char *base = (const unsigned char *)view.buf;
     Cur c = {base + pos, base + view.len};
     const unsigned char *taken = c.p;
+    Event ev;
+    memset(&ev, 0, sizeof(ev));  /* once: scan_event resets what it uses */
     for (;;) {
         while (c.p < c.end && (*c.p == ',' || *c.p == ' ' || *c.p == '\n' || *c.p == '\r' || *c.p == '\t')) c.p++;
         taken = c.p;
         if (c.p >= c.end) { why = 0; break; }
         if (*c.p != '{') { why = 1; break; }
-        Event ev;
         int r = scan_event(&c, &ev);
         if (r == INCOMPLETE) { why = 0; break; }
         if (r != OK) { why = 2; break; }
@@ -543,8 +612,20 @@ static PyObject *scan(PyObject *self, PyObject *args) {
         /* ph */
         if (!(ev.ph.type == T_STR && ev.ph.n == 1 && ev.ph.s[0] == 'X' && !ev.ph.escaped)) {
             if (ev.ph.type == T_STR && ev.ph.n == 1 && ev.ph.s[0] == 'M' && !ev.ph.escaped) {
-                PyObject *span = Py_BuildValue("(nn)", (Py_ssize_t)(ev.start - base), (Py_ssize_t)(ev.stop - base));
-                if (append(metadata, span) < 0) goto done;
+                /* (name, pid, tid, args.name): what kineto._Collector._metadata reads */
+                PyObject *m = PyTuple_New(4);
+                if (!m) goto done;
+                PyObject *parts[4] = {str_of(&ev.name, decode_str), value_of(&ev.pid, decode_str),
+                                      value_of(&ev.tid, decode_str), arg_value(&ev.arg[ARG_NAME], 0, decode_str)};
+                for (int k = 0; k < 4; k++) {
+                    if (!parts[k]) {
+                        for (int j = 0; j < 4; j++) Py_XDECREF(parts[j]);
+                        Py_DECREF(m);
+                        goto done;
+                    }
+                }
+                for (int k = 0; k < 4; k++) PyTuple_SET_ITEM(m, k, parts[k]);
+                if (append(metadata, m) < 0) goto done;
             }
             const unsigned char *s = ev.ph.type == T_STR ? ev.ph.s : (const unsigned char *)"";
             Py_ssize_t n = ev.ph.type == T_STR ? ev.ph.n : -1;  /* -1: null or absent */
@@ -662,7 +743,9 @@ static PyObject *scan(PyObject *self, PyObject *args) {
             || append(col[C_CORR], value_of(&ev.corr, decode_str)) < 0)
             goto done;
         if (special) {
-            PyObject *sp = Py_BuildValue("(nnn)", row, (Py_ssize_t)(ev.start - base), (Py_ssize_t)(ev.stop - base));
+            PyObject *at = args_tuple(&ev, decode_str);
+            if (!at) goto done;
+            PyObject *sp = Py_BuildValue("(nN)", row, at);
             if (append(specials, sp) < 0) goto done;
         }
     }

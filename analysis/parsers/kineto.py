@@ -40,8 +40,6 @@ import zlib
 from collections import Counter
 from typing import Any, Callable, Iterable, Iterator
 
-import msgspec
-
 from analysis.table import Table
 
 # The C fast path (analysis/parsers/_kscan.c, built by `pip install`, optional): it takes the
@@ -160,108 +158,34 @@ _RANK_IN_NAME = re.compile(r"rank[-_]?(\d+)", re.IGNORECASE)
 PROFILER_STEP = re.compile(r"ProfilerStep\s*#\s*(\d+)")
 
 
-# Two decodings of the same events. A batch is first decoded into the typed structs, where msgspec
-# checks in C that every field has the type Kineto writes, so the collector's loop needs no type
-# checks or conversions. A batch where some event breaks the types (a string stream, a null name, a
-# number out of range) is decoded again into the loose structs, whose events the collector checks
-# and converts one by one. gc=False: the structs hold only decoded JSON values, which cannot form
-# cycles, and untracked objects spare the cyclic collector.
+class _CArgs:
+    """The args of a collective row as the C scanner gives them, under _Args' field names."""
 
-class _Args(msgspec.Struct, frozen=True, gc=False):
-    """The event args this parser reads; Input Dims / Input type stay raw JSON until a collective
-    needs them (every cpu_op of a record_shapes trace has them)."""
+    __slots__ = ("collective_name", "in_nelems", "out_nelems", "in_size", "out_size", "dtype", "group_size",
+                 "pg_name", "pg_ranks", "input_dims", "input_types")
 
-    stream: int | None = None
-    correlation: int | None = None
-    name: Any = None  # metadata events: the thread or process name
-    collective_name: Any = msgspec.field(name="Collective name", default=None)
-    in_nelems: Any = msgspec.field(name="In msg nelems", default=None)
-    out_nelems: Any = msgspec.field(name="Out msg nelems", default=None)
-    in_size: Any = msgspec.field(name="In msg size", default=None)
-    out_size: Any = msgspec.field(name="Out msg size", default=None)
-    dtype: Any = None
-    group_size: Any = msgspec.field(name="Group size", default=None)
-    pg_name: Any = msgspec.field(name="Process Group Name", default=None)
-    pg_ranks: Any = msgspec.field(name="Process Group Ranks", default=None)
-    input_dims: msgspec.Raw = msgspec.field(name="Input Dims", default=msgspec.Raw())
-    input_types: msgspec.Raw = msgspec.field(name="Input type", default=msgspec.Raw())
+    def __init__(self, values: tuple) -> None:
+        for attr, value in zip(self.__slots__, values):
+            setattr(self, attr, value)
 
 
-_EMPTY_ARGS = _Args()
+def _structs() -> Any:
+    """The msgspec decoders and structs (analysis.parsers._kineto_structs), imported when first
+    needed: the C fast path reads well-formed traces without msgspec (20% of a small trace's time
+    is start-up)."""
+    from analysis.parsers import _kineto_structs
+
+    return _kineto_structs
 
 
-class _Event(msgspec.Struct, gc=False):
-    ph: str | None = None
-    cat: str | None = None
-    name: str = ""
-    pid: int | str | None = None
-    tid: int | str | None = None
-    ts: int | float | None = None
-    dur: int | float | None = None
-    args: _Args = _EMPTY_ARGS  # shared, never modified
+def _decode_json(data: bytes) -> Any:
+    """A JSON value (the C scanner's rare escaped strings and array / object args), by msgspec."""
+    return _structs().msgspec.json.decode(data)
 
 
-class _LooseArgs(msgspec.Struct, gc=False):
-    """_Args with any JSON value in stream and correlation."""
-
-    stream: Any = None
-    correlation: Any = None
-    name: Any = None
-    collective_name: Any = msgspec.field(name="Collective name", default=None)
-    in_nelems: Any = msgspec.field(name="In msg nelems", default=None)
-    out_nelems: Any = msgspec.field(name="Out msg nelems", default=None)
-    in_size: Any = msgspec.field(name="In msg size", default=None)
-    out_size: Any = msgspec.field(name="Out msg size", default=None)
-    dtype: Any = None
-    group_size: Any = msgspec.field(name="Group size", default=None)
-    pg_name: Any = msgspec.field(name="Process Group Name", default=None)
-    pg_ranks: Any = msgspec.field(name="Process Group Ranks", default=None)
-    input_dims: msgspec.Raw = msgspec.field(name="Input Dims", default=msgspec.Raw())
-    input_types: msgspec.Raw = msgspec.field(name="Input type", default=msgspec.Raw())
-
-
-class _LooseEvent(msgspec.Struct, gc=False):
-    ph: Any = None
-    cat: Any = None
-    name: Any = None
-    pid: Any = None
-    tid: Any = None
-    ts: Any = None
-    dur: Any = None
-    args: _LooseArgs | None = None
-
-
-_BATCH = msgspec.json.Decoder(list[_Event])
 # Columns the C scanner leaves for scan_fast to pad (rank is one value; the others are filled later).
 _PADDED = ("collective", "message_bytes", "message_from", "group", "group_size", "step", "launch_ts_us")
-_EVENT = msgspec.json.Decoder(_Event)
-_STR = msgspec.json.Decoder(str)
-_LOOSE_BATCH = msgspec.json.Decoder(list[_LooseEvent])
-_ARG_FIELDS = {f.name: f.encode_name for f in msgspec.structs.fields(_Args)}
-_NOT_AN_EVENT = object()
 _UNWANTED = object()  # a category the caller did not ask for
-
-
-def _event_from_dict(value: Any) -> Any:
-    """The slow path's decoded JSON value as a _LooseEvent (or a marker when it is not an object)."""
-    if not isinstance(value, dict):
-        return _NOT_AN_EVENT
-    raw = value.get("args")
-    args = None
-    if isinstance(raw, dict):
-        fields = {}
-        for attr, key in _ARG_FIELDS.items():
-            if key in raw:
-                v = raw[key]
-                if attr in ("input_dims", "input_types"):
-                    try:
-                        v = msgspec.Raw(msgspec.json.encode(v))
-                    except (msgspec.EncodeError, TypeError, ValueError, OverflowError):
-                        continue
-                fields[attr] = v
-        args = _LooseArgs(**fields)
-    return _LooseEvent(ph=value.get("ph"), cat=value.get("cat"), name=value.get("name"), pid=value.get("pid"),
-                       tid=value.get("tid"), ts=value.get("ts"), dur=value.get("dur"), args=args)
 
 
 def kernel_kind(name: str) -> str:
@@ -335,14 +259,21 @@ def _tensor_bytes(dims: Any, dtype: Any) -> int | None:
     return math.prod(dims) * size
 
 
-def _raw_json(raw: msgspec.Raw) -> Any:
+def _raw_json(raw: Any) -> Any:
+    """Raw JSON (msgspec.Raw, or bytes from the C scanner) decoded; None when empty or not JSON.
+    By the json module: Input Dims / Input type are small, and msgspec's import costs more than
+    their decoding (where the two differ, on NaN or 1e400, no dimension list comes out either way)."""
+    if not len(raw):
+        return None
+    import json
+
     try:
-        return msgspec.json.decode(raw) if len(raw) else None
-    except msgspec.DecodeError:  # e.g. a number too large for a float: the size is just unknown
+        return json.loads(bytes(raw))
+    except (ValueError, RecursionError):  # not JSON: the size is just unknown
         return None
 
 
-def _message(args: _Args) -> tuple[int | None, str | None]:
+def _message(args: Any) -> tuple[int | None, str | None]:
     """(message_bytes, message_from) from a collective event's args; see COLUMNS."""
     if (args.in_size is None and args.out_size is None and args.in_nelems is None and args.out_nelems is None
             and not len(args.input_dims)):
@@ -366,7 +297,7 @@ def _message(args: _Args) -> tuple[int | None, str | None]:
     return None, None
 
 
-def _group(args: _Args, pg_sizes: dict[str, int]) -> tuple[str | None, int | None]:
+def _group(args: Any, pg_sizes: dict[str, int]) -> tuple[str | None, int | None]:
     name, ranks = args.pg_name, args.pg_ranks
     if name is None and ranks is None and args.group_size is None:
         return None, None
@@ -492,7 +423,7 @@ class _Collector:
         self._kernel_coll: dict[str, str] = {}
         self._cpu_coll: dict[str, str | None] = {}
 
-    def take(self, events: list[_Event]) -> None:
+    def take(self, events: list[Any]) -> None:
         """A typed batch: the fields have Kineto's types, so no event needs a type check."""
         rows: list[tuple] = []
         add = rows.append
@@ -555,7 +486,8 @@ class _Collector:
 
     def take_loose(self, events: list[Any]) -> None:
         """A batch of _LooseEvent (or markers of values that are not objects), checked one by one."""
-        complete: list[_Event] = []
+        structs = _structs()
+        complete: list[Any] = []
         add = complete.append
         scalar = _SCALAR_TYPES
         phases: Counter[Any] = Counter()
@@ -590,13 +522,13 @@ class _Collector:
                     tid = str(tid)
                 args = e.args
                 if args is None:
-                    args = _EMPTY_ARGS
+                    args = structs.EMPTY_ARGS
                 else:
-                    fields = msgspec.structs.asdict(args)
+                    fields = structs.msgspec.structs.asdict(args)
                     fields["stream"] = _int_or_none(args.stream) if args.stream is not None else None
                     fields["correlation"] = _int_or_none(args.correlation) if args.correlation is not None else None
-                    args = _Args(**fields)
-                add(_Event("X", cat, name, pid, tid, ts, dur, args))
+                    args = structs.Args(**fields)
+                add(structs.Event("X", cat, name, pid, tid, ts, dur, args))
             except AttributeError:
                 bad["not an object"] += 1
             except (TypeError, ValueError):
@@ -607,7 +539,7 @@ class _Collector:
         self.skipped.update(bad)
         self.take(complete)
 
-    def _collective(self, name: str, kind: str | None, cat: str, args: _Args) -> tuple | None:
+    def _collective(self, name: str, kind: str | None, cat: str, args: Any) -> tuple | None:
         """(collective, message_bytes, message_from, group, group_size) of a row that may be a
         collective: a communication kernel, or a CPU op of a collective category whose name (or
         record_param_comms' args) says so; None when it is not one."""
@@ -633,8 +565,8 @@ class _Collector:
 
         Returns (bytes taken, why it stopped: 0 the buffer ends inside an event, 1 no event starts
         there, 2 an event the C scanner leaves to the decoders here)."""
-        ctx = (list(self.cols.values()), self.rank, self._category_pair, self._names, self._ids, self._durs,
-               self._kind, kernel_kind, self._cpu_coll, self._cpu_collective, _STR.decode)
+        ctx = (list(self.cols.values()), self._category_pair, self._names, self._ids, self._durs,
+               self._kind, kernel_kind, self._cpu_coll, self._cpu_collective, _decode_json)
         cols = self.cols
         before = len(cols["name"])
         end, why, events, specials, metadata, phases, no_cat, trace_span, unwanted = _kscan.scan(buf, 0, ctx)
@@ -652,14 +584,13 @@ class _Collector:
                               ("category not wanted", unwanted)):
             if count:
                 skipped[reason] += count
-        if metadata or specials:
-            view = memoryview(buf)
-            for start, stop in metadata:
-                self._metadata(_EVENT.decode(view[start:stop]))
+        for event in metadata:
+            self._thread_name(*event)
+        if specials:
             names, kinds, cats = cols["name"], cols["kind"], cols["category"]
             targets = [cols[c] for c in ("collective", "message_bytes", "message_from", "group", "group_size")]
-            for row, start, stop in specials:
-                values = self._collective(names[row], kinds[row], cats[row], _EVENT.decode(view[start:stop]).args)
+            for row, args in specials:
+                values = self._collective(names[row], kinds[row], cats[row], _CArgs(args))
                 if values is not None:
                     for column, value in zip(targets, values):
                         column[row] = value
@@ -699,8 +630,11 @@ class _Collector:
                 self.pg_sizes[str(pg.get("pg_name"))] = _int_or_none(pg.get("pg_size"))
 
     def _metadata(self, e: Any) -> None:
-        if e.name == "thread_name" and e.args is not None and isinstance(e.args.name, str):
-            self.thread_names[f"{e.pid}/{e.tid}"] = e.args.name
+        self._thread_name(e.name, e.pid, e.tid, e.args.name if e.args is not None else None)
+
+    def _thread_name(self, name: Any, pid: Any, tid: Any, thread: Any) -> None:
+        if name == "thread_name" and isinstance(thread, str):
+            self.thread_names[f"{pid}/{tid}"] = thread
 
 
 class _Scanner:
@@ -795,16 +729,17 @@ class _Scanner:
         tail_from = max(lead, len(buf) - (1 << 16))
         seps = list(_EVENT_SEP.finditer(buf, tail_from)) or list(_EVENT_SEP.finditer(buf, lead))
         view = memoryview(buf)
+        structs = _structs()
         for m in reversed(seps[-2:]):
             text = b"".join((b"[", view[lead:m.start() + 1], b"]"))
             try:
-                self.collector.take(_BATCH.decode(text))
-            except msgspec.ValidationError:  # some event breaks Kineto's types: decode it loosely
+                self.collector.take(structs.BATCH.decode(text))
+            except structs.msgspec.ValidationError:  # some event breaks Kineto's types: decode it loosely
                 try:
-                    self.collector.take_loose(_LOOSE_BATCH.decode(text))
-                except msgspec.DecodeError:
+                    self.collector.take_loose(structs.LOOSE_BATCH.decode(text))
+                except structs.msgspec.DecodeError:
                     continue
-            except msgspec.DecodeError:  # the cut is not between two events
+            except structs.msgspec.DecodeError:  # the cut is not between two events
                 continue
             self._consume(m.end())
             return True
@@ -880,7 +815,7 @@ class _Scanner:
                     value, end, bad = self._decode(text, i, final)
                     if end is None:
                         break
-                    batch.append(_event_from_dict(value))
+                    batch.append(_structs().event_from_dict(value))
                     i = end
                     if len(batch) >= 4096:
                         self.collector.take_loose(batch)

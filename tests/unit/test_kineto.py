@@ -456,10 +456,11 @@ def test_loosely_typed_batches_read_like_typed_ones(path, monkeypatch):
     types; forcing every batch down the loose path must give the same table."""
     import msgspec
 
-    from analysis.parsers import kineto
+    from analysis.parsers import _kineto_structs, kineto
 
+    monkeypatch.setattr(kineto, "_kscan", None)  # the msgspec batches, not the C scanner
     typed = parse_kineto(path)
-    monkeypatch.setattr(kineto, "_BATCH", msgspec.json.Decoder(list[int]))  # every batch fails validation
+    monkeypatch.setattr(_kineto_structs, "BATCH", msgspec.json.Decoder(list[int]))  # every batch fails validation
     _same_table(typed, parse_kineto(path))
 
 
