@@ -816,8 +816,20 @@ static int exact_double(PyObject *v, double *out) {
  * The row loop of kineto._assign_steps, same rules (see there): CPU rows take the ProfilerStep span
  * containing their start (the last containing one wins), GPU rows (stream set and not -1) the step
  * and the earliest start of the CPU rows with their correlation. `spans` is the sorted list of
- * (start, end, N), `reach[k]` the latest end among spans[0..k]. Returns False, having changed
- * nothing, when some time is not an int within 2**53 or a float: the Python loop then runs. */
+ * (start, end, N), `reach[k]` the latest end among spans[0..k]. Returns False when some time is not
+ * an int within 2**53 or a float, or some correlation not a 64-bit int: the Python loop then runs
+ * (and rewrites every value this may have set). */
+typedef struct {
+    long long corr;
+    Py_ssize_t row;
+} Launch;
+
+static int cmp_launch(const void *x, const void *y) {
+    const Launch *p = x, *q = y;
+    if (p->corr != q->corr) return p->corr < q->corr ? -1 : 1;
+    return p->row < q->row ? -1 : p->row > q->row;
+}
+
 static PyObject *assign_steps(PyObject *self, PyObject *args) {
     PyObject *ts, *stream, *corr, *steps, *launch_ts, *spans, *reach;
     int disjoint;
@@ -831,10 +843,13 @@ static PyObject *assign_steps(PyObject *self, PyObject *args) {
         PyErr_SetString(PyExc_ValueError, "assign_steps: lists of different lengths");
         return NULL;
     }
+    PyObject *result = NULL;
     double *t = PyMem_Malloc(sizeof(double) * (n + 3 * ns + 1));
-    PyObject *launch_step = PyDict_New(), *launch_at = PyDict_New(), *result = NULL;
     Py_ssize_t *gpu = PyMem_Malloc(sizeof(Py_ssize_t) * (n + 1));
-    if (!t || !launch_step || !launch_at || !gpu) { PyErr_NoMemory(); goto done; }
+    long long *gcorr = PyMem_Malloc(sizeof(long long) * (n + 1));
+    Launch *launch = PyMem_Malloc(sizeof(Launch) * (n + 1));
+    PyObject **rowstep = PyMem_Malloc(sizeof(PyObject *) * (n + 1));  /* borrowed: None or a span's N */
+    if (!t || !gpu || !gcorr || !launch || !rowstep) { PyErr_NoMemory(); goto done; }
     double *start = t + n, *end = start + ns, *rch = end + ns;
     for (Py_ssize_t i = 0; i < n; i++)
         if (!exact_double(PyList_GET_ITEM(ts, i), &t[i])) { result = Py_NewRef(Py_False); goto done; }
@@ -846,18 +861,28 @@ static PyObject *assign_steps(PyObject *self, PyObject *args) {
             goto done;
         }
     }
-    Py_ssize_t ngpu = 0;
+    /* Correlations are matched by sorting (corr, row) pairs rather than through dicts: two dicts of
+     * every launch were the parse's peak memory. Correlations that are not 64-bit ints: the Python. */
+    Py_ssize_t ngpu = 0, nlaunch = 0;
     int have = 0;               /* lo, hi, current valid (disjoint spans: the run the previous row fell in) */
     double lo = 0, hi = 0;
     PyObject *current = Py_None;
     for (Py_ssize_t i = 0; i < n; i++) {
-        PyObject *st = PyList_GET_ITEM(stream, i);
+        PyObject *st = PyList_GET_ITEM(stream, i), *c = PyList_GET_ITEM(corr, i);
+        long long cv = 0;
+        if (c != Py_None) {
+            int overflow = 0;
+            if (!PyLong_CheckExact(c)) { result = Py_NewRef(Py_False); goto done; }
+            cv = PyLong_AsLongLongAndOverflow(c, &overflow);
+            if (overflow) { result = Py_NewRef(Py_False); goto done; }
+            if (cv == -1 && PyErr_Occurred()) goto done;
+        }
         if (st != Py_None) {
             int overflow = 0;
             long v = PyLong_Check(st) ? PyLong_AsLongAndOverflow(st, &overflow) : 0;
             if (!PyLong_Check(st) || overflow || v != -1) {
                 if (PyErr_Occurred()) goto done;
-                gpu[ngpu++] = i;
+                if (c != Py_None) { gpu[ngpu] = i; gcorr[ngpu] = cv; ngpu++; }
                 continue;
             }
         }
@@ -881,27 +906,36 @@ static PyObject *assign_steps(PyObject *self, PyObject *args) {
         }
         Py_INCREF(step);
         PyList_SetItem(steps, i, step);
-        PyObject *c = PyList_GET_ITEM(corr, i);
-        if (c != Py_None) {
-            if (PyDict_SetItem(launch_step, c, step) < 0) goto done;
-            PyObject *prev = PyDict_GetItemWithError(launch_at, c);
-            if (!prev && PyErr_Occurred()) goto done;
-            double pv = 0;
-            if (!prev || (exact_double(prev, &pv) && x < pv)) {
-                if (PyDict_SetItem(launch_at, c, PyList_GET_ITEM(ts, i)) < 0) goto done;
-            }
-        }
+        rowstep[i] = step;
+        if (c != Py_None) { launch[nlaunch].corr = cv; launch[nlaunch].row = i; nlaunch++; }
+    }
+    /* per correlation: the step of its last CPU row (the dict's last write) and the start of its
+     * earliest one (the first row among equal starts); keys written over the sorted pairs in place */
+    qsort(launch, nlaunch, sizeof(Launch), cmp_launch);
+    Py_ssize_t nkeys = 0;
+    for (Py_ssize_t j = 0; j < nlaunch;) {
+        Py_ssize_t k = j, first = launch[j].row;
+        long long key = launch[j].corr;
+        for (; k < nlaunch && launch[k].corr == key; k++)
+            if (t[launch[k].row] < t[first]) first = launch[k].row;
+        Py_ssize_t last = launch[k - 1].row;
+        launch[nkeys].corr = key;
+        launch[nkeys].row = last;
+        /* remember the earliest row in the spare upper half of gcorr (nkeys <= j < n) */
+        gcorr[ngpu + nkeys] = first;
+        nkeys++;
+        j = k;
     }
     for (Py_ssize_t g = 0; g < ngpu; g++) {
+        long long key = gcorr[g];
+        Py_ssize_t a = 0, b = nkeys;
+        while (a < b) {
+            Py_ssize_t mid = (a + b) / 2;
+            if (launch[mid].corr < key) a = mid + 1; else b = mid;
+        }
+        if (a >= nkeys || launch[a].corr != key) continue;  /* launched before the trace began */
         Py_ssize_t i = gpu[g];
-        PyObject *c = PyList_GET_ITEM(corr, i);
-        if (c == Py_None) continue;
-        PyObject *step = PyDict_GetItemWithError(launch_step, c);
-        if (!step && PyErr_Occurred()) goto done;
-        PyObject *at = step ? PyDict_GetItemWithError(launch_at, c) : NULL;
-        if (!at && PyErr_Occurred()) goto done;
-        step = step ? step : Py_None;
-        at = at ? at : Py_None;
+        PyObject *step = rowstep[launch[a].row], *at = PyList_GET_ITEM(ts, (Py_ssize_t)gcorr[ngpu + a]);
         Py_INCREF(step);
         PyList_SetItem(steps, i, step);
         Py_INCREF(at);
@@ -911,8 +945,9 @@ static PyObject *assign_steps(PyObject *self, PyObject *args) {
 done:
     PyMem_Free(t);
     PyMem_Free(gpu);
-    Py_XDECREF(launch_step);
-    Py_XDECREF(launch_at);
+    PyMem_Free(gcorr);
+    PyMem_Free(launch);
+    PyMem_Free(rowstep);
     return result;
 }
 

@@ -368,7 +368,7 @@ class _Parser:
             return
         if len(tokens) < layout.width:
             if cut:
-                self.warn(lineno, f"last row is cut short; kept only its complete placements")
+                self.warn(lineno, "last row is cut short; kept only its complete placements")
                 self.emit(lineno, tokens, layout)
             else:
                 self.fragment = (tokens, lineno, "")

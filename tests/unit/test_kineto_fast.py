@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 from analysis import trace_analysis as ta
 from analysis.parsers import kineto
 from analysis.parsers.kineto import parse_kineto
-from tests.unit.test_kineto import _SMALL, _event, _json_values, _modern_trace
+from tests.unit.test_kineto import _SMALL, _event, _modern_trace
 
 REPO = Path(__file__).resolve().parents[2]
 FIX = REPO / "tests" / "fixtures" / "kineto"
