@@ -56,8 +56,8 @@ static PyObject *reader_new(PyTypeObject *type, PyObject *args, PyObject *kwds) 
     Py_ssize_t chunk = 1 << 20;
     static char *kwlist[] = {"fd", "chunk", "ahead", NULL};
     if (!PyArg_ParseTupleAndKeywords(args, kwds, "i|ni", kwlist, &fd, &chunk, &nslots)) return NULL;
-    if (chunk < 1024 || nslots < 1 || nslots > 64) {
-        PyErr_SetString(PyExc_ValueError, "chunk must be >= 1024 and ahead within 1..64");
+    if (chunk < 1024 || chunk > (1 << 30) || nslots < 1 || nslots > 64) {
+        PyErr_SetString(PyExc_ValueError, "chunk must be within 1 KiB..1 GiB and ahead within 1..64");
         return NULL;
     }
     Reader *self = (Reader *)type->tp_alloc(type, 0);
@@ -98,14 +98,18 @@ static int all_zero(const unsigned char *p, Py_ssize_t n) {
 }
 
 static PyObject *reader_run(Reader *self, PyObject *unused) {
-    if (self->started) { PyErr_SetString(PyExc_RuntimeError, "run() was already called"); return NULL; }
+    pthread_mutex_lock(&self->mu);
+    int again = self->started;
     self->started = 1;
+    pthread_mutex_unlock(&self->mu);
+    if (again) { PyErr_SetString(PyExc_RuntimeError, "run() was already called"); return NULL; }
+    unsigned char *in = PyMem_RawMalloc(READ_BYTES);  /* not on this thread's stack, whatever its size */
+    if (!in) return PyErr_NoMemory();
     int init = Z_OK;
     Py_BEGIN_ALLOW_THREADS
     z_stream zs;
     memset(&zs, 0, sizeof(zs));
     init = inflateInit2(&zs, 31);
-    unsigned char in[READ_BYTES];
     long long fed = 0;
     int eof = 0, status = 0;
     Py_ssize_t filled = 0, chunk = self->chunk;
@@ -113,6 +117,10 @@ static PyObject *reader_run(Reader *self, PyObject *unused) {
     char *out = self->stop ? NULL : PyBytes_AS_STRING(self->slots[self->tail]);
     pthread_mutex_unlock(&self->mu);
     while (init == Z_OK && out) {
+        pthread_mutex_lock(&self->mu);
+        int stop = self->stop;
+        pthread_mutex_unlock(&self->mu);
+        if (stop) break;
         ssize_t r;
         /* pread from our own offset: the caller's buffered file object may have read ahead */
         do { r = pread(self->fd, in, READ_BYTES, (off_t)fed); } while (r < 0 && errno == EINTR);
@@ -153,7 +161,10 @@ static PyObject *reader_run(Reader *self, PyObject *unused) {
         fed += r;
     }
     if (out && filled > 0) publish(self, filled);
-    if (init == Z_OK && status == 0 && !eof && !self->stop) status = 1;
+    pthread_mutex_lock(&self->mu);
+    int stopped = self->stop;
+    pthread_mutex_unlock(&self->mu);
+    if (init == Z_OK && status == 0 && !eof && !stopped) status = 1;
     inflateEnd(&zs);
     pthread_mutex_lock(&self->mu);
     self->status = init == Z_OK ? status : 2;
@@ -163,6 +174,7 @@ static PyObject *reader_run(Reader *self, PyObject *unused) {
     pthread_cond_broadcast(&self->cv);
     pthread_mutex_unlock(&self->mu);
     Py_END_ALLOW_THREADS
+    PyMem_RawFree(in);
     Py_RETURN_NONE;
 }
 
@@ -172,7 +184,9 @@ static PyObject *reader_next(Reader *self, PyObject *unused) {
     Py_ssize_t n = 0;
     Py_BEGIN_ALLOW_THREADS
     pthread_mutex_lock(&self->mu);
-    while (!self->full[self->head] && !self->done) pthread_cond_wait(&self->cv, &self->mu);
+    /* (closed before run() started: nothing will come) */
+    while (!self->full[self->head] && !self->done && !(self->stop && !self->started))
+        pthread_cond_wait(&self->cv, &self->mu);
     ready = self->full[self->head];
     n = self->fill[self->head];
     pthread_mutex_unlock(&self->mu);

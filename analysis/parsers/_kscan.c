@@ -14,13 +14,14 @@
  *                          unwanted)
  *   buf: bytes; pos: offset of the first element (separators before it are skipped);
  *   ctx: tuple (cols, category, names, ids, durs, kinds, kernel_kind, cpu_coll, cpu_collective,
- *               decode_json)
+ *               decode_json, undecodable)
  *     cols: list of the 17 column lists in kineto.COLUMNS order (rank and the collective, step and
  *     launch columns are left for the caller to pad);
  *     category(cat) -> (canonical or None when not wanted, is a CPU collective category);
  *     names / ids / durs: dicts sharing repeated values; kinds: name -> kernel kind, filled through
  *     kernel_kind(name); cpu_coll: name -> collective or None, filled through cpu_collective(name);
- *     decode_json(bytes) -> the value, for strings with escapes and array / object args.
+ *     decode_json(bytes) -> the value, for strings with escapes and array / object args, or the
+ *     `undecodable` marker where msgspec refuses it (the event is then left to the Python path).
  *   end: offset after the last event taken (and its separators); why: 0 the buffer ends inside the
  *   next element, 1 the next byte is not the start of an object (e.g. the closing ']'), 2 the next
  *   element is one this scanner leaves to the Python path;
@@ -126,6 +127,10 @@ static int scan_string(Cur *c, Field *f) {
         if (x == 'u') {
             if (q + 6 > c->end) return INCOMPLETE;
             for (int k = 2; k < 6; k++) if (!is_hex(q[k])) return INVALID;
+            /* a surrogate (paired or not): msgspec and json differ on lone ones, leave it to them */
+            if ((q[2] == 'd' || q[2] == 'D') && ((q[3] >= '8' && q[3] <= '9') || (q[3] >= 'a' && q[3] <= 'f')
+                                                 || (q[3] >= 'A' && q[3] <= 'F')))
+                return INVALID;
             c->p = q + 6;
         } else if (x == '"' || x == '\\' || x == '/' || x == 'b' || x == 'f' || x == 'n' || x == 'r' || x == 't') {
             c->p = q + 2;
@@ -418,6 +423,20 @@ static PyObject *value_of(Field *f, PyObject *decode_str) {
     }
 }
 
+/* A value from decode_json, or NULL with *leave set when decode_json gave the `undecodable` marker
+ * (msgspec refused it: the Python path is to take the event). NULL without *leave: an error. */
+static PyObject *checked(PyObject *v, PyObject *undecodable, int *leave) {
+    if (v && v == undecodable) {
+        Py_DECREF(v);
+        *leave = 1;
+        return NULL;
+    }
+    return v;
+}
+
+/* the values of a kept row, in the order they are appended (R_ARGS: the args of a collective) */
+enum { R_PID, R_TID, R_STREAM, R_CAT, R_NAME, R_TS, R_DUR, R_KIND, R_CORR, R_ARGS, NROW };
+
 /* An args value as the typed msgspec path gives it (new reference): Input Dims / Input type as the
  * raw JSON bytes (b"" when absent), the others as Python values (None when absent); strings with
  * escapes, arrays and objects through decode_json (msgspec, imported when first needed). */
@@ -448,11 +467,11 @@ static PyObject *arg_value(const Span *a, int raw, PyObject *decode_json) {
     return out;
 }
 
-static PyObject *args_tuple(const Event *ev, PyObject *decode_json) {
+static PyObject *args_tuple(const Event *ev, PyObject *decode_json, PyObject *undecodable, int *leave) {
     PyObject *t = PyTuple_New(ARG_NAME);
     if (!t) return NULL;
     for (int k = 0; k < ARG_NAME; k++) {
-        PyObject *v = arg_value(&ev->arg[k], k >= ARG_INPUT_DIMS, decode_json);
+        PyObject *v = checked(arg_value(&ev->arg[k], k >= ARG_INPUT_DIMS, decode_json), undecodable, leave);
         if (!v) { Py_DECREF(t); return NULL; }
         PyTuple_SET_ITEM(t, k, v);
     }
@@ -526,12 +545,14 @@ typedef struct {
     PyObject *obj;  /* borrowed from ids */
 } LastId;
 
-static PyObject *cached_id(LastId *last, Field *f, PyObject *ids, PyObject *decode_str) {
+static PyObject *cached_id(LastId *last, Field *f, PyObject *ids, PyObject *decode_str, PyObject *undecodable,
+                           int *leave) {
     if (f->type == T_INT && last->obj && last->i == f->i) {
         Py_INCREF(last->obj);
         return last->obj;
     }
-    PyObject *v = shared(ids, value_of(f, decode_str));
+    PyObject *v = checked(value_of(f, decode_str), undecodable, leave);
+    v = v ? shared(ids, v) : NULL;
     if (v && f->type == T_INT) { last->i = f->i; last->obj = v; }
     return v;
 }
@@ -549,11 +570,17 @@ static PyObject *scan(PyObject *self, PyObject *args) {
     Py_ssize_t pos;
     PyObject *ctx;
     if (!PyArg_ParseTuple(args, "y*nO!", &view, &pos, &PyTuple_Type, &ctx)) return NULL;
-    PyObject *cols, *category, *names, *ids, *durs, *kinds, *kernel_kind, *cpu_coll, *cpu_collective, *decode_str;
-    if (!PyArg_ParseTuple(ctx, "O!OO!O!O!O!OO!OO", &PyList_Type, &cols, &category, &PyDict_Type, &names,
+    PyObject *cols, *category, *names, *ids, *durs, *kinds, *kernel_kind, *cpu_coll, *cpu_collective, *decode_str,
+        *undecodable;
+    if (!PyArg_ParseTuple(ctx, "O!OO!O!O!O!OO!OOO", &PyList_Type, &cols, &category, &PyDict_Type, &names,
                           &PyDict_Type, &ids, &PyDict_Type, &durs, &PyDict_Type, &kinds, &kernel_kind,
-                          &PyDict_Type, &cpu_coll, &cpu_collective, &decode_str)) {
+                          &PyDict_Type, &cpu_coll, &cpu_collective, &decode_str, &undecodable)) {
         PyBuffer_Release(&view);
+        return NULL;
+    }
+    if (pos < 0 || pos > view.len) {
+        PyBuffer_Release(&view);
+        PyErr_SetString(PyExc_ValueError, "scan: pos outside the buffer");
         return NULL;
     }
     if (PyList_GET_SIZE(cols) != NCOLS) {
@@ -580,7 +607,7 @@ static PyObject *scan(PyObject *self, PyObject *args) {
     if (!cache) { PyErr_NoMemory(); goto done; }
     int ncats = 0, nphs = 0;
     Py_ssize_t events = 0, no_cat = 0, trace_span = 0, unwanted = 0;
-    int why = 0;
+    int why = 0, leave = 0;
     if (!specials || !metadata || !phases || !cat_results || !ph_keys) goto done;
 
     const unsigned char *base = (const unsigned char *)view.buf;
@@ -613,16 +640,21 @@ static PyObject *scan(PyObject *self, PyObject *args) {
         if (!(ev.ph.type == T_STR && ev.ph.n == 1 && ev.ph.s[0] == 'X' && !ev.ph.escaped)) {
             if (ev.ph.type == T_STR && ev.ph.n == 1 && ev.ph.s[0] == 'M' && !ev.ph.escaped) {
                 /* (name, pid, tid, args.name): what kineto._Collector._metadata reads */
-                PyObject *m = PyTuple_New(4);
-                if (!m) goto done;
-                PyObject *parts[4] = {str_of(&ev.name, decode_str), value_of(&ev.pid, decode_str),
-                                      value_of(&ev.tid, decode_str), arg_value(&ev.arg[ARG_NAME], 0, decode_str)};
-                for (int k = 0; k < 4; k++) {
-                    if (!parts[k]) {
-                        for (int j = 0; j < 4; j++) Py_XDECREF(parts[j]);
-                        Py_DECREF(m);
-                        goto done;
-                    }
+                PyObject *parts[4] = {NULL, NULL, NULL, NULL};
+                int bad = 0;
+                for (int k = 0; k < 4 && !bad; k++) {
+                    PyObject *v = k == 0 ? str_of(&ev.name, decode_str)
+                                  : k == 1 ? value_of(&ev.pid, decode_str)
+                                  : k == 2 ? value_of(&ev.tid, decode_str)
+                                  : arg_value(&ev.arg[ARG_NAME], 0, decode_str);
+                    parts[k] = checked(v, undecodable, &leave);
+                    bad = parts[k] == NULL;
+                }
+                PyObject *m = bad ? NULL : PyTuple_New(4);
+                if (!m) {
+                    for (int k = 0; k < 4; k++) Py_XDECREF(parts[k]);
+                    if (leave) goto leave_event;
+                    goto done;
                 }
                 for (int k = 0; k < 4; k++) PyTuple_SET_ITEM(m, k, parts[k]);
                 if (append(metadata, m) < 0) goto done;
@@ -637,15 +669,16 @@ static PyObject *scan(PyObject *self, PyObject *args) {
             if (!key) goto done;
             if (PyList_Append(ph_keys, key) < 0) { Py_DECREF(key); goto done; }
             Py_DECREF(key);
+            /* every key enters the dict when first seen, so the dict keeps first-seen order; counts of
+             * the cached ones are added at the end */
+            PyObject *old = PyDict_GetItemWithError(phases, key);
+            if (!old && PyErr_Occurred()) goto done;
+            PyObject *v = PyLong_FromSsize_t((old ? PyLong_AsSsize_t(old) : 0) + (nphs < NCACHE ? 0 : 1));
+            if (!v || PyDict_SetItem(phases, key, v) < 0) { Py_XDECREF(v); goto done; }
+            Py_DECREF(v);
             if (nphs < NCACHE) {
                 phs[nphs].s = s; phs[nphs].n = n; phs[nphs].a = key; phs[nphs].b = NULL; phs[nphs].count = 1;
                 nphs++;
-            } else {
-                PyObject *old = PyDict_GetItemWithError(phases, key);
-                if (!old && PyErr_Occurred()) goto done;
-                PyObject *v = PyLong_FromSsize_t((old ? PyLong_AsSsize_t(old) : 0) + 1);
-                if (!v || PyDict_SetItem(phases, key, v) < 0) { Py_XDECREF(v); goto done; }
-                Py_DECREF(v);
             }
             continue;
         }
@@ -656,8 +689,8 @@ static PyObject *scan(PyObject *self, PyObject *args) {
         if (cs) {
             canon = cs->a; cpu_cat = cs->b;
         } else {
-            PyObject *catstr = str_of(&ev.cat, decode_str);
-            if (!catstr) goto done;
+            PyObject *catstr = checked(str_of(&ev.cat, decode_str), undecodable, &leave);
+            if (!catstr) { if (leave) goto leave_event; goto done; }
             int is_trace = PyUnicode_CompareWithASCIIString(catstr, "Trace") == 0;
             PyObject *res = is_trace ? (Py_INCREF(Py_None), Py_None) : PyObject_CallOneArg(category, catstr);
             Py_DECREF(catstr);
@@ -679,75 +712,95 @@ static PyObject *scan(PyObject *self, PyObject *args) {
         }
         if (!canon) { trace_span++; continue; }
         if (canon == Py_None) { unwanted++; continue; }
-        /* a kept row */
-        NameSlot *ns = ev.name.type == T_STR && !ev.name.escaped ? name_slot(cache, ev.name.s, ev.name.n) : NULL;
-        PyObject *name = ns && ns->name ? (Py_INCREF(ns->name), ns->name) : shared(names, str_of(&ev.name, decode_str));
-        if (!name) goto done;
-        if (ns && !ns->name) { ns->s = ev.name.s; ns->n = ev.name.n; ns->name = name; }  /* names holds it */
-        Py_ssize_t row = PyList_GET_SIZE(col[C_CAT]);
-        int special = 0;
-        PyObject *kind = Py_None;
-        int gpu = ev.stream.type == T_INT && ev.stream.i != -1;
-        if (gpu) {
-            kind = ns ? ns->kind : NULL;
-            if (!kind) {
-                kind = PyDict_GetItemWithError(kinds, name);
-                if (!kind) {
-                    if (PyErr_Occurred()) { Py_DECREF(name); goto done; }
-                    PyObject *k = PyObject_CallOneArg(kernel_kind, name);
-                    if (!k || PyDict_SetItem(kinds, name, k) < 0) { Py_XDECREF(k); Py_DECREF(name); goto done; }
-                    Py_DECREF(k);
-                    kind = PyDict_GetItemWithError(kinds, name);
-                    if (!kind) { Py_DECREF(name); goto done; }
-                }
-                if (ns) {
-                    ns->kind = kind;  /* kinds holds it */
-                    ns->comm = PyUnicode_CompareWithASCIIString(kind, "communication") == 0;
-                }
-            }
-            special = ns ? ns->comm : PyUnicode_CompareWithASCIIString(kind, "communication") == 0;
-        } else if (cpu_cat == Py_True) {
-            if (ns && ns->cpu_special >= 0) special = ns->cpu_special;
+        /* a kept row: every value is made first, so an event left to the Python path adds nothing */
+        {
+            PyObject *vals[NROW] = {NULL};
+            NameSlot *ns = ev.name.type == T_STR && !ev.name.escaped ? name_slot(cache, ev.name.s, ev.name.n) : NULL;
+            PyObject *name;
+            if (ns && ns->name) name = Py_NewRef(ns->name);
             else {
-                if (PyUnicode_CompareWithASCIIString(name, "record_param_comms") == 0) special = 1;
-                else {
-                    PyObject *coll = PyDict_GetItemWithError(cpu_coll, name);
-                    if (!coll) {
-                        if (PyErr_Occurred()) { Py_DECREF(name); goto done; }
-                        coll = PyObject_CallOneArg(cpu_collective, name);
-                        if (!coll) { Py_DECREF(name); goto done; }
-                        Py_DECREF(coll);  /* cpu_collective stores it in cpu_coll */
-                    }
-                    special = coll != Py_None;
-                }
-                if (ns) ns->cpu_special = special;
+                name = checked(str_of(&ev.name, decode_str), undecodable, &leave);
+                name = name ? shared(names, name) : NULL;
             }
-        }
-        PyObject *pid = cached_id(&last_pid, &ev.pid, ids, decode_str);
-        PyObject *tid = pid ? cached_id(&last_tid, &ev.tid, ids, decode_str) : NULL;
-        PyObject *dur = NULL;
-        if (tid) {
+            if (!name) { if (leave) goto leave_event; goto done; }
+            if (ns && !ns->name) { ns->s = ev.name.s; ns->n = ev.name.n; ns->name = name; }  /* names holds it */
+            vals[R_NAME] = name;
+            int special = 0;
+            PyObject *kind = Py_None;
+            int gpu = ev.stream.type == T_INT && ev.stream.i != -1;
+            if (gpu) {
+                kind = ns ? ns->kind : NULL;
+                if (!kind) {
+                    kind = PyDict_GetItemWithError(kinds, name);
+                    if (!kind) {
+                        if (PyErr_Occurred()) goto row_failed;
+                        PyObject *k = PyObject_CallOneArg(kernel_kind, name);
+                        if (!k || PyDict_SetItem(kinds, name, k) < 0) { Py_XDECREF(k); goto row_failed; }
+                        Py_DECREF(k);
+                        kind = PyDict_GetItemWithError(kinds, name);
+                        if (!kind) goto row_failed;
+                    }
+                    if (ns) {
+                        ns->kind = kind;  /* kinds holds it */
+                        ns->comm = PyUnicode_CompareWithASCIIString(kind, "communication") == 0;
+                    }
+                }
+                special = ns ? ns->comm : PyUnicode_CompareWithASCIIString(kind, "communication") == 0;
+            } else if (cpu_cat == Py_True) {
+                if (ns && ns->cpu_special >= 0) special = ns->cpu_special;
+                else {
+                    if (PyUnicode_CompareWithASCIIString(name, "record_param_comms") == 0) special = 1;
+                    else {
+                        PyObject *coll = PyDict_GetItemWithError(cpu_coll, name);
+                        if (!coll) {
+                            if (PyErr_Occurred()) goto row_failed;
+                            coll = PyObject_CallOneArg(cpu_collective, name);
+                            if (!coll) goto row_failed;
+                            Py_DECREF(coll);  /* cpu_collective stores it in cpu_coll */
+                        }
+                        special = coll != Py_None;
+                    }
+                    if (ns) ns->cpu_special = special;
+                }
+            }
+            vals[R_KIND] = Py_NewRef(kind);
+            vals[R_CAT] = Py_NewRef(canon);
+            if (!(vals[R_PID] = cached_id(&last_pid, &ev.pid, ids, decode_str, undecodable, &leave))) goto row_failed;
+            if (!(vals[R_TID] = cached_id(&last_tid, &ev.tid, ids, decode_str, undecodable, &leave))) goto row_failed;
             if (ev.dur.type == T_INT && ev.dur.i >= 0 && ev.dur.i < SMALL_DURS) {
-                dur = cache->durs[ev.dur.i];
+                PyObject *dur = cache->durs[ev.dur.i];
                 if (dur) Py_INCREF(dur);
                 else if ((dur = shared(durs, PyLong_FromLongLong(ev.dur.i)))) cache->durs[ev.dur.i] = dur;  /* durs holds it */
-            } else dur = shared(durs, value_of(&ev.dur, decode_str));
-        }
-        if (!dur) { Py_XDECREF(pid); Py_XDECREF(tid); Py_DECREF(name); goto done; }
-        /* rank and the columns filled later (collective ... step, launch_ts) are padded by the caller */
-        Py_INCREF(canon); Py_INCREF(kind);
-        if (append(col[C_PID], pid) < 0 || append(col[C_TID], tid) < 0
-            || append(col[C_STREAM], value_of(&ev.stream, decode_str)) < 0 || append(col[C_CAT], canon) < 0
-            || append(col[C_NAME], name) < 0 || append(col[C_TS], value_of(&ev.ts, decode_str)) < 0
-            || append(col[C_DUR], dur) < 0 || append(col[C_KIND], kind) < 0
-            || append(col[C_CORR], value_of(&ev.corr, decode_str)) < 0)
+                vals[R_DUR] = dur;
+            } else vals[R_DUR] = shared(durs, value_of(&ev.dur, decode_str));
+            vals[R_STREAM] = value_of(&ev.stream, decode_str);
+            vals[R_TS] = value_of(&ev.ts, decode_str);
+            vals[R_CORR] = value_of(&ev.corr, decode_str);
+            if (!vals[R_DUR] || !vals[R_STREAM] || !vals[R_TS] || !vals[R_CORR]) goto row_failed;
+            if (special && !(vals[R_ARGS] = args_tuple(&ev, decode_str, undecodable, &leave))) goto row_failed;
+            /* rank and the columns filled later (collective ... step, launch_ts) are padded by the caller */
+            Py_ssize_t row = PyList_GET_SIZE(col[C_CAT]);
+            static const int target[NROW - 1] = {C_PID, C_TID, C_STREAM, C_CAT, C_NAME, C_TS, C_DUR, C_KIND, C_CORR};
+            int failed = 0;
+            for (int k = 0; k < NROW - 1 && !failed; k++) failed = PyList_Append(col[target[k]], vals[k]) < 0;
+            if (!failed && special) {
+                PyObject *sp = Py_BuildValue("(nO)", row, vals[R_ARGS]);
+                failed = append(specials, sp) < 0;
+            }
+            for (int k = 0; k < NROW; k++) Py_XDECREF(vals[k]);
+            if (failed) goto done;
+            continue;
+        row_failed:
+            for (int k = 0; k < NROW; k++) Py_XDECREF(vals[k]);
+            if (leave) goto leave_event;
             goto done;
-        if (special) {
-            PyObject *at = args_tuple(&ev, decode_str);
-            if (!at) goto done;
-            PyObject *sp = Py_BuildValue("(nN)", row, at);
-            if (append(specials, sp) < 0) goto done;
         }
+    leave_event:
+        /* a value only msgspec can decode (it refused it): the Python path takes this event */
+        leave = 0;
+        events--;
+        why = 2;
+        break;
     }
     for (int k = 0; k < nphs; k++) {
         PyObject *old = PyDict_GetItemWithError(phases, phs[k].a);
@@ -1063,7 +1116,12 @@ static PyObject *sweep(PyObject *self, PyObject *groups) {
     long state = 0;
     for (Py_ssize_t j = 0; j + 1 < n; j++) {
         state += delta[k[j].seq];
-        if (state > 0 && state < 256) {
+        if (state >= 256) {  /* overlapping blocks within a group: the Python handles any state */
+            PyMem_Free(k);
+            PyMem_Free(delta);
+            Py_RETURN_NONE;
+        }
+        if (state > 0) {
             if (!seen[state]) { seen[state] = 1; order[norder++] = (int)state; }
             total[state] += k[j + 1].a - k[j].a;
         }

@@ -178,9 +178,18 @@ def _structs() -> Any:
     return _kineto_structs
 
 
+_UNDECODABLE = object()  # _decode_json's answer where msgspec refuses the value
+
+
 def _decode_json(data: bytes) -> Any:
-    """A JSON value (the C scanner's rare escaped strings and array / object args), by msgspec."""
-    return _structs().msgspec.json.decode(data)
+    """A JSON value (the C scanner's rare escaped strings and array / object args), by msgspec as the
+    typed path would; _UNDECODABLE where msgspec refuses it (e.g. 1e400): the scanner then leaves
+    that event to the Python path."""
+    msgspec = _structs().msgspec
+    try:
+        return msgspec.json.decode(data)
+    except msgspec.DecodeError:
+        return _UNDECODABLE
 
 
 # Columns the C scanner leaves for scan_fast to pad (rank is one value; the others are filled later).
@@ -565,8 +574,7 @@ class _Collector:
 
         Returns (bytes taken, why it stopped: 0 the buffer ends inside an event, 1 no event starts
         there, 2 an event the C scanner leaves to the decoders here)."""
-        ctx = (list(self.cols.values()), self._category_pair, self._names, self._ids, self._durs,
-               self._kind, kernel_kind, self._cpu_coll, self._cpu_collective, _decode_json)
+        ctx = self.scan_context()
         cols = self.cols
         before = len(cols["name"])
         end, why, events, specials, metadata, phases, no_cat, trace_span, unwanted = _kscan.scan(buf, 0, ctx)
@@ -595,6 +603,11 @@ class _Collector:
                     for column, value in zip(targets, values):
                         column[row] = value
         return end, why
+
+    def scan_context(self) -> tuple:
+        """The `ctx` argument of _kscan.scan (see its source)."""
+        return (list(self.cols.values()), self._category_pair, self._names, self._ids, self._durs,
+                self._kind, kernel_kind, self._cpu_coll, self._cpu_collective, _decode_json, _UNDECODABLE)
 
     def _category_pair(self, cat: str) -> tuple[str | None, bool]:
         """For the C scanner: (the category `cat` stands for, or None when not wanted; whether CPU
@@ -701,7 +714,7 @@ class _Scanner:
                 progress = self._fast()
                 if progress:
                     continue
-                if progress is None and not final:
+                if progress is None and not final and len(self.buf) < _MAX_PENDING_BYTES:
                     return  # the buffer ends inside an event: wait for the next chunk
             mark = (self.offset, self.state)
             self._slow(final, _SLOW_WINDOW)

@@ -231,3 +231,88 @@ def test_kineto_suite_passes_on_the_pure_path():
     out = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/unit/test_kineto.py"],
                          env=env, cwd=REPO, capture_output=True, text=True)
     assert out.returncode == 0, out.stdout[-3000:]
+
+
+# --- regressions from the review of the C code -------------------------------------------------------------
+
+def _events_file(tmp_path: Path, events: list[bytes], name: str = "r.json") -> Path:
+    p = tmp_path / name
+    p.write_bytes(b'{"traceEvents": [' + b", ".join(events) + b"]}")
+    return p
+
+
+@needs_fast
+def test_values_msgspec_refuses_leave_the_event_to_the_python_path(tmp_path):
+    """Lone surrogates and numbers out of float range: the scanner must neither raise nor differ."""
+    ok = b'{"ph": "X", "cat": "kernel", "name": "k", "pid": 0, "tid": 7, "ts": 1, "dur": 1, "args": {"stream": 7}}'
+    odd = [b'{"ph": "X", "cat": "cpu_op", "name": "a\\ud800b", "pid": 0, "tid": 1, "ts": 2, "dur": 1}',
+           b'{"ph": "X", "cat": "ker\\udc00", "name": "k", "pid": 0, "tid": 1, "ts": 3, "dur": 1}',
+           b'{"ph": "X", "cat": "cpu_op", "name": "smile \\ud83d\\ude00", "pid": 0, "tid": 1, "ts": 4, "dur": 1}',
+           b'{"ph": "X", "cat": "kernel", "name": "ncclKernel_AllReduce_RING_LL_Sum_float", "pid": 0, "tid": 7, '
+           b'"ts": 5, "dur": 1, "args": {"stream": 7, "correlation": 9, "dtype": "\\udfff"}}',
+           b'{"ph": "M", "name": "thread_name", "pid": 0, "tid": 1, "args": {"name": 1e400}}',
+           b'{"ph": "M", "name": "a\\ud800", "pid": "x\\ty", "tid": 1, "args": {"name": "t"}}',
+           b'{"ph": "X", "cat": "cpu_op", "name": "record_param_comms", "pid": 0, "tid": 1, "ts": 6, "dur": 1, '
+           b'"args": {"Collective name": "allreduce", "Group size": 1e999, "Process Group Ranks": [1, 2e400]}}']
+    for k, bad in enumerate(odd):
+        p = _events_file(tmp_path, [ok, bad, ok, ok], f"odd{k}.json")
+        fast = parse_kineto(p)
+        _same(fast, _pure(p))
+        assert len(fast) >= 3
+
+
+@needs_fast
+def test_an_event_that_never_closes_is_given_up_as_in_the_pure_path(tmp_path, monkeypatch):
+    """An unclosed array swallows every later event; past _MAX_PENDING_BYTES both paths resync."""
+    monkeypatch.setattr(kineto, "_MAX_PENDING_BYTES", 1 << 20)
+    ev = b'{"ph": "X", "cat": "cpu_op", "name": "op", "pid": 0, "tid": 1, "ts": 1, "dur": 1, "args": {"a": 1}}'
+    bad = b'{"ph": "X", "cat": "cpu_op", "name": "bad", "pid": 0, "tid": 1, "ts": 1, "dur": 1, "args": {"z": ['
+    p = tmp_path / "open.json"
+    p.write_bytes(b'{"traceEvents": [' + ev + b", " + bad + b", ".join([ev] * 40000) + b"]}")
+    fast = parse_kineto(p)
+    _same(fast, _pure(p))
+    assert len(fast) > 10000
+
+
+@needs_fast
+def test_phase_counts_keep_first_seen_order_past_the_cache():
+    events = [{"ph": f"p{k % 40}", "name": "x"} for k in range(200)]
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        p = Path(tmp) / "ph.json"
+        p.write_text(json.dumps({"traceEvents": events}))
+        fast, pure = parse_kineto(p), _pure(p)
+    assert list(fast.meta["events_skipped"].items()) == list(pure.meta["events_skipped"].items())
+    assert list(fast.meta["events_skipped"])[:3] == ["ph=p0", "ph=p1", "ph=p2"]
+
+
+@needs_fast
+def test_sweep_with_overlapping_blocks_in_one_group_falls_back():
+    groups = [[]] * 7 + [[(0, 10), (5, 15)]]
+    with pure_path():
+        expected = dict(ta._sweep(groups))
+    assert expected == {128: 10.0, 256: 5.0} and ta._sweep(groups) == expected
+
+
+@needs_fast
+def test_scan_refuses_a_position_outside_the_buffer():
+    ctx = kineto._Collector(None, None).scan_context()
+    with pytest.raises(ValueError, match="pos outside"):
+        kineto._kscan.scan(b"{}]", -3, ctx)
+    with pytest.raises(ValueError, match="pos outside"):
+        kineto._kscan.scan(b"{}]", 4, ctx)
+    assert kineto._kscan.scan(b"{}]", 0, ctx)[:3] == (2, 1, 1)
+
+
+@needs_fast
+def test_reader_closed_before_it_ran_returns_nothing(tmp_path):
+    p = tmp_path / "x.gz"
+    p.write_bytes(gzip.compress(b"{}"))
+    reader = kineto._kinflate.Reader(os.open(p, os.O_RDONLY), 4096, 2)
+    reader.close()
+    got = []
+    t = threading.Thread(target=lambda: got.append(reader.next()), daemon=True)
+    t.start()
+    t.join(5)
+    assert not t.is_alive() and got == [None]
