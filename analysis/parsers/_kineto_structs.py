@@ -50,23 +50,12 @@ class Event(msgspec.Struct, gc=False):
     args: Args = EMPTY_ARGS  # shared, never modified
 
 
-class LooseArgs(msgspec.Struct, gc=False):
-    """Args with any JSON value in stream and correlation."""
-
-    stream: Any = None
-    correlation: Any = None
-    name: Any = None
-    collective_name: Any = msgspec.field(name="Collective name", default=None)
-    in_nelems: Any = msgspec.field(name="In msg nelems", default=None)
-    out_nelems: Any = msgspec.field(name="Out msg nelems", default=None)
-    in_size: Any = msgspec.field(name="In msg size", default=None)
-    out_size: Any = msgspec.field(name="Out msg size", default=None)
-    dtype: Any = None
-    group_size: Any = msgspec.field(name="Group size", default=None)
-    pg_name: Any = msgspec.field(name="Process Group Name", default=None)
-    pg_ranks: Any = msgspec.field(name="Process Group Ranks", default=None)
-    input_dims: msgspec.Raw = msgspec.field(name="Input Dims", default=msgspec.Raw())
-    input_types: msgspec.Raw = msgspec.field(name="Input type", default=msgspec.Raw())
+# Args with any JSON value in stream and correlation: the same fields, names and defaults.
+LooseArgs = msgspec.defstruct(
+    "LooseArgs",
+    [(f.name, Any if f.name in ("stream", "correlation") else f.type,
+      msgspec.field(name=f.encode_name, default=f.default)) for f in msgspec.structs.fields(Args)],
+    gc=False, module=__name__)
 
 
 class LooseEvent(msgspec.Struct, gc=False):

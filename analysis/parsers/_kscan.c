@@ -288,6 +288,35 @@ typedef struct {
     const unsigned char *start, *stop;
 } Event;
 
+/* An object member's key and the ':' after it; c->p then at the value. */
+static inline int member_key(Cur *c, Field *key) {
+    key->type = T_ABSENT;
+    if (*c->p != '"') return INVALID;
+    int r = scan_string(c, key);
+    if (r != OK) return r;
+    skip_ws(c);
+    if (c->p >= c->end) return INCOMPLETE;
+    if (*c->p != ':') return INVALID;
+    c->p++;
+    skip_ws(c);
+    return c->p >= c->end ? INCOMPLETE : OK;
+}
+
+#define MORE 4  /* member_next: a ',' and the start of the next member */
+
+/* After a member's value: MORE at a ',' (c->p then at the next key), OK at the closing '}' (taken). */
+static inline int member_next(Cur *c) {
+    skip_ws(c);
+    if (c->p >= c->end) return INCOMPLETE;
+    if (*c->p == ',') {
+        c->p++;
+        skip_ws(c);
+        return c->p >= c->end ? INCOMPLETE : MORE;
+    }
+    if (*c->p == '}') { c->p++; return OK; }
+    return INVALID;
+}
+
 /* An object's members: the ones of interest into fields, the rest skipped (validated). */
 static int scan_args(Cur *c, Event *ev) {
     c->p++;  /* '{' */
@@ -296,16 +325,8 @@ static int scan_args(Cur *c, Event *ev) {
     if (*c->p == '}') { c->p++; return OK; }
     for (;;) {
         Field key;
-        key.type = T_ABSENT;
-        int r;
-        if (*c->p != '"') return INVALID;
-        if ((r = scan_string(c, &key)) != OK) return r;
-        skip_ws(c);
-        if (c->p >= c->end) return INCOMPLETE;
-        if (*c->p != ':') return INVALID;
-        c->p++;
-        skip_ws(c);
-        if (c->p >= c->end) return INCOMPLETE;
+        int r = member_key(c, &key);
+        if (r != OK) return r;
         int which = -1;
         if (!key.escaped && KEYIS(key.s, key.n, "stream"))
             r = scan_field(c, &ev->stream, (1 << T_NULL) | (1 << T_INT));
@@ -322,16 +343,7 @@ static int scan_args(Cur *c, Event *ev) {
             if (r == OK && which >= 0) { ev->arg[which].s = v; ev->arg[which].e = c->p; ev->nargs_seen = 1; }
         }
         if (r != OK) return r;
-        skip_ws(c);
-        if (c->p >= c->end) return INCOMPLETE;
-        if (*c->p == ',') {
-            c->p++;
-            skip_ws(c);
-            if (c->p >= c->end) return INCOMPLETE;
-            continue;
-        }
-        if (*c->p == '}') { c->p++; return OK; }
-        return INVALID;
+        if ((r = member_next(c)) != MORE) return r;
     }
 }
 
@@ -357,16 +369,8 @@ static int scan_event(Cur *c, Event *ev) {
     const int NUM = (1 << T_NULL) | (1 << T_INT) | (1 << T_FLOAT);
     for (;;) {
         Field key;
-        key.type = T_ABSENT;
-        int r;
-        if (*c->p != '"') return INVALID;
-        if ((r = scan_string(c, &key)) != OK) return r;
-        skip_ws(c);
-        if (c->p >= c->end) return INCOMPLETE;
-        if (*c->p != ':') return INVALID;
-        c->p++;
-        skip_ws(c);
-        if (c->p >= c->end) return INCOMPLETE;
+        int r = member_key(c, &key);
+        if (r != OK) return r;
         const unsigned char *k = key.s;
         Py_ssize_t n = key.n;
         if (key.escaped) r = INVALID;
@@ -387,16 +391,10 @@ static int scan_event(Cur *c, Event *ev) {
             else r = scan_args(c, ev);
         } else r = skip_value(c, 1);
         if (r != OK) return r;
-        skip_ws(c);
-        if (c->p >= c->end) return INCOMPLETE;
-        if (*c->p == ',') {
-            c->p++;
-            skip_ws(c);
-            if (c->p >= c->end) return INCOMPLETE;
-            continue;
+        if ((r = member_next(c)) != MORE) {
+            if (r == OK) ev->stop = c->p;
+            return r;
         }
-        if (*c->p == '}') { c->p++; ev->stop = c->p; return OK; }
-        return INVALID;
     }
 }
 
