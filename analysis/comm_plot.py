@@ -17,6 +17,7 @@ from typing import Iterable, Mapping, Sequence
 
 from analysis.parsers.nccl_tests import COLUMNS, parse_nccl_tests
 from analysis.table import Table
+from launch.commbench_spec import groups_of, read_result
 
 ORDER = ("all_reduce", "all_gather", "reduce_scatter", "alltoall", "broadcast", "sendrecv", "reduce", "gather",
          "scatter", "alltoallv", "hypercube")
@@ -116,7 +117,7 @@ def _bytes(x: float) -> str:
 
 
 def commbench_table(result: Mapping) -> Table:
-    """A commbench JSON result (launch.commbench.read_result) as an `nccl_tests` table."""
+    """A commbench JSON result (launch.commbench_spec.read_result) as an `nccl_tests` table."""
     op = result["nccl_tests_op"]
     rows = [{**r, "section": 0, "op": op} for r in result["rows"]]
     section = {"op": op, "nranks": result["group_size"], "avg_busbw_GBps": result["avg_busbw_GBps"]}
@@ -126,8 +127,6 @@ def commbench_table(result: Mapping) -> Table:
 
 def load(paths: Iterable[str | Path]) -> tuple[dict[str, Table], list[str]]:
     """{label: table} for run directories and result files, and the warnings met on the way."""
-    from launch.commbench import read_result
-
     groups: dict[str, list[Table]] = {}
     warnings: list[str] = []
 
@@ -188,7 +187,6 @@ def _file_label(path: Path) -> str:
 
 def nominal_from_run(run_dir: str | Path) -> float | None:
     """The hardware profile's busbw for the link the run's commbench group crossed, if it is a run directory."""
-    from launch.commbench import groups_of
     from launch.resolve import Resolved
     from launch.rundir import RunDir
 

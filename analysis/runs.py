@@ -136,7 +136,7 @@ def load_run(rf: RunFiles, *, hardware: Any = None, hardware_source: str = "") -
     if not run.nccl_tests:
         # Only when no nccl-tests text is there: commbench writes every result twice (text and JSON).
         from analysis.comm_plot import commbench_table
-        from launch.commbench import read_result
+        from launch.commbench_spec import read_result
 
         for p in rf.of("commbench_json"):
             try:

@@ -19,140 +19,27 @@ output first; all_to_all and send/recv cannot alias their buffers (torch 2.13's 
 data when they do, measured; NCCL does not support it either), so in-place receives into a scratch
 buffer and copies back.
 
-This module imports torch only inside the functions that run on a rank, so that resolve.py can
-read the tables below at planning time.
+The tables, sizes, groups, settings check and result file format live in launch/commbench_spec.py
+(torch-free, read at planning and analysis time); this module is the rank program only, imported by
+the rank entry point launch/train.py.
 """
 from __future__ import annotations
 
 import datetime as dt
-import json
 import os
 import socket
-import statistics
 import sys
 import time
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from launch.grid import RankGrid
-from launch.nccl_format import BUS_FACTORS, bus_factor, format_nccl_tests
+import torch
+import torch.distributed as dist
+
+from launch.commbench_spec import (DTYPES, MiB, PLACEMENTS, REDUCING, ROOT, DType, Shape, groups_of, result_document,
+                                   result_rows, shapes, sweep_sizes, write_result)
+from launch.resolve import Resolved
 from launch.rundir import RunDir
-
-OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "send_recv")
-NCCL_TESTS_OP = {"all_reduce": "all_reduce", "all_gather": "all_gather", "reduce_scatter": "reduce_scatter",
-                 "all_to_all": "alltoall", "broadcast": "broadcast", "send_recv": "sendrecv"}
-REDUCING = frozenset({"all_reduce", "reduce_scatter"})
-CHUNKED = frozenset({"all_gather", "reduce_scatter", "all_to_all"})  # the message is n equal per-rank chunks
-REDOP = {"all_reduce": "sum", "reduce_scatter": "sum", "send_recv": "sum",  # nccl-tests' sendrecv loops over redops
-         "all_gather": "none", "all_to_all": "none", "broadcast": "none"}
-ROOT = 0  # broadcast root, as a rank of the group
-MiB = 1 << 20
-DEFAULT_MAX_BYTES_GPU = 256 * MiB
-DEFAULT_MAX_BYTES_CPU = 4 * MiB  # gloo moves ~1 GB/s: a full sweep of all six ops stays within seconds
-PLACEMENTS = ("out-of-place", "in-place")
-RESULT_VERSION = 1
-
-
-@dataclass(frozen=True)
-class DType:
-    torch_name: str
-    nccl_tests_name: str  # as nccl-tests prints it in the `type` column
-    size: int
-    exact: int  # every integer of magnitude <= exact is representable, so sums within it are order-independent
-    unsigned: bool = False
-
-
-DTYPES: dict[str, DType] = {
-    "float32": DType("float32", "float", 4, 2**24),
-    "bfloat16": DType("bfloat16", "bfloat16", 2, 2**8),
-    "float16": DType("float16", "half", 2, 2**11),
-    "float64": DType("float64", "double", 8, 2**53),
-    "int8": DType("int8", "int8", 1, 127),
-    "uint8": DType("uint8", "uint8", 1, 255, unsigned=True),
-    "int32": DType("int32", "int32", 4, 2**31 - 1),
-    "int64": DType("int64", "int64", 8, 2**63 - 1),
-    "float8_e4m3": DType("float8_e4m3fn", "f8e4m3", 1, 16),
-    "float8_e5m2": DType("float8_e5m2", "f8e5m2", 1, 8),
-}
-
-
-def backend_of(profile_name: str) -> str:
-    return "gloo" if profile_name == "cpu" else "nccl"
-
-
-def default_max_bytes(profile_name: str) -> int:
-    return DEFAULT_MAX_BYTES_CPU if profile_name == "cpu" else DEFAULT_MAX_BYTES_GPU
-
-
-def unsupported(backend: str, op: str, dtype: str) -> str | None:
-    """Why `backend` cannot run `op` on `dtype` through torch.distributed, or None.
-
-    gloo, measured with torch 2.13 on 2 and 4 ranks: all six collectives give exact results for
-    float32, bfloat16, float16, float64, int8, uint8, int32 and int64; for float8 (and int16,
-    uint32, uint64) every collective fails with "Invalid scalar type" and only send/recv, which
-    moves raw bytes, works. NCCL: torch's process group maps float8 to NCCL types but refuses
-    float8 reductions (ProcessGroupNCCL: "Float8 dtypes are not currently supported for NCCL reductions").
-    """
-    if not dtype.startswith("float8"):
-        return None
-    if backend == "gloo" and op != "send_recv":
-        return f"cannot run {op} on gloo: torch 2.13's gloo has no float8 kernels (\"Invalid scalar type\"; only send_recv works)"
-    if backend == "nccl" and op in REDUCING:
-        return f"cannot run {op} on NCCL: torch's NCCL process group refuses float8 reductions"
-    return None
-
-
-def sweep_sizes(min_bytes: int, max_bytes: int, step_factor: int) -> list[int]:
-    """Message sizes as nccl-tests steps them (`-b min -e max -f factor`)."""
-    sizes, size = [], min_bytes
-    while size <= max_bytes:
-        sizes.append(size)
-        size *= step_factor
-    return sizes
-
-
-@dataclass(frozen=True)
-class Shape:
-    """One message size of one collective on n ranks, in nccl-tests' terms (common.cu setupArgs)."""
-
-    size_bytes: int  # printed size: the larger of the send and receive buffers
-    count: int  # printed count: elements per rank chunk for chunked collectives, else the message
-    in_numel: int  # elements each rank sends (out-of-place input)
-    out_numel: int  # elements each rank receives (out-of-place output)
-
-    @property
-    def buf_numel(self) -> int:
-        """Elements of the one buffer an in-place call works on."""
-        return max(self.in_numel, self.out_numel)
-
-
-def shape(op: str, size: int, elem_size: int, n: int) -> Shape | None:
-    """The message a `size`-byte step moves, rounded down to whole elements (None: less than one)."""
-    count = size // elem_size
-    if op in CHUNKED:
-        per = count // n
-        if per == 0:
-            return None
-        whole = per * n
-        ins, outs = {"all_gather": (per, whole), "reduce_scatter": (whole, per), "all_to_all": (whole, whole)}[op]
-        return Shape(whole * elem_size, per, ins, outs)
-    return Shape(count * elem_size, count, count, count) if count else None
-
-
-def shapes(op: str, sizes: Sequence[int], elem_size: int, n: int) -> list[Shape]:
-    return [s for s in (shape(op, size, elem_size, n) for size in sizes) if s is not None]
-
-
-def groups_of(cb, grid: RankGrid) -> tuple[tuple[int, ...], ...]:
-    """The groups the sweep runs on at once (a `CommbenchSection` on a rank grid); other ranks wait."""
-    if cb.ranks:
-        return (tuple(cb.ranks),)
-    if cb.group == "world":
-        return (tuple(range(grid.world)),)
-    if cb.group == "inter_node":
-        return (tuple(node * grid.gpus_per_node for node in range(grid.nodes)),)
-    return tuple(grid.all_groups(cb.group))
+from launch.trainers import common
 
 
 def value_plan(dtype: DType, summed: int) -> tuple[int, int, int]:
@@ -172,16 +59,12 @@ def value_plan(dtype: DType, summed: int) -> tuple[int, int, int]:
 
 def pattern(q: int, start: int, numel: int, lo: int, span: int, device=None):
     """Input elements start .. start+numel-1 of group rank q (int64)."""
-    import torch
-
     idx = torch.arange(start, start + numel, dtype=torch.int64, device=device)
     return (idx + (31 * q + 3)) % span + lo
 
 
 def expected_output(op: str, r: int, n: int, s: Shape, lo: int, span: int, device=None):
     """What group rank r must hold after `op` when every rank q sent `pattern(q, 0, s.in_numel)` (int64)."""
-    import torch
-
     c = s.count
     if op == "all_reduce":
         return sum(pattern(q, 0, c, lo, span, device) for q in range(n))
@@ -200,15 +83,11 @@ def expected_output(op: str, r: int, n: int, s: Shape, lo: int, span: int, devic
 
 def count_wrong(out, expected) -> int:
     """Elements of `out` (any dtype) that differ from `expected` (int64): nccl-tests' #wrong."""
-    import torch
-
     return int((out.to(torch.float64) != expected.to(torch.float64)).sum())
 
 
 def put(view, values) -> None:
     """Write int64 `values` into `view` of any dtype (via float32: exact for the small integers used)."""
-    import torch
-
     view.copy_(values.to(torch.float32))
 
 
@@ -222,8 +101,6 @@ class Collective:
         self.op, self.group, self.members, self.r, self.n = op, group, tuple(members), r, len(members)
 
     def out_of_place(self, send, recv, scratch, s: Shape) -> Callable[[], None]:
-        import torch.distributed as dist
-
         op, g, r = self.op, self.group, self.r
         inp, out = send[:s.in_numel], recv[:s.out_numel]
         if op == "all_reduce":
@@ -242,8 +119,6 @@ class Collective:
         return lambda: self._ring(inp, out)
 
     def in_place(self, send, recv, scratch, s: Shape) -> Callable[[], None]:
-        import torch.distributed as dist
-
         op, g, r, c = self.op, self.group, self.r, s.count
         buf = recv[:s.buf_numel]
         if op == "all_reduce":
@@ -260,8 +135,6 @@ class Collective:
         return lambda: (self._ring(buf, tmp), buf.copy_(tmp))
 
     def _ring(self, src, dst) -> None:
-        import torch.distributed as dist
-
         nxt, prv = self.members[(self.r + 1) % self.n], self.members[(self.r - 1) % self.n]
         for work in dist.batch_isend_irecv([dist.P2POp(dist.isend, src, nxt, self.group),
                                             dist.P2POp(dist.irecv, dst, prv, self.group)]):
@@ -294,9 +167,6 @@ class Collective:
 
 def main(run_dir: str) -> int:
     """Entry point on every rank (launch/train.py dispatches here when run.mode = "commbench")."""
-    from launch.resolve import Resolved
-    from launch.trainers import common
-
     run = RunDir.open(run_dir)
     resolved = Resolved.load(run.resolved)
     env = common.rank_env()
@@ -317,11 +187,6 @@ def main(run_dir: str) -> int:
 
 
 def _sweep(run: RunDir, resolved, env, terminal, cuda: bool, watchdog) -> int:
-    import torch
-    import torch.distributed as dist
-
-    from launch.trainers.common import ProgressLine
-
     cb = resolved.recipe.commbench
     device = torch.device("cuda", env.local_rank) if cuda else torch.device("cpu")
     if cuda:
@@ -343,7 +208,7 @@ def _sweep(run: RunDir, resolved, env, terminal, cuda: bool, watchdog) -> int:
     sizes = sweep_sizes(cb.min_bytes, cb.max_bytes, cb.step_factor)
     n = len(groups[0])
     plan = {op: shapes(op, sizes, dtype.size, n) for op in cb.ops}
-    progress = ProgressLine(terminal, sum(len(p) for p in plan.values()), 0, "commbench")
+    progress = common.ProgressLine(terminal, sum(len(p) for p in plan.values()), 0, "commbench")
     sync = torch.cuda.synchronize if cuda else (lambda: None)
     step, wrong_total, summary = 0, 0, []
     for op in cb.ops:
@@ -352,7 +217,7 @@ def _sweep(run: RunDir, resolved, env, terminal, cuda: bool, watchdog) -> int:
         if mine is not None:
             members = groups[mine]
             coll = Collective(op, handles[mine], members, members.index(env.rank))
-        send, recv, scratch = _buffers(plan[op], dtype, device, torch)
+        send, recv, scratch = _buffers(plan[op], dtype, device)
         lo, span, poison = value_plan(dtype, n if op in REDUCING else 1)
         for k, s in enumerate(plan[op]):
             step += 1
@@ -367,7 +232,7 @@ def _sweep(run: RunDir, resolved, env, terminal, cuda: bool, watchdog) -> int:
         del send, recv, scratch  # before the next op allocates its own: one set of buffers at a time
         if env.rank == 0:
             rows = result_rows(op, plan[op], local.tolist(), dtype, n, sum(len(g) for g in groups))
-            result = _result(op, rows, cb, dtype, resolved, groups, infos, cuda)
+            result = _result(op, rows, cb, resolved, groups, infos, cuda)
             write_result(run, result)
             wrong = result["out_of_bounds"]
             wrong_total += wrong
@@ -387,7 +252,7 @@ def _sweep(run: RunDir, resolved, env, terminal, cuda: bool, watchdog) -> int:
     return 1 if wrong_total else 0
 
 
-def _buffers(plan: Sequence[Shape], dtype: DType, device, torch):
+def _buffers(plan: Sequence[Shape], dtype: DType, device):
     """nccl-tests' send and receive buffers at the largest size (every size uses their prefix), plus the
     scratch buffer that in-place all_to_all and send/recv receive into."""
     td = getattr(torch, dtype.torch_name)
@@ -400,8 +265,6 @@ def _buffers(plan: Sequence[Shape], dtype: DType, device, torch):
 def _measure(coll: Collective, placement: str, send, recv, scratch, s: Shape, values: tuple[int, int, int],
              cb, sync: Callable[[], None]) -> tuple[float, int]:
     """(seconds per call, wrong elements) of one placement at one size on this rank."""
-    import torch.distributed as dist
-
     lo, span, poison = values
     call = (coll.out_of_place if placement == "out-of-place" else coll.in_place)(send, recv, scratch, s)
     coll.load_input(placement, send, recv, s, lo, span, poison)
@@ -423,78 +286,15 @@ def _measure(coll: Collective, placement: str, send, recv, scratch, s: Shape, va
                                                                                  recv.device))
 
 
-def result_rows(op: str, plan: Sequence[Shape], sums: list, dtype: DType, n: int, participants: int) -> list[dict]:
-    """`nccl_tests` table rows from [size][placement] = (seconds summed over ranks, wrong elements)."""
-    factor = bus_factor(NCCL_TESTS_OP[op], n)
-    rows = []
-    for s, per_size in zip(plan, sums):
-        for placement, (time_sum, wrong) in zip(PLACEMENTS, per_size):
-            seconds = time_sum / participants
-            algbw = s.size_bytes / seconds / 1e9
-            rows.append({"size_bytes": s.size_bytes, "count": s.count, "dtype": dtype.nccl_tests_name,
-                         "redop": REDOP[op], "root": ROOT if op == "broadcast" else -1, "placement": placement,
-                         "time_us": seconds * 1e6, "algbw_GBps": algbw, "busbw_GBps": algbw * factor,
-                         "wrong": int(wrong)})
-    return rows
-
-
-def _result(op: str, rows: list[dict], cb, dtype: DType, resolved, groups, infos, cuda: bool) -> dict:
-    import torch
-
-    n = len(groups[0])
-    return {
-        "version": RESULT_VERSION,
-        "op": op,
-        "nccl_tests_op": NCCL_TESTS_OP[op],
-        "backend": "nccl" if cuda else "gloo",
-        "hardware_profile": resolved.hardware.name,
-        "torch_version": torch.__version__,
-        "nccl_version": ".".join(map(str, torch.cuda.nccl.version())) if cuda else None,
-        "dtype": cb.dtype,
-        "group": "ranks" if cb.ranks else cb.group,
-        "groups": [list(g) for g in groups],
-        "group_size": n,
-        "participants": sum(len(g) for g in groups),
-        "bus_factor": bus_factor(NCCL_TESTS_OP[op], n),
-        "bus_factor_formula": BUS_FACTORS[NCCL_TESTS_OP[op]][0],
-        "min_bytes": cb.min_bytes, "max_bytes": cb.max_bytes, "step_factor": cb.step_factor,
-        "warmup_iters": cb.warmup_iters, "iters": cb.iters,
-        "devices": [infos[m] for m in groups[0]],
-        "rows": rows,
-        "avg_busbw_GBps": statistics.fmean(r["busbw_GBps"] for r in rows),
-        "out_of_bounds": sum(r["wrong"] for r in rows),
-    }
-
-
-def nccl_tests_header(result: dict) -> dict:
-    """The nccl-tests header facts of a result: what `format_nccl_tests` prints above the rows."""
-    return {"nthreads": 1, "ngpus": 1, "min_bytes": result["min_bytes"], "max_bytes": result["max_bytes"],
-            "step_factor": result["step_factor"], "warmup_iters": result["warmup_iters"], "iters": result["iters"],
-            "agg_iters": 1, "validation": 1, "graph": 0, "devices": result["devices"],
-            "nccl_version": result["nccl_version"], "avg_busbw_GBps": result["avg_busbw_GBps"]}
-
-
-def write_result(run: RunDir, result: dict) -> None:
-    op = result["op"]
-    run.commbench.mkdir(parents=True, exist_ok=True)
-    run.write_text_atomic(run.commbench_json(op), json.dumps(result, indent=2) + "\n")
-    run.write_text_atomic(run.commbench_text(op), format_nccl_tests(result["nccl_tests_op"], result["rows"],
-                                                                    nccl_tests_header(result)))
-
-
-def read_result(path: str | Path) -> dict:
-    """A `commbench/<op>.json` this module wrote."""
-    data = json.loads(Path(path).read_text())
-    if data.get("version") != RESULT_VERSION:
-        raise ValueError(f"{path}: commbench result version {data.get('version')!r}, this code reads {RESULT_VERSION}")
-    return data
+def _result(op: str, rows: list[dict], cb, resolved: Resolved, groups, infos, cuda: bool) -> dict:
+    return result_document(op, rows, cb, hardware_profile=resolved.hardware.name, backend="nccl" if cuda else "gloo",
+                           groups=groups, devices=[infos[m] for m in groups[0]], torch_version=torch.__version__,
+                           nccl_version=".".join(map(str, torch.cuda.nccl.version())) if cuda else None)
 
 
 def _device_info(env, cuda: bool, group_index: int | None) -> dict:
     """This rank's nccl-tests device line: `Rank R Group G Pid P on HOST device D [BUSID] NAME`."""
     if cuda:
-        import torch
-
         props = torch.cuda.get_device_properties(env.local_rank)
         busid, name = f"0x{props.pci_bus_id:x}", props.name
     else:

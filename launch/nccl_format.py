@@ -1,6 +1,6 @@
 """nccl-tests' text layout (src/util.cu) and bus factors, without torch: the one writer of that format.
 
-The built-in collective sweep (launch/commbench.py) writes its results with it so that every tool
+The built-in collective sweep writes its results with it (launch/commbench_spec.py) so that every tool
 that reads nccl-tests output reads ours; analysis/parsers/nccl_tests.py reads it back and
 re-exports `format_nccl_tests` and `bus_factor` from here (analysis may import launch, not the
 other way round). Collective names are nccl-tests' own (`alltoall`, `sendrecv`).

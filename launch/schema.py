@@ -113,7 +113,7 @@ COMMBENCH_DTYPE = Literal["float32", "bfloat16", "float16", "float64", "int8", "
 
 @dataclass(frozen=True)
 class CommbenchSection:
-    """The collective sweep of `run.mode = "commbench"` (launch/commbench.py), nccl-tests' knobs by our names."""
+    """The collective sweep of `run.mode = "commbench"` (launch/commbench_spec.py), nccl-tests' knobs by our names."""
 
     ops: tuple[str, ...] = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "send_recv")
     min_bytes: int = 8

@@ -8,7 +8,7 @@ import textwrap
 import pytest
 
 from analysis.parsers.nccl_tests import parse_nccl_tests
-from launch.commbench import NCCL_TESTS_OP, OPS, read_result
+from launch.commbench_spec import NCCL_TESTS_OP, OPS, read_result
 from launch.nccl_format import BW_WIDTH, TIME_WIDTH, bus_factor, float_field
 from tests.conftest import REPO
 from tests.dist.conftest import TINY, free_port, train
@@ -97,17 +97,17 @@ def test_bad_settings_exit_2_with_one_line_before_any_rank(runs_root, overrides,
 
 PROBE = textwrap.dedent("""
     import datetime, json, sys, torch, torch.distributed as dist
-    from launch import commbench as cb
+    from launch import commbench as cb, commbench_spec as spec
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=60))
     r, n = dist.get_rank(), dist.get_world_size()
     seen = {}
-    for name, d in cb.DTYPES.items():
+    for name, d in spec.DTYPES.items():
         send, recv, scratch = (torch.empty(64, dtype=getattr(torch, d.torch_name)) for _ in range(3))
-        for op in cb.OPS:
-            s = cb.shape(op, 16 * d.size * n, d.size, n)
-            lo, span, poison = cb.value_plan(d, n if op in cb.REDUCING else 1)
+        for op in spec.OPS:
+            s = spec.shape(op, 16 * d.size * n, d.size, n)
+            lo, span, poison = cb.value_plan(d, n if op in spec.REDUCING else 1)
             coll = cb.Collective(op, None, range(n), r)
-            for placement in cb.PLACEMENTS:
+            for placement in spec.PLACEMENTS:
                 call = (coll.out_of_place if placement == "out-of-place" else coll.in_place)(send, recv, scratch, s)
                 coll.load_input(placement, send, recv, s, lo, span, poison)
                 try:
@@ -126,7 +126,7 @@ PROBE = textwrap.dedent("""
 def test_what_gloo_can_run_is_what_the_validation_says(tmp_path):
     """Re-measure on 2 gloo ranks the table resolve.py enforces: every allowed (op, dtype) gives exact
     results in both placements; every refused one fails inside torch."""
-    from launch.commbench import DTYPES, unsupported
+    from launch.commbench_spec import DTYPES, unsupported
 
     (tmp_path / "probe.py").write_text(PROBE)
     p = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--rdzv-backend", "c10d",

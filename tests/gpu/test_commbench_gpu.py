@@ -11,7 +11,7 @@ import statistics
 import pytest
 
 from analysis.parsers.nccl_tests import parse_nccl_tests
-from launch.commbench import OPS, read_result
+from launch.commbench_spec import OPS, read_result
 from tests.conftest import REPO
 from tests.dist.conftest import free_port
 

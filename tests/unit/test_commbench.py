@@ -3,9 +3,8 @@ import typing
 
 import pytest
 
-from launch import commbench
-from launch.commbench import (DTYPES, OPS, Shape, count_wrong, expected_output, groups_of, pattern, put, shape,
-                              shapes, sweep_sizes, unsupported, value_plan)
+from launch.commbench import count_wrong, expected_output, pattern, put, value_plan
+from launch.commbench_spec import DTYPES, OPS, REDUCING, Shape, groups_of, shape, shapes, sweep_sizes, unsupported
 from launch.errors import ConfigError
 from launch.resolve import Resolved, resolve_path
 from launch.schema import COMMBENCH_DTYPE
@@ -147,7 +146,7 @@ def test_checker_accepts_the_right_result_and_counts_each_wrong_element(op, n, d
     import torch
 
     d = DTYPES[dtype]
-    lo, span, poison = value_plan(d, n if op in commbench.REDUCING else 1)
+    lo, span, poison = value_plan(d, n if op in REDUCING else 1)
     s = shape(op, 48 * d.size * n, d.size, n)
     for r, right in enumerate(simulate(op, n, s, lo, span)):
         got = torch.empty(right.numel(), dtype=getattr(torch, d.torch_name))

@@ -4,8 +4,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from analysis.parsers import nccl_tests as parser
-from launch import commbench, nccl_format
-from launch.commbench import DTYPES, NCCL_TESTS_OP, OPS, read_result, result_rows, shapes, sweep_sizes, write_result
+from launch import commbench_spec, nccl_format
+from launch.commbench_spec import DTYPES, NCCL_TESTS_OP, OPS, read_result, result_rows, shapes, sweep_sizes, write_result
 from launch.nccl_format import BW_WIDTH, TIME_WIDTH, float_field
 from launch.rundir import RunDir
 
@@ -23,7 +23,7 @@ def make_result(op, n, seconds, wrong, dtype="float32", groups=None):
     rows = result_rows(op, plan, sums, d, n, participants)
     devices = [{"rank": r, "group": 0, "pid": 1000 + r, "host": "node0", "device": r, "busid": "cpu",
                 "name": "CPU rank (gloo)"} for r in groups[0]]
-    return {"version": commbench.RESULT_VERSION, "op": op, "nccl_tests_op": NCCL_TESTS_OP[op], "dtype": dtype,
+    return {"version": commbench_spec.RESULT_VERSION, "op": op, "nccl_tests_op": NCCL_TESTS_OP[op], "dtype": dtype,
             "groups": groups, "group_size": n, "min_bytes": 8, "max_bytes": 1 << 20, "step_factor": 2,
             "warmup_iters": 1, "iters": 3, "devices": devices, "nccl_version": None, "rows": rows,
             "avg_busbw_GBps": sum(r["busbw_GBps"] for r in rows) / len(rows),

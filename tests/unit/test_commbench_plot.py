@@ -6,7 +6,7 @@ import pytest
 
 from analysis import comm_plot
 from analysis.parsers.nccl_tests import parse_nccl_tests
-from launch.commbench import write_result
+from launch.commbench_spec import write_result
 from launch.resolve import resolve_path
 from launch.rundir import RunDir
 from tests.conftest import REPO, RECIPES
