@@ -17,7 +17,7 @@ from transformers import AutoModelForCausalLM  # noqa: E402
 
 from launch.data import Synthetic, micro_batch  # noqa: E402
 from launch.resolve import Resolved  # noqa: E402
-from launch.trainers.common import hf_config  # noqa: E402
+from launch.models import hf_config  # noqa: E402
 
 run_dir, out = sys.argv[1], sys.argv[2]
 resolved = Resolved.load(os.path.join(run_dir, "resolved.json"))
@@ -25,7 +25,7 @@ r = resolved.recipe
 deepspeed.init_distributed(dist_backend="gloo")
 rank, world = torch.distributed.get_rank(), torch.distributed.get_world_size()
 torch.manual_seed(r.train.seed)
-model = AutoModelForCausalLM.from_config(hf_config(resolved), dtype=torch.float32, attn_implementation="eager")
+model = AutoModelForCausalLM.from_config(hf_config(resolved.model), dtype=torch.float32, attn_implementation="eager")
 model.train()
 engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=dict(resolved.ds_config))
 src = Synthetic(resolved.model.vocab_size, r.batch.seq_len, r.train.seed)

@@ -14,13 +14,12 @@ from pathlib import Path
 from typing import Sequence
 
 from launch import envinfo, launcher
+from launch.backends import traits
+from launch.checkpoints import ResumeError
 from launch.errors import ConfigError
 from launch.planner import GiB, Plan, plan_resolved
 from launch.resolve import Resolved, resolve_path
 from launch.rundir import RunDir
-from launch.trainers.common import ResumeError
-
-BUILT_BACKENDS: frozenset[str] = frozenset({"deepspeed"})  # backends whose trainer exists; others exit 2 before any launch
 
 
 def _console():
@@ -138,10 +137,11 @@ def cmd_run(args: Sequence[str]) -> int:
         render(resolved, plan, cmd, console)
         return 0
     bench = resolved.recipe.run.mode == "commbench"  # the collective sweep needs no trainer, memory fit or checkpoint
-    if not bench and resolved.recipe.backend not in BUILT_BACKENDS:
+    missing = [] if bench else traits(resolved.recipe.backend).missing_packages()
+    if missing:
         raise ConfigError(resolved.recipe_path, "backend", resolved.recipe.backend,
-                          "has no trainer in this version of layoutlab yet",
-                          "use --dry-run to see the plan, or a recipe whose backend is built")
+                          f"needs {', '.join(missing)}, which is not installed",
+                          'install the project as README says (pip install -e ".[test]")')
     if not bench and not plan.host_fits and not resolved.recipe.plan.ignore_fit:
         raise ConfigError(resolved.recipe_path, "plan", f"{_gib(plan.host_bytes_per_node)} GiB host",
                           f"of offloaded state per node exceeds the usable {_gib(plan.host_usable_bytes)} GiB host memory",
@@ -213,16 +213,14 @@ def failure_summary(run: RunDir, world: int) -> list[str]:
 
 def _check_resume(resolved: Resolved):
     """Refuse an impossible resume before any rank starts (the trainer checks again, for the record)."""
+    from launch.checkpoints import check_resume_compatible, find_resume, to_universal
     from launch.rundir import runs_root
-    from launch.trainers.common import check_resume_compatible, find_resume
 
     ckpt, notes = find_resume(runs_root() / resolved.recipe_name, resolved)
     for note in notes:
         print(f"note: {note}")
     if ckpt is not None and check_resume_compatible(ckpt, resolved):  # raises ResumeError: one line, exit 2
         from rich.console import Console
-
-        from launch.trainers.deepspeed_trainer import to_universal
 
         # Before any rank starts: converting a large checkpoint takes minutes, longer than the watchdog allows.
         with Console().status(f"converting {ckpt.dir} to DeepSpeed's universal format for the new layout"):

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
+from launch.backends import traits
 from launch.errors import ConfigError
 from launch.grid import RankGrid
 from launch.hardware import load_profile
@@ -76,8 +77,7 @@ def layouts(opts: dict[str, str]) -> list[Row]:
     except ValueError:
         raise ConfigError("command line", "gpus", opts["gpus"], "is not a list of integers", "write e.g. gpus=4,8") from None
     backend = opts.get("backend", "deepspeed")
-    if backend not in ("deepspeed", "megatron"):
-        raise ConfigError("command line", "backend", backend, "is not a backend", "use deepspeed or megatron")
+    bt = traits(backend, where="command line")
     dtype = opts.get("dtype", "bf16")
     if dtype not in ("bf16", "fp16", "fp32"):
         raise ConfigError("command line", "dtype", dtype, "is not a dtype", "use bf16, fp16 or fp32")
@@ -104,10 +104,11 @@ def layouts(opts: dict[str, str]) -> list[Row]:
                 continue
             stages = (0,) if dp == 1 else (0, 1, 2, 3)
             for z in stages:
+                sp = "sp" in bt.features and tp > 1 and z in bt.sp_zero_stages
                 for rc in recomputes:
                     lay = Layout(backend=backend, model=model, hardware=hw, grid=RankGrid(tp, 1, dp, gpn, gpus // gpn),
                                  zero_stage=z, dtype=dtype, micro_batch_size=micro, global_batch_size=gbs, seq_len=seq,
-                                 recompute=rc, sp=backend == "megatron" and tp > 1,
+                                 recompute=rc, sp=sp,
                                  ds_zero=_ds_zero(z))
                     name = ("DP" if z == 0 and tp == 1 else f"ZeRO-{z}" if tp == 1 else
                             f"TP{tp}" if dp == 1 else f"TP{tp}×" + ("DP" if z == 0 else f"ZeRO-{z}") + f" (dp{dp})")

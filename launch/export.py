@@ -1,55 +1,43 @@
 """`python -m launch export RUN_DIR [step=N] [out=DIR]`: a checkpoint as a Hugging Face safetensors folder.
 
-ZeRO shards and AutoTP slices are consolidated through DeepSpeed's universal checkpoint format, which
-stores every parameter whole in fp32 (`zero/<name>/fp32.pt`); a ZeRO-0 checkpoint without tensor
-parallelism already holds the whole module.
+Each backend consolidates its own shards (`export_hf_state` of its rank module, see
+launch/trainers/protocol.py); this module checks the result against the model in resolved.json and
+writes the folder.
 """
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Sequence
 
+from launch.backends import traits
+from launch.checkpoints import complete_checkpoints
 from launch.errors import ConfigError
 from launch.resolve import Resolved
 from launch.rundir import RunDir
 
 
-def consolidated_state_dict(run: RunDir, step: int | None = None):
-    import torch
-
-    from launch.trainers import common
-    from launch.trainers.deepspeed_trainer import to_universal
-
-    found = common.complete_checkpoints(run.checkpoints)
+def consolidated_state_dict(run: RunDir, resolved: Resolved, step: int | None = None):
+    """The newest complete checkpoint (or the one of `step`) as one Hugging Face state dict, by its backend."""
+    found = complete_checkpoints(run.checkpoints)
     if step is not None:
         found = [c for c in found if c.step == step]
     if not found:
         raise ConfigError(str(run.checkpoints), "step", step, "has no complete checkpoint",
                           "train with train.checkpoint_every>0 (a final checkpoint is always written), or pick a listed step")
     ckpt = found[-1]
-    if ckpt.info["zero_stage"] == 0 and ckpt.info["tp"] == 1:
-        states = torch.load(ckpt.dir / "mp_rank_00_model_states.pt", map_location="cpu", weights_only=False)
-        return ckpt, {k: v.float() for k, v in states["module"].items()}
-    universal = to_universal(ckpt)
-    state = {}
-    for d in sorted((universal / "zero").iterdir()):
-        if d.is_dir():
-            saved = torch.load(d / "fp32.pt", map_location="cpu", weights_only=False)
-            # ZeRO-1/2 and AutoTP conversions store {"param": tensor}; ZeRO-3's a bare flat tensor.
-            state[d.name] = (saved["param"] if isinstance(saved, dict) else saved).detach()
-    return ckpt, state
+    return ckpt, traits(resolved.recipe.backend).rank_module().export_hf_state(resolved, ckpt)
 
 
 def export(run_dir: str | Path, step: int | None = None, out: str | Path | None = None) -> Path:
     import torch
     from transformers import AutoModelForCausalLM
 
-    from launch.trainers.common import hf_config
+    from launch.models import hf_config
 
     run = RunDir.open(run_dir)
     resolved = Resolved.load(run.resolved)
-    ckpt, state = consolidated_state_dict(run, step)
-    config = hf_config(resolved)
+    ckpt, state = consolidated_state_dict(run, resolved, step)
+    config = hf_config(resolved.model)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     shapes = {k: v.shape for k, v in model.state_dict().items()}
     # ZeRO-3's universal tensors are stored flat; give each its module shape back.

@@ -78,7 +78,14 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-def preflight(resolved, *, which=None) -> None:
+def local_gpu_count() -> int:
+    """NVIDIA devices on this machine, without importing torch (the driver creates /dev/nvidiaN)."""
+    import glob
+
+    return len(glob.glob("/dev/nvidia[0-9]*"))
+
+
+def preflight(resolved, *, which=None, gpus: int | None = None) -> None:
     """What must exist on this machine before ranks start (the dry-run shows the command regardless)."""
     import shutil
 
@@ -86,6 +93,13 @@ def preflight(resolved, *, which=None) -> None:
 
     which = which or shutil.which
     r = resolved.recipe
+    gpus = local_gpu_count() if gpus is None else gpus
+    if resolved.hardware.name != "cpu" and r.run.mode == "train" and gpus < r.hardware.gpus_per_node:
+        # Without this, every rank would build the full-size model in host memory before failing.
+        raise ConfigError(resolved.recipe_path, "hardware.profile", r.hardware.profile,
+                          f"needs {r.hardware.gpus_per_node} GPU(s) per node; this machine has {gpus}",
+                          "run it on the GPU machine (--dry-run shows the plan anywhere), or train on CPU ranks "
+                          "with hardware.profile=cpu and a tiny model")
     if r.run.profile == "nsys" and which("nsys") is None:
         raise ConfigError(resolved.recipe_path, "run.profile", "nsys", "needs Nsight Systems' `nsys` on PATH",
                           'install Nsight Systems (it ships with the CUDA toolkit) or set run.profile="torch"')

@@ -478,3 +478,17 @@ def _thaw(value: Any) -> Any:
     if isinstance(value, tuple):
         return [_thaw(v) for v in value]
     return value
+
+
+def hf_config(spec: ModelSpec):
+    """The `transformers` config object of a model spec (imports transformers: trainers and export only)."""
+    from transformers import AutoConfig
+
+    cfg = dict(spec.to_dict()["hf_config"])
+    model_type = cfg.pop("model_type")
+    for key in ("architectures", "torch_dtype", "dtype", "transformers_version"):
+        cfg.pop(key, None)
+    config = AutoConfig.for_model(model_type, **cfg)
+    config.architectures = [spec.architecture]
+    return config
+

@@ -23,6 +23,7 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Any, Mapping
 
+from launch.backends import traits
 from launch.grid import RankGrid
 from launch.hardware import HardwareProfile
 from launch.models import ModelSpec
@@ -218,7 +219,7 @@ def _tp_split(layout: Layout, split: str) -> bool:
     if split in ("out", "in"):
         return True
     if split == "vocab":
-        return True if layout.backend == "megatron" else "lm_head"
+        return True if traits(layout.backend).vocab_parallel else "lm_head"
     return False
 
 
@@ -242,7 +243,7 @@ def rank_parameters(layout: Layout, stage: int) -> list[int]:
             out.append(info.numel // t if split else info.numel)
     if m.tie_word_embeddings and p > 1 and stage == p - 1:
         # The last stage keeps its own copy of the tied matrix (kept in sync by an all-reduce).
-        out.append(m.vocab_size * m.hidden_size // (t if layout.backend == "megatron" else 1))
+        out.append(m.vocab_size * m.hidden_size // (t if traits(layout.backend).vocab_parallel else 1))
     return out
 
 
@@ -399,8 +400,8 @@ def layer_activation_bytes(terms: list[ActTerm], *, t: int = 1, sp: bool = False
 
 def _model_terms(layout: Layout, b: int) -> list[ActTerm]:
     m = layout.model
-    # The DeepSpeed backend trains Hugging Face modules: unfused RMSNorm, and eager attention on CPU ranks.
-    hf = layout.backend == "deepspeed"
+    # A backend training Hugging Face modules has unfused RMSNorm, and eager attention on CPU ranks.
+    hf = traits(layout.backend).hf_modules
     return activation_terms("llama", layout.seq_len, b, m.hidden_size, m.num_heads, ffn=m.intermediate_size,
                             kv_heads=m.num_kv_heads, head_dim=m.head_dim, e=layout.elem_bytes, hf_norm=hf,
                             eager_attention=hf and layout.hardware.name == "cpu")
@@ -408,7 +409,7 @@ def _model_terms(layout: Layout, b: int) -> list[ActTerm]:
 
 def in_flight(layout: Layout, stage: int) -> float:
     """Micro-batches whose activations one stage holds at its peak (1F1B; interleaved per Korthikanti §4.2.3)."""
-    p, mb = layout.grid.pp, max(1, layout.grad_accum if layout.backend == "megatron" else 1)
+    p, mb = layout.grid.pp, max(1, layout.grad_accum)
     if p == 1:
         return 1.0
     held = min(p - stage, mb)
@@ -430,7 +431,7 @@ def stage_activations(layout: Layout, stage: int) -> int:
     if stage == p - 1:
         # Output layer: final-norm input, 16-bit logits, the fp32 upcast and log-softmax of the loss, and at
         # the start of the backward the fp32 gradient of the logits beside them.
-        vocab_split = t if layout.backend == "megatron" else 1
+        vocab_split = t if traits(layout.backend).vocab_parallel else 1
         sbv = layout.seq_len * b * m.vocab_size
         stored += layout.elem_bytes * layout.seq_len * b * m.hidden_size + (layout.elem_bytes + 12) * sbv / vocab_split
     return int(stored * in_flight(layout, stage))
@@ -441,7 +442,7 @@ def stage_activations(layout: Layout, stage: int) -> int:
 
 def buffers(layout: Layout, params: int) -> int:
     """Communication buffers DeepSpeed allocates (elements × element size), capped by the rank's parameters."""
-    if layout.backend != "deepspeed" or layout.grid.dp == 1 and layout.zero_stage == 0:
+    if layout.grid.dp == 1 and layout.zero_stage == 0:
         return 0
     z, e, zo = layout.zero_stage, layout.elem_bytes, layout.ds_zero
     reduce = min(int(zo.get("reduce_bucket_size", 500_000_000)), params)
@@ -490,17 +491,8 @@ def communication(layout: Layout) -> list[Comm]:
     if g.dp > 1:
         grp = g.dp_group(0)
         z = layout.zero_stage
-        if layout.backend == "megatron":
-            if z == 0:
-                out.append(_comm(layout, "dp", "all_reduce", grp, 1, params * e, "gradient all-reduce once per step"))
-            elif z in (1, 2):
-                out.append(_comm(layout, "dp", "reduce_scatter", grp, 1, params * e, "distributed optimizer: gradients"))
-                out.append(_comm(layout, "dp", "all_gather", grp, 1, params * e, "distributed optimizer: updated parameters",
-                                 after_step=True))
-            else:
-                out.append(_comm(layout, "dp", "all_gather", grp, 2 * mbs, params * e, "FSDP: parameters before forward and backward"))
-                out.append(_comm(layout, "dp", "reduce_scatter", grp, mbs, params * e, "FSDP: gradients every micro-batch"))
-        elif z == 0:
+        # Both backends reduce over the data-parallel group through DeepSpeed's ZeRO.
+        if z == 0:
             out.append(_comm(layout, "dp", "all_reduce", grp, 1, params * e, "gradient all-reduce at the accumulation boundary"))
         elif z in (1, 2):
             rs_calls = mbs if z == 2 else 1
@@ -514,24 +506,21 @@ def communication(layout: Layout) -> list[Comm]:
     if g.tp > 1:
         grp = g.tp_group(0)
         forwards = 2 if layout.recompute == "full" else 1  # the recompute runs the forward collectives again
-        if layout.backend == "deepspeed":
-            # AutoTP: the two row-parallel Linears (o_proj, down_proj) all-reduce their output in forward; each of
-            # the five column-parallel ones (q, k, v, gate, up) all-reduces its input gradient in backward
-            # (deepspeed/module_inject/layers.py LinearLayer -> ColumnParallel), plus lm_head's input gradient.
-            per_layer = 2 * forwards + 5
-            calls = (per_layer * layers + 1) * mbs
-        else:
-            per_layer = 2 * (forwards + 1)  # attention and MLP once per forward and once in backward
-            calls = per_layer * layers * mbs
+        tc = traits(layout.backend).tp
+        calls = ((tc.forward_per_layer * forwards + tc.backward_per_layer) * layers + tc.head_all_reduces) * mbs
         if layout.sp:
             out.append(_comm(layout, "sp", "all_gather", grp, calls, act, "SP: gather the sequence before attention/MLP"))
             out.append(_comm(layout, "sp", "reduce_scatter", grp, calls, act, "SP: scatter after attention/MLP"))
         else:
             out.append(_comm(layout, "tp", "all_reduce", grp, calls, act, "row-parallel outputs fwd, column-parallel input grads bwd"))
-    if g.tp > 1 and layout.backend == "deepspeed":
-        logits = layout.seq_len * layout.micro_batch_size * m.vocab_size * e
-        out.append(_comm(layout, "tp", "all_gather", g.tp_group(0), mbs, logits,
-                         "AutoTP lm_head gathers the full-vocabulary logits every micro-batch"))
+        if tc.loss_all_reduces:
+            out.append(_comm(layout, "tp", "all_reduce", grp, tc.loss_all_reduces * mbs,
+                             4 * layout.seq_len * layout.micro_batch_size,
+                             "vocab-parallel cross entropy: max, target logit and sum of exponentials per token"))
+        if tc.logits_all_gathers:
+            logits = layout.seq_len * layout.micro_batch_size * m.vocab_size * e
+            out.append(_comm(layout, "tp", "all_gather", grp, tc.logits_all_gathers * mbs, logits,
+                             "AutoTP lm_head gathers the full-vocabulary logits every micro-batch"))
     if g.pp > 1:
         grp = (g.pp_group(0)[0], g.pp_group(0)[1])
         msg = act / g.tp if layout.sp else act
@@ -557,7 +546,7 @@ def step_time(layout: Layout, comm: list[Comm]) -> StepTime:
     hw_flops = model_flops * recompute_factor
     peak = hw.peak_flops(layout.dtype)
     compute = hw_flops / g.world / (peak * hw.achievable_mfu)
-    m = layout.grad_accum if layout.backend == "megatron" else 1
+    m = layout.grad_accum
     bubble = compute * (g.pp - 1) / (layout.vpp * max(m, 1)) if g.pp > 1 else 0.0
     tp = sum(c.time_s for c in comm if c.parallelism in ("tp", "sp"))
     pp = sum(c.time_s for c in comm if c.parallelism == "pp")
@@ -602,7 +591,7 @@ def step_time(layout: Layout, comm: list[Comm]) -> StepTime:
 
 
 def implementation_accounting(backend: str) -> str:
-    return "megatron" if backend == "megatron" else "deepspeed"
+    return traits(backend).accounting
 
 
 def make_plan(layout: Layout, recipe_name: str = "") -> Plan:
@@ -638,7 +627,7 @@ def make_plan(layout: Layout, recipe_name: str = "") -> Plan:
         f"fit check: {implementation_accounting(layout.backend)} accounting against {hw.memory_bytes / GiB:.1f} GiB "
         f"× (1 - headroom {layout.headroom:.0%})",
     ]
-    if layout.backend == "deepspeed" and g.tp > 1:
+    if traits(layout.backend).autotp and g.tp > 1:
         notes.append("DeepSpeed AutoTP shards the decoder Linear layers and lm_head (gathering full logits); "
                      "the embedding stays replicated")
     per_node: dict[int, int] = {}

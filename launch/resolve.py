@@ -6,18 +6,18 @@ downstream (planner, launcher, trainers, report) reads `resolved.json`, never th
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from launch import commbench, dsconfig
+from launch import commbench_spec, dsconfig
+from launch.backends import BACKENDS, traits
 from launch.errors import ConfigError
 from launch.grid import RankGrid
 from launch.hardware import HardwareProfile, load_profile
 from launch.models import ModelSpec, load_model
-from launch.schema import CommbenchSection, LoadedRecipe, Recipe, from_dict, load_recipe, to_dict
+from launch.schema import LoadedRecipe, Recipe, from_dict, load_recipe, to_dict
 
 SCHEMA_VERSION = 1
 
@@ -33,7 +33,7 @@ class Resolved:
     hardware: HardwareProfile
     grid: RankGrid
     grad_accum: int
-    ds_config: Mapping[str, Any]  # empty for backends other than deepspeed
+    ds_config: Mapping[str, Any]  # the DeepSpeed engine's config (both backends train through one)
     ds_base: str
     warnings: tuple[str, ...]
     schema_version: int = SCHEMA_VERSION
@@ -182,16 +182,18 @@ def resolve(loaded: LoadedRecipe, world_size: int | None = None) -> Resolved:
         raise ConfigError(w("batch.seq_len"), "batch.seq_len", batch.seq_len,
                           f"is not divisible by parallel.tp={par.tp}; sequence parallelism splits the sequence over tp",
                           f"set batch.seq_len to a multiple of {par.tp}")
-    if r.backend != "megatron":
-        for dotted, value, bad in [("parallel.pp", par.pp, par.pp > 1), ("parallel.sp", par.sp, par.sp),
-                                   ("parallel.vpp", par.vpp, par.vpp > 1)]:
-            if bad:
-                raise ConfigError(w(dotted), dotted, value, f'needs backend = "megatron" (got "{r.backend}")',
-                                  f'set backend = "megatron" or {dotted}={"false" if dotted.endswith("sp") else 1}')
-    if r.backend == "deepspeed" and r.train.activation_checkpointing == "selective":
-        raise ConfigError(w("train.activation_checkpointing"), "train.activation_checkpointing", "selective",
-                          "is a Megatron-Core feature; DeepSpeed/Hugging Face models checkpoint whole layers",
-                          'set train.activation_checkpointing="full" or backend = "megatron"')
+    bt = traits(r.backend, where=w("backend"))
+    with_feature = {f: sorted(n for n, b in BACKENDS.items() if f in b.features) for f in ("pp", "sp", "vpp", "selective")}
+    ac = train.activation_checkpointing
+    for dotted, value, feature, used, off in [("parallel.pp", par.pp, "pp", par.pp > 1, "1"),
+                                              ("parallel.sp", par.sp, "sp", par.sp, "false"),
+                                              ("parallel.vpp", par.vpp, "vpp", par.vpp > 1, "1"),
+                                              ("train.activation_checkpointing", ac, "selective", ac == "selective",
+                                               '"full"')]:
+        if used and feature not in bt.features:
+            others = " or ".join(f'backend = "{n}"' for n in with_feature[feature])
+            raise ConfigError(w(dotted), dotted, value, f'needs {others} (got "{r.backend}")',
+                              f"set {dotted}={off} or {others}")
     if par.vpp > 1 and par.pp == 1:
         raise ConfigError(w("parallel.vpp"), "parallel.vpp", par.vpp, "needs parallel.pp > 1 (got 1)",
                           "set parallel.pp=2 or parallel.vpp=1")
@@ -233,12 +235,18 @@ def resolve(loaded: LoadedRecipe, world_size: int | None = None) -> Resolved:
         if not par.nvme_path.startswith("/"):
             raise ConfigError(w("parallel.nvme_path"), "parallel.nvme_path", par.nvme_path,
                               "must be an absolute path on a local NVMe drive", "set e.g. parallel.nvme_path=\"/local_nvme\"")
-    if r.backend == "megatron" and "nvme" in (par.offload_optimizer, par.offload_params):
-        raise ConfigError(w("parallel.offload_optimizer"), "parallel.offload_optimizer", par.offload_optimizer,
-                          "NVMe offload is a DeepSpeed feature", 'use backend="deepspeed" or offload "cpu"/"none"')
-    if r.backend == "megatron" and par.offload_params != "none":
-        raise ConfigError(w("parallel.offload_params"), "parallel.offload_params", par.offload_params,
-                          "is a DeepSpeed feature", 'set parallel.offload_params="none" or backend="deepspeed"')
+    for dotted, value in (("parallel.offload_optimizer", par.offload_optimizer), ("parallel.offload_params", par.offload_params)):
+        if value != "none" and not bt.autotp:
+            raise ConfigError(w(dotted), dotted, value, f'is not supported by backend "{r.backend}" yet (untested)',
+                              f'set {dotted}="none" or backend = "deepspeed"')
+    # Combinations the backend cannot make correct (launch/backends.py says why), with the nearest that it can.
+    for dotted, used, stages in (("parallel.pp", par.pp > 1, bt.pp_zero_stages), ("parallel.sp", par.sp, bt.sp_zero_stages)):
+        if used and par.zero_stage not in stages:
+            value = par.pp if dotted == "parallel.pp" else True
+            raise ConfigError(w("parallel.zero_stage"), "parallel.zero_stage", par.zero_stage,
+                              f"cannot combine with {dotted}={str(value).lower()} on backend \"{r.backend}\" "
+                              f"(supported: zero_stage {', '.join(map(str, stages))})",
+                              f"set parallel.zero_stage={max(stages)}, or {dotted}={'1' if dotted == 'parallel.pp' else 'false'}")
 
     # Precision vs hardware.
     if not hw.supports(r.precision.dtype):
@@ -263,23 +271,22 @@ def resolve(loaded: LoadedRecipe, world_size: int | None = None) -> Resolved:
     if par.tp > hw_s.gpus_per_node:
         warnings.append(f"parallel.tp={par.tp} > hardware.gpus_per_node={hw_s.gpus_per_node}: TP all-reduces "
                         "cross nodes on every layer; keep tp within a node")
-    if par.tp > 1 and r.backend == "deepspeed" and par.zero_stage == 3:
+    if par.tp > 1 and bt.autotp and par.zero_stage == 3:
         warnings.append("AutoTP with ZeRO-3 goes beyond DeepSpeed's documented AutoTP training support (ZeRO 0-2); "
                         "layoutlab's parity tests cover it")
 
     grid = RankGrid(par.tp, par.pp, dp, hw_s.gpus_per_node, hw_s.nodes)
-    commbench_s = dataclasses.replace(r.commbench, max_bytes=r.commbench.max_bytes or commbench.default_max_bytes(hw.name))
+    commbench_s = dataclasses.replace(r.commbench,
+                                      max_bytes=r.commbench.max_bytes or commbench_spec.default_max_bytes(hw.name))
     if r.run.mode == "commbench":
-        _check_commbench(w, commbench_s, r.commbench.max_bytes, grid, hw)
+        commbench_spec.check(w, commbench_s, r.commbench.max_bytes, grid, hw)
     recipe = dataclasses.replace(
         r, parallel=dataclasses.replace(par, dp=dp), commbench=commbench_s,
         model=dataclasses.replace(r.model, config=paths.get("model.config"), weights=paths.get("model.weights")),
         data=dataclasses.replace(r.data, path=paths.get("data.path")),
         deepspeed=dataclasses.replace(r.deepspeed, config=paths.get("deepspeed.config")))
-    ds_config: dict[str, Any] = {}
-    ds_base = ""
-    if r.backend == "deepspeed":
-        ds_config, ds_base = _deepspeed_config(loaded, recipe, grad_accum, hw)
+    # Both backends train through a DeepSpeed engine (ZeRO over the data-parallel group).
+    ds_config, ds_base = _deepspeed_config(loaded, recipe, grad_accum, hw)
     return Resolved(
         recipe_name=loaded.name, recipe_path=str(loaded.path), chain=loaded.chain, overrides=loaded.overrides,
         recipe=recipe, model=model, hardware=hw, grid=grid, grad_accum=grad_accum, ds_config=ds_config,
@@ -324,12 +331,7 @@ def _deepspeed_config(loaded: LoadedRecipe, r: Recipe, grad_accum: int, hw: Hard
             owned[f"zero_optimization.{kind}.device"] = (dev, field)
             if dev == "nvme":
                 owned[f"zero_optimization.{kind}.nvme_path"] = (par.nvme_path, "parallel.nvme_path")
-    if par.tp > 1:
-        owned["tensor_parallel.autotp_size"] = (par.tp, "parallel.tp")
-        # DeepSpeed 0.19.8 checks train_batch_size against micro × accumulation × *all* ranks before
-        # AutoTP forms its groups (runtime/config.py _batch_assertion), which is wrong by a factor tp;
-        # left out, it is derived from the two fields above and the data-parallel size is ours.
-        del owned["train_batch_size"]
+    owned = traits(r.backend).compose_ds_config(owned, r)
     base_file = str(base_path.relative_to(dsconfig.DS_CONFIGS.parent)) if base_path.is_relative_to(dsconfig.DS_CONFIGS.parent) else str(base_path)
     zo = base.setdefault("zero_optimization", {})
     for kind, dev, field in (("offload_optimizer", par.offload_optimizer, "parallel.offload_optimizer"),
@@ -347,61 +349,6 @@ def _deepspeed_config(loaded: LoadedRecipe, r: Recipe, grad_accum: int, hw: Hard
         base.setdefault("aio", dict(dsconfig.AIO_DEFAULTS))
     cfg = dsconfig.compose(base, base_file, owned)
     return cfg, base_file
-
-
-def _check_commbench(w, cb: CommbenchSection, max_bytes_set: int, grid: RankGrid, hw: HardwareProfile) -> None:
-    """The sweep's settings against the layout and the backend (`cb.max_bytes` already holds the default)."""
-    for dotted, value, low in [("commbench.min_bytes", cb.min_bytes, 1), ("commbench.max_bytes", max_bytes_set, 0),
-                               ("commbench.step_factor", cb.step_factor, 2), ("commbench.warmup_iters", cb.warmup_iters, 0),
-                               ("commbench.iters", cb.iters, 1)]:
-        if value < low:
-            raise ConfigError(w(dotted), dotted, value, f"must be at least {low}", f"set {dotted}={low} or more")
-    if not cb.ops:
-        raise ConfigError(w("commbench.ops"), "commbench.ops", [], "is empty, so there is nothing to measure",
-                          f"list some of {', '.join(commbench.OPS)}")
-    for op in cb.ops:
-        if op not in commbench.OPS:
-            close = difflib.get_close_matches(op, commbench.OPS, n=1, cutoff=0.6)
-            raise ConfigError(w("commbench.ops"), "commbench.ops", list(cb.ops), f"names {op!r}, which is not a collective the sweep runs",
-                              (f"did you mean {close[0]!r}? " if close else "") + f"choose among {', '.join(commbench.OPS)}")
-    if cb.min_bytes > cb.max_bytes:
-        default = "" if max_bytes_set else f" (the {hw.name} profile's default, as commbench.max_bytes=0)"
-        raise ConfigError(w("commbench.min_bytes"), "commbench.min_bytes", cb.min_bytes,
-                          f"is above commbench.max_bytes={cb.max_bytes}{default}: the size range is empty",
-                          f"set commbench.min_bytes <= {cb.max_bytes} or raise commbench.max_bytes")
-    if cb.ranks and cb.group != "world":
-        raise ConfigError(w("commbench.ranks"), "commbench.ranks", list(cb.ranks),
-                          f'and commbench.group="{cb.group}" both choose the group', "set only one of them")
-    if cb.ranks:
-        outside = [x for x in cb.ranks if not 0 <= x < grid.world]
-        if outside:
-            raise ConfigError(w("commbench.ranks"), "commbench.ranks", list(cb.ranks),
-                              f"names rank {outside[0]}, outside the world of {grid.world} ranks (0-{grid.world - 1})",
-                              f"list ranks between 0 and {grid.world - 1}")
-        if len(set(cb.ranks)) != len(cb.ranks):
-            raise ConfigError(w("commbench.ranks"), "commbench.ranks", list(cb.ranks), "names a rank twice",
-                              "list each rank once")
-    groups = commbench.groups_of(cb, grid)
-    n = len(groups[0])
-    if n < 2:
-        dotted = "commbench.ranks" if cb.ranks else "commbench.group"
-        why = {"tp": f"parallel.tp={grid.tp}", "dp": f"parallel.dp={grid.dp}", "pp": f"parallel.pp={grid.pp}",
-               "inter_node": f"hardware.nodes={grid.nodes}", "world": f"a world of {grid.world}"}[cb.group]
-        raise ConfigError(w(dotted), dotted, list(cb.ranks) if cb.ranks else cb.group,
-                          f"gives groups of 1 rank ({'as listed' if cb.ranks else why}): a collective needs 2 or more",
-                          "choose a group with at least 2 ranks, e.g. commbench.group=\"world\" on 2+ ranks")
-    dtype = commbench.DTYPES[cb.dtype]
-    backend = commbench.backend_of(hw.name)
-    sizes = commbench.sweep_sizes(cb.min_bytes, cb.max_bytes, cb.step_factor)
-    for op in cb.ops:
-        reason = commbench.unsupported(backend, op, cb.dtype)
-        if reason:
-            raise ConfigError(w("commbench.dtype"), "commbench.dtype", cb.dtype, reason,
-                              f'set commbench.dtype="float32" (or bfloat16, float16, ...) or drop {op} from commbench.ops')
-        if not commbench.shapes(op, sizes, dtype.size, n):
-            raise ConfigError(w("commbench.max_bytes"), "commbench.max_bytes", cb.max_bytes,
-                              f"leaves {op} on {n} ranks no message of at least one {cb.dtype} element per rank",
-                              f"raise commbench.max_bytes to {n * dtype.size} or more")
 
 
 def _divisors(n: int) -> list[int]:

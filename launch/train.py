@@ -1,4 +1,8 @@
-"""Entry point of every rank: `python -m launch.train RUN_DIR` (started by torchrun or the deepspeed launcher)."""
+"""Entry point of every rank: `python -m launch.train RUN_DIR` (started by torchrun or the deepspeed launcher).
+
+The only module that imports rank code: the collective sweep, or the training loop with the backend
+that resolved.json names.
+"""
 from __future__ import annotations
 
 import sys
@@ -21,12 +25,9 @@ def main(argv: list[str]) -> int:
         from launch import commbench
 
         return commbench.main(argv[0])
-    if resolved.recipe.backend == "deepspeed":
-        from launch.trainers import deepspeed_trainer
+    from launch.trainers import loop
 
-        return deepspeed_trainer.main(argv[0])
-    print(f"layoutlab: backend {resolved.recipe.backend!r} has no trainer yet", file=sys.stderr)
-    return 2
+    return loop.main(argv[0])
 
 
 if __name__ == "__main__":

@@ -1,8 +1,7 @@
-"""What every trainer shares: rank environment, per-rank logs, the stall watchdog, the model and data,
-measurement, profiling, and checkpoint bookkeeping (which checkpoints are complete, which is latest).
+"""What the training loop and every backend share on a rank: rank environment, per-rank logs, the stall
+watchdog, the Hugging Face model and the data, measurement and profiling.
 
-Backend-specific code (DeepSpeed engine, Megatron-Core model) lives in its own module; everything a
-report or a resume depends on is here so that both backends behave the same.
+Checkpoint bookkeeping lives in launch/checkpoints.py (torch-free: the CLI uses it before launch).
 """
 from __future__ import annotations
 
@@ -14,14 +13,12 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator, TextIO
+from typing import Iterator, TextIO
 
 from launch.data import ByteText, Synthetic
+from launch.models import hf_config
 from launch.resolve import Resolved
 from launch.rundir import RunDir
-
-MARKER = "layoutlab_checkpoint.json"  # written last, by rank 0, after every rank finished saving
-
 
 @dataclass(frozen=True)
 class RankEnv:
@@ -127,26 +124,12 @@ def fail_message(rank: int, step: int, exc: BaseException) -> str:
 # --------------------------------------------------------------------------- model and data
 
 
-def hf_config(resolved: Resolved):
-    from transformers import AutoConfig
-
-    cfg = dict(resolved.model.to_dict()["hf_config"])
-    model_type = cfg.pop("model_type")
-    cfg.pop("architectures", None)
-    cfg.pop("torch_dtype", None)
-    cfg.pop("dtype", None)
-    cfg.pop("transformers_version", None)
-    config = AutoConfig.for_model(model_type, **cfg)
-    config.architectures = [resolved.model.architecture]
-    return config
-
-
 def build_model(resolved: Resolved, device_is_cuda: bool):
     """A Hugging Face causal LM from the catalogue config: random init, or local weights when given."""
     import torch
     from transformers import AutoModelForCausalLM
 
-    config = hf_config(resolved)
+    config = hf_config(resolved.model)
     # Eager attention on CPU ranks keeps the parity tests' numerics exactly reproducible; GPUs use SDPA (fused).
     attn = "sdpa" if device_is_cuda else "eager"
     weights = resolved.recipe.model.weights
@@ -220,106 +203,6 @@ def make_profiler(resolved: Resolved, run: RunDir, rank: int, cuda: bool, start_
                    on_trace_ready=ready, record_shapes=True, with_stack=False)
 
 
-# --------------------------------------------------------------------------- checkpoints
-
-
-@dataclass(frozen=True)
-class Checkpoint:
-    path: Path  # the checkpoints/ folder
-    tag: str  # step{N}
-    info: dict[str, Any]  # the marker: step, layout, backend
-
-    @property
-    def step(self) -> int:
-        return int(self.info["step"])
-
-    @property
-    def dir(self) -> Path:
-        return self.path / self.tag
-
-
-class ResumeError(RuntimeError):
-    pass
-
-
-def check_resume_compatible(ckpt: Checkpoint, resolved: Resolved) -> bool:
-    """Refuse what cannot load; True when the checkpoint must go through DeepSpeed's universal format
-    (another data- or tensor-parallel degree)."""
-    info, par = ckpt.info, resolved.recipe.parallel
-    if info.get("backend") != resolved.recipe.backend:
-        raise ResumeError(f"{ckpt.dir}: checkpoint was written by backend {info.get('backend')!r}; "
-                          "resume it with the same backend, or set run.resume=never")
-    if info.get("model") != resolved.model.name:
-        raise ResumeError(f"{ckpt.dir}: checkpoint holds model {info.get('model')!r}, this run trains "
-                          f"{resolved.model.name!r}; set run.resume=never to start fresh")
-    z_old, z_new = info["zero_stage"], par.zero_stage
-    if z_old != z_new and not {z_old, z_new} <= {1, 2}:
-        raise ResumeError(
-            f"{ckpt.dir}: checkpoint was saved with parallel.zero_stage={z_old}; this run has zero_stage={z_new}. "
-            f"DeepSpeed 0.19.8 cannot load one into the other (its loader fails with a bare AssertionError); "
-            f"set parallel.zero_stage={z_old}, or run.resume=never to start fresh")
-    changed = (info["tp"], info["dp"]) != (par.tp, par.dp)
-    if changed and z_old == 0:
-        raise ResumeError(f"{ckpt.dir}: a ZeRO-0 checkpoint (tp={info['tp']}, dp={info['dp']}) cannot be resharded to "
-                          f"tp={par.tp}, dp={par.dp} (DeepSpeed's universal format needs ZeRO >= 1); keep the layout "
-                          "or set run.resume=never")
-    return changed
-
-
-def training_identity(resolved: Resolved) -> dict[str, Any]:
-    """What a checkpoint must share with a run to continue it: model, data, batch, sequence length, dtype and
-    optimizer settings. The layout (tp, dp, ZeRO stage, offload, nodes) may differ: resharding is supported,
-    within the limits check_resume_compatible states; train.steps may grow."""
-    r = resolved.recipe
-    t = r.train
-    return {
-        "model": resolved.model.name, "hf_config": resolved.model.to_dict()["hf_config"], "dtype": r.precision.dtype,
-        "global_batch_size": r.batch.global_batch_size, "seq_len": r.batch.seq_len,
-        "optimizer": [t.lr, t.min_lr, t.lr_schedule, t.lr_warmup_steps, t.weight_decay, t.adam_beta1, t.adam_beta2,
-                      t.grad_clip, t.seed],
-        "data": [r.data.source, r.data.path, r.data.tokenizer],
-    }
-
-
-def find_resume(runs_dir: Path, resolved: Resolved) -> tuple[Checkpoint | None, list[str]]:
-    """The newest complete checkpoint among the runs of a recipe (runs/<recipe>/*) that continues this
-    training, and a note for each newer one passed over because it belongs to a different configuration."""
-    notes: list[str] = []
-    if not runs_dir.is_dir():
-        return None, notes
-    want = json.loads(json.dumps(training_identity(resolved)))
-    for d in sorted(runs_dir.iterdir(), reverse=True):
-        found = complete_checkpoints(d / "checkpoints")
-        if not found:
-            continue
-        have = found[-1].info.get("identity", {})
-        if have == want:
-            return found[-1], notes
-        diff = sorted(k for k in set(want) | set(have) if want.get(k) != have.get(k))
-        notes.append(f"{found[-1].dir}: not resumed, it trains a different configuration (differs in {', '.join(diff)})")
-    return None, notes
-
-
-def write_marker(ckpt_root: Path, tag: str, info: dict[str, Any]) -> None:
-    target = ckpt_root / tag / MARKER
-    tmp = target.with_name(MARKER + ".tmp")
-    tmp.write_text(json.dumps(info, indent=2))
-    os.replace(tmp, target)
-
-
-def complete_checkpoints(root: Path) -> list[Checkpoint]:
-    out = []
-    if root.is_dir():
-        for d in root.iterdir():
-            marker = d / MARKER
-            if marker.is_file():
-                try:
-                    out.append(Checkpoint(root, d.name, json.loads(marker.read_text())))
-                except (json.JSONDecodeError, OSError):
-                    continue
-    return sorted(out, key=lambda c: c.step)
-
-
 class ProgressLine:
     """A rich progress bar on rank 0's terminal; other ranks print nothing there."""
 
@@ -377,3 +260,13 @@ def count_layer_calls(model) -> list[int]:
 
 def write_layer_calls(run: RunDir, rank: int, counts: list[int]) -> None:
     (run.logs / f"layer_calls_rank{rank}.json").write_text(json.dumps({"forward_calls_per_layer": counts}))
+
+
+def grad_norm(grads) -> float:
+    """Pre-clipping L2 norm of unsharded, already data-parallel averaged gradients (None entries skipped)."""
+    return sum(float(g.detach().float().pow(2).sum()) for g in grads if g is not None) ** 0.5
+
+
+def local_param_numel(module) -> int:
+    """Elements this rank stores: a ZeRO-3 parameter's own partition (ds_tensor), else the tensor."""
+    return sum(p.ds_tensor.numel() if hasattr(p, "ds_tensor") else p.numel() for p in module.parameters())

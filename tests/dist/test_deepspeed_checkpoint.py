@@ -10,7 +10,7 @@ import pytest
 
 from launch.data import Synthetic, global_batch_indices
 from launch.metrics import read_metrics
-from launch.trainers.common import MARKER, complete_checkpoints
+from launch.checkpoints import MARKER, complete_checkpoints
 from tests.conftest import REPO
 from tests.dist.conftest import SHORT, free_port, train
 

@@ -126,7 +126,10 @@ def test_zero3_moves_one_and_a_half_times_the_bytes_of_dp():
 def test_tp_comm_counts_and_link():
     lay = layout(tp=2, dp=4, backend="megatron", gpn=4, gbs=4)
     tp = [c for c in communication(lay) if c.parallelism == "tp"]
-    assert len(tp) == 1 and tp[0].calls_per_step == 4 * 32 and tp[0].link == "intra_node"
+    # 2 forward + 2 backward per layer × 32 layers, + the embedding's output and the output layer's input
+    # gradient; then the vocab-parallel cross entropy's 3 per-token reductions
+    assert len(tp) == 2 and tp[0].calls_per_step == 4 * 32 + 2 and tp[0].link == "intra_node"
+    assert tp[1].calls_per_step == 3 and tp[1].message_bytes == 4 * lay.seq_len * lay.micro_batch_size
     assert tp[0].message_bytes == 4096 * 4096 * 2
     dp = [c for c in communication(lay) if c.parallelism == "dp"]
     assert dp and all(c.link == "inter_node" for c in dp)  # 8 ranks on 4-GPU nodes: the DP group spans both
