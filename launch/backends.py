@@ -13,20 +13,21 @@ from __future__ import annotations
 import importlib
 from dataclasses import dataclass
 from types import ModuleType
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 from launch.errors import ConfigError
 
 
 @dataclass(frozen=True)
 class TpCollectives:
-    """Tensor-parallel collectives of one micro-batch (without sequence parallelism), by where they happen."""
+    """Tensor-parallel collectives of one micro-batch, by collective name, measured from profiler traces
+    (tests/dist/test_megatron_collectives.py, and the AutoTP count in test_deepspeed_run.py)."""
 
-    forward_per_layer: int  # all-reduces in one forward pass of a decoder layer
-    backward_per_layer: int  # all-reduces in its backward
-    head_all_reduces: int  # activation-sized, per micro-batch, around the embedding and the output layer
-    loss_all_reduces: int  # one fp32 value per token, per micro-batch: a vocab-parallel cross entropy
-    logits_all_gathers: int  # per micro-batch: AutoTP gathers the full-vocabulary logits
+    layer_forward: Mapping[str, int]  # per decoder layer, one forward pass (a full recompute runs it again)
+    layer_backward: Mapping[str, int]  # per decoder layer, its backward
+    head: Mapping[str, int]  # activation-sized, around the embedding and the output layer
+    loss_all_reduces: int = 0  # one fp32 value per token: a vocab-parallel cross entropy
+    logits_all_gathers: int = 0  # the full-vocabulary logits (AutoTP's lm_head)
 
 
 @dataclass(frozen=True)
@@ -38,9 +39,11 @@ class BackendTraits:
     hf_modules: bool  # trains Hugging Face modules: unfused RMSNorm (fp32 saves), eager attention on CPU ranks
     autotp: bool  # DeepSpeed applies tensor parallelism itself (AutoTP) rather than the model's own layers
     tp: TpCollectives
+    tp_sp: TpCollectives | None  # with sequence parallelism (None: the backend has none)
     features: frozenset[str]  # of "pp", "sp", "vpp", "selective"
     pp_zero_stages: tuple[int, ...]  # ZeRO stages that combine with pipeline parallelism
     sp_zero_stages: tuple[int, ...]  # ZeRO stages that combine with sequence parallelism
+    pp_tied_embeddings: bool  # pipeline parallelism for a model whose output layer shares the embedding
     reshard_on_resume: bool  # a checkpoint resumes onto another tp/dp degree (DeepSpeed's universal format)
     requires: tuple[str, ...]  # packages the trainer imports, checked before launch without importing them
     # The DeepSpeed config fields this backend decides beyond the recipe's: (owned, recipe) -> owned, where
@@ -70,11 +73,12 @@ def _deepspeed_owned(owned: dict[str, tuple[Any, str]], recipe) -> dict[str, tup
 
 def _megatron_owned(owned: dict[str, tuple[Any, str]], recipe) -> dict[str, tuple[Any, str]]:
     out = dict(owned)
-    if recipe.parallel.pp > 1:
-        # Megatron's pipeline schedule runs every micro-batch of the step; DeepSpeed sees one batch per step.
+    if recipe.parallel.zero_stage <= 1:
+        # Megatron's schedule runs every micro-batch of the step, then the engine reduces and steps once
+        # (launch/trainers/megatron_backend.py): DeepSpeed sees one batch per step.
         micro, ga = owned["train_micro_batch_size_per_gpu"][0], owned["gradient_accumulation_steps"][0]
         out["train_micro_batch_size_per_gpu"] = (micro * ga, "batch.micro_batch_size × gradient accumulation")
-        out["gradient_accumulation_steps"] = (1, "parallel.pp > 1: the pipeline schedule accumulates")
+        out["gradient_accumulation_steps"] = (1, "Megatron's schedule accumulates (zero_stage <= 1)")
     if recipe.parallel.zero_stage == 0:
         # Without ZeRO, DeepSpeed's clipping counts a replicated parameter only on model-parallel rank 0,
         # which drops the norms of later pipeline stages; the backend clips over TP × PP itself.
@@ -88,8 +92,9 @@ BACKENDS: dict[str, BackendTraits] = {
         # AutoTP (DeepSpeed 0.19.8 module_inject/layers.py): the row-parallel o_proj and down_proj all-reduce
         # their output in forward; the five column-parallel q, k, v, gate, up all-reduce their input gradient in
         # backward; lm_head is column-parallel (its input gradient all-reduced) and gathers the logits.
-        vocab_parallel=False, hf_modules=True, autotp=True, tp=TpCollectives(2, 5, 1, 0, 1),
-        features=frozenset(), pp_zero_stages=(), sp_zero_stages=(), reshard_on_resume=True,
+        vocab_parallel=False, hf_modules=True, autotp=True,
+        tp=TpCollectives({"all_reduce": 2}, {"all_reduce": 5}, {"all_reduce": 1}, logits_all_gathers=1), tp_sp=None,
+        features=frozenset(), pp_zero_stages=(), sp_zero_stages=(), pp_tied_embeddings=False, reshard_on_resume=True,
         requires=("deepspeed", "transformers"), compose_ds_config=_deepspeed_owned),
     "megatron": BackendTraits(
         name="megatron", trainer="launch.trainers.megatron_backend",
@@ -98,8 +103,14 @@ BACKENDS: dict[str, BackendTraits] = {
         # Megatron-Core TP: row-parallel linear_proj and linear_fc2 all-reduce in forward, column-parallel
         # linear_qkv and linear_fc1 their input gradient in backward; per micro-batch the vocab-parallel embedding
         # all-reduces its output, the output layer its input gradient, and the vocab-parallel cross entropy
-        # reduces the max, the target logit and the sum of exponentials (3).
-        vocab_parallel=True, hf_modules=False, autotp=False, tp=TpCollectives(2, 2, 2, 3, 0),
+        # reduces the max, the target logit and the sum of exponentials (3). With SP each all-reduce becomes
+        # a reduce-scatter (row-parallel forward, column-parallel input gradient) or an all-gather (column-parallel
+        # forward, row-parallel output gradient), and the column-parallel backward gathers its input again for
+        # the weight gradient: per layer 2 + 4 all-gathers and 2 + 2 reduce-scatters.
+        vocab_parallel=True, hf_modules=False, autotp=False,
+        tp=TpCollectives({"all_reduce": 2}, {"all_reduce": 2}, {"all_reduce": 2}, loss_all_reduces=3),
+        tp_sp=TpCollectives({"all_gather": 2, "reduce_scatter": 2}, {"all_gather": 4, "reduce_scatter": 2},
+                            {"all_gather": 3, "reduce_scatter": 2}, loss_all_reduces=3),
         features=frozenset({"pp", "sp", "vpp", "selective"}),
         # DeepSpeed partitions gradients (ZeRO-2) and parameters (ZeRO-3) in hooks inside its own backward,
         # which Megatron's pipeline schedules bypass; DeepSpeed's own pipeline engine has the same limit.
@@ -107,6 +118,9 @@ BACKENDS: dict[str, BackendTraits] = {
         # Sequence-parallel norm gradients are summed over the TP group before DeepSpeed reduces them; under
         # ZeRO-2/3 DeepSpeed partitions them inside the backward, before that can happen.
         sp_zero_stages=(0, 1),
+        # The last stage's copy of a tied embedding needs its gradient summed with the first stage's and kept
+        # out of the gradient norm once; not built yet.
+        pp_tied_embeddings=False,
         # Megatron's fused QKV and [gate; up] shards do not reshard by DeepSpeed's universal format.
         reshard_on_resume=False, requires=("megatron.core", "deepspeed", "transformers"),
         compose_ds_config=_megatron_owned),

@@ -482,6 +482,35 @@ def _comm(layout: Layout, par: str, coll: str, group: tuple[int, ...], calls: in
                 per_rank / (bw * 1e9) if bw else 0.0, note, after_step)
 
 
+@dataclass(frozen=True)
+class TpCalls:
+    """Tensor-parallel calls of one collective per optimizer step on one rank, by where they happen."""
+
+    collective: str
+    layers: int  # inside the decoder layers
+    head: int  # activation-sized, around the embedding and the output layer
+    loss: int  # one fp32 value per token (a vocab-parallel cross entropy)
+    logits: int  # full-vocabulary logits gathered
+
+
+def tp_calls(backend: str, *, sp: bool, layers: int, micro_batches: int, recompute: str) -> list[TpCalls]:
+    """The collectives tensor (and sequence) parallelism issues per step: the one model the planner times and
+    the report compares traces with (launch/backends.py holds each backend's counts per micro-batch)."""
+    bt = traits(backend)
+    tc = bt.tp_sp if sp else bt.tp
+    if tc is None:
+        raise ValueError(f'backend "{backend}" has no sequence parallelism')
+    forwards = 2 if recompute == "full" else 1  # a full recompute runs every layer's forward collectives again
+    out = []
+    for coll in sorted(set(tc.layer_forward) | set(tc.layer_backward) | set(tc.head)
+                       | ({"all_reduce"} if tc.loss_all_reduces else set()) | ({"all_gather"} if tc.logits_all_gathers else set())):
+        per_layer = tc.layer_forward.get(coll, 0) * forwards + tc.layer_backward.get(coll, 0)
+        out.append(TpCalls(coll, per_layer * layers * micro_batches, tc.head.get(coll, 0) * micro_batches,
+                           (tc.loss_all_reduces if coll == "all_reduce" else 0) * micro_batches,
+                           (tc.logits_all_gathers if coll == "all_gather" else 0) * micro_batches))
+    return out
+
+
 def communication(layout: Layout) -> list[Comm]:
     g, m, e = layout.grid, layout.model, layout.elem_bytes
     out: list[Comm] = []
@@ -505,22 +534,18 @@ def communication(layout: Layout) -> list[Comm]:
             out.append(_comm(layout, "dp", "reduce_scatter", grp, mbs, params * e, "ZeRO-3: gradients every micro-step"))
     if g.tp > 1:
         grp = g.tp_group(0)
-        forwards = 2 if layout.recompute == "full" else 1  # the recompute runs the forward collectives again
-        tc = traits(layout.backend).tp
-        calls = ((tc.forward_per_layer * forwards + tc.backward_per_layer) * layers + tc.head_all_reduces) * mbs
-        if layout.sp:
-            out.append(_comm(layout, "sp", "all_gather", grp, calls, act, "SP: gather the sequence before attention/MLP"))
-            out.append(_comm(layout, "sp", "reduce_scatter", grp, calls, act, "SP: scatter after attention/MLP"))
-        else:
-            out.append(_comm(layout, "tp", "all_reduce", grp, calls, act, "row-parallel outputs fwd, column-parallel input grads bwd"))
-        if tc.loss_all_reduces:
-            out.append(_comm(layout, "tp", "all_reduce", grp, tc.loss_all_reduces * mbs,
-                             4 * layout.seq_len * layout.micro_batch_size,
-                             "vocab-parallel cross entropy: max, target logit and sum of exponentials per token"))
-        if tc.logits_all_gathers:
-            logits = layout.seq_len * layout.micro_batch_size * m.vocab_size * e
-            out.append(_comm(layout, "tp", "all_gather", grp, tc.logits_all_gathers * mbs, logits,
-                             "AutoTP lm_head gathers the full-vocabulary logits every micro-batch"))
+        sb = layout.seq_len * layout.micro_batch_size
+        par = "sp" if layout.sp else "tp"
+        for c in tp_calls(layout.backend, sp=layout.sp, layers=layers, micro_batches=mbs, recompute=layout.recompute):
+            if c.layers + c.head:
+                out.append(_comm(layout, par, c.collective, grp, c.layers + c.head, act,
+                                 f"{c.layers} in the decoder layers, {c.head} around the embedding and output layer"))
+            if c.loss:
+                out.append(_comm(layout, "tp", c.collective, grp, c.loss, 4 * sb,
+                                 "vocab-parallel cross entropy: max, target logit and sum of exponentials per token"))
+            if c.logits:
+                out.append(_comm(layout, "tp", c.collective, grp, c.logits, sb * m.vocab_size * e,
+                                 "AutoTP lm_head gathers the full-vocabulary logits every micro-batch"))
     if g.pp > 1:
         grp = (g.pp_group(0)[0], g.pp_group(0)[1])
         msg = act / g.tp if layout.sp else act

@@ -240,6 +240,10 @@ def resolve(loaded: LoadedRecipe, world_size: int | None = None) -> Resolved:
             raise ConfigError(w(dotted), dotted, value, f'is not supported by backend "{r.backend}" yet (untested)',
                               f'set {dotted}="none" or backend = "deepspeed"')
     # Combinations the backend cannot make correct (launch/backends.py says why), with the nearest that it can.
+    if par.pp > 1 and model.tie_word_embeddings and not bt.pp_tied_embeddings:
+        raise ConfigError(w("parallel.pp"), "parallel.pp", par.pp,
+                          f"needs untied embeddings on backend \"{r.backend}\"; {model.name} ties its output layer "
+                          "to the embedding", "set parallel.pp=1 (use tp or ZeRO), or a model with untied embeddings")
     for dotted, used, stages in (("parallel.pp", par.pp > 1, bt.pp_zero_stages), ("parallel.sp", par.sp, bt.sp_zero_stages)):
         if used and par.zero_stage not in stages:
             value = par.pp if dotted == "parallel.pp" else True

@@ -1,0 +1,370 @@
+"""Megatron-Core backend: Megatron's tensor, sequence and pipeline parallel GPT layers, DeepSpeed's ZeRO
+over the data-parallel group.
+
+Why this data-parallel route: Megatron-Core 0.16.1's DistributedOptimizer and FP32Optimizer allocate on
+`device='cuda'` and fail on CPU ranks, while DeepSpeed's engine runs the same optimizer code on gloo and
+NCCL and gives ZeRO-3 (the flagship layout). DeepSpeed sees Megatron's groups through `MegatronMPU`;
+without it DeepSpeed would shard over every rank and silently train the wrong thing.
+
+Parallelism is applied one dimension at a time, in this order, from the rank grid in resolved.json:
+  1. process groups: Megatron's tp-dp-pp grid, the same order as launch/grid.py (checked rank by rank);
+  2. tensor (+ sequence) parallelism and the pipeline split: this rank's model chunk(s), one per virtual
+     stage, built by launch/trainers/megatron_model.py, which then loads one canonical set of weights (a
+     Hugging Face state dict: `model.weights`, or the seeded random init) so every layout starts equal;
+  3. activation recompute: Megatron's own (`full`: every layer; `selective`: core attention);
+  4. data parallelism: the DeepSpeed engine over the chunks (ZeRO stage from the recipe).
+
+A step runs one of two ways:
+  * zero_stage 0/1 (any pp): Megatron's schedule (no pipelining, 1F1B, or interleaved) runs every
+    micro-batch of the step; then sequence-parallel norm gradients are summed over TP in one call, the
+    engine reduces over DP, the backend clips (ZeRO-0) and the engine steps. DeepSpeed's pipeline engine
+    drives ZeRO-1 the same way.
+  * zero_stage 2/3 (pp = 1, no SP; the resolver refuses the rest): the engine's own forward and backward
+    per micro-batch, since ZeRO-2/3 partition gradients inside DeepSpeed's backward.
+"""
+from __future__ import annotations
+
+import datetime as dt
+import json
+from functools import partial
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from launch.checkpoints import Checkpoint, ResumeError
+from launch.resolve import Resolved
+from launch.trainers import common
+from launch.trainers.protocol import BuildContext, StepOutput
+
+
+def init_distributed(resolved: Resolved, cuda: bool) -> None:
+    from launch.trainers.cpu_compat import apply as cpu_compat
+    from launch.trainers.deepspeed_backend import no_jit_comm_op
+
+    cpu_compat()  # a no-op where CUDA exists: Megatron-Core runs unpatched on GPUs
+    no_jit_comm_op()
+    import deepspeed
+    from megatron.core import parallel_state as ps
+
+    par = resolved.recipe.parallel
+    deepspeed.init_distributed(dist_backend="nccl" if cuda else "gloo",
+                               timeout=dt.timedelta(seconds=resolved.recipe.run.timeout_s))
+    ps.initialize_model_parallel(tensor_model_parallel_size=par.tp, pipeline_model_parallel_size=par.pp,
+                                 virtual_pipeline_model_parallel_size=par.vpp if par.vpp > 1 else None,
+                                 order="tp-dp-pp")
+
+
+def model_parallel_rank(tp_rank: int, pp_rank: int, tp: int) -> int:
+    """The rank DeepSpeed names checkpoint files by (mp_rank_XX): unique over the TP × PP grid."""
+    return pp_rank * tp + tp_rank
+
+
+class MegatronMPU:
+    """DeepSpeed's view of Megatron's groups. 'Model parallel' is TP × PP (gradient norms are summed over
+    it), the tensor-parallel rank is what DeepSpeed deduplicates replicated parameters by, and the
+    data-parallel group is what ZeRO partitions over."""
+
+    def __init__(self) -> None:
+        from megatron.core import parallel_state as ps
+
+        self.ps = ps
+
+    def get_model_parallel_rank(self) -> int:
+        ps = self.ps
+        return model_parallel_rank(ps.get_tensor_model_parallel_rank(), ps.get_pipeline_model_parallel_rank(),
+                                   ps.get_tensor_model_parallel_world_size())
+
+    def get_model_parallel_world_size(self) -> int:
+        return self.ps.get_tensor_model_parallel_world_size() * self.ps.get_pipeline_model_parallel_world_size()
+
+    def get_model_parallel_group(self):
+        return self.ps.get_model_parallel_group()
+
+    def get_tensor_model_parallel_rank(self) -> int:
+        return self.ps.get_tensor_model_parallel_rank()
+
+    def get_tensor_model_parallel_world_size(self) -> int:
+        return self.ps.get_tensor_model_parallel_world_size()
+
+    def get_tensor_model_parallel_group(self):
+        return self.ps.get_tensor_model_parallel_group()
+
+    def get_tensor_model_parallel_src_rank(self) -> int:
+        return self.ps.get_tensor_model_parallel_src_rank()
+
+    def get_pipeline_model_parallel_rank(self) -> int:
+        return self.ps.get_pipeline_model_parallel_rank()
+
+    def get_pipeline_model_parallel_world_size(self) -> int:
+        return self.ps.get_pipeline_model_parallel_world_size()
+
+    def get_pipeline_model_parallel_group(self):
+        return self.ps.get_pipeline_model_parallel_group()
+
+    def get_data_parallel_rank(self) -> int:
+        return self.ps.get_data_parallel_rank()
+
+    def get_data_parallel_world_size(self) -> int:
+        return self.ps.get_data_parallel_world_size()
+
+    def get_data_parallel_group(self):
+        return self.ps.get_data_parallel_group()
+
+    def get_data_parallel_group_ranks(self) -> list[int]:
+        import torch.distributed as dist
+
+        return dist.get_process_group_ranks(self.ps.get_data_parallel_group())
+
+
+def _check_grid(resolved: Resolved, rank: int) -> None:
+    """Megatron's groups must be the rank grid the plan describes (launch/grid.py), rank by rank."""
+    import torch.distributed as dist
+    from megatron.core import parallel_state as ps
+
+    g = resolved.grid
+    want = {"tp": g.tp_group(rank), "dp": g.dp_group(rank), "pp": g.pp_group(rank)}
+    have = {"tp": tuple(dist.get_process_group_ranks(ps.get_tensor_model_parallel_group())),
+            "dp": tuple(dist.get_process_group_ranks(ps.get_data_parallel_group())),
+            "pp": tuple(dist.get_process_group_ranks(ps.get_pipeline_model_parallel_group()))}
+    if have != want:
+        raise RuntimeError(f"Megatron placed rank {rank} in groups {have}; the rank grid expects {want}")
+
+
+class MegatronTrainer:
+    def __init__(self, ctx: BuildContext) -> None:
+        import deepspeed
+        from megatron.core import parallel_state as ps
+
+        from launch.trainers import megatron_model as mm
+
+        resolved, r = ctx.resolved, ctx.resolved.recipe
+        par = r.parallel
+        self.resolved, self.cuda, self.device = resolved, ctx.cuda, ctx.device
+        # 1. process groups
+        _check_grid(resolved, ctx.env.rank)
+        self.tp_rank, self.pp_rank = ps.get_tensor_model_parallel_rank(), ps.get_pipeline_model_parallel_rank()
+        self.dp_rank, self.dp_world = ps.get_data_parallel_rank(), ps.get_data_parallel_world_size()
+        self.dp_group = ps.get_data_parallel_group()
+        # 2 + 3. tensor/sequence parallel layers, the pipeline split and recompute, then the canonical weights
+        self.config = mm.transformer_config(resolved.model, tp=par.tp, pp=par.pp, vpp=par.vpp, sp=par.sp,
+                                            activation_checkpointing=r.train.activation_checkpointing,
+                                            dtype=r.precision.dtype)
+        self.chunks = mm.build_chunks(resolved.model, self.config, seed=r.train.seed)
+        mm.load_hf_state(self.chunks, _initial_hf_state(resolved), resolved.model)
+        if ctx.cuda:
+            for c in self.chunks:
+                c.cuda(ctx.device)
+        self.layer_calls = _count_layer_calls(self.chunks, resolved.model.num_layers)
+        # 4. data parallelism
+        self.module = _Chunks(self.chunks)
+        ds_config = json.loads(json.dumps(resolved.ds_config))
+        self.engine, _, _, _ = deepspeed.initialize(model=self.module, model_parameters=self.module.parameters(),
+                                                    config=ds_config, mpu=MegatronMPU())
+        if self.engine.dp_world_size != self.dp_world:
+            raise RuntimeError(f"DeepSpeed formed data-parallel groups of {self.engine.dp_world_size} ranks; "
+                               f"Megatron's grid has {self.dp_world}")
+        self.param_numel_local = common.local_param_numel(self.module)
+        self.schedule_path = par.zero_stage <= 1
+        self.sp_params = [p for p in self.module.parameters() if getattr(p, "sequence_parallel", False)]
+        self.seq_len = r.batch.seq_len
+
+    # ------------------------------------------------------------------ protocol
+
+    def set_lr(self, lr: float) -> None:
+        for group in self.engine.optimizer.param_groups:
+            group["lr"] = lr
+
+    def train_step(self, micro_batch: Callable) -> StepOutput:
+        if self.schedule_path:
+            return self._schedule_step(micro_batch)
+        return self._engine_step(micro_batch)
+
+    def save(self, checkpoints: Path, tag: str, step: int) -> None:
+        self.engine.save_checkpoint(str(checkpoints), tag=tag, client_state={"step": step}, save_latest=False)
+
+    def load(self, ckpt: Checkpoint) -> int:
+        path, client = self.engine.load_checkpoint(str(ckpt.path), tag=ckpt.tag, load_optimizer_states=True,
+                                                   load_lr_scheduler_states=False)
+        if path is None:
+            raise ResumeError(f"{ckpt.dir}: DeepSpeed could not load this checkpoint")
+        return int((client or {}).get("step", ckpt.step))
+
+    # ------------------------------------------------------------------ steps
+
+    def _inputs(self, rows):
+        """Megatron's inputs for HF-style rows: predict token i+1 from tokens <= i, the last position masked
+        (so the loss is the Hugging Face model's and the sequence keeps its length for SP)."""
+
+        labels = torch.roll(rows, -1, dims=1)
+        mask = torch.ones_like(rows, dtype=torch.float32)
+        mask[:, -1] = 0.0
+        position_ids = torch.arange(rows.shape[1], device=rows.device).unsqueeze(0).expand_as(rows)
+        return rows, position_ids, labels, mask
+
+    @staticmethod
+    def _loss(mask, per_token):
+        loss = (per_token.float() * mask).sum() / mask.sum()
+        return loss, {"loss": loss.detach().clone()}  # the schedule divides `loss` in place by the micro-batches
+
+    def _forward_step(self, data_iterator, model):
+        tokens, position_ids, labels, mask = next(data_iterator)
+        with common.region("forward", self.cuda):
+            out = model(tokens, position_ids, None, labels=labels)
+        return out, partial(self._loss, mask)
+
+    def _schedule_step(self, micro_batch: Callable) -> StepOutput:
+        import torch.distributed as dist
+        from megatron.core import parallel_state as ps
+        from megatron.core.pipeline_parallel import get_forward_backward_func
+
+        ga = self.resolved.grad_accum
+        batches = [self._inputs(micro_batch(i)) for i in range(ga)]
+        iters = [iter(batches) for _ in self.chunks] if len(self.chunks) > 1 else iter(batches)
+        r = self.resolved.recipe
+        with common.region("forward-backward", self.cuda):
+            stored = get_forward_backward_func()(
+                forward_step_func=self._forward_step, data_iterator=iters,
+                model=self.chunks if len(self.chunks) > 1 else self.chunks[0], num_microbatches=ga,
+                seq_length=self.seq_len, micro_batch_size=r.batch.micro_batch_size, forward_only=False)
+        with common.region("optimizer", self.cuda):
+            self._sum_sequence_parallel_grads()
+            self.engine.allreduce_gradients()
+            norm = None
+            if r.parallel.zero_stage == 0:
+                norm = self._clip(r.train.grad_clip)
+            self.engine.step()
+        if stored:
+            loss = torch.stack([d["loss"] for d in stored]).mean()
+        else:
+            loss = torch.zeros((), device=self.device)
+        if ps.get_pipeline_model_parallel_world_size() > 1:
+            # Only the last stage computes the loss; every rank records the same value.
+            group = ps.get_pipeline_model_parallel_group()
+            dist.broadcast(loss, src=dist.get_process_group_ranks(group)[-1], group=group)
+        if norm is None:
+            gn = self.engine.get_global_grad_norm()
+            norm = None if gn is None else float(gn)
+        return StepOutput(loss, norm)
+
+    def _engine_step(self, micro_batch: Callable) -> StepOutput:
+
+        losses = []
+        for i in range(self.resolved.grad_accum):
+            tokens, position_ids, labels, mask = self._inputs(micro_batch(i))
+            with common.region("forward", self.cuda):
+                loss, _ = self._loss(mask, self.engine(tokens, position_ids, None, labels=labels))
+            with common.region("backward", self.cuda):
+                self.engine.backward(loss)
+            with common.region("optimizer", self.cuda):
+                self.engine.step()  # steps the optimizer only at the accumulation boundary
+            losses.append(loss.detach())
+        gn = self.engine.get_global_grad_norm()
+        return StepOutput(torch.stack(losses).mean(), None if gn is None else float(gn))
+
+    def _sum_sequence_parallel_grads(self) -> None:
+        """Under SP each TP rank normalises only its part of the sequence: sum the norm weights' gradients over
+        TP in one coalesced all-reduce, as Megatron's finalize_model_grads does."""
+        if not self.sp_params:
+            return
+        import torch.distributed as dist
+        from megatron.core import parallel_state as ps
+        from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
+
+        grads = [p.grad for p in self.sp_params if p.grad is not None]
+        flat = _flatten_dense_tensors(grads)
+        dist.all_reduce(flat, group=ps.get_tensor_model_parallel_group())
+        for g, new in zip(grads, _unflatten_dense_tensors(flat, grads), strict=True):
+            g.copy_(new)
+
+    def _clip(self, max_norm: float) -> float:
+        """Pre-clipping L2 norm of the whole (data-parallel averaged) gradient, then clip. A parameter that is
+        the same on every TP rank (not `tensor_model_parallel`) is counted on TP rank 0 only; the sum runs
+        over TP × PP, so every rank gets the norm of the whole model."""
+        import torch.distributed as dist
+        from megatron.core import parallel_state as ps
+
+        sq = torch.zeros((), dtype=torch.float64, device=self.device)
+        params = [p for p in self.module.parameters() if p.grad is not None]
+        for p in params:
+            if getattr(p, "tensor_model_parallel", False) or self.tp_rank == 0:
+                sq += p.grad.detach().double().pow(2).sum()
+        group = ps.get_model_parallel_group()
+        if dist.get_world_size(group) > 1:
+            dist.all_reduce(sq, group=group)
+        norm = float(sq.sqrt())
+        if max_norm > 0 and norm > max_norm:
+            scale = max_norm / (norm + 1e-6)
+            for p in params:
+                p.grad.detach().mul_(scale)
+        return norm
+
+
+class _Chunks(torch.nn.ModuleList):
+    """The module the DeepSpeed engine wraps: this rank's model chunks. Its forward is the single chunk's, for
+    the engine's own forward (zero_stage >= 2 runs without pipelining, so with one chunk)."""
+
+    def forward(self, *args, **kwargs):
+        (chunk,) = self
+        return chunk(*args, **kwargs)
+
+
+def _initial_hf_state(resolved: Resolved) -> dict:
+    """The canonical starting weights: the local Hugging Face folder, or the seeded random init that the
+    DeepSpeed backend also starts from (so both backends and every layout begin equal)."""
+    from launch.trainers import megatron_model as mm
+
+    weights = resolved.recipe.model.weights
+    if weights:
+        from transformers import AutoModelForCausalLM
+
+        from launch.models import hf_config
+
+        model = AutoModelForCausalLM.from_pretrained(weights, config=hf_config(resolved.model), local_files_only=True,
+                                                     dtype=torch.float32)
+        return model.state_dict()
+    return mm.hf_reference_state(resolved.model, resolved.recipe.train.seed)
+
+
+def _count_layer_calls(chunks, num_layers: int) -> list[int]:
+    """Forward calls of each decoder layer's MLP, by global layer number: under full recompute every layer runs
+    twice per micro-batch (the forward, then the recompute in backward), which proves recomputation happened."""
+    counts = [0] * num_layers
+    for chunk in chunks:
+        for layer in chunk.decoder.layers:
+            inner = layer.mlp.forward
+            index = layer.layer_number - 1  # Megatron numbers layers globally, from 1
+
+            def counted(*args, _inner=inner, _i=index, **kwargs):
+                counts[_i] += 1
+                return _inner(*args, **kwargs)
+
+            layer.mlp.forward = counted
+    return counts
+
+
+def build(ctx: BuildContext) -> MegatronTrainer:
+    return MegatronTrainer(ctx)
+
+
+def export_hf_state(resolved: Resolved, ckpt: Checkpoint) -> dict:
+    """Every (pipeline stage, virtual chunk, TP rank)'s module state from the checkpoint's model-parallel
+    files, joined into one Hugging Face state dict by launch/trainers/megatron_model.py."""
+
+    from launch.trainers import megatron_model as mm
+
+    par = resolved.recipe.parallel
+    if ckpt.info["zero_stage"] == 3:
+        raise ResumeError(f"{ckpt.dir}: exporting a megatron ZeRO-3 checkpoint is not supported yet; "
+                          "train with parallel.zero_stage=1 or 2 to export")
+    local = {}
+    for pp_rank in range(par.pp):
+        for tp_rank in range(par.tp):
+            f = ckpt.dir / f"mp_rank_{model_parallel_rank(tp_rank, pp_rank, par.tp):02d}_model_states.pt"
+            module = torch.load(f, map_location="cpu", weights_only=False)["module"]
+            for chunk in range(par.vpp):
+                prefix = f"{chunk}."
+                local[mm.Place(pp_rank, chunk, tp_rank)] = {k[len(prefix):]: v.float() for k, v in module.items()
+                                                            if k.startswith(prefix)}
+    return mm.gather_hf_state(local, resolved.model, tp=par.tp, pp=par.pp, vpp=par.vpp)
+
