@@ -33,9 +33,11 @@ from collections import Counter, defaultdict
 from typing import Any, Iterable, Mapping, Sequence
 
 from analysis import trace_analysis as ta
-from analysis.collectives import CPU_LAYERS, NCCL_TESTS_OP, bus_factor_of, group_size_hint, nccl_tests_bytes
+from analysis.collectives import (BACKEND_ANNOTATION, CPU_LAYERS, NCCL_TESTS_OP, bus_factor_of, group_size_hint,
+                                  nccl_tests_bytes)
 from analysis.parsers.nccl_tests import large_message_busbw
 from analysis.table import Table
+from launch.planner import tp_calls
 
 # ------------------------------------------------------------------------------------------ steps
 
@@ -488,6 +490,26 @@ CALL_COLUMNS = {
 }
 
 
+def _gloo_reduce_scatters(c: Mapping[str, list[Any]], idx: list[int]) -> set[int]:
+    """The `gloo:all_reduce` annotations of one rank that carry a reduce-scatter.
+
+    gloo has no reduce-scatter of its own: torch runs `c10d::_reduce_scatter_base_` as an all-reduce of
+    the full input, whose annotation (on gloo's worker thread, after the c10d op returns) names all_reduce.
+    Each c10d all-reduce or reduce-scatter is paired with the gloo all-reduce of the same message size in
+    issue order (gloo runs a group's work first in, first out)."""
+    c10d = CPU_LAYERS[2][1]
+    issued: dict[Any, list[int]] = defaultdict(list)
+    ran: dict[Any, list[int]] = defaultdict(list)
+    for i in sorted(idx, key=lambda i: c["ts_us"][i] or 0.0):
+        name, coll = c["name"][i] or "", c["collective"][i]
+        if coll in ("all_reduce", "reduce_scatter") and c10d.match(name):
+            issued[c["message_bytes"][i]].append(i)
+        elif coll == "all_reduce" and name == "gloo:all_reduce":
+            ran[c["message_bytes"][i]].append(i)
+    return {g for size, ops in issued.items() for op, g in zip(ops, ran.get(size, []))
+            if c["collective"][op] == "reduce_scatter"}
+
+
 def collective_calls(trace: Table, *, group_size: int | None = None, group_size_from: str = "") -> Table:
     """Every collective call: GPU communication kernels, or on CPU-only ranks the most precise CPU layer.
 
@@ -512,8 +534,9 @@ def collective_calls(trace: Table, *, group_size: int | None = None, group_size_
                 if chosen:
                     layer = lbl
                     break
+        carried = _gloo_reduce_scatters(c, idx) if layer == BACKEND_ANNOTATION else set()
         for i in chosen:
-            coll = c["collective"][i] or "unknown"
+            coll = "reduce_scatter" if i in carried else c["collective"][i] or "unknown"
             if coll == "barrier":
                 continue
             n, n_from = c["group_size"][i], "recorded"
@@ -648,12 +671,11 @@ def expected_collectives(*, backend: str, tp: int, pp: int, dp: int, zero_stage:
                          allgather_bucket_bytes: int | None = None) -> Table:
     """Collectives one optimizer step needs on one rank, per collective type, from the layout.
 
-    TP: 2 all-reduces per layer per pass (attention and MLP), forward and backward (+1 pass with full
-    recompute); with SP each becomes an all-gather plus a reduce-scatter (Megatron re-gathers the
-    input in backward: up to one more all-gather per pass). DP gradients: one reduction per bucket,
+    TP and SP: exactly the calls of launch.planner.tp_calls, the model the planner times (per layer and
+    pass, plus the embedding, output layer and vocab-parallel loss; counts measured from traces). DP gradients: one reduction per bucket,
     at the accumulation boundary (ZeRO-0/1) or every micro-batch (ZeRO-2/3), done as reduce-scatter
     or all-reduce depending on the implementation; parameter all-gathers: one per bucket per step
-    (ZeRO-1/2, distributed optimizer) or, under ZeRO-3, before forward and before backward of every
+    (ZeRO-1/2) or, under ZeRO-3, before forward and before backward of every
     layer of every micro-batch (up to one per parameterised submodule). PP: one send/recv per
     micro-batch per direction per boundary (x2 with interleaving not modelled).
     """
@@ -663,35 +685,16 @@ def expected_collectives(*, backend: str, tp: int, pp: int, dp: int, zero_stage:
     maxs: Counter[str] = Counter()
     why: dict[str, list[str]] = defaultdict(list)
     if tp > 1:
-        n = 2 * passes * L * m
-        if sp:
-            for coll in ("all_gather", "reduce_scatter"):
-                mins[coll] += n
-                maxs[coll] += n
-            maxs["all_gather"] += passes * L * m
-            why["all_gather"].append(f"SP: 2 per layer per pass × {passes} passes × {L} layers × {m} micro-batches "
-                                     f"(+ backward re-gathers)")
-            why["reduce_scatter"].append(f"SP: 2 per layer per pass × {passes} passes × {L} layers × {m} micro-batches")
-        elif backend == "deepspeed":
-            # AutoTP (DeepSpeed 0.19.8): the row-parallel o_proj and down_proj all-reduce their outputs in every
-            # forward; each of the five column-parallel Linears (q, k, v, gate, up) and lm_head all-reduces its
-            # input gradient in backward (module_inject/layers.py), as launch/planner.py counts.
-            forwards = passes - 1
-            n = (2 * forwards * L + 5 * L + 1) * m
-            mins["all_reduce"] += n
-            maxs["all_reduce"] += n
-            why["all_reduce"].append(f"AutoTP: (2 per layer × {forwards} forward pass(es) + 5 per layer backward) × {L} "
-                                     f"layers + 1 (lm_head) per micro-batch × {m}")
-        else:
-            mins["all_reduce"] += n
-            maxs["all_reduce"] += n
-            why["all_reduce"].append(f"TP: 2 per layer per pass × {passes} passes × {L} layers × {m} micro-batches")
-        if backend == "deepspeed":
-            maxs["all_gather"] += m
-            why["all_gather"].append("AutoTP: lm_head logits gathered once per micro-batch")
-        else:
-            maxs["all_reduce"] += 4 * m
-            why["all_reduce"].append("Megatron: vocab-parallel embedding and cross-entropy reductions per micro-batch")
+        # The planner's own model of TP/SP collectives (launch.planner.tp_calls): exact per micro-batch.
+        for c in tp_calls(backend, sp=sp, layers=L, micro_batches=m, recompute=recompute):
+            n = c.layers + c.head + c.loss + c.logits
+            mins[c.collective] += n
+            maxs[c.collective] += n
+            why[c.collective].append(f"{'SP' if sp else 'TP'}: {c.layers} in {L} layers × {m} micro-batches"
+                                     + (f" ({passes - 1} forward passes)" if passes > 2 else "")
+                                     + (f", {c.head} at the embedding and output layer" if c.head else "")
+                                     + (f", {c.loss} in the vocab-parallel loss" if c.loss else "")
+                                     + (f", {c.logits} gathering the logits" if c.logits else ""))
     if dp > 1:
         def buckets(total: int | None, bucket: int | None) -> int:
             return max(1, math.ceil(total / bucket)) if total and bucket else 1
@@ -710,11 +713,11 @@ def expected_collectives(*, backend: str, tp: int, pp: int, dp: int, zero_stage:
             maxs["all_gather"] += hi
             why["all_gather"].append(f"ZeRO-3: parameters before forward and backward of each of {L} layers × {m} "
                                      f"micro-batches ({lo}), up to one per parameterised submodule ({hi})")
-        elif zero_stage in (1, 2) or (backend == "megatron" and zero_stage >= 1):
+        elif zero_stage in (1, 2):
             a = buckets(param_bytes, allgather_bucket_bytes)
             mins["all_gather"] += 1
             maxs["all_gather"] += a
-            why["all_gather"].append(f"ZeRO-{zero_stage}/distributed optimizer: updated parameters, {a} bucket(s)")
+            why["all_gather"].append(f"ZeRO-{zero_stage}: updated parameters, {a} bucket(s)")
     if pp > 1:
         n = 2 * m
         mins["send_recv"] += n

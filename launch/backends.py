@@ -75,10 +75,14 @@ def _megatron_owned(owned: dict[str, tuple[Any, str]], recipe) -> dict[str, tupl
     out = dict(owned)
     if recipe.parallel.zero_stage <= 1:
         # Megatron's schedule runs every micro-batch of the step, then the engine reduces and steps once
-        # (launch/trainers/megatron_backend.py): DeepSpeed sees one batch per step.
+        # (launch/trainers/megatron_backend.py): DeepSpeed sees one batch per step, and must not reduce in
+        # gradient hooks during it (overlap_comm: ZeRO-1 would reduce each micro-batch's gradient "twice"),
+        # nor into the contiguous buffer that only its own backward prologue allocates.
         micro, ga = owned["train_micro_batch_size_per_gpu"][0], owned["gradient_accumulation_steps"][0]
         out["train_micro_batch_size_per_gpu"] = (micro * ga, "batch.micro_batch_size × gradient accumulation")
         out["gradient_accumulation_steps"] = (1, "Megatron's schedule accumulates (zero_stage <= 1)")
+        out["zero_optimization.overlap_comm"] = (False, "Megatron's schedule accumulates (zero_stage <= 1)")
+        out["zero_optimization.contiguous_gradients"] = (False, "Megatron's schedule accumulates (zero_stage <= 1)")
     if recipe.parallel.zero_stage == 0:
         # Without ZeRO, DeepSpeed's clipping counts a replicated parameter only on model-parallel rank 0,
         # which drops the norms of later pipeline stages; the backend clips over TP × PP itself.

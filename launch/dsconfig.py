@@ -67,17 +67,19 @@ def _set(d: dict, dotted: str, value: Any) -> None:
 _ABSENT = object()
 
 
-def compose(base: dict[str, Any], base_file: str, owned: dict[str, tuple[Any, str]]) -> dict[str, Any]:
+def compose(base: dict[str, Any], base_file: str, owned: dict[str, tuple[Any, str]], *,
+            shipped: bool = False) -> dict[str, Any]:
     """Apply the recipe-owned fields over `base`.
 
-    `owned` maps a dotted DeepSpeed key to (value, recipe field that decides it). A base that sets
-    one of them explicitly to something else is refused: silently letting either side win is how a
-    run ends up with a batch size or ZeRO stage nobody asked for.
+    `owned` maps a dotted DeepSpeed key to (value, recipe field that decides it). A user's base that
+    sets one of them explicitly to something else is refused: silently letting either side win is how
+    a run ends up with a batch size or ZeRO stage nobody asked for. A shipped base (`shipped`) is ours:
+    its tuning (e.g. overlap_comm) gives way where a backend must decide the field itself.
     """
     out = json.loads(json.dumps(base))
     for key, (value, recipe_field) in owned.items():
         have = _get(out, key)
-        if have is not _ABSENT and have != value:
+        if have is not _ABSENT and have != value and not shipped:
             raise ConfigError(base_file, key, have, f"contradicts the recipe ({recipe_field} gives {value!r})",
                               f"remove {key} from the base or set {recipe_field} to match")
         _set(out, key, value)

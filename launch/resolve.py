@@ -351,7 +351,7 @@ def _deepspeed_config(loaded: LoadedRecipe, r: Recipe, grad_accum: int, hw: Hard
             zo[kind] = dict(dsconfig.OFFLOAD_DEFAULTS[(kind, dev)])
     if "nvme" in (par.offload_optimizer, par.offload_params):
         base.setdefault("aio", dict(dsconfig.AIO_DEFAULTS))
-    cfg = dsconfig.compose(base, base_file, owned)
+    cfg = dsconfig.compose(base, base_file, owned, shipped=not r.deepspeed.config)
     return cfg, base_file
 
 

@@ -1,0 +1,66 @@
+"""Collectives per transformer layer, counted in a real profiler trace of one step, against the layout.
+
+The expectation is the one model of collectives the planner times and the report compares with
+(launch.planner.tp_calls): TP issues 2 all-reduces per layer forward and 2 backward; with SP each forward
+all-reduce becomes an all-gather + reduce-scatter and the backward adds the re-gathered input; around the
+layers, the embedding, the output layer and the vocab-parallel loss. The counts must be equal, not merely
+bounded: one extra gather around a norm adds a call per layer per micro-batch, one around the loss a call
+per micro-batch, and either breaks the equality.
+
+The trace is read here with json (not with the project's parser): on gloo every collective leaves a
+`gloo:<op>` CPU range; a reduce-scatter is `c10d::_reduce_scatter_base_`, which gloo carries out as an
+all-reduce (so its `gloo:all_reduce` is not another all-reduce). Counted inside the step's
+`forward-backward` range: what the optimizer step adds (gradient norm, SP norm-gradient sum) is outside.
+"""
+import json
+from collections import Counter
+
+import pytest
+
+from analysis.report import build_report
+from launch.planner import tp_calls
+from launch.resolve import Resolved
+from tests.dist.conftest import train
+
+pytestmark = [pytest.mark.dist, pytest.mark.slow]
+RUN = ("train.steps=4", "train.warmup_steps=1", "train.checkpoint_every=0", "run.resume=never", "run.profile=torch",
+       "run.profile_active_steps=1", "batch.seq_len=32", "parallel.zero_stage=0", "batch.micro_batch_size=4")
+
+
+def counted(trace_path) -> Counter:
+    events = [e for e in json.loads(trace_path.read_text())["traceEvents"] if e.get("ph") == "X"]
+    (window,) = [e for e in events if e["name"] == "forward-backward"]
+    inside = [e for e in events if window["ts"] <= e["ts"] <= window["ts"] + window["dur"]]
+    names = Counter(e["name"] for e in inside)
+    reduce_scatters = names["c10d::_reduce_scatter_base_"]
+    out = Counter({"all_reduce": names["gloo:all_reduce"] - reduce_scatters, "all_gather": names["gloo:all_gather"],
+                   "reduce_scatter": reduce_scatters})
+    return +out
+
+
+@pytest.mark.parametrize("sp, recompute", [(False, "none"), (True, "none"), (False, "full")],
+                         ids=["tp2", "tp2_sp", "tp2_full_recompute"])
+def test_collectives_per_layer_match_the_layout(runs_root, sp, recompute):
+    t = train(runs_root / f"coll_{sp}_{recompute}", *RUN, f"parallel.sp={str(sp).lower()}",
+              f"train.activation_checkpointing={recompute}", recipe="recipes/tiny_tp2_sp")
+    resolved = Resolved.load(t.root / "resolved.json")
+    layers, micro = resolved.model.num_layers, resolved.grad_accum
+    expected = Counter({c.collective: c.layers + c.head + c.loss + c.logits
+                        for c in tp_calls("megatron", sp=sp, layers=layers, micro_batches=micro, recompute=recompute)})
+    for rank in (0, 1):
+        assert counted(t.root / "traces" / f"rank{rank}.json") == expected, (rank, expected)
+    # Per layer, in the words of the issue: 2 + 2 all-reduces (TP), the forward ones again under full recompute;
+    # under SP 2 + 4 all-gathers and 2 + 2 reduce-scatters.
+    per_layer = {c.collective: c.layers / layers / micro
+                 for c in tp_calls("megatron", sp=sp, layers=layers, micro_batches=micro, recompute=recompute)}
+    want = ({"all_gather": 6, "reduce_scatter": 4, "all_reduce": 0} if sp else
+            {"all_reduce": 6 if recompute == "full" else 4})
+    assert per_layer == want
+
+    # The report puts the same expectation beside the trace and finds nothing unexplained.
+    rep = build_report([("run", t.root)])
+    vs = {r["collective"]: r for r in rep.runs[0].vs_layout.rows()}
+    for coll, n in expected.items():
+        assert vs[coll]["expected_min_per_step"] == n
+        assert vs[coll]["expected_min_per_step"] <= vs[coll]["observed_per_step"] <= vs[coll]["expected_max_per_step"]
+        assert vs[coll]["excess_per_layer"] == 0
