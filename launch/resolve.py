@@ -205,6 +205,14 @@ def resolve(loaded: LoadedRecipe, world_size: int | None = None) -> Resolved:
                           f"is not divisible by micro_batch_size {batch.micro_batch_size} × dp {dp} = {per_step}",
                           f"set batch.global_batch_size to a multiple of {per_step}")
     grad_accum = batch.global_batch_size // per_step
+    if par.vpp > 1 and grad_accum % par.pp:
+        # Megatron's interleaved schedule runs micro-batches in groups of pp per model chunk; a short last
+        # group would wait on itself (schedules.py refuses it).
+        raise ConfigError(w("batch.global_batch_size"), "batch.global_batch_size", batch.global_batch_size,
+                          f"gives {grad_accum} micro-batches per step (global / (micro_batch_size {batch.micro_batch_size} "
+                          f"× dp {dp})); the interleaved schedule (parallel.vpp={par.vpp}) needs a multiple of "
+                          f"parallel.pp={par.pp}",
+                          f"set batch.global_batch_size to a multiple of {per_step * par.pp}, or parallel.vpp=1")
     if batch.seq_len > model.max_position_embeddings:
         warnings.append(f"batch.seq_len={batch.seq_len} exceeds {model.name}'s max_position_embeddings "
                         f"{model.max_position_embeddings}: RoPE extrapolates beyond what the model was built for")

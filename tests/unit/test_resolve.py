@@ -245,3 +245,38 @@ def test_offload_needs_the_right_prebuilt_ops():
     assert needed_ops(resolve_path(RECIPES / "tiny_zero2", ["parallel.offload_optimizer=cpu"])) == ["cpu_adam"]
     nvme = resolve_path(RECIPES / "7b_zero3_ac", ["parallel.offload_optimizer=nvme", "parallel.offload_params=nvme"])
     assert needed_ops(nvme) == ["cpu_adam", "async_io"]
+
+
+# ---------------------------------------------------------------------- Megatron layouts (one line, the fix)
+
+MC = RECIPES / "tiny_tp2_sp"
+
+
+@pytest.mark.parametrize("overrides, field, text", [
+    (["parallel.pp=2", "parallel.sp=false", "parallel.tp=1", "parallel.zero_stage=2"], "parallel.zero_stage",
+     "cannot combine with parallel.pp=2 on backend \"megatron\" (supported: zero_stage 0, 1); set parallel.zero_stage=1"),
+    (["parallel.zero_stage=3"], "parallel.zero_stage",
+     "cannot combine with parallel.sp=true on backend \"megatron\" (supported: zero_stage 0, 1); set parallel.zero_stage=1"),
+    (["parallel.pp=2", "parallel.sp=false", "parallel.tp=1", "model.name=\"tiny-qwen2\""], "parallel.pp",
+     "needs untied embeddings"),
+    (["parallel.pp=2", "parallel.vpp=2", "parallel.sp=false", "parallel.tp=1", "batch.micro_batch_size=4",
+      "batch.global_batch_size=4"], "batch.global_batch_size",
+     "gives 1 micro-batches per step (global / (micro_batch_size 4 × dp 1)); the interleaved schedule "
+     "(parallel.vpp=2) needs a multiple of parallel.pp=2; set batch.global_batch_size to a multiple of 8"),
+    (["parallel.offload_optimizer=\"cpu\"", "parallel.zero_stage=1"], "parallel.offload_optimizer",
+     "is not supported by backend \"megatron\" yet"),
+    (["parallel.tp=2", "batch.seq_len=33"], "batch.seq_len", "is not divisible by parallel.tp=2"),
+    (["parallel.tp=4", "hardware.gpus_per_node=4"], "parallel.tp", "does not divide the 2 KV heads of tiny-llama"),
+])
+def test_megatron_layout_errors(overrides, field, text):
+    e = err(MC, overrides)
+    assert e.field == field, (e.field, str(e))
+    assert text in str(e), str(e)
+    assert "\n" not in str(e)
+
+
+def test_vpp_without_pp_and_layers_not_divisible():
+    e = err(MC, ["parallel.vpp=3"])  # 4 layers are not divisible by pp 1 × vpp 3
+    assert e.field == "parallel.pp" and "× parallel.vpp=3 = 3 does not divide the 4 layers" in str(e)
+    e = err(MC, ["parallel.vpp=2", "parallel.pp=1"])
+    assert e.field == "parallel.vpp" and "needs parallel.pp > 1" in str(e)
