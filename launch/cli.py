@@ -17,7 +17,7 @@ from launch import envinfo, launcher
 from launch.backends import traits
 from launch.checkpoints import ResumeError
 from launch.errors import ConfigError
-from launch.planner import GiB, Plan, plan_resolved
+from launch.planner import GiB, Plan, chunk_layers, plan_resolved
 from launch.resolve import Resolved, resolve_path
 from launch.rundir import RunDir
 
@@ -56,6 +56,10 @@ def render(resolved: Resolved, plan: Plan, cmd: launcher.LaunchCommand, console)
     console.print()
     for line in resolved.grid.describe():
         console.print(line)
+    if r.parallel.pp > 1:
+        for stage in range(r.parallel.pp):
+            chunks = chunk_layers(resolved.model.num_layers, r.parallel.pp, r.parallel.vpp, stage)
+            console.print(f"  pp stage {stage}: " + ", ".join(f"chunk {v} layers {c[0]}-{c[-1]}" for v, c in enumerate(chunks)))
     console.print()
 
     t = Table(title="memory per rank (GiB)", title_justify="left")

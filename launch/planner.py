@@ -247,6 +247,13 @@ def rank_parameters(layout: Layout, stage: int) -> list[int]:
     return out
 
 
+def chunk_layers(num_layers: int, pp: int, vpp: int, stage: int) -> list[range]:
+    """Decoder layers (0-based) of each model chunk on pipeline stage `stage`: Megatron-Core's interleaved
+    assignment gives chunk v of stage p the layers of virtual stage v·pp + p (one chunk without vpp)."""
+    per = num_layers // (pp * vpp)
+    return [range((v * pp + stage) * per, (v * pp + stage + 1) * per) for v in range(vpp)]
+
+
 def stage_params(layout: Layout, stage: int) -> tuple[int, int]:
     """(parameters held by one rank of pipeline stage `stage`, decoder layers on it)."""
     return sum(rank_parameters(layout, stage)), layout.model.num_layers // layout.grid.pp

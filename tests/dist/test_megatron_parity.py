@@ -10,7 +10,7 @@ import json
 import pytest
 import torch
 
-from launch.planner import Layout, plan_resolved, zero3_partition_numel
+from launch.planner import Layout, chunk_layers, plan_resolved, zero3_partition_numel
 from launch.resolve import Resolved
 from tests.dist.conftest import SHORT, train
 
@@ -91,6 +91,12 @@ def test_logged_grid_and_parameters_equal_the_plan(runs, name):
     logged = (t.root / "logs" / "rank0.out").read_text()
     for line in resolved.grid.describe():
         assert line in logged
+    par = resolved.recipe.parallel
+    for rank in range(resolved.world_size):
+        stage = resolved.grid.coords(rank)[2]
+        out = (t.root / "logs" / f"rank{rank}.out").read_text()
+        for v, layers in enumerate(chunk_layers(resolved.model.num_layers, par.pp, par.vpp, stage)):
+            assert f"rank {rank} pp stage {stage}: chunk {v} layers {layers[0]}-{layers[-1]}" in out
     plan = plan_resolved(resolved)
     layout = Layout.from_resolved(resolved)
     for rank in range(resolved.world_size):
