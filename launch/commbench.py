@@ -167,23 +167,7 @@ class Collective:
 
 def main(run_dir: str) -> int:
     """Entry point on every rank (launch/train.py dispatches here when run.mode = "commbench")."""
-    run = RunDir.open(run_dir)
-    resolved = Resolved.load(run.resolved)
-    env = common.rank_env()
-    terminal = common.redirect_logs(run, env.rank)
-    cuda = resolved.hardware.name != "cpu"
-    if cuda:
-        os.environ.setdefault("NCCL_DEBUG_FILE", str(run.nccl_log(env.rank)))
-    watchdog = common.Watchdog(env.rank, float(resolved.recipe.run.timeout_s), terminal if env.rank == 0 else None)
-    try:
-        return _sweep(run, resolved, env, terminal if env.rank == 0 else None, cuda, watchdog)
-    except BaseException as e:  # noqa: BLE001 - name the rank and the step, then let torchrun stop the others
-        msg = common.fail_message(env.rank, watchdog.step, e)
-        print(msg, file=sys.stderr, flush=True)
-        print(msg, file=terminal, flush=True)
-        raise
-    finally:
-        watchdog.stop()
+    return common.run_rank(run_dir, _sweep)
 
 
 def _sweep(run: RunDir, resolved, env, terminal, cuda: bool, watchdog) -> int:

@@ -267,8 +267,10 @@ def zero3_partition_numel(layout: Layout, stage: int = 0) -> int:
 
 
 def largest_layer_params(layout: Layout) -> int:
-    """Largest single module's parameters as DeepSpeed's ZeRO-3 estimator means it (the embedding here)."""
-    return layout.model.param_counts().largest_layer
+    """Largest single module's parameters on one rank, as DeepSpeed's ZeRO-3 estimator means it (the embedding
+    here); a backend whose TP splits the embedding (and every Linear) holds 1/tp of it."""
+    big = layout.model.param_counts().largest_layer
+    return big // layout.grid.tp if traits(layout.backend).vocab_parallel else big
 
 
 # --------------------------------------------------------------------------- model states
@@ -305,10 +307,14 @@ def model_states(layout: Layout, params: int, accounting: str) -> tuple[int, int
             w, g = e * params, (e + 4) * params // d
             o = 12 * params // d
         else:
+            # The largest layer gathered whole, as weights and as gradients, in the model's element size (the
+            # estimator's 4 B assumes 16-bit). In fp32 the parameter partition is itself the master copy
+            # (stage3.py _link_all_hp_params): the optimizer adds Adam's m and v only (measured live,
+            # tests/dist/test_state_bytes.py).
             big = largest_layer_params(layout)
-            w = e * params // d + 2 * big
-            g = 4 * params // d + 2 * big
-            o = 12 * params // d
+            w = e * params // d + e * big
+            g = 4 * params // d + e * big
+            o = (12 if mixed else 8) * params // d
         if off_opt:
             # The optimizer step, its fp32 state and the fp32 gradient partition move to the host.
             moved_g = g - (2 * largest_layer_params(layout) if z == 3 else 0)

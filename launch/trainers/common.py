@@ -13,7 +13,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator, TextIO
+from typing import Callable, Iterator, TextIO
 
 from launch.data import ByteText, Synthetic
 from launch.models import hf_config
@@ -30,6 +30,37 @@ class RankEnv:
 def rank_env() -> RankEnv:
     return RankEnv(int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1")),
                    int(os.environ.get("LOCAL_RANK", "0")))
+
+
+def run_rank(run_dir: str, body: Callable[..., int]) -> int:
+    """What every rank program does around its work: open the run, send its output to logs/, start the stall
+    watchdog, and on failure name the rank and the step (on its stderr and rank 0's terminal) before torchrun
+    stops the others. `body(run, resolved, env, terminal, cuda, watchdog)` does the work; `terminal` is rank 0's
+    terminal stream and None elsewhere. A ResumeError is the user's: one line, exit 2."""
+    from launch.checkpoints import ResumeError
+
+    run = RunDir.open(run_dir)
+    resolved = Resolved.load(run.resolved)
+    env = rank_env()
+    terminal = redirect_logs(run, env.rank)
+    cuda = resolved.hardware.name != "cpu"
+    if cuda:
+        os.environ.setdefault("NCCL_DEBUG_FILE", str(run.nccl_log(env.rank)))
+    watchdog = Watchdog(env.rank, float(resolved.recipe.run.timeout_s), terminal if env.rank == 0 else None)
+    try:
+        return body(run, resolved, env, terminal if env.rank == 0 else None, cuda, watchdog)
+    except ResumeError as e:
+        print(f"layoutlab: {e}", file=sys.stderr)
+        if env.rank == 0:
+            print(f"layoutlab: {e}", file=terminal)
+        return 2
+    except BaseException as e:  # noqa: BLE001 - name the rank and step, then let torchrun stop the others
+        msg = fail_message(env.rank, watchdog.step, e)
+        print(msg, file=sys.stderr, flush=True)
+        print(msg, file=terminal, flush=True)
+        raise
+    finally:
+        watchdog.stop()
 
 
 def die_with_parent() -> None:
@@ -270,3 +301,52 @@ def grad_norm(grads) -> float:
 def local_param_numel(module) -> int:
     """Elements this rank stores: a ZeRO-3 parameter's own partition (ds_tensor), else the tensor."""
     return sum(p.ds_tensor.numel() if hasattr(p, "ds_tensor") else p.numel() for p in module.parameters())
+
+
+def model_state_bytes(engine) -> dict[str, int]:
+    """Bytes of model state a DeepSpeed 0.19.8 engine keeps alive on this rank between optimizer steps (call it
+    after at least one step: Adam's state is created lazily by the first), in the planner's categories
+    (launch/planner.py, "deepspeed" accounting). Each tensor counts its whole storage, once per storage
+    (a view into a flat buffer counts the buffer, padding included), in this order:
+
+      weights    the module parameters' storage: ZeRO 0 the tensors themselves, ZeRO-1/2 the flat 16-bit (here:
+                 the model dtype) buffer they are views of, ZeRO-3 the flat buffer of their `ds_tensor`
+                 partitions plus the full data of parameters kept gathered (`ds_persist`, numel <=
+                 stage3_param_persistence_threshold). An fp32 master copy that *is* this storage (ZeRO-0 fp32,
+                 ZeRO-3 fp32) counts here, once.
+      grads      `.grad` of the module parameters and of the parameters the torch optimizer updates (the fp32
+                 gradient partitions), ZeRO-3's persistent `grad_partitions_flat_buffer`, BF16_Optimizer's
+                 `fp32_groups_gradients_flat`. DeepSpeed 0.19.8 frees the 16-bit gradients and (without
+                 offload) the fp32 partitions' gradients inside every step, so ZeRO 0-2 hold none here.
+      optimizer  the parameters the torch optimizer updates when they are not the module's storage (the fp32
+                 master partitions: ZeRO-1/2 `single_partition_of_fp32_groups`, ZeRO-3 `fp32_partitioned_groups_flat`,
+                 the mixed-precision optimizers' fp32 groups) plus every tensor in its state (AdamW: exp_avg,
+                 exp_avg_sq and the 0-d `step`).
+
+    Communication buffers (ZeRO's reduce and gather buckets) are not model state (the planner's `buffers`), nor
+    are activations. Host-resident state (offload) is counted like device state.
+    """
+    import torch
+
+    opt = engine.optimizer
+    torch_opt = getattr(opt, "optimizer", opt)  # ZeRO and mixed-precision wrappers keep the torch optimizer here
+    params = list(engine.module.parameters())
+    masters = [p for g in torch_opt.param_groups for p in g["params"]]
+    seen: set[int] = set()
+
+    def count(tensors) -> int:
+        total = 0
+        for t in tensors:
+            if t is None:
+                continue
+            s = t.untyped_storage()
+            if s.nbytes() and s.data_ptr() not in seen:
+                seen.add(s.data_ptr())
+                total += s.nbytes()
+        return total
+
+    weights = count([p.data for p in params] + [getattr(p, "ds_tensor", None) for p in params])
+    grads = count([p.grad for p in params] + [p.grad for p in masters]
+                  + [getattr(opt, "grad_partitions_flat_buffer", None)] + list(getattr(opt, "fp32_groups_gradients_flat", ())))
+    optimizer = count(masters + [v for st in torch_opt.state.values() for v in st.values() if torch.is_tensor(v)])
+    return {"weights": weights, "grads": grads, "optimizer": optimizer}

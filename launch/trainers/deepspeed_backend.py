@@ -97,6 +97,9 @@ class DeepSpeedTrainer:
             raise ResumeError(f"{ckpt.dir}: DeepSpeed could not load this checkpoint")
         return int((client or {}).get("step", ckpt.step))
 
+    def state_bytes(self) -> dict[str, int]:
+        return common.model_state_bytes(self.engine)
+
 
 def build(ctx: BuildContext) -> DeepSpeedTrainer:
     return DeepSpeedTrainer(ctx)

@@ -9,6 +9,7 @@ the model and runs one optimizer step.
 from __future__ import annotations
 
 import datetime as dt
+import json
 import math
 import os
 import sys
@@ -19,7 +20,6 @@ from typing import Any
 from launch import checkpoints
 from launch import metrics as M
 from launch.backends import traits
-from launch.checkpoints import ResumeError
 from launch.planner import model_flops_per_token
 from launch.resolve import Resolved
 from launch.rundir import RunDir
@@ -29,34 +29,17 @@ from launch.trainers.protocol import BuildContext, Trainer
 
 
 def main(run_dir: str) -> int:
-    run = RunDir.open(run_dir)
-    resolved = Resolved.load(run.resolved)
-    env = common.rank_env()
-    terminal = common.redirect_logs(run, env.rank)
-    cuda = resolved.hardware.name != "cpu"
-    if cuda:
-        os.environ.setdefault("NCCL_DEBUG_FILE", str(run.nccl_log(env.rank)))
-    watchdog = common.Watchdog(env.rank, float(resolved.recipe.run.timeout_s), terminal if env.rank == 0 else None)
-    try:
-        rc = _train(run, resolved, env, terminal if env.rank == 0 else None, cuda, watchdog)
-        # Every record, checkpoint and marker is on disk and all ranks passed the final barrier. Leave
-        # without interpreter teardown: DeepSpeed/gloo background threads have aborted a finished
-        # ZeRO-3 run there ("terminate called without an active exception"), turning success into failure.
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(rc)
-    except ResumeError as e:
-        print(f"layoutlab: {e}", file=sys.stderr)
-        if env.rank == 0:
-            print(f"layoutlab: {e}", file=terminal)
-        return 2
-    except BaseException as e:  # noqa: BLE001 - name the rank and step, then let torchrun stop the others
-        msg = common.fail_message(env.rank, watchdog.step, e)
-        print(msg, file=sys.stderr, flush=True)
-        print(msg, file=terminal, flush=True)
-        raise
-    finally:
-        watchdog.stop()
+    return common.run_rank(run_dir, _train_and_exit)
+
+
+def _train_and_exit(run: RunDir, resolved: Resolved, env: common.RankEnv, terminal, cuda: bool, watchdog) -> int:
+    rc = _train(run, resolved, env, terminal, cuda, watchdog)
+    # Every record, checkpoint and marker is on disk and all ranks passed the final barrier. Leave without
+    # interpreter teardown: DeepSpeed/gloo background threads have aborted a finished ZeRO-3 run there
+    # ("terminate called without an active exception"), turning success into failure.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(rc)
 
 
 @dataclass
@@ -186,6 +169,11 @@ def _train(run: RunDir, resolved: Resolved, env: common.RankEnv, terminal, cuda:
             seconds = time.perf_counter() - t0
             if prof is not None:
                 prof.step()
+            if step == start_step:
+                # Once per run, after the first step has created the optimizer state: what the planner's
+                # weights/grads/optimizer predict, as held between steps (sizes only, no device sync).
+                run.write_text_atomic(run.state_bytes(env.rank),
+                                      json.dumps({**trainer.state_bytes(), "after_step": step + 1}))
             # The data-parallel mean of the loss is reduced asynchronously and written one step later, so
             # the collective overlaps the next step's compute instead of sitting on every step's critical path.
             loss = out.loss.detach().float().reshape(())

@@ -151,11 +151,20 @@ class MegatronTrainer:
                                             activation_checkpointing=r.train.activation_checkpointing,
                                             dtype=r.precision.dtype)
         self.chunks = mm.build_chunks(resolved.model, self.config, seed=r.train.seed)
+        from megatron.core.tensor_parallel import get_cuda_rng_tracker
+
+        # Megatron's own record of its seeds: the data-parallel one the same on every TP rank of a stage, the
+        # tensor-model-parallel one different on each (dropout and init inside TP regions must differ).
+        print(f"rank {ctx.env.rank} seeds: default {torch.initial_seed()}, rng tracker "
+              f"{sorted(get_cuda_rng_tracker().seeds_)}", flush=True)
         mm.load_hf_state(self.chunks, _initial_hf_state(resolved), resolved.model)
         if ctx.cuda:
             for c in self.chunks:
                 c.cuda(ctx.device)
         self.layer_calls = _count_layer_calls(self.chunks, resolved.model.num_layers)
+        for v, chunk in enumerate(self.chunks):  # the same words as the dry-run's pipeline lines
+            numbers = [layer.layer_number - 1 for layer in chunk.decoder.layers]
+            print(f"rank {ctx.env.rank} pp stage {self.pp_rank}: chunk {v} layers {numbers[0]}-{numbers[-1]}", flush=True)
         # 4. data parallelism
         self.module = _Chunks(self.chunks)
         ds_config = json.loads(json.dumps(resolved.ds_config))
@@ -175,6 +184,9 @@ class MegatronTrainer:
         for group in self.engine.optimizer.param_groups:
             group["lr"] = lr
 
+    def state_bytes(self) -> dict[str, int]:
+        return common.model_state_bytes(self.engine)
+
     def train_step(self, micro_batch: Callable) -> StepOutput:
         if self.schedule_path:
             return self._schedule_step(micro_batch)
@@ -184,11 +196,31 @@ class MegatronTrainer:
         self.engine.save_checkpoint(str(checkpoints), tag=tag, client_state={"step": step}, save_latest=False)
 
     def load(self, ckpt: Checkpoint) -> int:
+        self._check_saved_shapes(ckpt)
         path, client = self.engine.load_checkpoint(str(ckpt.path), tag=ckpt.tag, load_optimizer_states=True,
                                                    load_lr_scheduler_states=False)
         if path is None:
             raise ResumeError(f"{ckpt.dir}: DeepSpeed could not load this checkpoint")
         return int((client or {}).get("step", ckpt.step))
+
+    def _check_saved_shapes(self, ckpt: Checkpoint) -> None:
+        """Every parameter this rank is about to load was saved with the live parameter's shape, before DeepSpeed
+        loads anything. Its module load is strict for ZeRO 0-2, but under ZeRO-3 the saved module holds 0-element
+        placeholders and the weights come from flat fp32 partitions copied without their shapes: measured on
+        DeepSpeed 0.19.8, a partition saved for a [6, 4] weight loads silently into a [4, 6] one, and a changed
+        element count fails with a bare tensor-size error. Each rank checks its own file, then all ranks agree,
+        so the job stops with one ResumeError (exit 2) rather than one rank failing inside a collective."""
+        import torch.distributed as dist
+
+        mp = model_parallel_rank(self.tp_rank, self.pp_rank, self.resolved.recipe.parallel.tp)
+        name = (f"zero_pp_rank_{self.dp_rank}_mp_rank_{mp:02d}_model_states.pt"
+                if self.resolved.recipe.parallel.zero_stage == 3 else f"mp_rank_{mp:02d}_model_states.pt")
+        live = {k: tuple(getattr(p, "ds_shape", p.shape)) for k, p in self.module.named_parameters()}
+        problems: list[str | None] = [None] * dist.get_world_size()
+        dist.all_gather_object(problems, _shape_mismatch(ckpt.dir / name, live))
+        first = next((p for p in problems if p), None)
+        if first:
+            raise ResumeError(first)
 
     # ------------------------------------------------------------------ steps
 
@@ -347,24 +379,90 @@ def build(ctx: BuildContext) -> MegatronTrainer:
     return MegatronTrainer(ctx)
 
 
+def _saved_param_shapes(state: dict) -> dict[str, tuple[int, ...]]:
+    """The full (TP-local) shape of every parameter in one DeepSpeed model-states file. ZeRO-3 saves 0-element
+    placeholders in `module` and the shapes (each parameter's ds_shape) in `param_shapes`, one dict per
+    parameter group; the other stages save the tensors themselves, which `module` also mixes with buffers."""
+    buffers = set(state.get("buffer_names") or ())
+    shapes = {k: tuple(v.shape) for k, v in state["module"].items()
+              if isinstance(v, torch.Tensor) and k not in buffers}
+    for group in state.get("param_shapes") or ():
+        shapes.update((k, tuple(v)) for k, v in group.items())
+    shapes.update((k, tuple(v)) for k, v in (state.get("frozen_param_shapes") or {}).items())
+    return shapes
+
+
+def _shape_mismatch(path: Path, live: dict[str, tuple[int, ...]]) -> str | None:
+    """Why the model-states file at `path` cannot fill parameters of these shapes, or None when it can."""
+    if not path.is_file():
+        return f"{path}: missing; this checkpoint has no part for this rank's model shard"
+    saved = _saved_param_shapes(torch.load(path, map_location="cpu", weights_only=False, mmap=True))
+    problems = [f"{k} was saved with shape {list(saved[k])}, this run's model has {list(v)}"
+                for k, v in live.items() if k in saved and saved[k] != v]
+    problems += [f"{k} of this run's model is not in it" for k in live if k not in saved]
+    problems += [f"it holds {k}, which this run's model does not have" for k in saved if k not in live]
+    if not problems:
+        return None
+    more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+    return (f"{path}: {problems[0]}{more}; the checkpoint does not fit the model in resolved.json; "
+            "set run.resume=never to start fresh")
+
+
+def _zero3_module_state(ckpt: Checkpoint, mp_rank: int, dp: int) -> dict[str, torch.Tensor]:
+    """One model-parallel rank's full fp32 module state from a ZeRO-3 checkpoint: its `dp` partitions joined.
+
+    DeepSpeed's get_fp32_state_dict_from_zero_checkpoint globs every `*_optim_states.pt` of the folder, so with
+    TP or PP (files of several mp ranks) it counts tp × pp × dp partitions where each rank wrote dp, and fails;
+    the helpers it is built from take the files of one mp rank, listed here in data-parallel rank order."""
+    import contextlib
+    import sys
+
+    from deepspeed.utils import zero_to_fp32 as z2f
+
+    model_files, optim_files = [], []
+    for dp_rank in range(dp):
+        stem = f"zero_pp_rank_{dp_rank}_mp_rank_{mp_rank:02d}"
+        model = ckpt.dir / f"{stem}_model_states.pt"
+        optim = [f for f in (ckpt.dir / f"{stem}_optim_states.pt", ckpt.dir / f"bf16_{stem}_optim_states.pt")
+                 if f.is_file()]  # bf16 runs prefix the optimizer partition's name
+        if not model.is_file() or len(optim) != 1:
+            raise ResumeError(f"{ckpt.dir}: expected {model.name} and one {stem}_optim_states.pt (found "
+                              f"{len(optim)}); a ZeRO-3 checkpoint holds both for every data-parallel rank (dp={dp}) "
+                              "and model-parallel rank")
+        model_files.append(model)
+        optim_files += optim
+    # DeepSpeed reports its progress on stdout, which `launch export` keeps for the folder it wrote.
+    with contextlib.redirect_stdout(sys.stderr):
+        model_states = z2f.parse_model_states([str(f) for f in model_files])
+        stage, world, flat_groups, _ = z2f.parse_optim_states([str(f) for f in optim_files], str(ckpt.dir))
+        if (stage, world) != (3, dp):
+            raise ResumeError(f"{optim_files[0]}: holds a ZeRO-{stage} partition of {world}; the marker says "
+                              f"ZeRO-3 over dp={dp}")
+        lazy = z2f._get_fp32_state_dict_from_zero3_checkpoint(world, flat_groups, model_states,
+                                                              exclude_frozen_parameters=False)
+        return z2f.to_torch_tensor(lazy)
+
+
 def export_hf_state(resolved: Resolved, ckpt: Checkpoint) -> dict:
     """Every (pipeline stage, virtual chunk, TP rank)'s module state from the checkpoint's model-parallel
-    files, joined into one Hugging Face state dict by launch/trainers/megatron_model.py."""
+    files, joined into one Hugging Face state dict by launch/trainers/megatron_model.py. ZeRO 0-2 files hold
+    the module itself; ZeRO-3 spreads each mp rank's fp32 weights over dp partitions, joined first. The
+    layout is the one the marker records, which wrote the files."""
 
     from launch.trainers import megatron_model as mm
 
-    par = resolved.recipe.parallel
-    if ckpt.info["zero_stage"] == 3:
-        raise ResumeError(f"{ckpt.dir}: exporting a megatron ZeRO-3 checkpoint is not supported yet; "
-                          "train with parallel.zero_stage=1 or 2 to export")
+    tp, pp, vpp, dp = (int(ckpt.info[k]) for k in ("tp", "pp", "vpp", "dp"))
     local = {}
-    for pp_rank in range(par.pp):
-        for tp_rank in range(par.tp):
-            f = ckpt.dir / f"mp_rank_{model_parallel_rank(tp_rank, pp_rank, par.tp):02d}_model_states.pt"
-            module = torch.load(f, map_location="cpu", weights_only=False)["module"]
-            for chunk in range(par.vpp):
+    for pp_rank in range(pp):
+        for tp_rank in range(tp):
+            mp_rank = model_parallel_rank(tp_rank, pp_rank, tp)
+            if ckpt.info["zero_stage"] == 3:
+                module = _zero3_module_state(ckpt, mp_rank, dp)
+            else:
+                f = ckpt.dir / f"mp_rank_{mp_rank:02d}_model_states.pt"
+                module = torch.load(f, map_location="cpu", weights_only=False)["module"]
+            for chunk in range(vpp):
                 prefix = f"{chunk}."
                 local[mm.Place(pp_rank, chunk, tp_rank)] = {k[len(prefix):]: v.float() for k, v in module.items()
-                                                            if k.startswith(prefix)}
-    return mm.gather_hf_state(local, resolved.model, tp=par.tp, pp=par.pp, vpp=par.vpp)
-
+                                                            if k.startswith(prefix) and isinstance(v, torch.Tensor)}
+    return mm.gather_hf_state(local, resolved.model, tp=tp, pp=pp, vpp=vpp)

@@ -67,3 +67,7 @@ class Trainer(Protocol):
     def load(self, ckpt: "Checkpoint") -> int:
         """Restore model and optimizer state; returns the number of steps already trained."""
 
+    def state_bytes(self) -> dict[str, int]:
+        """Bytes of weights, grads and optimizer state this rank holds between steps, in the planner's
+        categories (launch/trainers/common.py `model_state_bytes`); the loop records it after the first step."""
+

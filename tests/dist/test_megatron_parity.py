@@ -107,6 +107,26 @@ def test_logged_grid_and_parameters_equal_the_plan(runs, name):
         assert held == want, (name, rank, held, want)
 
 
+def test_seeds_per_rank_are_megatrons(runs):
+    """Megatron's rule (its _set_random_seed and model_parallel_cuda_manual_seed): the default seed is
+    seed + 100 × pp rank, the same on every TP rank; the tracker's tensor-model-parallel stream is that + 2718 +
+    tp rank, so TP ranks differ (its other streams: data-parallel = the default; expert = + 1024 + expert-TP
+    rank, which is the TP rank without expert parallelism)."""
+    import re
+
+    t = runs("tp2_pp2")
+    resolved = Resolved.load(t.root / "resolved.json")
+    seed = resolved.recipe.train.seed
+    for rank in range(resolved.world_size):
+        tp_rank, _, pp_rank = resolved.grid.coords(rank)
+        base = seed + 100 * pp_rank
+        m = re.search(rf"^rank {rank} seeds: default (\d+), rng tracker \[([\d, ]+)\]$",
+                      (t.root / "logs" / f"rank{rank}.out").read_text(), re.M)
+        assert m, rank
+        assert int(m.group(1)) == base
+        assert sorted(int(x) for x in m.group(2).split(",")) == sorted([base, base + 1024 + tp_rank, base + 2718 + tp_rank])
+
+
 def test_replicated_weights_identical_across_tp_ranks(runs):
     """Norm weights are not sharded by TP: after training they must be bit-identical on both TP ranks, while a
     TP-sharded weight differs (each rank holds its own slice)."""
