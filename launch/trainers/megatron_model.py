@@ -48,7 +48,7 @@ from megatron.core.transformer.transformer_block import get_num_layers_to_build
 from megatron.core.transformer.transformer_layer import get_transformer_layer_offset
 from torch import Tensor
 
-from launch.models import ModelSpec
+from launch.models import ModelSpec, hf_config
 from launch.trainers import cpu_compat
 
 Checkpointing = Literal["none", "full", "selective"]
@@ -63,19 +63,6 @@ _LLAMA3_FIXED = {"low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_
 # --------------------------------------------------------------------------- Hugging Face side
 
 
-def hf_config_of(spec: ModelSpec):
-    """The transformers config of a catalogue model (its config.json minus the keys that are not the network)."""
-    from transformers import AutoConfig
-
-    cfg = dict(spec.to_dict()["hf_config"])
-    model_type = cfg.pop("model_type")
-    for key in ("architectures", "torch_dtype", "dtype", "transformers_version"):
-        cfg.pop(key, None)
-    config = AutoConfig.for_model(model_type, **cfg)
-    config.architectures = [spec.architecture]
-    return config
-
-
 def hf_reference_state(spec: ModelSpec, seed: int) -> dict[str, Tensor]:
     """The canonical initial weights: the HF model's fp32 init after torch.manual_seed(seed).
 
@@ -85,7 +72,7 @@ def hf_reference_state(spec: ModelSpec, seed: int) -> dict[str, Tensor]:
     from transformers import AutoModelForCausalLM
 
     torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(hf_config_of(spec), dtype=torch.float32)
+    model = AutoModelForCausalLM.from_config(hf_config(spec), dtype=torch.float32)
     state = model.state_dict()
     return {p.name: state[p.name] for p in spec.parameters()}
 

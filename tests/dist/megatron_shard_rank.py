@@ -138,9 +138,9 @@ def _perturbed_reference(spec) -> dict[str, torch.Tensor]:
 def _hf_losses_and_grads(spec, state, batches) -> tuple[list[torch.Tensor], dict[str, torch.Tensor]]:
     from transformers import AutoModelForCausalLM
 
-    from launch.trainers.megatron_model import hf_config_of
+    from launch.models import hf_config
 
-    model = AutoModelForCausalLM.from_config(hf_config_of(spec), dtype=torch.float32, attn_implementation="eager")
+    model = AutoModelForCausalLM.from_config(hf_config(spec), dtype=torch.float32, attn_implementation="eager")
     model.load_state_dict(state, strict=False)  # a tied lm_head is the embedding itself
     losses = []
     for b in batches:

@@ -56,9 +56,9 @@ def _perturbed_reference(spec, seed=0) -> dict[str, torch.Tensor]:
 def _hf_model(spec, state):
     from transformers import AutoModelForCausalLM
 
-    from launch.trainers.megatron_model import hf_config_of
+    from launch.models import hf_config
 
-    model = AutoModelForCausalLM.from_config(hf_config_of(spec), dtype=torch.float32, attn_implementation="eager")
+    model = AutoModelForCausalLM.from_config(hf_config(spec), dtype=torch.float32, attn_implementation="eager")
     result = model.load_state_dict(state, strict=False)
     assert result.unexpected_keys == []
     assert result.missing_keys == (["lm_head.weight"] if spec.tie_word_embeddings else [])
@@ -93,13 +93,14 @@ def _positions():
 def test_parameter_count_matches_transformers(one_rank, name):
     from transformers import AutoModelForCausalLM
 
-    from launch.trainers.megatron_model import build_chunks, hf_config_of
+    from launch.models import hf_config
+    from launch.trainers.megatron_model import build_chunks
 
     spec = load_model(name=name)
     # The meta device keeps the 7-8B models to shapes only.
     with torch.device("meta"):
         chunks = build_chunks(spec, _config(spec), seed=0)
-        hf = AutoModelForCausalLM.from_config(hf_config_of(spec))
+        hf = AutoModelForCausalLM.from_config(hf_config(spec))
     assert len(chunks) == 1
     assert {p.device.type for p in chunks[0].parameters()} == {"meta"}
     assert sum(p.numel() for p in chunks[0].parameters()) == sum(p.numel() for p in hf.parameters())
@@ -161,12 +162,13 @@ def test_round_trip_is_exact(one_rank, name):
 def test_reference_state_is_hf_state_dict_without_the_tied_alias(one_rank):
     from transformers import AutoModelForCausalLM
 
-    from launch.trainers.megatron_model import hf_config_of, hf_reference_state
+    from launch.models import hf_config
+    from launch.trainers.megatron_model import hf_reference_state
 
     spec = load_model(name="tiny-qwen2")
     ref = hf_reference_state(spec, seed=4)
     torch.manual_seed(4)
-    full = AutoModelForCausalLM.from_config(hf_config_of(spec), dtype=torch.float32).state_dict()
+    full = AutoModelForCausalLM.from_config(hf_config(spec), dtype=torch.float32).state_dict()
     assert set(full) - set(ref) == {"lm_head.weight"}
     assert full["lm_head.weight"].data_ptr() == full["model.embed_tokens.weight"].data_ptr()
     for key, value in ref.items():
@@ -282,11 +284,12 @@ def test_rope_frequencies_match_transformers(one_rank, name):
     from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
     from transformers.models.qwen2.modeling_qwen2 import Qwen2RotaryEmbedding
 
-    from launch.trainers.megatron_model import build_chunks, hf_config_of
+    from launch.models import hf_config
+    from launch.trainers.megatron_model import build_chunks
 
     spec = load_model(name=name)
     rotary = {"LlamaForCausalLM": LlamaRotaryEmbedding, "Qwen2ForCausalLM": Qwen2RotaryEmbedding}[spec.architecture]
-    want = rotary(config=hf_config_of(spec)).inv_freq
+    want = rotary(config=hf_config(spec)).inv_freq
     with torch.device("meta"):
         chunk = build_chunks(spec, _config(spec), seed=0)[0]
     torch.testing.assert_close(chunk.rotary_pos_emb.inv_freq, want, rtol=1e-6, atol=0)
