@@ -33,8 +33,8 @@ from collections import Counter, defaultdict
 from typing import Any, Iterable, Mapping, Sequence
 
 from analysis import trace_analysis as ta
-from analysis.collectives import (BACKEND_ANNOTATION, CPU_LAYERS, NCCL_TESTS_OP, bus_factor_of, group_size_hint,
-                                  nccl_tests_bytes)
+from analysis.collectives import (BACKEND_ANNOTATION, C10D_OP, CPU_LAYERS, NCCL_TESTS_OP, bus_factor_of,
+                                  group_size_hint, nccl_tests_bytes)
 from analysis.parsers.nccl_tests import large_message_busbw
 from analysis.table import Table
 from launch.planner import tp_calls
@@ -496,18 +496,18 @@ def _gloo_reduce_scatters(c: Mapping[str, list[Any]], idx: list[int]) -> set[int
     gloo has no reduce-scatter of its own: torch runs `c10d::_reduce_scatter_base_` as an all-reduce of
     the full input, whose annotation (on gloo's worker thread, after the c10d op returns) names all_reduce.
     Each c10d all-reduce or reduce-scatter is paired with the gloo all-reduce of the same message size in
-    issue order (gloo runs a group's work first in, first out)."""
-    c10d = CPU_LAYERS[2][1]
+    issue order (gloo runs a group's work first in, first out); a size whose counts differ (a call cut off
+    at the edge of the trace) is left as recorded rather than paired wrongly."""
     issued: dict[Any, list[int]] = defaultdict(list)
     ran: dict[Any, list[int]] = defaultdict(list)
-    for i in sorted(idx, key=lambda i: c["ts_us"][i] or 0.0):
+    for i in sorted((i for i in idx if c["ts_us"][i] is not None), key=lambda i: c["ts_us"][i]):
         name, coll = c["name"][i] or "", c["collective"][i]
-        if coll in ("all_reduce", "reduce_scatter") and c10d.match(name):
+        if coll in ("all_reduce", "reduce_scatter") and C10D_OP.match(name):
             issued[c["message_bytes"][i]].append(i)
         elif coll == "all_reduce" and name == "gloo:all_reduce":
             ran[c["message_bytes"][i]].append(i)
-    return {g for size, ops in issued.items() for op, g in zip(ops, ran.get(size, []))
-            if c["collective"][op] == "reduce_scatter"}
+    return {g for size, ops in issued.items() if len(ops) == len(ran.get(size, ()))
+            for op, g in zip(ops, ran[size], strict=True) if c["collective"][op] == "reduce_scatter"}
 
 
 def collective_calls(trace: Table, *, group_size: int | None = None, group_size_from: str = "") -> Table:
@@ -685,16 +685,25 @@ def expected_collectives(*, backend: str, tp: int, pp: int, dp: int, zero_stage:
     maxs: Counter[str] = Counter()
     why: dict[str, list[str]] = defaultdict(list)
     if tp > 1:
-        # The planner's own model of TP/SP collectives (launch.planner.tp_calls): exact per micro-batch.
-        for c in tp_calls(backend, sp=sp, layers=L, micro_batches=m, recompute=recompute):
-            n = c.layers + c.head + c.loss + c.logits
-            mins[c.collective] += n
-            maxs[c.collective] += n
-            why[c.collective].append(f"{'SP' if sp else 'TP'}: {c.layers} in {L} layers × {m} micro-batches"
-                                     + (f" ({passes - 1} forward passes)" if passes > 2 else "")
-                                     + (f", {c.head} at the embedding and output layer" if c.head else "")
-                                     + (f", {c.loss} in the vocab-parallel loss" if c.loss else "")
-                                     + (f", {c.logits} gathering the logits" if c.logits else ""))
+        # The planner's own model of TP/SP collectives (launch.planner.tp_calls), exact per micro-batch for each
+        # pipeline stage; the range spans the stages (the embedding is on the first, output layer and loss on
+        # the last), since the observed count is a mean over ranks.
+        ends = [(True, True)] if pp == 1 else [(True, False), (False, True)] + ([(False, False)] if pp > 2 else [])
+        stages = [{c.collective: c for c in tp_calls(backend, sp=sp, layers=L, micro_batches=m, recompute=recompute,
+                                                     first_stage=f, last_stage=la)} for f, la in ends]
+        for coll in sorted(set().union(*stages)):
+            counts = [st[coll].layers + st[coll].head + st[coll].loss + st[coll].logits if coll in st else 0
+                      for st in stages]
+            mins[coll] += min(counts)
+            maxs[coll] += max(counts)
+            c = next(st[coll] for st in stages if coll in st)
+            why[coll].append(f"{'SP' if sp else 'TP'}: {c.layers} in {L} layers × {m} micro-batches"
+                             + (f" ({passes - 1} forward passes)" if passes > 2 else "")
+                             + ("; around the embedding, output layer and vocab-parallel loss "
+                                f"{min(counts) - c.layers}-{max(counts) - c.layers} by pipeline stage" if pp > 1
+                                else (f", {c.head} at the embedding and output layer" if c.head else "")
+                                + (f", {c.loss} in the vocab-parallel loss" if c.loss else "")
+                                + (f", {c.logits} gathering the logits" if c.logits else "")))
     if dp > 1:
         def buckets(total: int | None, bucket: int | None) -> int:
             return max(1, math.ceil(total / bucket)) if total and bucket else 1

@@ -25,11 +25,12 @@ NCCL_TESTS_OP = {"all_reduce": "all_reduce", "all_gather": "all_gather", "reduce
 REDUCTIONS = ("all_reduce", "reduce_scatter")
 
 BACKEND_ANNOTATION = "backend annotation"
+C10D_OP = re.compile(r"^(?:c10d::|_?c10d_functional::)")
 # The backend's own annotation spans the work itself (on gloo's worker thread it is the only layer
 # that does), then the profiler's record_param_comms, then the c10d dispatcher op.
 CPU_LAYERS = ((BACKEND_ANNOTATION, re.compile(r"^(?:nccl|gloo|mpi|ucc):")),
               ("record_param_comms", re.compile(r"^record_param_comms$")),
-              ("c10d op", re.compile(r"^(?:c10d::|_?c10d_functional::)")))
+              ("c10d op", C10D_OP))
 
 
 def bus_factor_of(collective: str, group_size: int | None) -> float | None:

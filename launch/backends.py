@@ -25,8 +25,9 @@ class TpCollectives:
 
     layer_forward: Mapping[str, int]  # per decoder layer, one forward pass (a full recompute runs it again)
     layer_backward: Mapping[str, int]  # per decoder layer, its backward
-    head: Mapping[str, int]  # activation-sized, around the embedding and the output layer
-    loss_all_reduces: int = 0  # one fp32 value per token: a vocab-parallel cross entropy
+    embedding: Mapping[str, int]  # activation-sized, at the embedding (first pipeline stage)
+    output: Mapping[str, int]  # activation-sized, at the output layer (last pipeline stage)
+    loss_all_reduces: int = 0  # one fp32 value per token: a vocab-parallel cross entropy (last stage)
     logits_all_gathers: int = 0  # the full-vocabulary logits (AutoTP's lm_head)
 
 
@@ -38,6 +39,8 @@ class BackendTraits:
     vocab_parallel: bool  # TP splits the embedding and the output layer over the vocabulary
     hf_modules: bool  # trains Hugging Face modules: unfused RMSNorm (fp32 saves), eager attention on CPU ranks
     autotp: bool  # DeepSpeed applies tensor parallelism itself (AutoTP) rather than the model's own layers
+    offload: bool  # ZeRO's CPU/NVMe offload of optimizer state and parameters
+    dtypes: tuple[str, ...]  # precision.dtype values the backend trains correctly
     tp: TpCollectives
     tp_sp: TpCollectives | None  # with sequence parallelism (None: the backend has none)
     features: frozenset[str]  # of "pp", "sp", "vpp", "selective"
@@ -79,14 +82,15 @@ def _megatron_owned(owned: dict[str, tuple[Any, str]], recipe) -> dict[str, tupl
         # gradient hooks during it (overlap_comm: ZeRO-1 would reduce each micro-batch's gradient "twice"),
         # nor into the contiguous buffer that only its own backward prologue allocates.
         micro, ga = owned["train_micro_batch_size_per_gpu"][0], owned["gradient_accumulation_steps"][0]
-        out["train_micro_batch_size_per_gpu"] = (micro * ga, "batch.micro_batch_size × gradient accumulation")
-        out["gradient_accumulation_steps"] = (1, "Megatron's schedule accumulates (zero_stage <= 1)")
-        out["zero_optimization.overlap_comm"] = (False, "Megatron's schedule accumulates (zero_stage <= 1)")
-        out["zero_optimization.contiguous_gradients"] = (False, "Megatron's schedule accumulates (zero_stage <= 1)")
+        why = "parallel.zero_stage (<= 1: the megatron backend's schedule accumulates)"
+        out["train_micro_batch_size_per_gpu"] = (micro * ga, why)
+        out["gradient_accumulation_steps"] = (1, why)
+        out["zero_optimization.overlap_comm"] = (False, why)
+        out["zero_optimization.contiguous_gradients"] = (False, why)
     if recipe.parallel.zero_stage == 0:
         # Without ZeRO, DeepSpeed's clipping counts a replicated parameter only on model-parallel rank 0,
         # which drops the norms of later pipeline stages; the backend clips over TP × PP itself.
-        out["gradient_clipping"] = (0.0, "train.grad_clip (applied by the megatron backend)")
+        out["gradient_clipping"] = (0.0, "parallel.zero_stage (0: the megatron backend clips train.grad_clip itself)")
     return out
 
 
@@ -96,8 +100,8 @@ BACKENDS: dict[str, BackendTraits] = {
         # AutoTP (DeepSpeed 0.19.8 module_inject/layers.py): the row-parallel o_proj and down_proj all-reduce
         # their output in forward; the five column-parallel q, k, v, gate, up all-reduce their input gradient in
         # backward; lm_head is column-parallel (its input gradient all-reduced) and gathers the logits.
-        vocab_parallel=False, hf_modules=True, autotp=True,
-        tp=TpCollectives({"all_reduce": 2}, {"all_reduce": 5}, {"all_reduce": 1}, logits_all_gathers=1), tp_sp=None,
+        vocab_parallel=False, hf_modules=True, autotp=True, offload=True, dtypes=("bf16", "fp16", "fp32"),
+        tp=TpCollectives({"all_reduce": 2}, {"all_reduce": 5}, {}, {"all_reduce": 1}, logits_all_gathers=1), tp_sp=None,
         features=frozenset(), pp_zero_stages=(), sp_zero_stages=(), pp_tied_embeddings=False, reshard_on_resume=True,
         requires=("deepspeed", "transformers"), compose_ds_config=_deepspeed_owned),
     "megatron": BackendTraits(
@@ -112,9 +116,15 @@ BACKENDS: dict[str, BackendTraits] = {
         # forward, row-parallel output gradient), and the column-parallel backward gathers its input again for
         # the weight gradient: per layer 2 + 4 all-gathers and 2 + 2 reduce-scatters.
         vocab_parallel=True, hf_modules=False, autotp=False,
-        tp=TpCollectives({"all_reduce": 2}, {"all_reduce": 2}, {"all_reduce": 2}, loss_all_reduces=3),
+        # Offload is untested with Megatron's layers; fp16 needs the loss scale applied inside Megatron's schedule
+        # (its grad_scale_func), which is not wired to DeepSpeed's scaler yet.
+        offload=False, dtypes=("bf16", "fp32"),
+        tp=TpCollectives({"all_reduce": 2}, {"all_reduce": 2}, {"all_reduce": 1}, {"all_reduce": 1}, loss_all_reduces=3),
+        # SP: the embedding reduce-scatters its output (all-gather in backward); the output layer gathers its
+        # input, gathers it again for the weight gradient and reduce-scatters the input gradient.
         tp_sp=TpCollectives({"all_gather": 2, "reduce_scatter": 2}, {"all_gather": 4, "reduce_scatter": 2},
-                            {"all_gather": 3, "reduce_scatter": 2}, loss_all_reduces=3),
+                            {"all_gather": 1, "reduce_scatter": 1}, {"all_gather": 2, "reduce_scatter": 1},
+                            loss_all_reduces=3),
         features=frozenset({"pp", "sp", "vpp", "selective"}),
         # DeepSpeed partitions gradients (ZeRO-2) and parameters (ZeRO-3) in hooks inside its own backward,
         # which Megatron's pipeline schedules bypass; DeepSpeed's own pipeline engine has the same limit.

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections import Counter
 from dataclasses import asdict, dataclass, field
 from typing import Any, Mapping
 
@@ -506,21 +507,27 @@ class TpCalls:
     logits: int  # full-vocabulary logits gathered
 
 
-def tp_calls(backend: str, *, sp: bool, layers: int, micro_batches: int, recompute: str) -> list[TpCalls]:
-    """The collectives tensor (and sequence) parallelism issues per step: the one model the planner times and
-    the report compares traces with (launch/backends.py holds each backend's counts per micro-batch)."""
+def tp_calls(backend: str, *, sp: bool, layers: int, micro_batches: int, recompute: str, first_stage: bool = True,
+             last_stage: bool = True) -> list[TpCalls]:
+    """The collectives tensor (and sequence) parallelism issues per step on one rank of a pipeline stage that
+    holds `layers` decoder layers (the embedding on the first stage; output layer and loss on the last): the one
+    model the planner times and the report compares traces with (launch/backends.py holds each backend's counts
+    per micro-batch)."""
     bt = traits(backend)
     tc = bt.tp_sp if sp else bt.tp
     if tc is None:
         raise ValueError(f'backend "{backend}" has no sequence parallelism')
     forwards = 2 if recompute == "full" else 1  # a full recompute runs every layer's forward collectives again
+    head = Counter(tc.embedding if first_stage else {}) + Counter(tc.output if last_stage else {})
+    loss = tc.loss_all_reduces if last_stage else 0
+    logits = tc.logits_all_gathers if last_stage else 0
     out = []
-    for coll in sorted(set(tc.layer_forward) | set(tc.layer_backward) | set(tc.head)
-                       | ({"all_reduce"} if tc.loss_all_reduces else set()) | ({"all_gather"} if tc.logits_all_gathers else set())):
+    for coll in sorted(set(tc.layer_forward) | set(tc.layer_backward) | set(head) | ({"all_reduce"} if loss else set())
+                       | ({"all_gather"} if logits else set())):
         per_layer = tc.layer_forward.get(coll, 0) * forwards + tc.layer_backward.get(coll, 0)
-        out.append(TpCalls(coll, per_layer * layers * micro_batches, tc.head.get(coll, 0) * micro_batches,
-                           (tc.loss_all_reduces if coll == "all_reduce" else 0) * micro_batches,
-                           (tc.logits_all_gathers if coll == "all_gather" else 0) * micro_batches))
+        out.append(TpCalls(coll, per_layer * layers * micro_batches, head.get(coll, 0) * micro_batches,
+                           (loss if coll == "all_reduce" else 0) * micro_batches,
+                           (logits if coll == "all_gather" else 0) * micro_batches))
     return out
 
 
@@ -549,7 +556,8 @@ def communication(layout: Layout) -> list[Comm]:
         grp = g.tp_group(0)
         sb = layout.seq_len * layout.micro_batch_size
         par = "sp" if layout.sp else "tp"
-        for c in tp_calls(layout.backend, sp=layout.sp, layers=layers, micro_batches=mbs, recompute=layout.recompute):
+        for c in tp_calls(layout.backend, sp=layout.sp, layers=layers, micro_batches=mbs, recompute=layout.recompute,
+                          first_stage=True, last_stage=g.pp == 1):  # the plan's traffic is the first stage's
             if c.layers + c.head:
                 out.append(_comm(layout, par, c.collective, grp, c.layers + c.head, act,
                                  f"{c.layers} in the decoder layers, {c.head} around the embedding and output layer"))

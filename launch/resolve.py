@@ -243,8 +243,12 @@ def resolve(loaded: LoadedRecipe, world_size: int | None = None) -> Resolved:
         if not par.nvme_path.startswith("/"):
             raise ConfigError(w("parallel.nvme_path"), "parallel.nvme_path", par.nvme_path,
                               "must be an absolute path on a local NVMe drive", "set e.g. parallel.nvme_path=\"/local_nvme\"")
+    if r.precision.dtype not in bt.dtypes:
+        raise ConfigError(w("precision.dtype"), "precision.dtype", r.precision.dtype,
+                          f'is not supported by backend "{r.backend}" (launch/backends.py says why)',
+                          f'set precision.dtype to one of {", ".join(bt.dtypes)}')
     for dotted, value in (("parallel.offload_optimizer", par.offload_optimizer), ("parallel.offload_params", par.offload_params)):
-        if value != "none" and not bt.autotp:
+        if value != "none" and not bt.offload:
             raise ConfigError(w(dotted), dotted, value, f'is not supported by backend "{r.backend}" yet (untested)',
                               f'set {dotted}="none" or backend = "deepspeed"')
     # Combinations the backend cannot make correct (launch/backends.py says why), with the nearest that it can.
@@ -359,7 +363,7 @@ def _deepspeed_config(loaded: LoadedRecipe, r: Recipe, grad_accum: int, hw: Hard
             zo[kind] = dict(dsconfig.OFFLOAD_DEFAULTS[(kind, dev)])
     if "nvme" in (par.offload_optimizer, par.offload_params):
         base.setdefault("aio", dict(dsconfig.AIO_DEFAULTS))
-    cfg = dsconfig.compose(base, base_file, owned, shipped=not r.deepspeed.config)
+    cfg = dsconfig.compose(base, base_file, owned, shipped=base_path.parent == dsconfig.DS_CONFIGS)
     return cfg, base_file
 
 

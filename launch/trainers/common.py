@@ -32,6 +32,14 @@ def rank_env() -> RankEnv:
                    int(os.environ.get("LOCAL_RANK", "0")))
 
 
+def no_jit_comm_op() -> None:
+    """Both backends start DeepSpeed's comm: its CPU accelerator would JIT-build a shared-memory all-reduce op
+    (minutes of C++ compile) the first time; gloo does the job without it, so mark the op incompatible."""
+    import deepspeed.ops
+
+    deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
+
+
 def run_rank(run_dir: str, body: Callable[..., int]) -> int:
     """What every rank program does around its work: open the run, send its output to logs/, start the stall
     watchdog, and on failure name the rank and the step (on its stderr and rank 0's terminal) before torchrun

@@ -3,7 +3,9 @@
 Megatron-Core assumes CUDA in a handful of places that a CPU rank reaches. `apply()` redirects exactly
 those, each one found by running the Megatron call without it and watching it fail
 (tests/unit/test_cpu_compat.py runs every such call in a fresh interpreter to prove that each redirect
-is still needed, and in-process to prove that it now works). With CUDA present `apply()` does nothing.
+is still needed, and in-process to prove that it now works). With CUDA present `apply()` installs only
+the one patch that is not about CUDA (`torch_norm_sp`: the local spec's norm refuses sequence parallelism
+wherever Apex and Transformer Engine are absent, GPUs included).
 
 Where a redirect can be scoped it is: a stand-in for the `torch` name of a single Megatron module
 (`_ModuleProxy`), or a replaced function under the one name that imported it, changes what that module
@@ -275,6 +277,7 @@ class Redirect:
     name: str
     install: Callable[[], None]
     installed: Callable[[], bool]
+    everywhere: bool = False  # needed with CUDA too (not a CUDA redirect)
 
 
 REDIRECTS: tuple[Redirect, ...] = (
@@ -283,19 +286,19 @@ REDIRECTS: tuple[Redirect, ...] = (
     Redirect("schedules_device", _install_schedules_device, _schedules_device_installed),
     Redirect("p2p_synchronize", _install_p2p_synchronize, _p2p_synchronize_installed),
     Redirect("causal_mask", _install_causal_mask, _causal_mask_installed),
-    Redirect("torch_norm_sp", _install_torch_norm_sp, _torch_norm_sp_installed),
+    Redirect("torch_norm_sp", _install_torch_norm_sp, _torch_norm_sp_installed, everywhere=True),
     Redirect("tied_embedding_copy", _install_tied_embedding_copy, _tied_embedding_copy_installed),
 )
 
 
 def apply() -> list[str]:
-    """Install every redirect not yet in place; return the names of those in effect ([] with CUDA).
+    """Install every redirect this machine needs and that is not yet in place; return the names of those in
+    effect (with CUDA only the `everywhere` ones).
 
     Call it before building a Megatron model or running a schedule; calling it again changes nothing.
     """
-    if torch.cuda.is_available():
-        return []
-    for redirect in REDIRECTS:
+    wanted = [r for r in REDIRECTS if r.everywhere or not torch.cuda.is_available()]
+    for redirect in wanted:
         if not redirect.installed():
             redirect.install()
-    return [r.name for r in REDIRECTS]
+    return [r.name for r in wanted]

@@ -19,16 +19,8 @@ from launch.trainers import common
 from launch.trainers.protocol import BuildContext, StepOutput
 
 
-def no_jit_comm_op() -> None:
-    # DeepSpeed's CPU accelerator JIT-builds a shared-memory all-reduce op (minutes of C++ compile)
-    # the first time comm initialises; gloo does the job without it, so mark the op incompatible.
-    import deepspeed.ops
-
-    deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
-
-
 def init_distributed(resolved: Resolved, cuda: bool) -> None:
-    no_jit_comm_op()
+    common.no_jit_comm_op()
     import deepspeed
 
     deepspeed.init_distributed(dist_backend="nccl" if cuda else "gloo",

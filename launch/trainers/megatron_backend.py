@@ -40,10 +40,9 @@ from launch.trainers.protocol import BuildContext, StepOutput
 
 def init_distributed(resolved: Resolved, cuda: bool) -> None:
     from launch.trainers.cpu_compat import apply as cpu_compat
-    from launch.trainers.deepspeed_backend import no_jit_comm_op
 
-    cpu_compat()  # a no-op where CUDA exists: Megatron-Core runs unpatched on GPUs
-    no_jit_comm_op()
+    cpu_compat()  # on GPUs only the SP-norm patch: no CUDA call is redirected there
+    common.no_jit_comm_op()
     import deepspeed
     from megatron.core import parallel_state as ps
 

@@ -38,6 +38,28 @@ def counted(trace_path) -> Counter:
     return +out
 
 
+def expected(resolved: Resolved, rank: int) -> Counter:
+    par = resolved.recipe.parallel
+    stage = resolved.grid.coords(rank)[2]
+    return Counter({c.collective: c.layers + c.head + c.loss + c.logits
+                    for c in tp_calls("megatron", sp=par.sp, layers=resolved.model.num_layers // par.pp,
+                                      micro_batches=resolved.grad_accum,
+                                      recompute=resolved.recipe.train.activation_checkpointing,
+                                      first_stage=stage == 0, last_stage=stage == par.pp - 1)})
+
+
+def test_tp_by_pp_stage_counts(runs_root):
+    """TP2 × PP2: the first stage has the embedding's collectives, the last the output layer's and the loss's."""
+    t = train(runs_root / "coll_tp2_pp2", *RUN, "parallel.sp=false", "parallel.pp=2", "hardware.gpus_per_node=4",
+              recipe="recipes/tiny_tp2_sp")
+    resolved = Resolved.load(t.root / "resolved.json")
+    for rank in range(4):
+        assert counted(t.root / "traces" / f"rank{rank}.json") == expected(resolved, rank), rank
+    # hand-counted: 2 layers per stage × 4 all-reduces, + 1 (embedding) or 1 + 3 (output layer, loss), × 2 micro-batches
+    assert expected(resolved, 0) == Counter({"all_reduce": (2 * 4 + 1) * 2})
+    assert expected(resolved, 2) == Counter({"all_reduce": (2 * 4 + 1 + 3) * 2})
+
+
 @pytest.mark.parametrize("sp, recompute", [(False, "none"), (True, "none"), (False, "full")],
                          ids=["tp2", "tp2_sp", "tp2_full_recompute"])
 def test_collectives_per_layer_match_the_layout(runs_root, sp, recompute):
@@ -45,10 +67,9 @@ def test_collectives_per_layer_match_the_layout(runs_root, sp, recompute):
               f"train.activation_checkpointing={recompute}", recipe="recipes/tiny_tp2_sp")
     resolved = Resolved.load(t.root / "resolved.json")
     layers, micro = resolved.model.num_layers, resolved.grad_accum
-    expected = Counter({c.collective: c.layers + c.head + c.loss + c.logits
-                        for c in tp_calls("megatron", sp=sp, layers=layers, micro_batches=micro, recompute=recompute)})
+    want = expected(resolved, 0)
     for rank in (0, 1):
-        assert counted(t.root / "traces" / f"rank{rank}.json") == expected, (rank, expected)
+        assert counted(t.root / "traces" / f"rank{rank}.json") == want == expected(resolved, rank), rank
     # Per layer, in the words of the issue: 2 + 2 all-reduces (TP), the forward ones again under full recompute;
     # under SP 2 + 4 all-gathers and 2 + 2 reduce-scatters.
     per_layer = {c.collective: c.layers / layers / micro
@@ -60,7 +81,7 @@ def test_collectives_per_layer_match_the_layout(runs_root, sp, recompute):
     # The report puts the same expectation beside the trace and finds nothing unexplained.
     rep = build_report([("run", t.root)])
     vs = {r["collective"]: r for r in rep.runs[0].vs_layout.rows()}
-    for coll, n in expected.items():
+    for coll, n in want.items():
         assert vs[coll]["expected_min_per_step"] == n
         assert vs[coll]["expected_min_per_step"] <= vs[coll]["observed_per_step"] <= vs[coll]["expected_max_per_step"]
         assert vs[coll]["excess_per_layer"] == 0

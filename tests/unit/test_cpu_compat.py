@@ -229,11 +229,11 @@ def test_apply_is_idempotent(redirected):
     assert not getattr(WrappedTorchNorm.__new__.__wrapped__, "_layoutlab_cpu_compat", False)
 
 
-def test_apply_does_nothing_with_cuda(redirected, monkeypatch):
+def test_apply_with_cuda_installs_only_the_sp_norm(redirected, monkeypatch):
     from launch.trainers import cpu_compat
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    assert cpu_compat.apply() == []
+    assert cpu_compat.apply() == ["torch_norm_sp"]  # the norm refuses SP on GPUs too, without Apex/TE
 
 
 def test_current_device_rotary_embedding(redirected):

@@ -181,3 +181,22 @@ def test_host_memory_is_fit_checked():
         "parallel.offload_params=cpu", "batch.seq_len=512"]))
     assert all(r.fits for r in plan.ranks) and not plan.host_fits and not plan.fits
     assert plan.host_bytes_per_node > 2 * 50 * 2**30  # two ranks' fp32 optimizer state + params of 7B
+
+
+def test_tp_calls_by_pipeline_stage():
+    """Megatron, 2 layers on the stage, 2 micro-batches; hand-counted from launch/backends.py's per-layer calls."""
+    from launch.planner import tp_calls
+
+    def calls(sp, first, last):
+        return {c.collective: c.layers + c.head + c.loss + c.logits
+                for c in tp_calls("megatron", sp=sp, layers=2, micro_batches=2, recompute="none",
+                                  first_stage=first, last_stage=last)}
+
+    # TP: 4 per layer; the embedding's all-reduce on the first stage; on the last the output layer's + 3 (loss)
+    assert calls(False, True, False) == {"all_reduce": (4 * 2 + 1) * 2}
+    assert calls(False, False, True) == {"all_reduce": (4 * 2 + 1 + 3) * 2}
+    assert calls(False, False, False) == {"all_reduce": 4 * 2 * 2}
+    # SP: 6 gathers and 4 reduce-scatters per layer; embedding 1 + 1, output layer 2 + 1, loss 3 all-reduces
+    assert calls(True, True, False) == {"all_gather": (6 * 2 + 1) * 2, "reduce_scatter": (4 * 2 + 1) * 2}
+    assert calls(True, False, True) == {"all_gather": (6 * 2 + 2) * 2, "reduce_scatter": (4 * 2 + 1) * 2,
+                                        "all_reduce": 3 * 2}
