@@ -65,9 +65,6 @@ def check_resume_compatible(ckpt: Checkpoint, resolved: Resolved) -> bool:
         raise ResumeError(f"{ckpt.dir}: checkpoint was saved with {diff}; the {resolved.recipe.backend} backend "
                           f"resumes only onto the layout it was saved with; set those fields back, or "
                           "run.resume=never to start fresh")
-    if changed and old["pp"] != new["pp"]:
-        raise ResumeError(f"{ckpt.dir}: checkpoint was saved with parallel.pp={old['pp']}; this run has "
-                          f"pp={new['pp']}; set parallel.pp={old['pp']}, or run.resume=never")
     if changed and z_old == 0:
         raise ResumeError(f"{ckpt.dir}: a ZeRO-0 checkpoint (tp={info['tp']}, dp={info['dp']}) cannot be resharded to "
                           f"tp={par.tp}, dp={par.dp} (DeepSpeed's universal format needs ZeRO >= 1); keep the layout "

@@ -2,7 +2,7 @@
 
 runs/<recipe>/<UTC yyyymmdd-hhmmss>/
   resolved.json  plan.json  env.json  launch_cmd.txt
-  metrics/rank{R}.jsonl   logs/rank{R}.out|err, state_bytes_rank{R}.json   traces/   nccl/   commbench/   tensorboard/   checkpoints/
+  metrics/rank{R}.jsonl   logs/rank{R}.out|err, state_bytes_rank{R}.json, layout_rank{R}.json   traces/   nccl/   commbench/   tensorboard/   checkpoints/
   commbench/<op>.txt|json   commbench/nccl-tests/<op>.txt   (run.mode = "commbench")
 """
 from __future__ import annotations
@@ -56,6 +56,10 @@ class RunDir:
 
     def stderr(self, rank: int) -> Path:
         return self.logs / f"rank{rank}.err"
+
+    def layout(self, rank: int) -> Path:
+        """What a rank's backend built: process groups, model chunks and their layers, seeds (JSON)."""
+        return self.logs / f"layout_rank{rank}.json"
 
     def state_bytes(self, rank: int) -> Path:
         """Model-state bytes the rank held after its first optimizer step (weights, grads, optimizer)."""

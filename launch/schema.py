@@ -15,7 +15,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, Mapping, Sequence, Union, get_args, get_origin
 
+from launch.backends import BACKENDS
 from launch.errors import ConfigError
+
+BACKEND_NAMES = tuple(BACKENDS)
 
 OFFLOAD = Literal["none", "cpu", "nvme"]
 
@@ -129,7 +132,7 @@ class CommbenchSection:
 
 @dataclass(frozen=True)
 class Recipe:
-    backend: Literal["deepspeed", "megatron"]
+    backend: Literal[BACKEND_NAMES]  # the registry's names (launch/backends.py)
     batch: BatchSection
     model: ModelSection = ModelSection()
     parallel: ParallelSection = ParallelSection()

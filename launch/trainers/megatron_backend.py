@@ -150,20 +150,15 @@ class MegatronTrainer:
                                             activation_checkpointing=r.train.activation_checkpointing,
                                             dtype=r.precision.dtype)
         self.chunks = mm.build_chunks(resolved.model, self.config, seed=r.train.seed)
-        from megatron.core.tensor_parallel import get_cuda_rng_tracker
-
-        # Megatron's own record of its seeds: the data-parallel one the same on every TP rank of a stage, the
-        # tensor-model-parallel one different on each (dropout and init inside TP regions must differ).
-        print(f"rank {ctx.env.rank} seeds: default {torch.initial_seed()}, rng tracker "
-              f"{sorted(get_cuda_rng_tracker().seeds_)}", flush=True)
         mm.load_hf_state(self.chunks, _initial_hf_state(resolved), resolved.model)
         if ctx.cuda:
             for c in self.chunks:
                 c.cuda(ctx.device)
         self.layer_calls = _count_layer_calls(self.chunks, resolved.model.num_layers)
-        for v, chunk in enumerate(self.chunks):  # the same words as the dry-run's pipeline lines
-            numbers = [layer.layer_number - 1 for layer in chunk.decoder.layers]
-            print(f"rank {ctx.env.rank} pp stage {self.pp_rank}: chunk {v} layers {numbers[0]}-{numbers[-1]}", flush=True)
+        built = _layout_record(ctx.env.rank, self.chunks)
+        ctx.run.write_text_atomic(ctx.run.layout(ctx.env.rank), json.dumps(built, indent=1) + "\n")
+        for v, layers in enumerate(built["chunk_layers"]):  # for people; the record above is for programs
+            print(f"rank {ctx.env.rank} pp stage {self.pp_rank}: chunk {v} layers {layers[0]}-{layers[-1]}", flush=True)
         # 4. data parallelism
         self.module = _Chunks(self.chunks)
         ds_config = json.loads(json.dumps(resolved.ds_config))
@@ -338,6 +333,24 @@ class _Chunks(torch.nn.ModuleList):
     def forward(self, *args, **kwargs):
         (chunk,) = self
         return chunk(*args, **kwargs)
+
+
+def _layout_record(rank: int, chunks) -> dict:
+    """What this rank built, from Megatron's own state: its process groups, each chunk's global layer numbers,
+    and its seeds (the default generator's, and the TP RNG tracker's record: data-parallel, expert and the
+    tensor-model-parallel stream that must differ across TP ranks)."""
+    import torch.distributed as dist
+    from megatron.core import parallel_state as ps
+    from megatron.core.tensor_parallel import get_cuda_rng_tracker
+
+    return {
+        "rank": rank,
+        "groups": {"tp": dist.get_process_group_ranks(ps.get_tensor_model_parallel_group()),
+                   "dp": dist.get_process_group_ranks(ps.get_data_parallel_group()),
+                   "pp": dist.get_process_group_ranks(ps.get_pipeline_model_parallel_group())},
+        "chunk_layers": [[layer.layer_number - 1 for layer in c.decoder.layers] for c in chunks],
+        "seeds": {"default": torch.initial_seed(), "rng_tracker": sorted(get_cuda_rng_tracker().seeds_)},
+    }
 
 
 def _initial_hf_state(resolved: Resolved) -> dict:
