@@ -68,11 +68,13 @@ def hf_reference_state(spec: ModelSpec, seed: int) -> dict[str, Tensor]:
 
     Keyed as `spec.parameters()` names them: a tied lm_head.weight is the embedding tensor itself, so, as
     in the safetensors files save_pretrained writes, it appears once, as model.embed_tokens.weight.
+    The default generator is restored afterwards: the seeding Megatron did per pipeline stage stays in effect.
     """
     from transformers import AutoModelForCausalLM
 
-    torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(hf_config(spec), dtype=torch.float32)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = AutoModelForCausalLM.from_config(hf_config(spec), dtype=torch.float32)
     state = model.state_dict()
     return {p.name: state[p.name] for p in spec.parameters()}
 
