@@ -218,7 +218,8 @@ class MegatronTrainer:
 
     # ------------------------------------------------------------------ steps
 
-    def _inputs(self, rows):
+    @staticmethod
+    def _inputs(rows):
         """Megatron's inputs for HF-style rows: predict token i+1 from tokens <= i, the last position masked
         (so the loss is the Hugging Face model's and the sequence keeps its length for SP)."""
 

@@ -20,8 +20,9 @@ at TP2 / TP2+SP / PP2, in tests/dist/test_megatron_sharding.py):
   vocab must divide by TP, which `transformer_config` checks;
 - tied embeddings: at PP1 output_layer has no weight of its own; at PP>1 the last stage keeps a copy
   as output_layer.weight, which GPTModel's constructor zeroes and all-reduces over the embedding group
-  (first + last stage) so both start equal, and which `load_hf_state` fills from the embedding. In
-  training, finalize_model_grads all-reduces the two copies' grads over the same group.
+  (first + last stage) so both start equal, and which `load_hf_state` fills from the embedding. Training
+  would have to all-reduce the two copies' grads over the same group (Megatron's finalize_model_grads does,
+  for Megatron DDP); the megatron backend does not, so the resolver refuses tied embeddings under PP.
 
 Calling the forward on CPU (after `cpu_compat.apply()`, which `build_chunks` calls):
     loss = chunk(input_ids, position_ids, attention_mask=None, labels=labels)
