@@ -8,7 +8,8 @@ Accountings of model-state memory (all three are computed; the fit check uses th
                     a partition of 16-bit and fp32 grads, fp32 master, m and v (2 + 18/N B); ZeRO-1 keeps the
                     16-bit grads whole; ZeRO-3 keeps 18/N B plus the largest layer gathered (4 B × its
                     params); ZeRO-0 keeps fp32 master and fp32 grads beside the 16-bit copies (20 B).
-  * "megatron"    — Megatron-Core 0.16.1: bf16 weights 2 B, fp32 main grads 4 B (bf16 training accumulates
+  * "megatron"    — for reference (both backends train through DeepSpeed's ZeRO, so their fit check uses
+                    "deepspeed"): Megatron-Core 0.16.1: bf16 weights 2 B, fp32 main grads 4 B (bf16 training accumulates
                     gradients in fp32), optimizer 12 B; with the distributed optimizer (zero_stage >= 1) the
                     12 B are split over the data-parallel group (6 + 12/d, as its docs state).
 
@@ -666,7 +667,8 @@ def make_plan(layout: Layout, recipe_name: str = "") -> Plan:
     comm = communication(layout)
     notes = [
         "zero_paper: Rajbhandari et al. 2020 (2 + 2 + 12 B/param, 16-bit); deepspeed: DeepSpeed 0.19.8's "
-        "implementation and estimators; megatron: Megatron-Core 0.16.1 (fp32 main grads, distributed optimizer)",
+        "implementation and estimators; megatron: Megatron-Core 0.16.1's distributed optimizer (fp32 main grads), for "
+        "reference: both backends train through DeepSpeed's ZeRO",
         f"activations: Llama-family layer ({layout.model.architecture}), fused attention (no s×s scores kept), "
         f"recompute={layout.recompute}, sp={layout.sp}",
         f"allowance: {allowance_fixed / GiB:.1f} GiB runtime + {FRAGMENTATION:.0%} fragmentation",
