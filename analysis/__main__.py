@@ -115,6 +115,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             if Path(o).suffix.lower() not in (".html", ".htm", ".md", ".markdown"):
                 raise UsageError(f"-o {o}: the suffix decides the format; use .html or .md")
         kw = _options(options)
+        replacing = _check_outputs(outputs, [p for _, p in inputs] + ([options["ceiling"]] if "ceiling" in options
+                                                                        else []))
     except UsageError as exc:
         print(f"error: {exc}", file=sys.stderr)
         if exc.show_usage:
@@ -132,6 +134,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if not rep.findings:
             print("no findings")
         return 0
+    for path in replacing:
+        print(f"replacing the earlier report {path}")
     for path in write_report(rep, outputs):
         print(f"wrote {path}")
     warned = sum(len(r.run.warnings) for r in rep.runs)
@@ -141,6 +145,56 @@ def main(argv: Sequence[str] | None = None) -> int:
     if unused:
         print(f"{unused} note(s) on logs not used for steps, memory or layout: see the report's Runs section")
     return 0
+
+
+REPORT_MARKERS = ("# layoutlab report", "<title>layoutlab report</title>")  # what render_markdown / render_html begin with
+
+
+def _check_outputs(outputs: Sequence[str], inputs: Sequence[str]) -> list[Path]:
+    """Refuse, before anything is read, every output that would overwrite what the user has: an input file, a
+    file inside an input folder, a folder, a file that is not an earlier report of ours, a Markdown report's
+    figure folder holding anything but our figures; and an output whose folder cannot be made. Returns the
+    earlier reports that will be replaced (said in one line each)."""
+    read = [Path(p).resolve() for p in inputs]
+    seen: set[Path] = set()
+    replacing: list[Path] = []
+    for o in outputs:
+        out = Path(o).resolve()
+        targets = [out] + ([out.with_name(out.stem + "_plots")] if out.suffix.lower() in (".md", ".markdown") else [])
+        for target in targets:
+            for src in read:
+                if target == src or src in target.parents:
+                    what = "is" if target == src else "is inside"
+                    raise UsageError(f"-o {o}: {target} {what} an input the report reads ({src}); write the report "
+                                     "elsewhere", show_usage=False)
+        if out in seen:
+            raise UsageError(f"-o {o}: given twice", show_usage=False)
+        seen.add(out)
+        if out.is_dir():
+            raise UsageError(f"-o {o}: is a folder; name a file such as {Path(o) / 'report.html'}", show_usage=False)
+        if out.exists():
+            if not _is_our_report(out):
+                raise UsageError(f"-o {o}: exists and is not a layoutlab report; it is never overwritten: choose "
+                                 "another name or move it", show_usage=False)
+            replacing.append(out)
+        plots = targets[1] if len(targets) > 1 else None
+        if plots is not None and plots.exists() and (not plots.is_dir() or any(
+                not (f.is_file() and f.name.startswith("figure") and f.suffix == ".png") for f in plots.iterdir())):
+            raise UsageError(f"-o {o}: {plots} holds files that are not this report's figures; they are never "
+                             "overwritten: choose another name or move them", show_usage=False)
+        parent = next(p for p in out.parents if p.exists())
+        if not parent.is_dir() or not os.access(parent, os.W_OK):
+            raise UsageError(f"-o {o}: cannot create it under {parent} (not a writable folder)", show_usage=False)
+    return replacing
+
+
+def _is_our_report(path: Path) -> bool:
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(4096).decode("utf-8", "replace")
+    except OSError:
+        return False
+    return any(m in head for m in REPORT_MARKERS)
 
 
 def _require_paths(paths: Iterable[str]) -> None:

@@ -1,0 +1,66 @@
+"""`-o` never overwrites what a user has, and says so before anything is read (one line, exit 2)."""
+import shutil
+
+import pytest
+
+from analysis.__main__ import main
+from tests.conftest import REPO
+
+LOG = REPO / "tests/fixtures/logs/c_megatron_lm_2024_max_and_all_ranks_timers.txt"
+
+
+@pytest.fixture
+def inputs(tmp_path):
+    folder = tmp_path / "run"
+    folder.mkdir()
+    shutil.copy(LOG, folder / "train.log")
+    return folder
+
+
+def refused(capsys, *argv) -> str:
+    assert main(["report", *map(str, argv)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1, err
+    return err[0]
+
+
+def test_output_over_an_input_file_or_into_an_input_folder(inputs, capsys):
+    log = inputs / "train.md"  # an input may have any name: files are recognised by content
+    shutil.copy(LOG, log)
+    before = log.read_bytes()
+    assert "is an input the report reads" in refused(capsys, log, "-o", log)
+    assert log.read_bytes() == before
+    assert "is inside an input the report reads" in refused(capsys, inputs, "-o", inputs / "report.html")
+    assert not (inputs / "report.html").exists()
+    # a Markdown report's figure folder (<name>_plots) may not replace an input folder either
+    plots_input = inputs.parent / "r_plots"
+    plots_input.mkdir()
+    (plots_input / "figure1.png").write_bytes(b"\x89PNG")
+    assert "is an input the report reads" in refused(capsys, plots_input, "-o", inputs.parent / "r.md")
+    assert "given twice" in refused(capsys, inputs, "-o", inputs.parent / "x.md", "-o", inputs.parent / "x.md")
+
+
+def test_output_over_a_users_file_folder_or_figures(inputs, tmp_path, capsys):
+    notes = tmp_path / "notes.md"
+    notes.write_text("my notes\n")
+    assert "is not a layoutlab report" in refused(capsys, inputs, "-o", notes)
+    assert notes.read_text() == "my notes\n"
+    (tmp_path / "dir.html").mkdir()
+    assert "is a folder" in refused(capsys, inputs, "-o", tmp_path / "dir.html")
+    plots = tmp_path / "r_plots"
+    plots.mkdir()
+    (plots / "keep.txt").write_text("mine")
+    assert "not this report's figures" in refused(capsys, inputs, "-o", tmp_path / "r.md")
+    assert (plots / "keep.txt").read_text() == "mine"
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    assert "cannot create it" in refused(capsys, inputs, "-o", blocker / "sub" / "r.html")
+
+
+def test_an_earlier_report_is_replaced_and_said(inputs, tmp_path, capsys):
+    out = tmp_path / "r.md"
+    assert main(["report", str(inputs), "-o", str(out)]) == 0
+    first = capsys.readouterr().out
+    assert "replacing" not in first and out.read_text().startswith("# layoutlab report")
+    assert main(["report", str(inputs), "-o", str(out)]) == 0
+    assert f"replacing the earlier report {out}" in capsys.readouterr().out
