@@ -148,7 +148,8 @@ def cmd_run(args: Sequence[str]) -> int:
                           'install the project as README says (pip install -e ".[test]")')
     if not bench and not plan.host_fits and not resolved.recipe.plan.ignore_fit:
         raise ConfigError(resolved.recipe_path, "plan", f"{_gib(plan.host_bytes_per_node)} GiB host",
-                          f"of offloaded state per node exceeds the usable {_gib(plan.host_usable_bytes)} GiB host memory",
+                          f"of host memory per node (each rank's model built on the host, offloaded state) exceeds the usable "
+                          f"{_gib(plan.host_usable_bytes)} GiB",
                           "offload less (parallel.offload_params/offload_optimizer), use more nodes, or set plan.ignore_fit=true")
     if not bench and not plan.fits and not resolved.recipe.plan.ignore_fit:
         worst = plan.worst()

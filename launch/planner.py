@@ -38,6 +38,9 @@ ACCOUNTINGS = ("zero_paper", "deepspeed", "megatron")
 RUNTIME_ALLOWANCE_GPU = 1 * GiB
 RUNTIME_ALLOWANCE_CPU = GiB // 2
 FRAGMENTATION = 0.05
+# DeepSpeed's estimators multiply every host figure by additional_buffer_factor=1.5 (pinned staging buffers and
+# allocator slack); the host check uses the same factor so that it equals their CPU column.
+HOST_BUFFER_FACTOR = 1.5
 PCIE_GBps = 25.0  # host<->device copies for offloaded optimizer state (PCIe 4 x16, effective)
 HOST_ADAM_GBps = 20.0  # CPU Adam streams ~16 B/param in and out; effective host memory bandwidth
 
@@ -318,9 +321,11 @@ def model_states(layout: Layout, params: int, accounting: str) -> tuple[int, int
             g = 4 * params // d + e * big
             o = (12 if mixed else 8) * params // d
         if off_opt:
-            # The optimizer step, its fp32 state and the fp32 gradient partition move to the host.
+            # The optimizer step, its fp32 state and the fp32 gradient partition move to the host. ZeRO-1/2 then
+            # copy gradients from the reduce bucket straight into that fp32 partition, keeping no 16-bit one
+            # (the estimators: 2 B/param on the device, 16 on the host); ZeRO-3 keeps the largest layer's.
             moved_g = g - (2 * largest_layer_params(layout) if z == 3 else 0)
-            host += o + moved_g
+            host += o + (4 * params // d if z < 3 else moved_g)
             o, g = 0, g - moved_g
         if off_par and z == 3:
             host += e * params // d
@@ -678,15 +683,30 @@ def make_plan(layout: Layout, recipe_name: str = "") -> Plan:
     if traits(layout.backend).autotp and g.tp > 1:
         notes.append("DeepSpeed AutoTP shards the decoder Linear layers and lm_head (gathering full logits); "
                      "the embedding stays replicated")
-    per_node: dict[int, int] = {}
-    for rp in ranks:
-        for rank in rp.ranks:
-            per_node[g.node(rank)] = per_node.get(g.node(rank), 0) + rp.memory[rp.implementation].host_bytes
-    host = max(per_node.values(), default=0)
-    notes.append(f"host check: offloaded state {host / GiB:.1f} GiB per node against {hw.host_memory_bytes / GiB:.0f} GiB "
-                 f"× (1 - headroom); model construction may need more transiently")
+    host = host_bytes_per_node(layout, ranks)
+    notes.append(f"host check: {host / GiB:.1f} GiB per node = {HOST_BUFFER_FACTOR} × the larger of each local rank's fp32 "
+                 f"model built on the host and the node's offloaded state (DeepSpeed's estimators, zero_init off), "
+                 f"against {hw.host_memory_bytes / GiB:.0f} GiB × (1 - headroom)")
     return Plan(recipe_name, layout.backend, hw.name, g.to_dict(), tuple(ranks), tuple(comm),
                 step_time(layout, comm), tuple(notes), host, int(hw.host_memory_bytes * (1 - layout.headroom)))
+
+
+def host_bytes_per_node(layout: Layout, ranks: list[RankPlan]) -> int:
+    """Host memory of the busiest node, as DeepSpeed's estimate_zero2/zero3_model_states_mem_needs count it without
+    zero.Init (neither backend builds the model under it): every local process first builds its fp32 parameters
+    on the host (4 B each), and offloaded optimizer state (and ZeRO-3 parameters) lives there afterwards; the node
+    needs the larger of the two, times the estimators' buffer factor. With one node and tp = pp = 1 this is their
+    CPU column exactly; across nodes their ZeRO-2 offload figure counts every GPU's model copy as if on one node
+    (max(4 · total GPUs, 16) B/param), which this does not."""
+    g = layout.grid
+    load: dict[int, int] = {}
+    offloaded: dict[int, int] = {}
+    for rp in ranks:
+        for rank in rp.ranks:
+            node = g.node(rank)
+            load[node] = load.get(node, 0) + 4 * rp.params
+            offloaded[node] = offloaded.get(node, 0) + rp.memory[rp.implementation].host_bytes
+    return max((int(HOST_BUFFER_FACTOR * max(load[n], offloaded[n])) for n in load), default=0)
 
 
 def _merge_identical(ranks: list[RankPlan]) -> list[RankPlan]:
