@@ -8,7 +8,8 @@ checks every result element against the expected value of a deterministic input.
 reads it back) and `commbench/<op>.json` with the same numbers unrounded (`read_result`).
 
 What the numbers mean, as in nccl-tests: time = mean over the participating ranks of the average
-time of `iters` back-to-back calls after `warmup_iters`; algbw = size / time; busbw = algbw ×
+time of `iters` back-to-back calls after `warmup_iters` (with `interleave_us`: each call after that much matmul
+work, whose time alone is subtracted: a call as a training step meets it); algbw = size / time; busbw = algbw ×
 bus_factor(op, n) for a group of n ranks; #wrong = elements that differ from the expected result,
 summed over the participating ranks. With `group = "tp" | "dp" | "pp"` every such group runs at
 once (as in training) and the text describes the group holding rank 0.
@@ -255,12 +256,21 @@ def _measure(coll: Collective, placement: str, send, recv, scratch, s: Shape, va
     for _ in range(cb.warmup_iters):
         call()
     sync()
+    work = _interleave_work(coll, cb.interleave_us, recv.device, sync)
     dist.barrier(group=coll.group)  # start the timed calls together
     t0 = time.perf_counter()
     for _ in range(cb.iters):
+        work()
         call()
     sync()
     seconds = (time.perf_counter() - t0) / cb.iters
+    if cb.interleave_us:
+        dist.barrier(group=coll.group)
+        t0 = time.perf_counter()
+        for _ in range(cb.iters):
+            work()
+        sync()
+        seconds = max(0.0, seconds - (time.perf_counter() - t0) / cb.iters)
     # Repeated in-place calls compound the data (an in-place all_reduce sums its own output), so the
     # check is one fresh call on freshly written input.
     coll.load_input(placement, send, recv, s, lo, span, poison)
@@ -268,6 +278,28 @@ def _measure(coll: Collective, placement: str, send, recv, scratch, s: Shape, va
     sync()
     return seconds, count_wrong(coll.result(placement, recv, s), expected_output(coll.op, coll.r, coll.n, s, lo, span,
                                                                                  recv.device))
+
+
+def _interleave_work(coll: Collective, interleave_us: float, device, sync: Callable[[], None]) -> Callable[[], None]:
+    """A fixed amount of matmul work taking about `interleave_us` on the slowest rank of the group (the same count
+    everywhere, so ranks drift apart as they do in a step), or nothing."""
+    if not interleave_us:
+        return lambda: None
+    a = torch.randn(96, 96, device=device)
+    a @ a
+    sync()
+    t0 = time.perf_counter()
+    for _ in range(20):
+        a @ a
+    sync()
+    per = torch.tensor([(time.perf_counter() - t0) / 20], dtype=torch.float64, device=device)
+    dist.all_reduce(per, op=dist.ReduceOp.MAX, group=coll.group)
+    count = max(1, round(interleave_us * 1e-6 / float(per)))
+
+    def work() -> None:
+        for _ in range(count):
+            a @ a
+    return work
 
 
 def _result(op: str, rows: list[dict], cb, resolved: Resolved, groups, infos, cuda: bool) -> dict:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import difflib
 import json
+import math
 import statistics
 from dataclasses import dataclass
 from pathlib import Path
@@ -157,6 +158,9 @@ def check(where: Callable[[str], str], cb: CommbenchSection, max_bytes_set: int,
                                ("commbench.iters", cb.iters, 1)]:
         if value < low:
             raise ConfigError(where(dotted), dotted, value, f"must be at least {low}", f"set {dotted}={low} or more")
+    if not (math.isfinite(cb.interleave_us) and 0 <= cb.interleave_us <= 1e6):
+        raise ConfigError(where("commbench.interleave_us"), "commbench.interleave_us", cb.interleave_us,
+                          "must be between 0 and 1e6 µs", "set commbench.interleave_us=0 (back-to-back calls) or e.g. 500")
     if not cb.ops:
         raise ConfigError(where("commbench.ops"), "commbench.ops", [], "is empty, so there is nothing to measure",
                           f"list some of {', '.join(OPS)}")
@@ -245,7 +249,7 @@ def result_document(op: str, rows: list[dict], cb: CommbenchSection, *, hardware
         "bus_factor": bus_factor(NCCL_TESTS_OP[op], n),
         "bus_factor_formula": BUS_FACTORS[NCCL_TESTS_OP[op]][0],
         "min_bytes": cb.min_bytes, "max_bytes": cb.max_bytes, "step_factor": cb.step_factor,
-        "warmup_iters": cb.warmup_iters, "iters": cb.iters,
+        "warmup_iters": cb.warmup_iters, "iters": cb.iters, "interleave_us": cb.interleave_us,
         "devices": devices,
         "rows": rows,
         "avg_busbw_GBps": statistics.fmean(r["busbw_GBps"] for r in rows),

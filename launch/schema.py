@@ -128,6 +128,10 @@ class CommbenchSection:
     group: Literal["world", "tp", "dp", "pp", "inter_node"] = "world"  # tp/dp/pp: every such group at once
     ranks: tuple[int, ...] = ()  # an explicit group instead of `group`; the other ranks wait
     nccl_tests: bool = True  # also run NVIDIA nccl-tests (*_perf on PATH) before the sweep, on GPUs
+    # Busy compute (µs of matmul work, the same amount on every rank) before each timed call, subtracted again: a
+    # training step's calls wait for ranks that arrive apart, and gloo wakes its threads per call. 0: back-to-back
+    # calls as nccl-tests times them. `python -m launch calibrate` sets it.
+    interleave_us: float = 0.0
 
 
 @dataclass(frozen=True)
