@@ -290,7 +290,7 @@ def _prediction(run: Run, res: RunResult) -> list[dict[str, Any]]:
                 measured[group(r["collective"])] += r["time_per_step_ms"]
                 sources[group(r["collective"])].add(r["source"])
         for q in sorted(planned):
-            add(f"{q} time per step (bandwidth terms only)", planned[q] * 1e3, measured.get(q), "ms",
+            add(f"{q} time per step", planned[q] * 1e3, measured.get(q), "ms",
                 ", ".join(sorted(sources[q])) or res.bandwidth.source, "" if q in measured else "not observed")
     return rows
 

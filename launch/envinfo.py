@@ -41,14 +41,31 @@ def _devices() -> list[str]:
     return [f"CPU: {model or platform.processor()} × {os.cpu_count()} cores"]
 
 
-def capture(repo: Path | None = None) -> dict:
-    repo = repo or Path(__file__).resolve().parent.parent
+def machine_kind() -> str:
+    """What kind of machine this is, for telling whether a calibration was measured on one like it: the device
+    names with their counts (no indices, serial numbers or host names), e.g. "8 × NVIDIA H100 80GB HBM3" or
+    "CPU: AMD EPYC 7B13 × 2 cores"."""
+    import re
+
+    names = [re.sub(r"^GPU \d+: | \(UUID: [^)]*\)$", "", d) for d in _devices()]
+    if names and not names[0].startswith("CPU:"):
+        return ", ".join(f"{names.count(n)} × {n}" for n in dict.fromkeys(names))
+    return names[0] if names else platform.processor()
+
+
+def package_versions() -> dict[str, str | None]:
     versions = {}
     for p in PACKAGES:
         try:
             versions[p] = metadata.version(p)
         except metadata.PackageNotFoundError:
             versions[p] = None
+    return versions
+
+
+def capture(repo: Path | None = None) -> dict:
+    repo = repo or Path(__file__).resolve().parent.parent
+    versions = package_versions()
     return {
         "git_commit": _git(["rev-parse", "HEAD"], repo) or None,
         "git_dirty": bool(_git(["status", "--porcelain", "--untracked-files=no"], repo)),

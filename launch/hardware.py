@@ -1,4 +1,6 @@
-"""Hardware profiles shipped in launch/catalogue/hardware: peak FLOP/s, device memory, link speeds."""
+"""Hardware profiles: the nominal ones shipped in launch/catalogue/hardware (peak FLOP/s, device memory, link
+speeds from data sheets), or a calibration file `python -m launch calibrate` wrote (`hardware.profile=PATH`):
+the nominal profile it was measured against, with the measured figures attached."""
 from __future__ import annotations
 
 import json
@@ -26,6 +28,15 @@ class HardwareProfile:
     achievable_mfu: float  # the fraction of peak the step-time prediction assumes
     host_memory_bytes: int
     sources: str
+    # Per collective call: a small message's time in nccl-tests (gloo: commbench). 0 in files written before
+    # they existed (resolved.json of older runs); every shipped profile sets them.
+    intra_node_latency_us: float = 0.0
+    inter_node_latency_us: float = 0.0
+    calibration: Mapping | None = None  # launch/calibration.py's document; None: a nominal profile
+
+    @property
+    def nominal(self) -> bool:
+        return self.calibration is None
 
     def peak_flops(self, dtype: str) -> float:
         return self.peak_tflops.get(dtype, self.peak_tflops.get("fp32", 0.0)) * 1e12
@@ -36,6 +47,8 @@ class HardwareProfile:
     def to_dict(self) -> dict:
         d = dict(self.__dict__)
         d["peak_tflops"] = dict(self.peak_tflops)
+        if d["calibration"] is None:
+            del d["calibration"]
         return d
 
     @classmethod
@@ -47,7 +60,22 @@ def profile_names() -> list[str]:
     return sorted(p.stem for p in _DIR.glob("*.json"))
 
 
-def load_profile(name: str, *, context: str = "", field: str = "hardware.profile") -> HardwareProfile:
+def is_profile_path(value: str) -> bool:
+    """A calibration file rather than a shipped profile's name."""
+    return value.endswith(".json") or "/" in value
+
+
+def load_profile(name: str, *, context: str = "", field: str = "hardware.profile",
+                 path: Path | None = None) -> HardwareProfile:
+    """A shipped profile by name, or (with `path`) a calibration file on top of the profile it names."""
+    if path is not None:
+        from launch.calibration import read_calibration
+
+        calib = read_calibration(path, context=context or "command line", field_name=field)
+        base = load_profile(calib.base_profile, context=str(path), field="base_profile")
+        return HardwareProfile(**{**base.__dict__, "calibration": {**calib.to_dict(), "source_path": str(path.resolve())},
+                                  "sources": f"calibrated {calib.created} on {calib.machine_kind} ({path}); "
+                                             f"memory and links from the nominal {base.name} profile: {base.sources}"})
     path = _DIR / f"{name}.json"
     if not path.is_file():
         raise ConfigError(context or "command line", field, name, "is not a shipped hardware profile",

@@ -42,7 +42,7 @@ def build(resolved, run_dir: str, *, environ: Mapping[str, str] | None = None) -
         env["TORCH_NCCL_ASYNC_ERROR_HANDLING"] = "1"
     master_addr = environ.get("MASTER_ADDR", "127.0.0.1")  # multi-node: preflight requires it
     # A fixed port would make two jobs on one host meet in the same rendezvous store.
-    master_port = environ.get("MASTER_PORT") or str(_free_port())
+    master_port = environ.get("MASTER_PORT") or str(free_port())
     py = sys.executable
     if r.run.launcher == "deepspeed":
         argv = [py, "-m", "deepspeed.launcher.runner", "--num_nodes", str(hw.nodes), "--num_gpus", str(hw.gpus_per_node),
@@ -70,7 +70,7 @@ def build(resolved, run_dir: str, *, environ: Mapping[str, str] | None = None) -
     return LaunchCommand(tuple(argv), env)
 
 
-def _free_port() -> int:
+def free_port() -> int:
     import socket
 
     with socket.socket() as sock:

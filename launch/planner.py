@@ -22,10 +22,13 @@ from __future__ import annotations
 import json
 import math
 from collections import Counter
+from statistics import NormalDist
 from dataclasses import asdict, dataclass, field
 from typing import Any, Mapping
 
+from launch import calibration as cal
 from launch.backends import traits
+from launch.commbench_spec import backend_of
 from launch.grid import RankGrid
 from launch.hardware import HardwareProfile
 from launch.models import ModelSpec
@@ -43,6 +46,12 @@ FRAGMENTATION = 0.05
 HOST_BUFFER_FACTOR = 1.5
 PCIE_GBps = 25.0  # host<->device copies for offloaded optimizer state (PCIe 4 x16, effective)
 HOST_ADAM_GBps = 20.0  # CPU Adam streams ~16 B/param in and out; effective host memory bandwidth
+# Whether a process group's collectives run beside compute: NCCL's kernels run on their own streams, while gloo
+# runs each call on the calling CPU thread, so on CPU ranks nothing overlaps and a step is the sum of its parts.
+OVERLAPS = {"nccl": True, "gloo": False}
+# DeepSpeed ZeRO-3 defaults (stage3 config) that decide how many gathers a step makes.
+ZERO3_PERSISTENCE_THRESHOLD = 100_000
+ZERO3_MAX_REUSE_DISTANCE = 1_000_000_000
 
 
 @dataclass(frozen=True)
@@ -136,10 +145,11 @@ class Comm:
     calls_per_step: int
     message_bytes: int  # per call, the S of nccl-tests
     bytes_per_rank: int  # sent per rank per step = calls × S × bus factor
-    busbw_GBps: float  # the link speed assumed
+    busbw_GBps: float  # the link speed assumed (calibrated: the fitted bandwidth × the bus factor)
     time_s: float
     note: str = ""
     after_step: bool = False  # runs after the optimizer step: nothing left to overlap it with
+    latency_us: float = 0.0  # per call assumed (calibrated: the fitted α)
 
 
 @dataclass(frozen=True)
@@ -157,6 +167,8 @@ class StepTime:
     tokens_per_s_per_device: float
     mfu: float
     assumptions: str
+    timing: str = "nominal"  # "calibrated": compute and collectives from a calibration file; else "nominal"
+    correction: float = 1.0  # the calibration's measured/predicted ratio from verified runs, already in total_s
 
 
 @dataclass(frozen=True)
@@ -480,11 +492,13 @@ def buffers(layout: Layout, params: int) -> int:
 # --------------------------------------------------------------------------- communication
 
 
-def _bw(layout: Layout, group: tuple[int, ...]) -> tuple[str, float]:
+def _bw(layout: Layout, group: tuple[int, ...]) -> tuple[str, float, float]:
+    """(link, nominal busbw GB/s, nominal latency µs per call) of a group."""
     hw, g = layout.hardware, layout.grid
     if not g.spans_nodes(group):
-        return "intra_node", hw.intra_node_busbw_GBps
-    return "inter_node", min(hw.inter_node_busbw_GBps, hw.nic_GBps_per_device * g.ranks_per_node_in(group))
+        return "intra_node", hw.intra_node_busbw_GBps, hw.intra_node_latency_us
+    return ("inter_node", min(hw.inter_node_busbw_GBps, hw.nic_GBps_per_device * g.ranks_per_node_in(group)),
+            hw.inter_node_latency_us)
 
 
 def bus_factor(collective: str, n: int) -> float:
@@ -494,12 +508,32 @@ def bus_factor(collective: str, n: int) -> float:
             "all_to_all": (n - 1) / n, "broadcast": 1.0, "send_recv": 1.0}[collective]
 
 
-def _comm(layout: Layout, par: str, coll: str, group: tuple[int, ...], calls: int, msg: float, note: str = "",
-          after_step: bool = False) -> Comm:
-    link, bw = _bw(layout, group)
+@dataclass(frozen=True)
+class Timing:
+    """Where a plan's times come from: a calibration that covers the layout, or the nominal profile (and why)."""
+
+    calibration: cal.Calibration | None = None
+    why_nominal: tuple[str, ...] = ()
+
+    def call(self, collective: str, n: int, link: str, nominal_busbw: float, nominal_latency_us: float,
+             nbytes: float) -> tuple[float, float, float]:
+        """(seconds per call, latency µs, busbw GB/s) of one call moving an nbytes message (nccl-tests' size)."""
+        fit = self.calibration.alpha_beta(collective, n, link) if self.calibration else None
+        if fit is not None:
+            busbw = fit.beta_Bps * bus_factor(collective, n) / 1e9 if math.isfinite(fit.beta_Bps) else math.inf
+            return fit.seconds(nbytes), fit.alpha_s * 1e6, busbw
+        moved = nbytes * bus_factor(collective, n)
+        return (nominal_latency_us * 1e-6 + (moved / (nominal_busbw * 1e9) if nominal_busbw else 0.0),
+                nominal_latency_us, nominal_busbw)
+
+
+def _comm(layout: Layout, timing: Timing, par: str, coll: str, group: tuple[int, ...], calls: int, msg: float,
+          note: str = "", after_step: bool = False) -> Comm:
+    link, bw, lat = _bw(layout, group)
+    per_call, latency, busbw = timing.call(coll, len(group), link, bw, lat, msg)
     per_rank = calls * msg * bus_factor(coll, len(group))
-    return Comm(par, coll, link, len(group), int(calls), int(msg), int(per_rank), bw,
-                per_rank / (bw * 1e9) if bw else 0.0, note, after_step)
+    return Comm(par, coll, link, len(group), int(calls), int(msg), int(per_rank), busbw, calls * per_call, note,
+                after_step, latency)
 
 
 @dataclass(frozen=True)
@@ -537,27 +571,37 @@ def tp_calls(backend: str, *, sp: bool, layers: int, micro_batches: int, recompu
     return out
 
 
-def communication(layout: Layout) -> list[Comm]:
+def communication(layout: Layout, timing: Timing = Timing()) -> list[Comm]:
+    """Every collective one rank of the first pipeline stage calls per optimizer step, with its count, message and
+    time: DeepSpeed's ZeRO over the data-parallel group (both backends train through it), the TP/SP calls of
+    `tp_calls`, and pipeline sends."""
     g, m, e = layout.grid, layout.model, layout.elem_bytes
     out: list[Comm] = []
     mbs = layout.grad_accum
     params, layers = stage_params(layout, 0)
     act = layout.seq_len * layout.micro_batch_size * m.hidden_size * e
+    zo = layout.ds_zero
     if g.dp > 1:
         grp = g.dp_group(0)
         z = layout.zero_stage
-        # Both backends reduce over the data-parallel group through DeepSpeed's ZeRO.
+        reduce_calls = -(-params // int(zo.get("reduce_bucket_size", 500_000_000)))  # one call per gradient bucket
         if z == 0:
-            out.append(_comm(layout, "dp", "all_reduce", grp, 1, params * e, "gradient all-reduce at the accumulation boundary"))
+            out.append(_comm(layout, timing, "dp", "all_reduce", grp, reduce_calls, params * e / reduce_calls,
+                             "gradient all-reduce at the accumulation boundary, one call per reduce bucket"))
         elif z in (1, 2):
-            rs_calls = mbs if z == 2 else 1
-            out.append(_comm(layout, "dp", "reduce_scatter", grp, rs_calls, params * e,
-                             "gradient reduce-scatter " + ("every micro-step (ZeRO-2)" if z == 2 else "at the boundary (ZeRO-1)")))
-            out.append(_comm(layout, "dp", "all_gather", grp, 1, params * e, "updated parameter partitions",
-                             after_step=True))
+            rs_calls = reduce_calls * (mbs if z == 2 else 1)
+            out.append(_comm(layout, timing, "dp", "reduce_scatter", grp, rs_calls, params * e / reduce_calls,
+                             "gradient reduce-scatter per reduce bucket " + ("every micro-step (ZeRO-2)" if z == 2 else
+                                                                             "at the boundary (ZeRO-1)")))
+            ag_calls = -(-params // int(zo.get("allgather_bucket_size", 500_000_000)))
+            out.append(_comm(layout, timing, "dp", "all_gather", grp, ag_calls, params * e / ag_calls,
+                             "updated parameter partitions, one call per all-gather bucket", after_step=True))
         else:
-            out.append(_comm(layout, "dp", "all_gather", grp, 2 * mbs, params * e, "ZeRO-3: parameters before forward and before backward"))
-            out.append(_comm(layout, "dp", "reduce_scatter", grp, mbs, params * e, "ZeRO-3: gradients every micro-step"))
+            out.extend(_zero3_traffic(layout, timing, grp, reduce_calls))
+        # DeepSpeed's global gradient norm (clipping and the logged norm) and the loop's data-parallel loss mean.
+        out.append(_comm(layout, timing, "dp", "all_reduce", grp, 2, 4,
+                         "one fp32 each: the gradient norm (DeepSpeed) and the logged loss mean (the loop)",
+                         after_step=True))
     if g.tp > 1:
         grp = g.tp_group(0)
         sb = layout.seq_len * layout.micro_batch_size
@@ -565,19 +609,47 @@ def communication(layout: Layout) -> list[Comm]:
         for c in tp_calls(layout.backend, sp=layout.sp, layers=layers, micro_batches=mbs, recompute=layout.recompute,
                           first_stage=True, last_stage=g.pp == 1):  # the plan's traffic is the first stage's
             if c.layers + c.head:
-                out.append(_comm(layout, par, c.collective, grp, c.layers + c.head, act,
+                out.append(_comm(layout, timing, par, c.collective, grp, c.layers + c.head, act,
                                  f"{c.layers} in the decoder layers, {c.head} around the embedding and output layer"))
             if c.loss:
-                out.append(_comm(layout, "tp", c.collective, grp, c.loss, 4 * sb,
+                out.append(_comm(layout, timing, "tp", c.collective, grp, c.loss, 4 * sb,
                                  "vocab-parallel cross entropy: max, target logit and sum of exponentials per token"))
             if c.logits:
-                out.append(_comm(layout, "tp", c.collective, grp, c.logits, sb * m.vocab_size * e,
+                out.append(_comm(layout, timing, "tp", c.collective, grp, c.logits, sb * m.vocab_size * e,
                                  "AutoTP lm_head gathers the full-vocabulary logits every micro-batch"))
     if g.pp > 1:
         grp = (g.pp_group(0)[0], g.pp_group(0)[1])
         msg = act / g.tp if layout.sp else act
-        out.append(_comm(layout, "pp", "send_recv", grp, 2 * mbs * layout.vpp, msg,
+        out.append(_comm(layout, timing, "pp", "send_recv", grp, 2 * mbs * layout.vpp, msg,
                          "activations forward and gradients backward per micro-batch per stage boundary"))
+    return out
+
+
+def _zero3_traffic(layout: Layout, timing: Timing, grp: tuple[int, ...], reduce_calls: int) -> list[Comm]:
+    """DeepSpeed ZeRO-3 (partition_parameters.py, stage3.py; counted in traces of 0.19.8 on gloo): parameters at or
+    below stage3_param_persistence_threshold stay whole and are re-gathered one call each after every optimizer step;
+    the others are gathered one call each before their module's forward in every micro-step, and again before its
+    backward when the stage holds more than stage3_max_reuse_distance parameters (otherwise they are still there);
+    gradients leave in one reduce-scatter per bucket per micro-step."""
+    zo, e, mbs = layout.ds_zero, layout.elem_bytes, layout.grad_accum
+    threshold = int(zo.get("stage3_param_persistence_threshold", ZERO3_PERSISTENCE_THRESHOLD))
+    tensors = rank_parameters(layout, 0)
+    persistent = [n for n in tensors if n <= threshold]
+    fetched = [n for n in tensors if n > threshold]
+    params = sum(tensors)
+    out = []
+    if fetched:
+        again = params > int(zo.get("stage3_max_reuse_distance", ZERO3_MAX_REUSE_DISTANCE))
+        times = mbs * (2 if again else 1)
+        out.append(_comm(layout, timing, "dp", "all_gather", grp, times * len(fetched), e * sum(fetched) / len(fetched),
+                         "ZeRO-3: one gather per partitioned parameter before its forward"
+                         + (" and again before its backward" if again else "") + " every micro-step"))
+    out.append(_comm(layout, timing, "dp", "reduce_scatter", grp, mbs * reduce_calls, params * e / reduce_calls,
+                     "ZeRO-3: gradients every micro-step, one call per reduce bucket"))
+    if persistent:
+        out.append(_comm(layout, timing, "dp", "all_gather", grp, len(persistent), e * sum(persistent) / len(persistent),
+                         f"ZeRO-3: the {len(persistent)} persistent parameters (<= {threshold:,} elements), one gather "
+                         "each after the optimizer step", after_step=True))
     return out
 
 
@@ -590,35 +662,59 @@ def model_flops_per_token(model: ModelSpec, seq_len: int) -> float:
     return 6 * pc.flops_params + 12 * model.num_layers * model.num_heads * model.head_dim * seq_len
 
 
-def step_time(layout: Layout, comm: list[Comm]) -> StepTime:
+def step_time(layout: Layout, comm: list[Comm], timing: Timing = Timing()) -> StepTime:
     g, hw = layout.grid, layout.hardware
     tokens = layout.global_batch_size * layout.seq_len
     model_flops = model_flops_per_token(layout.model, layout.seq_len) * tokens
     recompute_factor = {"none": 1.0, "selective": 1.0, "full": 4 / 3}[layout.recompute]  # one more forward of 2N
     hw_flops = model_flops * recompute_factor
     peak = hw.peak_flops(layout.dtype)
-    compute = hw_flops / g.world / (peak * hw.achievable_mfu)
+    ga = max(1, layout.grad_accum)
+    params, _ = stage_params(layout, 0)
+    compute_c = timing.calibration.compute if timing.calibration else None
+    if compute_c is not None:
+        # Measured op classes: forward and backward of this rank's shard per micro-batch, the DeepSpeed engine's own
+        # work at this ZeRO stage, and Adam over the rank's partition (the whole shard without ZeRO).
+        p = compute_c.find_pass(g.tp, layout.micro_batch_size, layout.recompute)
+        eng = compute_c.find_engine(layout.zero_stage)
+        part = params if layout.zero_stage == 0 else -(-params // g.dp)
+        # A full recompute re-runs the forward inside the backward, the engine's forward hooks (ZeRO-3's fetches and
+        # releases) included.
+        hooks = eng.forward_s * (2 if p.activation_checkpointing == "full" else 1) + eng.backward_s
+        compute = (ga * (p.forward_s + p.backward_s + hooks + compute_c.data_s.get(str(layout.micro_batch_size), 0.0))
+                   + eng.step_s + compute_c.adam_s(part))
+        # Ranks that wait for one another each step finish with the slowest: the expected maximum of n ranks'
+        # compute exceeds the mean by c_n standard deviations (Blom's approximation of the normal order statistic),
+        # counted once per step, a lower bound when the ranks meet more often.
+        n = g.world
+        skew = (NormalDist().inv_cdf((n - 0.375) / (n + 0.25)) * p.sd_s * math.sqrt(ga)) if n > 1 else 0.0
+        compute += skew
+        compute_how = (f"compute measured ({timing.calibration.created}, {timing.calibration.machine_kind}): forward + "
+                       f"backward of the tp={g.tp} shard at micro_batch_size={layout.micro_batch_size}, "
+                       f"activation_checkpointing={p.activation_checkpointing}, + DeepSpeed ZeRO-{layout.zero_stage}'s "
+                       f"own cost + Adam over {part:,} parameters + making the micro-batches + {skew * 1e3:.2f} ms "
+                       f"waiting for the slowest of {n} ranks; collectives on the measured α–β curves (calibrated)")
+    else:
+        compute = hw_flops / g.world / (peak * hw.achievable_mfu)
+        compute_how = (f"compute at {hw.achievable_mfu:.0%} of {hw.name} {layout.dtype} peak (nominal); collectives "
+                       f"{hw.intra_node_latency_us:g}/{hw.inter_node_latency_us:g} µs per call (intra/inter-node, "
+                       "nominal) + bytes over the nominal bus bandwidth")
     m = layout.grad_accum
     bubble = compute * (g.pp - 1) / (layout.vpp * max(m, 1)) if g.pp > 1 else 0.0
     tp = sum(c.time_s for c in comm if c.parallelism in ("tp", "sp"))
     pp = sum(c.time_s for c in comm if c.parallelism == "pp")
     dp = sum(c.time_s for c in comm if c.parallelism == "dp")
-    forward_win, backward_win = compute / 3, compute * 2 / 3
-    ga = max(1, layout.grad_accum)
     dp_c = [c for c in comm if c.parallelism == "dp"]
-    after = sum(c.time_s for c in dp_c if c.after_step)  # e.g. the post-step parameter all-gather: never hidden
-    if layout.zero_stage == 3:
-        fwd_gather = sum(c.time_s for c in dp_c if c.collective == "all_gather" and not c.after_step) / 2
-        rest = sum(c.time_s for c in dp_c if not c.after_step) - fwd_gather
-        dp_exposed = max(0.0, fwd_gather - forward_win) + max(0.0, rest - backward_win) + after
+    overlaps = OVERLAPS[backend_of(hw.name)]
+    if not overlaps:
+        dp_exposed = dp
+        overlap_how = f"{backend_of(hw.name)} runs collectives on the training thread: nothing overlaps"
     else:
-        # Collectives issued every micro-step can hide behind every backward; one issued at the accumulation
-        # boundary only behind the last micro-batch's backward.
-        per_micro = sum(c.time_s for c in dp_c if not c.after_step and c.calls_per_step > 1)
-        boundary = sum(c.time_s for c in dp_c if not c.after_step and c.calls_per_step <= 1)
-        dp_exposed = max(0.0, per_micro - backward_win) + max(0.0, boundary - backward_win / ga) + after
+        dp_exposed = _dp_exposed(layout, dp_c, compute, ga)
+        overlap_how = ("TP/SP and PP traffic on the critical path; DP traffic issued every micro-step overlaps the "
+                       "backward, boundary traffic only the last micro-batch's backward, post-step gathers none "
+                       "(ZeRO-3: forward gathers overlap the forward)")
     offload = 0.0
-    params, _ = stage_params(layout, 0)
     part = params / g.dp
     if layout.offload_optimizer != "none":
         offload += (2 * part * layout.elem_bytes) / (PCIE_GBps * 1e9) + 16 * 2 * part / (HOST_ADAM_GBps * 1e9)
@@ -626,17 +722,56 @@ def step_time(layout: Layout, comm: list[Comm]) -> StepTime:
         # Offloaded 16-bit parameter partitions cross PCIe before the forward and again before the backward.
         offload += 2 * ga * part * layout.elem_bytes / (PCIE_GBps * 1e9)
     total = compute + bubble + tp + pp + dp_exposed + offload
+    correction = timing.calibration.correction if compute_c is not None else 1.0
+    if correction != 1.0:
+        total *= correction
+        compute_how += (f"; × {correction:.3f}, the measured/predicted ratio of {len(timing.calibration.verified)} "
+                        "verified run(s)")
     return StepTime(
         model_flops_per_step=model_flops, hardware_flops_per_step=hw_flops, compute_s=compute, bubble_s=bubble,
         tp_comm_s=tp, pp_comm_s=pp, dp_comm_s=dp, dp_exposed_s=dp_exposed, offload_s=offload, total_s=total,
         tokens_per_s_per_device=tokens / total / g.world if total else 0.0,
         mfu=model_flops / total / g.world / peak if total and peak else 0.0,
-        assumptions=(f"compute at {hw.achievable_mfu:.0%} of {hw.name} {layout.dtype} peak; TP/SP and PP traffic on "
-                     "the critical path; DP traffic issued every micro-step overlaps the backward, boundary traffic only "
-                     "the last micro-batch's backward, post-step gathers none (ZeRO-3: forward gathers overlap the "
-                     "forward); offload adds PCIe and host-Adam time; bandwidth terms only, no per-call latency; "
-                     "bubble (p-1)/(v·m)"),
+        assumptions=f"{compute_how}; {overlap_how}; offload adds PCIe and host-Adam time; bubble (p-1)/(v·m)",
+        timing="calibrated" if compute_c is not None else "nominal", correction=correction,
     )
+
+
+def _dp_exposed(layout: Layout, dp_c: list[Comm], compute: float, ga: int) -> float:
+    """DP time left on the critical path when collectives overlap compute."""
+    forward_win, backward_win = compute / 3, compute * 2 / 3
+    after = sum(c.time_s for c in dp_c if c.after_step)  # e.g. the post-step parameter all-gather: never hidden
+    if layout.zero_stage == 3:
+        fwd_gather = sum(c.time_s for c in dp_c if c.collective == "all_gather" and not c.after_step) / 2
+        rest = sum(c.time_s for c in dp_c if not c.after_step) - fwd_gather
+        return max(0.0, fwd_gather - forward_win) + max(0.0, rest - backward_win) + after
+    # Collectives issued every micro-step can hide behind every backward; one issued at the accumulation
+    # boundary only behind the last micro-batch's backward.
+    per_micro = sum(c.time_s for c in dp_c if not c.after_step and c.calls_per_step > 1)
+    boundary = sum(c.time_s for c in dp_c if not c.after_step and c.calls_per_step <= 1)
+    return max(0.0, per_micro - backward_win) + max(0.0, boundary - backward_win / ga) + after
+
+
+def layout_timing(layout: Layout) -> Timing:
+    """The calibration of `layout.hardware` when it covers this layout on this machine, else nominal with why."""
+    if layout.hardware.nominal:
+        return Timing()
+    from launch import envinfo
+
+    calib = cal.Calibration.from_dict(layout.hardware.calibration)
+    needs = sorted({(c.collective, c.group_size, c.link) for c in communication(layout)})
+    why = cal.problems(calib, machine_kind=envinfo.machine_kind(), versions=envinfo.package_versions(), needs=needs,
+                       model=layout.model.name, dtype=layout.dtype, seq_len=layout.seq_len,
+                       backend_engine=True, tp=layout.grid.tp, micro_batch_size=layout.micro_batch_size,
+                       activation_checkpointing=layout.recompute, zero_stage=layout.zero_stage)
+    if calib.compute is not None and calib.compute.backend != layout.backend:
+        why.append(f"its compute was measured on the {calib.compute.backend} backend's model, the layout trains on "
+                   f"{layout.backend}")
+    if layout.grid.pp > 1:
+        why.append("it does not time pipeline stages")
+    if layout.offload_optimizer != "none" or layout.offload_params != "none":
+        why.append("it does not time offloading")
+    return Timing(None, tuple(why)) if why else Timing(calib)
 
 
 # --------------------------------------------------------------------------- the plan
@@ -669,7 +804,8 @@ def make_plan(layout: Layout, recipe_name: str = "") -> Plan:
         ranks.append(RankPlan(kind, members, st, layers, params, in_flight(layout, st), mem,
                               implementation_accounting(layout.backend), hw.memory_bytes, usable))
     ranks = _merge_identical(ranks)
-    comm = communication(layout)
+    timing = layout_timing(layout)
+    comm = communication(layout, timing)
     notes = [
         "zero_paper: Rajbhandari et al. 2020 (2 + 2 + 12 B/param, 16-bit); deepspeed: DeepSpeed 0.19.8's "
         "implementation and estimators; megatron: Megatron-Core 0.16.1's distributed optimizer (fp32 main grads), for "
@@ -680,6 +816,15 @@ def make_plan(layout: Layout, recipe_name: str = "") -> Plan:
         f"fit check: {implementation_accounting(layout.backend)} accounting against {hw.memory_bytes / GiB:.1f} GiB "
         f"× (1 - headroom {layout.headroom:.0%})",
     ]
+    if timing.calibration is not None:
+        notes.append(f"time: calibrated on {timing.calibration.machine_kind} at {timing.calibration.created} "
+                     f"(hardware.profile is a calibration file)")
+    elif timing.why_nominal:
+        notes.append("time: nominal figures, labelled so: the calibration does not apply because "
+                     + "; ".join(timing.why_nominal))
+    else:
+        notes.append(f"time: nominal figures of the {hw.name} profile (run `python -m launch calibrate` on the machine "
+                     "that trains to measure them)")
     if traits(layout.backend).autotp and g.tp > 1:
         notes.append("DeepSpeed AutoTP shards the decoder Linear layers and lm_head (gathering full logits); "
                      "the embedding stays replicated")
@@ -688,7 +833,7 @@ def make_plan(layout: Layout, recipe_name: str = "") -> Plan:
                  f"model built on the host and the node's offloaded state (DeepSpeed's estimators, zero_init off), "
                  f"against {hw.host_memory_bytes / GiB:.0f} GiB × (1 - headroom)")
     return Plan(recipe_name, layout.backend, hw.name, g.to_dict(), tuple(ranks), tuple(comm),
-                step_time(layout, comm), tuple(notes), host, int(hw.host_memory_bytes * (1 - layout.headroom)))
+                step_time(layout, comm, timing), tuple(notes), host, int(hw.host_memory_bytes * (1 - layout.headroom)))
 
 
 def host_bytes_per_node(layout: Layout, ranks: list[RankPlan]) -> int:

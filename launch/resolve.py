@@ -15,7 +15,7 @@ from launch import commbench_spec, dsconfig
 from launch.backends import BACKENDS, traits
 from launch.errors import ConfigError
 from launch.grid import RankGrid
-from launch.hardware import HardwareProfile, load_profile
+from launch.hardware import HardwareProfile, is_profile_path, load_profile
 from launch.models import ModelSpec, load_model
 from launch.schema import LoadedRecipe, Recipe, from_dict, load_recipe, to_dict
 
@@ -112,7 +112,8 @@ def resolve(loaded: LoadedRecipe, world_size: int | None = None) -> Resolved:
     if r.model.weights and not Path(paths["model.weights"]).is_dir():
         raise ConfigError(w("model.weights"), "model.weights", r.model.weights, f"is not a folder ({paths['model.weights']})",
                           "give a local Hugging Face model folder (config.json + *.safetensors), relative to the recipe")
-    hw = load_profile(hw_s.profile, context=w("hardware.profile"))
+    hw = load_profile(hw_s.profile, context=w("hardware.profile"),
+                      path=loaded.path_of("hardware.profile", hw_s.profile) if is_profile_path(hw_s.profile) else None)
 
     for dotted, value, low in [("parallel.tp", par.tp, 1), ("parallel.pp", par.pp, 1), ("parallel.vpp", par.vpp, 1),
                                ("hardware.nodes", hw_s.nodes, 1), ("hardware.gpus_per_node", hw_s.gpus_per_node, 1),

@@ -140,7 +140,10 @@ def test_zero3_moves_one_and_a_half_times_the_bytes_of_dp():
 
     assert dp_bytes(1) == pytest.approx(dp_bytes(0), rel=1e-6)
     assert dp_bytes(2) == pytest.approx(dp_bytes(0), rel=1e-6)
-    assert dp_bytes(3) == pytest.approx(1.5 * dp_bytes(0), rel=1e-6)
+    # ZeRO-3 gathers the parameters twice (forward, backward: 7B exceeds stage3_max_reuse_distance) except the
+    # persistent ones (the norms, <= 1e5 elements), gathered once after the step: 2 × 4096 × 32 + 4096 elements.
+    persistent = (2 * 4096 * 32 + 4096) * 2 * 7 / 8
+    assert dp_bytes(3) == pytest.approx(1.5 * dp_bytes(0) - persistent, abs=64)
 
 
 def test_tp_comm_counts_and_link():

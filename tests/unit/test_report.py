@@ -119,7 +119,8 @@ def test_prediction_compares_the_gradient_reduction_either_way_it_runs(tmp_path)
 
     run = make_run_dir(tmp_path / "runs")  # ZeRO-2: the plan reduce-scatters, DeepSpeed on gloo all-reduces
     (r,) = build_report([(None, run)]).runs
-    assert {c.collective for c in r.run.plan.comm} == {"reduce_scatter", "all_gather"}
+    # plus the two one-value all-reduces of every step: DeepSpeed's gradient norm and the loop's loss mean
+    assert {c.collective for c in r.run.plan.comm} == {"reduce_scatter", "all_gather", "all_reduce"}
     assert "reduce_scatter" not in {b["collective"] for b in r.bandwidth.rows()}
     comm = {p["quantity"].split(" time per step")[0]: p for p in r.prediction if "time per step" in p["quantity"]}
     assert set(comm) == {"all_gather", "all_reduce + reduce_scatter"}

@@ -1,0 +1,228 @@
+"""Measured hardware figures: the calibration file `python -m launch calibrate` writes and the planner reads.
+
+A calibration is a hardware profile (`hardware.profile=PATH`) whose time figures were measured on the machine
+that trains, at the model's shapes: per collective and group size a latency + bandwidth (α–β) fit of calls
+interleaved with compute as in a training step, and per op class (forward, backward, optimizer, the
+DeepSpeed engine's own work per ZeRO stage) a time measured in a real pass. Every figure says how and when it
+was measured. The nominal profiles in launch/catalogue/hardware stay for hardware one does not have.
+
+No torch import: the planner, the resolver and the analysis read this module.
+"""
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+from launch.errors import ConfigError
+
+KIND = "layoutlab-calibration"
+VERSION = 1
+# The collectives the planner times; calibrate measures each on every group size a layout of the world can use.
+OPS = ("all_reduce", "all_gather", "reduce_scatter", "send_recv")
+
+
+@dataclass(frozen=True)
+class AlphaBeta:
+    """t(S) = alpha_s + S / beta_Bps for one call of `op` on `group_size` ranks moving an S-byte message (nccl-tests'
+    size: the larger of send and receive buffers)."""
+
+    op: str
+    group_size: int
+    link: str  # intra_node | inter_node: whether the measured groups spanned nodes
+    alpha_s: float
+    beta_Bps: float  # math.inf: no size dependence was measurable
+    points: tuple[tuple[int, float], ...]  # (bytes, seconds per call) measured
+    how: str
+
+    def line(self, nbytes: float) -> float:
+        """The fitted α + S/β."""
+        return self.alpha_s + (nbytes / self.beta_Bps if math.isfinite(self.beta_Bps) else 0.0)
+
+    def seconds(self, nbytes: float) -> float:
+        """One call's time: on the measured curve (linear between the two nearest sizes, the placements averaged)
+        inside the measured range, where gloo and NCCL switch algorithms with size and a single line misses by up
+        to 2× (gloo, 128 KiB all_reduce on 2 CPU ranks); the fitted line outside it."""
+        sizes: dict[int, list[float]] = {}
+        for s, t in self.points:
+            sizes.setdefault(s, []).append(t)
+        curve = sorted((s, sum(ts) / len(ts)) for s, ts in sizes.items())
+        if len(curve) < 2 or not curve[0][0] <= nbytes <= curve[-1][0]:
+            return self.line(nbytes)
+        for (s0, t0), (s1, t1) in zip(curve, curve[1:]):
+            if s0 <= nbytes <= s1:
+                return t0 + (t1 - t0) * (nbytes - s0) / (s1 - s0) if s1 > s0 else t0
+        return self.line(nbytes)
+
+
+def fit_alpha_beta(points: Sequence[tuple[float, float]]) -> tuple[float, float]:
+    """(alpha_s, beta_Bps) minimising the squared *relative* error over the points, so that 8-byte calls weigh as
+    much as 4 MiB ones; alpha is kept >= 0 and beta > 0 (a fit without a positive slope has beta = inf)."""
+    pts = [(float(s), float(t)) for s, t in points if t > 0 and math.isfinite(t)]
+    if not pts:
+        raise ValueError("no positive timings to fit")
+    # Weighted least squares for t = a + b·S with weights 1/t²: the 2×2 normal equations.
+    w = [1 / t**2 for _, t in pts]
+    sw = sum(w)
+    sx = sum(wi * s for wi, (s, _) in zip(w, pts, strict=True))
+    sy = sum(wi * t for wi, (_, t) in zip(w, pts, strict=True))
+    sxx = sum(wi * s * s for wi, (s, _) in zip(w, pts, strict=True))
+    sxy = sum(wi * s * t for wi, (s, t) in zip(w, pts, strict=True))
+    det = sw * sxx - sx * sx
+    a, b = (sy / sw, 0.0) if det <= 0 else ((sy * sxx - sx * sxy) / det, (sw * sxy - sx * sy) / det)
+    if a < 0:  # refit through the origin
+        a, b = 0.0, (sxy / sxx if sxx else 0.0)
+    if b <= 0:  # no measurable size dependence: latency only
+        return sy / sw, math.inf
+    return a, 1 / b
+
+
+@dataclass(frozen=True)
+class Pass:
+    """One rank's forward and backward of one micro-batch through its model shard (tp: the shard of a TP rank:
+    heads, key/value heads and MLP width divided by tp), measured without distributed work."""
+
+    tp: int
+    micro_batch_size: int
+    activation_checkpointing: str  # none | full (the backward then re-runs every decoder layer's forward)
+    forward_s: float
+    backward_s: float
+    sd_s: float = 0.0  # standard deviation of forward + backward between iterations
+
+
+@dataclass(frozen=True)
+class EngineCost:
+    """What the DeepSpeed engine adds at one ZeRO stage on one rank of a world of 1 (hooks, partition bookkeeping,
+    gradient buckets; no communication): its forward, backward and step minus the plain model's forward, backward
+    and torch Adam step, at the calibrated micro-batch size."""
+
+    zero_stage: int
+    forward_s: float
+    backward_s: float
+    step_s: float
+
+
+@dataclass(frozen=True)
+class Compute:
+    backend: str  # whose model and engine were timed
+    model: str
+    dtype: str
+    seq_len: int
+    threads_per_rank: int
+    passes: tuple[Pass, ...]
+    engine: tuple[EngineCost, ...]
+    adam_alpha_s: float  # torch Adam step over one flat fp32 partition: alpha + numel × seconds_per_param
+    adam_s_per_param: float
+    how: str
+    data_s: Mapping[str, float] = field(default_factory=dict)  # making one micro-batch, by micro-batch size
+
+    def find_pass(self, tp: int, micro_batch_size: int, activation_checkpointing: str) -> Pass | None:
+        ac = "full" if activation_checkpointing == "full" else "none"  # selective recomputes no HF layer
+        return next((p for p in self.passes if (p.tp, p.micro_batch_size, p.activation_checkpointing)
+                     == (tp, micro_batch_size, ac)), None)
+
+    def find_engine(self, zero_stage: int) -> EngineCost | None:
+        return next((e for e in self.engine if e.zero_stage == zero_stage), None)
+
+    def adam_s(self, numel: float) -> float:
+        return self.adam_alpha_s + numel * self.adam_s_per_param
+
+
+@dataclass(frozen=True)
+class Calibration:
+    created: str  # UTC ISO 8601
+    machine_kind: str  # envinfo.machine_kind() where it was measured
+    versions: Mapping[str, str | None]  # torch, deepspeed at measurement
+    base_profile: str  # the nominal profile whose memory and link names it keeps
+    world_size: int
+    ranks_per_node: int
+    collectives: tuple[AlphaBeta, ...]
+    compute: Compute | None
+    notes: tuple[str, ...] = field(default_factory=tuple)
+    # Real runs `recommend verify=true` measured with this calibration, and their geometric-mean measured/predicted
+    # ratio, which the planner multiplies its calibrated step time by (1.0: none yet).
+    verified: tuple[Mapping[str, Any], ...] = field(default_factory=tuple)
+    correction: float = 1.0
+
+    def alpha_beta(self, op: str, group_size: int, link: str) -> AlphaBeta | None:
+        return next((c for c in self.collectives if (c.op, c.group_size, c.link) == (op, group_size, link)), None)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"kind": KIND, "version": VERSION, **asdict(self)}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "Calibration":
+        comp = d.get("compute")
+        compute = None if comp is None else Compute(
+            **{**comp, "passes": tuple(Pass(**p) for p in comp["passes"]),
+               "engine": tuple(EngineCost(**e) for e in comp["engine"])})
+        return cls(created=d["created"], machine_kind=d["machine_kind"], versions=dict(d["versions"]),
+                   base_profile=d["base_profile"], world_size=int(d["world_size"]),
+                   ranks_per_node=int(d["ranks_per_node"]),
+                   collectives=tuple(AlphaBeta(**{**c, "beta_Bps": float(c["beta_Bps"]),
+                                                  "points": tuple((int(s), float(t)) for s, t in c["points"])})
+                                     for c in d["collectives"]),
+                   compute=compute, notes=tuple(d.get("notes", ())), verified=tuple(d.get("verified", ())),
+                   correction=float(d.get("correction", 1.0)))
+
+
+def read_calibration(path: Path, *, context: str, field_name: str = "hardware.profile") -> Calibration:
+    """A calibration file, or a ConfigError naming what is wrong with it."""
+    def bad(problem: str, fix: str = "write a new one with `python -m launch calibrate`") -> ConfigError:
+        return ConfigError(context, field_name, str(path), problem, fix)
+
+    try:
+        raw = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise bad("does not exist", "give the path of a file that `python -m launch calibrate` wrote, or a profile name")
+    except (OSError, UnicodeDecodeError, ValueError) as e:
+        raise bad(f"cannot be read as JSON ({type(e).__name__}: {str(e).splitlines()[0][:120]})")
+    if not isinstance(raw, dict) or raw.get("kind") != KIND:
+        raise bad(f'is not a calibration file (no "kind": "{KIND}")')
+    if raw.get("version") != VERSION:
+        raise bad(f"is calibration version {raw.get('version')!r}; this code reads {VERSION}")
+    try:
+        calib = Calibration.from_dict(raw)
+    except (KeyError, TypeError, ValueError) as e:
+        raise bad(f"is damaged ({type(e).__name__}: {e})")
+    for c in calib.collectives:
+        if not (c.alpha_s >= 0 and math.isfinite(c.alpha_s) and c.beta_Bps > 0):
+            raise bad(f"has an impossible fit for {c.op} on {c.group_size} ranks (alpha {c.alpha_s}, beta {c.beta_Bps})")
+    if not (math.isfinite(calib.correction) and 0.1 <= calib.correction <= 10):
+        raise bad(f"has an impossible correction {calib.correction} (measured/predicted)")
+    for p in calib.compute.passes if calib.compute else ():
+        if not (p.forward_s > 0 and p.backward_s > 0 and math.isfinite(p.forward_s + p.backward_s)):
+            raise bad(f"has an impossible pass time at tp={p.tp}, micro_batch_size={p.micro_batch_size}")
+    return calib
+
+
+def problems(calib: Calibration, *, machine_kind: str, versions: Mapping[str, str | None],
+             needs: Sequence[tuple[str, int, str]], model: str, dtype: str, seq_len: int, backend_engine: bool,
+             tp: int, micro_batch_size: int, activation_checkpointing: str, zero_stage: int) -> list[str]:
+    """Why this calibration cannot time a layout (empty: it can). `needs`: the (collective, group size) pairs the
+    layout calls; `backend_engine`: whether the backend's time includes the DeepSpeed engine's costs."""
+    out = []
+    if calib.machine_kind != machine_kind:
+        out.append(f"it was measured on {calib.machine_kind!r}, this machine is {machine_kind!r}")
+    for pkg in ("torch", "deepspeed"):
+        if calib.versions.get(pkg) != versions.get(pkg):
+            out.append(f"it was measured with {pkg} {calib.versions.get(pkg)}, {versions.get(pkg)} is installed")
+    for op, n, link in needs:
+        if calib.alpha_beta(op, n, link) is None:
+            out.append(f"it has no {op} on {n} ranks {link.replace('_', '-')} (measured: "
+                       + ", ".join(sorted({f"{c.op}/{c.group_size}/{c.link}" for c in calib.collectives})) + ")")
+    c = calib.compute
+    if c is None:
+        out.append("it has no compute figures")
+    else:
+        if (c.model, c.dtype, c.seq_len) != (model, dtype, seq_len):
+            out.append(f"its compute was measured for {c.model} {c.dtype} seq_len={c.seq_len}, "
+                       f"the layout trains {model} {dtype} seq_len={seq_len}")
+        elif c.find_pass(tp, micro_batch_size, activation_checkpointing) is None:
+            out.append(f"it has no pass at tp={tp}, micro_batch_size={micro_batch_size}, "
+                       f"activation_checkpointing={activation_checkpointing}")
+        if backend_engine and c.find_engine(zero_stage) is None:
+            out.append(f"it has no DeepSpeed engine cost at zero_stage={zero_stage}")
+    return out

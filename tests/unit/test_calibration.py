@@ -1,0 +1,152 @@
+"""The calibration file, its α–β fit, and the planner's calibrated step time against hand-computed numbers."""
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from launch import envinfo
+from launch.calibration import AlphaBeta, Calibration, Compute, EngineCost, Pass, fit_alpha_beta
+from launch.cli import main
+from launch.errors import ConfigError
+from launch.planner import plan_resolved
+from launch.resolve import resolve_path
+
+RECIPES = Path(__file__).resolve().parents[2] / "recipes"
+ALPHA, BETA = 1e-3, 0.5e9  # 1 ms per call, 0.5 GB/s
+
+
+def test_fit_recovers_alpha_and_beta_from_exact_points():
+    points = [(s, ALPHA + s / BETA) for s in (8, 512, 32768, 2**21, 2**22)]
+    a, b = fit_alpha_beta(points)
+    assert a == pytest.approx(ALPHA, rel=1e-9) and b == pytest.approx(BETA, rel=1e-9)
+
+
+def test_fit_weighs_relative_error_so_small_messages_set_the_latency():
+    # Two points 10 % off at the small end, exact at the large end: α comes out near 1 ms, not pulled to 0.
+    points = [(8, 1.1e-3), (64, 0.9e-3), (2**22, ALPHA + 2**22 / BETA), (2**23, ALPHA + 2**23 / BETA)]
+    a, b = fit_alpha_beta(points)
+    assert 0.9e-3 < a < 1.1e-3 and b == pytest.approx(BETA, rel=0.05)
+
+
+def test_fit_without_size_dependence_is_latency_only():
+    # Larger messages measured faster (noise): no positive slope, so the fit keeps the latency and no bandwidth term.
+    a, b = fit_alpha_beta([(8, 2.1e-3), (4096, 2.0e-3), (2**20, 1.9e-3)])
+    assert math.isinf(b) and a == pytest.approx(2e-3, rel=0.05)
+
+
+def _calibration(**changes) -> Calibration:
+    passes = tuple(Pass(tp, b, ac, 0.004 * b / tp + 0.001, 0.006 * b / tp + 0.002)
+                   for tp in (1, 2) for b in (1, 2, 4, 8) for ac in ("none", "full"))
+    fields = dict(
+        created="2026-12-01T00:00:00+00:00", machine_kind=envinfo.machine_kind(),
+        versions={k: v for k, v in envinfo.package_versions().items() if k in ("torch", "deepspeed")},
+        base_profile="cpu", world_size=2, ranks_per_node=2,
+        collectives=tuple(AlphaBeta(op, 2, "intra_node", ALPHA, BETA, ((8, ALPHA),), "test")
+                          for op in ("all_reduce", "all_gather", "reduce_scatter", "send_recv")),
+        compute=Compute(backend="deepspeed", model="tiny-llama", dtype="fp32", seq_len=64, threads_per_rank=1,
+                        passes=passes, engine=tuple(EngineCost(z, 0.0005, 0.001 * (z + 1), 0.002) for z in range(4)),
+                        adam_alpha_s=1e-4, adam_s_per_param=1e-8, how="test"))
+    fields.update(changes)
+    return Calibration(**fields)
+
+
+def _write(tmp_path: Path, calib: Calibration | dict | str, name: str = "calib.json") -> Path:
+    path = tmp_path / name
+    path.write_text(calib if isinstance(calib, str) else json.dumps(
+        calib.to_dict() if isinstance(calib, Calibration) else calib))
+    return path
+
+
+def test_calibrated_zero2_step_equals_the_hand_computed_sum(tmp_path):
+    path = _write(tmp_path, _calibration())
+    plan = plan_resolved(resolve_path(RECIPES / "tiny_zero2", [f"hardware.profile={path}"]))
+    # tiny_zero2: 2 ranks, ZeRO-2, fp32, micro-batch 4, global batch 8 -> one micro-step per step.
+    params = 213_568  # tiny-llama: 2 × 512 × 64 + 4 × (2 × 64 × 64 + 2 × 64 × 32 + 3 × 64 × 128 + 2 × 64) + 64
+    fwd, bwd = 0.004 * 4 + 0.001, 0.006 * 4 + 0.002
+    compute = fwd + bwd + 0.0005 + 0.003 + 0.002 + 1e-4 + 1e-8 * (params // 2)
+    msg = 4 * params  # fp32 gradients and parameters, one bucket each
+    comm = 2 * (ALPHA + msg / BETA) + 2 * (ALPHA + 4 / BETA)  # reduce-scatter + all-gather; norm and loss all-reduces
+    assert plan.step.timing == "calibrated"
+    assert plan.step.compute_s == pytest.approx(compute, rel=1e-9)
+    assert plan.step.total_s == pytest.approx(compute + comm, rel=1e-9)
+    assert plan.step.dp_exposed_s == plan.step.dp_comm_s  # gloo: nothing overlaps
+    assert any(n.startswith("time: calibrated") for n in plan.notes)
+
+
+def test_calibrated_tp2_counts_every_autotp_call(tmp_path):
+    path = _write(tmp_path, _calibration())
+    plan = plan_resolved(resolve_path(RECIPES / "tiny_zero2", [f"hardware.profile={path}", "parallel.tp=2",
+                                                                 "parallel.zero_stage=1"]))
+    tp = [c for c in plan.comm if c.parallelism == "tp"]
+    # dp = 1, two micro-steps: per micro-step 7 all-reduces per layer × 4 layers + lm_head's input gradient, and one
+    # all-gather of the 4 × 64 × 512 fp32 logits.
+    act, logits = 64 * 4 * 64 * 4, 64 * 4 * 512 * 4
+    want = 2 * (29 * (ALPHA + act / BETA) + ALPHA + logits / BETA)
+    assert sum(c.time_s for c in tp) == pytest.approx(want, rel=1e-6)
+    assert not [c for c in plan.comm if c.parallelism == "dp"]
+
+
+@pytest.mark.parametrize("change, says", [
+    ({"machine_kind": "8 × NVIDIA H100 80GB HBM3"}, "measured on '8 × NVIDIA H100 80GB HBM3'"),
+    ({"versions": {"torch": "2.0.0", "deepspeed": "0.19.8"}}, "measured with torch 2.0.0"),
+    ({"collectives": ()}, "no reduce_scatter on 2 ranks"),
+    ({"compute": None}, "no compute figures"),
+])
+def test_a_calibration_that_does_not_apply_falls_back_to_nominal_and_says_why(tmp_path, change, says):
+    path = _write(tmp_path, _calibration(**change))
+    nominal = plan_resolved(resolve_path(RECIPES / "tiny_zero2", []))
+    plan = plan_resolved(resolve_path(RECIPES / "tiny_zero2", [f"hardware.profile={path}"]))
+    (note,) = [n for n in plan.notes if n.startswith("time:")]
+    assert says in note and "nominal" in note and "\n" not in note
+    assert plan.step.timing == "nominal" and plan.step.total_s == nominal.step.total_s
+
+
+def test_missing_pass_for_the_micro_batch_falls_back(tmp_path):
+    path = _write(tmp_path, _calibration())
+    plan = plan_resolved(resolve_path(RECIPES / "tiny_zero2", [f"hardware.profile={path}", "batch.micro_batch_size=1",
+                                                                 "batch.global_batch_size=32"]))
+    assert plan.step.timing == "calibrated"
+    plan = plan_resolved(resolve_path(RECIPES / "tiny_zero2", [f"hardware.profile={path}", "batch.micro_batch_size=16",
+                                                                 "batch.global_batch_size=32"]))
+    assert plan.step.timing == "nominal"
+    assert "no pass at tp=1, micro_batch_size=16" in next(n for n in plan.notes if n.startswith("time:"))
+
+
+@pytest.mark.parametrize("content, says", [
+    ("{not json", "cannot be read as JSON"),
+    ('{"kind": "something else"}', "is not a calibration file"),
+    ('{"kind": "layoutlab-calibration", "version": 99}', "is calibration version 99"),
+    ('{"kind": "layoutlab-calibration", "version": 1, "created": "x"}', "is damaged"),
+])
+def test_a_bad_calibration_file_is_one_line_exit_2(tmp_path, capsys, content, says):
+    path = _write(tmp_path, content)
+    rc = main(["run", str(RECIPES / "tiny_zero2"), f"hardware.profile={path}", "--dry-run"])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and len(err.splitlines()) == 1
+    assert says in err and "hardware.profile" in err and str(path) in err
+
+
+def test_an_impossible_fit_is_refused(tmp_path, capsys):
+    d = _calibration().to_dict()
+    d["collectives"][0]["alpha_s"] = float("nan")
+    path = _write(tmp_path, json.dumps(d))
+    assert main(["run", str(RECIPES / "tiny_zero2"), f"hardware.profile={path}", "--dry-run"]) == 2
+    assert "impossible fit for all_reduce on 2 ranks" in capsys.readouterr().err
+
+
+def test_missing_calibration_file_is_named(tmp_path):
+    with pytest.raises(ConfigError) as e:
+        resolve_path(RECIPES / "tiny_zero2", [f"hardware.profile={tmp_path / 'nope.json'}"])
+    assert "does not exist" in str(e.value)
+
+
+def test_a_call_inside_the_measured_range_is_timed_on_the_measured_curve():
+    # gloo's curve is not one line: 1 ms at 8 B, 3 ms at 128 KiB, 4 ms at 4 MiB (placements averaged).
+    pts = ((8, 0.9e-3), (8, 1.1e-3), (131072, 3e-3), (4194304, 4e-3))
+    fit = AlphaBeta("all_reduce", 2, "intra_node", 1e-3, 1e9, pts, "test")
+    assert fit.seconds(8) == pytest.approx(1e-3)
+    assert fit.seconds(65540) == pytest.approx(1e-3 + 2e-3 * (65540 - 8) / (131072 - 8))
+    assert fit.seconds(2 * 4194304) == pytest.approx(1e-3 + 2 * 4194304 / 1e9)  # beyond: the fitted line
