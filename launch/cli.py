@@ -1,5 +1,7 @@
 """`python -m launch run RECIPE [key=value ...] [--dry-run]`, `python -m launch plan key=value ...`,
-`python -m launch export RUN_DIR [step=N] [out=DIR]`.
+`python -m launch export RUN_DIR [step=N] [out=DIR]`, `python -m launch calibrate [RECIPE] [key=value ...] [out=PATH]`,
+`python -m launch recommend RECIPE [key=value ...] [top=K] [verify=true] [steps=N]`,
+`python -m launch sweep RECIPE RECIPE ... [key=value ...] [--dry-run]` (what launch/sweep.sh runs).
 
 Every user error is a `ConfigError`: one line on stderr, exit code 2, no traceback.
 """
@@ -271,11 +273,23 @@ def main(argv: Sequence[str] | None = None) -> int:
             from launch.compare import cmd_plan
 
             return cmd_plan(rest)
+        if command == "recommend":
+            from launch.recommend import cmd_recommend
+
+            return cmd_recommend(rest)
+        if command == "sweep":
+            from launch.sweep import cmd_sweep
+
+            return cmd_sweep(rest)
+        if command == "calibrate":
+            from launch.calibrate import cmd_calibrate
+
+            return cmd_calibrate(rest)
         if command == "export":
             from launch.export import cmd_export
 
             return cmd_export(rest)
-        raise ConfigError("command line", "command", command, "is not a command", "use `run`, `plan` or `export`")
+        raise ConfigError("command line", "command", command, "is not a command", "use `run`, `plan`, `calibrate`, `recommend`, `sweep` or `export`")
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -1,0 +1,85 @@
+"""The recommender's enumeration and ranking, and the sweep's refusals and dry run (no ranks start)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from launch.cli import main
+from launch.recommend import candidates, layouts, ranked
+from launch.resolve import resolve_path
+
+RECIPES = Path(__file__).resolve().parents[2] / "recipes"
+
+
+def test_every_layout_of_two_cpu_ranks_is_enumerated():
+    base = resolve_path(RECIPES / "tiny_zero2", [])
+    labels = [label for label, _ in layouts(base)]
+    assert len(labels) == len(set(labels))
+    ds = [x for x in labels if x.startswith("deepspeed")]
+    # tp1 × dp2: 4 ZeRO stages × 2 checkpointing modes × micro-batches 1, 2, 4 (global 8 / dp 2); tp2 × dp1: × 1, 2, 4, 8.
+    # No offload on CPU ranks, no pp or sp on the DeepSpeed backend.
+    assert len(ds) == 4 * 2 * 3 + 4 * 2 * 4
+    mg = [x for x in labels if x.startswith("megatron")]
+    assert any(" pp2 " in x for x in mg) and any(" sp" in x for x in mg) and not any(" off=" in x for x in labels)
+
+
+def test_ranking_is_by_predicted_tokens_per_device_and_only_what_fits():
+    cands = candidates(str(RECIPES / "tiny_zero2"), [])
+    fit = ranked(cands)
+    assert fit and all(c.fits for c in fit)
+    speeds = [c.plan.step.tokens_per_s_per_device for c in fit]
+    assert speeds == sorted(speeds, reverse=True)
+    refused = [c for c in cands if c.plan is None]
+    assert refused and all("zero_stage" in c.refused for c in refused)  # Megatron's PP/SP × ZeRO-2/3
+
+
+def test_offload_is_tried_only_where_the_layout_does_not_fit_without_it():
+    cands = candidates(str(RECIPES / "7b_tp2_zero3"), ["hardware.nodes=1", "hardware.gpus_per_node=4"])
+    labels = {c.label for c in cands}
+    for c in cands:
+        if " off=" in c.label:
+            plain = next(x for x in cands if x.label == c.label.split(" off=")[0])
+            assert not plain.fits, c.label
+    assert any(" off=" in x for x in labels)
+
+
+def test_no_layout_fits_names_the_closest(capsys):
+    rc = main(["recommend", str(RECIPES / "tiny_zero2"), "model.name=llama-2-7b", "batch.seq_len=4096"])
+    out = capsys.readouterr().out
+    assert rc == 1 and "no layout fits; the closest is" in out and "GiB" in out
+
+
+@pytest.mark.parametrize("arg, says", [("top=0", "top"), ("verify=yes", "verify"), ("steps=x", "steps")])
+def test_recommend_bad_own_arguments(capsys, arg, says):
+    assert main(["recommend", str(RECIPES / "tiny_zero2"), arg]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and says in err
+
+
+def test_sweep_refuses_a_set_that_is_not_held_equal(capsys):
+    rc = main(["sweep", str(RECIPES / "tiny_zero2"), str(RECIPES / "0.5b_zero2"), "hardware.profile=cpu",
+               "precision.dtype=fp32"])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and len(err.splitlines()) == 1
+    # 0.5b_zero2 trains another global batch than tiny_zero2: both values named, with the fix.
+    assert "batch.global_batch_size" in err and "differs from tiny_zero2's 8" in err
+    assert "hold it equal on the command line" in err
+
+
+def test_sweep_dry_run_prints_the_plan_table_for_the_set(capsys):
+    # tiny_tp2_zero3 extends tiny_zero2: the same batch, sequence length and steps, on 4 ranks instead of 2.
+    rc = main(["sweep", str(RECIPES / "tiny_zero2"), str(RECIPES / "tiny_tp2_zero3"), "--dry-run"])
+    out = capsys.readouterr().out
+    assert rc == 0
+    rows = [line for line in out.splitlines() if line.startswith("│ tiny")]
+    assert [r.split("│")[1].strip() for r in rows] == ["tiny_zero2", "tiny_tp2_zero3"]
+    assert all("yes" in r for r in rows)
+
+
+@pytest.mark.parametrize("args, says", [([str(RECIPES / "tiny_zero2")], "fewer than two recipes"),
+                                        ([str(RECIPES / "tiny_zero2"), str(RECIPES / "tiny_zero2"), "--fast"],
+                                         "is not a flag of sweep.sh")])
+def test_sweep_usage_errors(capsys, args, says):
+    assert main(["sweep", *args]) == 2
+    assert says in capsys.readouterr().err
