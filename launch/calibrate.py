@@ -60,14 +60,15 @@ def cmd_calibrate(args: Sequence[str]) -> int:
     if not resolved.hardware.nominal:
         raise ConfigError(resolved.recipe_path, "hardware.profile", resolved.recipe.hardware.profile,
                           "is already a calibration", "name the nominal profile to measure against, e.g. hardware.profile=cpu")
-    root = RunDir.create("calibration").root
-    out = Path(out_arg).expanduser().resolve() if out_arg else root / "calibration.json"
-    if out.exists():
+    out = Path(out_arg).expanduser().resolve() if out_arg else None
+    if out is not None and out.exists():
         raise ConfigError("command line", "out", out_arg, "exists; calibrate never replaces a file",
                           "choose a new path, or move the old file away")
-    if not out.parent.is_dir():
+    if out is not None and not out.parent.is_dir():
         raise ConfigError("command line", "out", out_arg, f"is in a folder that does not exist ({out.parent})",
                           "create the folder first or choose another path")
+    root = RunDir.create("calibration").root  # only once the arguments are known good
+    out = out or root / "calibration.json"
     started = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
     print(f"calibrate: {resolved.recipe_name} ({resolved.model.name}, {resolved.recipe.precision.dtype}, seq_len "
           f"{resolved.recipe.batch.seq_len}) on {resolved.world_size} {resolved.hardware.name} rank(s); work in {root}",

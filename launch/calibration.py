@@ -193,8 +193,16 @@ def read_calibration(path: Path, *, context: str, field_name: str = "hardware.pr
     if not (math.isfinite(calib.correction) and 0.1 <= calib.correction <= 10):
         raise bad(f"has an impossible correction {calib.correction} (measured/predicted)")
     for p in calib.compute.passes if calib.compute else ():
-        if not (p.forward_s > 0 and p.backward_s > 0 and math.isfinite(p.forward_s + p.backward_s)):
+        if not (p.forward_s > 0 and p.backward_s > 0 and p.sd_s >= 0 and math.isfinite(p.forward_s + p.backward_s + p.sd_s)):
             raise bad(f"has an impossible pass time at tp={p.tp}, micro_batch_size={p.micro_batch_size}")
+    if calib.compute:
+        c = calib.compute
+        for what, value in [*((f"engine ZeRO-{e.zero_stage}", v) for e in c.engine
+                              for v in (e.forward_s, e.backward_s, e.step_s)),
+                            ("adam_alpha_s", c.adam_alpha_s), ("adam_s_per_param", c.adam_s_per_param),
+                            *((f"data_s[{b}]", v) for b, v in c.data_s.items())]:
+            if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
+                raise bad(f"has an impossible {what} time {value!r}")
     return calib
 
 

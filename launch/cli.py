@@ -87,7 +87,7 @@ def render(resolved: Resolved, plan: Plan, cmd: launcher.LaunchCommand, console)
         c.add_column(col, justify="right" if col not in ("parallelism", "collective", "link") else "left")
     for item in plan.comm:
         c.add_row(item.parallelism, item.collective, item.link, str(item.group_size), str(item.calls_per_step),
-                  _bytes(item.message_bytes), _bytes(item.bytes_per_rank), f"{item.busbw_GBps:g}", f"{item.time_s * 1e3:.2f}")
+                  _bytes(item.message_bytes), _bytes(item.bytes_per_rank), f"{item.busbw_GBps:.3g}", f"{item.time_s * 1e3:.2f}")
     if not plan.comm:
         c.add_row("-", "none (one rank per group)", "", "", "", "", "", "", "")
     console.print(c)

@@ -210,9 +210,17 @@ def _verify(recipe: str, overrides: Sequence[str], top: Sequence[Candidate], ste
         if x.step_time_s is None:
             console.print(f"  {escape(c.label)}: no measured step (exit {x.rc}); see {escape(str(x.run_dir))}")
     if ok:
-        console.print(f"measured fastest: {escape(ok[0][0].label)}"
-                      + (" (the predicted top pick)" if ok[0][0] is top[0] else
-                         f" (predicted rank {top.index(ok[0][0]) + 1})"))
+        fastest, pick = ok[0][1], next(x for c, x in rows if c is top[0])
+        if ok[0][0] is top[0]:
+            verdict = " (the predicted top pick)"
+        elif pick.step_time_s is not None and (pick.step_time_s - fastest.step_time_s
+                                               <= 2 * math.hypot(pick.noise_s, fastest.noise_s)):
+            verdict = (f" (predicted rank {top.index(ok[0][0]) + 1}; the predicted top pick measured "
+                       f"{pick.step_time_s * 1e3:.1f} ms, within twice the noise of ±"
+                       f"{math.hypot(pick.noise_s, fastest.noise_s) * 1e3:.1f} ms: a tie at these steps)")
+        else:
+            verdict = f" (predicted rank {top.index(ok[0][0]) + 1})"
+        console.print(f"measured fastest: {escape(ok[0][0].label)}{verdict}")
         _feed_back(members[0].resolved, ok, console)
     report = write_report(measured, "recommend")
     if report:

@@ -48,6 +48,7 @@ class Measured:
     run_dir: Path
     rc: int
     step_time_s: float | None  # median after warm-up on rank 0; None when the run recorded no measured step
+    noise_s: float = 0.0  # the median's standard error: 1.2533 · sd / √n over those steps
 
 
 def member(label: str, recipe: str, overrides: Sequence[str]) -> Member:
@@ -92,13 +93,17 @@ def print_plan_table(members: Sequence[Member], title: str) -> None:
     Console(width=int(os.environ.get("COLUMNS", "120")), highlight=False).print(t)
 
 
-def median_step_time(run: RunDir) -> float | None:
+def median_step_time(run: RunDir) -> tuple[float | None, float]:
+    """(median step time after warm-up on rank 0, its standard error) of a finished run."""
     from launch.metrics import read_metrics
 
     if not run.metrics(0).is_file():
-        return None
+        return None, 0.0
     steps = [s.step_time_s for s in read_metrics(run.metrics(0)).steps if not s.warmup]
-    return statistics.median(steps) if steps else None
+    if not steps:
+        return None, 0.0
+    se = 1.2533 * statistics.stdev(steps) / len(steps) ** 0.5 if len(steps) > 1 else 0.0
+    return statistics.median(steps), se
 
 
 def run_members(members: Sequence[Member], *, quiet: bool = False) -> list[Measured]:
@@ -110,7 +115,7 @@ def run_members(members: Sequence[Member], *, quiet: bool = False) -> list[Measu
         argv = [sys.executable, "-m", "launch", "run", m.recipe, *m.overrides, "run.resume=never"]
         rc = subprocess.call(argv, env={**os.environ, "LAYOUTLAB_RUN_DIR": str(run.root)},
                              stdout=subprocess.DEVNULL if quiet else None)
-        out.append(Measured(m, run.root, rc, median_step_time(run)))
+        out.append(Measured(m, run.root, rc, *median_step_time(run)))
         if rc != 0:
             print(f"[{i}/{len(members)}] {m.label} failed (exit {rc}); its logs are in {run.logs}", flush=True)
     return out

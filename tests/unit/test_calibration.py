@@ -150,3 +150,26 @@ def test_a_call_inside_the_measured_range_is_timed_on_the_measured_curve():
     assert fit.seconds(8) == pytest.approx(1e-3)
     assert fit.seconds(65540) == pytest.approx(1e-3 + 2e-3 * (65540 - 8) / (131072 - 8))
     assert fit.seconds(2 * 4194304) == pytest.approx(1e-3 + 2 * 4194304 / 1e9)  # beyond: the fitted line
+
+
+@pytest.mark.parametrize("where, value", [("engine", float("inf")), ("engine", -1.0), ("adam", float("nan"))])
+def test_impossible_compute_figures_are_refused(tmp_path, capsys, where, value):
+    d = _calibration().to_dict()
+    if where == "engine":
+        d["compute"]["engine"][3]["step_s"] = value
+    else:
+        d["compute"]["adam_s_per_param"] = value
+    path = _write(tmp_path, json.dumps(d))
+    assert main(["run", str(RECIPES / "tiny_zero2"), f"hardware.profile={path}", "--dry-run"]) == 2
+    err = capsys.readouterr().err
+    assert "has an impossible" in err and len(err.strip().splitlines()) == 1
+
+
+def test_calibrate_refuses_to_replace_a_file_and_a_calibration_as_its_base(tmp_path, capsys):
+    keep = tmp_path / "mine.json"
+    keep.write_text("precious")
+    assert main(["calibrate", str(RECIPES / "tiny_zero2"), f"out={keep}"]) == 2
+    assert "never replaces a file" in capsys.readouterr().err and keep.read_text() == "precious"
+    path = _write(tmp_path, _calibration())
+    assert main(["calibrate", str(RECIPES / "tiny_zero2"), f"hardware.profile={path}"]) == 2
+    assert "is already a calibration" in capsys.readouterr().err

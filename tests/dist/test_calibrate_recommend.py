@@ -1,0 +1,70 @@
+"""`python -m launch calibrate` then `python -m launch recommend ... verify=true` as a user runs them, on 2 gloo ranks."""
+import json
+import math
+import os
+import re
+import statistics
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from tests.conftest import REPO
+from tests.dist.conftest import TINY, free_port
+
+pytestmark = [pytest.mark.dist, pytest.mark.slow]
+
+SMALL = ("batch.global_batch_size=4", "batch.micro_batch_size=2")
+ROW = re.compile(r"^\s+(\d+)\s+(\d+)\s+\w+\s+\w+\s+-?\d+\s+([\d.]+)\s+[\d.]+\s+[\d.]+\s+\d+\s+([\d.]+)\s")
+
+
+def _run(args, runs, timeout):
+    env = {**os.environ, "LAYOUTLAB_RUNS": str(runs), "MASTER_PORT": str(free_port()), "COLUMNS": "200"}
+    return subprocess.run([sys.executable, "-m", "launch", *args], cwd=REPO, env=env, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def test_calibrate_then_recommend_verify(tmp_path):
+    runs, cal = tmp_path / "runs", tmp_path / "cal.json"
+    p = _run(["calibrate", TINY, *SMALL, f"out={cal}"], runs, 600)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    doc = json.loads(cal.read_text())
+    assert doc["kind"] == "layoutlab-calibration" and doc["world_size"] == 2
+    fits = {(c["op"], c["group_size"]): c for c in doc["collectives"]}
+    assert set(fits) == {(op, 2) for op in ("all_reduce", "all_gather", "reduce_scatter", "send_recv")}
+    # The fit against numpy's weighted least squares (weights 1/t: relative error) over the sweep's own text
+    # output, read back with this test's regex.
+    (txt,) = (runs / "calibration").glob("*/commbench_2/*/commbench/all_reduce.txt")
+    pts = [(float(m[1]), float(m[3]) * 1e-6) for m in map(ROW.match, txt.read_text().splitlines()) if m]
+    pts += [(float(m[1]), float(m[4]) * 1e-6) for m in map(ROW.match, txt.read_text().splitlines()) if m]
+    s, t = np.array([x for x, _ in pts]), np.array([y for _, y in pts])
+    slope, alpha = np.polyfit(s, t, 1, w=1 / t)
+    ar = fits[("all_reduce", 2)]
+    if alpha > 0 and slope > 0:  # the unclamped case; the text rounds times to 0.01 µs
+        assert ar["alpha_s"] == pytest.approx(alpha, rel=1e-3) and ar["beta_Bps"] == pytest.approx(1 / slope, rel=1e-3)
+    passes = {(x["tp"], x["micro_batch_size"], x["activation_checkpointing"]) for x in doc["compute"]["passes"]}
+    assert passes == {(tp, b, ac) for tp in (1, 2) for b in (1, 2, 4) for ac in ("none", "full")}
+    assert [e["zero_stage"] for e in doc["compute"]["engine"]] == [0, 1, 2, 3]
+
+    held = [*SMALL, f"hardware.profile={cal}", "train.warmup_steps=2"]
+    p = _run(["recommend", TINY, *held, "verify=true", "top=2", "steps=8"], runs, 600)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    assert "verified: re-ranked by measured" in p.stdout and "measured fastest:" in p.stdout
+    (fed,) = tmp_path.glob("cal.verified-*.json")
+    verified = json.loads(fed.read_text())
+    assert len(verified["verified"]) == 2
+    ratios = []
+    for v in verified["verified"]:
+        run = v["run_dir"]
+        plan = json.loads(open(os.path.join(run, "plan.json")).read())
+        assert plan["step"]["timing"] == "calibrated"
+        recs = [json.loads(line) for line in open(os.path.join(run, "metrics", "rank0.jsonl"))][1:]
+        measured = statistics.median(r["step_time_s"] for r in recs if not r["warmup"])
+        assert v["measured_s"] == pytest.approx(measured, rel=1e-12)
+        ratios.append(measured / plan["step"]["total_s"])
+    assert verified["correction"] == pytest.approx(math.exp(statistics.fmean(map(math.log, ratios))), rel=1e-9)
+    # The fed-back file is a calibration the planner applies: the same layout is predicted × the ratio.
+    p = _run(["run", TINY, *SMALL, f"hardware.profile={fed}", "--dry-run"], runs, 60)
+    assert p.returncode == 0 and "verified run(s)" in p.stdout
+    assert cal.is_file() and json.loads(cal.read_text()) == doc  # the original is untouched
