@@ -23,20 +23,16 @@ from typing import Sequence
 
 from launch import envinfo, launcher
 from launch.calibrate_rank import SPEC, compute_file
+from launch.recommend import MAX_MICRO_BATCH, ZERO_STAGES
 from launch.calibration import OPS, AlphaBeta, Calibration, Compute, EngineCost, Pass, fit_alpha_beta
 from launch.commbench_spec import groups_of, read_result
 from launch.errors import ConfigError
+from launch.grid import divisors
 from launch.resolve import Resolved, resolve_path
 from launch.rundir import RunDir
 
 DEFAULT_RECIPE = Path(__file__).resolve().parent.parent / "recipes" / "tiny_zero2"
 INTERLEAVE_US = 500.0  # compute between calls: about one decoder layer's forward of a small model on a CPU rank
-ZERO_STAGES = (0, 1, 2, 3)
-MAX_MICRO_BATCH = 8
-
-
-def _divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
 
 
 def parse(args: Sequence[str]) -> tuple[str, list[str], str | None]:
@@ -80,9 +76,15 @@ def cmd_calibrate(args: Sequence[str]) -> int:
                         base_profile=resolved.hardware.name, world_size=resolved.world_size,
                         ranks_per_node=resolved.recipe.hardware.gpus_per_node, collectives=tuple(collectives),
                         compute=compute, notes=tuple(notes))
-    tmp = out.with_name(out.name + ".tmp")
+    # Written whole under a name of our own, then linked into place: a file that appeared at `out` meanwhile stays.
+    tmp = root / f".calibration-{os.getpid()}.json"
     tmp.write_text(json.dumps(calib.to_dict(), indent=2) + "\n")
-    os.replace(tmp, out)
+    try:
+        os.link(tmp, out)
+    except FileExistsError:
+        raise ConfigError("command line", "out", str(out), "appeared while calibrating; calibrate never replaces a file",
+                          f"the measurements are kept in {tmp}: move it where you want it")
+    tmp.unlink()
     for c in collectives:
         beta = "∞" if c.beta_Bps == float("inf") else f"{c.beta_Bps / 1e9:.3f} GB/s"
         print(f"  {c.op:<15} {c.group_size} ranks: α = {c.alpha_s * 1e6:8.1f} µs, β = {beta}")
@@ -108,7 +110,7 @@ def _collectives(recipe: str, overrides: list[str], resolved: Resolved, root: Pa
     sweep = ["run.mode=commbench", "commbench.ops=[" + ",".join(f'"{op}"' for op in OPS) + "]",
              f"commbench.interleave_us={INTERLEAVE_US:g}", "commbench.step_factor=4", "commbench.iters=30",
              "commbench.warmup_iters=3", "run.resume=never", "run.profile=none"]
-    for n in [d for d in _divisors(world) if d >= 2]:
+    for n in [d for d in divisors(world) if d >= 2]:
         # Smaller groups as the TP groups of a layout (every group at once, consecutive ranks).
         group = ["commbench.group=world"] if n == world else [f"parallel.tp={n}", "commbench.group=tp"]
         try:
@@ -143,8 +145,8 @@ def _collectives(recipe: str, overrides: list[str], resolved: Resolved, root: Pa
 def _compute(recipe: str, overrides: list[str], resolved: Resolved, root: Path, notes: list[str]) -> Compute:
     m, r = resolved.model, resolved.recipe
     gpn = r.hardware.gpus_per_node
-    tps = [t for t in _divisors(gpn) if m.num_heads % t == 0 and m.num_kv_heads % t == 0 and m.intermediate_size % t == 0]
-    mbs = [b for b in _divisors(r.batch.global_batch_size) if b <= max(MAX_MICRO_BATCH, r.batch.micro_batch_size)]
+    tps = [t for t in divisors(gpn) if m.num_heads % t == 0 and m.num_kv_heads % t == 0 and m.intermediate_size % t == 0]
+    mbs = [b for b in divisors(r.batch.global_batch_size) if b <= max(MAX_MICRO_BATCH, r.batch.micro_batch_size)]
     engine_b = r.batch.micro_batch_size
     single = ["backend=deepspeed", "parallel.tp=1", "parallel.pp=1", "parallel.dp=auto", "parallel.sp=false",
               "parallel.vpp=1", "hardware.nodes=1", "hardware.gpus_per_node=1", f"batch.micro_batch_size={engine_b}",
@@ -178,18 +180,15 @@ def _compute(recipe: str, overrides: list[str], resolved: Resolved, root: Path, 
             raise RuntimeError(f"compute probe {i} failed (exit {rc}); see {root / 'logs' / f'compute_{i}.log'}")
     docs = [json.loads(compute_file(root, i).read_text()) for i in range(gpn)]
 
-    def mean(values) -> float:
-        return statistics.fmean(values)
-
     passes = tuple(Pass(p["tp"], p["micro_batch_size"], p["activation_checkpointing"],
-                        mean(d["passes"][k]["forward_s"] for d in docs), mean(d["passes"][k]["backward_s"] for d in docs),
-                        mean(d["passes"][k]["sd_s"] for d in docs))
+                        *(statistics.fmean(d["passes"][k][part] for d in docs)
+                          for part in ("forward_s", "backward_s", "sd_s")))
                    for k, p in enumerate(docs[0]["passes"]))
     engine = []
     for k, e in enumerate(docs[0]["engine"]):
         costs = {}
         for part in ("forward_s", "backward_s", "step_s"):
-            value = mean(d["engine"][k][part] for d in docs)
+            value = statistics.fmean(d["engine"][k][part] for d in docs)
             if value < 0:  # the engine cannot cost less than the plain model: noise around zero
                 notes.append(f"DeepSpeed ZeRO-{e['zero_stage']} {part[:-2]} cost measured {value * 1e3:.2f} ms (below "
                              "the plain model's, noise): taken as 0")
@@ -197,12 +196,14 @@ def _compute(recipe: str, overrides: list[str], resolved: Resolved, root: Path, 
             costs[part] = value
         engine.append(EngineCost(e["zero_stage"], **costs))
     engine = tuple(engine)
-    return Compute(backend="deepspeed", model=m.name, dtype=r.precision.dtype, seq_len=r.batch.seq_len, threads_per_rank=docs[0]["threads"],
-                   passes=passes, engine=engine, adam_alpha_s=mean(d["adam_alpha_s"] for d in docs),
-                   adam_s_per_param=mean(d["adam_s_per_param"] for d in docs),
-                   data_s={b: mean(d["data_s"][b] for d in docs) for b in docs[0]["data_s"]},
+    return Compute(backend="deepspeed", model=m.name, dtype=r.precision.dtype, seq_len=r.batch.seq_len,
+                   threads_per_rank=docs[0]["threads"],
+                   passes=passes, engine=engine, adam_alpha_s=statistics.fmean(d["adam_alpha_s"] for d in docs),
+                   adam_s_per_param=statistics.fmean(d["adam_s_per_param"] for d in docs),
+                   data_s={b: statistics.fmean(d["data_s"][b] for d in docs) for b in docs[0]["data_s"]},
                    how=(f"{gpn} concurrent world-1 processes ({docs[0]['threads']} threads each), the HF model of the "
                         f"deepspeed backend (TP shards: heads, key/value heads and MLP width / tp), "
-                        f"{spec['iters']} timed iterations after {spec['warmup_iters']} warm-up, mean (and over processes); engine costs: "
+                        f"{spec['iters']} timed iterations after {spec['warmup_iters']} warm-up, mean (and over "
+                        f"processes); engine costs: "
                         f"DeepSpeed engine minus the plain model at micro_batch_size={engine_b} and torch Adam fitted "
                         f"over {spec['adam_numels']} elements; measured {dt.datetime.now(dt.timezone.utc):%Y-%m-%dT%H:%M:%SZ}"))

@@ -164,17 +164,18 @@ def _engines(resolved, spec: dict, adam_s, cuda: bool, sync) -> list[dict]:
     for item in spec["engines"]:
         model = _model(resolved, 1, cuda)
         engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=item["ds_config"])
-        diffs = []
+        forward, backward, step = [], [], []  # engine minus plain model, per iteration
         for it in range(spec["warmup_iters"] + spec["iters"]):
             pf, pb = _forward_backward(plain, _backward, x, sync)
             plain.zero_grad(set_to_none=True)
             ef, eb = _forward_backward(engine, engine.backward, x, sync)
             es = _timed(engine.step, sync)
             if it >= spec["warmup_iters"]:
-                diffs.append((ef - pf, eb - pb, es))
-        out.append({"zero_stage": item["zero_stage"], "forward_s": statistics.fmean(d[0] for d in diffs),
-                    "backward_s": statistics.fmean(d[1] for d in diffs),
-                    "step_s": statistics.fmean(d[2] for d in diffs) - adam_s(params)})
+                forward.append(ef - pf)
+                backward.append(eb - pb)
+                step.append(es)
+        out.append({"zero_stage": item["zero_stage"], "forward_s": statistics.fmean(forward),
+                    "backward_s": statistics.fmean(backward), "step_s": statistics.fmean(step) - adam_s(params)})
         engine.destroy()
         del engine, model
         gc.collect()

@@ -20,8 +20,9 @@ from launch.errors import ConfigError
 
 KIND = "layoutlab-calibration"
 VERSION = 1
-# The collectives the planner times; calibrate measures each on every group size a layout of the world can use.
-OPS = ("all_reduce", "all_gather", "reduce_scatter", "send_recv")
+# The collectives the planner times from a calibration (pipeline sends are not calibrated: layouts with pp > 1
+# fall back to nominal figures); calibrate measures each on every group size a layout of the world can use.
+OPS = ("all_reduce", "all_gather", "reduce_scatter")
 
 
 @dataclass(frozen=True)
@@ -45,9 +46,10 @@ class AlphaBeta:
         """One call's time: on the measured curve (linear between the two nearest sizes, the placements averaged)
         inside the measured range, where gloo and NCCL switch algorithms with size and a single line misses by up
         to 2× (gloo, 128 KiB all_reduce on 2 CPU ranks); the fitted line outside it."""
-        sizes: dict[int, list[float]] = {}
+        sizes: dict[float, list[float]] = {}
         for s, t in self.points:
-            sizes.setdefault(s, []).append(t)
+            if t > 0:  # a call measured below the noise of the work around it says nothing about its size
+                sizes.setdefault(s, []).append(t)
         curve = sorted((s, sum(ts) / len(ts)) for s, ts in sizes.items())
         if len(curve) < 2 or not curve[0][0] <= nbytes <= curve[-1][0]:
             return self.line(nbytes)
@@ -154,18 +156,34 @@ class Calibration:
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> "Calibration":
+        """Raises KeyError, TypeError or ValueError on a document of the wrong shape (numbers are made floats here,
+        so that a string where a time belongs fails now rather than in the planner)."""
         comp = d.get("compute")
         compute = None if comp is None else Compute(
-            **{**comp, "passes": tuple(Pass(**p) for p in comp["passes"]),
-               "engine": tuple(EngineCost(**e) for e in comp["engine"])})
-        return cls(created=d["created"], machine_kind=d["machine_kind"], versions=dict(d["versions"]),
-                   base_profile=d["base_profile"], world_size=int(d["world_size"]),
+            backend=str(comp["backend"]), model=str(comp["model"]), dtype=str(comp["dtype"]),
+            seq_len=int(comp["seq_len"]), threads_per_rank=int(comp["threads_per_rank"]),
+            passes=tuple(Pass(int(p["tp"]), int(p["micro_batch_size"]), str(p["activation_checkpointing"]),
+                              _num(p["forward_s"]), _num(p["backward_s"]), _num(p.get("sd_s", 0.0)))
+                         for p in comp["passes"]),
+            engine=tuple(EngineCost(int(e["zero_stage"]), _num(e["forward_s"]), _num(e["backward_s"]), _num(e["step_s"]))
+                         for e in comp["engine"]),
+            adam_alpha_s=_num(comp["adam_alpha_s"]), adam_s_per_param=_num(comp["adam_s_per_param"]),
+            how=str(comp["how"]), data_s={str(b): _num(v) for b, v in dict(comp.get("data_s", {})).items()})
+        return cls(created=str(d["created"]), machine_kind=str(d["machine_kind"]), versions=dict(d["versions"]),
+                   base_profile=str(d["base_profile"]), world_size=int(d["world_size"]),
                    ranks_per_node=int(d["ranks_per_node"]),
-                   collectives=tuple(AlphaBeta(**{**c, "beta_Bps": float(c["beta_Bps"]),
-                                                  "points": tuple((int(s), float(t)) for s, t in c["points"])})
+                   collectives=tuple(AlphaBeta(str(c["op"]), int(c["group_size"]), str(c["link"]), _num(c["alpha_s"]),
+                                               _num(c["beta_Bps"]),
+                                               tuple((_num(s), _num(t)) for s, t in c["points"]), str(c["how"]))
                                      for c in d["collectives"]),
-                   compute=compute, notes=tuple(d.get("notes", ())), verified=tuple(d.get("verified", ())),
-                   correction=float(d.get("correction", 1.0)))
+                   compute=compute, notes=tuple(map(str, d.get("notes", ()))),
+                   verified=tuple(dict(v) for v in d.get("verified", ())), correction=_num(d.get("correction", 1.0)))
+
+
+def _num(value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{value!r} is not a number")
+    return float(value)
 
 
 def read_calibration(path: Path, *, context: str, field_name: str = "hardware.profile") -> Calibration:
@@ -181,15 +199,20 @@ def read_calibration(path: Path, *, context: str, field_name: str = "hardware.pr
         raise bad(f"cannot be read as JSON ({type(e).__name__}: {str(e).splitlines()[0][:120]})")
     if not isinstance(raw, dict) or raw.get("kind") != KIND:
         raise bad(f'is not a calibration file (no "kind": "{KIND}")')
-    if raw.get("version") != VERSION:
+    if type(raw.get("version")) is not int or raw["version"] != VERSION:
         raise bad(f"is calibration version {raw.get('version')!r}; this code reads {VERSION}")
     try:
         calib = Calibration.from_dict(raw)
     except (KeyError, TypeError, ValueError) as e:
         raise bad(f"is damaged ({type(e).__name__}: {e})")
     for c in calib.collectives:
-        if not (c.alpha_s >= 0 and math.isfinite(c.alpha_s) and c.beta_Bps > 0):
+        # α = 0 with β = ∞ would make the collective free.
+        if not (c.alpha_s >= 0 and math.isfinite(c.alpha_s) and c.beta_Bps > 0 and (c.alpha_s > 0 or math.isfinite(c.beta_Bps))):
             raise bad(f"has an impossible fit for {c.op} on {c.group_size} ranks (alpha {c.alpha_s}, beta {c.beta_Bps})")
+        if not c.points or not all(math.isfinite(x) and math.isfinite(t) and x > 0 and t >= 0 for x, t in c.points):
+            raise bad(f"has impossible measured points for {c.op} on {c.group_size} ranks")
+    if not (calib.world_size >= 1 and calib.ranks_per_node >= 1):
+        raise bad(f"has an impossible world ({calib.world_size} ranks, {calib.ranks_per_node} per node)")
     if not (math.isfinite(calib.correction) and 0.1 <= calib.correction <= 10):
         raise bad(f"has an impossible correction {calib.correction} (measured/predicted)")
     for p in calib.compute.passes if calib.compute else ():
@@ -207,13 +230,16 @@ def read_calibration(path: Path, *, context: str, field_name: str = "hardware.pr
 
 
 def problems(calib: Calibration, *, machine_kind: str, versions: Mapping[str, str | None],
-             needs: Sequence[tuple[str, int, str]], model: str, dtype: str, seq_len: int, backend_engine: bool,
+             needs: Sequence[tuple[str, int, str]], model: str, dtype: str, seq_len: int, ranks_per_node: int,
              tp: int, micro_batch_size: int, activation_checkpointing: str, zero_stage: int) -> list[str]:
     """Why this calibration cannot time a layout (empty: it can). `needs`: the (collective, group size) pairs the
-    layout calls; `backend_engine`: whether the backend's time includes the DeepSpeed engine's costs."""
+    layout calls; `ranks_per_node`: the layout's (each rank's threads and share of the machine follow from it)."""
     out = []
     if calib.machine_kind != machine_kind:
         out.append(f"it was measured on {calib.machine_kind!r}, this machine is {machine_kind!r}")
+    if calib.ranks_per_node != ranks_per_node:
+        out.append(f"it was measured with {calib.ranks_per_node} ranks per node sharing the machine, the layout has "
+                   f"{ranks_per_node}")
     for pkg in ("torch", "deepspeed"):
         if calib.versions.get(pkg) != versions.get(pkg):
             out.append(f"it was measured with {pkg} {calib.versions.get(pkg)}, {versions.get(pkg)} is installed")
@@ -231,6 +257,6 @@ def problems(calib: Calibration, *, machine_kind: str, versions: Mapping[str, st
         elif c.find_pass(tp, micro_batch_size, activation_checkpointing) is None:
             out.append(f"it has no pass at tp={tp}, micro_batch_size={micro_batch_size}, "
                        f"activation_checkpointing={activation_checkpointing}")
-        if backend_engine and c.find_engine(zero_stage) is None:
+        if c.find_engine(zero_stage) is None:
             out.append(f"it has no DeepSpeed engine cost at zero_stage={zero_stage}")
     return out

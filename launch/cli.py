@@ -125,13 +125,17 @@ def _bytes(n: float) -> str:
     return f"{int(n)} B"
 
 
-def cmd_run(args: Sequence[str]) -> int:
-    dry = "--dry-run" in args
+def split_dry_run(args: Sequence[str], script: str, fix: str) -> tuple[bool, list[str]]:
+    """(whether --dry-run was given, the other arguments); any other flag is refused in one line."""
     rest = [a for a in args if a != "--dry-run"]
     flags = [a for a in rest if a.startswith("--")]
     if flags:
-        raise ConfigError("command line", flags[0], flags[0], "is not a flag of run.sh (--dry-run is the only one)",
-                          "use dotted key=value overrides, e.g. parallel.tp=2")
+        raise ConfigError("command line", flags[0], flags[0], f"is not a flag of {script} (--dry-run is the only one)", fix)
+    return len(rest) != len(args), rest
+
+
+def cmd_run(args: Sequence[str]) -> int:
+    dry, rest = split_dry_run(args, "run.sh", "use dotted key=value overrides, e.g. parallel.tp=2")
     if not rest:
         raise ConfigError("command line", "recipe", None, "is missing", "usage: bash launch/run.sh recipes/NAME [key=value ...] [--dry-run]")
     recipe, overrides = rest[0], rest[1:]

@@ -4,6 +4,7 @@ Versions come from package metadata so that capturing them never imports torch.
 """
 from __future__ import annotations
 
+import functools
 import os
 import platform
 import shutil
@@ -41,6 +42,7 @@ def _devices() -> list[str]:
     return [f"CPU: {model or platform.processor()} × {os.cpu_count()} cores"]
 
 
+@functools.cache  # the planner asks once per plan; nvidia-smi need not run once per recommend candidate
 def machine_kind() -> str:
     """What kind of machine this is, for telling whether a calibration was measured on one like it: the device
     names with their counts (no indices, serial numbers or host names), e.g. "8 × NVIDIA H100 80GB HBM3" or
@@ -53,14 +55,19 @@ def machine_kind() -> str:
     return names[0] if names else platform.processor()
 
 
-def package_versions() -> dict[str, str | None]:
-    versions = {}
+@functools.cache
+def _versions() -> tuple[tuple[str, str | None], ...]:
+    out = []
     for p in PACKAGES:
         try:
-            versions[p] = metadata.version(p)
+            out.append((p, metadata.version(p)))
         except metadata.PackageNotFoundError:
-            versions[p] = None
-    return versions
+            out.append((p, None))
+    return tuple(out)
+
+
+def package_versions() -> dict[str, str | None]:
+    return dict(_versions())
 
 
 def capture(repo: Path | None = None) -> dict:

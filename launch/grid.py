@@ -10,6 +10,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 
+def divisors(n: int) -> list[int]:
+    """The whole numbers that divide n, ascending: the degrees a dimension of n ranks (or layers) can split into."""
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
 @dataclass(frozen=True)
 class RankGrid:
     tp: int

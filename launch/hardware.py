@@ -68,16 +68,18 @@ def is_profile_path(value: str) -> bool:
 def load_profile(name: str, *, context: str = "", field: str = "hardware.profile",
                  path: Path | None = None) -> HardwareProfile:
     """A shipped profile by name, or (with `path`) a calibration file on top of the profile it names."""
+    if path is None and name not in profile_names():
+        raise ConfigError(context or "command line", field, name, "is not a shipped hardware profile",
+                          f"use one of: {', '.join(profile_names())}, or the path of a calibration file (*.json)")
     if path is not None:
         from launch.calibration import read_calibration
 
         calib = read_calibration(path, context=context or "command line", field_name=field)
+        if calib.base_profile not in profile_names():  # a name, never a path: the catalogue is the only source
+            raise ConfigError(str(path), "base_profile", calib.base_profile, "is not a shipped hardware profile",
+                              f"use one of: {', '.join(profile_names())}")
         base = load_profile(calib.base_profile, context=str(path), field="base_profile")
         return HardwareProfile(**{**base.__dict__, "calibration": {**calib.to_dict(), "source_path": str(path.resolve())},
                                   "sources": f"calibrated {calib.created} on {calib.machine_kind} ({path}); "
                                              f"memory and links from the nominal {base.name} profile: {base.sources}"})
-    path = _DIR / f"{name}.json"
-    if not path.is_file():
-        raise ConfigError(context or "command line", field, name, "is not a shipped hardware profile",
-                          f"use one of: {', '.join(profile_names())}")
-    return HardwareProfile.from_dict(json.loads(path.read_text()))
+    return HardwareProfile.from_dict(json.loads((_DIR / f"{name}.json").read_text()))

@@ -52,6 +52,8 @@ OVERLAPS = {"nccl": True, "gloo": False}
 # DeepSpeed ZeRO-3 defaults (stage3 config) that decide how many gathers a step makes.
 ZERO3_PERSISTENCE_THRESHOLD = 100_000
 ZERO3_MAX_REUSE_DISTANCE = 1_000_000_000
+ZERO_BUCKET_DEFAULT = 500_000_000  # reduce_bucket_size / allgather_bucket_size defaults (elements)
+ZERO0_BUCKET_ELEMENTS = 500_000_000  # engine.allreduce_gradients' fixed bucket without ZeRO
 
 
 @dataclass(frozen=True)
@@ -477,14 +479,15 @@ def buffers(layout: Layout, params: int) -> int:
     if layout.grid.dp == 1 and layout.zero_stage == 0:
         return 0
     z, e, zo = layout.zero_stage, layout.elem_bytes, layout.ds_zero
-    reduce = min(int(zo.get("reduce_bucket_size", 500_000_000)), params)
+    reduce = min(_bucket(layout, "reduce_bucket_size"), params)
     if z in (1, 2):
-        gather = min(int(zo.get("allgather_bucket_size", 500_000_000)), params)
+        gather = min(_bucket(layout, "allgather_bucket_size"), params)
         copies = 2 if zo.get("overlap_comm") else 1  # overlap_comm double-buffers the gradient bucket
         return e * (copies * reduce + gather)
     if z == 3:
-        prefetch = int(zo.get("stage3_prefetch_bucket_size", 50_000_000))
-        live = min(int(zo.get("stage3_max_live_parameters", 1_000_000_000)), prefetch + largest_layer_params(layout), params)
+        prefetch = _int_or(zo.get("stage3_prefetch_bucket_size"), 50_000_000)
+        live = min(_int_or(zo.get("stage3_max_live_parameters"), 1_000_000_000), prefetch + largest_layer_params(layout),
+                   params)
         return e * (reduce + live)
     return e * reduce
 
@@ -580,24 +583,26 @@ def communication(layout: Layout, timing: Timing = Timing()) -> list[Comm]:
     mbs = layout.grad_accum
     params, layers = stage_params(layout, 0)
     act = layout.seq_len * layout.micro_batch_size * m.hidden_size * e
-    zo = layout.ds_zero
     if g.dp > 1:
         grp = g.dp_group(0)
         z = layout.zero_stage
-        reduce_calls = -(-params // int(zo.get("reduce_bucket_size", 500_000_000)))  # one call per gradient bucket
         if z == 0:
-            out.append(_comm(layout, timing, "dp", "all_reduce", grp, reduce_calls, params * e / reduce_calls,
-                             "gradient all-reduce at the accumulation boundary, one call per reduce bucket"))
+            # The engine's allreduce_gradients buckets by a fixed element count (engine.py), not reduce_bucket_size.
+            calls = -(-params // ZERO0_BUCKET_ELEMENTS)
+            out.append(_comm(layout, timing, "dp", "all_reduce", grp, calls, params * e / calls,
+                             f"gradient all-reduce at the accumulation boundary, one call per {ZERO0_BUCKET_ELEMENTS:,} "
+                             "elements"))
         elif z in (1, 2):
+            reduce_calls = -(-params // _bucket(layout, "reduce_bucket_size"))
             rs_calls = reduce_calls * (mbs if z == 2 else 1)
             out.append(_comm(layout, timing, "dp", "reduce_scatter", grp, rs_calls, params * e / reduce_calls,
                              "gradient reduce-scatter per reduce bucket " + ("every micro-step (ZeRO-2)" if z == 2 else
                                                                              "at the boundary (ZeRO-1)")))
-            ag_calls = -(-params // int(zo.get("allgather_bucket_size", 500_000_000)))
-            out.append(_comm(layout, timing, "dp", "all_gather", grp, ag_calls, params * e / ag_calls,
-                             "updated parameter partitions, one call per all-gather bucket", after_step=True))
+            # One all_gather_into_tensor per parameter group (runtime/utils.all_gather_dp_groups): one here.
+            out.append(_comm(layout, timing, "dp", "all_gather", grp, 1, params * e, "updated parameter partitions",
+                             after_step=True))
         else:
-            out.extend(_zero3_traffic(layout, timing, grp, reduce_calls))
+            out.extend(_zero3_traffic(layout, timing, grp, -(-params // _bucket(layout, "reduce_bucket_size"))))
         # DeepSpeed's global gradient norm (clipping and the logged norm) and the loop's data-parallel loss mean.
         out.append(_comm(layout, timing, "dp", "all_reduce", grp, 2, 4,
                          "one fp32 each: the gradient norm (DeepSpeed) and the logged loss mean (the loop)",
@@ -625,6 +630,17 @@ def communication(layout: Layout, timing: Timing = Timing()) -> list[Comm]:
     return out
 
 
+def _int_or(value: Any, default: int, low: int = 0) -> int:
+    """A count from the composed zero_optimization section, or DeepSpeed's default where it is unset, "auto" or not
+    a number >= low (DeepSpeed itself replaces or refuses those)."""
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value >= low
+    return int(value) if ok else default
+
+
+def _bucket(layout: Layout, key: str) -> int:
+    return _int_or(layout.ds_zero.get(key), ZERO_BUCKET_DEFAULT, low=1)
+
+
 def _zero3_traffic(layout: Layout, timing: Timing, grp: tuple[int, ...], reduce_calls: int) -> list[Comm]:
     """DeepSpeed ZeRO-3 (partition_parameters.py, stage3.py; counted in traces of 0.19.8 on gloo): parameters at or
     below stage3_param_persistence_threshold stay whole and are re-gathered one call each after every optimizer step;
@@ -632,14 +648,14 @@ def _zero3_traffic(layout: Layout, timing: Timing, grp: tuple[int, ...], reduce_
     backward when the stage holds more than stage3_max_reuse_distance parameters (otherwise they are still there);
     gradients leave in one reduce-scatter per bucket per micro-step."""
     zo, e, mbs = layout.ds_zero, layout.elem_bytes, layout.grad_accum
-    threshold = int(zo.get("stage3_param_persistence_threshold", ZERO3_PERSISTENCE_THRESHOLD))
+    threshold = _int_or(zo.get("stage3_param_persistence_threshold"), ZERO3_PERSISTENCE_THRESHOLD)
     tensors = rank_parameters(layout, 0)
     persistent = [n for n in tensors if n <= threshold]
     fetched = [n for n in tensors if n > threshold]
     params = sum(tensors)
     out = []
     if fetched:
-        again = params > int(zo.get("stage3_max_reuse_distance", ZERO3_MAX_REUSE_DISTANCE))
+        again = params > _int_or(zo.get("stage3_max_reuse_distance"), ZERO3_MAX_REUSE_DISTANCE)
         times = mbs * (2 if again else 1)
         out.append(_comm(layout, timing, "dp", "all_gather", grp, times * len(fetched), e * sum(fetched) / len(fetched),
                          "ZeRO-3: one gather per partitioned parameter before its forward"
@@ -762,7 +778,7 @@ def layout_timing(layout: Layout) -> Timing:
     needs = sorted({(c.collective, c.group_size, c.link) for c in communication(layout)})
     why = cal.problems(calib, machine_kind=envinfo.machine_kind(), versions=envinfo.package_versions(), needs=needs,
                        model=layout.model.name, dtype=layout.dtype, seq_len=layout.seq_len,
-                       backend_engine=True, tp=layout.grid.tp, micro_batch_size=layout.micro_batch_size,
+                       ranks_per_node=layout.grid.gpus_per_node, tp=layout.grid.tp, micro_batch_size=layout.micro_batch_size,
                        activation_checkpointing=layout.recompute, zero_stage=layout.zero_stage)
     if calib.compute is not None and calib.compute.backend != layout.backend:
         why.append(f"its compute was measured on the {calib.compute.backend} backend's model, the layout trains on "
@@ -840,16 +856,19 @@ def host_bytes_per_node(layout: Layout, ranks: list[RankPlan]) -> int:
     """Host memory of the busiest node, as DeepSpeed's estimate_zero2/zero3_model_states_mem_needs count it without
     zero.Init (neither backend builds the model under it): every local process first builds its fp32 parameters
     on the host (4 B each), and offloaded optimizer state (and ZeRO-3 parameters) lives there afterwards; the node
-    needs the larger of the two, times the estimators' buffer factor. With one node and tp = pp = 1 this is their
+    needs the larger of the two, times the estimators' buffer factor. Both backends build the whole model on every
+    rank (trainers/common.build_model; Megatron from the canonical HF state) whatever its TP/PP shard. With one node
+    and tp = pp = 1 this is their
     CPU column exactly; across nodes their ZeRO-2 offload figure counts every GPU's model copy as if on one node
     (max(4 · total GPUs, 16) B/param), which this does not."""
     g = layout.grid
+    whole = 4 * layout.model.param_counts().total  # every process builds the whole fp32 model before sharding it
     load: dict[int, int] = {}
     offloaded: dict[int, int] = {}
     for rp in ranks:
         for rank in rp.ranks:
             node = g.node(rank)
-            load[node] = load.get(node, 0) + 4 * rp.params
+            load[node] = load.get(node, 0) + whole
             offloaded[node] = offloaded.get(node, 0) + rp.memory[rp.implementation].host_bytes
     return max((int(HOST_BUFFER_FACTOR * max(load[n], offloaded[n])) for n in load), default=0)
 

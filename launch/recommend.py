@@ -26,10 +26,12 @@ from typing import Sequence
 
 from launch.backends import BACKENDS, traits
 from launch.errors import ConfigError
+from launch.grid import divisors
 from launch.planner import GiB, Plan, plan_resolved
 from launch.resolve import Resolved, resolve_path
 
-MAX_MICRO_BATCH = 16
+MAX_MICRO_BATCH = 16  # the largest micro-batch tried (and calibrated)
+ZERO_STAGES = (0, 1, 2, 3)
 DEFAULT_TOP = 3
 DEFAULT_VERIFY_STEPS = 30
 
@@ -46,17 +48,11 @@ class Candidate:
         return self.plan is not None and self.plan.fits
 
     def overflow_bytes(self) -> int:
-        """How far the worst rank is over its usable memory (host overflow counts too); 0 when it fits."""
-        if self.plan is None:
-            return math.inf
+        """How far the worst rank of a planned layout is over its usable memory (host overflow counts too)."""
         worst = self.plan.worst()
         device = worst.memory[worst.implementation].total - worst.usable_bytes
         host = self.plan.host_bytes_per_node - self.plan.host_usable_bytes
         return max(0, device, host)
-
-
-def _divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
 
 
 def layouts(resolved: Resolved) -> list[tuple[str, tuple[str, ...]]]:
@@ -69,15 +65,15 @@ def layouts(resolved: Resolved) -> list[tuple[str, tuple[str, ...]]]:
         bt = traits(backend)
         if bt.missing_packages():
             continue
-        for tp in _divisors(gpn):
-            for pp in _divisors(world // tp):
+        for tp in divisors(gpn):
+            for pp in divisors(world // tp):
                 if pp > 1 and "pp" not in bt.features:
                     continue
                 dp = world // (tp * pp)
                 for sp in (False, True) if tp > 1 and "sp" in bt.features else (False,):
-                    for zero in range(4):
+                    for zero in ZERO_STAGES:
                         for ac in ("none", "selective", "full") if "selective" in bt.features else ("none", "full"):
-                            for mb in [b for b in _divisors(gbs // dp) if b <= MAX_MICRO_BATCH] if gbs % dp == 0 else []:
+                            for mb in [b for b in divisors(gbs // dp) if b <= MAX_MICRO_BATCH] if gbs % dp == 0 else []:
                                 label = (f"{backend} tp{tp} pp{pp} dp{dp} z{zero}" + (" sp" if sp else "")
                                          + (f" ac={ac}" if ac != "none" else "") + f" mb{mb}")
                                 ov = (f"backend={backend}", f"parallel.tp={tp}", f"parallel.pp={pp}", "parallel.dp=auto",
@@ -187,69 +183,79 @@ def render(recipe_name: str, cands: Sequence[Candidate], shown: int, console) ->
 
 
 def _verify(recipe: str, overrides: Sequence[str], top: Sequence[Candidate], steps: int, console) -> int:
-    from launch.sweep import member, run_members, write_report
-
-    held = [*overrides, f"train.steps={steps}", "train.checkpoint_every=0"]
-    members = [member(c.label, recipe, [*held, *c.overrides]) for c in top]
-    measured = run_members(members, quiet=True)
-    rows = [(c, x) for c, x in zip(top, measured, strict=True)]
-    ok = [(c, x) for c, x in rows if x.step_time_s is not None]
-    ok.sort(key=lambda cx: cx[1].step_time_s)
     from rich.markup import escape
     from rich.table import Table
 
+    from launch.sweep import member, run_members, write_report
+
+    held = [*overrides, f"train.steps={steps}", "train.checkpoint_every=0"]
+    measured = run_members([member(c.label, recipe, [*held, *c.overrides]) for c in top], quiet=True)
+    rank = {c.label: i for i, c in enumerate(top, 1)}  # predicted
+    done = sorted((x for x in measured if x.step_time_s is not None), key=lambda x: x.step_time_s)
     t = Table(title="verified: re-ranked by measured median step time after warm-up", title_justify="left")
     for col in ("#", "layout", "predicted ms", "measured ms", "error", "predicted rank", "run"):
         t.add_column(col, justify="left" if col in ("layout", "run") else "right")
-    for i, (c, x) in enumerate(ok, 1):
+    for i, x in enumerate(done, 1):
         pred = x.member.plan.step.total_s
-        t.add_row(str(i), escape(c.label), f"{pred * 1e3:.1f}", f"{x.step_time_s * 1e3:.1f}",
-                  f"{(pred - x.step_time_s) / x.step_time_s:+.1%}", str(top.index(c) + 1), escape(str(x.run_dir)))
+        t.add_row(str(i), escape(x.member.label), f"{pred * 1e3:.1f}", f"{x.step_time_s * 1e3:.1f}",
+                  f"{(pred - x.step_time_s) / x.step_time_s:+.1%}", str(rank[x.member.label]), escape(str(x.run_dir)))
     console.print(t)
-    for c, x in rows:
+    for x in measured:
         if x.step_time_s is None:
-            console.print(f"  {escape(c.label)}: no measured step (exit {x.rc}); see {escape(str(x.run_dir))}")
-    if ok:
-        fastest, pick = ok[0][1], next(x for c, x in rows if c is top[0])
-        if ok[0][0] is top[0]:
-            verdict = " (the predicted top pick)"
-        elif pick.step_time_s is not None and (pick.step_time_s - fastest.step_time_s
-                                               <= 2 * math.hypot(pick.noise_s, fastest.noise_s)):
-            verdict = (f" (predicted rank {top.index(ok[0][0]) + 1}; the predicted top pick measured "
-                       f"{pick.step_time_s * 1e3:.1f} ms, within twice the noise of ±"
-                       f"{math.hypot(pick.noise_s, fastest.noise_s) * 1e3:.1f} ms: a tie at these steps)")
-        else:
-            verdict = f" (predicted rank {top.index(ok[0][0]) + 1})"
-        console.print(f"measured fastest: {escape(ok[0][0].label)}{verdict}")
-        _feed_back(members[0].resolved, ok, console)
+            console.print(f"  {escape(x.member.label)}: no measured step (exit {x.rc}); see {escape(str(x.run_dir))}")
+    if done:
+        console.print(f"measured fastest: {escape(done[0].member.label)}{_verdict(done[0], measured[0])}")
+        _feed_back(done, console)
     report = write_report(measured, "recommend")
     if report:
         console.print(f"report: {escape(str(report))}")
-    return 0 if len(ok) == len(rows) else 1
+    return 0 if len(done) == len(measured) else 1
 
 
-def _feed_back(resolved: Resolved, ok, console) -> None:
+def _verdict(fastest, pick) -> str:
+    """How the predicted top pick (`pick`) fared against the measured fastest."""
+    if fastest is pick:
+        return " (the predicted top pick)"
+    noise = math.hypot(pick.noise_s, fastest.noise_s)
+    if pick.step_time_s is not None and pick.step_time_s - fastest.step_time_s <= 2 * noise:
+        return (f" (the predicted top pick measured {pick.step_time_s * 1e3:.1f} ms, within twice the noise of "
+                f"±{noise * 1e3:.1f} ms: a tie at these steps)")
+    return " (not the predicted top pick)"
+
+
+def _feed_back(done, console) -> None:
     """Write a new calibration file beside the one used: the same figures plus these measurements and the
-    geometric-mean measured/predicted ratio, which the planner applies (labelled) to plans that use it."""
+    geometric-mean measured/predicted ratio, which the planner applies (labelled) to plans that use it. Only runs
+    the calibration timed count: a nominal prediction says nothing about it."""
     from rich.markup import escape
 
-    calib = resolved.hardware.calibration
-    if calib is None:
-        console.print("  (nominal profile: run `python -m launch calibrate` and pass hardware.profile=PATH to feed "
-                      "measurements back into a calibration)")
+    calib = done[0].member.resolved.hardware.calibration
+    timed = [x for x in done if x.member.plan.step.timing == "calibrated" and x.step_time_s > 0]
+    if calib is None or not timed:
+        console.print("  (no calibrated prediction among them: run `python -m launch calibrate` and pass "
+                      "hardware.profile=PATH to feed measurements back into a calibration)")
         return
     verified = list(calib.get("verified", ()))
     stamp = dt.datetime.now(dt.timezone.utc)
-    for c, x in ok:
+    for x in timed:
         step = x.member.plan.step
-        verified.append({"layout": c.label, "overrides": list(c.overrides), "measured_s": x.step_time_s,
+        verified.append({"layout": x.member.label, "overrides": list(x.member.overrides), "measured_s": x.step_time_s,
                          "predicted_s": step.total_s / step.correction, "run_dir": str(x.run_dir),
                          "when": stamp.isoformat(timespec="seconds")})
     ratio = math.exp(statistics.fmean(math.log(v["measured_s"] / v["predicted_s"]) for v in verified))
+    if not 0.1 <= ratio <= 10:
+        console.print(f"  measured/predicted = {ratio:.3g} is outside any sense (0.1-10): not fed back; recalibrate")
+        return
     doc = {k: v for k, v in calib.items() if k != "source_path"} | {"verified": verified, "correction": ratio}
     path = Path(calib["source_path"])
-    out = path.with_name(f"{path.stem}.verified-{stamp:%Y%m%d-%H%M%S}.json")
-    out.write_text(json.dumps(doc, indent=2) + "\n")
+    for n in range(100):  # a new name each time: nothing existing is replaced
+        out = path.with_name(f"{path.stem}.verified-{stamp:%Y%m%d-%H%M%S}" + (f"-{n}" if n else "") + ".json")
+        try:
+            with open(out, "x") as f:
+                f.write(json.dumps(doc, indent=2) + "\n")
+            break
+        except FileExistsError:
+            continue
     console.print(f"  fed back: {escape(str(out))} holds {len(verified)} verified run(s); measured/predicted = "
                   f"{ratio:.3f}, applied to plans that use it (hardware.profile={escape(str(out))})")
 

@@ -14,7 +14,7 @@ from typing import Any, Mapping, Sequence
 from launch import commbench_spec, dsconfig
 from launch.backends import BACKENDS, traits
 from launch.errors import ConfigError
-from launch.grid import RankGrid
+from launch.grid import RankGrid, divisors
 from launch.hardware import HardwareProfile, is_profile_path, load_profile
 from launch.models import ModelSpec, load_model
 from launch.schema import LoadedRecipe, Recipe, from_dict, load_recipe, to_dict
@@ -369,4 +369,4 @@ def _deepspeed_config(loaded: LoadedRecipe, r: Recipe, grad_accum: int, hw: Hard
 
 
 def _divisors(n: int) -> list[int]:
-    return [d for d in range(1, min(n, 64) + 1) if n % d == 0]
+    return [d for d in divisors(n) if d <= 64]  # an error message lists the small ones

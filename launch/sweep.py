@@ -126,8 +126,15 @@ def write_report(measured: Sequence[Measured], name: str) -> Path | None:
     done = [x for x in measured if x.rc == 0]
     if not done:
         return None
-    folder = runs_root() / "sweeps" / f"{name}-{dt.datetime.now(dt.timezone.utc):%Y%m%d-%H%M%S}"
-    folder.mkdir(parents=True)
+    stamp = f"{name}-{dt.datetime.now(dt.timezone.utc):%Y%m%d-%H%M%S}"
+    (runs_root() / "sweeps").mkdir(parents=True, exist_ok=True)
+    for n in range(100):  # mkdir is the claim: two sweeps in one second get distinct folders
+        folder = runs_root() / "sweeps" / (stamp if n == 0 else f"{stamp}-{n}")
+        try:
+            folder.mkdir()
+            break
+        except FileExistsError:
+            continue
     out = folder / "report.md"
     labels = [f"{_label_safe(x.member.label)}={x.run_dir}" for x in done]
     subprocess.call([sys.executable, "-m", "analysis", "report", *labels, "-o", str(out)])
@@ -139,12 +146,9 @@ def _label_safe(label: str) -> str:
 
 
 def cmd_sweep(args: Sequence[str]) -> int:
-    dry = "--dry-run" in args
-    rest = [a for a in args if a != "--dry-run"]
-    flags = [a for a in rest if a.startswith("--")]
-    if flags:
-        raise ConfigError("command line", flags[0], flags[0], "is not a flag of sweep.sh (--dry-run is the only one)",
-                          "use dotted key=value overrides, held for every recipe")
+    from launch.cli import split_dry_run
+
+    dry, rest = split_dry_run(args, "sweep.sh", "use dotted key=value overrides, held for every recipe")
     recipes = [a for a in rest if "=" not in a]
     overrides = [a for a in rest if "=" in a]
     if len(recipes) < 2:

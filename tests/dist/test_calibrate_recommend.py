@@ -32,7 +32,7 @@ def test_calibrate_then_recommend_verify(tmp_path):
     doc = json.loads(cal.read_text())
     assert doc["kind"] == "layoutlab-calibration" and doc["world_size"] == 2
     fits = {(c["op"], c["group_size"]): c for c in doc["collectives"]}
-    assert set(fits) == {(op, 2) for op in ("all_reduce", "all_gather", "reduce_scatter", "send_recv")}
+    assert set(fits) == {(op, 2) for op in ("all_reduce", "all_gather", "reduce_scatter")}
     # The fit against numpy's weighted least squares (weights 1/t: relative error) over the sweep's own text
     # output, read back with this test's regex.
     (txt,) = (runs / "calibration").glob("*/commbench_2/*/commbench/all_reduce.txt")
@@ -40,9 +40,14 @@ def test_calibrate_then_recommend_verify(tmp_path):
     pts += [(float(m[1]), float(m[4]) * 1e-6) for m in map(ROW.match, txt.read_text().splitlines()) if m]
     s, t = np.array([x for x, _ in pts]), np.array([y for _, y in pts])
     slope, alpha = np.polyfit(s, t, 1, w=1 / t)
+    if alpha < 0:  # the fit's rule: a negative latency is refitted through the origin
+        alpha, slope = 0.0, float(np.sum(s * t / t**2) / np.sum(s * s / t**2))
     ar = fits[("all_reduce", 2)]
-    if alpha > 0 and slope > 0:  # the unclamped case; the text rounds times to 0.01 µs
-        assert ar["alpha_s"] == pytest.approx(alpha, rel=1e-3) and ar["beta_Bps"] == pytest.approx(1 / slope, rel=1e-3)
+    assert ar["alpha_s"] == pytest.approx(alpha, rel=1e-3, abs=1e-9)  # the text rounds times to 0.01 µs
+    if slope > 0:
+        assert ar["beta_Bps"] == pytest.approx(1 / slope, rel=1e-3)
+    else:
+        assert math.isinf(ar["beta_Bps"])
     passes = {(x["tp"], x["micro_batch_size"], x["activation_checkpointing"]) for x in doc["compute"]["passes"]}
     assert passes == {(tp, b, ac) for tp in (1, 2) for b in (1, 2, 4) for ac in ("none", "full")}
     assert [e["zero_stage"] for e in doc["compute"]["engine"]] == [0, 1, 2, 3]

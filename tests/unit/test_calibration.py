@@ -45,7 +45,7 @@ def _calibration(**changes) -> Calibration:
         versions={k: v for k, v in envinfo.package_versions().items() if k in ("torch", "deepspeed")},
         base_profile="cpu", world_size=2, ranks_per_node=2,
         collectives=tuple(AlphaBeta(op, 2, "intra_node", ALPHA, BETA, ((8, ALPHA),), "test")
-                          for op in ("all_reduce", "all_gather", "reduce_scatter", "send_recv")),
+                          for op in ("all_reduce", "all_gather", "reduce_scatter")),
         compute=Compute(backend="deepspeed", model="tiny-llama", dtype="fp32", seq_len=64, threads_per_rank=1,
                         passes=passes, engine=tuple(EngineCost(z, 0.0005, 0.001 * (z + 1), 0.002) for z in range(4)),
                         adam_alpha_s=1e-4, adam_s_per_param=1e-8, how="test"))
@@ -173,3 +173,30 @@ def test_calibrate_refuses_to_replace_a_file_and_a_calibration_as_its_base(tmp_p
     path = _write(tmp_path, _calibration())
     assert main(["calibrate", str(RECIPES / "tiny_zero2"), f"hardware.profile={path}"]) == 2
     assert "is already a calibration" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("mutate, says", [
+    (lambda d: d["collectives"][0].update(alpha_s="1ms"), "is damaged"),
+    (lambda d: d["collectives"][0].update(points=[[8, float("nan")]]), "impossible measured points"),
+    (lambda d: d["collectives"][0].update(points=[[-8, 1e-3]]), "impossible measured points"),
+    (lambda d: d["collectives"][0].update(alpha_s=0.0, beta_Bps=float("inf")), "impossible fit"),
+    (lambda d: d["compute"]["passes"][0].update(forward_s="fast"), "is damaged"),
+    (lambda d: d["compute"].update(data_s=[1, 2]), "is damaged"),
+    (lambda d: d.update(version=True), "is calibration version True"),
+    (lambda d: d.update(base_profile="../../etc/x"), "base_profile"),
+    (lambda d: d.update(correction=0.0), "impossible correction"),
+])
+def test_hostile_calibration_fields_are_one_line(tmp_path, capsys, mutate, says):
+    d = _calibration().to_dict()
+    mutate(d)
+    path = _write(tmp_path, json.dumps(d))
+    assert main(["run", str(RECIPES / "tiny_zero2"), f"hardware.profile={path}", "--dry-run"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert says in err and len(err.splitlines()) == 1
+
+
+def test_a_calibration_for_another_rank_count_per_node_does_not_apply(tmp_path):
+    path = _write(tmp_path, _calibration(ranks_per_node=4))
+    plan = plan_resolved(resolve_path(RECIPES / "tiny_zero2", [f"hardware.profile={path}"]))
+    assert plan.step.timing == "nominal"
+    assert "measured with 4 ranks per node" in next(n for n in plan.notes if n.startswith("time:"))

@@ -223,3 +223,17 @@ def test_tp_calls_by_pipeline_stage():
     assert calls(True, True, False) == {"all_gather": (6 * 2 + 1) * 2, "reduce_scatter": (4 * 2 + 1) * 2}
     assert calls(True, False, True) == {"all_gather": (6 * 2 + 2) * 2, "reduce_scatter": (4 * 2 + 1) * 2,
                                         "all_reduce": 3 * 2}
+
+
+def test_host_memory_counts_the_whole_model_built_on_every_rank_under_tp():
+    """TP 2 × dp 2 on one 4-GPU node, no offload: each of the 4 processes builds the whole fp32 7B model on the
+    host first (trainers/common.build_model), so 1.5 × 4 ranks × 4 B × every parameter."""
+    plan = make_plan(layout(tp=2, dp=2, zero=1, gpn=4))
+    assert plan.host_bytes_per_node == int(1.5 * 4 * 4 * LLAMA7.param_counts().total)
+
+
+@pytest.mark.parametrize("value", [0, "auto", -5, None, float("nan")])
+def test_bucket_sizes_deepspeed_would_replace_fall_back_to_its_default(value):
+    lay = layout(dp=8, zero=2, ds_zero={"reduce_bucket_size": value})
+    (rs,) = [c for c in communication(lay) if c.collective == "reduce_scatter"]
+    assert rs.calls_per_step == 14  # 6.74e9 parameters over 5e8-element buckets
