@@ -37,24 +37,27 @@ def _gib(n: float) -> str:
 def render(resolved: Resolved, plan: Plan, cmd: launcher.LaunchCommand, console) -> None:
     from rich.table import Table
 
+    from rich.markup import escape
+
     r = resolved.recipe
-    console.print(f"[bold]recipe[/bold] {resolved.recipe_name}  ({resolved.recipe_path})")
-    console.print(f"  chain: {' -> '.join(resolved.chain)}")
+    # Names, paths and overrides are the user's text: printed as text, never read as rich markup.
+    console.print(f"[bold]recipe[/bold] {escape(resolved.recipe_name)}  ({escape(resolved.recipe_path)})")
+    console.print(f"  chain: {escape(' -> '.join(resolved.chain))}")
     if resolved.overrides:
-        console.print(f"  overrides: {' '.join(resolved.overrides)}")
+        console.print(f"  overrides: {escape(' '.join(resolved.overrides))}")
     pc = resolved.model.param_counts()
-    console.print(f"  backend={r.backend}  model={resolved.model.name} ({pc.total / 1e9:.3f}B params)  "
+    console.print(f"  backend={r.backend}  model={escape(resolved.model.name)} ({pc.total / 1e9:.3f}B params)  "
                   f"dtype={r.precision.dtype}  zero_stage={r.parallel.zero_stage}  sp={str(r.parallel.sp).lower()}  "
                   f"activation_checkpointing={r.train.activation_checkpointing}")
     console.print(f"  batch: micro_batch_size={r.batch.micro_batch_size} × grad_accum={resolved.grad_accum} × "
                   f"dp={r.parallel.dp} = global_batch_size={r.batch.global_batch_size}, seq_len={r.batch.seq_len} "
                   f"({resolved.tokens_per_step} tokens/step)")
-    console.print(f"  hardware: {resolved.hardware.name} ({resolved.hardware.device}), "
+    console.print(f"  hardware: {escape(resolved.hardware.name)} ({escape(resolved.hardware.device)}), "
                   f"{r.hardware.nodes} node(s) × {r.hardware.gpus_per_node}")
     if resolved.ds_base:
-        console.print(f"  deepspeed base: {resolved.ds_base}")
+        console.print(f"  deepspeed base: {escape(resolved.ds_base)}")
     for w in resolved.warnings:
-        console.print(f"[yellow]warning:[/yellow] {w}")
+        console.print(f"[yellow]warning:[/yellow] {escape(w)}")
     console.print()
     for line in resolved.grid.describe():
         console.print(line)
@@ -96,9 +99,9 @@ def render(resolved: Resolved, plan: Plan, cmd: launcher.LaunchCommand, console)
                   f"{s.bubble_s * 1e3:.1f} + tp/sp {s.tp_comm_s * 1e3:.1f} + pp {s.pp_comm_s * 1e3:.1f} + exposed dp "
                   f"{s.dp_exposed_s * 1e3:.1f} (of {s.dp_comm_s * 1e3:.1f}) + offload {s.offload_s * 1e3:.1f}; "
                   f"{s.tokens_per_s_per_device:,.0f} tokens/s/device, MFU {s.mfu:.1%}")
-    console.print(f"  model FLOPs/step {s.model_flops_per_step:.3e} (6·N + 12·L·h·s per token, torchtitan); {s.assumptions}")
+    console.print(f"  model FLOPs/step {s.model_flops_per_step:.3e} (6·N + 12·L·h·s per token, torchtitan); {escape(s.assumptions)}")
     for n in plan.notes:
-        console.print(f"  note: {n}")
+        console.print(f"  note: {escape(n)}")
     verdict = "fits" if plan.fits else "DOES NOT FIT"
     if r.run.mode == "commbench":
         refusal = " (run.mode=commbench measures collectives only: no fit check)"
@@ -184,7 +187,9 @@ def cmd_run(args: Sequence[str]) -> int:
                           json.dumps(envinfo.capture(), indent=2) + "\n")
     run.write_text_atomic(run.launch_cmd if node == "0" else run.root / f"launch_cmd_node{node}.txt", cmd.shell() + "\n")
     render(resolved, plan, cmd, console)
-    console.print(f"[bold]run directory[/bold] {run.root}")
+    from rich.markup import escape
+
+    console.print(f"[bold]run directory[/bold] {escape(str(run.root))}")
     from launch.extensions import ensure_op, needed_ops
 
     for op in [] if bench else needed_ops(resolved):

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Sequence
@@ -127,13 +128,20 @@ def resolve(loaded: LoadedRecipe, world_size: int | None = None) -> Resolved:
                                ("run.log_every", r.run.log_every, 1)]:
         if value < low:
             raise ConfigError(w(dotted), dotted, value, f"must be at least {low}", f"set {dotted}={low} or more")
+    # Upper bounds where the value could not work: a torch seed is 64 bits unsigned; the process-group timeout
+    # becomes a datetime.timedelta (at most 999,999,999 days), a week is already far beyond any stalled collective.
+    for dotted, value, low, high in [("train.seed", train.seed, 0, 2**64 - 1),
+                                     ("run.timeout_s", r.run.timeout_s, 1, 7 * 24 * 3600)]:
+        if not low <= value <= high:
+            raise ConfigError(w(dotted), dotted, value, f"must be between {low} and {high:,}",
+                              f"set {dotted} within that range")
     t = train
     for dotted, ok, want in [
         ("plan.headroom", 0.0 <= r.plan.headroom < 1.0, "a fraction in [0, 1), e.g. 0.1"),
-        ("train.lr", t.lr > 0, "a positive learning rate"),
+        ("train.lr", 0 < t.lr < math.inf, "a positive, finite learning rate"),
         ("train.min_lr", 0 <= t.min_lr <= t.lr, f"between 0 and train.lr={t.lr:g}"),
-        ("train.grad_clip", t.grad_clip >= 0, "0 (off) or a positive norm"),
-        ("train.weight_decay", t.weight_decay >= 0, "0 or more"),
+        ("train.grad_clip", 0 <= t.grad_clip < math.inf, "0 (off) or a positive, finite norm"),
+        ("train.weight_decay", 0 <= t.weight_decay < math.inf, "0 or more, finite"),
         ("train.adam_beta1", 0 <= t.adam_beta1 < 1, "in [0, 1), e.g. 0.9"),
         ("train.adam_beta2", 0 <= t.adam_beta2 < 1, "in [0, 1), e.g. 0.95"),
     ]:

@@ -201,6 +201,9 @@ def load_recipe(path: str | Path, overrides: Sequence[str] = ()) -> LoadedRecipe
         _merge(merged, data, origin, str(f), "")
     for item in overrides:
         key, value = _parse_override(item)
+        if key == "extends":  # the chain is read from the files before any override applies
+            raise ConfigError(f"override {item}", "extends", value, "cannot be overridden: the recipe files name their chain",
+                              "write a recipe whose recipe.toml extends the one you want, or override its fields")
         if key in ("model.name", "model.config"):
             _drop_other_model_source(merged, {key.split(".")[1]: value})
         _set_dotted(merged, key, value)
