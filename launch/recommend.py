@@ -125,10 +125,36 @@ def ranked(cands: Sequence[Candidate]) -> list[Candidate]:
     return sorted(fit, key=lambda c: -c.plan.step.tokens_per_s_per_device)
 
 
-def uncalibrated(cands: Sequence[Candidate], fit: Sequence[Candidate]) -> list[Candidate]:
-    """Layouts that fit but are left out of the ranking because the calibration does not time them."""
+@dataclass(frozen=True)
+class Recommendation:
+    """What `recommend` found: the ranking, what was dropped and why (counted), and the closest miss."""
+
+    tried: int
+    fitting: int  # fit, ranked or not
+    ranked: tuple[Candidate, ...]
+    dropped: tuple[tuple[str, int], ...]  # (reason, how many), most common first
+    closest: Candidate | None  # the smallest overflow, when nothing fits
+
+
+def recommend(cands: Sequence[Candidate]) -> Recommendation:
+    fit = ranked(cands)
     chosen = {id(c) for c in fit}
-    return [c for c in cands if c.fits and id(c) not in chosen]
+    too_big = [c for c in cands if c.plan is not None and not c.fits]
+    reasons: dict[str, int] = {}
+    for c in cands:
+        if c.plan is None:
+            why = c.refused
+        elif not c.fits:
+            why = "does not fit"
+        elif id(c) not in chosen:  # fits, but the calibration does not time it
+            note = next((n for n in c.plan.notes if n.startswith("time:")), "time: nominal")
+            why = "not ranked with the calibrated ones: " + note.split("because ", 1)[-1]
+        else:
+            continue
+        reasons[why] = reasons.get(why, 0) + 1
+    return Recommendation(len(cands), sum(c.fits for c in cands), tuple(fit),
+                          tuple(sorted(reasons.items(), key=lambda kv: -kv[1])),
+                          None if fit else min(too_big, key=Candidate.overflow_bytes, default=None))
 
 
 def _console():
@@ -137,20 +163,18 @@ def _console():
     return Console(width=int(os.environ.get("COLUMNS", "120")), highlight=False, soft_wrap=True)
 
 
-def render(recipe_name: str, cands: Sequence[Candidate], shown: int, console) -> None:
+def render(recipe_name: str, rec: Recommendation, shown: int, console) -> None:
     from rich.markup import escape
     from rich.table import Table
 
-    fit = ranked(cands)
-    refused = [c for c in cands if c.plan is None]
-    too_big = [c for c in cands if c.plan is not None and not c.fits]
-    console.print(f"[bold]recommend[/bold] {escape(recipe_name)}: {len(cands)} layouts tried, "
-                  f"{sum(c.fits for c in cands)} fit ({len(fit)} ranked), {len(too_big)} do not fit, "
-                  f"{len(refused)} cannot be built")
+    fit = rec.ranked
+    refused = sum(n for why, n in rec.dropped if why != "does not fit" and not why.startswith("not ranked"))
+    too_big = dict(rec.dropped).get("does not fit", 0)
+    console.print(f"[bold]recommend[/bold] {escape(recipe_name)}: {rec.tried} layouts tried, {rec.fitting} fit "
+                  f"({len(fit)} ranked), {too_big} do not fit, {refused} cannot be built")
     if not fit:
-        closest = min(too_big, key=Candidate.overflow_bytes, default=None)
-        console.print("no layout fits" + (f"; the closest is {escape(closest.label)}: {escape(closest.refused)}"
-                                          if closest else ""))
+        console.print("no layout fits" + (f"; the closest is {escape(rec.closest.label)}: {escape(rec.closest.refused)}"
+                                          if rec.closest else ""))
         return
     t = Table(title="layouts that fit, fastest first (predicted)", title_justify="left")
     for col in ("#", "layout", "step ms", "tokens/s/device", "memory/rank GiB", "comm ms", "timing", ""):
@@ -166,19 +190,9 @@ def render(recipe_name: str, cands: Sequence[Candidate], shown: int, console) ->
     console.print(t)
     if len(fit) > shown:
         console.print(f"  … and {len(fit) - shown} more that fit (top={len(fit)} lists them all)")
-    reasons: dict[str, int] = {}
-    for c in refused:
-        reasons[c.refused] = reasons.get(c.refused, 0) + 1
-    for c in too_big:
-        reasons["does not fit"] = reasons.get("does not fit", 0) + 1
-    for c in uncalibrated(cands, fit):
-        why = next((n for n in c.plan.notes if n.startswith("time:")), "time: nominal")
-        key = "not ranked with the calibrated ones: " + why.split("because ", 1)[-1]
-        reasons[key] = reasons.get(key, 0) + 1
-    for why, n in sorted(reasons.items(), key=lambda kv: -kv[1]):
+    for why, n in rec.dropped:
         console.print(f"  dropped {n}: {escape(why)}")
-    notes = {n for c in fit[:shown] for n in c.plan.notes if n.startswith("time:")}
-    for n in sorted(notes):
+    for n in sorted({n for c in fit[:shown] for n in c.plan.notes if n.startswith("time:")}):
         console.print(f"  note: {escape(n)}")
 
 
@@ -281,9 +295,8 @@ def cmd_recommend(args: Sequence[str]) -> int:
     verify = own["verify"] == "true"
     top = int(own["top"]) if own["top"] else (DEFAULT_TOP if verify else 20)
     console = _console()
-    cands = candidates(recipe, overrides)
-    render(resolve_path(recipe, overrides).recipe_name, cands, top, console)
-    fit = ranked(cands)
-    if not verify or not fit:
-        return 0 if fit else 1
-    return _verify(recipe, overrides, fit[:top], int(own["steps"]), console)
+    rec = recommend(candidates(recipe, overrides))
+    render(resolve_path(recipe, overrides).recipe_name, rec, top, console)
+    if not verify or not rec.ranked:
+        return 0 if rec.ranked else 1
+    return _verify(recipe, overrides, rec.ranked[:top], int(own["steps"]), console)

@@ -120,3 +120,19 @@ def test_feed_back_writes_a_new_calibration_only_from_calibrated_predictions(tmp
     predicted = m.plan.step.total_s
     assert doc["correction"] == pytest.approx(((0.03 / predicted) * (0.06 / predicted)) ** 0.5, rel=1e-12)
     assert path.read_text() == original  # the original untouched
+
+
+def test_every_candidate_is_either_ranked_or_dropped_with_a_counted_reason(tmp_path):
+    from launch.recommend import recommend
+    from tests.unit.test_calibration import _calibration, _write
+
+    path = _write(tmp_path, _calibration())
+    cands = candidates(str(RECIPES / "tiny_zero2"), [f"hardware.profile={path}"])
+    rec = recommend(cands)
+    assert rec.tried == len(cands) == len(rec.ranked) + sum(n for _, n in rec.dropped)
+    reasons = dict(rec.dropped)
+    # 48 Megatron PP/SP × ZeRO-2/3 layouts cannot be built; every fitting Megatron layout is left out of the
+    # calibrated ranking (the calibration timed the deepspeed backend's model).
+    assert sum(n for why, n in reasons.items() if why.startswith("parallel.zero_stage")) == 48
+    megatron_fit = sum(c.fits and c.label.startswith("megatron") for c in cands)
+    assert sum(n for why, n in reasons.items() if why.startswith("not ranked")) == megatron_fit > 0
