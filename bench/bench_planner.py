@@ -28,6 +28,10 @@ LAYOUTS = {
     "ZeRO-3 + full recompute": ["parallel.zero_stage=3", "train.activation_checkpointing=full"],
     "ZeRO-2, micro-batch 2": ["parallel.zero_stage=2", "batch.micro_batch_size=2"],
     "TP2 x ZeRO-0, micro-batch 8": ["parallel.tp=2", "parallel.zero_stage=0", "batch.micro_batch_size=8"],
+    "Megatron ZeRO-1": ["backend=megatron", "parallel.zero_stage=1"],
+    "Megatron TP2 x ZeRO-1": ["backend=megatron", "parallel.tp=2", "parallel.zero_stage=1"],
+    "Megatron TP2 + SP, selective": ["backend=megatron", "parallel.tp=2", "parallel.sp=true", "parallel.zero_stage=1",
+                                     "train.activation_checkpointing=selective"],
 }
 
 

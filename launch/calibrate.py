@@ -4,24 +4,30 @@ On the ranks the recipe would train on (CPU ranks here, GPUs there) it runs
   1. the commbench sweep (launch/commbench.py) once per group size the layouts of this world can use, every group
      at once, with compute interleaved between the calls as in a step (`commbench.interleave_us`), and fits a
      latency + bandwidth line per collective and group size (launch/calibration.py);
-  2. one compute probe per local rank at the same time (launch/calibrate_rank.py): forward and backward at the
-     model's shapes for every TP degree, micro-batch size and activation-checkpointing mode a layout can take,
-     torch Adam over flat partitions, and the DeepSpeed engine's own cost at each ZeRO stage;
+  2. one probe per local rank at the same time (launch/calibrate_rank.py): torch Adam over flat partitions and
+     making the micro-batches;
+  3. per backend and TP degree, the backend's own trainer on every rank of a node (launch/calibrate_pass.py):
+     forward and backward for every micro-batch size and activation-checkpointing mode, TP collectives included,
+     and at tp = 1 whole train_steps per ZeRO stage, whose part the rest does not explain is the engine's own cost;
 and writes a calibration file that `hardware.profile=PATH` accepts. Every figure says how and when it was
 measured. Nothing existing is replaced: `out` must not exist.
 """
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import json
 import os
 import statistics
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
 from launch import envinfo, launcher
+from launch.calibrate_pass import RESULT as PASS_RESULT
+from launch.calibrate_pass import SPEC as PASS_SPEC
 from launch.calibrate_rank import SPEC, compute_file
 from launch.recommend import MAX_MICRO_BATCH, ZERO_STAGES
 from launch.calibration import OPS, AlphaBeta, Calibration, Compute, EngineCost, Pass, fit_alpha_beta
@@ -35,23 +41,55 @@ DEFAULT_RECIPE = Path(__file__).resolve().parent.parent / "recipes" / "tiny_zero
 INTERLEAVE_US = 500.0  # compute between calls: about one decoder layer's forward of a small model on a CPU rank
 
 
-def parse(args: Sequence[str]) -> tuple[str, list[str], str | None]:
+USAGE = ("usage: python -m launch calibrate [recipes/NAME] [key=value ...] [out=PATH] [backends=NAME,...] "
+         "[iters=N]")
+ITERS = 20  # timed iterations per pass (whole steps: 1.5 × as many), after WARMUP_ITERS
+WARMUP_ITERS = 3
+
+
+@dataclass(frozen=True)
+class Args:
+    recipe: str
+    overrides: list[str]
+    out: str | None
+    backends: tuple[str, ...]  # whose passes to time: every installed backend unless named
+    iters: int = ITERS
+
+
+def parse(args: Sequence[str]) -> Args:
+    from launch.backends import BACKENDS
+
     recipe, overrides, out = str(DEFAULT_RECIPE), [], None
+    backends = tuple(name for name, t in BACKENDS.items() if not t.missing_packages())
+    iters = ITERS
     for i, a in enumerate(args):
         if a.startswith("out="):
             out = a[4:]
+        elif a.startswith("backends="):
+            backends = tuple(b for b in a[len("backends="):].split(",") if b)
+            unknown = [b for b in backends if b not in BACKENDS]
+            if unknown or not backends:
+                raise ConfigError("command line", "backends", a[len("backends="):],
+                                  f"names no backend ({', '.join(unknown) or 'empty'})",
+                                  f"name some of: {', '.join(BACKENDS)}")
+        elif a.startswith("iters="):
+            value = a[len("iters="):]
+            if not (value.isdigit() and 3 <= int(value) <= 10_000):
+                raise ConfigError("command line", "iters", value, "is not a whole number from 3 to 10000",
+                                  f"give e.g. iters={ITERS} (the default; fewer is faster and noisier)")
+            iters = int(value)
         elif "=" in a:
             overrides.append(a)
         elif i == 0:
             recipe = a
         else:
-            raise ConfigError("command line", "argument", a, "is neither the recipe (first) nor key=value",
-                              "usage: python -m launch calibrate [recipes/NAME] [key=value ...] [out=PATH]")
-    return recipe, overrides, out
+            raise ConfigError("command line", "argument", a, "is neither the recipe (first) nor key=value", USAGE)
+    return Args(recipe, overrides, out, backends, iters)
 
 
 def cmd_calibrate(args: Sequence[str]) -> int:
-    recipe, overrides, out_arg = parse(args)
+    a = parse(args)
+    recipe, overrides, out_arg = a.recipe, a.overrides, a.out
     resolved = resolve_path(recipe, overrides)
     if not resolved.hardware.nominal:
         raise ConfigError(resolved.recipe_path, "hardware.profile", resolved.recipe.hardware.profile,
@@ -70,12 +108,13 @@ def cmd_calibrate(args: Sequence[str]) -> int:
           f"{resolved.recipe.batch.seq_len}) on {resolved.world_size} {resolved.hardware.name} rank(s); work in {root}",
           flush=True)
     collectives, notes = _collectives(recipe, overrides, resolved, root)
-    compute = _compute(recipe, overrides, resolved, root, notes)
     calib = Calibration(created=started, machine_kind=envinfo.machine_kind(),
                         versions={k: v for k, v in envinfo.package_versions().items() if k in ("torch", "deepspeed")},
                         base_profile=resolved.hardware.name, world_size=resolved.world_size,
                         ranks_per_node=resolved.recipe.hardware.gpus_per_node, collectives=tuple(collectives),
-                        compute=compute, notes=tuple(notes))
+                        compute=None)
+    compute = _compute(recipe, overrides, resolved, root, a.backends, a.iters, calib, notes)
+    calib = dataclasses.replace(calib, compute=compute, notes=tuple(notes))
     # Written whole under a name of our own, then linked into place: a file that appeared at `out` meanwhile stays.
     tmp = root / f".calibration-{os.getpid()}.json"
     tmp.write_text(json.dumps(calib.to_dict(), indent=2) + "\n")
@@ -90,11 +129,12 @@ def cmd_calibrate(args: Sequence[str]) -> int:
         print(f"  {c.op:<15} {c.group_size} ranks: α = {c.alpha_s * 1e6:8.1f} µs, β = {beta}")
     if compute:
         for p in compute.passes:
-            print(f"  pass tp={p.tp} micro_batch_size={p.micro_batch_size} ac={p.activation_checkpointing:<4}: "
+            print(f"  {p.backend} pass tp={p.tp}{' sp' if p.sp else ''} micro_batch_size={p.micro_batch_size} ac={p.activation_checkpointing:<4}: "
                   f"forward {p.forward_s * 1e3:7.2f} ms, backward {p.backward_s * 1e3:7.2f} ms")
         for e in compute.engine:
-            print(f"  DeepSpeed engine ZeRO-{e.zero_stage}: +{e.forward_s * 1e3:.2f} ms forward, +{e.backward_s * 1e3:.2f} "
-                  f"ms backward, +{e.step_s * 1e3:.2f} ms step")
+            print(f"  {e.backend} engine ZeRO-{e.zero_stage}: +{e.micro_step_s * 1e3:.2f} ms per micro-step, "
+                  f"+{e.step_s * 1e3:.2f} ms per step, +{e.recompute_s * 1e3:.2f} ms per micro-step under full "
+                  "checkpointing")
     for n in notes:
         print(f"  note: {n}")
     print(f"wrote {out}\nuse it: hardware.profile={out}")
@@ -142,27 +182,132 @@ def _collectives(recipe: str, overrides: list[str], resolved: Resolved, root: Pa
 # --------------------------------------------------------------------------- compute
 
 
-def _compute(recipe: str, overrides: list[str], resolved: Resolved, root: Path, notes: list[str]) -> Compute:
+@dataclass(frozen=True)
+class StepSample:
+    """The median train_step of the real trainer at one ZeRO stage (tp = 1, micro-batch 1, every rank of a node)."""
+
+    backend: str
+    zero_stage: int
+    grad_accum: int
+    activation_checkpointing: str
+    step_s: float
+    resolved: Resolved
+
+
+STEP_VARIANTS = ((1, "none"), (2, "none"), (1, "full"))  # (micro-batches per step, checkpointing)
+
+
+def _in_situ(recipe: str, overrides: list[str], resolved: Resolved, root: Path, backends: Sequence[str],
+             mbs: list[int], iters: int, notes: list[str]) -> tuple[tuple[Pass, ...], list[StepSample]]:
+    """Per backend and TP degree, on every rank of one node at once (launch/calibrate_pass.py): forward and backward
+    of the backend's own model per micro-batch, TP collectives included; and at tp = 1 whole train_steps per ZeRO
+    stage (STEP_VARIANTS), from which `_engine_costs` takes the engine's own cost."""
+    from launch.backends import traits
+
+    gpn = resolved.recipe.hardware.gpus_per_node
+    passes, samples = [], []
+    for name in backends:
+        bt = traits(name)
+        acs = ["none", "full", *(["selective"] if "selective" in bt.features else [])]
+        for tp in divisors(gpn):
+            modes = [(ac, sp) for ac in acs for sp in ((False, True) if tp > 1 and "sp" in bt.features else (False,))]
+            base = [*overrides, f"backend={name}", f"parallel.tp={tp}", "parallel.pp=1", "parallel.vpp=1",
+                    "parallel.dp=auto", "hardware.nodes=1", "batch.micro_batch_size=1",
+                    "parallel.offload_optimizer=none", "parallel.offload_params=none", "run.resume=never",
+                    "run.profile=none"]
+            one = [f"batch.global_batch_size={gpn // tp}", "parallel.zero_stage=0"]
+            try:
+                variants = {(ac, sp): resolve_path(recipe, [*base, *one, f"train.activation_checkpointing={ac}",
+                                                            f"parallel.sp={str(sp).lower()}"]) for ac, sp in modes}
+            except ConfigError as e:
+                notes.append(f"no {name} passes at tp={tp}: {e.field} {e.problem}")
+                continue
+            steps = {}
+            for z in ZERO_STAGES if tp == 1 else ():
+                try:
+                    for ga, ac in STEP_VARIANTS:
+                        steps[(z, ga, ac)] = resolve_path(recipe, [*base, "parallel.sp=false", f"parallel.zero_stage={z}",
+                                                                   f"batch.global_batch_size={gpn * ga}",
+                                                                   f"train.activation_checkpointing={ac}"])
+                except ConfigError as e:
+                    notes.append(f"no {name} engine cost at zero_stage={z}: {e.field} {e.problem}")
+                    for key in [k for k in steps if k[0] == z]:
+                        del steps[key]
+            run = RunDir.create(f"in_situ_{name}_tp{tp}", root=root)
+            first = variants[modes[0]]
+            run.write_text_atomic(run.resolved, first.to_json() + "\n")
+            spec = {"variants": [], "steps": [], "micro_batch_sizes": mbs, "warmup_iters": WARMUP_ITERS, "iters": iters,
+                    "step_iters": iters * 3 // 2}
+            for (ac, sp), r in variants.items():
+                path = run.root / f"resolved_{ac}_sp{int(sp)}.json"
+                run.write_text_atomic(path, r.to_json() + "\n")
+                spec["variants"].append({"activation_checkpointing": ac, "sp": sp, "resolved": str(path)})
+            for (z, ga, ac), r in steps.items():
+                path = run.root / f"resolved_zero{z}_ga{ga}_{ac}.json"
+                run.write_text_atomic(path, r.to_json() + "\n")
+                spec["steps"].append({"zero_stage": z, "grad_accum": ga, "activation_checkpointing": ac,
+                                      "resolved": str(path)})
+            run.write_text_atomic(run.root / PASS_SPEC, json.dumps(spec, indent=1) + "\n")
+            cmd = launcher.build(first, str(run.root), module="launch.calibrate_pass")
+            print(f"calibrate: {name} at tp={tp} on {gpn} rank(s): passes at micro_batch_size {mbs}, "
+                  f"activation_checkpointing {'/'.join(acs)}{', sp off/on' if len(modes) > len(acs) else ''}"
+                  + (f"; train_step at ZeRO-{sorted({k[0] for k in steps})}" if steps else "") + f" -> {run.root}",
+                  flush=True)
+            with open(run.root / "calibrate.log", "w") as log:
+                rc = subprocess.call(list(cmd.argv), env={**os.environ, **cmd.env}, stdout=log, stderr=subprocess.STDOUT)
+            if rc != 0:
+                raise RuntimeError(f"the {name} measurements at tp={tp} failed (exit {rc}); see {run.root}")
+            doc = json.loads((run.root / PASS_RESULT).read_text())
+            for p in doc["passes"]:
+                passes.append(Pass(name, tp, p["sp"], p["micro_batch_size"], p["activation_checkpointing"],
+                                   p["forward_s"], p["backward_s"], p["sd_s"]))
+            for st in doc["steps"]:
+                key = (st["zero_stage"], st["grad_accum"], st["activation_checkpointing"])
+                samples.append(StepSample(name, *key, st["step_s"], steps[key]))
+    return tuple(passes), samples
+
+
+def _engine_costs(partial: Calibration, samples: list[StepSample], notes: list[str]) -> tuple[EngineCost, ...]:
+    """The engine's own cost per backend and ZeRO stage: what of each measured train_step the planner does not
+    explain without it (passes, data, Adam, the collectives on their α–β curves, the ranks' skew), split into a
+    part per micro-step (one vs two micro-batches per step), one per step, and one per micro-step under full
+    checkpointing (ZeRO-3 re-fetches during the recompute)."""
+    from launch import planner
+
+    residual = {}
+    for smp in samples:
+        layout = planner.Layout.from_resolved(smp.resolved)
+        timing = planner.Timing(partial)
+        residual[(smp.backend, smp.zero_stage, smp.grad_accum, smp.activation_checkpointing)] = (
+            smp.step_s - planner.step_time(layout, planner.communication(layout, timing), timing).total_s)
+    out = []
+    for backend, z in sorted({(b, z) for b, z, _, _ in residual}):
+        one, two, full = (residual[(backend, z, ga, ac)] for ga, ac in STEP_VARIANTS)
+        costs = {"micro_step_s": two - one, "step_s": 2 * one - two, "recompute_s": full - one}
+        for part, value in costs.items():
+            if value < 0:  # the engine cannot save time: noise around zero
+                notes.append(f"{backend} ZeRO-{z} engine {part[:-2].replace('_', '-')} cost came out "
+                             f"{value * 1e3:.2f} ms (noise): taken as 0")
+                costs[part] = 0.0
+        out.append(EngineCost(backend, z, **costs))
+    return tuple(out)
+
+
+def _compute(recipe: str, overrides: list[str], resolved: Resolved, root: Path, backends: Sequence[str], iters: int,
+             calib: Calibration, notes: list[str]) -> Compute:
+    """`calib`: the calibration so far (machine, versions, collectives), which the engine costs are taken against."""
     m, r = resolved.model, resolved.recipe
     gpn = r.hardware.gpus_per_node
-    tps = [t for t in divisors(gpn) if m.num_heads % t == 0 and m.num_kv_heads % t == 0 and m.intermediate_size % t == 0]
     mbs = [b for b in divisors(r.batch.global_batch_size) if b <= max(MAX_MICRO_BATCH, r.batch.micro_batch_size)]
-    engine_b = r.batch.micro_batch_size
-    single = ["backend=deepspeed", "parallel.tp=1", "parallel.pp=1", "parallel.dp=auto", "parallel.sp=false",
-              "parallel.vpp=1", "hardware.nodes=1", "hardware.gpus_per_node=1", f"batch.micro_batch_size={engine_b}",
-              f"batch.global_batch_size={engine_b}", "parallel.offload_optimizer=none", "parallel.offload_params=none"]
-    engines = [{"zero_stage": z, "ds_config": resolve_path(recipe, [*overrides, *single, f"parallel.zero_stage={z}"]).ds_config}
-               for z in ZERO_STAGES]
     total = m.param_counts().total
     cuda = resolved.hardware.name != "cpu"
-    spec = {"resolved": str(root / "resolved.json"), "tps": tps, "micro_batch_sizes": mbs,
-            "activation_checkpointing": ["none", "full"], "engine_micro_batch_size": engine_b, "engines": engines,
-            "adam_numels": [max(1, total // d) for d in (1, 2, 4, 8)], "warmup_iters": 3, "iters": 20}
+    spec = {"resolved": str(root / "resolved.json"), "micro_batch_sizes": mbs,
+            "adam_numels": [max(1, total // d) for d in (1, 2, 4, 8)], "warmup_iters": WARMUP_ITERS, "iters": iters}
     (root / "resolved.json").write_text(resolved.to_json() + "\n")
     (root / SPEC).write_text(json.dumps(spec, indent=2) + "\n")
     threads = launcher.cpu_threads(gpn)
-    print(f"calibrate: compute on {gpn} concurrent world-1 process(es), {threads} thread(s) each: tp {tps}, "
-          f"micro_batch_size {mbs}, activation_checkpointing none/full, DeepSpeed ZeRO-{list(ZERO_STAGES)}", flush=True)
+    print(f"calibrate: Adam and making the micro-batches on {gpn} concurrent world-1 process(es), {threads} "
+          "thread(s) each", flush=True)
     procs = []
     for i in range(gpn):
         # The training launch's environment (DS_ACCELERATOR, threads per rank, extensions), as a world of 1.
@@ -179,31 +324,19 @@ def _compute(recipe: str, overrides: list[str], resolved: Resolved, root: Path, 
         if rc != 0:
             raise RuntimeError(f"compute probe {i} failed (exit {rc}); see {root / 'logs' / f'compute_{i}.log'}")
     docs = [json.loads(compute_file(root, i).read_text()) for i in range(gpn)]
-
-    passes = tuple(Pass(p["tp"], p["micro_batch_size"], p["activation_checkpointing"],
-                        *(statistics.fmean(d["passes"][k][part] for d in docs)
-                          for part in ("forward_s", "backward_s", "sd_s")))
-                   for k, p in enumerate(docs[0]["passes"]))
-    engine = []
-    for k, e in enumerate(docs[0]["engine"]):
-        costs = {}
-        for part in ("forward_s", "backward_s", "step_s"):
-            value = statistics.fmean(d["engine"][k][part] for d in docs)
-            if value < 0:  # the engine cannot cost less than the plain model: noise around zero
-                notes.append(f"DeepSpeed ZeRO-{e['zero_stage']} {part[:-2]} cost measured {value * 1e3:.2f} ms (below "
-                             "the plain model's, noise): taken as 0")
-                value = 0.0
-            costs[part] = value
-        engine.append(EngineCost(e["zero_stage"], **costs))
-    engine = tuple(engine)
-    return Compute(backend="deepspeed", model=m.name, dtype=r.precision.dtype, seq_len=r.batch.seq_len,
-                   threads_per_rank=docs[0]["threads"],
-                   passes=passes, engine=engine, adam_alpha_s=statistics.fmean(d["adam_alpha_s"] for d in docs),
-                   adam_s_per_param=statistics.fmean(d["adam_s_per_param"] for d in docs),
-                   data_s={b: statistics.fmean(d["data_s"][b] for d in docs) for b in docs[0]["data_s"]},
-                   how=(f"{gpn} concurrent world-1 processes ({docs[0]['threads']} threads each), the HF model of the "
-                        f"deepspeed backend (TP shards: heads, key/value heads and MLP width / tp), "
-                        f"{spec['iters']} timed iterations after {spec['warmup_iters']} warm-up, mean (and over "
-                        f"processes); engine costs: "
-                        f"DeepSpeed engine minus the plain model at micro_batch_size={engine_b} and torch Adam fitted "
-                        f"over {spec['adam_numels']} elements; measured {dt.datetime.now(dt.timezone.utc):%Y-%m-%dT%H:%M:%SZ}"))
+    passes, samples = _in_situ(recipe, overrides, resolved, root, backends, mbs, iters, notes)
+    compute = Compute(model=m.name, dtype=r.precision.dtype, seq_len=r.batch.seq_len, threads_per_rank=docs[0]["threads"],
+                      passes=passes, engine=tuple(EngineCost(b, z, 0.0, 0.0, 0.0) for b in backends for z in ZERO_STAGES),
+                      adam_alpha_s=statistics.fmean(d["adam_alpha_s"] for d in docs),
+                      adam_s_per_param=statistics.fmean(d["adam_s_per_param"] for d in docs),
+                      data_s={b: statistics.fmean(d["data_s"][b] for d in docs) for b in docs[0]["data_s"]},
+                      how=(f"passes: each backend's own model on all {gpn} ranks of a node at once, in tp-rank groups "
+                           f"(TP collectives included, no gradient reduction or step), medians of {iters} iterations after "
+                           f"{WARMUP_ITERS} warm-up, mean over ranks; engine costs: the real trainer's train_step at each ZeRO stage "
+                           f"(tp=1, micro_batch_size=1, 1 and 2 micro-batches per step, and full checkpointing, in turn; medians "
+                           f"of {iters * 3 // 2}), less "
+                           f"what the planner explains without the engine; Adam and data: {gpn} concurrent world-1 "
+                           f"processes ({docs[0]['threads']} threads each), torch Adam fitted over {spec['adam_numels']} "
+                           f"elements; measured {dt.datetime.now(dt.timezone.utc):%Y-%m-%dT%H:%M:%SZ}"))
+    partial = dataclasses.replace(calib, compute=compute)
+    return dataclasses.replace(compute, engine=_engine_costs(partial, samples, notes))

@@ -2,8 +2,8 @@
 
 A calibration is a hardware profile (`hardware.profile=PATH`) whose time figures were measured on the machine
 that trains, at the model's shapes: per collective and group size a latency + bandwidth (α–β) fit of calls
-interleaved with compute as in a training step, and per op class (forward, backward, optimizer, the
-DeepSpeed engine's own work per ZeRO stage) a time measured in a real pass. Every figure says how and when it
+interleaved with compute as in a training step, and per op class (forward and backward in situ, Adam, making
+the micro-batches, the engine's own work per backend and ZeRO stage from real steps) a measured time. Every figure says how and when it
 was measured. The nominal profiles in launch/catalogue/hardware stay for hardware one does not have.
 
 No torch import: the planner, the resolver and the analysis read this module.
@@ -19,7 +19,7 @@ from typing import Any, Mapping, Sequence
 from launch.errors import ConfigError
 
 KIND = "layoutlab-calibration"
-VERSION = 1
+VERSION = 2  # 2: passes timed in situ per backend, TP collectives included
 # The collectives the planner times from a calibration (pipeline sends are not calibrated: layouts with pp > 1
 # fall back to nominal figures); calibrate measures each on every group size a layout of the world can use.
 OPS = ("all_reduce", "all_gather", "reduce_scatter")
@@ -83,12 +83,15 @@ def fit_alpha_beta(points: Sequence[tuple[float, float]]) -> tuple[float, float]
 
 @dataclass(frozen=True)
 class Pass:
-    """One rank's forward and backward of one micro-batch through its model shard (tp: the shard of a TP rank:
-    heads, key/value heads and MLP width divided by tp), measured without distributed work."""
+    """One rank's forward and backward of one micro-batch through the backend's own parallel model, timed in situ:
+    every rank of a node at once, in tp-rank groups, the model's tensor-parallel collectives included (no gradient
+    reduction, optimizer or engine hooks: those are timed apart)."""
 
+    backend: str
     tp: int
+    sp: bool  # sequence parallelism over the TP group
     micro_batch_size: int
-    activation_checkpointing: str  # none | full (the backward then re-runs every decoder layer's forward)
+    activation_checkpointing: str  # none | selective | full (full: the backward re-runs every layer's forward)
     forward_s: float
     backward_s: float
     sd_s: float = 0.0  # standard deviation of forward + backward between iterations
@@ -96,19 +99,19 @@ class Pass:
 
 @dataclass(frozen=True)
 class EngineCost:
-    """What the DeepSpeed engine adds at one ZeRO stage on one rank of a world of 1 (hooks, partition bookkeeping,
-    gradient buckets; no communication): its forward, backward and step minus the plain model's forward, backward
-    and torch Adam step, at the calibrated micro-batch size."""
+    """What a backend's real train_step at one ZeRO stage costs beyond the passes, data, Adam, the collectives on
+    their α–β curves and the ranks' skew, measured in situ (tp = 1, micro-batch 1, every rank of a node): the
+    DeepSpeed engine's hooks, bucket copies and partition bookkeeping, the waits the α–β curves miss."""
 
+    backend: str
     zero_stage: int
-    forward_s: float
-    backward_s: float
-    step_s: float
+    micro_step_s: float  # per micro-batch
+    step_s: float  # per optimizer step
+    recompute_s: float  # per micro-batch more under full activation checkpointing (ZeRO-3 fetches again)
 
 
 @dataclass(frozen=True)
 class Compute:
-    backend: str  # whose model and engine were timed
     model: str
     dtype: str
     seq_len: int
@@ -120,13 +123,13 @@ class Compute:
     how: str
     data_s: Mapping[str, float] = field(default_factory=dict)  # making one micro-batch, by micro-batch size
 
-    def find_pass(self, tp: int, micro_batch_size: int, activation_checkpointing: str) -> Pass | None:
-        ac = "full" if activation_checkpointing == "full" else "none"  # selective recomputes no HF layer
-        return next((p for p in self.passes if (p.tp, p.micro_batch_size, p.activation_checkpointing)
-                     == (tp, micro_batch_size, ac)), None)
+    def find_pass(self, backend: str, tp: int, sp: bool, micro_batch_size: int,
+                  activation_checkpointing: str) -> Pass | None:
+        return next((p for p in self.passes if (p.backend, p.tp, p.sp, p.micro_batch_size, p.activation_checkpointing)
+                     == (backend, tp, sp, micro_batch_size, activation_checkpointing)), None)
 
-    def find_engine(self, zero_stage: int) -> EngineCost | None:
-        return next((e for e in self.engine if e.zero_stage == zero_stage), None)
+    def find_engine(self, backend: str, zero_stage: int) -> EngineCost | None:
+        return next((e for e in self.engine if (e.backend, e.zero_stage) == (backend, zero_stage)), None)
 
     def adam_s(self, numel: float) -> float:
         return self.adam_alpha_s + numel * self.adam_s_per_param
@@ -160,13 +163,13 @@ class Calibration:
         so that a string where a time belongs fails now rather than in the planner)."""
         comp = d.get("compute")
         compute = None if comp is None else Compute(
-            backend=str(comp["backend"]), model=str(comp["model"]), dtype=str(comp["dtype"]),
+            model=str(comp["model"]), dtype=str(comp["dtype"]),
             seq_len=int(comp["seq_len"]), threads_per_rank=int(comp["threads_per_rank"]),
-            passes=tuple(Pass(int(p["tp"]), int(p["micro_batch_size"]), str(p["activation_checkpointing"]),
+            passes=tuple(Pass(str(p["backend"]), int(p["tp"]), _bool(p["sp"]), int(p["micro_batch_size"]), str(p["activation_checkpointing"]),
                               _num(p["forward_s"]), _num(p["backward_s"]), _num(p.get("sd_s", 0.0)))
                          for p in comp["passes"]),
-            engine=tuple(EngineCost(int(e["zero_stage"]), _num(e["forward_s"]), _num(e["backward_s"]), _num(e["step_s"]))
-                         for e in comp["engine"]),
+            engine=tuple(EngineCost(str(e["backend"]), int(e["zero_stage"]), _num(e["micro_step_s"]), _num(e["step_s"]),
+                                    _num(e["recompute_s"])) for e in comp["engine"]),
             adam_alpha_s=_num(comp["adam_alpha_s"]), adam_s_per_param=_num(comp["adam_s_per_param"]),
             how=str(comp["how"]), data_s={str(b): _num(v) for b, v in dict(comp.get("data_s", {})).items()})
         return cls(created=str(d["created"]), machine_kind=str(d["machine_kind"]), versions=dict(d["versions"]),
@@ -178,6 +181,12 @@ class Calibration:
                                      for c in d["collectives"]),
                    compute=compute, notes=tuple(map(str, d.get("notes", ()))),
                    verified=tuple(dict(v) for v in d.get("verified", ())), correction=_num(d.get("correction", 1.0)))
+
+
+def _bool(value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise TypeError(f"{value!r} is not true or false")
+    return value
 
 
 def _num(value: Any) -> float:
@@ -217,11 +226,11 @@ def read_calibration(path: Path, *, context: str, field_name: str = "hardware.pr
         raise bad(f"has an impossible correction {calib.correction} (measured/predicted)")
     for p in calib.compute.passes if calib.compute else ():
         if not (p.forward_s > 0 and p.backward_s > 0 and p.sd_s >= 0 and math.isfinite(p.forward_s + p.backward_s + p.sd_s)):
-            raise bad(f"has an impossible pass time at tp={p.tp}, micro_batch_size={p.micro_batch_size}")
+            raise bad(f"has an impossible pass time for {p.backend} at tp={p.tp}, micro_batch_size={p.micro_batch_size}")
     if calib.compute:
         c = calib.compute
-        for what, value in [*((f"engine ZeRO-{e.zero_stage}", v) for e in c.engine
-                              for v in (e.forward_s, e.backward_s, e.step_s)),
+        for what, value in [*((f"{e.backend} engine ZeRO-{e.zero_stage}", v) for e in c.engine
+                              for v in (e.micro_step_s, e.step_s, e.recompute_s)),
                             ("adam_alpha_s", c.adam_alpha_s), ("adam_s_per_param", c.adam_s_per_param),
                             *((f"data_s[{b}]", v) for b, v in c.data_s.items())]:
             if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
@@ -231,7 +240,8 @@ def read_calibration(path: Path, *, context: str, field_name: str = "hardware.pr
 
 def problems(calib: Calibration, *, machine_kind: str, versions: Mapping[str, str | None],
              needs: Sequence[tuple[str, int, str]], model: str, dtype: str, seq_len: int, ranks_per_node: int,
-             tp: int, micro_batch_size: int, activation_checkpointing: str, zero_stage: int) -> list[str]:
+             backend: str, tp: int, sp: bool, micro_batch_size: int, activation_checkpointing: str,
+             zero_stage: int) -> list[str]:
     """Why this calibration cannot time a layout (empty: it can). `needs`: the (collective, group size) pairs the
     layout calls; `ranks_per_node`: the layout's (each rank's threads and share of the machine follow from it)."""
     out = []
@@ -254,9 +264,9 @@ def problems(calib: Calibration, *, machine_kind: str, versions: Mapping[str, st
         if (c.model, c.dtype, c.seq_len) != (model, dtype, seq_len):
             out.append(f"its compute was measured for {c.model} {c.dtype} seq_len={c.seq_len}, "
                        f"the layout trains {model} {dtype} seq_len={seq_len}")
-        elif c.find_pass(tp, micro_batch_size, activation_checkpointing) is None:
-            out.append(f"it has no pass at tp={tp}, micro_batch_size={micro_batch_size}, "
+        elif c.find_pass(backend, tp, sp, micro_batch_size, activation_checkpointing) is None:
+            out.append(f"it has no {backend} pass at tp={tp}{', sp' if sp else ''}, micro_batch_size={micro_batch_size}, "
                        f"activation_checkpointing={activation_checkpointing}")
-        if c.find_engine(zero_stage) is None:
-            out.append(f"it has no DeepSpeed engine cost at zero_stage={zero_stage}")
+        if c.find_engine(backend, zero_stage) is None:
+            out.append(f"it has no {backend} engine cost at zero_stage={zero_stage}")
     return out

@@ -25,7 +25,8 @@ def cpu_threads(ranks_per_node: int, cores: int | None = None) -> int:
     return max(1, (cores or os.cpu_count() or 1) // max(1, ranks_per_node))
 
 
-def build(resolved, run_dir: str, *, environ: Mapping[str, str] | None = None) -> LaunchCommand:
+def build(resolved, run_dir: str, *, environ: Mapping[str, str] | None = None, module: str = TRAIN_MODULE) -> LaunchCommand:
+    """The command that starts `module` (a rank program taking RUN_DIR) on every rank of the recipe."""
     environ = os.environ if environ is None else environ
     r = resolved.recipe
     hw = r.hardware
@@ -51,7 +52,7 @@ def build(resolved, run_dir: str, *, environ: Mapping[str, str] | None = None) -
             argv += ["--master_addr", master_addr]
         if environ.get("LAYOUTLAB_HOSTFILE"):
             argv += ["--hostfile", environ["LAYOUTLAB_HOSTFILE"]]
-        argv += ["--module", TRAIN_MODULE, run_dir]
+        argv += ["--module", module, run_dir]
     else:
         argv = [py, "-m", "torch.distributed.run", "--nnodes", str(hw.nodes), "--nproc-per-node", str(hw.gpus_per_node)]
         if hw.nodes == 1:
@@ -60,7 +61,7 @@ def build(resolved, run_dir: str, *, environ: Mapping[str, str] | None = None) -
             argv += ["--node-rank", environ.get("NODE_RANK", "0"), "--rdzv-backend", "c10d",
                      "--rdzv-endpoint", f"{master_addr}:{master_port}", "--rdzv-id", resolved.recipe_name]
         # A failed rank makes torchrun stop every other rank; restarts are resume=auto's job, not torchrun's.
-        argv += ["--max-restarts", "0", "-m", TRAIN_MODULE, run_dir]
+        argv += ["--max-restarts", "0", "-m", module, run_dir]
     if r.run.profile == "nsys":
         # One report per node (it covers every rank on the node), exported to SQLite when profiling
         # ends so that the analysis reads it without nsys installed.

@@ -688,27 +688,34 @@ def step_time(layout: Layout, comm: list[Comm], timing: Timing = Timing()) -> St
     ga = max(1, layout.grad_accum)
     params, _ = stage_params(layout, 0)
     compute_c = timing.calibration.compute if timing.calibration else None
+    tp = sum(c.time_s for c in comm if c.parallelism in ("tp", "sp"))
     if compute_c is not None:
-        # Measured op classes: forward and backward of this rank's shard per micro-batch, the DeepSpeed engine's own
-        # work at this ZeRO stage, and Adam over the rank's partition (the whole shard without ZeRO).
-        p = compute_c.find_pass(g.tp, layout.micro_batch_size, layout.recompute)
-        eng = compute_c.find_engine(layout.zero_stage)
+        # Measured op classes: forward and backward of this rank's part of the backend's own model per micro-batch
+        # (timed in situ, its TP collectives included), the engine's own cost at this ZeRO stage (what real steps
+        # spend beyond the rest of this sum), and Adam over the rank's partition (the whole shard without ZeRO).
+        p = compute_c.find_pass(layout.backend, g.tp, layout.sp, layout.micro_batch_size, layout.recompute)
+        eng = compute_c.find_engine(layout.backend, layout.zero_stage)
         part = params if layout.zero_stage == 0 else -(-params // g.dp)
-        # A full recompute re-runs the forward inside the backward, the engine's forward hooks (ZeRO-3's fetches and
-        # releases) included.
-        hooks = eng.forward_s * (2 if p.activation_checkpointing == "full" else 1) + eng.backward_s
-        compute = (ga * (p.forward_s + p.backward_s + hooks + compute_c.data_s.get(str(layout.micro_batch_size), 0.0))
-                   + eng.step_s + compute_c.adam_s(part))
+        engine = eng.micro_step_s + (eng.recompute_s if p.activation_checkpointing == "full" else 0.0)
+        passes = ga * (p.forward_s + p.backward_s)
+        compute = ga * (engine + compute_c.data_s.get(str(layout.micro_batch_size), 0.0)) + eng.step_s + compute_c.adam_s(part)
         # Ranks that wait for one another each step finish with the slowest: the expected maximum of n ranks'
         # compute exceeds the mean by c_n standard deviations (Blom's approximation of the normal order statistic),
-        # counted once per step, a lower bound when the ranks meet more often.
-        n = g.world
+        # counted once per step, a lower bound when the ranks meet more often. The ranks of a TP group already
+        # waited for one another inside the measured pass (at every TP collective): n counts the TP groups.
+        n = g.world // g.tp
         skew = (NormalDist().inv_cdf((n - 0.375) / (n + 0.25)) * p.sd_s * math.sqrt(ga)) if n > 1 else 0.0
         compute += skew
+        # The passes hold the TP calls as they ran in situ: the table's α–β time for them is their share, the rest
+        # of the passes is compute.
+        tp = min(tp, passes)
+        compute += passes - tp
         compute_how = (f"compute measured ({timing.calibration.created}, {timing.calibration.machine_kind}): forward + "
-                       f"backward of the tp={g.tp} shard at micro_batch_size={layout.micro_batch_size}, "
-                       f"activation_checkpointing={p.activation_checkpointing}, + DeepSpeed ZeRO-{layout.zero_stage}'s "
-                       f"own cost + Adam over {part:,} parameters + making the micro-batches + {skew * 1e3:.2f} ms "
+                       f"backward of the {layout.backend} model at tp={g.tp}{' with SP' if layout.sp else ''} in situ (its TP collectives included: the "
+                       f"α–β time of those is shown as TP), micro_batch_size={layout.micro_batch_size}, "
+                       f"activation_checkpointing={p.activation_checkpointing}, + the engine's own cost at ZeRO-"
+                       f"{layout.zero_stage} (measured in real steps) + Adam over "
+                       f"{part:,} parameters + making the micro-batches + {skew * 1e3:.2f} ms "
                        f"waiting for the slowest of {n} ranks; collectives on the measured α–β curves (calibrated)")
     else:
         compute = hw_flops / g.world / (peak * hw.achievable_mfu)
@@ -717,7 +724,6 @@ def step_time(layout: Layout, comm: list[Comm], timing: Timing = Timing()) -> St
                        "nominal) + bytes over the nominal bus bandwidth")
     m = layout.grad_accum
     bubble = compute * (g.pp - 1) / (layout.vpp * max(m, 1)) if g.pp > 1 else 0.0
-    tp = sum(c.time_s for c in comm if c.parallelism in ("tp", "sp"))
     pp = sum(c.time_s for c in comm if c.parallelism == "pp")
     dp = sum(c.time_s for c in comm if c.parallelism == "dp")
     dp_c = [c for c in comm if c.parallelism == "dp"]
@@ -779,10 +785,8 @@ def layout_timing(layout: Layout) -> Timing:
     why = cal.problems(calib, machine_kind=envinfo.machine_kind(), versions=envinfo.package_versions(), needs=needs,
                        model=layout.model.name, dtype=layout.dtype, seq_len=layout.seq_len,
                        ranks_per_node=layout.grid.gpus_per_node, tp=layout.grid.tp, micro_batch_size=layout.micro_batch_size,
-                       activation_checkpointing=layout.recompute, zero_stage=layout.zero_stage)
-    if calib.compute is not None and calib.compute.backend != layout.backend:
-        why.append(f"its compute was measured on the {calib.compute.backend} backend's model, the layout trains on "
-                   f"{layout.backend}")
+                       backend=layout.backend, sp=layout.sp, activation_checkpointing=layout.recompute,
+                       zero_stage=layout.zero_stage)
     if layout.grid.pp > 1:
         why.append("it does not time pipeline stages")
     if layout.offload_optimizer != "none" or layout.offload_params != "none":

@@ -78,6 +78,10 @@ class DeepSpeedTrainer:
         gn = engine.get_global_grad_norm()
         return StepOutput(torch.stack(losses).mean(), own_norm if gn is None else float(gn))
 
+    def loss(self, rows):
+        # engine.module: the AutoTP-sharded model without the engine's forward (its ZeRO hooks stay out).
+        return self.engine.module(input_ids=rows, labels=rows).loss
+
     def save(self, checkpoints: Path, tag: str, step: int) -> None:
         self.engine.save_checkpoint(str(checkpoints), tag=tag, client_state={"step": step}, save_latest=False)
 

@@ -181,6 +181,12 @@ class MegatronTrainer:
     def state_bytes(self) -> dict[str, int]:
         return common.model_state_bytes(self.engine)
 
+    def loss(self, rows):
+        if len(self.chunks) != 1:
+            raise RuntimeError("a micro-batch's loss on one rank needs the whole model: pp = 1, vpp = 1")
+        tokens, position_ids, labels, mask = self._inputs(rows)
+        return self._loss(mask, self.chunks[0](tokens, position_ids, None, labels=labels))[0]
+
     def train_step(self, micro_batch: Callable) -> StepOutput:
         if self.schedule_path:
             return self._schedule_step(micro_batch)

@@ -61,6 +61,11 @@ class Trainer(Protocol):
         """One optimizer step over the step's micro-batches; `micro_batch(i)` gives this rank's i-th
         [micro_batch_size, seq_len] token rows (inputs; the labels are the same rows shifted by one)."""
 
+    def loss(self, rows: "torch.Tensor") -> "torch.Tensor":
+        """The loss of one micro-batch of rows through this rank's parallel model alone: no gradient reduction,
+        optimizer or engine hooks. `launch calibrate` times it and its backward in situ, where the model's own
+        tensor-parallel collectives run as they do in training (pipeline stages excepted: pp = 1)."""
+
     def save(self, checkpoints: "Path", tag: str, step: int) -> None:
         """Every rank saves its part under checkpoints/tag; the loop writes the completion marker."""
 

@@ -27,7 +27,7 @@ def _run(args, runs, timeout):
 
 def test_calibrate_then_recommend_verify(tmp_path):
     runs, cal = tmp_path / "runs", tmp_path / "cal.json"
-    p = _run(["calibrate", TINY, *SMALL, f"out={cal}"], runs, 600)
+    p = _run(["calibrate", TINY, *SMALL, f"out={cal}", "iters=5"], runs, 600)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     doc = json.loads(cal.read_text())
     assert doc["kind"] == "layoutlab-calibration" and doc["world_size"] == 2
@@ -48,9 +48,35 @@ def test_calibrate_then_recommend_verify(tmp_path):
         assert ar["beta_Bps"] == pytest.approx(1 / slope, rel=1e-3)
     else:
         assert math.isinf(ar["beta_Bps"])
-    passes = {(x["tp"], x["micro_batch_size"], x["activation_checkpointing"]) for x in doc["compute"]["passes"]}
-    assert passes == {(tp, b, ac) for tp in (1, 2) for b in (1, 2, 4) for ac in ("none", "full")}
-    assert [e["zero_stage"] for e in doc["compute"]["engine"]] == [0, 1, 2, 3]
+    passes = {(x["backend"], x["tp"], x["sp"], x["micro_batch_size"], x["activation_checkpointing"])
+              for x in doc["compute"]["passes"]}
+    # Every backend at every TP degree of 2 ranks, micro-batch sizes dividing the global batch of 4, each backend's
+    # checkpointing modes (Megatron's selective too) and Megatron's sequence parallelism at tp=2.
+    want = {("deepspeed", tp, False, b, ac) for tp in (1, 2) for b in (1, 2, 4) for ac in ("none", "full")}
+    want |= {("megatron", tp, sp, b, ac) for tp, sp in ((1, False), (2, False), (2, True)) for b in (1, 2, 4)
+             for ac in ("none", "full", "selective")}
+    assert passes == want
+    assert all(x["forward_s"] > 0 and x["backward_s"] > 0 for x in doc["compute"]["passes"])
+    assert [(e["backend"], e["zero_stage"]) for e in doc["compute"]["engine"]] == [
+        (b, z) for b in ("deepspeed", "megatron") for z in (0, 1, 2, 3)]
+    # The engine costs are what real steps spent beyond the rest: the planner, given the file, predicts the measured
+    # train_step of each sample (taken from the probe's own output) exactly where no part was clamped at zero.
+    (sample_doc,) = (runs / "calibration").glob("*/in_situ_deepspeed_tp1/*/passes.json")
+    steps = {(x["zero_stage"], x["grad_accum"], x["activation_checkpointing"]): x["step_s"]
+             for x in json.loads(sample_doc.read_text())["steps"]}
+    assert set(steps) == {(z, ga, ac) for z in (0, 1, 2, 3) for ga, ac in ((1, "none"), (2, "none"), (1, "full"))}
+    assert all(v > 0 for v in steps.values())
+    from launch.planner import plan_resolved
+    from launch.resolve import resolve_path
+
+    clamped = " ".join(n for n in doc["notes"] if "taken as 0" in n)
+    for (z, ga, ac), measured in steps.items():
+        if f"deepspeed ZeRO-{z} engine" in clamped:
+            continue
+        r = resolve_path(TINY, [*SMALL, "backend=deepspeed", "parallel.tp=1", "batch.micro_batch_size=1",
+                                f"batch.global_batch_size={2 * ga}", f"parallel.zero_stage={z}",
+                                f"train.activation_checkpointing={ac}", f"hardware.profile={cal}"])
+        assert plan_resolved(r).step.total_s == pytest.approx(measured, rel=1e-6), (z, ga, ac)
 
     held = [*SMALL, f"hardware.profile={cal}", "train.warmup_steps=2"]
     p = _run(["recommend", TINY, *held, "verify=true", "top=2", "steps=8"], runs, 600)

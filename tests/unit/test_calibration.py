@@ -38,16 +38,19 @@ def test_fit_without_size_dependence_is_latency_only():
 
 
 def _calibration(**changes) -> Calibration:
-    passes = tuple(Pass(tp, b, ac, 0.004 * b / tp + 0.001, 0.006 * b / tp + 0.002)
-                   for tp in (1, 2) for b in (1, 2, 4, 8) for ac in ("none", "full"))
+    passes = tuple(Pass(backend, tp, sp, b, ac, 0.004 * b / tp + 0.001, 0.006 * b / tp + 0.002)
+                   for backend, modes in (("deepspeed", ("none", "full")), ("megatron", ("none", "full", "selective")))
+                   for tp in (1, 2) for sp in ((False, True) if tp > 1 and backend == "megatron" else (False,))
+                   for b in (1, 2, 4, 8) for ac in modes)
     fields = dict(
         created="2026-12-01T00:00:00+00:00", machine_kind=envinfo.machine_kind(),
         versions={k: v for k, v in envinfo.package_versions().items() if k in ("torch", "deepspeed")},
         base_profile="cpu", world_size=2, ranks_per_node=2,
         collectives=tuple(AlphaBeta(op, 2, "intra_node", ALPHA, BETA, ((8, ALPHA),), "test")
                           for op in ("all_reduce", "all_gather", "reduce_scatter")),
-        compute=Compute(backend="deepspeed", model="tiny-llama", dtype="fp32", seq_len=64, threads_per_rank=1,
-                        passes=passes, engine=tuple(EngineCost(z, 0.0005, 0.001 * (z + 1), 0.002) for z in range(4)),
+        compute=Compute(model="tiny-llama", dtype="fp32", seq_len=64, threads_per_rank=1,
+                        passes=passes, engine=tuple(EngineCost(b, z, 0.0005 + 0.001 * (z + 1), 0.002, 0.0003 * z)
+                                                    for b in ("deepspeed", "megatron") for z in range(4)),
                         adam_alpha_s=1e-4, adam_s_per_param=1e-8, how="test"))
     fields.update(changes)
     return Calibration(**fields)
@@ -87,6 +90,61 @@ def test_calibrated_tp2_counts_every_autotp_call(tmp_path):
     want = 2 * (29 * (ALPHA + act / BETA) + ALPHA + logits / BETA)
     assert sum(c.time_s for c in tp) == pytest.approx(want, rel=1e-6)
     assert not [c for c in plan.comm if c.parallelism == "dp"]
+    # The passes were timed in situ with those calls inside them: the step counts them once. Per micro-step the
+    # tp=2 pass at micro-batch 4 and ZeRO-1's engine hooks; per step its step and Adam over the 123,456-parameter
+    # AutoTP shard (embedding 512 × 64 whole, lm_head halved, per layer (2 × 64 × 64 + 2 × 64 × 32 + 3 × 64 × 128) / 2
+    # + 2 × 64 norms, and the final norm).
+    shard = 512 * 64 + 512 * 64 // 2 + 4 * ((2 * 64 * 64 + 2 * 64 * 32 + 3 * 64 * 128) // 2 + 2 * 64) + 64
+    passes = 2 * ((0.004 * 4 / 2 + 0.001) + (0.006 * 4 / 2 + 0.002))
+    total = passes + 2 * (0.0005 + 0.002) + 0.002 + 1e-4 + 1e-8 * shard
+    assert plan.step.total_s == pytest.approx(total, rel=1e-9)
+    # These α–β figures (1 ms a call) exceed the measured passes that hold the calls: TP time is capped at them.
+    assert want > passes and plan.step.tp_comm_s == pytest.approx(passes, rel=1e-9)
+    assert plan.step.compute_s == pytest.approx(total - passes, rel=1e-9)
+
+
+def test_calibrated_megatron_uses_its_own_passes_and_engine_cost(tmp_path):
+    path = _write(tmp_path, _calibration())
+    plan = plan_resolved(resolve_path(RECIPES / "tiny_zero2", [f"hardware.profile={path}", "backend=megatron",
+                                                                 "parallel.tp=2", "parallel.zero_stage=1",
+                                                                 "train.activation_checkpointing=selective"]))
+    assert plan.step.timing == "calibrated"
+    # Two micro-steps of the tp=2 pass and megatron's ZeRO-1 engine cost per micro-step (0.0025 s), its step cost
+    # and Adam over the Megatron shard: vocab-parallel embedding and output layer halved, the same decoder shard.
+    shard = 2 * (512 * 64 // 2) + 4 * ((2 * 64 * 64 + 2 * 64 * 32 + 3 * 64 * 128) // 2 + 2 * 64) + 64
+    total = 2 * ((0.004 * 4 / 2 + 0.001) + (0.006 * 4 / 2 + 0.002) + 0.0025) + 0.002 + 1e-4 + 1e-8 * shard
+    assert plan.step.total_s == pytest.approx(total, rel=1e-9)
+
+
+def test_rank_skew_counts_only_ranks_the_measured_pass_did_not_synchronise(tmp_path):
+    import dataclasses
+    from statistics import NormalDist
+
+    calib = _calibration()
+    noisy = dataclasses.replace(calib, compute=dataclasses.replace(
+        calib.compute, passes=tuple(dataclasses.replace(p, sd_s=0.01) for p in calib.compute.passes)))
+    quiet_path, noisy_path = _write(tmp_path, calib, "quiet.json"), _write(tmp_path, noisy, "noisy.json")
+
+    def total(path, *over):
+        return plan_resolved(resolve_path(RECIPES / "tiny_zero2", [f"hardware.profile={path}", *over])).step.total_s
+
+    # Two data-parallel ranks, one micro-step: the slower of two normal draws is 0.5894 sd above the mean (Blom).
+    c2 = NormalDist().inv_cdf((2 - 0.375) / (2 + 0.25))
+    assert c2 == pytest.approx(0.5894, abs=1e-4)
+    assert total(noisy_path) - total(quiet_path) == pytest.approx(c2 * 0.01, rel=1e-6)
+    # TP 2 on the same two ranks: they met at every TP collective inside the measured pass; nothing is added.
+    tp2 = ("parallel.tp=2", "parallel.zero_stage=1")
+    assert total(noisy_path, *tp2) == pytest.approx(total(quiet_path, *tp2), rel=1e-12)
+
+
+def test_full_checkpointing_adds_the_measured_recompute_cost_per_micro_step(tmp_path):
+    path = _write(tmp_path, _calibration())
+    over = [f"hardware.profile={path}", "parallel.zero_stage=3"]
+    plain = plan_resolved(resolve_path(RECIPES / "tiny_zero2", over))
+    full = plan_resolved(resolve_path(RECIPES / "tiny_zero2", [*over, "train.activation_checkpointing=full"]))
+    # One micro-step per step: the full pass at micro-batch 4 is the same figure here, so the plans differ only by
+    # the engine's recompute cost at ZeRO-3 (0.0009 s).
+    assert full.step.total_s - plain.step.total_s == pytest.approx(0.0003 * 3, rel=1e-6)
 
 
 @pytest.mark.parametrize("change, says", [
@@ -112,14 +170,15 @@ def test_missing_pass_for_the_micro_batch_falls_back(tmp_path):
     plan = plan_resolved(resolve_path(RECIPES / "tiny_zero2", [f"hardware.profile={path}", "batch.micro_batch_size=16",
                                                                  "batch.global_batch_size=32"]))
     assert plan.step.timing == "nominal"
-    assert "no pass at tp=1, micro_batch_size=16" in next(n for n in plan.notes if n.startswith("time:"))
+    assert "no deepspeed pass at tp=1, micro_batch_size=16" in next(n for n in plan.notes if n.startswith("time:"))
 
 
 @pytest.mark.parametrize("content, says", [
     ("{not json", "cannot be read as JSON"),
     ('{"kind": "something else"}', "is not a calibration file"),
     ('{"kind": "layoutlab-calibration", "version": 99}', "is calibration version 99"),
-    ('{"kind": "layoutlab-calibration", "version": 1, "created": "x"}', "is damaged"),
+    ('{"kind": "layoutlab-calibration", "version": 1}', "is calibration version 1; this code reads 2"),
+    ('{"kind": "layoutlab-calibration", "version": 2, "created": "x"}', "is damaged"),
 ])
 def test_a_bad_calibration_file_is_one_line_exit_2(tmp_path, capsys, content, says):
     path = _write(tmp_path, content)
@@ -173,6 +232,20 @@ def test_calibrate_refuses_to_replace_a_file_and_a_calibration_as_its_base(tmp_p
     path = _write(tmp_path, _calibration())
     assert main(["calibrate", str(RECIPES / "tiny_zero2"), f"hardware.profile={path}"]) == 2
     assert "is already a calibration" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("arg, says", [
+    ("backends=nope", 'backends="nope" names no backend (nope); name some of: deepspeed, megatron'),
+    ("backends=", "names no backend (empty)"),
+    ("iters=2", 'iters="2" is not a whole number from 3 to 10000'),
+    ("iters=1e9", 'iters="1e9" is not a whole number'),
+])
+def test_calibrate_arguments_are_checked_before_anything_runs(tmp_path, capsys, monkeypatch, arg, says):
+    monkeypatch.setenv("LAYOUTLAB_RUNS", str(tmp_path / "runs"))
+    assert main(["calibrate", str(RECIPES / "tiny_zero2"), arg]) == 2
+    err = capsys.readouterr().err
+    assert says in err and err.count("\n") == 1
+    assert not (tmp_path / "runs").exists()  # nothing created
 
 
 @pytest.mark.parametrize("mutate, says", [

@@ -38,15 +38,22 @@ def test_ranking_holds_only_what_fits_and_what_the_resolver_builds():
 
 
 def test_calibrated_layouts_are_ranked_apart_from_nominal_ones(tmp_path):
+    import dataclasses
+
     from tests.unit.test_calibration import _calibration, _write
 
-    path = _write(tmp_path, _calibration())
-    cands = candidates(str(RECIPES / "tiny_zero2"), [f"hardware.profile={path}"])
+    calib = _calibration()
+    ds_only = dataclasses.replace(calib, compute=dataclasses.replace(
+        calib.compute, passes=tuple(p for p in calib.compute.passes if p.backend == "deepspeed")))
+    cands = candidates(str(RECIPES / "tiny_zero2"), [f"hardware.profile={_write(tmp_path, ds_only, 'ds.json')}"])
     fit = ranked(cands)
-    # The test calibration times the deepspeed backend's model at micro-batches 1-8: Megatron's layouts stay out.
+    # Without Megatron passes only the deepspeed backend's layouts are timed: Megatron's stay out of the ranking.
     assert fit and {c.plan.step.timing for c in fit} == {"calibrated"}
     assert all(c.label.startswith("deepspeed") for c in fit)
     assert any(c.fits and c.label.startswith("megatron") for c in cands)
+    # With them, both backends' layouts are ranked together.
+    both = ranked(candidates(str(RECIPES / "tiny_zero2"), [f"hardware.profile={_write(tmp_path, calib)}"]))
+    assert {c.label.split()[0] for c in both} == {"deepspeed", "megatron"}
 
 
 def test_offload_is_tried_only_where_the_layout_does_not_fit_without_it():
@@ -131,8 +138,9 @@ def test_every_candidate_is_either_ranked_or_dropped_with_a_counted_reason(tmp_p
     rec = recommend(cands)
     assert rec.tried == len(cands) == len(rec.ranked) + sum(n for _, n in rec.dropped)
     reasons = dict(rec.dropped)
-    # 48 Megatron PP/SP × ZeRO-2/3 layouts cannot be built; every fitting Megatron layout is left out of the
-    # calibrated ranking (the calibration timed the deepspeed backend's model).
+    # 48 Megatron PP/SP × ZeRO-2/3 layouts cannot be built; every fitting pipeline layout is left out of the
+    # calibrated ranking (a calibration does not time pipeline stages), and only those.
     assert sum(n for why, n in reasons.items() if why.startswith("parallel.zero_stage")) == 48
-    megatron_fit = sum(c.fits and c.label.startswith("megatron") for c in cands)
-    assert sum(n for why, n in reasons.items() if why.startswith("not ranked")) == megatron_fit > 0
+    pipelined_fit = sum(c.fits and " pp1 " not in c.label for c in cands)
+    assert sum(n for why, n in reasons.items() if why.startswith("not ranked")) == pipelined_fit > 0
+    assert all("pipeline" in why for why in reasons if why.startswith("not ranked"))

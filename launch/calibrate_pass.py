@@ -1,0 +1,148 @@
+"""The in-situ half of `python -m launch calibrate`: `python -m launch.calibrate_pass RUN_DIR`, started on every rank
+of one node by the recipe's own launcher.
+
+Each rank builds the backend's real trainer (launch/trainers/protocol.py) at the run's tensor-parallel degree, once
+per activation-checkpointing mode (and with sequence parallelism on and off), and times the forward (`Trainer.loss`) and backward of one micro-batch for every
+micro-batch size asked for (medians over iterations), all ranks at once: the TP collectives inside the model run as in training, on the
+threads and cores a training rank has; gradients are not reduced and no optimizer steps there. Then, where the spec
+asks (tp = 1), it times whole `train_step`s of the real trainer at each ZeRO stage, at one and two micro-batches
+per step and with full checkpointing: `calibrate` takes what the rest of its figures do not explain as the
+DeepSpeed engine's own cost in situ. Rank 0 writes `passes.json`: passes averaged over ranks, steps the slowest
+rank's.
+"""
+from __future__ import annotations
+
+import gc
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+SPEC = "calibrate_pass.json"
+RESULT = "passes.json"
+
+
+def main(run_dir: str) -> int:
+    from launch.trainers import common
+
+    return common.run_rank(run_dir, _body)
+
+
+def _body(run, resolved, env, terminal, cuda, watchdog) -> int:
+    import torch
+    import torch.distributed as dist
+
+    from launch.backends import traits
+    from launch.resolve import Resolved
+    from launch.trainers.protocol import BuildContext
+
+    spec = json.loads((run.root / SPEC).read_text())
+    backend = traits(resolved.recipe.backend).rank_module()
+    if cuda:
+        torch.cuda.set_device(env.local_rank)
+    backend.init_distributed(resolved, cuda)
+    device = torch.device("cuda", env.local_rank) if cuda else torch.device("cpu")
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
+    rows = {}
+    for item in spec["variants"]:
+        ac, sp = item["activation_checkpointing"], item["sp"]
+        variant = Resolved.load(Path(item["resolved"]))
+        watchdog.beat(0, f"building the {variant.recipe.backend} model, activation_checkpointing={ac}, sp={sp}")
+        trainer = backend.build(BuildContext(run, variant, env, cuda, device, watchdog, None, False))
+        batches = {}
+        for b in spec["micro_batch_sizes"]:
+            g = torch.Generator().manual_seed(b)
+            batches[b] = torch.randint(0, variant.model.vocab_size, (b, variant.recipe.batch.seq_len), generator=g).to(device)
+        times: dict[int, list[tuple[float, float]]] = {b: [] for b in batches}
+        dist.barrier()
+        # Every size in turn within an iteration, so that a drift of the machine's load reaches all of them alike.
+        for it in range(spec["warmup_iters"] + spec["iters"]):
+            watchdog.beat(it, f"timing activation_checkpointing={ac}")
+            for b, x in batches.items():
+                sync()
+                t0 = time.perf_counter()
+                loss = trainer.loss(x)
+                sync()
+                t1 = time.perf_counter()
+                loss.backward()  # gradients accumulate in place, as over a step's micro-batches
+                sync()
+                if it >= spec["warmup_iters"]:
+                    times[b].append((t1 - t0, time.perf_counter() - t1))
+        for b, fb in times.items():
+            rows[(ac, sp, b)] = _summary(fb)
+        del trainer
+    stages = sorted({item["zero_stage"] for item in spec["steps"]})
+    by_stage = {z: [item for item in spec["steps"] if item["zero_stage"] == z] for z in stages}
+    measured = {z: _steps(backend, by_stage[z], run, env, cuda, device, watchdog, spec, sync) for z in stages}
+    gc.collect()
+    steps = [measured[item["zero_stage"]][by_stage[item["zero_stage"]].index(item)] for item in spec["steps"]]
+    # Every rank's figures to rank 0, which writes the mean over ranks.
+    mine = [[rows[k] for k in sorted(rows)], steps]
+    gathered: list = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, mine)
+    if env.rank == 0:
+        out = [{"activation_checkpointing": ac, "sp": sp, "micro_batch_size": b,
+                **{part: statistics.fmean(g[0][i][j] for g in gathered)
+                   for j, part in enumerate(("forward_s", "backward_s", "sd_s"))}}
+               for i, (ac, sp, b) in enumerate(sorted(rows))]
+        # A step ends when its slowest rank's does: the longest of the ranks' medians.
+        timed = [{**{k: v for k, v in item.items() if k != "resolved"}, "step_s": max(g[1][i] for g in gathered)}
+                 for i, item in enumerate(spec["steps"])]
+        run.write_text_atomic(run.root / RESULT, json.dumps({"ranks": len(gathered), "passes": out, "steps": timed},
+                                                            indent=1) + "\n")
+    dist.barrier()
+    return 0
+
+
+def _steps(backend, items: list[dict], run, env, cuda: bool, device, watchdog, spec: dict, sync) -> list[float]:
+    """Median seconds of the real trainer's `train_step` (the engine's reduction and step included), on the data
+    the training loop reads, for each variant of one ZeRO stage (micro-batches per step, checkpointing). The
+    variants' trainers live side by side and take their steps in turn, so that the differences between them, from
+    which the engine's costs are taken, see the same moments of machine load."""
+    import torch.distributed as dist
+
+    from launch.resolve import Resolved
+    from launch.trainers import common
+    from launch.trainers.protocol import BuildContext
+
+    built = []
+    for item in items:
+        variant = Resolved.load(Path(item["resolved"]))
+        watchdog.beat(0, f"building the engine at zero_stage={item['zero_stage']}")
+        trainer = backend.build(BuildContext(run, variant, env, cuda, device, watchdog, None, False))
+        built.append((trainer, variant, common.data_source(variant), trainer.dp_rank))
+    times: list[list[float]] = [[] for _ in built]
+    dist.barrier()
+    for it in range(spec["warmup_iters"] + spec["step_iters"]):
+        watchdog.beat(it, f"timing train_step at zero_stage={items[0]['zero_stage']}")
+        for k, (trainer, variant, source, dp_rank) in enumerate(built):
+            sync()
+            t0 = time.perf_counter()
+            trainer.train_step(lambda micro, _it=it, _v=variant, _s=source, _r=dp_rank:
+                               common.micro_batch_tensor(_s, _it, _v, _r, micro, device))
+            sync()
+            if it >= spec["warmup_iters"]:
+                times[k].append(time.perf_counter() - t0)
+    return [statistics.median(t) for t in times]
+
+
+def _summary(fb: list[tuple[float, float]]) -> list[float]:
+    """[forward s, backward s, sd s] of a pass: medians, as the step time it is compared with is a median, so that
+    a moment of interference on a shared machine does not move it; the spread from the interquartile range (the
+    normal's sd = IQR / 1.349), for the same reason."""
+    both = sorted(f + b for f, b in fb)
+    q = statistics.quantiles(both, n=4) if len(both) > 1 else [both[0]] * 3
+    return [statistics.median(f for f, _ in fb), statistics.median(b for _, b in fb), (q[2] - q[0]) / 1.349]
+
+
+if __name__ == "__main__":
+    from launch.trainers.common import die_with_parent
+
+    die_with_parent()
+    rc = main(sys.argv[1])
+    # As the training loop does: DeepSpeed/gloo background threads can abort a finished process in teardown.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(rc)
