@@ -2,13 +2,13 @@
 of one node by the recipe's own launcher.
 
 Each rank builds the backend's real trainer (launch/trainers/protocol.py) at the run's tensor-parallel degree, once
-per activation-checkpointing mode (and with sequence parallelism on and off), and times the forward (`Trainer.loss`) and backward of one micro-batch for every
-micro-batch size asked for (medians over iterations), all ranks at once: the TP collectives inside the model run as in training, on the
-threads and cores a training rank has; gradients are not reduced and no optimizer steps there. Then, where the spec
-asks (tp = 1), it times whole `train_step`s of the real trainer at each ZeRO stage, at one and two micro-batches
-per step and with full checkpointing: `calibrate` takes what the rest of its figures do not explain as the
-DeepSpeed engine's own cost in situ. Rank 0 writes `passes.json`: passes averaged over ranks, steps the slowest
-rank's.
+per activation-checkpointing mode (and with sequence parallelism on and off), and times the forward
+(`Trainer.loss`) and backward of one micro-batch for every micro-batch size asked for (medians over iterations),
+all ranks at once: the TP collectives inside the model run as in training, on the threads and cores a training
+rank has; gradients are not reduced and no optimizer steps there. Then, where the spec asks (tp = 1), it times
+whole `train_step`s of the real trainer at each ZeRO stage, at one and two micro-batches per step and with full
+checkpointing: `calibrate` takes what the rest of its figures do not explain as the engine's own cost in situ.
+Rank 0 writes `passes.json`: passes averaged over ranks, steps the slowest rank's.
 """
 from __future__ import annotations
 
