@@ -27,6 +27,7 @@ from analysis.collectives import NCCL_TESTS_OP, REDUCTIONS, group_size_hint
 from analysis.parsers.nccl_tests import parse_nccl_tests
 from analysis.recognize import group_runs, recognize
 from analysis.runs import Run, load_run
+from analysis import curves as C
 from analysis.table import Table
 
 MAX_WARNINGS_SHOWN = 30
@@ -54,12 +55,24 @@ class RunResult:
     timers: list[Table] = field(default_factory=list)
     nsys_totals: list[Table] = field(default_factory=list)
     prediction: list[dict[str, Any]] = field(default_factory=list)
+    curves: Table | None = None  # loss, grad norm, lr, loss scale per step (analysis.curves)
     notes: list[str] = field(default_factory=list)
     unused: list[str] = field(default_factory=list)  # logs whose steps, memory or layout another log gave
 
     @property
     def label(self) -> str:
         return self.run.label
+
+
+@dataclass(frozen=True)
+class CurvePair:
+    """The loss curve of `other` against that of `first` (the report's first run with a curve)."""
+
+    first: str
+    other: str
+    not_comparable: str  # why the curves need not agree ('' : same global batch and sequence length)
+    comparison: C.CurveComparison
+    sources: str  # the two curves' files
 
 
 @dataclass
@@ -70,6 +83,7 @@ class Report:
     kernel_diff_note: str
     inputs_missing: list[str]
     ceiling_note: str
+    curve_pairs: list[CurvePair] = field(default_factory=list)
 
 
 def parse_ceiling(path: str | os.PathLike[str]) -> list[Table]:
@@ -360,8 +374,29 @@ def analyze_run(run: Run, *, ceilings: Sequence[Table] | None = None, ceiling_so
                 res.timers.append(t)
     res.nsys_totals = [t for t in (A.nsys_stats_totals(s) for s in run.nsys_stats) if len(t)]
     res.prediction = _prediction(run, res)
+    res.curves = _curves(run)
     res.unused = _unused_logs(run, res)
     return res
+
+
+def _curves(run: Run) -> Table | None:
+    """The training curve from the first source that has one: our metrics, Megatron's iteration lines (the log
+    with the arguments dump first), TensorBoard, DeepSpeed's own lines."""
+    candidates = ([C.curves_from_metrics(run.metrics)] if run.metrics is not None else []) + [
+        *(C.curves_from_megatron(log) for log in _megatron_first(run)),
+        *(C.curves_from_tensorboard(tb) for tb in run.tensorboard),
+        *(C.curves_from_deepspeed(log) for log in run.deepspeed)]
+    return next((c for c in candidates if any(v is not None for v in c.columns["loss"])), None)
+
+
+def curve_pairs(results: Sequence[RunResult]) -> list[CurvePair]:
+    with_curve = [r for r in results if r.curves is not None]
+    if len(with_curve) < 2:
+        return []
+    first = with_curve[0]
+    return [CurvePair(first.label, r.label, C.comparable(first.layout, r.layout), C.compare(first.curves, r.curves),
+                      f"{r.run.relabel(r.curves.source)} vs {first.run.relabel(first.curves.source)}")
+            for r in with_curve[1:]]
 
 
 _CPU_BASIS = ("compute = CPU ops on the training thread(s) (those holding the ProfilerStep annotations), less "
@@ -445,7 +480,7 @@ def build_report(inputs: Sequence[tuple[str | None, str | os.PathLike[str]]], *,
         note = f"{b.label} minus {a.label}, per profiled rank-step (trace_analysis.kernel_diff normalize='per_step')"
     elif any(r.run.trace is not None for r in results):
         note = "the traces hold no GPU kernels (CPU-only runs) in at least one of two runs: no kernel-level diff"
-    return Report(results, diagnose(results), diff, note, missing, ceiling_note)
+    return Report(results, diagnose(results), diff, note, missing, ceiling_note, curve_pairs(results))
 
 
 # ============================================================================ rendering
@@ -571,6 +606,46 @@ def _speed_blocks(rep: Report) -> list[Block]:
         out.append(Block("img", "Step-time distribution of the measured window (box: quartiles; points: steps). "
                                 "Sources: the files in the table's source column.",
                          png=_plot("step_time_distribution", series)))
+    return out
+
+
+def _sci(x: Any) -> str:
+    return "–" if x is None else f"{x:.3g}"
+
+
+def _curve_blocks(rep: Report) -> list[Block]:
+    out = [Block("h2", "Training curves")]
+    rows, series = [], []
+    for r in rep.runs:
+        if r.curves is None:
+            rows.append([r.label, "0"] + ["–"] * 6 + ["no loss per step (metrics, Megatron, TensorBoard or DeepSpeed "
+                                                      "pipeline lines)"])
+            continue
+        c = C.summarise(r.curves)
+        rows.append([r.label, f"{c.steps} ({c.first_step}–{c.last_step})",
+                     f"{_num(c.loss_first, 4)} → {_num(c.loss_last, 4)} (min {_num(c.loss_min, 4)})"
+                     + (f"; {c.not_finite} not finite" if c.not_finite else ""),
+                     f"{_num(c.grad_norm_last)} (max {_num(c.grad_norm_max)})" if c.grad_norm_last is not None else "–",
+                     f"{_sci(c.lr_first)} → {_sci(c.lr_last)} (max {_sci(c.lr_max)})" if c.lr_first is not None else "–",
+                     _num(c.loss_scale_last) if c.loss_scale_last is not None else "–",
+                     str(c.skipped) if c.skipped is not None else "–", r.run.relabel(r.curves.source) or "–"])
+        series.append((r.label, list(r.curves.columns["step"]),
+                       {k: list(r.curves.columns[k]) for k in ("loss", "grad_norm", "lr")}))
+    out.append(Block("table", headers=["run", "steps logged", "loss first → last", "grad norm last", "lr first → last",
+                                       "loss scale last", "skipped iterations", "source"], rows=rows))
+    if rep.curve_pairs:
+        out.append(Block("h3", "Loss against the first run"))
+        out.append(Block("table", headers=["run", "against", "steps compared", "max |Δ loss|", "max |Δ loss| / loss %",
+                                           "at step", "mean |Δ loss|", "expected to agree", "source"],
+                         rows=[[p.other, p.first, str(p.comparison.common_steps), _sci(p.comparison.max_abs_diff),
+                                _sci(None if p.comparison.max_rel_diff is None else 100 * p.comparison.max_rel_diff),
+                                str(p.comparison.at_step) if p.comparison.at_step is not None else "–",
+                                _sci(p.comparison.mean_abs_diff),
+                                "yes: same global batch and sequence length" if not p.not_comparable
+                                else f"no: {p.not_comparable}", p.sources] for p in rep.curve_pairs]))
+    if series:
+        out.append(Block("img", "Loss, gradient norm and learning rate per step, every run overlaid. Sources: the "
+                                "table's source column.", png=_plot("training_curves", series)))
     return out
 
 
@@ -806,7 +881,7 @@ def _definitions_blocks(rep: Report) -> list[Block]:
 def report_blocks(rep: Report) -> list[Block]:
     labels = ", ".join(r.label for r in rep.runs) or "no runs"
     head = [Block("h2", f"{len(rep.runs)} run(s): {labels}")]
-    return (head + _runs_blocks(rep) + _doctor_blocks(rep) + _speed_blocks(rep) + _memory_blocks(rep)
+    return (head + _runs_blocks(rep) + _doctor_blocks(rep) + _speed_blocks(rep) + _curve_blocks(rep) + _memory_blocks(rep)
             + _time_blocks(rep) + _collective_blocks(rep) + _straggler_blocks(rep) + _diff_blocks(rep)
             + _prediction_blocks(rep) + _definitions_blocks(rep))
 

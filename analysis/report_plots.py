@@ -141,3 +141,21 @@ def busbw_vs_size(points: Sequence[tuple[str, Sequence[tuple[float, float]]]],
         ax.legend(fontsize=7, frameon=False, loc="best")
     return _png(fig)
 
+
+
+def training_curves(series: Sequence[tuple[str, Sequence[int], Mapping[str, Sequence[float | None]]]]) -> bytes:
+    """Three panels side by side — loss, gradient norm, learning rate — against the step, one line per run;
+    a missing value leaves a gap."""
+    panels = [("loss", "loss"), ("grad_norm", "gradient norm"), ("lr", "learning rate")]
+    fig = Figure(figsize=(11, 3.2))
+    axes = fig.subplots(1, 3)
+    for ax, (key, title) in zip(axes, panels, strict=True):
+        for i, (label, steps, values) in enumerate(series):
+            ys = [float("nan") if v is None else v for v in values[key]]
+            if any(v == v for v in ys):
+                ax.plot(steps, ys, label=plain_text(label), color=_COLORS[i % len(_COLORS)], linewidth=1.2)
+        ax.set_title(title)
+        ax.set_xlabel("step")
+        ax.grid(alpha=0.3)
+    axes[0].legend(fontsize=7)
+    return _png(fig)

@@ -1,0 +1,166 @@
+"""Training curves: loss, gradient norm, learning rate and loss scale per step, from whichever source a run has,
+and how closely two runs' loss curves agree.
+
+`curves_from_*` bring each source to one table (CURVE_COLUMNS): our metrics JSONL, Megatron iteration lines,
+TensorBoard scalars (ours `train/*`, Megatron's `lm loss` / `learning-rate` / `grad-norm` / `loss-scale`), and
+DeepSpeed's own lines (the pipeline engine's averaged loss, the learning rate of `step=` lines). `summarise`
+and `compare` compute what the report shows; nothing here renders.
+
+Comparing layouts is comparing curves: two layouts of one model at the same global batch, sequence length and
+seed see the same data, so their losses should agree step by step up to floating-point reordering; a gap says
+that one of them trains differently.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Iterable, Mapping
+
+from analysis.table import Table
+
+CURVE_COLUMNS = {
+    "step": "optimizer step / iteration number as recorded",
+    "loss": "training loss (ours: the mean over data-parallel ranks; Megatron: `lm loss`, averaged over its "
+            "logging interval; DeepSpeed pipeline: its averaged loss)",
+    "grad_norm": "gradient norm before clipping (None where the source has none)",
+    "lr": "learning rate",
+    "loss_scale": "fp16 loss scale (None where the source has none)",
+    "skipped": "iterations skipped in the logging interval (Megatron), else None",
+    "source": "file:line (or TensorBoard run/file) of the record",
+}
+
+# TensorBoard tags (ours and Megatron's) and the column each holds.
+TB_TAGS = {"train/loss": "loss", "lm loss": "loss", "train/lr": "lr", "learning-rate": "lr",
+           "train/grad_norm": "grad_norm", "grad-norm": "grad_norm", "loss-scale": "loss_scale"}
+
+
+def _finite(x: Any) -> float | None:
+    return float(x) if isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) else None
+
+
+def _row(step: Any, source: str, **values: Any) -> dict[str, Any]:
+    row = {c: None for c in CURVE_COLUMNS}
+    row.update({k: _finite(v) if k != "skipped" else v for k, v in values.items()}, step=step, source=source)
+    row["_bad_loss"] = isinstance(values.get("loss"), float) and not math.isfinite(values["loss"])
+    return row
+
+
+def _table(rows: Iterable[dict[str, Any]], source: str, warnings: Iterable[str] = ()) -> Table:
+    """Rows with an integer step, in step order; a NaN or infinite loss is kept as None and counted
+    (meta `not_finite_loss`, and a warning)."""
+    kept = sorted((r for r in rows if isinstance(r["step"], int) and not isinstance(r["step"], bool)),
+                  key=lambda r: r["step"])
+    bad = [r["step"] for r in kept if r["_bad_loss"]]
+    warnings = list(warnings)
+    if bad:
+        warnings.append(f"{source}: {len(bad)} step(s) with a NaN or infinite loss (first at step {bad[0]}), "
+                        "left out of the curve")
+    return Table.from_rows("curves", CURVE_COLUMNS, kept, source=source, warnings=warnings,
+                           meta={"not_finite_loss": len(bad)})
+
+
+def curves_from_metrics(metrics: Table) -> Table:
+    """Our metrics: one row per step from the lowest rank (every rank records the same data-parallel mean)."""
+    rows = list(metrics.rows())
+    low = min((r["rank"] for r in rows if isinstance(r["rank"], int)), default=None)
+    return _table((_row(r["step"], f"{r['file']}:{r['line']}", loss=r["loss"], grad_norm=r["grad_norm"], lr=r["lr"])
+                   for r in rows if r["rank"] == low), metrics.source, metrics.warnings)
+
+
+def curves_from_megatron(log: Table) -> Table:
+    return _table((_row(r["iteration"], f"{log.source}:{r['line']}", loss=r["lm_loss"], grad_norm=r["grad_norm"],
+                        lr=r["learning_rate"], loss_scale=r["loss_scale"], skipped=r["skipped_iterations"])
+                   for r in log.rows() if r["kind"] == "iteration"), log.source, log.warnings)
+
+
+def curves_from_tensorboard(tb: Table) -> Table:
+    by_step: dict[int, dict[str, Any]] = {}
+    for r in tb.rows():
+        col = TB_TAGS.get(r["tag"])
+        if col is None:
+            continue
+        row = by_step.setdefault(r["step"], _row(r["step"], f"{tb.source}: {r['run']}/{r['file']}"))
+        row[col] = _finite(r["value"])
+        if col == "loss" and isinstance(r["value"], float) and not math.isfinite(r["value"]):
+            row["_bad_loss"] = True
+    return _table(by_step.values(), tb.source, tb.warnings)
+
+
+def curves_from_deepspeed(log: Table) -> Table:
+    by_step: dict[int, dict[str, Any]] = {}
+    for r in log.rows():
+        if r["kind"] == "pipe_step" and r["step"] is not None:
+            row = by_step.setdefault(r["step"], _row(r["step"], f"{log.source}:{r['line']}"))
+            row["loss"] = _finite(r["loss"])
+            row["_bad_loss"] = isinstance(r["loss"], float) and not math.isfinite(r["loss"])
+        elif r["kind"] == "step" and r["step"] is not None and r.get("lr") is not None:
+            by_step.setdefault(r["step"], _row(r["step"], f"{log.source}:{r['line']}"))["lr"] = _finite(r["lr"])
+    return _table(by_step.values(), log.source, log.warnings)
+
+
+@dataclass(frozen=True)
+class CurveSummary:
+    steps: int  # rows with a step
+    first_step: int | None
+    last_step: int | None
+    loss_first: float | None
+    loss_last: float | None
+    loss_min: float | None
+    grad_norm_last: float | None
+    grad_norm_max: float | None
+    lr_first: float | None
+    lr_last: float | None
+    lr_max: float | None
+    loss_scale_last: float | None
+    skipped: int | None  # iterations skipped, summed over the logging intervals
+    not_finite: int  # steps whose loss was NaN or infinite in the source (left out of the curve)
+
+
+def _values(curves: Table, col: str) -> list[float]:
+    return [v for v in curves.columns[col] if v is not None]
+
+
+def summarise(curves: Table) -> CurveSummary:
+    steps = list(curves.columns["step"])
+    loss, gn, lr, ls = (_values(curves, c) for c in ("loss", "grad_norm", "lr", "loss_scale"))
+    skipped = [v for v in curves.columns["skipped"] if isinstance(v, int)]
+    bad = int(curves.meta.get("not_finite_loss", 0))
+    return CurveSummary(len(steps), steps[0] if steps else None, steps[-1] if steps else None,
+                        loss[0] if loss else None, loss[-1] if loss else None, min(loss) if loss else None,
+                        gn[-1] if gn else None, max(gn) if gn else None, lr[0] if lr else None,
+                        lr[-1] if lr else None, max(lr) if lr else None, ls[-1] if ls else None, sum(skipped) if skipped else None, bad)
+
+
+@dataclass(frozen=True)
+class CurveComparison:
+    common_steps: int
+    max_abs_diff: float | None  # largest |loss_a - loss_b| over the steps both logged
+    max_rel_diff: float | None  # that difference over |loss_a| at the same step, the largest over steps
+    at_step: int | None  # where the largest absolute difference is
+    mean_abs_diff: float | None
+
+
+def compare(a: Table, b: Table) -> CurveComparison:
+    """Loss against loss at the steps both curves logged."""
+    la = {s: v for s, v in zip(a.columns["step"], a.columns["loss"], strict=True) if v is not None}
+    lb = {s: v for s, v in zip(b.columns["step"], b.columns["loss"], strict=True) if v is not None}
+    common = sorted(set(la) & set(lb))
+    if not common:
+        return CurveComparison(0, None, None, None, None)
+    diffs = [(abs(la[s] - lb[s]), s) for s in common]
+    worst, at = max(diffs)
+    rel = max((d / abs(la[s]) for d, s in diffs if la[s]), default=None)
+    return CurveComparison(len(common), worst, rel, at, sum(d for d, _ in diffs) / len(diffs))
+
+
+def comparable(layout_a: Mapping[str, Any], layout_b: Mapping[str, Any]) -> str:
+    """Why two runs' curves should not be expected to agree ('' when they should: same global batch and sequence
+    length, as far as the layouts say)."""
+    why = []
+    for key in ("global_batch_size", "seq_len"):
+        x, y = layout_a.get(key), layout_b.get(key)
+        if x is None or y is None:
+            why.append(f"{key} unknown")
+        elif x != y:
+            why.append(f"{key} {x} vs {y}")
+    return "; ".join(why)

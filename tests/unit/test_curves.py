@@ -1,0 +1,81 @@
+"""Training curves in the report: read from real logs and our own runs, checked against the files' own numbers
+read here with this test's regexes, and compared run against run."""
+from __future__ import annotations
+
+import json
+import math
+import re
+
+import pytest
+
+from analysis import curves as C
+from analysis.parsers.megatron_log import parse_megatron_log
+from analysis.parsers.metrics import parse_metrics
+from analysis.report import build_report, render_markdown
+from tests.unit.report_support import BIGSCIENCE, make_run_dir
+
+ITER = re.compile(r"iteration\s+(\d+)/\s*\d+ \|")
+LOSS = re.compile(r"\| lm loss: ([0-9.E+-]+) \|")
+NORM = re.compile(r"\| grad norm: ([0-9.]+) \|")
+
+
+def test_megatron_curve_is_every_iteration_line_of_the_log():
+    want = []
+    for line in BIGSCIENCE.read_text(errors="replace").splitlines():
+        if m := ITER.search(line):
+            loss, norm = LOSS.search(line), NORM.search(line)
+            want.append((int(m[1]), float(loss[1]) if loss else None, float(norm[1]) if norm else None))
+    assert len(want) >= 10 and any(w[1] is None for w in want)  # iterations that were all skipped print no loss
+    curve = C.curves_from_megatron(parse_megatron_log(BIGSCIENCE))
+    got = list(zip(curve.columns["step"], curve.columns["loss"], curve.columns["grad_norm"], strict=True))
+    for (ws, wl, wg), (gs, gl, gg) in zip(want, got, strict=True):
+        assert (gs, gg) == (ws, wg) and (gl == wl is None or gl == pytest.approx(wl, rel=1e-12))
+    s = C.summarise(curve)
+    # Loss scale and skipped iterations come from the same lines (`number of skipped iterations: N`).
+    skipped = sum(int(x) for x in re.findall(r"number of skipped iterations:\s+(\d+)", BIGSCIENCE.read_text()))
+    assert s.skipped == skipped and s.loss_scale_last is not None
+
+
+def _report(tmp_path, *dirs):
+    rep = build_report([(None, d) for d in dirs])
+    out = tmp_path / "r.md"
+    render_markdown(rep, out)
+    return rep, out.read_text()
+
+
+def test_two_of_our_runs_overlay_and_the_gap_is_the_largest_loss_difference(tmp_path):
+    a = make_run_dir(tmp_path / "a", "20260101-000000", steps=10)
+    bumped = [6.0 - 0.05 * s + (0.125 if s == 6 else 0.0) for s in range(10)]
+    b = make_run_dir(tmp_path / "b", "20260101-000001", steps=10, losses=bumped)
+    rep, md = _report(tmp_path, a, b)
+    # The oracle: rank 0's metrics files, read line by line here.
+    la, lb = ([json.loads(line)["loss"] for line in (d / "metrics" / "rank0.jsonl").read_text().splitlines()
+               if json.loads(line).get("kind") == "step"] for d in (a, b))
+    diffs = [abs(x - y) for x, y in zip(la, lb, strict=True)]
+    (pair,) = rep.curve_pairs
+    assert pair.comparison.common_steps == 10 and pair.not_comparable == ""
+    assert pair.comparison.max_abs_diff == pytest.approx(max(diffs), rel=1e-12) == pytest.approx(0.125)
+    assert pair.comparison.at_step == 7  # the bump was put on the seventh step (s = 6)
+    assert "## Training curves" in md and "yes: same global batch and sequence length" in md
+    assert "0.125" in md and "figure" in md
+
+
+def test_runs_with_another_global_batch_are_compared_but_not_expected_to_agree(tmp_path):
+    a = make_run_dir(tmp_path / "a", "20260101-000000", steps=6)
+    b = make_run_dir(tmp_path / "b", "20260101-000001", steps=6, overrides=["batch.global_batch_size=16"])
+    rep, md = _report(tmp_path, a, b)
+    (pair,) = rep.curve_pairs
+    assert pair.not_comparable == "global_batch_size 8 vs 16"
+    assert "no: global_batch_size 8 vs 16" in md
+
+
+def test_a_nan_loss_is_left_out_of_the_curve_and_counted(tmp_path):
+    losses = [5.0, 4.9, math.nan, 4.7, 4.6, 4.5]
+    d = make_run_dir(tmp_path / "a", steps=6, losses=losses)
+    curve = C.curves_from_metrics(parse_metrics(d / "metrics"))
+    assert curve.columns["step"] == [1, 2, 3, 4, 5, 6]
+    kept = curve.columns["loss"]
+    assert kept[2] is None and [x for i, x in enumerate(kept) if i != 2] == [5.0, 4.9, 4.7, 4.6, 4.5]
+    s = C.summarise(curve)
+    assert s.not_finite == 1 and s.loss_min == 4.5 and s.loss_last == 4.5
+    assert any("NaN or infinite loss (first at step 3)" in w for w in curve.warnings)
