@@ -27,6 +27,7 @@ from analysis.collectives import NCCL_TESTS_OP, REDUCTIONS, group_size_hint
 from analysis.parsers.nccl_tests import parse_nccl_tests
 from analysis.recognize import group_runs, recognize
 from analysis.runs import Run, load_run
+from analysis import comm_tables as CT
 from analysis import curves as C
 from analysis.table import Table
 
@@ -56,6 +57,8 @@ class RunResult:
     nsys_totals: list[Table] = field(default_factory=list)
     prediction: list[dict[str, Any]] = field(default_factory=list)
     curves: Table | None = None  # loss, grad norm, lr, loss scale per step (analysis.curves)
+    nccl_rows: list[Table] = field(default_factory=list)  # each nccl-tests file, per size (analysis.comm_tables)
+    transports: list[Table] = field(default_factory=list)  # each NCCL_DEBUG log, per rank pair
     notes: list[str] = field(default_factory=list)
     unused: list[str] = field(default_factory=list)  # logs whose steps, memory or layout another log gave
 
@@ -375,6 +378,8 @@ def analyze_run(run: Run, *, ceilings: Sequence[Table] | None = None, ceiling_so
     res.nsys_totals = [t for t in (A.nsys_stats_totals(s) for s in run.nsys_stats) if len(t)]
     res.prediction = _prediction(run, res)
     res.curves = _curves(run)
+    res.nccl_rows = [t for t in (CT.nccl_tests_rows(n) for n in run.nccl_tests) if len(t)]
+    res.transports = [t for t in (CT.transports(d) for d in run.nccl_debug) if len(t)]
     res.unused = _unused_logs(run, res)
     return res
 
@@ -808,6 +813,30 @@ def _collective_blocks(rep: Report) -> list[Block]:
     return out
 
 
+def _comm_file_blocks(rep: Report) -> list[Block]:
+    out = []
+    rows = [[r.label, n["op"], f"{n['ranks']} ({n['ranks_from']})" if n["ranks"] is not None else "unknown",
+             nice_bytes(n["size_bytes"]), str(n["count"]), str(n["dtype"]), str(n["redop"] or "–"),
+             _sci(n["oop_time_us"]), _sci(n["oop_algbw_GBps"]), _sci(n["oop_busbw_GBps"]), _sci(n["ip_time_us"]),
+             _sci(n["ip_algbw_GBps"]), _sci(n["ip_busbw_GBps"]), "–" if n["wrong"] is None else str(n["wrong"]),
+             r.run.relabel(n["source"])]
+            for r in rep.runs for t in r.nccl_rows for n in t.rows()]
+    if rows:
+        out.append(Block("h3", "nccl-tests per message size"))
+        out.append(Block("table", headers=["run", "collective", "ranks", "size", "count", "type", "redop",
+                                           "out-of-place µs", "algbw GB/s", "busbw GB/s", "in-place µs",
+                                           "algbw GB/s", "busbw GB/s", "#wrong", "source"], rows=rows))
+    rows = [[r.label, str(g["comm"] or "–"), f"{g['peer_from']} → {'–' if g['peer_to'] is None else g['peer_to']}",
+             str(g["kind"] or "–"), str(g["transport"]), "yes" if g["gdrdma"] else "no", str(g["channels"]),
+             str(g["cuda_dev"] or "–"), str(g["hosts"] or "–"), r.run.relabel(g["source"])]
+            for r in rep.runs for t in r.transports for g in t.rows()]
+    if rows:
+        out.append(Block("h3", "Transports (NCCL_DEBUG)"))
+        out.append(Block("table", headers=["run", "communicator", "ranks", "kind", "transport", "GPUDirect RDMA",
+                                           "channels", "device", "hosts", "source"], rows=rows))
+    return out
+
+
 def _straggler_blocks(rep: Report) -> list[Block]:
     out = [Block("h2", "Stragglers")]
     rows = []
@@ -882,7 +911,7 @@ def report_blocks(rep: Report) -> list[Block]:
     labels = ", ".join(r.label for r in rep.runs) or "no runs"
     head = [Block("h2", f"{len(rep.runs)} run(s): {labels}")]
     return (head + _runs_blocks(rep) + _doctor_blocks(rep) + _speed_blocks(rep) + _curve_blocks(rep) + _memory_blocks(rep)
-            + _time_blocks(rep) + _collective_blocks(rep) + _straggler_blocks(rep) + _diff_blocks(rep)
+            + _time_blocks(rep) + _collective_blocks(rep) + _comm_file_blocks(rep) + _straggler_blocks(rep) + _diff_blocks(rep)
             + _prediction_blocks(rep) + _definitions_blocks(rep))
 
 

@@ -1,0 +1,51 @@
+"""The nccl-tests and NCCL_DEBUG tables of the report, against the real files read here with this test's own
+regexes."""
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from analysis.comm_tables import nccl_tests_rows, transports
+from analysis.parsers.nccl_debug import parse_nccl_debug
+from analysis.parsers.nccl_tests import parse_nccl_tests
+from analysis.report import build_report, render_markdown
+from tests.unit.report_support import ALLREDUCE_8XH100, NCCL
+
+ROW = re.compile(r"^\s+(\d+)\s+(\d+)\s+(\w+)\s+(\w+)\s+-?\d+\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+(\d+)"
+                 r"\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+(\d+)\s*$")
+CONN = re.compile(r"Channel (\d+)/\d+ : (\d+)\[\d+\] -> (\d+)\[\d+\](?: \[\w+\])? via (\S+)")
+DEBUG = NCCL / "c_debug_v2_21_2node_ib_gdrdma.txt"
+
+
+def test_nccl_tests_rows_hold_both_placements_of_every_printed_size():
+    want = [m for m in map(ROW.match, ALLREDUCE_8XH100.read_text().splitlines()) if m]
+    assert len(want) > 20
+    got = list(nccl_tests_rows(parse_nccl_tests(ALLREDUCE_8XH100)).rows())
+    for m, g in zip(want, got, strict=True):
+        assert (g["size_bytes"], g["count"], g["dtype"], g["redop"]) == (int(m[1]), int(m[2]), m[3], m[4])
+        assert (g["oop_time_us"], g["oop_busbw_GBps"], g["ip_time_us"], g["ip_busbw_GBps"]) == pytest.approx(
+            (float(m[5]), float(m[7]), float(m[9]), float(m[11])))
+        assert g["wrong"] == int(m[8]) + int(m[12])
+        assert (g["ranks"], g["ranks_from"]) == (8, "printed")  # the header lists ranks 0-7
+
+
+def test_transports_name_every_rank_pair_and_whether_it_uses_gpudirect_rdma():
+    lines = [m for m in map(CONN.search, DEBUG.read_text().splitlines()) if m]
+    assert lines
+    want = {(int(m[2]), int(m[3]), "GDRDMA" in m[4]) for m in lines}
+    table = transports(parse_nccl_debug(DEBUG))
+    got = {(g["peer_from"], g["peer_to"], g["gdrdma"]) for g in table.rows()}
+    assert got == want
+    # Every channel of a pair counted once per transport and kind: the channels over all rows are the distinct
+    # (channel, from, to) of the log at most (a channel can appear in a ring and a tree).
+    assert sum(g["channels"] for g in table.rows()) >= len({(m[1], m[2], m[3]) for m in lines})
+
+
+def test_the_report_shows_both_tables(tmp_path):
+    rep = build_report([(None, DEBUG), (None, ALLREDUCE_8XH100)])
+    out = tmp_path / "r.md"
+    render_markdown(rep, out)
+    md = out.read_text()
+    assert "### nccl-tests per message size" in md and "### Transports (NCCL_DEBUG)" in md
+    assert "NET/IB/GDRDMA | yes" in md and "8 (printed)" in md
