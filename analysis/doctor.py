@@ -195,7 +195,9 @@ def idle_device(run: str, breakdown: Table | None) -> list[Finding]:
                     tuple(f"{r['source']}: rank {r['rank']} idle {r['idle_us'] / 1e3:.1f} ms of "
                           f"{r['span_us'] / 1e3:.1f} ms ({r['idle_pct']:.1f}%, {r['basis']})" for r in idle[:4]),
                     "input-bound: more DataLoader workers, pinned memory, prefetching; launch-bound: larger "
-                    "micro-batches, CUDA graphs or torch.compile, fewer host syncs (.item(), prints) per step")]
+                    "micro-batches, CUDA graphs or torch.compile, fewer host syncs (.item(), prints) per step" if gpu
+                    else "host-bound: more work per step (larger micro-batches), torch.compile, fewer Python-side "
+                         "syncs and prints per step; on a shared machine, fewer ranks than cores")]
 
 
 def memory_near_limit(run: str, memory: Table | None) -> list[Finding]:

@@ -59,6 +59,7 @@ class RunResult:
     curves: Table | None = None  # loss, grad norm, lr, loss scale per step (analysis.curves)
     nccl_rows: list[Table] = field(default_factory=list)  # each nccl-tests file, per size (analysis.comm_tables)
     transports: list[Table] = field(default_factory=list)  # each NCCL_DEBUG log, per rank pair
+    kernel_types: Table | None = None  # HTA's kernel-type breakdown, per rank (GPU traces)
     notes: list[str] = field(default_factory=list)
     unused: list[str] = field(default_factory=list)  # logs whose steps, memory or layout another log gave
 
@@ -345,6 +346,8 @@ def analyze_run(run: Run, *, ceilings: Sequence[Table] | None = None, ceiling_so
         tr = run.trace
         res.breakdown = A.time_breakdown(tr)
         res.exposed = A.exposed_by_collective(tr)
+        if _has_gpu(tr):
+            res.kernel_types = ta.kernel_type_breakdown(tr)
         res.stragglers = A.stragglers(tr, threshold_pct=D.STRAGGLER_PCT)
         n, n_from = group_size_hint(tr, {k: layout[k] for k in ("tp", "pp", "dp") if layout.get(k)})
         res.calls = A.collective_calls(tr, group_size=n, group_size_from=n_from)
@@ -483,8 +486,10 @@ def build_report(inputs: Sequence[tuple[str | None, str | os.PathLike[str]]], *,
         a, b = gpu_runs[:2]
         diff = A.kernel_diff(a.run.trace, b.run.trace)
         note = f"{b.label} minus {a.label}, per profiled rank-step (trace_analysis.kernel_diff normalize='per_step')"
+    elif gpu_runs:
+        note = f"needs two runs whose traces hold GPU kernels; only {gpu_runs[0].label}'s do: no kernel-level diff"
     elif any(r.run.trace is not None for r in results):
-        note = "the traces hold no GPU kernels (CPU-only runs) in at least one of two runs: no kernel-level diff"
+        note = "the traces hold no GPU kernels (CPU-only runs): no kernel-level diff"
     return Report(results, diagnose(results), diff, note, missing, ceiling_note, curve_pairs(results))
 
 
@@ -711,6 +716,13 @@ def _time_blocks(rep: Report) -> list[Block]:
             out.append(Block("h3", "Exposed communication per collective"))
             out.append(Block("table", headers=["run", "rank", "collective", "basis", "time, ms", "exposed, ms",
                                                "exposed % of span", "source"], rows=ex_rows))
+        kt_rows = [[r.label, _num(k["rank"]), k["kernel_type"], f"{k['time_us']:,.0f}", _pct(k["share_pct"]),
+                    r.run.relabel(r.kernel_types.source)]
+                   for r in rep.runs if r.kernel_types is not None for k in r.kernel_types.rows()]
+        if kt_rows:
+            out.append(Block("h3", "GPU kernel types (HTA's get_gpu_kernel_breakdown)"))
+            out.append(Block("table", headers=["run", "rank", "kernel type", "time, µs", "share of the rank %",
+                                               "source"], rows=kt_rows))
         notes = sorted({f"{r.label}: {n}" for r in rep.runs for n in r.notes})
         if notes:
             out.append(Block("list", "Basis of the numbers", items=notes))

@@ -49,3 +49,46 @@ def test_the_report_shows_both_tables(tmp_path):
     md = out.read_text()
     assert "### nccl-tests per message size" in md and "### Transports (NCCL_DEBUG)" in md
     assert "NET/IB/GDRDMA | yes" in md and "8 (printed)" in md
+
+
+def test_the_report_shows_htas_kernel_types_to_the_microsecond(tmp_path):
+    from tests.unit.report_support import HTA
+    from tests.unit.test_kineto import HTA_KERNEL_TYPES_SAMPLED
+
+    d = tmp_path / "sampled"
+    d.mkdir()
+    for src in HTA:
+        (d / src.name).write_bytes(src.read_bytes())
+    rep = build_report([(None, d)])
+    out = tmp_path / "r.md"
+    render_markdown(rep, out)
+    md = out.read_text()
+    assert "### GPU kernel types (HTA's get_gpu_kernel_breakdown)" in md
+    section = md.split("### GPU kernel types")[1].split("\n\n")[1]
+    summed: dict[str, int] = {}
+    for line in section.splitlines()[2:]:
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        summed[cells[2]] = summed.get(cells[2], 0) + int(cells[3].replace(",", ""))
+    assert summed == HTA_KERNEL_TYPES_SAMPLED  # HTA 0.5.0's own answer, summed over ranks as it does
+
+
+def test_one_gpu_run_is_not_called_cpu_only_and_cpu_runs_get_no_cuda_advice(tmp_path):
+    from analysis import doctor as D
+    from analysis.table import Table
+    from tests.unit.report_support import HTA, make_run_dir
+
+    d = tmp_path / "sampled"
+    d.mkdir()
+    for src in HTA:
+        (d / src.name).write_bytes(src.read_bytes())
+    rep = build_report([(None, d)])
+    assert rep.kernel_diff is None and "only sampled's do" in rep.kernel_diff_note
+    assert "CPU-only" not in rep.kernel_diff_note
+    cpu = build_report([(None, make_run_dir(tmp_path / "cpu"))])
+    assert "CPU-only" in cpu.kernel_diff_note
+    # The idle rule's advice follows the basis: a CPU-only breakdown gets none about CUDA.
+    row = {"rank": 0, "basis": "cpu_ops", "idle_pct": 40.0, "idle_us": 4000.0, "span_us": 10000.0, "source": "t"}
+    (finding,) = D.idle_device("r", Table.from_rows("b", {k: "" for k in row}, [row]))
+    assert "CUDA" not in finding.fix and "torch.compile" in finding.fix
+    (gpu_finding,) = D.idle_device("r", Table.from_rows("b", {k: "" for k in row}, [{**row, "basis": "gpu_kernels"}]))
+    assert "CUDA graphs" in gpu_finding.fix
