@@ -557,9 +557,27 @@ CEILING_COLUMNS = {
     "busbw_GBps": "large-message bus bandwidth: median busbw over the top quartile of the sizes measured "
                   "(analysis.parsers.nccl_tests.large_message_busbw)",
     "peak_busbw_GBps": "highest busbw measured",
-    "nranks": "ranks in the nccl-tests run",
+    "nranks": "ranks in the nccl-tests run (printed, else inferred from busbw/algbw)",
+    "curve": "(size bytes, busbw GB/s) per size measured, the median over placements and sections, by size",
     "source": "nccl-tests output file",
 }
+
+
+def busbw_at(curve: Sequence[tuple[float, float]], nbytes: float) -> float | None:
+    """The sweep's busbw at a message size: linear in log(size) between the two nearest sizes measured, the
+    nearest end's value outside the range (busbw flattens at both ends of a sweep)."""
+    pts = [(s, b) for s, b in curve if s > 0 and b is not None and math.isfinite(b)]
+    if not pts or not (nbytes > 0 and math.isfinite(nbytes)):
+        return None
+    if nbytes <= pts[0][0]:
+        return pts[0][1]
+    if nbytes >= pts[-1][0]:
+        return pts[-1][1]
+    for (s0, b0), (s1, b1) in zip(pts, pts[1:]):
+        if s0 <= nbytes <= s1:
+            f = (math.log(nbytes) - math.log(s0)) / (math.log(s1) - math.log(s0)) if s1 > s0 else 0.0
+            return b0 + f * (b1 - b0)
+    return None
 
 
 def nccl_ceilings(tables: Iterable[Table]) -> Table:
@@ -575,8 +593,15 @@ def nccl_ceilings(tables: Iterable[Table]) -> Table:
                 continue
             peak = max((r["busbw_GBps"] for r in t.rows() if r["op"] == op and _finite(r["busbw_GBps"]) is not None),
                        default=None)
+            by_size: dict[float, list[float]] = defaultdict(list)
+            for r in t.rows():
+                if r["op"] == op and _finite(r["busbw_GBps"]) is not None and _finite(r["size_bytes"]):
+                    by_size[r["size_bytes"]].append(r["busbw_GBps"])
+            curve = [(size, statistics.median(v)) for size, v in sorted(by_size.items())]
+            sec = next((m for m in t.meta.get("sections") or [] if m.get("op") == op), {})
+            nranks = sec.get("nranks") or sec.get("nranks_inferred") or t.meta.get("nranks")
             if op not in best or bw > best[op]["busbw_GBps"]:
-                best[op] = {"op": op, "busbw_GBps": bw, "peak_busbw_GBps": peak, "nranks": t.meta.get("nranks"),
+                best[op] = {"op": op, "busbw_GBps": bw, "peak_busbw_GBps": peak, "nranks": nranks, "curve": curve,
                             "source": t.source}
     return Table.from_rows("nccl_ceilings", CEILING_COLUMNS, [best[k] for k in sorted(best)])
 
@@ -592,9 +617,13 @@ BANDWIDTH_COLUMNS = {
     "group_size_from": "recorded, or the hint used",
     "busbw_GBps": "achieved bus bandwidth over all sized calls: sum(bytes x factor) / sum(time)",
     "busbw_large_GBps": "the same over calls of at least 1 MiB (bandwidth-bound sizes); None when there are none",
-    "ceiling_GBps": "nccl-tests large-message busbw of the same collective",
+    "ceiling_GBps": "nccl-tests busbw of the same collective at the same message size: the calls' mean size (those "
+                    "of at least 1 MiB where any), interpolated on the sweep (analyze.busbw_at)",
+    "ceiling_at_bytes": "the message size the ceiling is read at",
+    "ceiling_ranks": "ranks of the nccl-tests run; compare with group_size (the note says when they differ)",
     "pct_of_ceiling": "(busbw_large_GBps, else busbw_GBps) / ceiling_GBps x 100",
     "ceiling_source": "nccl-tests file of the ceiling, or why there is none",
+    "ceiling_note": "what makes the comparison weaker: another rank count, a size outside the sweep ('' if none)",
     "basis": "gpu_kernels or the CPU layer counted",
     "source": "trace files",
 }
@@ -634,14 +663,24 @@ def collective_bandwidth(calls: Table, windows: Mapping[Any, set[int]], ceilings
         c = ceil.get(op) if op else None
         chosen = bw_large if bw_large is not None else bw
         msgs = [r["message_bytes"] for r in rs if r["message_bytes"] is not None]
+        at = statistics.fmean(r["message_bytes"] for r in (large or sized)) if (large or sized) else None
+        ceiling = busbw_at(c["curve"], at) if c and at is not None else None
+        notes = []
+        if c and n and c["nranks"] and c["nranks"] != n:
+            notes.append(f"the sweep ran on {c['nranks']} ranks, these calls on {n}")
+        if c and at is not None and c["curve"] and not c["curve"][0][0] <= at <= c["curve"][-1][0]:
+            notes.append(f"{at:,.0f} B is outside the sweep ({c['curve'][0][0]:,.0f}–{c['curve'][-1][0]:,.0f} B): "
+                         "its nearest end is used")
         rows.append({"collective": coll, "calls_per_step": statistics.fmean(cps) if cps else None,
                      "time_per_step_ms": statistics.fmean(tps) if tps else None, "calls": len(rs),
                      "mean_message_bytes": statistics.fmean(msgs) if msgs else None, "group_size": n,
                      "group_size_from": n_from, "busbw_GBps": bw, "busbw_large_GBps": bw_large,
-                     "ceiling_GBps": c["busbw_GBps"] if c else None,
-                     "pct_of_ceiling": 100.0 * chosen / c["busbw_GBps"] if c and chosen is not None else None,
+                     "ceiling_GBps": ceiling, "ceiling_at_bytes": at if c else None,
+                     "ceiling_ranks": c["nranks"] if c else None,
+                     "pct_of_ceiling": 100.0 * chosen / ceiling if ceiling and chosen is not None else None,
                      "ceiling_source": c["source"] if c else (f"no {op} in the nccl-tests output" if ceil and op
                                                               else no_ceiling_reason),
+                     "ceiling_note": "; ".join(notes),
                      "basis": ", ".join(sorted({r["layer"] for r in rs if r["layer"]})),
                      "source": ", ".join(sorted({r["source"] for r in rs}))})
     return Table.from_rows("collective_bandwidth", BANDWIDTH_COLUMNS, rows, source=calls.source)

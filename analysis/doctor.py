@@ -229,7 +229,9 @@ def low_busbw(run: str, bandwidth: Table | None) -> list[Finding]:
                                f"{r['collective']} reaches {r['pct_of_ceiling']:.0f}% of the nccl-tests bus bandwidth",
                                (f"{r['source']}: {achieved:.3g} GB/s over {scope}, group size {r['group_size']} "
                                 f"({r['group_size_from']})",
-                                f"{r['ceiling_source']}: {r['ceiling_GBps']:.3g} GB/s large-message busbw"),
+                                f"{r['ceiling_source']}: {r['ceiling_GBps']:.3g} GB/s at "
+                                f"{r['ceiling_at_bytes'] or 0:,.0f} B on {r['ceiling_ranks'] or '?'} ranks"
+                                + (f" ({r['ceiling_note']})" if r["ceiling_note"] else "")),
                                "larger buckets (fewer, bigger messages), check the transport (NCCL_DEBUG=INFO), "
                                "NCCL_ALGO/NCCL_PROTO defaults, and contention with other traffic"))
     return out

@@ -776,8 +776,12 @@ def _collective_blocks(rep: Report) -> list[Block]:
             observed_ops.add(NCCL_TESTS_OP.get(b["collective"]))
             rows.append([r.label, b["collective"], _num(b["calls_per_step"]), _num(b["time_per_step_ms"]),
                          nice_bytes(b["mean_message_bytes"]), f"{_num(b['group_size'])} ({b['group_size_from']})",
-                         _num(b["busbw_GBps"]), _num(b["busbw_large_GBps"]), _num(b["ceiling_GBps"]),
-                         _pct(b["pct_of_ceiling"]), r.run.relabel(b["ceiling_source"]), b["basis"],
+                         _num(b["busbw_GBps"]), _num(b["busbw_large_GBps"]),
+                         _num(b["ceiling_GBps"]) + (f" at {nice_bytes(b['ceiling_at_bytes'])}"
+                                                    if b["ceiling_at_bytes"] is not None else ""),
+                         _pct(b["pct_of_ceiling"]),
+                         r.run.relabel(b["ceiling_source"]) + (f" ({b['ceiling_note']})" if b["ceiling_note"] else ""),
+                         b["basis"],
                          r.run.relabel(b["source"])])
         pts = [(c["message_bytes"], c["busbw_GBps"]) for c in r.calls.rows() if c["busbw_GBps"]] if r.calls else []
         if pts:
@@ -792,9 +796,11 @@ def _collective_blocks(rep: Report) -> list[Block]:
                                            "% of ceiling", "ceiling source", "counted from", "source"], rows=rows))
     else:
         out.append(Block("p", "No collective calls found (no profiler trace)."))
-    out.append(Block("p", rep.ceiling_note + "; ceiling = median busbw over the top quartile of message sizes "
-                                             "(large-message, bandwidth-bound). Small messages are latency-bound, so "
-                                             "their busbw is always far below it."))
+    out.append(Block("p", rep.ceiling_note + "; ceiling = the sweep's busbw at the calls' mean message size (those "
+                                             "of at least 1 MiB where any), interpolated in log size; the ceiling "
+                                             "source says when the sweep ran on another rank count. The table below "
+                                             "gives each sweep's large-message busbw (median over the top quartile "
+                                             "of sizes) for reference."))
     ceil_rows = []
     for r in rep.runs:
         if r.ceilings is not None:

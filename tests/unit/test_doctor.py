@@ -118,11 +118,14 @@ def test_low_busbw():
                                              "busbw_large_GBps": achieved, "ceiling_GBps": 358.0,
                                              "pct_of_ceiling": 100 * achieved / 358.0, "group_size": 8,
                                              "group_size_from": "recorded", "ceiling_source": "nccl.txt",
+                                             "ceiling_at_bytes": 2.0**26, "ceiling_ranks": 16,
+                                             "ceiling_note": "the sweep ran on 16 ranks, these calls on 8",
                                              "source": "trace.json"}])
     (f,) = D.low_busbw("r", bw(90.0))
     assert f.severity == "warn" and "25%" in f.message
     assert f.evidence == ("trace.json: 90 GB/s over messages >= 1 MiB, group size 8 (recorded)",
-                          "nccl.txt: 358 GB/s large-message busbw")
+                          "nccl.txt: 358 GB/s at 67,108,864 B on 16 ranks (the sweep ran on 16 ranks, these calls "
+                          "on 8)")
     assert not D.low_busbw("r", bw(300.0))
     small = bw(90.0)
     small.columns["busbw_large_GBps"][0] = None
