@@ -493,6 +493,14 @@ class _Parser:
                 if len(s.bad_factor) > _MAX_FACTOR_WARNINGS:
                     self.warnings.append(f"{self.name}: … and {len(s.bad_factor) - _MAX_FACTOR_WARNINGS} more "
                                          f"rows of section {s.index} disagree with the bus factor")
+            if s.nrows and s.facts.get("avg_busbw_GBps") is None:
+                sizes = [r["size_bytes"] for r in self.rows if r["section"] == s.index and r["size_bytes"] is not None]
+                top, want = max(sizes, default=None), s.facts.get("max_bytes") or s.log_facts.get("max_bytes")
+                self.warnings.append(
+                    f"{self.name}: the {s.op} table ends without its `Avg bus bandwidth` footer: the run was cut short"
+                    + (f", measured up to {top:,} B of the {want:,} B asked for" if top and want and top < want
+                       else f" after {top:,} B" if top else "")
+                    + "; its large-message figures cover only the sizes that finished")
             sections_meta.append(self.section_meta(s))
         if not self.rows:
             self.warnings.append(f"{self.name}: no nccl-tests result rows found")
