@@ -46,6 +46,9 @@ COLUMNS: dict[str, str] = {
     "elapsed_ms_per_iteration": "'iteration' rows: wall time per iteration in ms, averaged over the logging interval",
     "throughput_tflops_per_gpu": "'iteration' rows: model TFLOP/s per GPU as the framework computes it "
                                  "(`throughput per GPU (TFLOP/s/GPU)`; Megatron-DeepSpeed's `TFLOPs`)",
+    "ds_tflops_per_gpu": "'iteration' rows: `[DS]-TFLOPs`, DeepSpeed's flops-profiler count per GPU that "
+                         "Megatron-DeepSpeed forks print beside `[LM]-TFLOPs` (Megatron-LM's formula, which goes "
+                         "to throughput_tflops_per_gpu)",
     "learning_rate": "'iteration' rows: learning rate",
     "global_batch_size": "'iteration' rows: global batch size in samples",
     "lm_loss": "'iteration' and 'validation' rows: the `lm loss` value (validation: `lm loss value`)",
@@ -84,8 +87,9 @@ MIB = 1024 ** 2
 _NUM = r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?|[-+]?(?:nan|inf)"
 _ITERATION = re.compile(r"\biteration\s*[=:]?\s*(?P<it>\d+)\s*/\s*(?P<total>\d+)\s*\|")
 _TIMESTAMP = re.compile(r"\[(?P<ts>\d{4}-\d\d-\d\d[ T]\d\d:\d\d:\d\d(?:[.,]\d+)?)\]")
-_FIELD = re.compile(r"(?P<name>[A-Za-z_][^|:=]*?)\s*[:=]\s*(?P<value>" + _NUM + r")")
-_FIELD_TEXT = re.compile(r"^\s*(?P<name>[A-Za-z_][^|:=]*?)\s*[:=]\s*(?P<value>\S.*?)\s*$")
+# A name starts with a letter, or with a bracketed tag: Megatron-DeepSpeed's `[LM]-TFLOPs` and `[DS]-TFLOPs`.
+_FIELD = re.compile(r"(?P<name>(?:\[[A-Za-z]+\])?[A-Za-z_-][^|:=]*?)\s*[:=]\s*(?P<value>" + _NUM + r")")
+_FIELD_TEXT = re.compile(r"^\s*(?P<name>(?:\[[A-Za-z]+\])?[A-Za-z_-][^|:=]*?)\s*[:=]\s*(?P<value>\S.*?)\s*$")
 _VALIDATION = re.compile(r"\bvalidation(?P<suffix>\S*) loss at (?P<what>[^|]*?)\s*\|")
 _VALIDATION_ITERATION = re.compile(r"iteration (?P<it>\d+)")
 _OLD_TIMER = re.compile(r"time \(ms\)(?P<body>(?:\s*\|[^|]*)+)")
@@ -129,6 +133,9 @@ _ITERATION_FIELDS: dict[str, tuple[str, type]] = {
     "elapsed time per iteration ms": ("elapsed_ms_per_iteration", float),
     "throughput per gpu tflop/s/gpu": ("throughput_tflops_per_gpu", float),
     "tflops": ("throughput_tflops_per_gpu", float),
+    # Megatron-DeepSpeed forks print both counts: Megatron-LM's formula and DeepSpeed's flops profiler.
+    "[lm] tflops": ("throughput_tflops_per_gpu", float),
+    "[ds] tflops": ("ds_tflops_per_gpu", float),
     "learning rate": ("learning_rate", float),
     "global batch size": ("global_batch_size", int),
     "loss scale": ("loss_scale", float),
@@ -197,7 +204,9 @@ def _typed(value: str) -> Any:
 
 
 def _normal(name: str) -> str:
-    return " ".join(re.sub(r"[_()]", " ", name).lower().split())
+    """A field name as the tables know it: lower case, `_`, `-` and parentheses as spaces (`lm-loss`, `lm_loss`
+    and `lm loss` are one field)."""
+    return " ".join(re.sub(r"[_()\-]", " ", name).lower().split())
 
 
 def _int(value: float) -> int | None:

@@ -79,3 +79,17 @@ def test_a_nan_loss_is_left_out_of_the_curve_and_counted(tmp_path):
     s = C.summarise(curve)
     assert s.not_finite == 1 and s.loss_min == 4.5 and s.loss_last == 4.5
     assert any("NaN or infinite loss (first at step 3)" in w for w in curve.warnings)
+
+
+def test_megatron_deepspeed_bracketed_tflops_and_the_hyphenated_loss_are_read():
+    # The iteration line of Megatron-DeepSpeed forks that print both FLOP counts (reproduced in their format).
+    line = (" iteration       12/     100 | consumed samples:          384 | elapsed time per iteration (ms): 2345.6 | "
+            "learning rate: 1.500E-04 | global batch size:    32 | lm-loss: 7.123456E+00 | loss scale: 1.0 | "
+            "grad norm: 1.234 | number of skipped iterations:   0 | number of nan iterations:   0 | "
+            "samples per second: 13.642 | [LM]-TFLOPs: 151.23 | [DS]-TFLOPs: 147.02 |\n")
+    log = parse_megatron_log(line.replace(" 12/", " 11/") + line)
+    rows = [r for r in log.rows() if r["kind"] == "iteration"]
+    assert [(r["iteration"], r["lm_loss"], r["throughput_tflops_per_gpu"], r["ds_tflops_per_gpu"]) for r in rows] == [
+        (11, 7.123456, 151.23, 147.02), (12, 7.123456, 151.23, 147.02)]
+    assert all(r["extra"] == {} for r in rows) and log.warnings == ()
+    assert C.curves_from_megatron(log).columns["loss"] == [7.123456, 7.123456]
