@@ -612,6 +612,18 @@ def _speed_blocks(rep: Report) -> list[Block]:
                 if r.stats is not None and len(r.stats) and next(r.stats.rows())["mfu_formula"]]
     if formulas:
         out.append(Block("list", "MFU formula per run", items=formulas))
+    prof = [[r.label, str(p["step"] if p["step"] is not None else "–"), _sci(p["params_per_gpu"]),
+             _sci(p["fwd_macs_per_gpu"]), _num(p["fwd_latency_ms"]), _num(p["bwd_latency_ms"]),
+             _num(p["step_latency_ms"]), _num(p["iter_latency_ms"]),
+             _num(None if p["fwd_bwd_flop_per_s_per_gpu"] is None else p["fwd_bwd_flop_per_s_per_gpu"] / 1e12),
+             _num(None if p["flop_per_s_per_gpu"] is None else p["flop_per_s_per_gpu"] / 1e12), _num(p["samples_per_s"]),
+             r.run.relabel(f"{log.source}:{p['line']}")]
+            for r in rep.runs for log in r.run.deepspeed for p in log.rows() if p["kind"] == "flops_profile"]
+    if prof:
+        out.append(Block("h3", "DeepSpeed Flops Profiler"))
+        out.append(Block("table", headers=["run", "step", "params/GPU", "fwd MACs/GPU", "fwd ms", "bwd ms", "step ms",
+                                           "iter ms", "fwd+bwd TFLOP/s/GPU", "iter TFLOP/s/GPU", "samples/s",
+                                           "source"], rows=prof))
     if series:
         out.append(Block("img", "Step-time distribution of the measured window (box: quartiles; points: steps). "
                                 "Sources: the files in the table's source column.",

@@ -130,7 +130,8 @@ _PIPE = re.compile(r"\bsteps: (?P<step>\d+) loss: (?P<loss>" + _NUM + r") (?:.*?
 _OVERFLOW = re.compile(r"OVERFLOW!(?:.*?Attempted loss scale: (?P<old>" + _NUM + r")(?:, reducing to (?P<new>" + _NUM +
                        r"))?)?")
 _VERSION = re.compile(r"DeepSpeed info: version=(?P<ver>[^,\s]+)")
-_FLOPS_HEADER = "DeepSpeed Flops Profiler"
+# The block's own header line (dashes on both sides): prose that mentions the profiler opens nothing.
+_FLOPS_HEADER = re.compile(r"-{3,}\s*DeepSpeed Flops Profiler\s*-{3,}")
 _FLOPS_STEP = re.compile(r"Profile Summary at step (?P<step>\d+)")
 _FLOPS_END = re.compile(r"Aggregated Profile per|Detailed Profile per|Top \d* ?modules in terms")
 _FLOPS_VALUE = re.compile(r"^\s*(?P<num>" + _NUM + r")\s*(?P<prefix>[TGMKkmuB]?)(?P<unit>MACs|FLOPS|s)?\s*$")
@@ -274,7 +275,7 @@ class _Parser(LineParser):
             self.warn("cut", lineno, "last line is cut short; its final field was dropped")
         if self.flops is not None and self.flops_line(lineno, text):
             return
-        if _FLOPS_HEADER in text:
+        if _FLOPS_HEADER.search(text):
             self.close_flops(lineno)
             self.flops = {"line": lineno, "fields": {}}
             return
@@ -414,7 +415,7 @@ class _Parser(LineParser):
             return True
         ds_record = "time (ms)" in text or "step=" in text or _LOG_PREFIX.search(text)
         if (_FLOPS_END.search(text) or ds_record or lineno - flops["line"] > _FLOPS_MAX_LINES
-                or (flops["fields"] and _FLOPS_HEADER in text)):
+                or _FLOPS_HEADER.search(text)):
             self.close_flops(lineno)
             return bool(_FLOPS_END.search(text))
         label, colon, value = text.rpartition(":")

@@ -93,3 +93,28 @@ def test_megatron_deepspeed_bracketed_tflops_and_the_hyphenated_loss_are_read():
         (11, 7.123456, 151.23, 147.02), (12, 7.123456, 151.23, 147.02)]
     assert all(r["extra"] == {} for r in rows) and log.warnings == ()
     assert C.curves_from_megatron(log).columns["loss"] == [7.123456, 7.123456]
+
+
+def test_every_flops_profiler_block_is_read_at_its_own_header_and_shown(tmp_path):
+    from analysis.parsers.deepspeed_log import parse_deepspeed_log
+    from tests.unit.report_support import LOGS
+
+    text = (LOGS / "c_ds_v0_17_flops_profiler.txt").read_text()
+    block = text[text.index("-" * 26 + " DeepSpeed Flops Profiler"):text.index("----------------------------- Aggregated")]
+    second = block.replace("Profile Summary at step 3:", "Profile Summary at step 9:").replace("402.5 ms", "380.0 ms")
+    log = ("We turned on the DeepSpeed Flops Profiler for this run (prose, not a block).\n" + block + second)
+    path = tmp_path / "ds.log"
+    path.write_text(log)
+    header_lines = [i for i, line in enumerate(log.splitlines(), start=1)
+                    if re.fullmatch(r"-+ DeepSpeed Flops Profiler -+", line.strip())]
+    rows = [r for r in parse_deepspeed_log(path).rows() if r["kind"] == "flops_profile"]
+    assert [(r["line"], r["step"], r["fwd_latency_ms"]) for r in rows] == [
+        (header_lines[0], 3, 402.5), (header_lines[1], 9, 380.0)]
+    rep = build_report([(None, tmp_path)])
+    out = tmp_path / "r.md"
+    render_markdown(rep, out)
+    md = out.read_text()
+    section = md.split("### DeepSpeed Flops Profiler")[1].split("\n\n")[1].splitlines()[2:]
+    # step, fwd ms (3 significant figures), bwd ms of each block
+    assert [(c[2], c[5], c[6]) for c in ([x.strip() for x in line.split("|")] for line in section)] == [
+        ("3", "402", "1,050"), ("9", "380", "1,050")]
