@@ -133,7 +133,8 @@ def steps_from_deepspeed(log: Table) -> Table:
                     acc = sums.setdefault(key, [0.0, r])
                     acc[0] += r["time_ms"] / 1000.0
             for (rank, step), (total, r) in sorted(sums.items(), key=lambda kv: (str(kv[0][0]), kv[0][1])):
-                out.append(_ds_row(step, total, "sum of DeepSpeed fwd+bwd+step timers", log, r, rank))
+                out.append(_ds_row(step, total, "sum of DeepSpeed fwd+bwd+step timers" + (
+                    f"; steps: {log.meta['steps_from']}" if log.meta.get("steps_from") else ""), log, r, rank))
     return Table.from_rows("steps", STEP_COLUMNS, out, source=log.source, warnings=log.warnings)
 
 

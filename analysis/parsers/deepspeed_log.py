@@ -451,6 +451,14 @@ class _Parser(LineParser):
         self.add("flops_profile", flops["line"], {}, block=False, step=flops.get("step"), **flops["fields"])
 
     def assign_steps(self) -> None:
+        if not self.block_step:
+            # No `step=` line (steps_per_print beyond the run): the timer blocks, in order, are the only clock.
+            timed = sorted({b for row, b in zip(self.rows, self.row_block) if b is not None and row["kind"] == "timer"})
+            if timed:
+                self.block_step = {b: i for i, b in enumerate(timed, start=1)}
+                self.meta["steps_from"] = "timer block order (the log has no step= lines)"
+                self.warn("steps", None, f"no step= lines: the {len(timed)} timer blocks are numbered 1..{len(timed)} "
+                                         "in the order they appear")
         known = sorted(self.block_step)
         for row, block in zip(self.rows, self.row_block):
             if block is None or row["step"] is not None:

@@ -118,3 +118,24 @@ def test_every_flops_profiler_block_is_read_at_its_own_header_and_shown(tmp_path
     # step, fwd ms (3 significant figures), bwd ms of each block
     assert [(c[2], c[5], c[6]) for c in ([x.strip() for x in line.split("|")] for line in section)] == [
         ("3", "402", "1,050"), ("9", "380", "1,050")]
+
+
+def test_a_deepspeed_log_without_step_lines_keeps_its_timer_blocks_in_order():
+    from analysis import analyze as A
+    from analysis.parsers.deepspeed_log import parse_deepspeed_log
+    from tests.unit.report_support import LOGS
+
+    # DeepSpeed 0.19 with steps_per_print beyond the run prints no `step=` lines: the same log with them removed.
+    text = (LOGS / "c_ds_v0_9_forward_names_gas2_pdsh.txt").read_text()
+    kept = "\n".join(line for line in text.splitlines() if "step=" not in line and "global_step" not in line) + "\n"
+    totals = [sum(float(m[k]) for k in (1, 2, 3)) / 1000 for m in
+              (re.search(r"\| forward: ([\d.]+) \| backward: ([\d.]+) \|.*\| step: ([\d.]+)", line)
+               for line in kept.splitlines()) if m]
+    assert len(totals) >= 3
+    log = parse_deepspeed_log(kept)
+    steps = A.steps_from_deepspeed(log)
+    assert steps.columns["step"] == list(range(1, len(totals) + 1))
+    for got, want in zip(steps.columns["step_time_s"], totals, strict=True):
+        assert got == pytest.approx(want, rel=1e-12)
+    assert all("no step= lines" in s for s in steps.columns["step_source"])
+    assert len(A.framework_timers(log)) > 0 and any("no step= lines" in w for w in log.warnings)
