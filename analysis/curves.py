@@ -99,6 +99,27 @@ def curves_from_deepspeed(log: Table) -> Table:
 
 
 @dataclass(frozen=True)
+class ValidationPoint:
+    iteration: int | None
+    what: str | None  # e.g. "on 122880-sample draw from validation set"; None when the line says no more
+    loss: float | None  # `lm loss value`
+    ppl: float | None  # `lm loss PPL` as printed
+    source: str
+
+
+def validation_points(log: Table) -> list[ValidationPoint]:
+    """Megatron's validation / test lines: `validation loss at iteration N | lm loss value: x | lm loss PPL: y |`."""
+    out = []
+    for r in log.rows():
+        if r["kind"] != "validation":
+            continue
+        ppl = next((v for k, v in (r["extra"] or {}).items() if " ".join(k.lower().split()) == "lm loss ppl"), None)
+        out.append(ValidationPoint(r["iteration"], r["name"], _finite(r["lm_loss"]), _finite(ppl),
+                                   f"{log.source}:{r['line']}"))
+    return out
+
+
+@dataclass(frozen=True)
 class CurveSummary:
     steps: int  # rows with a step
     first_step: int | None

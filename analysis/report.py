@@ -57,6 +57,7 @@ class RunResult:
     nsys_totals: list[Table] = field(default_factory=list)
     prediction: list[dict[str, Any]] = field(default_factory=list)
     curves: Table | None = None  # loss, grad norm, lr, loss scale per step (analysis.curves)
+    validation: list[C.ValidationPoint] = field(default_factory=list)
     nccl_rows: list[Table] = field(default_factory=list)  # each nccl-tests file, per size (analysis.comm_tables)
     transports: list[Table] = field(default_factory=list)  # each NCCL_DEBUG log, per rank pair
     kernel_types: Table | None = None  # HTA's kernel-type breakdown, per rank (GPU traces)
@@ -381,6 +382,7 @@ def analyze_run(run: Run, *, ceilings: Sequence[Table] | None = None, ceiling_so
     res.nsys_totals = [t for t in (A.nsys_stats_totals(s) for s in run.nsys_stats) if len(t)]
     res.prediction = _prediction(run, res)
     res.curves = _curves(run)
+    res.validation = [v for log in run.megatron for v in C.validation_points(log)]
     res.nccl_rows = [t for t in (CT.nccl_tests_rows(n) for n in run.nccl_tests) if len(t)]
     res.transports = [t for t in (CT.transports(d) for d in run.nccl_debug) if len(t)]
     res.unused = _unused_logs(run, res)
@@ -619,6 +621,19 @@ def _speed_blocks(rep: Report) -> list[Block]:
              _num(None if p["flop_per_s_per_gpu"] is None else p["flop_per_s_per_gpu"] / 1e12), _num(p["samples_per_s"]),
              r.run.relabel(f"{log.source}:{p['line']}")]
             for r in rep.runs for log in r.run.deepspeed for p in log.rows() if p["kind"] == "flops_profile"]
+    thr = []
+    for r in rep.runs:
+        for log in r.run.deepspeed:
+            rows_ = [x for x in log.rows() if x["kind"] == "throughput" and x["samples_per_s"] is not None]
+            if rows_:
+                last = rows_[-1]
+                thr.append([r.label, str(len(rows_)), _num(last["samples_per_s"]), _num(last["samples_per_s_avg"]),
+                            str(last["step"] if last["step"] is not None else "–"),
+                            r.run.relabel(f"{log.source}:{last['line']}")])
+    if thr:
+        out.append(Block("h3", "DeepSpeed's own throughput"))
+        out.append(Block("table", headers=["run", "records", "samples/s (last step)", "samples/s (running average)",
+                                           "at step", "source"], rows=thr))
     if prof:
         out.append(Block("h3", "DeepSpeed Flops Profiler"))
         out.append(Block("table", headers=["run", "step", "params/GPU", "fwd MACs/GPU", "fwd ms", "bwd ms", "step ms",
@@ -665,6 +680,11 @@ def _curve_blocks(rep: Report) -> list[Block]:
                                 _sci(p.comparison.mean_abs_diff),
                                 "yes: same global batch and sequence length" if not p.not_comparable
                                 else f"no: {p.not_comparable}", p.sources] for p in rep.curve_pairs]))
+    val = [[r.label, "–" if v.iteration is None else str(v.iteration), v.what or "–", _num(v.loss, 4), _sci(v.ppl),
+            r.run.relabel(v.source)] for r in rep.runs for v in r.validation]
+    if val:
+        out.append(Block("h3", "Validation"))
+        out.append(Block("table", headers=["run", "iteration", "set", "loss", "PPL", "source"], rows=val))
     if series:
         out.append(Block("img", "Loss, gradient norm and learning rate per step, every run overlaid. Sources: the "
                                 "table's source column.", png=_plot("training_curves", series)))

@@ -139,3 +139,36 @@ def test_a_deepspeed_log_without_step_lines_keeps_its_timer_blocks_in_order():
         assert got == pytest.approx(want, rel=1e-12)
     assert all("no step= lines" in s for s in steps.columns["step_source"])
     assert len(A.framework_timers(log)) > 0 and any("no step= lines" in w for w in log.warnings)
+
+
+def test_validation_losses_and_perplexities_are_listed_as_printed(tmp_path):
+    from tests.unit.report_support import ALCF
+
+    want = [(int(m[1]), float(m[2]), float(m[3])) for m in re.finditer(
+        r"validation loss at iteration (\d+)[^|]*\| lm loss value[:=]\s*([0-9.E+-]+?)\s*\|?\s*lm loss PPL[:=]\s*([0-9.E+-]+)",
+        BIGSCIENCE.read_text() + ALCF.read_text())]
+    assert len(want) >= 3
+    got = [(v.iteration, v.loss, v.ppl) for path in (BIGSCIENCE, ALCF) for v in C.validation_points(parse_megatron_log(path))]
+    for (wi, wl, wp), (gi, gl, gp) in zip(want, got, strict=True):
+        assert gi == wi and gl == pytest.approx(wl, rel=1e-12) and gp == pytest.approx(wp, rel=1e-12)
+    d = tmp_path / "bigscience"
+    d.mkdir()
+    (d / "train.out").write_text(BIGSCIENCE.read_text())
+    _, md = _report(tmp_path, d)
+    assert "### Validation" in md and "3.28e+03" in md
+
+
+def test_deepspeeds_own_samples_per_second_are_shown(tmp_path):
+    from tests.unit.report_support import LOGS
+
+    src = LOGS / "c_ds_v0_9_forward_names_gas2_pdsh.txt"
+    found = re.findall(r"RunningAvgSamplesPerSec=([-\w.]+), CurrSamplesPerSec=([\d.]+)", src.read_text())
+    d = tmp_path / "ds"
+    d.mkdir()
+    (d / "train.log").write_text(src.read_text())
+    _, md = _report(tmp_path, d)
+    section = md.split("### DeepSpeed's own throughput")[1].split("\n\n")[1].splitlines()[2]
+    cells = [c.strip() for c in section.strip("|").split("|")]
+    avg, curr = found[-1]
+    assert cells[1] == str(len(found)) and float(cells[2]) == pytest.approx(float(curr), rel=1e-2)
+    assert float(cells[3]) == pytest.approx(float(avg), rel=1e-2)
