@@ -861,6 +861,31 @@ def timer_category(name: str) -> str:
     return "other"
 
 
+def run_boundaries(log: Table) -> list[str]:
+    """Where one Megatron or DeepSpeed log holds more than one run (a restarted job, an appended experiment):
+    the step or iteration number falls back (per rank), or Megatron's global batch size changes (a batch-size
+    ramp-up does that too). One line each, naming both records; empty when the log reads as one run."""
+    megatron = log.name == "megatron_log"
+    col, kinds = ("iteration", {"iteration"}) if megatron else ("step", {"step", "pipe_step"})
+    out: list[str] = []
+    prev: dict[Any, Mapping[str, Any]] = {}
+    for r in log.rows():
+        if r["kind"] not in kinds or not isinstance(r[col], int):
+            continue
+        key = None if megatron else (r["rank"], r["kind"])
+        p = prev.get(key)
+        if p is not None:
+            if r[col] <= p[col]:
+                out.append(f"{log.source}:{r['line']}: {col} {r[col]} after {col} {p[col]} (line {p['line']}): "
+                           "a restarted or appended run; the figures of this file pool both")
+            elif megatron and r["global_batch_size"] and p["global_batch_size"] \
+                    and r["global_batch_size"] != p["global_batch_size"]:
+                out.append(f"{log.source}:{r['line']}: global batch size {r['global_batch_size']} after "
+                           f"{p['global_batch_size']} (line {p['line']}): another run, or a batch-size ramp-up")
+        prev[key] = r
+    return out
+
+
 def framework_timers(log: Table, measured_steps: Iterable[int] | None = None) -> Table:
     """Mean of each Megatron or DeepSpeed timer over the measured steps (all timed steps when none given)."""
     kept = set(measured_steps) if measured_steps is not None else None

@@ -58,6 +58,7 @@ class RunResult:
     prediction: list[dict[str, Any]] = field(default_factory=list)
     curves: Table | None = None  # loss, grad norm, lr, loss scale per step (analysis.curves)
     validation: list[C.ValidationPoint] = field(default_factory=list)
+    boundaries: list[str] = field(default_factory=list)  # where a log holds several runs (analyze.run_boundaries)
     nccl_rows: list[Table] = field(default_factory=list)  # each nccl-tests file, per size (analysis.comm_tables)
     transports: list[Table] = field(default_factory=list)  # each NCCL_DEBUG log, per rank pair
     kernel_types: Table | None = None  # HTA's kernel-type breakdown, per rank (GPU traces)
@@ -383,6 +384,7 @@ def analyze_run(run: Run, *, ceilings: Sequence[Table] | None = None, ceiling_so
     res.prediction = _prediction(run, res)
     res.curves = _curves(run)
     res.validation = [v for log in run.megatron for v in C.validation_points(log)]
+    res.boundaries = [b for log in [*run.megatron, *run.deepspeed] for b in A.run_boundaries(log)]
     res.nccl_rows = [t for t in (CT.nccl_tests_rows(n) for n in run.nccl_tests) if len(t)]
     res.transports = [t for t in (CT.transports(d) for d in run.nccl_debug) if len(t)]
     res.unused = _unused_logs(run, res)
@@ -565,6 +567,9 @@ def _runs_blocks(rep: Report) -> list[Block]:
         skipped = [f"{p} — skipped: {why}" for p, why in r.run.skipped]
         out.append(Block("details", f"{r.label}: {len(items)} file(s) used, {len(skipped)} skipped",
                          items=items + skipped))
+    pooled = [f"{r.label}: {r.run.relabel(b)}" for r in rep.runs for b in r.boundaries]
+    if pooled:
+        out.append(Block("list", "Several runs in one file (split the file to compare them)", items=pooled))
     unused = [f"{r.label}: {u}" for r in rep.runs for u in r.unused]
     if unused:
         out.append(Block("list", "Logs not used", items=unused))

@@ -172,3 +172,25 @@ def test_deepspeeds_own_samples_per_second_are_shown(tmp_path):
     avg, curr = found[-1]
     assert cells[1] == str(len(found)) and float(cells[2]) == pytest.approx(float(curr), rel=1e-2)
     assert float(cells[3]) == pytest.approx(float(avg), rel=1e-2)
+
+
+def test_a_log_holding_two_runs_is_named_with_the_line_where_the_second_starts(tmp_path):
+    from tests.unit.report_support import LOGS
+
+    for src, first in ((BIGSCIENCE, ITER), (LOGS / "c_ds_v0_9_forward_names_gas2_pdsh.txt", re.compile(r"step=\d+"))):
+        text = src.read_text(errors="replace")
+        twice = text + text  # a restarted job appending to the same file
+        n = len(text.splitlines())
+        restart = n + next(i for i, line in enumerate(text.splitlines(), start=1) if first.search(line))
+        d = tmp_path / src.stem
+        d.mkdir()
+        (d / "train.log").write_text(twice)
+        rep, md = _report(tmp_path, d)
+        (res,) = rep.runs
+        assert res.boundaries and f"train.log:{restart}:" in res.boundaries[0], res.boundaries
+        assert "Several runs in one file" in md
+        once = tmp_path / f"{src.stem}_once"
+        once.mkdir()
+        (once / "train.log").write_text(text)
+        rep1, _ = _report(tmp_path, once)
+        assert rep1.runs[0].boundaries == []
