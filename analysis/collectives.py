@@ -1,8 +1,8 @@
 """How a collective call is counted and sized, defined once for the library (trace_analysis) and the
 report (analyze), so that the two cannot disagree on a trace.
 
-- `NCCL_TESTS_OP`: our collective names (the `collective` column of analysis.parsers.kineto) ->
-  nccl-tests op names, the names `bus_factor` knows.
+- `NCCL_TESTS_OP` (from launch.nccl_format, its one home): our collective names (the `collective` column of
+  analysis.parsers.kineto) -> nccl-tests op names, the names `bus_factor` knows.
 - `REDUCTIONS`: the collectives a gradient reduction may run as.
 - `CPU_LAYERS`: the CPU-side layers of one collective call, most precise first.
 - `nccl_tests_bytes`: a call's message size in nccl-tests' convention.
@@ -14,11 +14,8 @@ import re
 from typing import Any, Mapping
 
 from analysis.table import Table
-from launch.nccl_format import bus_factor
+from launch.nccl_format import NCCL_TESTS_OP, bus_factor  # noqa: F401 (NCCL_TESTS_OP re-exported)
 
-NCCL_TESTS_OP = {"all_reduce": "all_reduce", "all_gather": "all_gather", "reduce_scatter": "reduce_scatter",
-                 "all_to_all": "alltoall", "send_recv": "sendrecv", "broadcast": "broadcast", "reduce": "reduce",
-                 "gather": "gather", "scatter": "scatter"}
 
 # A data-parallel gradient reduction runs as either, by implementation and backend (DeepSpeed's ZeRO-2
 # reduce-scatters on NCCL but all-reduces on gloo), so a prediction of one is compared with both.

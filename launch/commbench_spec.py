@@ -25,13 +25,11 @@ from typing import Callable, Sequence
 from launch.errors import ConfigError
 from launch.grid import RankGrid
 from launch.hardware import HardwareProfile
-from launch.nccl_format import BUS_FACTORS, bus_factor, format_nccl_tests
+from launch.nccl_format import BUS_FACTORS, NCCL_TESTS_OP, bus_factor, format_nccl_tests
 from launch.rundir import RunDir
 from launch.schema import CommbenchSection
 
 OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "send_recv")
-NCCL_TESTS_OP = {"all_reduce": "all_reduce", "all_gather": "all_gather", "reduce_scatter": "reduce_scatter",
-                 "all_to_all": "alltoall", "broadcast": "broadcast", "send_recv": "sendrecv"}
 REDUCING = frozenset({"all_reduce", "reduce_scatter"})
 CHUNKED = frozenset({"all_gather", "reduce_scatter", "all_to_all"})  # the message is n equal per-rank chunks
 REDOP = {"all_reduce": "sum", "reduce_scatter": "sum", "send_recv": "sum",  # nccl-tests' sendrecv loops over redops

@@ -26,6 +26,10 @@ BUS_FACTORS: dict[str, tuple[str, Callable[[int], float]]] = {
     "hypercube": ("1", lambda n: 1.0),
 }
 OPS = tuple(BUS_FACTORS)
+# Our collective names (planner, commbench, the analysis' `collective` column) -> nccl-tests' names: the one map.
+NCCL_TESTS_OP = {"all_reduce": "all_reduce", "all_gather": "all_gather", "reduce_scatter": "reduce_scatter",
+                 "all_to_all": "alltoall", "send_recv": "sendrecv", "broadcast": "broadcast", "reduce": "reduce",
+                 "gather": "gather", "scatter": "scatter"}
 TIME_WIDTH, BW_WIDTH = 7, 6  # printed widths of the time and bandwidth columns
 
 

@@ -28,7 +28,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Mapping
 
-from launch.commbench_spec import DTYPES, NCCL_TESTS_OP
+from launch.commbench_spec import DTYPES
+from launch.nccl_format import NCCL_TESTS_OP
 from launch.rundir import RunDir
 
 HOW_TO_GET = ("build them from https://github.com/NVIDIA/nccl-tests with `make MPI=1 MPI_HOME=... CUDA_HOME=... "

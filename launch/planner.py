@@ -27,6 +27,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Mapping
 
 from launch import calibration as cal
+from launch import nccl_format
 from launch.backends import traits
 from launch.commbench_spec import backend_of
 from launch.grid import RankGrid
@@ -505,10 +506,9 @@ def _bw(layout: Layout, group: tuple[int, ...]) -> tuple[str, float, float]:
 
 
 def bus_factor(collective: str, n: int) -> float:
-    if n <= 1:
-        return 0.0
-    return {"all_reduce": 2 * (n - 1) / n, "all_gather": (n - 1) / n, "reduce_scatter": (n - 1) / n,
-            "all_to_all": (n - 1) / n, "broadcast": 1.0, "send_recv": 1.0}[collective]
+    """nccl-tests' factor for one of our collective names (launch/nccl_format, its one home); 0 for a group of one,
+    which moves nothing."""
+    return 0.0 if n <= 1 else nccl_format.bus_factor(nccl_format.NCCL_TESTS_OP[collective], n)
 
 
 @dataclass(frozen=True)
