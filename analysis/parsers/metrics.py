@@ -17,13 +17,14 @@ from __future__ import annotations
 import json
 import os
 import re
+from dataclasses import fields
 from pathlib import Path
 from typing import Any, Iterable
 
 from analysis.table import Table
-from launch.metrics import SCHEMA_VERSION, MetricsError, iter_records, validate
+from launch.metrics import SCHEMA_VERSION, MetricsError, StepRecord, iter_records, validate
 
-COLUMNS: dict[str, str] = {
+_DOCS: dict[str, str] = {
     "rank": "trainer rank (the meta record's rank; without one, the N of rankN in the file name)",
     "step": "1-based optimizer step",
     "warmup": "True for the run's warm-up steps (train.warmup_steps), which the trainer marks as excluded "
@@ -44,7 +45,12 @@ COLUMNS: dict[str, str] = {
     "line": "1-based line of the record in that file",
 }
 
-_STEP_FIELDS = [c for c in COLUMNS if c not in ("rank", "file", "line")]
+# The step record's fields come from launch.metrics.StepRecord, their one home: a field added there is read here
+# (documented by its name until _DOCS says more), never dropped.
+_STEP_FIELDS = [f.name for f in fields(StepRecord) if f.name != "kind"]
+COLUMNS: dict[str, str] = {"rank": _DOCS["rank"],
+                           **{c: _DOCS.get(c, f"StepRecord.{c} (launch/metrics.py)") for c in _STEP_FIELDS},
+                           "file": _DOCS["file"], "line": _DOCS["line"]}
 _SHARED_META = ("recipe", "backend", "world", "tp", "pp", "dp", "zero_stage", "dtype", "micro_batch_size",
                 "global_batch_size", "seq_len", "tokens_per_step", "warmup_steps", "flops_per_token",
                 "flops_formula", "peak_flops_per_device", "hardware_profile", "device")

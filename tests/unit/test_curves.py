@@ -194,3 +194,14 @@ def test_a_log_holding_two_runs_is_named_with_the_line_where_the_second_starts(t
         (once / "train.log").write_text(text)
         rep1, _ = _report(tmp_path, once)
         assert rep1.runs[0].boundaries == []
+
+
+def test_every_field_of_our_step_record_is_a_column_of_the_metrics_parser():
+    # The parser once kept its own list: a field added to launch.metrics.StepRecord was dropped silently.
+    from dataclasses import fields
+
+    from analysis.parsers.metrics import COLUMNS
+    from launch.metrics import StepRecord
+
+    written = [f.name for f in fields(StepRecord) if f.name != "kind"]
+    assert [c for c in COLUMNS if c not in ("rank", "file", "line")] == written
