@@ -889,6 +889,14 @@ def _comm_file_blocks(rep: Report) -> list[Block]:
         out.append(Block("h3", "Transports (NCCL_DEBUG)"))
         out.append(Block("table", headers=["run", "communicator", "ranks", "kind", "transport", "GPUDirect RDMA",
                                            "channels", "device", "hosts", "source"], rows=rows))
+    rows = [[r.label, c["comm_op"], nice_bytes(c["message_bytes"]), str(c["count"]), _num(c["total_latency_ms"]),
+             _num(c["avg_latency_ms"]), _sci(c["algbw_gbps"]), _sci(c["busbw_gbps"]),
+             r.run.relabel(f"{log.source}:{c['line']}")]
+            for r in rep.runs for log in r.run.deepspeed for c in log.rows() if c["kind"] == "comms"]
+    if rows:
+        out.append(Block("h3", "DeepSpeed comms logger (deepspeed.comm.log_summary)"))
+        out.append(Block("table", headers=["run", "operation", "message", "calls", "total, ms", "mean, ms",
+                                           "algbw, Gbit/s", "busbw, Gbit/s", "source"], rows=rows))
     return out
 
 

@@ -103,6 +103,14 @@ COLUMNS: dict[str, str] = {
     "host": "host from a pdsh-style `host: ` line prefix (the multi-node deepspeed launcher); None without one",
     "timestamp": "logging timestamp as printed (`2024-04-04 09:09:53,313`, local time of the host); None for "
                  "lines printed without the logging prefix",
+    "comm_op": "'comms' rows: the operation as DeepSpeed's comms logger names it (all_reduce, broadcast, "
+               "all_gather_into_tensor, barrier, ...)",
+    "message_bytes": "'comms' rows: message size, bytes (printed with 1024-based units, rounded to 2 decimals)",
+    "count": "'comms' rows: calls of that size",
+    "total_latency_ms": "'comms' rows: summed latency, ms (None where printed negative: the logger's overflow)",
+    "avg_latency_ms": "'comms' rows: mean latency per call, ms",
+    "algbw_gbps": "'comms' rows: `tput_avg (Gbps)`, algorithm bandwidth in gigabits per second",
+    "busbw_gbps": "'comms' rows: `busbw_avg (Gbps)`, bus bandwidth in gigabits per second",
     "line": "1-based line number of the record in the source text (first line, for a Flops Profiler block)",
 }
 
@@ -130,6 +138,14 @@ _PIPE = re.compile(r"\bsteps: (?P<step>\d+) loss: (?P<loss>" + _NUM + r") (?:.*?
 _OVERFLOW = re.compile(r"OVERFLOW!(?:.*?Attempted loss scale: (?P<old>" + _NUM + r")(?:, reducing to (?P<new>" + _NUM +
                        r"))?)?")
 _VERSION = re.compile(r"DeepSpeed info: version=(?P<ver>[^,\s]+)")
+# DeepSpeed's comms logger summary (deepspeed.comm.log_summary): a header, then an operation name on a line of its
+# own followed by one row per message size. Sizes use 1024-based units (utils/comms_logging.convert_size).
+_COMMS_HEADER = re.compile(r"Comm\. Op\s+Message Size\s+Count\s+Total Latency\(ms\)\s+Avg Latency\(ms\)\s+"
+                           r"tput_avg \(Gbps\)\s+busbw_avg \(Gbps\)")
+_COMMS_OP = re.compile(r"^\s*(?P<op>[A-Za-z_][\w.]*)\s*$")
+_COMMS_ROW = re.compile(r"^\s*(?P<size>[\d.]+)\s*(?P<unit>[KMGTPEZY]?B)\s+(?P<count>\d+)\s+(?P<total>" + _NUM
+                        + r")\s+(?P<avg>" + _NUM + r")\s+(?P<tput>" + _NUM + r")\s+(?P<busbw>" + _NUM + r")\s*$")
+_COMMS_UNIT = {u: 1024 ** i for i, u in enumerate(("B", "KB", "MB", "GB", "TB", "PB", "EB", "ZB", "YB"))}
 # The block's own header line (dashes on both sides): prose that mentions the profiler opens nothing.
 _FLOPS_HEADER = re.compile(r"-{3,}\s*DeepSpeed Flops Profiler\s*-{3,}")
 _FLOPS_STEP = re.compile(r"Profile Summary at step (?P<step>\d+)")
@@ -239,6 +255,7 @@ class _Parser(LineParser):
         self.block_rows = 0                        # rows placed in the current block so far
         self.block_step: dict[int, int] = {}
         self.flops: dict[str, Any] | None = None
+        self.comms_op: str | None = None  # inside a comms logger summary: the operation of the rows below ('' first)
         self.training = False                     # set by the first per-step record
         self.last_message: tuple[int, str] | None = None  # for see_memory_usage's label line
 
@@ -273,6 +290,11 @@ class _Parser(LineParser):
             if not text.strip():
                 return
             self.warn("cut", lineno, "last line is cut short; its final field was dropped")
+        if self.comms_op is not None and self.comms_line(lineno, text):
+            return
+        if _COMMS_HEADER.search(text):
+            self.comms_op = ""
+            return
         if self.flops is not None and self.flops_line(lineno, text):
             return
         if _FLOPS_HEADER.search(text):
@@ -405,6 +427,29 @@ class _Parser(LineParser):
         self.add("pipe_step", lineno, ctx, late=True, step=step, loss=float(m["loss"]),
                  iter_time_s=float(m["iter"]), samples_per_s=float(m["sps"]))
         self.block_step.setdefault(self.row_block[-1], step)
+
+    def comms_line(self, lineno: int, text: str) -> bool:
+        """Read one line of a comms logger summary; False (and the summary is over) for any other line."""
+        # The multi-node launcher puts `host: ` in front of every line.
+        body = text if _COMMS_ROW.match(text) or _COMMS_OP.match(text) else text.partition(": ")[2]
+        m = _COMMS_ROW.match(body)
+        if m and self.comms_op:
+            total = float(m["total"])
+            if not (math.isfinite(total) and total >= 0):
+                self.warn("comms", lineno, f"comms logger total latency {m['total']} ms for {self.comms_op} is "
+                                           "impossible (its counter overflowed); left out")
+                total = None
+            self.add("comms", lineno, {}, block=False, comm_op=self.comms_op,
+                     message_bytes=float(m["size"]) * _COMMS_UNIT[m["unit"]], count=int(m["count"]),
+                     total_latency_ms=total, avg_latency_ms=_finite(float(m["avg"])),
+                     algbw_gbps=_finite(float(m["tput"])), busbw_gbps=_finite(float(m["busbw"])))
+            return True
+        op = _COMMS_OP.match(body)
+        if op:
+            self.comms_op = op["op"]
+            return True
+        self.comms_op = None
+        return False
 
     def flops_line(self, lineno: int, text: str) -> bool:
         """Read one line inside a Flops Profiler block; False once the block is over."""

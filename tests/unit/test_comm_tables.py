@@ -92,3 +92,35 @@ def test_one_gpu_run_is_not_called_cpu_only_and_cpu_runs_get_no_cuda_advice(tmp_
     assert "CUDA" not in finding.fix and "torch.compile" in finding.fix
     (gpu_finding,) = D.idle_device("r", Table.from_rows("b", {k: "" for k in row}, [{**row, "basis": "gpu_kernels"}]))
     assert "CUDA graphs" in gpu_finding.fix
+
+
+def test_deepspeeds_comms_logger_summary_is_read_row_by_row_and_overflowed_totals_are_left_out(tmp_path):
+    from analysis.parsers.deepspeed_log import parse_deepspeed_log
+    from tests.unit.report_support import ALCF
+
+    lines = ALCF.read_text().splitlines()
+    start = next(i for i, line in enumerate(lines) if "Comm. Op" in line)
+    unit = {"B": 1, "KB": 1024, "MB": 1024**2, "GB": 1024**3}
+    want, op = [], None
+    for line in lines[start + 1:]:
+        if m := re.fullmatch(r"\s*([\d.]+)\s*(K?M?G?B)\s+(\d+)\s+(-?[\d.]+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s*", line):
+            want.append((op, float(m[1]) * unit[m[2]], int(m[3]), float(m[4]), float(m[7])))
+        elif m := re.fullmatch(r"\s*([a-z_]+)\s*", line):
+            op = m[1]
+        else:
+            break
+    assert len(want) >= 10 and any(w[3] < 0 for w in want)
+    log = parse_deepspeed_log(ALCF)
+    got = [(r["comm_op"], r["message_bytes"], r["count"], r["total_latency_ms"], r["busbw_gbps"])
+           for r in log.rows() if r["kind"] == "comms"]
+    for w, g in zip(want, got, strict=True):
+        assert g[:3] == w[:3] and g[4] == w[4]
+        assert g[3] == (None if w[3] < 0 else w[3])  # DeepSpeed's overflowed (negative) sums are not shown
+    assert sum("counter overflowed" in x for x in log.warnings) == sum(w[3] < 0 for w in want)
+    d = tmp_path / "alcf"
+    d.mkdir()
+    (d / "train.log").write_text(ALCF.read_text())
+    rep = build_report([(None, d)])
+    out = tmp_path / "r.md"
+    render_markdown(rep, out)
+    assert "### DeepSpeed comms logger" in out.read_text()

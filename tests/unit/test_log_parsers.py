@@ -52,7 +52,8 @@ def rows(table: Table, **equals):
 
 def test_deepspeed_alcf_real_steps_timers_throughput():
     t = parse_deepspeed_log(ALCF)
-    assert t.warnings == ()
+    # Only the comms logger's four overflowed (negative) totals are warned about (test_comm_tables reads them).
+    assert len(t.warnings) == 4 and all("counter overflowed" in w for w in t.warnings)
     assert t.meta["deepspeed_version"] == "0.17.5"
     steps = rows(t, kind="step")
     assert [r["step"] for r in steps] == list(range(136005, 136012))
