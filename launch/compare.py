@@ -76,6 +76,9 @@ def layouts(opts: dict[str, str]) -> list[Row]:
         gpu_counts = [int(g) for g in opts.get("gpus", "4").split(",")]
     except ValueError:
         raise ConfigError("command line", "gpus", opts["gpus"], "is not a list of integers", "write e.g. gpus=4,8") from None
+    if not gpu_counts or any(not 1 <= g <= 1_000_000 for g in gpu_counts):
+        raise ConfigError("command line", "gpus", opts.get("gpus", "4"), "needs GPU counts from 1 to 1,000,000",
+                          "write e.g. gpus=4,8")
     backend = opts.get("backend", "deepspeed")
     bt = traits(backend, where="command line")
     dtype = opts.get("dtype", "bf16")

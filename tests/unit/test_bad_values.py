@@ -31,3 +31,10 @@ def test_the_edges_are_accepted(override):
 def test_markup_in_a_value_is_printed_as_text(capsys):
     assert main(["run", str(RECIPES / "tiny_zero2"), "description=[/red] [bold]x", "--dry-run"]) == 0
     assert "overrides: description=[/red] [bold]x" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("gpus", ["0", "-3,4", "4,0", ""])
+def test_plan_blames_gpus_not_the_batch_it_is_derived_from(capsys, gpus):
+    assert main(["plan", f"gpus={gpus}"]) == 2
+    err = capsys.readouterr().err
+    assert f'gpus="{gpus}"' in err and "global_batch_size" not in err and err.count("\n") == 1
