@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
+from launch import inputs
 from launch.errors import ConfigError
 
 KIND = "layoutlab-calibration"
@@ -200,11 +201,11 @@ def read_calibration(path: Path, *, context: str, field_name: str = "hardware.pr
     def bad(problem: str, fix: str = "write a new one with `python -m launch calibrate`") -> ConfigError:
         return ConfigError(context, field_name, str(path), problem, fix)
 
+    text = inputs.read_text(path, context=context, field=field_name,
+                            fix="give the path of a file that `python -m launch calibrate` wrote, or a profile name")
     try:
-        raw = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise bad("does not exist", "give the path of a file that `python -m launch calibrate` wrote, or a profile name")
-    except (OSError, UnicodeDecodeError, ValueError) as e:
+        raw = json.loads(text)
+    except (RecursionError, ValueError) as e:
         raise bad(f"cannot be read as JSON ({type(e).__name__}: {str(e).splitlines()[0][:120]})")
     if not isinstance(raw, dict) or raw.get("kind") != KIND:
         raise bad(f'is not a calibration file (no "kind": "{KIND}")')

@@ -5,6 +5,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from launch import inputs
 from launch.errors import ConfigError
 
 DS_CONFIGS = Path(__file__).resolve().parent.parent / "ds_configs"
@@ -36,17 +37,24 @@ def default_base(zero_stage: int, offload_optimizer: str, offload_params: str) -
 
 
 def read_json(path: Path, *, context: str, field: str) -> dict[str, Any]:
-    if not path.is_file():
-        raise ConfigError(context, field, str(path), "does not exist",
-                          f"name a JSON file (paths are relative to the recipe); shipped bases are in {DS_CONFIGS}")
-    try:
-        data = json.loads(path.read_text())
-    except json.JSONDecodeError as e:
-        raise ConfigError(str(path), f"line {e.lineno} col {e.colno}", e.msg, "is not valid JSON",
-                          "fix the JSON syntax") from None
+    data = inputs.parse_json(path, context=context, field=field,
+                             fix=f"name a JSON file (paths are relative to the recipe); shipped bases are in {DS_CONFIGS}")
     if not isinstance(data, dict):
         raise ConfigError(str(path), "(top level)", type(data).__name__, "must be a JSON object", "wrap it in {}")
+    for section in OBJECT_SECTIONS:
+        value = _get(data, section)
+        if value is not _ABSENT and value is not None and not isinstance(value, dict):
+            raise ConfigError(str(path), section, json.dumps(value)[:60], "must be a JSON object (DeepSpeed reads "
+                              "its fields by name)", f'write "{section.rsplit(".", 1)[-1]}": {{...}}, or leave it out')
     return data
+
+
+# DeepSpeed config sections that DeepSpeed reads as objects (config.py / zero/config.py): anything else there
+# fails deep inside deepspeed.initialize.
+OBJECT_SECTIONS = ("zero_optimization", "zero_optimization.offload_optimizer", "zero_optimization.offload_param",
+                   "optimizer", "optimizer.params", "scheduler", "scheduler.params", "fp16", "bf16", "amp",
+                   "tensor_parallel", "activation_checkpointing", "flops_profiler", "comms_logger", "checkpoint",
+                   "data_types", "aio", "tensorboard", "csv_monitor", "wandb", "compression_training")
 
 
 def _get(d: dict, dotted: str) -> Any:

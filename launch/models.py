@@ -13,6 +13,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Mapping
 
+from launch import inputs
 from launch.errors import ConfigError
 
 _REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -301,19 +302,17 @@ def load_model(name: str | None = None, config_path: str | Path | None = None, *
 
 def _read_json(path: Path, where: str) -> dict[str, Any]:
     shown = _display(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(
-            where,
-            "model.config",
-            shown,
-            f"cannot be read ({exc})",
-            "check the file's permissions and that it is UTF-8 JSON",
-        ) from exc
+    text = inputs.read_text(path, context=where, field="model.config",
+                            fix="point it at an existing HF config.json, or use model.name for a catalogue model")
+    if inputs.nesting(text) > inputs.MAX_DEPTH:
+        raise ConfigError(shown, "(nesting)", f"more than {inputs.MAX_DEPTH} levels", "nests too deep for a config.json",
+                          "an HF config.json is one object of key: value pairs")
     try:
         data = json.loads(text)
-    except json.JSONDecodeError as exc:
+    except ValueError as exc:
+        if not isinstance(exc, json.JSONDecodeError):  # an integer past Python's digit limit
+            raise ConfigError(shown, "json", str(exc).split(";")[0], "holds a number no field can take",
+                              "write the number you meant") from None
         lines = text.splitlines()
         snippet = lines[exc.lineno - 1].strip()[:60] if 0 < exc.lineno <= len(lines) else ""
         raise ConfigError(

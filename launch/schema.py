@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, Literal, Mapping, Sequence, Union, get_args, get_origin
 
 from launch.backends import BACKENDS
+from launch import inputs
 from launch.errors import ConfigError
 
 BACKEND_NAMES = tuple(BACKENDS)
@@ -235,10 +236,10 @@ def _drop_other_model_source(merged: dict, model_layer: Mapping[str, Any]) -> No
 
 
 def _read_toml(f: Path) -> dict[str, Any]:
-    try:
-        return tomllib.loads(f.read_text())
-    except tomllib.TOMLDecodeError as e:
-        raise ConfigError(str(f), "toml", str(e), "is not valid TOML", "fix the syntax at that line") from None
+    return inputs.parse_toml(f, context=str(f), field="(file)", fix="name a recipe folder holding recipe.toml")
+
+
+MAX_EXTENDS = 32  # shipped recipes chain 2 deep; a longer chain is a mistake, and recursion has a limit
 
 
 def _read_chain(f: Path, seen: list[Path]) -> list[Path]:
@@ -246,6 +247,9 @@ def _read_chain(f: Path, seen: list[Path]) -> list[Path]:
     if resolved in seen:
         raise ConfigError(str(f), "extends", str(f), "forms a cycle",
                           "make the chain of `extends` end at a base without `extends`")
+    if len(seen) >= MAX_EXTENDS:
+        raise ConfigError(str(f), "extends", f"{len(seen)} levels", f"chains more than {MAX_EXTENDS} recipes",
+                          "extend the base the chain ends at directly")
     data = _read_toml(f)
     parent = data.get("extends")
     if parent is None:

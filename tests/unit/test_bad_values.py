@@ -38,3 +38,55 @@ def test_plan_blames_gpus_not_the_batch_it_is_derived_from(capsys, gpus):
     assert main(["plan", f"gpus={gpus}"]) == 2
     err = capsys.readouterr().err
     assert f'gpus="{gpus}"' in err and "global_batch_size" not in err and err.count("\n") == 1
+
+
+def _recipe(tmp_path, body: str, name: str = "r") -> Path:
+    d = tmp_path / name
+    d.mkdir()
+    (d / "recipe.toml").write_text(f'extends = "{RECIPES / "tiny_zero2"}"\n' + body)
+    return d
+
+
+@pytest.mark.parametrize("make, says", [
+    (lambda d: (d / "recipe.toml").write_bytes((d / "recipe.toml").read_bytes() + b'description = "\xff"\n'),
+     "(encoding)=\"byte 0xff at offset"),
+    (lambda d: (d / "recipe.toml").write_text((d / "recipe.toml").read_text() + "x = " + "[" * 5000 + "]" * 5000 + "\n"),
+     "nests too deep to be a recipe"),
+    (lambda d: (d / "recipe.toml").write_text((d / "recipe.toml").read_text() + "[train]\nsteps = " + "9" * 5000 + "\n"),
+     "holds a number no field can take"),
+    (lambda d: ((d / "ds.json").write_text('{"zero_optimization": 5}'),
+                (d / "recipe.toml").write_text((d / "recipe.toml").read_text() + '[deepspeed]\nconfig = "ds.json"\n')),
+     'zero_optimization="5" must be a JSON object'),
+    (lambda d: ((d / "ds.json").write_text("[" * 3000 + "]" * 3000),
+                (d / "recipe.toml").write_text((d / "recipe.toml").read_text() + '[deepspeed]\nconfig = "ds.json"\n')),
+     "nests too deep"),
+])
+def test_hostile_recipe_files_are_one_line_exit_2(tmp_path, capsys, make, says):
+    d = _recipe(tmp_path, "")
+    make(d)
+    assert main(["run", str(d), "--dry-run"]) == 2
+    err = capsys.readouterr().err
+    assert says in err and err.count("\n") == 1 and "Traceback" not in err
+
+
+def test_a_long_extends_chain_is_refused_before_recursion_fails(tmp_path, capsys):
+    prev = RECIPES / "tiny_zero2"
+    for i in range(200):
+        d = tmp_path / f"r{i}"
+        d.mkdir()
+        (d / "recipe.toml").write_text(f'extends = "{prev}"\n')
+        prev = d
+    assert main(["run", str(prev), "--dry-run"]) == 2
+    err = capsys.readouterr().err
+    assert "chains more than 32 recipes" in err and err.count("\n") == 1
+    assert main(["run", str(tmp_path / "r20"), "--dry-run"]) == 0  # 22 files deep is fine
+
+
+def test_a_model_config_that_nests_or_overflows_is_one_line(tmp_path, capsys):
+    for name, text in (("deep", "[" * 3000 + "]" * 3000), ("huge", '{"hidden_size": ' + "9" * 5000 + "}")):
+        cfg = tmp_path / name / "config.json"
+        cfg.parent.mkdir()
+        cfg.write_text(text)
+        assert main(["run", str(RECIPES / "tiny_zero2"), f"model.config={cfg}", "--dry-run"]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and ("nests too deep" in err or "holds a number no field can take" in err)

@@ -1,0 +1,99 @@
+"""The one place the launch side opens a file a user gave it (recipes, DeepSpeed JSON, model configs,
+calibrations): every refusal is one ConfigError naming the file, never a traceback.
+
+Rules: the path holds no NUL byte and names a readable regular file (not a folder, not a dangling or looping
+link) of at most MAX_BYTES; the text is UTF-8; TOML and JSON documents nest at most MAX_DEPTH deep and hold no
+integer longer than Python converts (4,300 digits). The resolver checks each value's sense afterwards.
+"""
+from __future__ import annotations
+
+import json
+import tomllib
+from pathlib import Path
+from typing import Any
+
+from launch.errors import ConfigError
+
+MAX_BYTES = 16 * 2**20  # far beyond any recipe, config or calibration; a larger file is a wrong path
+MAX_DEPTH = 64  # recipes nest 3 deep, DeepSpeed configs 4; Python's parsers recurse and would crash near 1,000
+
+
+def read_text(path: str | Path, *, context: str, field: str, fix: str = "give the path of the file you meant") -> str:
+    """The file's text, or a ConfigError (file, field, value, problem, fix)."""
+    text_path = str(path)
+    if "\x00" in text_path:
+        raise ConfigError(context, field, text_path.replace("\x00", "\\0"), "holds a NUL byte", fix)
+    p = Path(path)
+    try:
+        if not p.exists():
+            raise ConfigError(context, field, text_path, "does not exist", fix)
+        if not p.is_file():
+            raise ConfigError(context, field, text_path, "is not a regular file (a folder or a device)", fix)
+        size = p.stat().st_size
+        if size > MAX_BYTES:
+            raise ConfigError(context, field, text_path, f"is {size:,} bytes, more than {MAX_BYTES:,}", fix)
+        data = p.read_bytes()
+    except ConfigError:
+        raise
+    except RuntimeError as e:  # a symlink loop in the path (Path.resolve / exists on some versions)
+        raise ConfigError(context, field, text_path, f"cannot be followed ({e})", fix) from None
+    except OSError as e:
+        raise ConfigError(context, field, text_path, f"cannot be read ({e.strerror or type(e).__name__})",
+                          "check the path and its permissions") from None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ConfigError(text_path, "(encoding)", f"byte {data[e.start]:#04x} at offset {e.start}", "is not UTF-8",
+                          "save the file as UTF-8") from None
+
+
+def nesting(text: str, opener: str = "[{", closer: str = "]}") -> int:
+    """The deepest bracket nesting of `text` outside strings (a cheap bound, checked before parsing)."""
+    depth = deepest = 0
+    quote = ""
+    escaped = False
+    for ch in text:
+        if quote:
+            if escaped:
+                escaped = False
+            elif ch == "\\":
+                escaped = True
+            elif ch == quote:
+                quote = ""
+        elif ch in "\"'":
+            quote = ch
+        elif ch in opener:
+            depth += 1
+            deepest = max(deepest, depth)
+        elif ch in closer:
+            depth -= 1
+    return deepest
+
+
+def parse_toml(path: str | Path, *, context: str, field: str, fix: str = "give the path of the file you meant") -> dict:
+    text = read_text(path, context=context, field=field, fix=fix)
+    if nesting(text) > MAX_DEPTH:
+        raise ConfigError(str(path), "(nesting)", f"more than {MAX_DEPTH} levels", "nests too deep to be a recipe",
+                          "flatten the arrays and tables")
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(str(path), "toml", str(e), "is not valid TOML", "fix the syntax at that line") from None
+    except ValueError as e:  # an integer past Python's digit limit
+        raise ConfigError(str(path), "toml", str(e).split(";")[0], "holds a number no field can take",
+                          "write the number you meant") from None
+
+
+def parse_json(path: str | Path, *, context: str, field: str, fix: str = "give the path of the file you meant") -> Any:
+    text = read_text(path, context=context, field=field, fix=fix)
+    if nesting(text) > MAX_DEPTH:
+        raise ConfigError(str(path), "(nesting)", f"more than {MAX_DEPTH} levels", "nests too deep",
+                          "flatten the arrays and objects")
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ConfigError(str(path), f"line {e.lineno} col {e.colno}", e.msg, "is not valid JSON",
+                          "fix the JSON syntax") from None
+    except ValueError as e:  # an integer past Python's digit limit
+        raise ConfigError(str(path), "json", str(e).split(";")[0], "holds a number no field can take",
+                          "write the number you meant") from None
