@@ -14,7 +14,7 @@ import re
 from typing import Any, Mapping
 
 from analysis.table import Table
-from launch.nccl_format import NCCL_TESTS_OP, bus_factor  # noqa: F401 (NCCL_TESTS_OP re-exported)
+from launch.nccl_format import NCCL_TESTS_OP, bus_factor
 
 
 # A data-parallel gradient reduction runs as either, by implementation and backend (DeepSpeed's ZeRO-2

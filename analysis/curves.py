@@ -8,7 +8,8 @@ and `compare` compute what the report shows; nothing here renders.
 
 Comparing layouts is comparing curves: two layouts of one model at the same global batch, sequence length and
 seed see the same data, so their losses should agree step by step up to floating-point reordering; a gap says
-that one of them trains differently.
+that one of them trains differently. `comparable` checks what the layouts state (global batch and sequence
+length); the model and seed are the user's to hold equal (our sweep refuses a set where they differ).
 """
 from __future__ import annotations
 

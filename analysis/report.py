@@ -660,7 +660,7 @@ def _curve_blocks(rep: Report) -> list[Block]:
     rows, series = [], []
     for r in rep.runs:
         if r.curves is None:
-            rows.append([r.label, "0"] + ["–"] * 6 + ["no loss per step (metrics, Megatron, TensorBoard or DeepSpeed "
+            rows.append([r.label, "0"] + ["–"] * 5 + ["no loss per step (metrics, Megatron, TensorBoard or DeepSpeed "
                                                       "pipeline lines)"])
             continue
         c = C.summarise(r.curves)

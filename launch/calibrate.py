@@ -84,6 +84,9 @@ def parse(args: Sequence[str]) -> Args:
             recipe = a
         else:
             raise ConfigError("command line", "argument", a, "is neither the recipe (first) nor key=value", USAGE)
+    if not backends:
+        raise ConfigError("command line", "backends", "(none installed)", "no training backend can be imported here",
+                          "install the project (python -m pip install -e .) or name one with backends=NAME")
     return Args(recipe, overrides, out, backends, iters)
 
 
@@ -195,6 +198,8 @@ class StepSample:
 
 
 STEP_VARIANTS = ((1, "none"), (2, "none"), (1, "full"))  # (micro-batches per step, checkpointing)
+STEP_ITERS_FACTOR = 1.5  # whole steps are timed this many times as often as passes (they vary more)
+ENGINE_FIT_ROUNDS = 4
 
 
 def _in_situ(recipe: str, overrides: list[str], resolved: Resolved, root: Path, backends: Sequence[str],
@@ -216,12 +221,17 @@ def _in_situ(recipe: str, overrides: list[str], resolved: Resolved, root: Path, 
                     "parallel.offload_optimizer=none", "parallel.offload_params=none", "run.resume=never",
                     "run.profile=none"]
             one = [f"batch.global_batch_size={gpn // tp}", "parallel.zero_stage=0"]
-            try:
-                variants = {(ac, sp): resolve_path(recipe, [*base, *one, f"train.activation_checkpointing={ac}",
-                                                            f"parallel.sp={str(sp).lower()}"]) for ac, sp in modes}
-            except ConfigError as e:
-                notes.append(f"no {name} passes at tp={tp}: {e.field} {e.problem}")
+            variants = {}
+            for ac, sp in modes:  # each on its own: one mode the resolver refuses leaves the others measured
+                try:
+                    variants[(ac, sp)] = resolve_path(recipe, [*base, *one, f"train.activation_checkpointing={ac}",
+                                                               f"parallel.sp={str(sp).lower()}"])
+                except ConfigError as e:
+                    notes.append(f"no {name} passes at tp={tp}, activation_checkpointing={ac}, sp={sp}: {e.field} "
+                                 f"{e.problem}")
+            if not variants:
                 continue
+            modes = list(variants)
             steps = {}
             for z in ZERO_STAGES if tp == 1 else ():
                 try:
@@ -237,7 +247,7 @@ def _in_situ(recipe: str, overrides: list[str], resolved: Resolved, root: Path, 
             first = variants[modes[0]]
             run.write_text_atomic(run.resolved, first.to_json() + "\n")
             spec = {"variants": [], "steps": [], "micro_batch_sizes": mbs, "warmup_iters": WARMUP_ITERS, "iters": iters,
-                    "step_iters": iters * 3 // 2}
+                    "step_iters": int(iters * STEP_ITERS_FACTOR)}
             for (ac, sp), r in variants.items():
                 path = run.root / f"resolved_{ac}_sp{int(sp)}.json"
                 run.write_text_atomic(path, r.to_json() + "\n")
@@ -271,25 +281,36 @@ def _engine_costs(partial: Calibration, samples: list[StepSample], notes: list[s
     """The engine's own cost per backend and ZeRO stage: what of each measured train_step the planner does not
     explain without it (passes, data, Adam, the collectives on their α–β curves, the ranks' skew), split into a
     part per micro-step (one vs two micro-batches per step), one per step, and one per micro-step under full
-    checkpointing (ZeRO-3 re-fetches during the recompute)."""
+    checkpointing (ZeRO-3 re-fetches during the recompute). Where collectives overlap compute (NCCL) the cost
+    changes how much traffic hides, so the split is refined until the plans meet the measured steps."""
     from launch import planner
 
-    residual = {}
-    for smp in samples:
-        layout = planner.Layout.from_resolved(smp.resolved)
-        timing = planner.Timing(partial)
-        residual[(smp.backend, smp.zero_stage, smp.grad_accum, smp.activation_checkpointing)] = (
-            smp.step_s - planner.step_time(layout, planner.communication(layout, timing), timing).total_s)
+    keys = sorted({(s.backend, s.zero_stage) for s in samples})
+    costs = {k: {"micro_step_s": 0.0, "step_s": 0.0, "recompute_s": 0.0} for k in keys}
+    by_key = {(s.backend, s.zero_stage, s.grad_accum, s.activation_checkpointing): s for s in samples}
+    for _ in range(ENGINE_FIT_ROUNDS):  # one round is exact where nothing overlaps (gloo)
+        engine = tuple(EngineCost(b, z, **costs[(b, z)]) for b, z in keys)
+        calib = dataclasses.replace(partial, compute=dataclasses.replace(partial.compute, engine=engine))
+        timing = planner.Timing(calib)
+        gap = {}
+        for key, smp in by_key.items():
+            layout = planner.Layout.from_resolved(smp.resolved)
+            gap[key] = smp.step_s - planner.step_time(layout, planner.communication(layout, timing), timing).total_s
+        for b, z in keys:
+            one, two, full = (gap[(b, z, ga, ac)] for ga, ac in STEP_VARIANTS)
+            c = costs[(b, z)]
+            c["micro_step_s"] += two - one
+            c["step_s"] += 2 * one - two
+            c["recompute_s"] += full - one
     out = []
-    for backend, z in sorted({(b, z) for b, z, _, _ in residual}):
-        one, two, full = (residual[(backend, z, ga, ac)] for ga, ac in STEP_VARIANTS)
-        costs = {"micro_step_s": two - one, "step_s": 2 * one - two, "recompute_s": full - one}
-        for part, value in costs.items():
+    for b, z in keys:
+        c = costs[(b, z)]
+        for part, value in c.items():
             if value < 0:  # the engine cannot save time: noise around zero
-                notes.append(f"{backend} ZeRO-{z} engine {part[:-2].replace('_', '-')} cost came out "
+                notes.append(f"{b} ZeRO-{z} engine {part[:-2].replace('_', '-')} cost came out "
                              f"{value * 1e3:.2f} ms (noise): taken as 0")
-                costs[part] = 0.0
-        out.append(EngineCost(backend, z, **costs))
+                c[part] = 0.0
+        out.append(EngineCost(b, z, **c))
     return tuple(out)
 
 
@@ -333,8 +354,8 @@ def _compute(recipe: str, overrides: list[str], resolved: Resolved, root: Path, 
                       how=(f"passes: each backend's own model on all {gpn} ranks of a node at once, in tp-rank groups "
                            f"(TP collectives included, no gradient reduction or step), medians of {iters} iterations after "
                            f"{WARMUP_ITERS} warm-up, mean over ranks; engine costs: the real trainer's train_step at each ZeRO stage "
-                           f"(tp=1, micro_batch_size=1, 1 and 2 micro-batches per step, and full checkpointing, in turn; medians "
-                           f"of {iters * 3 // 2}), less "
+                           f"(tp=1, micro_batch_size=1, (micro-batches per step, checkpointing) in {list(STEP_VARIANTS)} "
+                           f"in turn; medians of {int(iters * STEP_ITERS_FACTOR)}), less "
                            f"what the planner explains without the engine; Adam and data: {gpn} concurrent world-1 "
                            f"processes ({docs[0]['threads']} threads each), torch Adam fitted over {spec['adam_numels']} "
                            f"elements; measured {dt.datetime.now(dt.timezone.utc):%Y-%m-%dT%H:%M:%SZ}"))

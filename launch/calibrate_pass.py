@@ -73,10 +73,13 @@ def _body(run, resolved, env, terminal, cuda, watchdog) -> int:
         for b, fb in times.items():
             rows[(ac, sp, b)] = _summary(fb)
         del trainer
+        gc.collect()  # one variant's model and engine at a time
     stages = sorted({item["zero_stage"] for item in spec["steps"]})
     by_stage = {z: [item for item in spec["steps"] if item["zero_stage"] == z] for z in stages}
-    measured = {z: _steps(backend, by_stage[z], run, env, cuda, device, watchdog, spec, sync) for z in stages}
-    gc.collect()
+    measured = {}
+    for z in stages:
+        measured[z] = _steps(backend, by_stage[z], run, env, cuda, device, watchdog, spec, sync)
+        gc.collect()  # one stage's trainers at a time
     steps = [measured[item["zero_stage"]][by_stage[item["zero_stage"]].index(item)] for item in spec["steps"]]
     # Every rank's figures to rank 0, which writes the mean over ranks.
     mine = [[rows[k] for k in sorted(rows)], steps]

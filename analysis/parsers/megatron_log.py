@@ -88,8 +88,8 @@ _NUM = r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?|[-+]?(?:nan|inf)"
 _ITERATION = re.compile(r"\biteration\s*[=:]?\s*(?P<it>\d+)\s*/\s*(?P<total>\d+)\s*\|")
 _TIMESTAMP = re.compile(r"\[(?P<ts>\d{4}-\d\d-\d\d[ T]\d\d:\d\d:\d\d(?:[.,]\d+)?)\]")
 # A name starts with a letter, or with a bracketed tag: Megatron-DeepSpeed's `[LM]-TFLOPs` and `[DS]-TFLOPs`.
-_FIELD = re.compile(r"(?P<name>(?:\[[A-Za-z]+\])?[A-Za-z_-][^|:=]*?)\s*[:=]\s*(?P<value>" + _NUM + r")")
-_FIELD_TEXT = re.compile(r"^\s*(?P<name>(?:\[[A-Za-z]+\])?[A-Za-z_-][^|:=]*?)\s*[:=]\s*(?P<value>\S.*?)\s*$")
+_FIELD = re.compile(r"(?P<name>(?:\[[A-Za-z]+\]-?)?[A-Za-z_][^|:=]*?)\s*[:=]\s*(?P<value>" + _NUM + r")")
+_FIELD_TEXT = re.compile(r"^\s*(?P<name>(?:\[[A-Za-z]+\]-?)?[A-Za-z_][^|:=]*?)\s*[:=]\s*(?P<value>\S.*?)\s*$")
 _VALIDATION = re.compile(r"\bvalidation(?P<suffix>\S*) loss at (?P<what>[^|]*?)\s*\|")
 _VALIDATION_ITERATION = re.compile(r"iteration (?P<it>\d+)")
 _OLD_TIMER = re.compile(r"time \(ms\)(?P<body>(?:\s*\|[^|]*)+)")

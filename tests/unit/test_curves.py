@@ -196,12 +196,36 @@ def test_a_log_holding_two_runs_is_named_with_the_line_where_the_second_starts(t
         assert rep1.runs[0].boundaries == []
 
 
-def test_every_field_of_our_step_record_is_a_column_of_the_metrics_parser():
-    # The parser once kept its own list: a field added to launch.metrics.StepRecord was dropped silently.
+def test_every_field_our_trainer_writes_is_read_back(tmp_path):
+    # The parser once kept its own column list: a field added to launch.metrics.StepRecord was dropped silently.
+    # Round trip: a record with a distinct value in every field, written by our writer, read by the parser.
     from dataclasses import fields
 
-    from analysis.parsers.metrics import COLUMNS
-    from launch.metrics import StepRecord
+    from launch.metrics import FLOPS_FORMULA, SCHEMA_VERSION, MetaRecord, MetricsWriter, StepRecord
 
-    written = [f.name for f in fields(StepRecord) if f.name != "kind"]
-    assert [c for c in COLUMNS if c not in ("rank", "file", "line")] == written
+    meta = MetaRecord(schema_version=SCHEMA_VERSION, rank=0, world=1, tp=1, pp=1, dp=1, recipe="r", backend="deepspeed",
+                      hardware_profile="cpu", device="cpu", peak_flops_per_device=1e12, flops_per_token=1e6,
+                      flops_formula=FLOPS_FORMULA, tokens_per_step=64, warmup_steps=0, zero_stage=0, dtype="fp32",
+                      micro_batch_size=1, global_batch_size=1, seq_len=64, param_numel_local=10, start_step=0,
+                      resumed_from=None)
+    values = {}
+    for k, f in enumerate(fields(StepRecord)):
+        if f.name != "kind":
+            values[f.name] = (k + 1 if f.name in ("step",) or "bytes" in f.name else False if f.name == "warmup"
+                              else 0.5 + k)
+    w = MetricsWriter(tmp_path / "metrics" / "rank0.jsonl", meta)
+    w.step(StepRecord(**values))
+    w.close()
+    (row,) = list(parse_metrics(tmp_path / "metrics").rows())
+    assert {k: row[k] for k in values} == values
+
+
+def test_a_run_without_a_curve_gets_a_row_as_wide_as_the_table(tmp_path):
+    from tests.unit.report_support import ALLREDUCE_8XH100
+
+    a = make_run_dir(tmp_path / "a", steps=8)
+    _, md = _report(tmp_path, a, ALLREDUCE_8XH100)
+    table = md.split("## Training curves")[1].split("\n\n")[1].splitlines()
+    widths = [line.count("|") for line in table]
+    assert len(table) == 4 and len(set(widths)) == 1, table  # header, rule, two runs
+    assert "no loss per step" in table[-1]
