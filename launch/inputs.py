@@ -70,30 +70,35 @@ def nesting(text: str, opener: str = "[{", closer: str = "]}") -> int:
     return deepest
 
 
-def parse_toml(path: str | Path, *, context: str, field: str, fix: str = "give the path of the file you meant") -> dict:
+def _text_of_document(path: str | Path, *, context: str, field: str, fix: str, what: str) -> str:
     text = read_text(path, context=context, field=field, fix=fix)
     if nesting(text) > MAX_DEPTH:
-        raise ConfigError(str(path), "(nesting)", f"more than {MAX_DEPTH} levels", "nests too deep to be a recipe",
-                          "flatten the arrays and tables")
+        raise ConfigError(str(path), "(nesting)", f"more than {MAX_DEPTH} levels", f"nests too deep to be {what}",
+                          "flatten its arrays and tables")
+    return text
+
+
+def _number_too_long(path: str | Path, kind: str, e: ValueError) -> ConfigError:
+    return ConfigError(str(path), kind, str(e).split(";")[0], "holds a number no field can take",
+                       "write the number you meant")
+
+
+def parse_toml(path: str | Path, *, context: str, field: str, fix: str = "give the path of the file you meant") -> dict:
+    text = _text_of_document(path, context=context, field=field, fix=fix, what="a recipe")
     try:
         return tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(str(path), "toml", str(e), "is not valid TOML", "fix the syntax at that line") from None
     except ValueError as e:  # an integer past Python's digit limit
-        raise ConfigError(str(path), "toml", str(e).split(";")[0], "holds a number no field can take",
-                          "write the number you meant") from None
+        raise _number_too_long(path, "toml", e) from None
 
 
 def parse_json(path: str | Path, *, context: str, field: str, fix: str = "give the path of the file you meant") -> Any:
-    text = read_text(path, context=context, field=field, fix=fix)
-    if nesting(text) > MAX_DEPTH:
-        raise ConfigError(str(path), "(nesting)", f"more than {MAX_DEPTH} levels", "nests too deep",
-                          "flatten the arrays and objects")
+    text = _text_of_document(path, context=context, field=field, fix=fix, what="a configuration")
     try:
         return json.loads(text)
     except json.JSONDecodeError as e:
         raise ConfigError(str(path), f"line {e.lineno} col {e.colno}", e.msg, "is not valid JSON",
                           "fix the JSON syntax") from None
     except ValueError as e:  # an integer past Python's digit limit
-        raise ConfigError(str(path), "json", str(e).split(";")[0], "holds a number no field can take",
-                          "write the number you meant") from None
+        raise _number_too_long(path, "json", e) from None

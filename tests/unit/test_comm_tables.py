@@ -51,15 +51,21 @@ def test_the_report_shows_both_tables(tmp_path):
     assert "NET/IB/GDRDMA | yes" in md and "8 (printed)" in md
 
 
-def test_the_report_shows_htas_kernel_types_to_the_microsecond(tmp_path):
+def _hta_sampled(tmp_path):
+    """HTA's two sampled traces, alone in a folder: one run with GPU kernels."""
     from tests.unit.report_support import HTA
-    from tests.unit.test_kineto import HTA_KERNEL_TYPES_SAMPLED
 
     d = tmp_path / "sampled"
     d.mkdir()
     for src in HTA:
         (d / src.name).write_bytes(src.read_bytes())
-    rep = build_report([(None, d)])
+    return d
+
+
+def test_the_report_shows_htas_kernel_types_to_the_microsecond(tmp_path):
+    from tests.unit.test_kineto import HTA_KERNEL_TYPES_SAMPLED
+
+    rep = build_report([(None, _hta_sampled(tmp_path))])
     out = tmp_path / "r.md"
     render_markdown(rep, out)
     md = out.read_text()
@@ -75,13 +81,9 @@ def test_the_report_shows_htas_kernel_types_to_the_microsecond(tmp_path):
 def test_one_gpu_run_is_not_called_cpu_only_and_cpu_runs_get_no_cuda_advice(tmp_path):
     from analysis import doctor as D
     from analysis.table import Table
-    from tests.unit.report_support import HTA, make_run_dir
+    from tests.unit.report_support import make_run_dir
 
-    d = tmp_path / "sampled"
-    d.mkdir()
-    for src in HTA:
-        (d / src.name).write_bytes(src.read_bytes())
-    rep = build_report([(None, d)])
+    rep = build_report([(None, _hta_sampled(tmp_path))])
     assert rep.kernel_diff is None and "only sampled's do" in rep.kernel_diff_note
     assert "CPU-only" not in rep.kernel_diff_note
     cpu = build_report([(None, make_run_dir(tmp_path / "cpu"))])
