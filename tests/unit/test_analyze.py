@@ -194,7 +194,7 @@ def test_collective_calls_and_bandwidth_on_hta_traces(hta):
     row = re.compile(r"^\s+(\d+)\s+\d+\s+\w+\s+\w+\s+-?\d+\s+[\d.]+\s+[\d.]+\s+([\d.]+)\s+\d+\s+[\d.]+\s+[\d.]+\s+([\d.]+)")
     sweep = sorted((int(m[1]), (float(m[2]) + float(m[3])) / 2)
                    for m in map(row.match, ALLREDUCE_8XH100.read_text().splitlines()) if m)
-    (s0, b0), (s1, b1) = next((p, q) for p, q in zip(sweep, sweep[1:]) if p[0] <= at <= q[0])
+    (s0, b0), (s1, b1) = next((p, q) for p, q in zip(sweep[:-1], sweep[1:], strict=True) if p[0] <= at <= q[0])
     want = b0 + (math.log(at / s0) / math.log(s1 / s0)) * (b1 - b0)
     assert ar["ceiling_GBps"] == pytest.approx(want, rel=1e-9)
     assert ar["pct_of_ceiling"] == pytest.approx(100 * ar["busbw_large_GBps"] / want)
