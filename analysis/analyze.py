@@ -36,6 +36,7 @@ from analysis import trace_analysis as ta
 from analysis.collectives import (BACKEND_ANNOTATION, C10D_OP, CPU_LAYERS, NCCL_TESTS_OP, bus_factor_of,
                                   group_size_hint, nccl_tests_bytes)
 from analysis.parsers.nccl_tests import large_message_busbw
+from launch.nccl_format import BUS_FACTORS, bus_factor
 from analysis.table import Table
 from launch.planner import tp_calls
 
@@ -594,13 +595,20 @@ def nccl_ceilings(tables: Iterable[Table]) -> Table:
                 continue
             peak = max((r["busbw_GBps"] for r in t.rows() if r["op"] == op and _finite(r["busbw_GBps"]) is not None),
                        default=None)
-            by_size: dict[float, list[float]] = defaultdict(list)
-            for r in t.rows():
-                if r["op"] == op and _finite(r["busbw_GBps"]) is not None and _finite(r["size_bytes"]):
-                    by_size[r["size_bytes"]].append(r["busbw_GBps"])
-            curve = [(size, statistics.median(v)) for size, v in sorted(by_size.items())]
             sec = next((m for m in t.meta.get("sections") or [] if m.get("op") == op), {})
             nranks = sec.get("nranks") or sec.get("nranks_inferred") or t.meta.get("nranks")
+            factor = bus_factor(op, nranks) if nranks and op in BUS_FACTORS else None
+            by_size: dict[float, list[float]] = defaultdict(list)
+            for r in t.rows():
+                if r["op"] != op or not _finite(r["size_bytes"]):
+                    continue
+                # From size and time where the bus factor is known: the printed busbw has two decimals, so small
+                # messages print 0.00 and a ceiling read there would be 0.
+                if factor is not None and _finite(r["time_us"]):
+                    by_size[r["size_bytes"]].append(r["size_bytes"] / r["time_us"] / 1e3 * factor)
+                elif _finite(r["busbw_GBps"]) is not None:
+                    by_size[r["size_bytes"]].append(r["busbw_GBps"])
+            curve = [(size, statistics.median(v)) for size, v in sorted(by_size.items())]
             if op not in best or bw > best[op]["busbw_GBps"]:
                 best[op] = {"op": op, "busbw_GBps": bw, "peak_busbw_GBps": peak, "nranks": nranks, "curve": curve,
                             "source": t.source}

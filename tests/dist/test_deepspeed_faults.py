@@ -1,4 +1,5 @@
 """A rank that fails or stalls brings the job down in time, naming the rank and the step, with no orphans."""
+import re
 import time
 
 import pytest
@@ -23,6 +24,10 @@ def test_stalled_rank_is_ended_within_the_timeout(runs_root):
               timeout=240)
     elapsed = time.time() - t0
     assert t.proc.returncode != 0
-    assert "rank 0 stalled at step 3 (step)" in t.proc.stderr + t.proc.stdout
-    assert elapsed < 15 + 60  # start-up + the timeout + teardown, far from hanging forever
-    assert no_rank_left(t.root)
+    # Rank 0 sleeps at the start of step 3; rank 1 waits for it in that step's first collective. Each rank's
+    # watchdog sees no progress for the same timeout, so whichever notices first ends the job and names itself:
+    # the step is certain, the rank is either.
+    out = t.proc.stderr + t.proc.stdout
+    assert re.search(r"rank [01] stalled at step 3 \(step\) for \d+ s > run\.timeout_s=15", out), out[-2000:]
+    assert elapsed < 15 + 60, elapsed  # start-up + the timeout + teardown, far from hanging forever
+    assert no_rank_left(t.root), "a rank outlived the job"
