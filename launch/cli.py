@@ -1,5 +1,6 @@
 """`python -m launch run RECIPE [key=value ...] [--dry-run]`, `python -m launch plan key=value ...`,
-`python -m launch export RUN_DIR [step=N] [out=DIR]`, `python -m launch calibrate [RECIPE] [key=value ...] [out=PATH]`,
+`python -m launch export RUN_DIR [step=N] [out=DIR]`,
+`python -m launch export-accelerate (RUN_DIR | RECIPE [key=value ...]) [out=DIR]`, `python -m launch calibrate [RECIPE] [key=value ...] [out=PATH]`,
 `python -m launch recommend RECIPE [key=value ...] [top=K] [verify=true] [steps=N]`,
 `python -m launch sweep RECIPE RECIPE ... [key=value ...] [--dry-run]` (what launch/sweep.sh runs).
 
@@ -15,7 +16,7 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
-from launch import envinfo, launcher
+from launch import envinfo, launcher, nodes
 from launch.backends import traits
 from launch.checkpoints import ResumeError
 from launch.errors import ConfigError
@@ -34,7 +35,8 @@ def _gib(n: float) -> str:
     return f"{n / GiB:.2f}"
 
 
-def render(resolved: Resolved, plan: Plan, cmd: launcher.LaunchCommand, console) -> None:
+def render(resolved: Resolved, plan: Plan, cmd: launcher.LaunchCommand, console,
+           per_node: Sequence[launcher.NodeCommand] = ()) -> None:
     from rich.table import Table
 
     from rich.markup import escape
@@ -111,8 +113,34 @@ def render(resolved: Resolved, plan: Plan, cmd: launcher.LaunchCommand, console)
         refusal = " — a real run is refused; lower memory (zero_stage, tp, activation_checkpointing) or set plan.ignore_fit=true"
     console.print(f"[bold]plan: {verdict}[/bold]{refusal}")
     console.print()
-    console.print("[bold]launch command[/bold]")
-    console.print(cmd.shell(), markup=False)
+    if r.run.launcher == "deepspeed" and per_node:
+        console.print("[bold]launch command[/bold] (on the first host; DeepSpeed's runner starts each node over pdsh/ssh)")
+        console.print(cmd.shell(), markup=False)
+        console.print("[bold]per node[/bold] (what the runner starts there; the environment reaches it through "
+                      "DS_ENV_FILE)")
+    elif per_node:
+        console.print("[bold]launch command per node[/bold] (start each on its node; nodes > 0 join node 0's run directory)")
+    else:
+        console.print("[bold]launch command[/bold]")
+        console.print(cmd.shell(), markup=False)
+    for line in node_lines(per_node):
+        console.print(line, markup=False)
+
+
+# A dry run of thousands of nodes lists the first and last few; the rest differ only in their node rank.
+SHOWN_NODES = 4
+
+
+def node_lines(per_node: Sequence[launcher.NodeCommand]) -> list[str]:
+    """One line per node (at most SHOWN_NODES, then a count of the rest), each naming its node rank."""
+    shown = list(per_node) if len(per_node) <= SHOWN_NODES else [*per_node[:SHOWN_NODES - 1], per_node[-1]]
+    lines = []
+    for nc in shown:
+        if len(per_node) > SHOWN_NODES and nc is per_node[-1]:
+            lines.append(f"  ... nodes {SHOWN_NODES - 1}-{len(per_node) - 2}: the same with their own node rank")
+        host = f" ({nc.host})" if nc.host else ""
+        lines.append(f"  node {nc.node_rank}{host}: {nc.command.shell()}")
+    return lines
 
 
 def _ranks(ranks: Sequence[int]) -> str:
@@ -146,8 +174,10 @@ def cmd_run(args: Sequence[str]) -> int:
     plan = plan_resolved(resolved)
     console = _console()
     if dry:
-        cmd = launcher.build(resolved, str(Path("runs") / resolved.recipe_name / "<UTC yyyymmdd-hhmmss>"))
-        render(resolved, plan, cmd, console)
+        run_dir = str(Path("runs") / resolved.recipe_name / "<UTC yyyymmdd-hhmmss>")
+        cmd = launcher.build(resolved, run_dir)
+        per_node = launcher.node_commands(resolved, run_dir) if resolved.recipe.hardware.nodes > 1 else []
+        render(resolved, plan, cmd, console, per_node)
         return 0
     bench = resolved.recipe.run.mode == "commbench"  # the collective sweep needs no trainer, memory fit or checkpoint
     missing = [] if bench else traits(resolved.recipe.backend).missing_packages()
@@ -172,7 +202,7 @@ def cmd_run(args: Sequence[str]) -> int:
             print(f"nothing to do: {done.dir} already holds step {done.step} of train.steps="
                   f"{resolved.recipe.train.steps}; set run.resume=never to train again from scratch, or raise train.steps")
             return 0
-    joined = os.environ.get("LAYOUTLAB_RUN_DIR")
+    joined = shared_run_dir(resolved, os.environ)
     run = RunDir.join(joined) if joined else RunDir.create(resolved.recipe_name)
     cmd = launcher.build(resolved, str(run.root))
     if joined and run.resolved.is_file():
@@ -182,10 +212,12 @@ def cmd_run(args: Sequence[str]) -> int:
     else:
         run.write_text_atomic(run.resolved, resolved.to_json() + "\n")
         run.write_text_atomic(run.plan, plan.to_json() + "\n")
-    node = os.environ.get("NODE_RANK", "0")
-    run.write_text_atomic(run.env if node == "0" else run.root / f"env_node{node}.json",
+    node = nodes.placement(os.environ).node_rank
+    run.write_text_atomic(run.env if node == 0 else run.root / f"env_node{node}.json",
                           json.dumps(envinfo.capture(), indent=2) + "\n")
-    run.write_text_atomic(run.launch_cmd if node == "0" else run.root / f"launch_cmd_node{node}.txt", cmd.shell() + "\n")
+    run.write_text_atomic(run.launch_cmd if node == 0 else run.root / f"launch_cmd_node{node}.txt", cmd.shell() + "\n")
+    for path, text in cmd.files.items():
+        run.write_text_atomic(Path(path), text)
     render(resolved, plan, cmd, console)
     from rich.markup import escape
 
@@ -203,6 +235,19 @@ def cmd_run(args: Sequence[str]) -> int:
         for line in failure_summary(run, resolved.world_size):
             print(line, file=sys.stderr)
     return rc
+
+
+def shared_run_dir(resolved: Resolved, environ) -> str | None:
+    """The run directory every node of a job writes: the one the user gave (LAYOUTLAB_RUN_DIR), or under SLURM one
+    named after the job, which every node derives alike; None: this node creates a new one."""
+    from launch.rundir import runs_root
+
+    if environ.get("LAYOUTLAB_RUN_DIR"):
+        return environ["LAYOUTLAB_RUN_DIR"]
+    p = nodes.placement(environ)
+    if p.job_id and resolved.recipe.hardware.nodes > 1:
+        return str(runs_root() / resolved.recipe_name / f"slurm-{p.job_id}")
+    return None
 
 
 def failure_summary(run: RunDir, world: int) -> list[str]:
@@ -298,7 +343,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             from launch.export import cmd_export
 
             return cmd_export(rest)
-        raise ConfigError("command line", "command", command, "is not a command", "use `run`, `plan`, `calibrate`, `recommend`, `sweep` or `export`")
+        if command == "export-accelerate":
+            from launch.export_accelerate import cmd_export_accelerate
+
+            return cmd_export_accelerate(rest)
+        raise ConfigError("command line", "command", command, "is not a command", "use `run`, `plan`, `calibrate`, `recommend`, `sweep`, `export` or `export-accelerate`")
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -148,8 +148,11 @@ def read_metrics(path: str | Path) -> Metrics:
         if problem:
             warnings.append(problem)
         elif rec["kind"] == "meta":
-            # A resumed run appends a new meta record: the later steps belong to it.
+            # A resumed run (or a group restarted by torchrun) appends a new meta record: the later steps belong
+            # to it, and steps recorded after its checkpoint were trained again, so the new records replace them.
             meta = MetaRecord(**rec)
+            if isinstance(meta.start_step, int):
+                steps = [s for s in steps if s.step <= meta.start_step]
         else:
             steps.append(StepRecord(**rec))
     if meta is None:

@@ -23,7 +23,7 @@ import json
 import math
 from collections import Counter
 from statistics import NormalDist
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Mapping
 
 from launch import calibration as cal
@@ -848,12 +848,31 @@ def make_plan(layout: Layout, recipe_name: str = "") -> Plan:
     if traits(layout.backend).autotp and g.tp > 1:
         notes.append("DeepSpeed AutoTP shards the decoder Linear layers and lm_head (gathering full logits); "
                      "the embedding stays replicated")
+    notes += placement_notes(layout, timing, comm)
     host = host_bytes_per_node(layout, ranks)
     notes.append(f"host check: {host / GiB:.1f} GiB per node = {HOST_BUFFER_FACTOR} × the larger of each local rank's fp32 "
                  f"model built on the host and the node's offloaded state (DeepSpeed's estimators, zero_init off), "
                  f"against {hw.host_memory_bytes / GiB:.0f} GiB × (1 - headroom)")
     return Plan(recipe_name, layout.backend, hw.name, g.to_dict(), tuple(ranks), tuple(comm),
                 step_time(layout, comm, timing), tuple(notes), host, int(hw.host_memory_bytes * (1 - layout.headroom)))
+
+
+def placement_notes(layout: Layout, timing: Timing, comm: list[Comm]) -> list[str]:
+    """A TP group that spans nodes, with the numbers: its collectives' time per step on the inter-node link, against
+    the same calls inside one node (the grid redrawn as one node of world-size ranks)."""
+    g = layout.grid
+    if g.tp <= 1 or not g.spans_nodes(g.tp_group(0)):
+        return []
+    tp_now = [c for c in comm if c.parallelism in ("tp", "sp")]
+    one_node = replace(layout, grid=RankGrid(g.tp, g.pp, g.dp, g.world, 1))
+    tp_inside = [c for c in communication(one_node, timing) if c.parallelism in ("tp", "sp")]
+    across = sum(c.time_s for c in tp_now)
+    inside = sum(c.time_s for c in tp_inside)
+    link = min((c.busbw_GBps for c in tp_now), default=0.0)
+    return [f"placement: the TP group of {g.tp} spans {-(-g.tp // g.gpus_per_node)} nodes: its collectives take "
+            f"{across * 1e3:.1f} ms per step on the inter-node link ({link:.3g} GB/s bus bandwidth) against "
+            f"{inside * 1e3:.1f} ms inside one node ({across / inside if inside else float('inf'):.1f}×); keep "
+            f"parallel.tp <= hardware.gpus_per_node={g.gpus_per_node}"]
 
 
 def host_bytes_per_node(layout: Layout, ranks: list[RankPlan]) -> int:

@@ -131,10 +131,19 @@ def resolve(loaded: LoadedRecipe, world_size: int | None = None) -> Resolved:
     # Upper bounds where the value could not work: a torch seed is 64 bits unsigned; the process-group timeout
     # becomes a datetime.timedelta (at most 999,999,999 days), a week is already far beyond any stalled collective.
     for dotted, value, low, high in [("train.seed", train.seed, 0, 2**64 - 1),
-                                     ("run.timeout_s", r.run.timeout_s, 1, 7 * 24 * 3600)]:
+                                     ("run.timeout_s", r.run.timeout_s, 1, 7 * 24 * 3600),
+                                     ("run.max_restarts", r.run.max_restarts, 0, 100)]:
         if not low <= value <= high:
             raise ConfigError(w(dotted), dotted, value, f"must be between {low} and {high:,}",
                               f"set {dotted} within that range")
+    if r.run.max_restarts > 0 and r.run.launcher != "torchrun":
+        raise ConfigError(w("run.max_restarts"), "run.max_restarts", r.run.max_restarts,
+                          f"needs torchrun's elastic agent; run.launcher={r.run.launcher} does not restart workers",
+                          "set run.launcher=torchrun, or run.max_restarts=0")
+    if r.run.max_restarts > 0 and r.run.resume != "auto":
+        raise ConfigError(w("run.max_restarts"), "run.max_restarts", r.run.max_restarts,
+                          "restarts training from step 0 each time with run.resume=never",
+                          "set run.resume=auto (restarted ranks continue from the last complete checkpoint)")
     t = train
     for dotted, ok, want in [
         ("plan.headroom", 0.0 <= r.plan.headroom < 1.0, "a fraction in [0, 1), e.g. 0.1"),
@@ -292,10 +301,13 @@ def resolve(loaded: LoadedRecipe, world_size: int | None = None) -> Resolved:
                               "give a .txt/.jsonl file or folder, relative to the recipe (or to the working "
                               "directory for an override) or absolute")
 
+    if r.run.max_restarts > 0 and train.checkpoint_every == 0:
+        warnings.append(f"run.max_restarts={r.run.max_restarts} with train.checkpoint_every=0: a restarted group trains "
+                        "again from step 0 (only the final step is saved); set train.checkpoint_every")
     # Placement warnings.
     if par.tp > hw_s.gpus_per_node:
         warnings.append(f"parallel.tp={par.tp} > hardware.gpus_per_node={hw_s.gpus_per_node}: TP all-reduces "
-                        "cross nodes on every layer; keep tp within a node")
+                        "cross nodes on every layer; keep tp within a node (the plan's placement note times both links)")
     if par.tp > 1 and bt.autotp and par.zero_stage == 3:
         warnings.append("AutoTP with ZeRO-3 goes beyond DeepSpeed's documented AutoTP training support (ZeRO 0-2); "
                         "layoutlab's parity tests cover it")

@@ -41,6 +41,11 @@ class RunDir:
         return self.root / "launch_cmd.txt"
 
     @property
+    def deepspeed_env(self) -> Path:
+        """The ranks' environment as DS_ENV_FILE lines: what DeepSpeed's runner exports to every host."""
+        return self.root / "deepspeed_env"
+
+    @property
     def metrics_dir(self) -> Path:
         return self.root / "metrics"
 

@@ -90,6 +90,8 @@ class RunSection:
     profile_active_steps: int = 3
     mode: Literal["train", "commbench"] = "train"
     timeout_s: int = 600  # process-group timeout: a stalled collective fails after this
+    # torchrun restarts the whole group this many times after a worker fails; it resumes from the last checkpoint.
+    max_restarts: int = 0
     log_every: int = 1  # TensorBoard and progress line every N steps (metrics JSONL: every step)
 
 

@@ -132,6 +132,16 @@ def parse_metrics(paths: str | os.PathLike[str] | Iterable[str | os.PathLike[str
             if rec["kind"] == "meta":
                 meta = rec
                 metas += 1
+                # A resume or a torchrun restart continues from its checkpoint: the steps this file recorded after
+                # it were trained again, and the new records replace them.
+                start = rec.get("start_step")
+                start = start if isinstance(start, int) and not isinstance(start, bool) else 0
+                redone = [r for r in rows if r["file"] == name and isinstance(r["step"], (int, float)) and r["step"] > start]
+                if redone:
+                    gone = {id(x) for x in redone}
+                    rows = [r for r in rows if id(r) not in gone]
+                    warnings.append(f"{name}:{lineno}: a resumed run continues from step {start}; the "
+                                    f"{len(redone)} step(s) recorded after it before the restart are replaced")
                 continue
             rank = meta["rank"] if meta is not None else _rank_from_name(f)
             row = {c: rec.get(c) for c in _STEP_FIELDS}

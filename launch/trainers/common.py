@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import signal
 import sys
 import threading
 import time
@@ -69,6 +70,27 @@ def run_rank(run_dir: str, body: Callable[..., int]) -> int:
         raise
     finally:
         watchdog.stop()
+
+
+def init_process_group(cuda: bool, timeout_s: float) -> None:
+    """The default process group, then DeepSpeed's communication layer on top of it (it adopts a group that exists).
+
+    Keys in the rendezvous store are prefixed with torchrun's restart count: a group that torchrun restarts
+    (run.max_restarts) meets in the same store, and without the prefix a restarted rank read the dead group's gloo
+    addresses and failed with "connectFullMesh ... Connection refused" before its peers had published theirs.
+    """
+    import datetime as dt
+
+    import deepspeed
+    import torch.distributed as dist
+
+    timeout = dt.timedelta(seconds=timeout_s)
+    backend = "nccl" if cuda else "gloo"
+    if not dist.is_initialized():
+        store, rank, world_size = next(dist.rendezvous("env://", timeout=timeout))
+        store = dist.PrefixStore(f"layoutlab/attempt{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}", store)
+        dist.init_process_group(backend, store=store, rank=rank, world_size=world_size, timeout=timeout)
+    deepspeed.init_distributed(dist_backend=backend, timeout=timeout)
 
 
 def die_with_parent() -> None:
@@ -143,17 +165,26 @@ class Watchdog:
                 os._exit(124)
 
 
-def inject_fault(rank: int, step: int) -> None:
-    """Chaos testing: LAYOUTLAB_FAULT="hang:RANK:STEP" or "crash:RANK:STEP" makes that rank stall or
-    raise at the start of that step, to show how the job comes down (tests use it; users may too)."""
+def inject_fault(rank: int, step: int, run: RunDir) -> None:
+    """Chaos testing: LAYOUTLAB_FAULT="hang:RANK:STEP", "crash:RANK:STEP" or "kill:RANK:STEP" makes that rank
+    stall, raise, or die by SIGKILL (as the OOM killer ends it) at the start of that step, to show how the job
+    comes down (tests use it; users may too). A fault fires once per run directory, so that a group torchrun
+    restarts (run.max_restarts) runs through."""
     spec = os.environ.get("LAYOUTLAB_FAULT")
     if not spec:
         return
     kind, r, s = spec.split(":")
-    if int(r) == rank and int(s) == step:
-        if kind == "hang":
-            time.sleep(10**6)
-        raise RuntimeError(f"injected fault ({spec})")
+    if int(r) != rank or int(s) != step:
+        return
+    try:  # the marker is the claim: a restarted rank finds it and goes on
+        os.close(os.open(run.logs / f"fault_{kind}_rank{r}_step{s}", os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))
+    except FileExistsError:
+        return
+    if kind == "hang":
+        time.sleep(10**6)
+    if kind == "kill":
+        os.kill(os.getpid(), signal.SIGKILL)
+    raise RuntimeError(f"injected fault ({spec})")
 
 
 def fail_message(rank: int, step: int, exc: BaseException) -> str:

@@ -8,7 +8,6 @@ gradients and (stage 3) parameters over the remaining data-parallel group. Both 
 """
 from __future__ import annotations
 
-import datetime as dt
 import json
 from pathlib import Path
 from typing import Callable
@@ -21,10 +20,7 @@ from launch.trainers.protocol import BuildContext, StepOutput
 
 def init_distributed(resolved: Resolved, cuda: bool) -> None:
     common.no_jit_comm_op()
-    import deepspeed
-
-    deepspeed.init_distributed(dist_backend="nccl" if cuda else "gloo",
-                               timeout=dt.timedelta(seconds=resolved.recipe.run.timeout_s))
+    common.init_process_group(cuda, resolved.recipe.run.timeout_s)
 
 
 class DeepSpeedTrainer:

@@ -151,7 +151,7 @@ def _train(run: RunDir, resolved: Resolved, env: common.RankEnv, terminal, cuda:
     try:
         for step in range(start_step, r.train.steps):
             watchdog.beat(step + 1, "step")
-            common.inject_fault(env.rank, step + 1)
+            common.inject_fault(env.rank, step + 1, run)
             lr = lr_at(step, lr=r.train.lr, min_lr=r.train.min_lr, warmup=r.train.lr_warmup_steps,
                        total=r.train.steps, schedule=r.train.lr_schedule)
             trainer.set_lr(lr)

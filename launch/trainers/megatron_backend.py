@@ -24,7 +24,6 @@ A step runs one of two ways:
 """
 from __future__ import annotations
 
-import datetime as dt
 import json
 from functools import partial
 from pathlib import Path
@@ -43,12 +42,10 @@ def init_distributed(resolved: Resolved, cuda: bool) -> None:
 
     cpu_compat()  # on GPUs only the SP-norm patch: no CUDA call is redirected there
     common.no_jit_comm_op()
-    import deepspeed
     from megatron.core import parallel_state as ps
 
     par = resolved.recipe.parallel
-    deepspeed.init_distributed(dist_backend="nccl" if cuda else "gloo",
-                               timeout=dt.timedelta(seconds=resolved.recipe.run.timeout_s))
+    common.init_process_group(cuda, resolved.recipe.run.timeout_s)
     ps.initialize_model_parallel(tensor_model_parallel_size=par.tp, pipeline_model_parallel_size=par.pp,
                                  virtual_pipeline_model_parallel_size=par.vpp if par.vpp > 1 else None,
                                  order="tp-dp-pp")

@@ -50,3 +50,17 @@ def train(runs: Path, *overrides: str, recipe: str = TINY, timeout: int = 300, c
 @pytest.fixture(scope="session")
 def runs_root(tmp_path_factory) -> Path:
     return tmp_path_factory.mktemp("runs")
+
+
+@pytest.fixture(scope="session")
+def one_rank_reference(runs_root) -> Trained:
+    """tiny_zero2 SHORT on one rank, ZeRO-0, the whole global batch in two micro-batches: the oracle that every
+    layout, launcher and restart of the same global batch must reproduce (fp32, to 1e-5)."""
+    t = train(runs_root / "ref", *SHORT, "hardware.gpus_per_node=1", "batch.micro_batch_size=4",
+              "parallel.zero_stage=0")
+    losses = t.losses()
+    assert len(losses) == 10
+    t.norms = [s.grad_norm for s in t.metrics().steps]
+    assert all(n is not None and n > 0 for n in t.norms)
+    assert sum(losses[-3:]) / 3 < sum(losses[:3]) / 3 - 0.2, f"loss did not fall: {losses}"
+    return t

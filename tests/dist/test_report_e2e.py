@@ -19,7 +19,7 @@ from tests.dist.conftest import train
 pytestmark = [pytest.mark.dist, pytest.mark.slow]
 
 RUN = ("train.steps=12", "train.warmup_steps=4", "train.checkpoint_every=0", "run.resume=never",
-       "run.profile=torch", "run.profile_active_steps=3", "batch.seq_len=32")
+       "batch.micro_batch_size=4", "run.profile=torch", "run.profile_active_steps=3", "batch.seq_len=32")
 
 
 @pytest.fixture(scope="module")

@@ -37,6 +37,10 @@ def test_fit_without_size_dependence_is_latency_only():
     assert math.isinf(b) and a == pytest.approx(2e-3, rel=0.05)
 
 
+# The hand-computed sums below take tiny_zero2 at micro-batch 4: the whole global batch of 8 in one micro-step.
+MB4 = ("batch.micro_batch_size=4",)
+
+
 def _calibration(**changes) -> Calibration:
     passes = tuple(Pass(backend, tp, sp, b, ac, 0.004 * b / tp + 0.001, 0.006 * b / tp + 0.002)
                    for backend, modes in (("deepspeed", ("none", "full")), ("megatron", ("none", "full", "selective")))
@@ -65,7 +69,7 @@ def _write(tmp_path: Path, calib: Calibration | dict | str, name: str = "calib.j
 
 def test_calibrated_zero2_step_equals_the_hand_computed_sum(tmp_path):
     path = _write(tmp_path, _calibration())
-    plan = plan_resolved(resolve_path(RECIPES / "tiny_zero2", [f"hardware.profile={path}"]))
+    plan = plan_resolved(resolve_path(RECIPES / "tiny_zero2", [*MB4, f"hardware.profile={path}"]))
     # tiny_zero2: 2 ranks, ZeRO-2, fp32, micro-batch 4, global batch 8 -> one micro-step per step.
     params = 213_568  # tiny-llama: 2 × 512 × 64 + 4 × (2 × 64 × 64 + 2 × 64 × 32 + 3 × 64 × 128 + 2 × 64) + 64
     fwd, bwd = 0.004 * 4 + 0.001, 0.006 * 4 + 0.002
@@ -81,7 +85,7 @@ def test_calibrated_zero2_step_equals_the_hand_computed_sum(tmp_path):
 
 def test_calibrated_tp2_counts_every_autotp_call(tmp_path):
     path = _write(tmp_path, _calibration())
-    plan = plan_resolved(resolve_path(RECIPES / "tiny_zero2", [f"hardware.profile={path}", "parallel.tp=2",
+    plan = plan_resolved(resolve_path(RECIPES / "tiny_zero2", [*MB4, f"hardware.profile={path}", "parallel.tp=2",
                                                                  "parallel.zero_stage=1"]))
     tp = [c for c in plan.comm if c.parallelism == "tp"]
     # dp = 1, two micro-steps: per micro-step 7 all-reduces per layer × 4 layers + lm_head's input gradient, and one
@@ -105,7 +109,7 @@ def test_calibrated_tp2_counts_every_autotp_call(tmp_path):
 
 def test_calibrated_megatron_uses_its_own_passes_and_engine_cost(tmp_path):
     path = _write(tmp_path, _calibration())
-    plan = plan_resolved(resolve_path(RECIPES / "tiny_zero2", [f"hardware.profile={path}", "backend=megatron",
+    plan = plan_resolved(resolve_path(RECIPES / "tiny_zero2", [*MB4, f"hardware.profile={path}", "backend=megatron",
                                                                  "parallel.tp=2", "parallel.zero_stage=1",
                                                                  "train.activation_checkpointing=selective"]))
     assert plan.step.timing == "calibrated"
@@ -126,7 +130,7 @@ def test_rank_skew_counts_only_ranks_the_measured_pass_did_not_synchronise(tmp_p
     quiet_path, noisy_path = _write(tmp_path, calib, "quiet.json"), _write(tmp_path, noisy, "noisy.json")
 
     def total(path, *over):
-        return plan_resolved(resolve_path(RECIPES / "tiny_zero2", [f"hardware.profile={path}", *over])).step.total_s
+        return plan_resolved(resolve_path(RECIPES / "tiny_zero2", [*MB4, f"hardware.profile={path}", *over])).step.total_s
 
     # Two data-parallel ranks, one micro-step: the slower of two normal draws is 0.5894 sd above the mean (Blom).
     c2 = NormalDist().inv_cdf((2 - 0.375) / (2 + 0.25))
@@ -140,8 +144,8 @@ def test_rank_skew_counts_only_ranks_the_measured_pass_did_not_synchronise(tmp_p
 def test_full_checkpointing_adds_the_measured_recompute_cost_per_micro_step(tmp_path):
     path = _write(tmp_path, _calibration())
     over = [f"hardware.profile={path}", "parallel.zero_stage=3"]
-    plain = plan_resolved(resolve_path(RECIPES / "tiny_zero2", over))
-    full = plan_resolved(resolve_path(RECIPES / "tiny_zero2", [*over, "train.activation_checkpointing=full"]))
+    plain = plan_resolved(resolve_path(RECIPES / "tiny_zero2", [*MB4, *over]))
+    full = plan_resolved(resolve_path(RECIPES / "tiny_zero2", [*MB4, *over, "train.activation_checkpointing=full"]))
     # One micro-step per step: the full pass at micro-batch 4 is the same figure here, so the plans differ only by
     # the engine's recompute cost at ZeRO-3 (0.0009 s).
     assert full.step.total_s - plain.step.total_s == pytest.approx(0.0003 * 3, rel=1e-6)
@@ -155,8 +159,8 @@ def test_full_checkpointing_adds_the_measured_recompute_cost_per_micro_step(tmp_
 ])
 def test_a_calibration_that_does_not_apply_falls_back_to_nominal_and_says_why(tmp_path, change, says):
     path = _write(tmp_path, _calibration(**change))
-    nominal = plan_resolved(resolve_path(RECIPES / "tiny_zero2", []))
-    plan = plan_resolved(resolve_path(RECIPES / "tiny_zero2", [f"hardware.profile={path}"]))
+    nominal = plan_resolved(resolve_path(RECIPES / "tiny_zero2", [*MB4]))
+    plan = plan_resolved(resolve_path(RECIPES / "tiny_zero2", [*MB4, f"hardware.profile={path}"]))
     (note,) = [n for n in plan.notes if n.startswith("time:")]
     assert says in note and "nominal" in note and "\n" not in note
     assert plan.step.timing == "nominal" and plan.step.total_s == nominal.step.total_s
@@ -164,10 +168,10 @@ def test_a_calibration_that_does_not_apply_falls_back_to_nominal_and_says_why(tm
 
 def test_missing_pass_for_the_micro_batch_falls_back(tmp_path):
     path = _write(tmp_path, _calibration())
-    plan = plan_resolved(resolve_path(RECIPES / "tiny_zero2", [f"hardware.profile={path}", "batch.micro_batch_size=1",
+    plan = plan_resolved(resolve_path(RECIPES / "tiny_zero2", [*MB4, f"hardware.profile={path}", "batch.micro_batch_size=1",
                                                                  "batch.global_batch_size=32"]))
     assert plan.step.timing == "calibrated"
-    plan = plan_resolved(resolve_path(RECIPES / "tiny_zero2", [f"hardware.profile={path}", "batch.micro_batch_size=16",
+    plan = plan_resolved(resolve_path(RECIPES / "tiny_zero2", [*MB4, f"hardware.profile={path}", "batch.micro_batch_size=16",
                                                                  "batch.global_batch_size=32"]))
     assert plan.step.timing == "nominal"
     assert "no deepspeed pass at tp=1, micro_batch_size=16" in next(n for n in plan.notes if n.startswith("time:"))
@@ -198,7 +202,7 @@ def test_an_impossible_fit_is_refused(tmp_path, capsys):
 
 def test_missing_calibration_file_is_named(tmp_path):
     with pytest.raises(ConfigError) as e:
-        resolve_path(RECIPES / "tiny_zero2", [f"hardware.profile={tmp_path / 'nope.json'}"])
+        resolve_path(RECIPES / "tiny_zero2", [*MB4, f"hardware.profile={tmp_path / 'nope.json'}"])
     assert "does not exist" in str(e.value)
 
 
@@ -270,6 +274,6 @@ def test_hostile_calibration_fields_are_one_line(tmp_path, capsys, mutate, says)
 
 def test_a_calibration_for_another_rank_count_per_node_does_not_apply(tmp_path):
     path = _write(tmp_path, _calibration(ranks_per_node=4))
-    plan = plan_resolved(resolve_path(RECIPES / "tiny_zero2", [f"hardware.profile={path}"]))
+    plan = plan_resolved(resolve_path(RECIPES / "tiny_zero2", [*MB4, f"hardware.profile={path}"]))
     assert plan.step.timing == "nominal"
     assert "measured with 4 ranks per node" in next(n for n in plan.notes if n.startswith("time:"))

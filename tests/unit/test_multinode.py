@@ -1,0 +1,220 @@
+"""Multi-node launch without a cluster: node placement from the user's or SLURM's variables, the per-node commands
+(torchrun, and DeepSpeed's runner against DeepSpeed's own PDSH command builder), and bad input in one line."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from launch import launcher, nodes
+from launch.cli import node_lines, shared_run_dir
+from launch.errors import ConfigError
+from launch.resolve import resolve_path
+from tests.conftest import REPO
+
+TWO_NODES = ("hardware.nodes=2",)
+
+
+def tiny(*overrides):
+    return resolve_path(REPO / "recipes/tiny_zero2", [*TWO_NODES, *overrides])
+
+
+def slurm_env(node: int, **extra) -> dict:
+    """What srun sets for one task per node on a 2-node allocation (job 4242 on cpu01, cpu02)."""
+    return {"SLURM_JOB_ID": "4242", "SLURM_NNODES": "2", "SLURM_JOB_NUM_NODES": "2", "SLURM_NODEID": str(node),
+            "SLURM_PROCID": str(node), "SLURM_LOCALID": "0", "SLURM_JOB_NODELIST": "cpu[01-02]", **extra}
+
+
+@pytest.mark.parametrize("nodelist, hosts", [
+    ("cpu[01-02]", ["cpu01", "cpu02"]),
+    ("gpu[01-03,07],login1", ["gpu01", "gpu02", "gpu03", "gpu07", "login1"]),
+    ("r[1-2]n[8-9]", ["r1n8", "r1n9", "r2n8", "r2n9"]),
+    ("node7", ["node7"]),
+    ("a[098-101]", ["a098", "a099", "a100", "a101"]),
+])
+def test_slurm_host_lists_expand_as_scontrol_show_hostnames_does(nodelist, hosts):
+    assert nodes.expand_hostlist(nodelist) == hosts
+
+
+def test_slurm_nodes_derive_rank_address_port_and_run_dir_without_exports(monkeypatch, tmp_path):
+    monkeypatch.setenv("LAYOUTLAB_RUNS", str(tmp_path))
+    r = tiny()
+    for node in (0, 1):
+        argv = launcher.build(r, "RUN", environ=slurm_env(node)).argv
+        i = argv.index("--node-rank")
+        # 20000 + 4242 mod 20000: both nodes reach the same port without talking.
+        assert argv[i:i + 8] == ("--node-rank", str(node), "--rdzv-backend", "c10d", "--rdzv-endpoint", "cpu01:24242",
+                                 "--rdzv-id", "4242")
+        assert shared_run_dir(r, slurm_env(node)) == str(tmp_path / "tiny_zero2" / "slurm-4242")
+    # What the user exported wins over SLURM's values.
+    argv = launcher.build(r, "RUN", environ=slurm_env(1, NODE_RANK="0", MASTER_ADDR="10.0.0.9",
+                                                      MASTER_PORT="31000")).argv
+    assert "--node-rank 0 --rdzv-backend c10d --rdzv-endpoint 10.0.0.9:31000" in " ".join(argv)
+    # One node, outside SLURM: a fresh run directory of its own.
+    assert shared_run_dir(resolve_path(REPO / "recipes/tiny_zero2"), {}) is None
+
+
+def test_torchrun_node_commands_name_their_node_rank():
+    env = {"MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "29600"}
+    per_node = launcher.node_commands(tiny(), "RUN", environ=env)
+    assert [nc.node_rank for nc in per_node] == [0, 1]
+    for nc in per_node:
+        assert nc.command.env["NODE_RANK"] == str(nc.node_rank)
+        assert f"--nnodes 2 --nproc-per-node 2 --node-rank {nc.node_rank} " in nc.command.shell()
+        assert "--rdzv-endpoint 10.0.0.1:29600" in nc.command.shell()
+
+
+def test_dry_run_prints_one_command_per_node():
+    env = {k: v for k, v in os.environ.items() if k not in ("MASTER_ADDR", "NODE_RANK", "SLURM_JOB_ID")}
+    p = subprocess.run(["bash", "launch/run.sh", "recipes/tiny_zero2", "hardware.nodes=2", "--dry-run"], cwd=REPO,
+                       capture_output=True, text=True, timeout=60, env=env)
+    assert p.returncode == 0, p.stderr
+    lines = [line for line in p.stdout.splitlines() if line.startswith("  node ") and "torch.distributed.run" in line]
+    assert [line.split(":")[0] for line in lines] == ["  node 0", "  node 1"]
+    for n, line in enumerate(lines):
+        assert f"NODE_RANK={n} " in line and f"--node-rank {n} " in line
+
+
+def test_thousands_of_nodes_are_summarised():
+    per_node = [launcher.NodeCommand(n, None, launcher.LaunchCommand(("torchrun", f"--node-rank={n}"), {}))
+                for n in range(4000)]
+    lines = node_lines(per_node)
+    assert [line.split(":")[0].strip() for line in lines] == ["node 0", "node 1", "node 2", "... nodes 3-3998",
+                                                              "node 3999"]
+    assert lines[-1].endswith("--node-rank=3999")
+
+
+def test_deepspeed_node_commands_equal_what_deepspeeds_runner_builds(tmp_path, monkeypatch):
+    """The oracle is DeepSpeed's own runner.main with a hostfile: only pdsh itself (and the ssh check) is replaced,
+    so its PDSHRunner builds the command it would start; each node's part, `%n` filled in, must be ours."""
+    import shutil
+
+    import deepspeed.launcher.runner as ds_runner
+
+    hostfile = tmp_path / "hostfile"
+    hostfile.write_text("# the cluster\nhostA slots=2\n\nhostB slots=4\nhostC slots=2\n")
+    env = {"LAYOUTLAB_HOSTFILE": str(hostfile), "MASTER_ADDR": "10.0.0.5", "MASTER_PORT": "29700"}
+    r = tiny("run.launcher=deepspeed")
+    runner_cmd = launcher.build(r, "/shared/runs/x", environ=env)
+    per_node = launcher.node_commands(r, "/shared/runs/x", environ=env)
+    assert [(nc.node_rank, nc.host) for nc in per_node] == [(0, "hostA"), (1, "hostB")]
+    # What our runner command leaves in its files: the ranks' environment, for DeepSpeed to export to every host.
+    env_file = runner_cmd.env["DS_ENV_FILE"]
+    assert runner_cmd.files[env_file].splitlines() == [f"{k}={v}" for k, v in runner_cmd.env.items()
+                                                       if k != "DS_ENV_FILE"]
+    env_path = tmp_path / "deepspeed_env"
+    env_path.write_text(runner_cmd.files[env_file])
+
+    started = []
+
+    class Started:
+        returncode = 0
+
+        def __init__(self, cmd, env=None):
+            started.append(cmd)
+
+        def wait(self):
+            return 0
+
+    monkeypatch.setattr(ds_runner.subprocess, "Popen", Started)
+    monkeypatch.setattr(ds_runner.subprocess, "check_call", lambda *a, **k: 0)  # the ssh reachability check
+    monkeypatch.setattr(shutil, "which", lambda name, *a, **k: f"/usr/bin/{name}")
+    monkeypatch.setenv("DS_ENV_FILE", str(env_path))
+    monkeypatch.setattr(ds_runner, "DEEPSPEED_ENVIRONMENT_NAME", str(env_path))  # read at import time
+    monkeypatch.chdir(tmp_path)
+    argv = list(runner_cmd.argv)
+    assert argv[1:3] == ["-m", "deepspeed.launcher.runner"]
+    ds_runner.main(argv[3:])
+    assert len(started) == 1
+    cmd = started[0]
+    assert cmd[:6] == ["pdsh", "-S", "-f", "1024", "-w", "hostA,hostB"]
+    exports = cmd[6]
+    for k, v in runner_cmd.env.items():
+        if k != "DS_ENV_FILE":
+            assert f"export {k}={v};" in exports, (k, exports)
+    at = cmd.index(sys.executable)
+    theirs = cmd[at:]
+    for nc in per_node:
+        filled = [a.replace("%n", str(nc.node_rank)) for a in theirs]
+        assert filled == list(nc.command.argv)
+    # The world DeepSpeed encodes: each host's first gpus_per_node slots.
+    info = next(a for a in theirs if a.startswith("--world_info="))
+    import base64
+
+    assert json.loads(base64.urlsafe_b64decode(info.split("=", 1)[1])) == {"hostA": [0, 1], "hostB": [0, 1]}
+
+
+def one_line_exit_2(*args, env_extra):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_") and k not in ("NODE_RANK", "MASTER_ADDR")}
+    p = subprocess.run(["bash", "launch/run.sh", "recipes/tiny_zero2", *args], cwd=REPO, capture_output=True, text=True,
+                       timeout=60, env={**env, "LAYOUTLAB_RUNS": "/nonexistent/never-created", **env_extra})
+    assert p.returncode == 2, (p.stdout[-1500:], p.stderr[-1500:])
+    assert len(p.stderr.strip().splitlines()) == 1, p.stderr
+    return p.stderr.strip()
+
+
+def test_bad_multinode_input_is_one_line_and_exit_2(tmp_path):
+    err = one_line_exit_2("hardware.nodes=2", env_extra=slurm_env(0, SLURM_NNODES="3", SLURM_JOB_NUM_NODES="3"))
+    assert "hardware.nodes=2" in err and "SLURM_NNODES" in err and "--nodes=2" in err
+    err = one_line_exit_2("hardware.nodes=2", env_extra={"NODE_RANK": "2", "MASTER_ADDR": "127.0.0.1"})
+    assert "NODE_RANK=2" in err and "out of range" in err and "0..1" in err
+    err = one_line_exit_2("hardware.nodes=2", env_extra={"NODE_RANK": "one", "MASTER_ADDR": "127.0.0.1"})
+    assert 'NODE_RANK="one"' in err and "whole number" in err
+    err = one_line_exit_2("hardware.nodes=2", env_extra={})
+    assert "needs MASTER_ADDR" in err
+    few = tmp_path / "hosts"
+    few.write_text("hostA slots=2\n")
+    err = one_line_exit_2("hardware.nodes=2", "run.launcher=deepspeed", env_extra={"LAYOUTLAB_HOSTFILE": str(few)})
+    assert f"{few}: hosts=1 are fewer than hardware.nodes=2" in err
+    few.write_text("hostA slots=2\nhostB slots=1\n")
+    err = one_line_exit_2("hardware.nodes=2", "run.launcher=deepspeed", env_extra={"LAYOUTLAB_HOSTFILE": str(few)})
+    assert f"{few}:2: hostB slots=1 is fewer than hardware.gpus_per_node=2" in err
+    few.write_text("hostA slots=2\nhostB\n")
+    err = one_line_exit_2("hardware.nodes=2", "run.launcher=deepspeed", env_extra={"LAYOUTLAB_HOSTFILE": str(few)})
+    assert f"{few}:2: line=\"hostB\" is not `host slots=N`" in err
+    assert not os.path.exists("/nonexistent/never-created")
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (("run.max_restarts=1", "run.launcher=deepspeed"), "needs torchrun's elastic agent"),
+    (("run.max_restarts=1", "run.resume=never"), "set run.resume=auto"),
+    (("run.max_restarts=101",), "must be between 0 and 100"),
+    (("run.max_restarts=-1",), "must be between 0 and 100"),
+])
+def test_restarts_that_cannot_work_are_refused(overrides, message):
+    with pytest.raises(ConfigError, match=message):
+        resolve_path(REPO / "recipes/tiny_zero2", list(overrides))
+
+
+def test_restarts_without_checkpoints_are_warned_about():
+    r = resolve_path(REPO / "recipes/tiny_zero2", ["run.max_restarts=2", "train.checkpoint_every=0"])
+    assert any("trains again from step 0" in w for w in r.warnings)
+    assert "--max-restarts 2" in launcher.build(r, "RUN", environ={}).shell()
+
+
+def test_a_restarted_run_replaces_the_steps_it_trained_again(tmp_path):
+    from analysis.parsers.metrics import parse_metrics
+    from launch.metrics import read_metrics
+
+    import launch.metrics as M
+
+    path = tmp_path / "rank0.jsonl"
+    lines = []
+
+    base = {f: None for f in M.MetaRecord.__dataclass_fields__}
+    base.update(kind="meta", schema_version=M.SCHEMA_VERSION, rank=0, world=2, tp=1, pp=1, dp=2, start_step=0)
+    step = {f: None for f in M.StepRecord.__dataclass_fields__}
+    step.update(kind="step", lr=1e-3, step_time_s=0.1, tokens_per_s=10.0, mfu=0.0, warmup=False,
+                tokens_per_s_per_device=5.0, tflops_per_device=0.0)
+    lines.append(base)
+    lines += [{**step, "step": n, "loss": 10.0 - n} for n in (1, 2, 3, 4)]
+    lines.append({**base, "start_step": 3, "resumed_from": "ckpt/step3"})
+    lines += [{**step, "step": n, "loss": 20.0 - n} for n in (4, 5)]
+    path.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    m = read_metrics(path)
+    assert [(s.step, s.loss) for s in m.steps] == [(1, 9.0), (2, 8.0), (3, 7.0), (4, 16.0), (5, 15.0)]
+    assert m.warnings == ()
+    t = parse_metrics(tmp_path)
+    assert [(row["step"], row["loss"]) for row in t.rows()] == [(1, 9.0), (2, 8.0), (3, 7.0), (4, 16.0), (5, 15.0)]
+    assert any("continues from step 3" in w and "1 step(s)" in w for w in t.warnings)
