@@ -43,7 +43,7 @@ class BackendTraits:
     dtypes: tuple[str, ...]  # precision.dtype values the backend trains correctly
     tp: TpCollectives
     tp_sp: TpCollectives | None  # with sequence parallelism (None: the backend has none)
-    features: frozenset[str]  # of "pp", "sp", "vpp", "selective"
+    features: frozenset[str]  # of "pp", "sp", "vpp", "selective", "hpz" (ZeRO++ hierarchical partitioning)
     pp_zero_stages: tuple[int, ...]  # ZeRO stages that combine with pipeline parallelism
     sp_zero_stages: tuple[int, ...]  # ZeRO stages that combine with sequence parallelism
     pp_tied_embeddings: bool  # pipeline parallelism for a model whose output layer shares the embedding
@@ -102,7 +102,8 @@ BACKENDS: dict[str, BackendTraits] = {
         # backward; lm_head is column-parallel (its input gradient all-reduced) and gathers the logits.
         vocab_parallel=False, hf_modules=True, autotp=True, offload=True, dtypes=("bf16", "fp16", "fp32"),
         tp=TpCollectives({"all_reduce": 2}, {"all_reduce": 5}, {}, {"all_reduce": 1}, logits_all_gathers=1), tp_sp=None,
-        features=frozenset(), pp_zero_stages=(), sp_zero_stages=(), pp_tied_embeddings=False, reshard_on_resume=True,
+        features=frozenset({"hpz"}), pp_zero_stages=(), sp_zero_stages=(), pp_tied_embeddings=False,
+        reshard_on_resume=True,
         requires=("deepspeed", "transformers"), compose_ds_config=_deepspeed_owned),
     "megatron": BackendTraits(
         name="megatron", trainer="launch.trainers.megatron_backend",

@@ -86,6 +86,11 @@ class Layout:
     def elem_bytes(self) -> int:
         return 4 if self.dtype == "fp32" else 2
 
+    @property
+    def hpz(self) -> int:
+        """ZeRO++ hpZ's secondary partition group size (1: off); ZeRO-3 only, as DeepSpeed applies it."""
+        return _int_or(self.ds_zero.get("zero_hpz_partition_size"), 1, low=1) if self.zero_stage == 3 else 1
+
     @classmethod
     def from_resolved(cls, r) -> "Layout":
         rc = r.recipe
@@ -332,7 +337,10 @@ def model_states(layout: Layout, params: int, accounting: str) -> tuple[int, int
             # (stage3.py _link_all_hp_params): the optimizer adds Adam's m and v only (measured live,
             # tests/dist/test_state_bytes.py).
             big = largest_layer_params(layout)
-            w = e * params // d + e * big
+            # hpZ adds a secondary partition over its group, in the parameters' dtype, to each parameter
+            # that is released after use (partition_parameters.py _partition_param_sec); persistent ones stay whole.
+            secondary = e * sum(zero3_fetched(layout)) // layout.hpz if layout.hpz > 1 else 0
+            w = e * params // d + e * big + secondary
             g = 4 * params // d + e * big
             o = (12 if mixed else 8) * params // d
         if off_opt:
@@ -641,6 +649,17 @@ def _bucket(layout: Layout, key: str) -> int:
     return _int_or(layout.ds_zero.get(key), ZERO_BUCKET_DEFAULT, low=1)
 
 
+def _persistence_threshold(layout: Layout) -> int:
+    return _int_or(layout.ds_zero.get("stage3_param_persistence_threshold"), ZERO3_PERSISTENCE_THRESHOLD)
+
+
+def zero3_fetched(layout: Layout) -> list[int]:
+    """Sizes of the first stage's parameters that ZeRO-3 partitions and gathers on use: those above
+    stage3_param_persistence_threshold (the others stay whole on every rank)."""
+    threshold = _persistence_threshold(layout)
+    return [n for n in rank_parameters(layout, 0) if n > threshold]
+
+
 def _zero3_traffic(layout: Layout, timing: Timing, grp: tuple[int, ...], reduce_calls: int) -> list[Comm]:
     """DeepSpeed ZeRO-3 (partition_parameters.py, stage3.py; counted in traces of 0.19.8 on gloo): parameters at or
     below stage3_param_persistence_threshold stay whole and are re-gathered one call each after every optimizer step;
@@ -648,18 +667,28 @@ def _zero3_traffic(layout: Layout, timing: Timing, grp: tuple[int, ...], reduce_
     backward when the stage holds more than stage3_max_reuse_distance parameters (otherwise they are still there);
     gradients leave in one reduce-scatter per bucket per micro-step."""
     zo, e, mbs = layout.ds_zero, layout.elem_bytes, layout.grad_accum
-    threshold = _int_or(zo.get("stage3_param_persistence_threshold"), ZERO3_PERSISTENCE_THRESHOLD)
+    threshold = _persistence_threshold(layout)
     tensors = rank_parameters(layout, 0)
     persistent = [n for n in tensors if n <= threshold]
-    fetched = [n for n in tensors if n > threshold]
+    fetched = zero3_fetched(layout)
     params = sum(tensors)
     out = []
     if fetched:
         again = params > _int_or(zo.get("stage3_max_reuse_distance"), ZERO3_MAX_REUSE_DISTANCE)
-        times = mbs * (2 if again else 1)
-        out.append(_comm(layout, timing, "dp", "all_gather", grp, times * len(fetched), e * sum(fetched) / len(fetched),
-                         "ZeRO-3: one gather per partitioned parameter before its forward"
-                         + (" and again before its backward" if again else "") + " every micro-step"))
+        msg = e * sum(fetched) / len(fetched)
+        if again and layout.hpz > 1:
+            # ZeRO++ hpZ: the backward re-gather reads the secondary partition, inside its group of hpz
+            # consecutive ranks (a node when hpz = gpus_per_node); the forward gather still spans the dp group.
+            out.append(_comm(layout, timing, "dp", "all_gather", grp, mbs * len(fetched), msg,
+                             "ZeRO-3: one gather per partitioned parameter before its forward every micro-step"))
+            out.append(_comm(layout, timing, "dp", "all_gather", grp[:layout.hpz], mbs * len(fetched), msg,
+                             f"ZeRO++ hpZ: the backward re-gather from the secondary partition, within groups of "
+                             f"{layout.hpz}"))
+        else:
+            times = mbs * (2 if again else 1)
+            out.append(_comm(layout, timing, "dp", "all_gather", grp, times * len(fetched), msg,
+                             "ZeRO-3: one gather per partitioned parameter before its forward"
+                             + (" and again before its backward" if again else "") + " every micro-step"))
     out.append(_comm(layout, timing, "dp", "reduce_scatter", grp, mbs * reduce_calls, params * e / reduce_calls,
                      "ZeRO-3: gradients every micro-step, one call per reduce bucket"))
     if persistent:

@@ -117,6 +117,7 @@ def resolve(loaded: LoadedRecipe, world_size: int | None = None) -> Resolved:
                       path=loaded.path_of("hardware.profile", hw_s.profile) if is_profile_path(hw_s.profile) else None)
 
     for dotted, value, low in [("parallel.tp", par.tp, 1), ("parallel.pp", par.pp, 1), ("parallel.vpp", par.vpp, 1),
+                               ("parallel.zero_hpz_partition_size", par.zero_hpz_partition_size, 1),
                                ("hardware.nodes", hw_s.nodes, 1), ("hardware.gpus_per_node", hw_s.gpus_per_node, 1),
                                ("batch.micro_batch_size", batch.micro_batch_size, 1),
                                ("batch.global_batch_size", batch.global_batch_size, 1),
@@ -201,17 +202,37 @@ def resolve(loaded: LoadedRecipe, world_size: int | None = None) -> Resolved:
                           f"is not divisible by parallel.tp={par.tp}; sequence parallelism splits the sequence over tp",
                           f"set batch.seq_len to a multiple of {par.tp}")
     bt = traits(r.backend, where=w("backend"))
-    with_feature = {f: sorted(n for n, b in BACKENDS.items() if f in b.features) for f in ("pp", "sp", "vpp", "selective")}
+    with_feature = {f: sorted(n for n, b in BACKENDS.items() if f in b.features) for f in ("pp", "sp", "vpp", "selective", "hpz")}
     ac = train.activation_checkpointing
     for dotted, value, feature, used, off in [("parallel.pp", par.pp, "pp", par.pp > 1, "1"),
                                               ("parallel.sp", par.sp, "sp", par.sp, "false"),
                                               ("parallel.vpp", par.vpp, "vpp", par.vpp > 1, "1"),
                                               ("train.activation_checkpointing", ac, "selective", ac == "selective",
-                                               '"full"')]:
+                                               '"full"'),
+                                              ("parallel.zero_hpz_partition_size", par.zero_hpz_partition_size, "hpz",
+                                               par.zero_hpz_partition_size > 1, "1")]:
         if used and feature not in bt.features:
             others = " or ".join(f'backend = "{n}"' for n in with_feature[feature])
             raise ConfigError(w(dotted), dotted, value, f'needs {others} (got "{r.backend}")',
                               f"set {dotted}={off} or {others}")
+    hpz = par.zero_hpz_partition_size
+    if hpz > 1:
+        # DeepSpeed forms the secondary groups of `hpz` consecutive global ranks (groups._create_zero_param_parallel_
+        # group): they are data-parallel peers only without tensor or pipeline parallelism.
+        for ok, problem, fix in [
+            (par.zero_stage == 3, f"needs parallel.zero_stage=3 (got {par.zero_stage}); hpZ partitions ZeRO-3's "
+                                  "parameters", "set parallel.zero_stage=3 or parallel.zero_hpz_partition_size=1"),
+            (par.tp == 1 and par.pp == 1, f"needs tp = pp = 1 (got tp={par.tp}, pp={par.pp}): DeepSpeed groups "
+                                          "consecutive ranks", "set parallel.zero_hpz_partition_size=1 with tp or pp"),
+            (dp % hpz == 0, f"does not divide the data-parallel size {dp}",
+             f"set parallel.zero_hpz_partition_size to a divisor of {dp}, normally hardware.gpus_per_node"),
+        ]:
+            if not ok:
+                raise ConfigError(w("parallel.zero_hpz_partition_size"), "parallel.zero_hpz_partition_size", hpz,
+                                  problem, fix)
+        if hw_s.gpus_per_node % hpz:
+            warnings.append(f"parallel.zero_hpz_partition_size={hpz} does not divide hardware.gpus_per_node="
+                            f"{hw_s.gpus_per_node}: secondary groups cross nodes, and the backward gathers with them")
     if par.vpp > 1 and par.pp == 1:
         raise ConfigError(w("parallel.vpp"), "parallel.vpp", par.vpp, "needs parallel.pp > 1 (got 1)",
                           "set parallel.pp=2 or parallel.vpp=1")
@@ -362,6 +383,9 @@ def _deepspeed_config(loaded: LoadedRecipe, r: Recipe, grad_accum: int, hw: Hard
         "optimizer.params.weight_decay": (t.weight_decay, "train.weight_decay"),
         "optimizer.params.torch_adam": (not offloaded, "parallel.offload_optimizer"),
     }
+    if par.zero_hpz_partition_size > 1:
+        owned["zero_optimization.zero_hpz_partition_size"] = (par.zero_hpz_partition_size,
+                                                              "parallel.zero_hpz_partition_size")
     for kind, dev in (("offload_optimizer", par.offload_optimizer), ("offload_param", par.offload_params)):
         field = "parallel.offload_optimizer" if kind == "offload_optimizer" else "parallel.offload_params"
         if dev != "none":

@@ -351,8 +351,9 @@ def model_state_bytes(engine) -> dict[str, int]:
       weights    the module parameters' storage: ZeRO 0 the tensors themselves, ZeRO-1/2 the flat 16-bit (here:
                  the model dtype) buffer they are views of, ZeRO-3 the flat buffer of their `ds_tensor`
                  partitions plus the full data of parameters kept gathered (`ds_persist`, numel <=
-                 stage3_param_persistence_threshold). An fp32 master copy that *is* this storage (ZeRO-0 fp32,
-                 ZeRO-3 fp32) counts here, once.
+                 stage3_param_persistence_threshold), and with ZeRO++ hpZ each parameter's secondary partition
+                 (`ds_secondary_tensor`). An fp32 master copy that *is* this storage (ZeRO-0 fp32, ZeRO-3 fp32)
+                 counts here, once.
       grads      `.grad` of the module parameters and of the parameters the torch optimizer updates (the fp32
                  gradient partitions), ZeRO-3's persistent `grad_partitions_flat_buffer`, BF16_Optimizer's
                  `fp32_groups_gradients_flat`. DeepSpeed 0.19.8 frees the 16-bit gradients and (without
@@ -384,7 +385,8 @@ def model_state_bytes(engine) -> dict[str, int]:
                 total += s.nbytes()
         return total
 
-    weights = count([p.data for p in params] + [getattr(p, "ds_tensor", None) for p in params])
+    weights = count([p.data for p in params] + [getattr(p, "ds_tensor", None) for p in params]
+                    + [getattr(p, "ds_secondary_tensor", None) for p in params])
     grads = count([p.grad for p in params] + [p.grad for p in masters]
                   + [getattr(opt, "grad_partitions_flat_buffer", None)] + list(getattr(opt, "fp32_groups_gradients_flat", ())))
     optimizer = count(masters + [v for st in torch_opt.state.values() for v in st.values() if torch.is_tensor(v)])

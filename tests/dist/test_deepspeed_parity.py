@@ -1,6 +1,9 @@
 """Loss parity across layouts against a 1-rank run with the same global batch (fp32, gloo)."""
+import json
+
 import pytest
 
+from tests.conftest import REPO
 from tests.dist.conftest import SHORT, train
 
 pytestmark = [pytest.mark.dist, pytest.mark.slow]
@@ -33,3 +36,17 @@ def test_autotp_matches_one_rank(runs_root, reference, gpus, zero):
     for rank in range(gpus):
         losses = t.losses(rank)
         assert max(abs(a - b) for a, b in zip(losses, reference.losses(), strict=True)) <= TOL, (gpus, zero, rank, losses)
+
+
+def test_zero3_with_hpz_matches_one_rank(runs_root, reference):
+    """ZeRO++ hpZ on 4 ranks (secondary groups of 2), with every parameter gathered on every use so that the
+    backward really reads the secondary partition."""
+    base = REPO / "tests" / "fixtures" / "ds" / "zero3_gather_every_use.json"
+    t = train(runs_root / "hpz", *SHORT, "hardware.gpus_per_node=4", "batch.micro_batch_size=2",
+              "parallel.zero_stage=3", "parallel.zero_hpz_partition_size=2", f"deepspeed.config={base}")
+    assert t.metrics().meta is not None
+    resolved = json.loads((t.root / "resolved.json").read_text())
+    assert resolved["ds_config"]["zero_optimization"]["zero_hpz_partition_size"] == 2
+    for rank in range(4):
+        losses = t.losses(rank)
+        assert max(abs(a - b) for a, b in zip(losses, reference.losses(), strict=True)) <= TOL, (rank, losses)

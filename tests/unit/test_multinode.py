@@ -218,3 +218,53 @@ def test_a_restarted_run_replaces_the_steps_it_trained_again(tmp_path):
     t = parse_metrics(tmp_path)
     assert [(row["step"], row["loss"]) for row in t.rows()] == [(1, 9.0), (2, 8.0), (3, 7.0), (4, 16.0), (5, 15.0)]
     assert any("continues from step 3" in w and "1 step(s)" in w for w in t.warnings)
+
+
+# ZeRO-3 that gathers every parameter on every use (no persistent parameters, no reuse across forward and
+# backward): the case where ZeRO++ hpZ changes the traffic. The tiny model's default base keeps every parameter.
+GATHER_EVERY_USE = f"deepspeed.config={REPO / 'tests/fixtures/ds/zero3_gather_every_use.json'}"
+HPZ_LAYOUT = ("parallel.zero_stage=3", "hardware.gpus_per_node=4", "batch.micro_batch_size=2", GATHER_EVERY_USE)
+
+
+def test_hpz_moves_the_backward_gathers_into_its_group_and_adds_the_secondary_partition():
+    from launch.planner import plan_resolved
+
+    plain = plan_resolved(resolve_path(REPO / "recipes/tiny_zero2", list(HPZ_LAYOUT)))
+    hpz = plan_resolved(resolve_path(REPO / "recipes/tiny_zero2", [*HPZ_LAYOUT, "parallel.zero_hpz_partition_size=2"]))
+    gathers = lambda plan: [(c.group_size, c.calls_per_step) for c in plan.comm  # noqa: E731
+                            if c.collective == "all_gather" and not c.after_step]
+    [(group, calls)] = gathers(plain)
+    assert group == 4
+    # Forward over the data-parallel group, the backward re-gather within the secondary group, half the calls each.
+    assert gathers(hpz) == [(4, calls // 2), (2, calls // 2)]
+    params = 213_568  # tiny-llama, hand-counted in test_calibration.py
+    extra = hpz.ranks[0].memory["deepspeed"].weights - plain.ranks[0].memory["deepspeed"].weights
+    assert extra == 4 * params // 2  # fp32: the secondary partition of every parameter over 2 ranks
+    # The paper's accounting has no hpZ.
+    assert hpz.ranks[0].memory["zero_paper"] == plain.ranks[0].memory["zero_paper"]
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (("parallel.zero_hpz_partition_size=2", "parallel.zero_stage=2", "hardware.gpus_per_node=4",
+      "batch.micro_batch_size=2"), "needs parallel.zero_stage=3"),
+    (("parallel.zero_hpz_partition_size=2", "parallel.zero_stage=3", "hardware.gpus_per_node=4", "parallel.tp=2"),
+     "needs tp = pp = 1"),
+    (("parallel.zero_hpz_partition_size=3", "parallel.zero_stage=3", "hardware.gpus_per_node=4",
+      "batch.micro_batch_size=2"), "does not divide the data-parallel size 4"),
+    (("parallel.zero_hpz_partition_size=2", "parallel.zero_stage=1", "backend=megatron"),
+     'needs backend = "deepspeed"'),
+    (("parallel.zero_hpz_partition_size=0",), "must be at least 1"),
+])
+def test_hpz_that_cannot_work_is_refused(overrides, message):
+    with pytest.raises(ConfigError, match=message):
+        resolve_path(REPO / "recipes/tiny_zero2", list(overrides))
+
+
+def test_hpz_reaches_the_deepspeed_config_and_warns_when_its_groups_cross_nodes():
+    r = resolve_path(REPO / "recipes/tiny_zero2", ["parallel.zero_stage=3", "hardware.gpus_per_node=4",
+                                                   "batch.micro_batch_size=2", "parallel.zero_hpz_partition_size=4"])
+    assert r.ds_config["zero_optimization"]["zero_hpz_partition_size"] == 4
+    assert "zero_hpz_partition_size" not in resolve_path(REPO / "recipes/tiny_zero2").ds_config["zero_optimization"]
+    r = resolve_path(REPO / "recipes/tiny_zero2", ["parallel.zero_stage=3", "hardware.nodes=2", "batch.micro_batch_size=1",
+                                                   "parallel.zero_hpz_partition_size=4"])
+    assert any("secondary groups cross nodes" in w for w in r.warnings)
