@@ -20,6 +20,7 @@ from launch import envinfo, launcher, nodes
 from launch.backends import traits
 from launch.checkpoints import ResumeError
 from launch.errors import ConfigError
+from launch.grid import shown_nodes
 from launch.planner import GiB, Plan, chunk_layers, plan_resolved
 from launch.resolve import Resolved, resolve_path
 from launch.rundir import RunDir
@@ -127,17 +128,13 @@ def render(resolved: Resolved, plan: Plan, cmd: launcher.LaunchCommand, console,
         console.print(line, markup=False)
 
 
-# A dry run of thousands of nodes lists the first and last few; the rest differ only in their node rank.
-SHOWN_NODES = 4
-
-
 def node_lines(per_node: Sequence[launcher.NodeCommand]) -> list[str]:
-    """One line per node (at most SHOWN_NODES, then a count of the rest), each naming its node rank."""
-    shown = list(per_node) if len(per_node) <= SHOWN_NODES else [*per_node[:SHOWN_NODES - 1], per_node[-1]]
+    """One line per node listed (launch.grid.shown_nodes), each naming its node rank, and a count of the rest."""
     lines = []
-    for nc in shown:
-        if len(per_node) > SHOWN_NODES and nc is per_node[-1]:
-            lines.append(f"  ... nodes {SHOWN_NODES - 1}-{len(per_node) - 2}: the same with their own node rank")
+    for i, nc in enumerate(per_node):
+        if i and nc.node_rank != per_node[i - 1].node_rank + 1:
+            lines.append(f"  ... nodes {per_node[i - 1].node_rank + 1}-{nc.node_rank - 1}: the same with their own "
+                         "node rank")
         host = f" ({nc.host})" if nc.host else ""
         lines.append(f"  node {nc.node_rank}{host}: {nc.command.shell()}")
     return lines
@@ -176,7 +173,8 @@ def cmd_run(args: Sequence[str]) -> int:
     if dry:
         run_dir = str(Path("runs") / resolved.recipe_name / "<UTC yyyymmdd-hhmmss>")
         cmd = launcher.build(resolved, run_dir)
-        per_node = launcher.node_commands(resolved, run_dir) if resolved.recipe.hardware.nodes > 1 else []
+        nodes_n = resolved.recipe.hardware.nodes
+        per_node = launcher.node_commands(resolved, run_dir, node_ranks=shown_nodes(nodes_n)) if nodes_n > 1 else []
         render(resolved, plan, cmd, console, per_node)
         return 0
     bench = resolved.recipe.run.mode == "commbench"  # the collective sweep needs no trainer, memory fit or checkpoint

@@ -75,11 +75,24 @@ class RankGrid:
         return cls(d["tp"], d["pp"], d["dp"], d["gpus_per_node"], d["nodes"])
 
     def describe(self) -> list[str]:
-        """One line per node: which ranks it holds and their (t, d, p) coordinates."""
+        """One line per node (at most SHOWN_NODES of them, then a count of the rest): which ranks it holds and their
+        (t, d, p) coordinates."""
         lines = [f"rank grid t×p×d = {self.tp}×{self.pp}×{self.dp} = {self.world} ranks "
                  f"on {self.nodes} node(s) × {self.gpus_per_node} (order tp-dp-pp, tp fastest)"]
-        for n in range(self.nodes):
-            ranks = [r for r in range(self.world) if self.node(r) == n]
+        shown = shown_nodes(self.nodes)
+        for i, n in enumerate(shown):
+            if i and n != shown[i - 1] + 1:
+                lines.append(f"  ... nodes {shown[i - 1] + 1}-{n - 1}: the same pattern, ranks continuing")
+            ranks = range(n * self.gpus_per_node, min((n + 1) * self.gpus_per_node, self.world))
             cells = " ".join(f"{r}:(t{t},d{d},p{p})" for r in ranks for t, d, p in [self.coords(r)])
             lines.append(f"  node {n}: {cells}")
         return lines
+
+
+# A grid or a dry run of thousands of nodes lists the first few and the last; the rest follow the same pattern.
+SHOWN_NODES = 4
+
+
+def shown_nodes(nodes: int) -> list[int]:
+    """The node ranks a listing shows: all up to SHOWN_NODES, else the first SHOWN_NODES - 1 and the last."""
+    return list(range(nodes)) if nodes <= SHOWN_NODES else [*range(SHOWN_NODES - 1), nodes - 1]

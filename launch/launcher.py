@@ -8,7 +8,7 @@ import shlex
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Mapping
+from typing import Mapping, Sequence
 
 from launch import nodes
 from launch.rundir import RunDir
@@ -117,15 +117,17 @@ def build(resolved, run_dir: str, *, environ: Mapping[str, str] | None = None, m
     return LaunchCommand(tuple(argv), env, files)
 
 
-def node_commands(resolved, run_dir: str, *, environ: Mapping[str, str] | None = None,
-                  module: str = TRAIN_MODULE) -> list[NodeCommand]:
-    """One command per node, each naming its node rank: what to start on each node (torchrun), or what
-    DeepSpeed's runner starts on each host over pdsh (the same argv its PDSHRunner builds, `%n` filled in)."""
+def node_commands(resolved, run_dir: str, *, environ: Mapping[str, str] | None = None, module: str = TRAIN_MODULE,
+                  node_ranks: Sequence[int] | None = None) -> list[NodeCommand]:
+    """One command per node (of `node_ranks`, default all), each naming its node rank: what to start on each node
+    (torchrun), or what DeepSpeed's runner starts on each host over pdsh (the argv its PDSHRunner builds, `%n`
+    filled in)."""
     environ = os.environ if environ is None else environ
     hw = resolved.recipe.hardware
+    node_ranks = range(hw.nodes) if node_ranks is None else node_ranks
     if resolved.recipe.run.launcher != "deepspeed":
         return [NodeCommand(n, None, build(resolved, run_dir, environ={**environ, "NODE_RANK": str(n)}, module=module))
-                for n in range(hw.nodes)]
+                for n in node_ranks]
     runner = build(resolved, run_dir, environ=environ, module=module)
     hostfile = environ.get("LAYOUTLAB_HOSTFILE")
     hosts = [h.name for h in nodes.check_hostfile(resolved, hostfile)] if hostfile else [f"node{n}" for n in range(hw.nodes)]
@@ -139,7 +141,7 @@ def node_commands(resolved, run_dir: str, *, environ: Mapping[str, str] | None =
          # DeepSpeed 0.19.8's PDSHRunner passes its argument's default, the string "None", along.
          f"--master_addr={addr}", f"--master_port={port}", "--module", "--enable_each_rank_log=None", module, run_dir),
         runner.env))
-        for n, host in enumerate(hosts)]
+        for n, host in ((n, hosts[n]) for n in node_ranks)]
 
 
 def free_port() -> int:

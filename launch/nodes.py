@@ -42,6 +42,8 @@ def placement(environ: Mapping[str, str]) -> Placement:
     if addr is None and slurm and environ.get("SLURM_JOB_NODELIST"):
         addr = expand_hostlist(environ["SLURM_JOB_NODELIST"])[0]
     port = environ.get("MASTER_PORT") or None
+    if port is not None and not (port.strip().isdigit() and 0 < int(port) < 65536):
+        raise ConfigError("environment", "MASTER_PORT", port, "is not a TCP port", "set MASTER_PORT to 1..65535, or unset it")
     if port is None and slurm:
         port = str(SLURM_PORT_BASE + _int(environ, "SLURM_JOB_ID", "SLURM's job id") % SLURM_PORT_SPAN)
     return Placement(node_rank, name or "default", addr, port, nodes, environ.get("SLURM_JOB_ID") or None)

@@ -77,12 +77,30 @@ def test_dry_run_prints_one_command_per_node():
 
 
 def test_thousands_of_nodes_are_summarised():
+    from launch.grid import RankGrid, shown_nodes
+
+    assert shown_nodes(3) == [0, 1, 2] and shown_nodes(4000) == [0, 1, 2, 3999]
     per_node = [launcher.NodeCommand(n, None, launcher.LaunchCommand(("torchrun", f"--node-rank={n}"), {}))
-                for n in range(4000)]
+                for n in shown_nodes(4000)]
     lines = node_lines(per_node)
     assert [line.split(":")[0].strip() for line in lines] == ["node 0", "node 1", "node 2", "... nodes 3-3998",
                                                               "node 3999"]
     assert lines[-1].endswith("--node-rank=3999")
+    grid = RankGrid(1, 1, 32000, 8, 4000).describe()
+    assert len(grid) == 6 and grid[4].startswith("  ... nodes 3-3998")
+    assert grid[5].startswith("  node 3999: 31992:(t0,d31992,p0) ") and grid[5].endswith("31999:(t0,d31999,p0)")
+
+
+def test_dry_run_of_4000_nodes_is_quick_and_short():
+    import time
+
+    t0 = time.perf_counter()
+    p = subprocess.run(["bash", "launch/run.sh", "recipes/7b_zero3_ac", "hardware.nodes=4000", "hardware.gpus_per_node=8",
+                        "batch.global_batch_size=32000", "batch.micro_batch_size=1", "--dry-run"], cwd=REPO,
+                       capture_output=True, text=True, timeout=60)
+    seconds = time.perf_counter() - t0
+    assert p.returncode == 0, p.stderr
+    assert len(p.stdout.splitlines()) < 80 and seconds < 5, (len(p.stdout.splitlines()), seconds)
 
 
 def test_deepspeed_node_commands_equal_what_deepspeeds_runner_builds(tmp_path, monkeypatch):
@@ -163,6 +181,10 @@ def test_bad_multinode_input_is_one_line_and_exit_2(tmp_path):
     assert 'NODE_RANK="one"' in err and "whole number" in err
     err = one_line_exit_2("hardware.nodes=2", env_extra={})
     assert "needs MASTER_ADDR" in err
+    err = one_line_exit_2("--dry-run", env_extra={"MASTER_PORT": "99999"})
+    assert 'MASTER_PORT="99999" is not a TCP port' in err
+    err = one_line_exit_2("hardware.nodes=2", env_extra=slurm_env(0, SLURM_JOB_NODELIST="cpu[01-x]"))
+    assert "SLURM_JOB_NODELIST" in err and "not N or N-M" in err
     few = tmp_path / "hosts"
     few.write_text("hostA slots=2\n")
     err = one_line_exit_2("hardware.nodes=2", "run.launcher=deepspeed", env_extra={"LAYOUTLAB_HOSTFILE": str(few)})
