@@ -55,7 +55,7 @@ def run_rank(run_dir: str, body: Callable[..., int]) -> int:
     cuda = resolved.hardware.name != "cpu"
     if cuda:
         os.environ.setdefault("NCCL_DEBUG_FILE", str(run.nccl_log(env.rank)))
-    watchdog = Watchdog(env.rank, float(resolved.recipe.run.timeout_s), terminal if env.rank == 0 else None)
+    watchdog = Watchdog(env.rank, float(resolved.recipe.run.timeout_s), terminal if env.rank == 0 else None, run)
     try:
         return body(run, resolved, env, terminal if env.rank == 0 else None, cuda, watchdog)
     except ResumeError as e:
@@ -128,34 +128,93 @@ def redirect_logs(run: RunDir, rank: int) -> TextIO:
     return terminal
 
 
+# Where a stalled rank's own code ends and its libraries begin (Watchdog.where).
+THIRD_PARTY = ("torch", "deepspeed", "megatron", "transformers", "accelerate", "numpy")
+
+
 class Watchdog:
-    """Ends this rank when no step finishes within `timeout_s`, naming the rank and the step.
+    """Ends this rank when no step finishes within `timeout_s`, naming the rank, the step, and where it waits.
 
     Collectives time out on their own (the process-group timeout), but a rank stuck outside a
-    collective (a data loader, a deadlock in Python) would otherwise hang the job forever.
+    collective (a data loader, a deadlock in Python) would otherwise hang the job forever. Its peers then wait for
+    it inside a collective and stall as long, so whichever watchdog fires first could be a victim: at half the
+    timeout every stalled rank notes where its main thread is (logs/stall_rank{R}.json), and the one that ends
+    the job names the ranks found outside any collective as the likely cause.
     """
 
-    def __init__(self, rank: int, timeout_s: float, terminal: TextIO | None) -> None:
-        self.rank, self.timeout_s, self.terminal = rank, timeout_s, terminal
+    def __init__(self, rank: int, timeout_s: float, terminal: TextIO | None, run: RunDir | None = None) -> None:
+        self.rank, self.timeout_s, self.terminal, self.run = rank, timeout_s, terminal, run
         self.step = 0
         self.phase = "start-up"
         self._last = time.monotonic()
+        self._noted = False
+        self._main = threading.main_thread().ident
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True, name="layoutlab-watchdog")
         self._thread.start()
 
     def beat(self, step: int, phase: str) -> None:
         self.step, self.phase, self._last = step, phase, time.monotonic()
+        if self._noted:  # progress again: the note of a slow moment is no longer true
+            self._noted = False
+            with contextlib.suppress(OSError):
+                self._note_path().unlink()
 
     def stop(self) -> None:
         self._stop.set()
 
+    def _note_path(self) -> Path:
+        return self.run.logs / f"stall_rank{self.rank}.json"
+
+    def where(self) -> tuple[bool, str]:
+        """(whether the main thread is inside a torch.distributed call, where it is: the call, or its innermost
+        frame outside the standard library and site-packages)."""
+        frame = sys._current_frames().get(self._main)
+        frames = []
+        while frame is not None:
+            frames.append(frame)
+            frame = frame.f_back
+        for f in frames:  # innermost first
+            if f.f_code.co_filename.replace(os.sep, "/").endswith("torch/distributed/distributed_c10d.py"):
+                return True, f"torch.distributed.{f.f_code.co_name}"
+        import sysconfig
+
+        stdlib = sysconfig.get_paths()["stdlib"]
+        for f in frames:  # the innermost frame of the program itself, not of the libraries it calls
+            name = f.f_code.co_filename.replace(os.sep, "/")
+            if not name.startswith(stdlib) and not any(f"/{lib}/" in name for lib in THIRD_PARTY):
+                return False, f"{os.path.relpath(f.f_code.co_filename)}:{f.f_lineno} in {f.f_code.co_name}"
+        return False, f"{frames[0].f_code.co_filename}:{frames[0].f_lineno}" if frames else "unknown"
+
+    def _culprits(self) -> list[str]:
+        """Other ranks that noted a stall outside any collective."""
+        out = []
+        for path in sorted(self.run.logs.glob("stall_rank*.json")) if self.run is not None else []:
+            try:
+                note = json.loads(path.read_text())
+            except (OSError, ValueError):
+                continue
+            if note.get("rank") != self.rank and not note.get("in_collective", True):
+                out.append(f"rank {note['rank']} is outside any collective at step {note['step']} ({note['where']})")
+        return out
+
     def _run(self) -> None:
         while not self._stop.wait(min(5.0, self.timeout_s / 4)):
             idle = time.monotonic() - self._last
+            if idle > self.timeout_s / 2 and not self._noted and self.run is not None:
+                inside, where = self.where()
+                note = {"rank": self.rank, "step": self.step, "phase": self.phase, "in_collective": inside,
+                        "where": where, "idle_s": round(idle, 1)}
+                with contextlib.suppress(OSError):
+                    self.run.write_text_atomic(self._note_path(), json.dumps(note) + "\n")
+                    self._noted = True
             if idle > self.timeout_s:
+                inside, where = self.where()
                 msg = (f"layoutlab: rank {self.rank} stalled at step {self.step} ({self.phase}) for {idle:.0f} s "
-                       f"> run.timeout_s={self.timeout_s:g}; ending the job")
+                       f"> run.timeout_s={self.timeout_s:g}, " + (f"waiting in {where}" if inside else
+                                                                   f"outside any collective ({where})"))
+                culprits = self._culprits() if inside else []
+                msg += ("; " + "; ".join(culprits) + ": the likely cause" if culprits else "") + "; ending the job"
                 for stream in (sys.stderr, self.terminal):
                     if stream is not None:
                         try:

@@ -29,5 +29,9 @@ def test_stalled_rank_is_ended_within_the_timeout(runs_root):
     # the step is certain, the rank is either.
     out = t.proc.stderr + t.proc.stdout
     assert re.search(r"rank [01] stalled at step 3 \(step\) for \d+ s > run\.timeout_s=15", out), out[-2000:]
+    # Whichever fires, the sleeping rank is the one named outside any collective: itself, or as the likely cause.
+    assert re.search(r"rank 0 (stalled at step 3 \(step\) for \d+ s > run\.timeout_s=15, outside any collective|"
+                     r"is outside any collective at step 3) \(launch/trainers/common\.py:\d+ in inject_fault\)",
+                     out), out[-2000:]
     assert elapsed < 15 + 60, elapsed  # start-up + the timeout + teardown, far from hanging forever
     assert no_rank_left(t.root), "a rank outlived the job"
