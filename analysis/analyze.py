@@ -33,7 +33,7 @@ from collections import Counter, defaultdict
 from typing import Any, Iterable, Mapping, Sequence
 
 from analysis import trace_analysis as ta
-from analysis.collectives import (BACKEND_ANNOTATION, C10D_OP, CPU_LAYERS, NCCL_TESTS_OP, bus_factor_of,
+from analysis.collectives import (BACKEND_ANNOTATION, CPU_LAYERS, NCCL_TESTS_OP, bus_factor_of, gloo_reduce_scatters,
                                   group_size_hint, nccl_tests_bytes)
 from analysis.parsers.nccl_tests import large_message_busbw
 from launch.nccl_format import BUS_FACTORS, bus_factor
@@ -484,32 +484,13 @@ CALL_COLUMNS = {
     "step": "ProfilerStep the call belongs to (None outside steps)",
     "message_bytes": "message size in nccl-tests' convention (all_gather: the gathered output); None when unknown",
     "dur_us": "duration of the call (GPU kernel, or the CPU layer named in `layer`)",
+    "start_us": "start of the call, trace clock",
     "group_size": "ranks in the group: recorded, else analysis.collectives.group_size_hint (see group_size_from)",
     "group_size_from": "recorded in the trace, or the rule of the hint that gave it",
     "busbw_GBps": "message_bytes / dur_us / 1e3 x nccl-tests bus factor(collective, group_size); None when unknown",
     "layer": "gpu_kernels, or the CPU layer counted (backend annotation, record_param_comms, c10d op)",
     "source": "trace file of the rank",
 }
-
-
-def _gloo_reduce_scatters(c: Mapping[str, list[Any]], idx: list[int]) -> set[int]:
-    """The `gloo:all_reduce` annotations of one rank that carry a reduce-scatter.
-
-    gloo has no reduce-scatter of its own: torch runs `c10d::_reduce_scatter_base_` as an all-reduce of
-    the full input, whose annotation (on gloo's worker thread, after the c10d op returns) names all_reduce.
-    Each c10d all-reduce or reduce-scatter is paired with the gloo all-reduce of the same message size in
-    issue order (gloo runs a group's work first in, first out); a size whose counts differ (a call cut off
-    at the edge of the trace) is left as recorded rather than paired wrongly."""
-    issued: dict[Any, list[int]] = defaultdict(list)
-    ran: dict[Any, list[int]] = defaultdict(list)
-    for i in sorted((i for i in idx if c["ts_us"][i] is not None), key=lambda i: c["ts_us"][i]):
-        name, coll = c["name"][i] or "", c["collective"][i]
-        if coll in ("all_reduce", "reduce_scatter") and C10D_OP.match(name):
-            issued[c["message_bytes"][i]].append(i)
-        elif coll == "all_reduce" and name == "gloo:all_reduce":
-            ran[c["message_bytes"][i]].append(i)
-    return {g for size, ops in issued.items() if len(ops) == len(ran.get(size, ()))
-            for op, g in zip(ops, ran[size], strict=True) if c["collective"][op] == "reduce_scatter"}
 
 
 def collective_calls(trace: Table, *, group_size: int | None = None, group_size_from: str = "") -> Table:
@@ -536,7 +517,8 @@ def collective_calls(trace: Table, *, group_size: int | None = None, group_size_
                 if chosen:
                     layer = lbl
                     break
-        carried = _gloo_reduce_scatters(c, idx) if layer == BACKEND_ANNOTATION else set()
+        carried = (gloo_reduce_scatters(c["name"], c["collective"], c["message_bytes"], c["ts_us"], idx)
+                   if layer == BACKEND_ANNOTATION else set())
         for i in chosen:
             coll = "reduce_scatter" if i in carried else c["collective"][i] or "unknown"
             if coll == "barrier":
@@ -549,6 +531,7 @@ def collective_calls(trace: Table, *, group_size: int | None = None, group_size_
             factor = bus_factor_of(coll, n) if n and n > 1 else None
             bw = msg / dur / 1e3 * factor if msg and dur and factor is not None else None
             rows.append({"rank": rank, "collective": coll, "step": c["step"][i], "message_bytes": msg, "dur_us": dur,
+                         "start_us": c["ts_us"][i],
                          "group_size": n, "group_size_from": n_from if n else "unknown", "busbw_GBps": bw,
                          "layer": layer, "source": _rank_source(trace, rank)})
     return Table.from_rows("collective_calls", CALL_COLUMNS, rows, source=trace.source)
@@ -619,7 +602,8 @@ BANDWIDTH_COLUMNS = {
     "collective": "collective type",
     "calls_per_step": "calls per profiled step in trace_analysis.window_steps, mean over ranks (None without "
                       "ProfilerStep annotations)",
-    "time_per_step_ms": "summed call time per profiled step, mean over ranks, ms",
+    "time_per_step_ms": "time per profiled step with at least one call of the collective running (calls that run "
+                        "at once, e.g. on gloo's two worker threads, count once), mean over ranks, ms",
     "calls": "calls counted over all ranks in the window",
     "mean_message_bytes": "mean message size of the calls whose size is known",
     "group_size": "most common group size (see group_size_from)",
@@ -638,6 +622,15 @@ BANDWIDTH_COLUMNS = {
 }
 
 
+def _covered_us(spans: list[tuple[float, float]]) -> float:
+    """Length of the union of the intervals."""
+    total, end = 0.0, float("-inf")
+    for s, e in sorted(spans):
+        total += max(0.0, e - max(s, end))
+        end = max(end, e)
+    return total
+
+
 def collective_bandwidth(calls: Table, windows: Mapping[Any, set[int]], ceilings: Table | None, *,
                          no_ceiling_reason: str = "no nccl-tests output (commbench/ or ceiling=)") -> Table:
     """Per collective type over the calls in the profiled window (trace_analysis.window_steps; every call of a rank
@@ -651,12 +644,14 @@ def collective_bandwidth(calls: Table, windows: Mapping[Any, set[int]], ceilings
     rows = []
     for coll, rs in sorted(groups.items()):
         per_rank_calls: Counter[Any] = Counter()
-        per_rank_time: dict[Any, float] = defaultdict(float)
+        spans: dict[Any, list[tuple[float, float]]] = defaultdict(list)
         for r in rs:
             per_rank_calls[r["rank"]] += 1
-            per_rank_time[r["rank"]] += r["dur_us"] or 0.0
+            if r["start_us"] is not None and r["dur_us"]:
+                spans[r["rank"]].append((r["start_us"], r["start_us"] + r["dur_us"]))
+        per_rank_time = {k: _covered_us(v) for k, v in spans.items()}
         cps = [per_rank_calls[k] / len(w) for k, w in windows.items() if w]
-        tps = [per_rank_time[k] / len(w) / 1e3 for k, w in windows.items() if w]
+        tps = [per_rank_time.get(k, 0.0) / len(w) / 1e3 for k, w in windows.items() if w]
         sized = [r for r in rs if r["busbw_GBps"] is not None]
         large = [r for r in sized if r["message_bytes"] >= LARGE_MESSAGE_BYTES]
 

@@ -7,11 +7,14 @@ report (analyze), so that the two cannot disagree on a trace.
 - `CPU_LAYERS`: the CPU-side layers of one collective call, most precise first.
 - `nccl_tests_bytes`: a call's message size in nccl-tests' convention.
 - `group_size_hint`: the group size of calls that record none.
+- `gloo_reduce_scatters`: the gloo all-reduce annotations that run a reduce-scatter, so that a call is counted once,
+  under the collective the program asked for.
 """
 from __future__ import annotations
 
 import re
-from typing import Any, Mapping
+from collections import defaultdict
+from typing import Any, Iterable, Mapping, Sequence
 
 from analysis.table import Table
 from launch.nccl_format import NCCL_TESTS_OP, bus_factor
@@ -85,3 +88,36 @@ def group_size_hint(trace: Table, layout: Mapping[str, Any] | None = None) -> tu
         if isinstance(world, int) and world > 0:
             return world, "world_size"
     return None, "unknown"
+
+
+def gloo_reduce_scatters(name: Sequence[str | None], collective: Sequence[str | None],
+                         message_bytes: Sequence[Any], ts_us: Sequence[float | None], idx: Iterable[int]) -> set[int]:
+    """Of the rows `idx` of one rank (columns as in analysis.parsers.kineto), the `gloo:all_reduce` annotations
+    that carry a reduce-scatter.
+
+    gloo has no reduce-scatter of its own: torch runs `c10d::_reduce_scatter_base_` as an all-reduce of
+    the full input, whose annotation (on gloo's worker thread, after the c10d op returns) names all_reduce.
+    gloo runs a rank's work first in, first out, so the c10d all-reduces and reduce-scatters, in issue order, pair
+    with the gloo all-reduce annotations in start order, when both counts agree and every pair whose sizes are
+    both known agrees in size (a c10d all-reduce of a tensor list records no size). Otherwise (a call cut off at
+    the edge of the trace) each known size pairs on its own, and a size whose counts differ is left as recorded
+    rather than paired wrongly."""
+    issued: list[int] = []
+    ran: list[int] = []
+    for i in sorted((i for i in idx if ts_us[i] is not None), key=lambda i: ts_us[i]):
+        label, coll = name[i] or "", collective[i]
+        if coll in ("all_reduce", "reduce_scatter") and C10D_OP.match(label):
+            issued.append(i)
+        elif coll == "all_reduce" and label == "gloo:all_reduce":
+            ran.append(i)
+    if len(issued) == len(ran) and all(message_bytes[a] is None or message_bytes[b] is None
+                                       or message_bytes[a] == message_bytes[b] for a, b in zip(issued, ran, strict=True)):
+        return {g for op, g in zip(issued, ran, strict=True) if collective[op] == "reduce_scatter"}
+    by_size_issued: dict[Any, list[int]] = defaultdict(list)
+    by_size_ran: dict[Any, list[int]] = defaultdict(list)
+    for i in issued:
+        by_size_issued[message_bytes[i]].append(i)
+    for i in ran:
+        by_size_ran[message_bytes[i]].append(i)
+    return {g for size, ops in by_size_issued.items() if size is not None and len(ops) == len(by_size_ran.get(size, ()))
+            for op, g in zip(ops, by_size_ran[size], strict=True) if collective[op] == "reduce_scatter"}
