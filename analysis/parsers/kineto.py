@@ -43,6 +43,7 @@ import zlib
 from collections import Counter
 from typing import Any, Callable, Iterable, Iterator
 
+from analysis.gpu_kernels import kernel_collective, kernel_kind
 from analysis.table import Table
 
 # The C fast path (analysis/parsers/_kscan.c, built by `pip install`, optional): it takes the
@@ -115,19 +116,6 @@ _CATEGORY_ALIASES = {"Kernel": "kernel", "Memcpy": "gpu_memcpy", "Memset": "gpu_
 _CPU_COLLECTIVE_CATEGORIES = frozenset({"cpu_op", "user_annotation"})
 _SCALAR_TYPES = frozenset({int, float, str, type(None)})
 
-# hta/utils/utils.py (KernelType, is_comm_kernel, is_memory_kernel, is_compute_kernel)
-_HTA_COMM = re.compile(r"^nccl.*Kernel")
-_HTA_MEMORY = re.compile(r"(^Memcpy)|(^Memset)|(^dma)")
-_HTA_NOT_COMPUTE = re.compile(r"(^nccl.*Kernel)|(.*(Memcpy)|(Memset))|(.*Sync)")
-
-# NCCL kernel names, three generations: ncclDevKernel_AllReduce_Sum_bf16_RING_LL (2.19+),
-# ncclKernel_AllReduce_RING_LL_Sum_float (2.8-2.18), ncclAllReduceRingLLKernel_sum_f32 (2.4-2.7).
-_NCCL_KERNEL = re.compile(r"^nccl(?:Dev)?Kernel_([A-Za-z]+)|^nccl([A-Z][A-Za-z]*?)(?:Ring|Tree|CollNet|Kernel)")
-_NCCL_OPS = {
-    "allreduce": "all_reduce", "allgather": "all_gather", "reducescatter": "reduce_scatter",
-    "broadcast": "broadcast", "reduce": "reduce", "sendrecv": "send_recv", "send": "send_recv",
-    "recv": "send_recv", "alltoall": "all_to_all",
-}
 # CPU-side names: c10d::allreduce_, c10d::_allgather_base_, record_param_comms' 'Collective name'
 # (allreduce, _reduce_scatter_base, allgather_into_tensor_coalesced, ...), nccl:all_reduce,
 # gloo:all_to_all, _c10d_functional::reduce_scatter_tensor. Order matters: reduce_scatter before
@@ -198,26 +186,6 @@ def _decode_json(data: bytes) -> Any:
 # Columns the C scanner leaves for scan_fast to pad (rank is one value; the others are filled later).
 _PADDED = ("collective", "message_bytes", "message_from", "group", "group_size", "step", "launch_ts_us")
 _UNWANTED = object()  # a category the caller did not ask for
-
-
-def kernel_kind(name: str) -> str:
-    """HTA's kernel type for a GPU event name, lower-cased: computation, communication, memory, other."""
-    if _HTA_COMM.match(name):
-        return "communication"
-    if _HTA_MEMORY.match(name):
-        return "memory"
-    if not _HTA_NOT_COMPUTE.match(name):
-        return "computation"
-    return "other"
-
-
-def kernel_collective(name: str) -> str:
-    """The collective an NCCL kernel name encodes ('unknown' for ncclDevKernel_Generic and the like)."""
-    m = _NCCL_KERNEL.match(name)
-    if not m:
-        return "unknown"
-    token = (m.group(1) or m.group(2) or "").lower()
-    return _NCCL_OPS.get(token, "unknown")
 
 
 def cpu_collective(name: str, collective_name: Any = None) -> str | None:

@@ -46,6 +46,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Mapping, Sequence
 
+from analysis import gpu_kernels
+from analysis.gpu_kernels import COLLECTIVES, base_name, nccl_kernel_info
 from analysis.parsers._text import read_source, split_lines
 from analysis.table import Table
 
@@ -74,9 +76,10 @@ COLUMNS: dict[str, str] = {
     "launch_api": "GPU rows: name of the runtime/driver call that launched it (joined on pid + correlation); "
                   "None when not found",
     "launch_start_ns": "GPU rows: start of that launch call in ns; None when not found",
-    "kind": "GPU rows, as HTA classifies kernels: 'communication' (kernel name starts with 'nccl', e.g. "
-            "ncclDevKernel_*, ncclKernel_*), 'memory' (memcpy, memset, Memcpy*/Memset* kernels) or "
-            "'computation'; None for cuda_runtime and nvtx rows",
+    "kind": "GPU rows, as HTA classifies kernels (analysis.gpu_kernels.kernel_kind, the Kineto parser's rule, on "
+            "the name without `void ` and arguments): 'communication' (^nccl.*Kernel), 'memory' (memcpy and "
+            "memset operations, Memcpy*/Memset* kernels), 'other' (Sync kernels) or 'computation'; None for "
+            "cuda_runtime and nvtx rows",
     "collective": "all_reduce, all_gather, reduce_scatter, broadcast, reduce, send_recv, all_to_all, gather, "
                   "scatter from an NCCL kernel name (all three NCCL naming schemes) or an NCCL NVTX range "
                   "('ncclAllReduce'); None otherwise. NCCL runs all-to-all as send/recv kernels, so a PyTorch "
@@ -115,8 +118,8 @@ STATS_COLUMNS: dict[str, str] = {
     "max_bytes": "memory size reports: largest operation in bytes",
     "start_ns": "trace reports: Start, in ns",
     "dur_ns": "trace reports: Duration, in ns",
-    "kind": "kernel and memory reports: 'communication', 'memory' or 'computation' (same rule as the SQLite "
-            "table); None for API and NVTX reports",
+    "kind": "kernel and memory reports: 'communication', 'memory', 'other' or 'computation' (the rule of the "
+            "SQLite table); None for API and NVTX reports",
     "collective": "collective parsed from an NCCL kernel name; None otherwise",
     "extra": "dict of the other columns of the row, header label -> text as printed",
     "line": "1-based line number of the row in the source text",
@@ -124,96 +127,20 @@ STATS_COLUMNS: dict[str, str] = {
 
 # --- shared name rules ------------------------------------------------------------------------
 
-_COLLECTIVES = {
-    "allreduce": "all_reduce", "allgather": "all_gather", "reducescatter": "reduce_scatter",
-    "broadcast": "broadcast", "bcast": "broadcast", "reduce": "reduce", "sendrecv": "send_recv",
-    "send": "send_recv", "recv": "send_recv", "alltoall": "all_to_all", "alltoallv": "all_to_all",
-    "gather": "gather", "scatter": "scatter",
-}
-_ALGOS = ("COLLNET_DIRECT", "COLLNET_CHAIN", "NVLS_TREE", "RING", "TREE", "COLLNET", "NVLS", "PAT")
-_PROTOS = ("LL128", "LL", "SIMPLE")
-# NCCL 2.4-2.6 spelled the whole operation in camel case: ncclAllReduceRingLLKernel_sum_f32.
-_NCCL_OLDEST = re.compile(r"^nccl(?P<coll>AllReduce|AllGather|ReduceScatter|Broadcast|Reduce|SendRecv)"
-                          r"(?P<algo>Ring|Tree|CollNet)?(?P<proto>LL128|LL)?Kernel"
-                          r"(?:_(?P<redop>[a-z]+)_(?P<dtype>\w+))?$")
 _NCCL_NVTX = re.compile(r"^nccl:?_?(?P<coll>[A-Za-z_]+)$")
 
 
-@dataclass(frozen=True)
-class NcclKernel:
-    """What an NCCL kernel name says about the operation it runs."""
-    collective: str | None
-    algo: str | None
-    proto: str | None
-    redop: str | None
-    dtype: str | None
-
-
-def _base_name(name: str) -> str:
-    name = name.strip()
-    if name.startswith("void "):
-        name = name[5:]
-    return name.split("(", 1)[0].split("<", 1)[0].strip()
-
-
-def _split_algo(tokens: list[str]) -> tuple[str | None, str | None, list[str]]:
-    """Find the ALGO_PROTO pair wherever the naming scheme put it; return it and the other tokens."""
-    for i in range(len(tokens) - 1):
-        for width in (2, 1):
-            algo = "_".join(tokens[i:i + width])
-            if algo in _ALGOS and i + width < len(tokens) and tokens[i + width] in _PROTOS:
-                return algo, tokens[i + width], tokens[:i] + tokens[i + width + 1:]
-    return None, None, tokens
-
-
-def nccl_kernel_info(name: str | None) -> NcclKernel | None:
-    """Collective, algorithm, protocol, reduction and type encoded in an NCCL kernel name.
-
-    Three schemes: NCCL >= 2.19 `ncclDevKernel_AllReduce_Sum_bf16_RING_LL` (collectives without a
-    reduction drop redop and type: `ncclDevKernel_AllGather_RING_LL`, `ncclDevKernel_SendRecv`),
-    NCCL 2.7-2.18 `ncclKernel_AllReduce_RING_LL_Sum_float`, NCCL 2.4-2.6
-    `ncclAllReduceRingLLKernel_sum_f32`. Returns None for a name that is not an NCCL kernel.
-
-    >>> nccl_kernel_info("ncclDevKernel_AllReduce_Sum_bf16_RING_LL(ncclDevKernelArgsStorage<4096ul>)")
-    NcclKernel(collective='all_reduce', algo='RING', proto='LL', redop='Sum', dtype='bf16')
-    >>> nccl_kernel_info("ncclKernel_SendRecv_RING_SIMPLE_Sum_int8_t(ncclWorkElem)").dtype
-    'int8_t'
-    """
-    if not name:
-        return None
-    base = _base_name(name)
-    m = _NCCL_OLDEST.match(base)
-    if m:
-        return NcclKernel(_COLLECTIVES.get(m["coll"].lower()), m["algo"].upper() if m["algo"] else None,
-                          (m["proto"] or "SIMPLE").upper(), m["redop"], m["dtype"])
-    for prefix in ("ncclDevKernel_", "ncclKernel_"):
-        if base.startswith(prefix):
-            tokens = [t for t in base[len(prefix):].split("_") if t]
-            if not tokens:
-                break
-            algo, proto, rest = _split_algo(tokens[1:])
-            redop = dtype = None
-            if len(rest) >= 2:
-                redop, dtype = rest[0], "_".join(rest[1:])
-            return NcclKernel(_COLLECTIVES.get(tokens[0].lower()), algo, proto, redop, dtype)
-    if base.startswith("nccl"):
-        return NcclKernel(None, None, None, None, None)
-    return None
-
-
 def kernel_kind(name: str | None) -> str:
-    """HTA's kernel classes: NCCL kernels communicate, Memcpy/Memset move memory, the rest compute."""
-    base = _base_name(name or "")
-    if base.startswith("nccl"):
-        return "communication"
-    if base.startswith(("Memcpy", "Memset")) or "[CUDA memcpy" in (name or "") or "[CUDA memset" in (name or ""):
+    """HTA's kernel classes (analysis.gpu_kernels) for the kernel name without nsys's `void ` and arguments; the
+    memory operations `nsys stats` prints as `[CUDA memcpy ...]` / `[CUDA memset]` move memory."""
+    if "[CUDA memcpy" in (name or "") or "[CUDA memset" in (name or ""):
         return "memory"
-    return "computation"
+    return gpu_kernels.kernel_kind(base_name(name or ""))
 
 
 def _nvtx_collective(text: str | None) -> str | None:
     m = _NCCL_NVTX.match(text or "")
-    return _COLLECTIVES.get(m["coll"].replace("_", "").lower()) if m else None
+    return COLLECTIVES.get(m["coll"].replace("_", "").lower()) if m else None
 
 
 _STEP = re.compile(r"^\s*(?:ProfilerStep\s*#\s*|(?:train(?:ing)?[ _-]?)?(?:step|iteration|iter)[ _#:=-]*)(\d+)"
