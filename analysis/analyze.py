@@ -30,6 +30,7 @@ import math
 import re
 import statistics
 from collections import Counter, defaultdict
+from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, Sequence
 
 from analysis import trace_analysis as ta
@@ -864,27 +865,47 @@ def timer_category(name: str) -> str:
     return "other"
 
 
+@dataclass(frozen=True)
+class Progression:
+    """How a framework log counts its progress: the column, the record kinds that carry it, whether each rank
+    counts on its own, and the column of a global batch size that marks another run when it changes."""
+
+    column: str
+    kinds: frozenset[str]
+    per_rank: bool
+    batch_column: str | None
+
+
+# By log table name (the parsers' Table.name). A log kind missing here has no run boundaries to find.
+PROGRESSIONS = {
+    "megatron_log": Progression("iteration", frozenset({"iteration"}), False, "global_batch_size"),
+    "deepspeed_log": Progression("step", frozenset({"step", "pipe_step"}), True, None),
+}
+
+
 def run_boundaries(log: Table) -> list[str]:
-    """Where one Megatron or DeepSpeed log holds more than one run (a restarted job, an appended experiment):
-    the step or iteration number falls back (per rank), or Megatron's global batch size changes (a batch-size
-    ramp-up does that too). One line each, naming both records; empty when the log reads as one run."""
-    megatron = log.name == "megatron_log"
-    col, kinds = ("iteration", {"iteration"}) if megatron else ("step", {"step", "pipe_step"})
+    """Where one framework log holds more than one run (a restarted job, an appended experiment): the step or
+    iteration number falls back (per rank where the log counts per rank), or the global batch size changes (a
+    batch-size ramp-up does that too). One line each, naming both records; empty when the log reads as one run."""
+    spec = PROGRESSIONS.get(log.name)
+    if spec is None:
+        return []
+    col = spec.column
     out: list[str] = []
     prev: dict[Any, Mapping[str, Any]] = {}
     for r in log.rows():
-        if r["kind"] not in kinds or not isinstance(r[col], int):
+        if r["kind"] not in spec.kinds or not isinstance(r[col], int):
             continue
-        key = None if megatron else (r["rank"], r["kind"])
+        key = (r["rank"], r["kind"]) if spec.per_rank else None
         p = prev.get(key)
         if p is not None:
             if r[col] <= p[col]:
                 out.append(f"{log.source}:{r['line']}: {col} {r[col]} after {col} {p[col]} (line {p['line']}): "
                            "a restarted or appended run; the figures of this file pool both")
-            elif megatron and r["global_batch_size"] and p["global_batch_size"] \
-                    and r["global_batch_size"] != p["global_batch_size"]:
-                out.append(f"{log.source}:{r['line']}: global batch size {r['global_batch_size']} after "
-                           f"{p['global_batch_size']} (line {p['line']}): another run, or a batch-size ramp-up")
+            elif spec.batch_column and r[spec.batch_column] and p[spec.batch_column] \
+                    and r[spec.batch_column] != p[spec.batch_column]:
+                out.append(f"{log.source}:{r['line']}: global batch size {r[spec.batch_column]} after "
+                           f"{p[spec.batch_column]} (line {p['line']}): another run, or a batch-size ramp-up")
         prev[key] = r
     return out
 

@@ -248,25 +248,25 @@ def shared_run_dir(resolved: Resolved, environ) -> str | None:
     return None
 
 
-def failure_summary(run: RunDir, world: int) -> list[str]:
-    """After a failed run: what each rank said about its failure, and the last step it recorded."""
+def failure_summary(run: RunDir, world_size: int) -> list[str]:
+    """After a failed run: what each rank recorded about its failure (RunDir.failure), and the last step it
+    recorded."""
     from launch.metrics import read_metrics
 
     lines = [f"error: the run failed; per-rank logs are in {run.logs}"]
-    for rank in range(world):
+    for rank in range(world_size):
         said = ""
         try:
-            for text in run.stderr(rank).read_text(errors="replace").splitlines():
-                if text.startswith("layoutlab: rank"):
-                    said = text
-        except OSError:
+            record = json.loads(run.failure(rank).read_text())
+            said = str(record.get("message", "")) if isinstance(record, dict) else ""
+        except (OSError, ValueError):
             pass
         step = ""
         if run.metrics(rank).is_file():
             steps = read_metrics(run.metrics(rank)).steps
             step = f"last recorded step {steps[-1].step if steps else 0}"
         lines.append(f"  rank {rank}: " + "; ".join(x for x in (step, said) if x) if (step or said) else
-                     f"  rank {rank}: see {run.stderr(rank)}")
+                     f"  rank {rank}: no failure recorded (killed, or stopped by torchrun); see {run.stderr(rank)}")
     return lines
 
 

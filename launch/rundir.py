@@ -62,6 +62,11 @@ class RunDir:
     def stderr(self, rank: int) -> Path:
         return self.logs / f"rank{rank}.err"
 
+    def failure(self, rank: int) -> Path:
+        """Why the rank ended early, as it said itself (JSON: rank, step, phase, kind, message); absent after a
+        clean finish, or when the rank was killed before it could say."""
+        return self.logs / f"failure_rank{rank}.json"
+
     def layout(self, rank: int) -> Path:
         """What a rank's backend built: process groups, model chunks and their layers, seeds (JSON)."""
         return self.logs / f"layout_rank{rank}.json"

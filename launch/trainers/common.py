@@ -65,6 +65,7 @@ def run_rank(run_dir: str, body: Callable[..., int]) -> int:
         return 2
     except BaseException as e:  # noqa: BLE001 - name the rank and step, then let torchrun stop the others
         msg = fail_message(env.rank, watchdog.step, e)
+        record_failure(run, env.rank, watchdog.step, watchdog.phase, "exception", msg)
         print(msg, file=sys.stderr, flush=True)
         print(msg, file=terminal, flush=True)
         raise
@@ -215,6 +216,8 @@ class Watchdog:
                                                                    f"outside any collective ({where})"))
                 culprits = self._culprits() if inside else []
                 msg += ("; " + "; ".join(culprits) + ": the likely cause" if culprits else "") + "; ending the job"
+                if self.run is not None:
+                    record_failure(self.run, self.rank, self.step, self.phase, "stall", msg)
                 for stream in (sys.stderr, self.terminal):
                     if stream is not None:
                         try:
@@ -244,6 +247,13 @@ def inject_fault(rank: int, step: int, run: RunDir) -> None:
     if kind == "kill":
         os.kill(os.getpid(), signal.SIGKILL)
     raise RuntimeError(f"injected fault ({spec})")
+
+
+def record_failure(run: RunDir, rank: int, step: int, phase: str, kind: str, message: str) -> None:
+    """The rank's own account of why it ends (RunDir.failure), which run.sh summarises after the job."""
+    record = {"rank": rank, "step": step, "phase": phase, "kind": kind, "message": message}
+    with contextlib.suppress(OSError):
+        run.write_text_atomic(run.failure(rank), json.dumps(record) + "\n")
 
 
 def fail_message(rank: int, step: int, exc: BaseException) -> str:

@@ -1,4 +1,5 @@
 """A rank that fails or stalls brings the job down in time, naming the rank and the step, with no orphans."""
+import json
 import re
 import time
 
@@ -15,6 +16,9 @@ def test_crashing_rank_names_itself_and_the_step(runs_root):
     assert t.proc.returncode != 0
     assert "rank 1 failed at step 4: RuntimeError: injected fault" in t.proc.stderr
     assert "rank 1: last recorded step 3" in t.proc.stderr
+    record = json.loads((t.root / "logs" / "failure_rank1.json").read_text())
+    assert (record["rank"], record["step"], record["kind"]) == (1, 4, "exception")
+    assert "RuntimeError: injected fault" in record["message"]
     assert no_rank_left(t.root)
 
 
@@ -33,5 +37,7 @@ def test_stalled_rank_is_ended_within_the_timeout(runs_root):
     assert re.search(r"rank 0 (stalled at step 3 \(step\) for \d+ s > run\.timeout_s=15, outside any collective|"
                      r"is outside any collective at step 3) \(launch/trainers/common\.py:\d+ in inject_fault\)",
                      out), out[-2000:]
+    records = [json.loads(p.read_text()) for p in sorted((t.root / "logs").glob("failure_rank*.json"))]
+    assert any(r["kind"] == "stall" and r["step"] == 3 for r in records), records
     assert elapsed < 15 + 60, elapsed  # start-up + the timeout + teardown, far from hanging forever
     assert no_rank_left(t.root), "a rank outlived the job"
