@@ -114,7 +114,7 @@ def test_our_run_directory_with_plan_and_traces(tmp_path):
 
 
 def test_prediction_compares_the_gradient_reduction_either_way_it_runs(tmp_path):
-    from analysis.report import _prediction
+    from analysis.report_data import prediction_rows as _prediction
     from analysis.table import Table
 
     run = make_run_dir(tmp_path / "runs")  # ZeRO-2: the plan reduce-scatters, DeepSpeed on gloo all-reduces

@@ -1,0 +1,509 @@
+"""The report's data: every run analysed and the findings across runs (`build_report` -> `Report`), computed before
+anything is rendered (analysis.report_sections turns it into blocks, analysis.report_render writes them)."""
+from __future__ import annotations
+
+import os
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+from analysis import analyze as A
+from analysis import doctor as D
+from analysis import trace_analysis as ta
+from analysis.collectives import REDUCTIONS, group_size_hint
+from analysis.parsers.nccl_tests import parse_nccl_tests
+from analysis.recognize import group_runs, recognize
+from analysis.runs import Run, load_run
+from analysis import comm_tables as CT
+from analysis import curves as C
+from analysis.table import Table
+
+MAX_WARNINGS_SHOWN = 30
+
+
+
+
+@dataclass
+class RunResult:
+    run: Run
+    layout: dict[str, Any]
+    steps: Table | None = None
+    stats: Table | None = None
+    step_times: list[tuple[int, float, str]] = field(default_factory=list)
+    memory: Table | None = None
+    breakdown: Table | None = None
+    exposed: Table | None = None
+    calls: Table | None = None
+    bandwidth: Table | None = None
+    ceilings: Table | None = None
+    ceiling_curves: list[tuple[str, str, list[tuple[float, float]]]] = field(default_factory=list)
+    vs_layout: Table | None = None
+    stragglers: Table | None = None
+    timers: list[Table] = field(default_factory=list)
+    nsys_totals: list[Table] = field(default_factory=list)
+    prediction: list[dict[str, Any]] = field(default_factory=list)
+    curves: Table | None = None  # loss, grad norm, lr, loss scale per step (analysis.curves)
+    validation: list[C.ValidationPoint] = field(default_factory=list)
+    boundaries: list[str] = field(default_factory=list)  # where a log holds several runs (analyze.run_boundaries)
+    nccl_rows: list[Table] = field(default_factory=list)  # each nccl-tests file, per size (analysis.comm_tables)
+    transports: list[Table] = field(default_factory=list)  # each NCCL_DEBUG log, per rank pair
+    kernel_types: Table | None = None  # HTA's kernel-type breakdown, per rank (GPU traces)
+    notes: list[str] = field(default_factory=list)
+    unused: list[str] = field(default_factory=list)  # logs whose steps, memory or layout another log gave
+
+    @property
+    def label(self) -> str:
+        return self.run.label
+
+
+@dataclass(frozen=True)
+class CurvePair:
+    """The loss curve of `other` against that of `first` (the report's first run with a curve)."""
+
+    first: str
+    other: str
+    not_comparable: str  # why the curves need not agree ('' : same global batch and sequence length)
+    comparison: C.CurveComparison
+    sources: str  # the two curves' files
+
+
+@dataclass
+class Report:
+    runs: list[RunResult]
+    findings: list[D.Finding]
+    kernel_diff: Table | None
+    kernel_diff_note: str
+    inputs_missing: list[str]
+    ceiling_note: str
+    curve_pairs: list[CurvePair] = field(default_factory=list)
+
+
+def parse_ceiling(path: str | os.PathLike[str]) -> list[Table]:
+    """nccl-tests tables from a file or a folder (files chosen by content)."""
+    inv = recognize(path)
+    return [t for t in (parse_nccl_tests(f.path) for f in inv.files if "nccl_tests" in f.kinds) if len(t)]
+
+
+def _dtype(text: Any) -> str | None:
+    if not text:
+        return None
+    t = str(text).lower()
+    for key, name in (("bfloat16", "bf16"), ("bf16", "bf16"), ("float16", "fp16"), ("half", "fp16"),
+                      ("fp16", "fp16"), ("float32", "fp32"), ("fp32", "fp32")):
+        if key in t:
+            return name
+    return None
+
+
+def layout_of(run: Run) -> dict[str, Any]:
+    """The run's layout facts and where they came from (resolved.json, metrics meta, or the logs)."""
+    keys = ("backend", "tp", "pp", "dp", "zero_stage", "sp", "micro_batch_size", "global_batch_size", "seq_len",
+            "dtype", "world", "hardware")
+    out: dict[str, Any] = dict.fromkeys(keys)
+    out["source"] = None
+    if run.resolved is not None:
+        rc, g = run.resolved.recipe, run.resolved.grid
+        out.update(backend=rc.backend, tp=g.tp, pp=g.pp, dp=g.dp, zero_stage=rc.parallel.zero_stage,
+                   sp=rc.parallel.sp, micro_batch_size=rc.batch.micro_batch_size,
+                   global_batch_size=rc.batch.global_batch_size, seq_len=rc.batch.seq_len, dtype=rc.precision.dtype,
+                   world=g.world, hardware=run.resolved.hardware.name, source=run.resolved_source)
+        return out
+    if run.metrics is not None and run.metrics.meta.get("ranks"):
+        m = run.metrics.meta
+        out.update(backend=m.get("backend"), tp=m.get("tp"), pp=m.get("pp"), dp=m.get("dp"),
+                   zero_stage=m.get("zero_stage"), micro_batch_size=m.get("micro_batch_size"),
+                   global_batch_size=m.get("global_batch_size"), seq_len=m.get("seq_len"), dtype=m.get("dtype"),
+                   world=m.get("world"), hardware=m.get("hardware_profile"),
+                   source=f"meta record of {m['files'][0]}" if m.get("files") else "metrics meta")
+        return out
+    for log in _megatron_first(run):
+        if _layout_records(log):
+            lay = log.meta.get("layout") or {}
+            iters = [r for r in log.rows() if r["kind"] == "iteration"]
+            gbs = lay.get("global_batch_size") or next((r["global_batch_size"] for r in iters if r["global_batch_size"]),
+                                                       None)
+            seq = lay.get("seq_length") or next((r["seq_length"] for r in iters if r["seq_length"]), None)
+            out.update(backend="megatron", tp=lay.get("tp"), pp=lay.get("pp"), dp=lay.get("dp"),
+                       zero_stage=lay.get("zero_stage"), sp=lay.get("sp"),
+                       micro_batch_size=lay.get("micro_batch_size"), global_batch_size=gbs, seq_len=seq,
+                       dtype=_dtype(lay.get("params_dtype")), world=lay.get("world_size"), source=log.source)
+            break
+    if out["source"] is None:
+        for log in run.deepspeed:
+            prof = _layout_records(log)
+            if prof:
+                p = prof[0]
+                out.update(backend="deepspeed", dp=p["dp"], world=p["world_size"],
+                           micro_batch_size=p["micro_batch_size"], source=f"{log.source}:{p['line']}")
+                break
+    if out["world"] is None and run.trace is not None:
+        out["world"] = run.trace.meta.get("world_size")
+        if out["source"] is None and out["world"]:
+            out["source"] = "trace distributedInfo"
+    if run.hardware is not None:
+        out["hardware"] = run.hardware.name
+    return out
+
+
+def _megatron_first(run: Run) -> list[Table]:
+    """The run's Megatron logs, those with the arguments dump first: such a log states the layout
+    (iteration lines give only batch and sequence), so layout, steps and memory come from one log
+    when it has them all."""
+    return sorted(run.megatron, key=lambda t: not t.meta.get("layout"))
+
+
+def _layout_records(log: Table) -> list[Any]:
+    """What a log tells of the layout: Megatron's arguments dump or iteration lines, DeepSpeed's Flops
+    Profiler summaries; empty when it tells nothing."""
+    if log.name == "megatron_log":
+        return [log.meta["layout"]] if log.meta.get("layout") else [r for r in log.rows() if r["kind"] == "iteration"]
+    return [r for r in log.rows() if r["kind"] == "flops_profile"]
+
+
+def _steps(run: Run, layout: dict[str, Any]) -> tuple[Table | None, str, str]:
+    """(steps table, MFU formula, where the warm-up count came from) from the best source present."""
+    if run.metrics is not None and len(run.metrics):
+        m = run.metrics.meta
+        first = m["files"][0] if m.get("files") else "metrics"
+        peak, fpt = m.get("peak_flops_per_device"), m.get("flops_per_token")
+        formula = (f"MFU = tokens/s/device x {fpt:,.0f} FLOP/token / {peak / 1e12:g} TFLOP/s ({m.get('hardware_profile')} "
+                   f"{m.get('dtype')} peak, meta of {first}); FLOP/token: {m.get('flops_formula')}"
+                   if peak and fpt else "unknown: the meta record lacks flops_per_token or the peak")
+        return A.steps_from_metrics(run.metrics), formula, f"meta of {first}: warmup_steps={m.get('warmup_steps')}"
+    peak, dtype_note = None, ""
+    if run.hardware is not None:
+        dtype = layout.get("dtype")
+        if dtype is None:
+            dtype, dtype_note = "bf16", "; the log names no dtype, bf16 assumed"
+        peak = run.hardware.peak_flops(dtype)
+    for log in _megatron_first(run):
+        t = A.steps_from_megatron(log, peak_flops=peak)
+        if _timed(t):
+            if peak:
+                formula = (f"MFU = the log's TFLOP/s/GPU / {peak / 1e12:g} TFLOP/s ({run.hardware.name} "
+                           f"{layout.get('dtype') or 'bf16'} peak, {run.hardware_source}{dtype_note}); the TFLOP count "
+                           f"is Megatron's own (it may include recomputation)")
+            else:
+                formula = ("unknown: the peak FLOP/s is not known for a foreign log; pass hardware=PROFILE "
+                           "(and the log must print TFLOP/s/GPU)")
+            return t, formula, ""
+    for log in run.deepspeed:
+        t = A.steps_from_deepspeed(log)
+        if _timed(t):
+            return t, "unknown: DeepSpeed's step lines carry no FLOP count", ""
+    for tb in run.tensorboard:
+        t = A.steps_from_tensorboard(tb)
+        if _timed(t):
+            return t, "unknown: TensorBoard step times carry no FLOP count", ""
+    return None, "", ""
+
+
+def _timed(steps: Table) -> bool:
+    """Whether a steps table holds a step with a time (iteration lines without one measure nothing)."""
+    return any(s is not None and t is not None for s, t in zip(steps.columns["step"], steps.columns["step_time_s"]))
+
+
+def _unused_logs(run: Run, res: RunResult) -> list[str]:
+    """Logs that hold steps, memory reports or a layout the report took from another log of the same run.
+
+    A folder of foreign files is one run and each of these comes from one log, so the others are named
+    rather than dropped silently (our runs take all three from resolved.json and metrics/)."""
+    logs = [*run.megatron, *run.deepspeed, *run.tensorboard]
+    if run.metrics is not None and len(run.metrics) or len({t.source for t in logs}) < 2:
+        return []
+    has = {
+        "steps": (res.steps.source if res.steps is not None else None,
+                  lambda t: _timed(_STEPS_FROM[t.name](t))),
+        "memory": (res.memory.source if res.memory is not None else None,
+                   lambda t: t.name != "tensorboard" and len(_MEMORY_FROM[t.name](t)) > 0),
+        "layout": (res.layout.get("source") if run.resolved is None else None,
+                   lambda t: t.name != "tensorboard" and bool(_layout_records(t))),
+    }
+    out = []
+    for what, (used, holds) in has.items():
+        chosen = next((t.source for t in logs if used is not None
+                       and (used == t.source or used.startswith(t.source + ":"))), None)
+        if chosen is None:
+            continue
+        others = sorted({t.source for t in logs if t.source != chosen and holds(t)})
+        if others:
+            out.append(f"{what} from {chosen}; not used for {what}: {', '.join(others)} (a folder of foreign files "
+                       f"is one run and takes its {what} from one log; pass a log as its own PATH to report it as a "
+                       f"run)")
+    return out
+
+
+_STEPS_FROM: dict[str, Callable[[Table], Table]] = {
+    "megatron_log": A.steps_from_megatron, "deepspeed_log": A.steps_from_deepspeed,
+    "tensorboard": A.steps_from_tensorboard}
+_MEMORY_FROM: dict[str, Callable[[Table], Table]] = {
+    "megatron_log": A.memory_from_megatron, "deepspeed_log": A.memory_from_deepspeed}
+
+
+def _memory(run: Run, device_memory_bytes: int | None) -> Table | None:
+    mem = None
+    if run.metrics is not None and len(run.metrics):
+        mem = A.memory_from_metrics(run.metrics)
+    else:
+        for log in [*_megatron_first(run), *run.deepspeed]:
+            t = _MEMORY_FROM[log.name](log)
+            if len(t):
+                mem = t
+                break
+    if mem is None:
+        return None
+    dev, dev_src = device_memory_bytes, "given (device_memory_gib=)" if device_memory_bytes else ""
+    if dev is None and run.hardware is not None and run.plan is None:
+        dev, dev_src = run.hardware.memory_bytes, run.hardware_source or run.hardware.name
+    reason = "none (foreign run: no plan)" if not run.run_dir else "none (no plan.json and no readable resolved.json)"
+    return A.memory_vs_plan(mem, run.plan, plan_source=run.plan_source or "", device_memory_bytes=dev,
+                            device_source=dev_src, no_plan_reason=reason)
+
+
+def prediction_rows(run: Run, res: RunResult) -> list[dict[str, Any]]:
+    plan = run.plan
+    if plan is None:
+        return []
+    rows = []
+    st = next(res.stats.rows()) if res.stats is not None and len(res.stats) else None
+    src_m = res.stats.source if res.stats is not None else ""
+
+    def add(q: str, pred: float | None, meas: float | None, unit: str, ms: str, missing: str = "") -> None:
+        rows.append({"quantity": q, "predicted": pred, "measured": meas, "unit": unit,
+                     "measured_over_predicted": meas / pred if pred and meas is not None else None,
+                     "missing": missing, "source": f"{run.plan_source} vs {ms}"})
+
+    if st:
+        ms = (lambda x: x * 1e3 if x is not None else None)
+        add("step time", ms(plan.step.total_s), ms(st.get("step_time_median_s")), "ms", src_m)
+        add("tokens/s/device", plan.step.tokens_per_s_per_device, st.get("tokens_per_s_per_device"), "tok/s", src_m)
+        add("MFU", plan.step.mfu * 100, st.get("mfu_pct"), "%", src_m)
+    if res.memory is not None and len(res.memory):
+        worst = max(res.memory.rows(), key=lambda r: r["measured_bytes"])
+        add(f"peak memory (rank {worst['rank']}, {worst['measured_what']})", worst["predicted_bytes"],
+            worst["measured_bytes"], "bytes", worst["source"])
+    if res.bandwidth is not None:
+        def group(collective: str) -> str:
+            return " + ".join(REDUCTIONS) if collective in REDUCTIONS else collective
+
+        planned: dict[str, float] = defaultdict(float)
+        for c in plan.comm:
+            planned[group(c.collective)] += c.time_s
+        measured: dict[str, float] = defaultdict(float)
+        sources: dict[str, set[str]] = defaultdict(set)
+        for r in res.bandwidth.rows():
+            if r["time_per_step_ms"] is not None:
+                measured[group(r["collective"])] += r["time_per_step_ms"]
+                sources[group(r["collective"])].add(r["source"])
+        for q in sorted(planned):
+            add(f"{q} time per step", planned[q] * 1e3, measured.get(q), "ms",
+                ", ".join(sorted(sources[q])) or res.bandwidth.source, "" if q in measured else "not observed")
+    return rows
+
+
+def _ceiling_curves(tables: Sequence[Table]) -> list[tuple[str, str, list[tuple[float, float]]]]:
+    """(op, file, [(size, busbw)]) per collective of each nccl-tests table (comm_plot's best-of-placements
+    series)."""
+    from analysis.comm_plot import busbw_series
+
+    out = []
+    for t in tables:
+        for op in sorted({r["op"] for r in t.rows() if r["op"]}):
+            sizes, bw = busbw_series(t, op)
+            if sizes:
+                out.append((op, t.source, list(zip(sizes, bw))))
+    return out
+
+
+def analyze_run(run: Run, *, ceilings: Sequence[Table] | None = None, ceiling_source: str = "",
+                device_memory_bytes: int | None = None) -> RunResult:
+    """Every analyzer that the run's files allow."""
+    layout = layout_of(run)
+    res = RunResult(run, layout)
+    steps, formula, warm_from = _steps(run, layout)
+    if steps is not None:
+        res.steps = steps
+        res.stats = A.step_statistics(steps, mfu_formula=formula, warmup_from=warm_from)
+        res.step_times = A.measured_step_times(steps, res.stats)
+    res.memory = _memory(run, device_memory_bytes)
+    ceil_tables = list(ceilings) if ceilings is not None else run.nccl_tests
+    if ceil_tables:
+        res.ceilings = A.nccl_ceilings(ceil_tables)
+        res.ceiling_curves = _ceiling_curves(ceil_tables)
+    if run.trace is not None and len(run.trace):
+        tr = run.trace
+        res.breakdown = A.time_breakdown(tr)
+        res.exposed = A.exposed_by_collective(tr)
+        if _has_gpu(tr):
+            res.kernel_types = ta.kernel_type_breakdown(tr)
+        res.stragglers = A.stragglers(tr, threshold_pct=D.STRAGGLER_PCT)
+        n, n_from = group_size_hint(tr, {k: layout[k] for k in ("tp", "pp", "dp") if layout.get(k)})
+        res.calls = A.collective_calls(tr, group_size=n, group_size_from=n_from)
+        res.bandwidth = A.collective_bandwidth(
+            res.calls, ta.window_steps(tr), res.ceilings,
+            no_ceiling_reason=("no nccl-tests output in the run (commbench/) and no ceiling= given"))
+        if run.resolved is not None:
+            res.vs_layout = A.collectives_vs_layout(res.bandwidth, A.expected_from_resolved(run.resolved),
+                                                    expected_source=run.resolved_source or "resolved.json")
+        if run.trace_from == "nsys":
+            res.notes.append(f"time breakdown from Nsight Systems exports via analysis.nsys_adapter; ranks: "
+                             f"{tr.meta.get('rank_from')}")
+            # An nsys rank without GPU activity in the window would fall back to the CPU-op basis, which has
+            # no meaning for CUDA API and NVTX rows: leave it out and say so.
+            empty = [b["rank"] for b in res.breakdown.rows() if b["basis"] == "cpu_ops"]
+            if empty:
+                res.breakdown = Table.from_rows(res.breakdown.name, res.breakdown.doc,
+                                                [b for b in res.breakdown.rows() if b["basis"] != "cpu_ops"],
+                                                source=res.breakdown.source)
+                res.notes.append(f"rank(s) {', '.join(map(str, empty))}: no GPU activity in the profiled window "
+                                 f"of the nsys export; left out of the breakdown")
+        if any(r["basis"] == "cpu_ops" for r in res.breakdown.rows()):
+            res.notes.append("cpu_ops basis (CPU-only trace): " + CPU_BASIS)
+    measured = set(res.stats.meta.get("measured_steps", [])) if res.stats is not None else None
+    for log in [*run.megatron, *run.deepspeed]:
+        if any(r["kind"] == "timer" for r in log.rows()):
+            own = res.steps is not None and res.steps.source == log.source
+            t = A.framework_timers(log, measured if own else None)
+            if len(t):
+                res.timers.append(t)
+    res.nsys_totals = [t for t in (A.nsys_stats_totals(s) for s in run.nsys_stats) if len(t)]
+    res.prediction = prediction_rows(run, res)
+    res.curves = _curves(run)
+    res.validation = [v for log in run.megatron for v in C.validation_points(log)]
+    res.boundaries = [b for log in [*run.megatron, *run.deepspeed] for b in A.run_boundaries(log)]
+    res.nccl_rows = [t for t in (CT.nccl_tests_rows(n) for n in run.nccl_tests) if len(t)]
+    res.transports = [t for t in (CT.transports(d) for d in run.nccl_debug) if len(t)]
+    res.unused = _unused_logs(run, res)
+    return res
+
+
+def _curves(run: Run) -> Table | None:
+    """The training curve from the first source that has one: our metrics, Megatron's iteration lines (the log
+    with the arguments dump first), TensorBoard, DeepSpeed's own lines."""
+    candidates = ([C.curves_from_metrics(run.metrics)] if run.metrics is not None else []) + [
+        *(C.curves_from_megatron(log) for log in _megatron_first(run)),
+        *(C.curves_from_tensorboard(tb) for tb in run.tensorboard),
+        *(C.curves_from_deepspeed(log) for log in run.deepspeed)]
+    return next((c for c in candidates if any(v is not None for v in c.columns["loss"])), None)
+
+
+def curve_pairs(results: Sequence[RunResult]) -> list[CurvePair]:
+    with_curve = [r for r in results if r.curves is not None]
+    if len(with_curve) < 2:
+        return []
+    first = with_curve[0]
+    return [CurvePair(first.label, r.label, C.comparable(first.layout, r.layout), C.compare(first.curves, r.curves),
+                      f"{r.run.relabel(r.curves.source)} vs {first.run.relabel(first.curves.source)}")
+            for r in with_curve[1:]]
+
+
+CPU_BASIS = ("compute = CPU ops on the training thread(s) (those holding the ProfilerStep annotations), less "
+              "the time inside collective calls; communication = collective calls (c10d::*, record_param_comms, "
+              "nccl:*/gloo:*) on any thread; idle = ProfilerStep window with neither; overlap = communication "
+              "time during which the training thread computes (analysis.trace_analysis)")
+
+
+def _overlap_allowed(layout: dict[str, Any], run: Run) -> tuple[bool | None, str]:
+    if layout.get("dp") is None and layout.get("zero_stage") is None and layout.get("pp") is None:
+        return None, "the layout is unknown (foreign trace) and data-parallel communication usually can overlap"
+    reasons = []
+    if (layout.get("dp") or 1) > 1:
+        reasons.append(f"dp={layout['dp']} (gradient reduction can overlap the backward pass)")
+    if layout.get("zero_stage") == 3:
+        reasons.append("ZeRO-3 (parameter gathers can be prefetched)")
+    if (layout.get("pp") or 1) > 1:
+        reasons.append(f"pp={layout['pp']} (sends overlap other micro-batches)")
+    return (True, " and ".join(reasons)) if reasons else (False, "")
+
+
+def _expect_net(run: Run) -> str | None:
+    hw = run.hardware
+    if hw is None:
+        return None
+    link = (hw.inter_node_link or "").lower()
+    return "IB" if "infiniband" in link or "roce" in link or " ib" in link else None
+
+
+def diagnose(results: Sequence[RunResult]) -> list[D.Finding]:
+    """All doctor rules over all runs."""
+    out: list[D.Finding] = []
+    for r in results:
+        out += D.warmup_in_window(r.label, r.step_times, ours=r.run.run_dir)
+        out += D.slow_transport(r.label, r.run.nccl_debug, expect_net=_expect_net(r.run))
+        out += D.extra_collectives(r.label, r.vs_layout)
+        allows, why = _overlap_allowed(r.layout, r.run)
+        out += D.no_overlap(r.label, r.breakdown, allows=allows, why=why)
+        out += D.straggler(r.label, r.stragglers)
+        out += D.idle_device(r.label, r.breakdown)
+        out += D.memory_near_limit(r.label, r.memory)
+        out += D.low_busbw(r.label, r.bandwidth)
+    if len(results) > 1:
+        out += D.mismatched_runs([(r.label, r.layout.get("global_batch_size"), r.layout.get("seq_len"),
+                                   r.layout.get("source") or "?") for r in results])
+    return out
+
+
+def _has_gpu(trace: Table | None) -> bool:
+    return trace is not None and any(s not in (None, -1) for s in trace.columns["stream"])
+
+
+def build_report(inputs: Sequence[tuple[str | None, str | os.PathLike[str]]], *, ceiling: str | None = None,
+                 hardware: Any = None, hardware_source: str = "", device_memory_bytes: int | None = None) -> Report:
+    """Recognise, load and analyse every input path (with an optional label each) into one Report."""
+    ceilings = parse_ceiling(ceiling) if ceiling else None
+    ceiling_note = (f"ceiling: nccl-tests output given as ceiling={ceiling}" if ceiling else
+                    "ceiling: each run's own nccl-tests output (commbench/ or nccl-tests files among its files)")
+    if ceiling and not ceilings:
+        ceiling_note += " (no nccl-tests tables found there)"
+    runs: list[Run] = []
+    missing = []
+    for label, path in inputs:
+        if not Path(path).exists():
+            missing.append(f"{path}: does not exist")
+            continue
+        for rf in group_runs(recognize(path), label):
+            runs.append(load_run(rf, hardware=hardware, hardware_source=hardware_source))
+    seen: dict[str, int] = {}
+    for r in runs:  # labels must tell runs apart
+        n = seen.get(r.label, 0)
+        seen[r.label] = n + 1
+        if n:
+            r.label = f"{r.label}#{n + 1}"
+    results = [analyze_run(r, ceilings=ceilings, device_memory_bytes=device_memory_bytes) for r in runs]
+    diff, note = None, "needs two runs whose traces hold GPU kernels"
+    gpu_runs = [r for r in results if _has_gpu(r.run.trace)]
+    if len(gpu_runs) >= 2:
+        a, b = gpu_runs[:2]
+        diff = A.kernel_diff(a.run.trace, b.run.trace)
+        note = f"{b.label} minus {a.label}, per profiled rank-step (trace_analysis.kernel_diff normalize='per_step')"
+    elif gpu_runs:
+        note = f"needs two runs whose traces hold GPU kernels; only {gpu_runs[0].label}'s do: no kernel-level diff"
+    elif any(r.run.trace is not None for r in results):
+        note = "the traces hold no GPU kernels (CPU-only runs): no kernel-level diff"
+    return Report(results, diagnose(results), diff, note, missing, ceiling_note, curve_pairs(results))
+
+
+def bar_segments(r: RunResult) -> dict[str, float]:
+    """Shares of a run's span (mean over its ranks, %) for the time bar: compute, each collective's exposed time
+    (scaled to the merged exposed total, since collectives can run at once), other, idle."""
+    rows = list(r.breakdown.rows())
+    seg: dict[str, float] = defaultdict(float)
+    n = len(rows) or 1
+    exposed_by_coll: dict[Any, dict[str, float]] = defaultdict(dict)
+    if r.exposed is not None:
+        for e in r.exposed.rows():
+            exposed_by_coll[e["rank"]][e["collective"]] = e["exposed_pct_of_span"] or 0.0
+    for b in rows:
+        seg["compute"] += (b["compute_pct"] or 0.0) / n
+        total = b["exposed_comm_pct"] or 0.0
+        per = exposed_by_coll.get(b["rank"], {})
+        s = sum(per.values())
+        # Collectives can run at once on different streams: scale their exposed shares to the merged total.
+        for coll, v in per.items():
+            seg[f"exposed {coll}"] += (v * total / s if s else 0.0) / n
+        if not per and total:
+            seg["exposed communication"] += total / n
+        seg["other"] += (b["other_pct"] or 0.0) / n
+        seg["idle"] += (b["idle_pct"] or 0.0) / n
+    return dict(seg)

@@ -1,0 +1,476 @@
+"""The report's sections: a `Report` (analysis.report_data) as a list of `Block`s (headings, text, tables, figures)
+that both renderers (analysis.report_render) write; numbers are formatted here, never computed."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+from analysis import doctor as D
+from analysis.collectives import NCCL_TESTS_OP
+from analysis import curves as C
+from analysis.report_data import CPU_BASIS, MAX_WARNINGS_SHOWN, Report, bar_segments
+
+
+
+def nice_bytes(n: Any) -> str:
+    if n is None:
+        return "–"
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if abs(n) >= scale:
+            return f"{n / scale:.2f} {unit}"
+    return f"{n:.0f} B"
+
+
+def _num(x: Any, digits: int = 3) -> str:
+    if x is None:
+        return "–"
+    if isinstance(x, bool):
+        return "yes" if x else "no"
+    if isinstance(x, int):
+        return f"{x:,}"
+    if isinstance(x, float):
+        if math.isnan(x) or math.isinf(x):
+            return str(x)
+        if x != 0 and (abs(x) >= 1e5 or abs(x) < 1e-3):
+            return f"{x:.{digits}g}"
+        return f"{x:,.{max(0, digits - len(str(int(abs(x)))))}f}" if abs(x) >= 1 else f"{x:.{digits}g}"
+    return str(x)
+
+
+def _ms(s: Any) -> str:
+    return "–" if s is None else f"{s * 1e3:,.1f}"
+
+
+def _us_ms(us: Any) -> str:
+    return "–" if us is None else f"{us / 1e3:,.2f}"
+
+
+def _pct(x: Any) -> str:
+    return "–" if x is None else f"{x:.1f}"
+
+
+@dataclass
+class Block:
+    """A unit of rendered content: a heading, text, a table or a figure."""
+
+    kind: str  # h2 | h3 | p | table | img | list | details
+    text: str = ""
+    headers: Sequence[str] = ()
+    rows: Sequence[Sequence[str]] = ()
+    png: bytes = b""
+    items: Sequence[str] = ()
+
+
+def _runs_blocks(rep: Report) -> list[Block]:
+    out = [Block("h2", "Runs")]
+    rows = []
+    for r in rep.runs:
+        lay = r.layout
+        desc = ", ".join(f"{k}={lay[k]}" for k in ("backend", "tp", "pp", "dp", "zero_stage", "sp", "micro_batch_size",
+                                                    "global_batch_size", "seq_len", "dtype") if lay.get(k) is not None)
+        rows.append([r.label, str(r.run.root), "our run directory" if r.run.run_dir else "foreign files",
+                     desc or "unknown", lay.get("hardware") or "unknown",
+                     str(len(r.run.files)), str(len(r.run.skipped)), lay.get("source") or "–"])
+    out.append(Block("table", headers=["run", "path", "kind", "layout", "hardware", "files used", "skipped", "source"],
+                     rows=rows))
+    if rep.inputs_missing:
+        out.append(Block("list", "Inputs not found", items=rep.inputs_missing))
+    for r in rep.runs:
+        items = [f"{p} — {', '.join(k)}" for p, k in r.run.files]
+        skipped = [f"{p} — skipped: {why}" for p, why in r.run.skipped]
+        out.append(Block("details", f"{r.label}: {len(items)} file(s) used, {len(skipped)} skipped",
+                         items=items + skipped))
+    pooled = [f"{r.label}: {r.run.relabel(b)}" for r in rep.runs for b in r.boundaries]
+    if pooled:
+        out.append(Block("list", "Several runs in one file (split the file to compare them)", items=pooled))
+    unused = [f"{r.label}: {u}" for r in rep.runs for u in r.unused]
+    if unused:
+        out.append(Block("list", "Logs not used", items=unused))
+    warned = [(r.label, r.run.warnings) for r in rep.runs if r.run.warnings]
+    if warned:
+        out.append(Block("h3", "Warnings (partial inputs)"))
+        for label, ws in warned:
+            shown = list(ws[:MAX_WARNINGS_SHOWN])
+            if len(ws) > MAX_WARNINGS_SHOWN:
+                shown.append(f"… {len(ws) - MAX_WARNINGS_SHOWN} more")
+            out.append(Block("list", f"{label}: {len(ws)} warning(s)", items=shown))
+    return out
+
+
+def _doctor_blocks(rep: Report) -> list[Block]:
+    out = [Block("h2", "Doctor")]
+    if not rep.findings:
+        out.append(Block("p", "No rule fired. Rules and thresholds are listed under Definitions."))
+        return out
+    rows = [[f.run, f.severity, f.rule, f.message, " · ".join(f.evidence), f.fix] for f in rep.findings]
+    out.append(Block("table", headers=["run", "severity", "rule", "finding", "evidence (file: numbers)", "fix"],
+                     rows=rows))
+    return out
+
+
+def _speed_blocks(rep: Report) -> list[Block]:
+    out = [Block("h2", "How fast")]
+    rows, series = [], []
+    for r in rep.runs:
+        if r.stats is None or not len(r.stats):
+            rows.append([r.label] + ["–"] * 9 + ["no step records (metrics, Megatron or DeepSpeed lines)", "–"])
+            continue
+        s = next(r.stats.rows())
+        p10, p90 = s.get("step_time_p10_s"), s.get("step_time_p90_s")
+        rows.append([r.label, _ms(s.get("step_time_median_s")),
+                     f"{_ms(p10)}–{_ms(p90)}" if p10 is not None and p90 is not None else "n/a",
+                     _ms(s.get("step_time_mean_s")), _pct(s.get("step_time_cv_pct")),
+                     _num(s.get("tokens_per_s_per_device")), _num(s.get("tflops_per_device")), _pct(s.get("mfu_pct")),
+                     f"{s['steps_measured']} / {s['steps_dropped']}", s["drop_rule"], s["step_source"],
+                     r.run.relabel(s["source"])])
+        if r.step_times:
+            series.append((r.label, [t for _, t, _ in r.step_times]))
+    out.append(Block("table", headers=["run", "step time median, ms", "p10–p90, ms", "mean, ms", "CV %",
+                                       "tokens/s/GPU", "TFLOP/s/GPU", "MFU %", "steps measured / dropped",
+                                       "warm-up rule", "step time from", "source"], rows=rows))
+    formulas = [f"{r.label}: {next(r.stats.rows())['mfu_formula']}" for r in rep.runs
+                if r.stats is not None and len(r.stats) and next(r.stats.rows())["mfu_formula"]]
+    if formulas:
+        out.append(Block("list", "MFU formula per run", items=formulas))
+    prof = [[r.label, str(p["step"] if p["step"] is not None else "–"), _sci(p["params_per_gpu"]),
+             _sci(p["fwd_macs_per_gpu"]), _num(p["fwd_latency_ms"]), _num(p["bwd_latency_ms"]),
+             _num(p["step_latency_ms"]), _num(p["iter_latency_ms"]),
+             _num(None if p["fwd_bwd_flop_per_s_per_gpu"] is None else p["fwd_bwd_flop_per_s_per_gpu"] / 1e12),
+             _num(None if p["flop_per_s_per_gpu"] is None else p["flop_per_s_per_gpu"] / 1e12), _num(p["samples_per_s"]),
+             r.run.relabel(f"{log.source}:{p['line']}")]
+            for r in rep.runs for log in r.run.deepspeed for p in log.rows() if p["kind"] == "flops_profile"]
+    thr = []
+    for r in rep.runs:
+        for log in r.run.deepspeed:
+            rows_ = [x for x in log.rows() if x["kind"] == "throughput" and x["samples_per_s"] is not None]
+            if rows_:
+                last = rows_[-1]
+                thr.append([r.label, str(len(rows_)), _num(last["samples_per_s"]), _num(last["samples_per_s_avg"]),
+                            str(last["step"] if last["step"] is not None else "–"),
+                            r.run.relabel(f"{log.source}:{last['line']}")])
+    if thr:
+        out.append(Block("h3", "DeepSpeed's own throughput"))
+        out.append(Block("table", headers=["run", "records", "samples/s (last step)", "samples/s (running average)",
+                                           "at step", "source"], rows=thr))
+    if prof:
+        out.append(Block("h3", "DeepSpeed Flops Profiler"))
+        out.append(Block("table", headers=["run", "step", "params/GPU", "fwd MACs/GPU", "fwd ms", "bwd ms", "step ms",
+                                           "iter ms", "fwd+bwd TFLOP/s/GPU", "iter TFLOP/s/GPU", "samples/s",
+                                           "source"], rows=prof))
+    if series:
+        out.append(Block("img", "Step-time distribution of the measured window (box: quartiles; points: steps). "
+                                "Sources: the files in the table's source column.",
+                         png=_plot("step_time_distribution", series)))
+    return out
+
+
+def _sci(x: Any) -> str:
+    return "–" if x is None else f"{x:.3g}"
+
+
+def _curve_blocks(rep: Report) -> list[Block]:
+    out = [Block("h2", "Training curves")]
+    rows, series = [], []
+    for r in rep.runs:
+        if r.curves is None:
+            rows.append([r.label, "0"] + ["–"] * 5 + ["no loss per step (metrics, Megatron, TensorBoard or DeepSpeed "
+                                                      "pipeline lines)"])
+            continue
+        c = C.summarise(r.curves)
+        rows.append([r.label, f"{c.steps} ({c.first_step}–{c.last_step})",
+                     f"{_num(c.loss_first, 4)} → {_num(c.loss_last, 4)} (min {_num(c.loss_min, 4)})"
+                     + (f"; {c.not_finite} not finite" if c.not_finite else ""),
+                     f"{_num(c.grad_norm_last)} (max {_num(c.grad_norm_max)})" if c.grad_norm_last is not None else "–",
+                     f"{_sci(c.lr_first)} → {_sci(c.lr_last)} (max {_sci(c.lr_max)})" if c.lr_first is not None else "–",
+                     _num(c.loss_scale_last) if c.loss_scale_last is not None else "–",
+                     str(c.skipped) if c.skipped is not None else "–", r.run.relabel(r.curves.source) or "–"])
+        series.append((r.label, list(r.curves.columns["step"]),
+                       {k: list(r.curves.columns[k]) for k in ("loss", "grad_norm", "lr")}))
+    out.append(Block("table", headers=["run", "steps logged", "loss first → last", "grad norm last", "lr first → last",
+                                       "loss scale last", "skipped iterations", "source"], rows=rows))
+    if rep.curve_pairs:
+        out.append(Block("h3", "Loss against the first run"))
+        out.append(Block("table", headers=["run", "against", "steps compared", "max |Δ loss|", "max |Δ loss| / loss %",
+                                           "at step", "mean |Δ loss|", "expected to agree", "source"],
+                         rows=[[p.other, p.first, str(p.comparison.common_steps), _sci(p.comparison.max_abs_diff),
+                                _sci(None if p.comparison.max_rel_diff is None else 100 * p.comparison.max_rel_diff),
+                                str(p.comparison.at_step) if p.comparison.at_step is not None else "–",
+                                _sci(p.comparison.mean_abs_diff),
+                                "yes: same global batch and sequence length" if not p.not_comparable
+                                else f"no: {p.not_comparable}", p.sources] for p in rep.curve_pairs]))
+    val = [[r.label, "–" if v.iteration is None else str(v.iteration), v.what or "–", _num(v.loss, 4), _sci(v.ppl),
+            r.run.relabel(v.source)] for r in rep.runs for v in r.validation]
+    if val:
+        out.append(Block("h3", "Validation"))
+        out.append(Block("table", headers=["run", "iteration", "set", "loss", "PPL", "source"], rows=val))
+    if series:
+        out.append(Block("img", "Loss, gradient norm and learning rate per step, every run overlaid. Sources: the "
+                                "table's source column.", png=_plot("training_curves", series)))
+    return out
+
+
+def _memory_blocks(rep: Report) -> list[Block]:
+    out = [Block("h2", "Memory")]
+    rows, groups = [], []
+    dev = None
+    for r in rep.runs:
+        if r.memory is None or not len(r.memory):
+            rows.append([r.label, "–", "–", "no memory records", "–", "–", "–", "–", "–", "–"])
+            continue
+        ranks = []
+        for m in r.memory.rows():
+            rows.append([r.label, _num(m["rank"]), nice_bytes(m["measured_bytes"]), m["measured_what"],
+                         nice_bytes(m["predicted_bytes"]), _num(m["measured_over_predicted"]),
+                         nice_bytes(m["device_memory_bytes"]), _pct(m["pct_of_device"]),
+                         r.run.relabel(m["predicted_what"] or "–"), r.run.relabel(m["source"] or "–")])
+            ranks.append((_num(m["rank"]), m["measured_bytes"] / 2**30,
+                          m["predicted_bytes"] / 2**30 if m["predicted_bytes"] else None))
+            dev = dev or m["device_memory_bytes"]
+        groups.append((r.label, ranks))
+    out.append(Block("table", headers=["run", "rank", "peak", "measured as", "predicted", "measured / predicted",
+                                       "device", "% of device", "prediction from", "source"], rows=rows))
+    if groups:
+        same_dev = len({m["device_memory_bytes"] for r in rep.runs if r.memory is not None
+                        for m in r.memory.rows()}) == 1
+        out.append(Block("img", "Peak memory per rank (bars) against the planner's prediction (black ticks)"
+                                + (" and the device memory (dashed)" if same_dev and dev else ""),
+                         png=_plot("memory_per_rank", groups, dev / 2**30 if same_dev and dev else None)))
+    return out
+
+
+def _time_blocks(rep: Report) -> list[Block]:
+    out = [Block("h2", "Where the time went")]
+    rows, bars = [], []
+    for r in rep.runs:
+        if r.breakdown is None:
+            continue
+        for b in r.breakdown.rows():
+            rows.append([r.label, _num(b["rank"]), b["basis"], _us_ms(b["span_us"]), _pct(b["compute_pct"]),
+                         _pct(b["exposed_comm_pct"]), _pct(b["other_pct"]), _pct(b["idle_pct"]),
+                         _us_ms(b["comm_us"]), _pct(b["overlap_pct"]), r.run.relabel(b["source"])])
+        bars.append((r.label, bar_segments(r)))
+    if rows:
+        out.append(Block("table", headers=["run", "rank", "basis", "span, ms", "compute %", "exposed comm %",
+                                           "other %", "idle %", "comm, ms", "overlap %", "source"], rows=rows))
+        out.append(Block("img", "Share of the measured span per run (mean over ranks): compute, each collective's "
+                                "exposed time, other non-compute activity, idle. Sources: the trace files above.",
+                         png=_plot("time_breakdown_bars", bars)))
+        ex_rows = []
+        for r in rep.runs:
+            if r.exposed is None:
+                continue
+            for e in r.exposed.rows():
+                ex_rows.append([r.label, _num(e["rank"]), e["collective"], e["basis"], _us_ms(e["comm_us"]),
+                                _us_ms(e["exposed_us"]), _pct(e["exposed_pct_of_span"]), r.run.relabel(e["source"])])
+        if ex_rows:
+            out.append(Block("h3", "Exposed communication per collective"))
+            out.append(Block("table", headers=["run", "rank", "collective", "basis", "time, ms", "exposed, ms",
+                                               "exposed % of span", "source"], rows=ex_rows))
+        kt_rows = [[r.label, _num(k["rank"]), k["kernel_type"], f"{k['time_us']:,.0f}", _pct(k["share_pct"]),
+                    r.run.relabel(r.kernel_types.source)]
+                   for r in rep.runs if r.kernel_types is not None for k in r.kernel_types.rows()]
+        if kt_rows:
+            out.append(Block("h3", "GPU kernel types (HTA's get_gpu_kernel_breakdown)"))
+            out.append(Block("table", headers=["run", "rank", "kernel type", "time, µs", "share of the rank %",
+                                               "source"], rows=kt_rows))
+        notes = sorted({f"{r.label}: {n}" for r in rep.runs for n in r.notes})
+        if notes:
+            out.append(Block("list", "Basis of the numbers", items=notes))
+    else:
+        out.append(Block("p", "No profiler trace (Kineto or nsys export) in any run: no timeline breakdown."))
+    for r in rep.runs:
+        for t in r.timers:
+            out.append(Block("h3", f"{r.label}: framework timers ({r.run.relabel(t.source)})"))
+            out.append(Block("table", headers=["timer", "category", "mean, ms", "max, ms", "records", "source"],
+                             rows=[[x["name"], x["category"], _num(x["mean_ms"]), _num(x["max_ms"]), _num(x["samples"]),
+                                    r.run.relabel(x["source"])] for x in list(t.rows())[:25]]))
+        for t in r.nsys_totals:
+            out.append(Block("h3", f"{r.label}: GPU time from nsys stats (sums, no timeline)"))
+            out.append(Block("table", headers=["kind", "collective", "instances", "total, ms", "share %", "source"],
+                             rows=[[x["kind"], x["collective"] or "–", _num(x["instances"]), _num(x["total_ms"]),
+                                    _pct(x["share_pct"]), r.run.relabel(x["source"])] for x in t.rows()]))
+    return out
+
+
+def _collective_blocks(rep: Report) -> list[Block]:
+    out = [Block("h2", "Collectives")]
+    rows, points, curves = [], [], {}
+    observed_ops = set()
+    for r in rep.runs:
+        if r.bandwidth is None:
+            continue
+        for b in r.bandwidth.rows():
+            observed_ops.add(NCCL_TESTS_OP.get(b["collective"]))
+            rows.append([r.label, b["collective"], _num(b["calls_per_step"]), _num(b["time_per_step_ms"]),
+                         nice_bytes(b["mean_message_bytes"]), f"{_num(b['group_size'])} ({b['group_size_from']})",
+                         _num(b["busbw_GBps"]), _num(b["busbw_large_GBps"]),
+                         _num(b["ceiling_GBps"]) + (f" at {nice_bytes(b['ceiling_at_bytes'])}"
+                                                    if b["ceiling_at_bytes"] is not None else ""),
+                         _pct(b["pct_of_ceiling"]),
+                         r.run.relabel(b["ceiling_source"]) + (f" ({b['ceiling_note']})" if b["ceiling_note"] else ""),
+                         b["basis"],
+                         r.run.relabel(b["source"])])
+        pts = [(c["message_bytes"], c["busbw_GBps"]) for c in r.calls.rows() if c["busbw_GBps"]] if r.calls else []
+        if pts:
+            points.append((r.label, pts))
+    for r in rep.runs:
+        for op, src, pts in r.ceiling_curves:
+            if op in observed_ops or not observed_ops:
+                curves.setdefault((op, src), (f"nccl-tests {op} ({r.run.relabel(src)})", pts))
+    if rows:
+        out.append(Block("table", headers=["run", "collective", "calls/step", "time/step, ms", "mean message",
+                                           "group size", "busbw, GB/s", "busbw ≥1 MiB, GB/s", "nccl-tests ceiling, GB/s",
+                                           "% of ceiling", "ceiling source", "counted from", "source"], rows=rows))
+    else:
+        out.append(Block("p", "No collective calls found (no profiler trace)."))
+    out.append(Block("p", rep.ceiling_note + "; ceiling = the sweep's busbw at the calls' mean message size (those "
+                                             "of at least 1 MiB where any), interpolated in log size; the ceiling "
+                                             "source says when the sweep ran on another rank count. The table below "
+                                             "gives each sweep's large-message busbw (median over the top quartile "
+                                             "of sizes) for reference."))
+    ceil_rows = []
+    for r in rep.runs:
+        if r.ceilings is not None:
+            for c in r.ceilings.rows():
+                ceil_rows.append([r.label, c["op"], _num(c["busbw_GBps"]), _num(c["peak_busbw_GBps"]),
+                                  _num(c["nranks"]), r.run.relabel(c["source"])])
+    if ceil_rows:
+        out.append(Block("table", headers=["run", "nccl-tests op", "large-message busbw, GB/s", "peak busbw, GB/s",
+                                           "ranks", "source"], rows=ceil_rows))
+    if points or curves:
+        out.append(Block("img", "Achieved bus bandwidth per call vs message size (points) and the nccl-tests sweeps "
+                                "(lines)", png=_plot("busbw_vs_size", points, list(curves.values())[:8])))
+    lay_rows = []
+    for r in rep.runs:
+        if r.vs_layout is None:
+            continue
+        for v in r.vs_layout.rows():
+            lay_rows.append([r.label, v["collective"], _num(v["observed_per_step"]),
+                             f"{v['expected_min_per_step']}–{v['expected_max_per_step']}", _num(v["layers"]),
+                             _num(v["observed_per_layer"]), _num(v["excess_per_layer"]), v["why"],
+                             r.run.relabel(v["source"])])
+    out.append(Block("h3", "Collective counts against the layout"))
+    if lay_rows:
+        out.append(Block("table", headers=["run", "collective", "observed/step", "layout explains/step", "layers",
+                                           "observed/layer", "excess/layer", "why", "source"], rows=lay_rows))
+    else:
+        out.append(Block("p", "No run has both a trace and a resolved layout; foreign runs have no expectation."))
+    return out
+
+
+def _comm_file_blocks(rep: Report) -> list[Block]:
+    out = []
+    rows = [[r.label, n["op"], f"{n['ranks']} ({n['ranks_from']})" if n["ranks"] is not None else "unknown",
+             nice_bytes(n["size_bytes"]), str(n["count"]), str(n["dtype"]), str(n["redop"] or "–"),
+             _sci(n["oop_time_us"]), _sci(n["oop_algbw_GBps"]), _sci(n["oop_busbw_GBps"]), _sci(n["ip_time_us"]),
+             _sci(n["ip_algbw_GBps"]), _sci(n["ip_busbw_GBps"]), "–" if n["wrong"] is None else str(n["wrong"]),
+             r.run.relabel(n["source"])]
+            for r in rep.runs for t in r.nccl_rows for n in t.rows()]
+    if rows:
+        out.append(Block("h3", "nccl-tests per message size"))
+        out.append(Block("table", headers=["run", "collective", "ranks", "size", "count", "type", "redop",
+                                           "out-of-place µs", "algbw GB/s", "busbw GB/s", "in-place µs",
+                                           "algbw GB/s", "busbw GB/s", "#wrong", "source"], rows=rows))
+    rows = [[r.label, str(g["comm"] or "–"), f"{g['peer_from']} → {'–' if g['peer_to'] is None else g['peer_to']}",
+             str(g["kind"] or "–"), str(g["transport"]), "yes" if g["gdrdma"] else "no", str(g["channels"]),
+             str(g["cuda_dev"] or "–"), str(g["hosts"] or "–"), r.run.relabel(g["source"])]
+            for r in rep.runs for t in r.transports for g in t.rows()]
+    if rows:
+        out.append(Block("h3", "Transports (NCCL_DEBUG)"))
+        out.append(Block("table", headers=["run", "communicator", "ranks", "kind", "transport", "GPUDirect RDMA",
+                                           "channels", "device", "hosts", "source"], rows=rows))
+    rows = [[r.label, c["comm_op"], nice_bytes(c["message_bytes"]), str(c["count"]), _num(c["total_latency_ms"]),
+             _num(c["avg_latency_ms"]), _sci(c["algbw_gbps"]), _sci(c["busbw_gbps"]),
+             r.run.relabel(f"{log.source}:{c['line']}")]
+            for r in rep.runs for log in r.run.deepspeed for c in log.rows() if c["kind"] == "comms"]
+    if rows:
+        out.append(Block("h3", "DeepSpeed comms logger (deepspeed.comm.log_summary)"))
+        out.append(Block("table", headers=["run", "operation", "message", "calls", "total, ms", "mean, ms",
+                                           "algbw, Gbit/s", "busbw, Gbit/s", "source"], rows=rows))
+    return out
+
+
+def _straggler_blocks(rep: Report) -> list[Block]:
+    out = [Block("h2", "Stragglers")]
+    rows = []
+    for r in rep.runs:
+        if r.stragglers is None:
+            continue
+        for s in r.stragglers.rows():
+            rows.append([r.label, _num(s["rank"]), _num(s["steps"]), _us_ms(s["step_time_us"]),
+                         _us_ms(s["comm_time_us"]), _pct(s["step_excess_pct"]), _pct(s["comm_deficit_pct"]),
+                         "yes" if s["straggler"] else "no", s["reason"] or "–", r.run.relabel(s["source"])])
+    if rows:
+        out.append(Block("table", headers=["run", "rank", "steps", "median step, ms", "comm/step, ms", "step excess %",
+                                           "comm deficit %", "straggler", "reason", "source"], rows=rows))
+        out.append(Block("p", f"Rule (trace_analysis.stragglers, threshold {D.STRAGGLER_PCT:g}%): a rank is compared "
+                              f"with the median of the other ranks; slower steps, or less time waiting in collectives "
+                              f"than the others (it arrives last), mark it."))
+    else:
+        out.append(Block("p", "No per-rank traces."))
+    return out
+
+
+def _diff_blocks(rep: Report) -> list[Block]:
+    out = [Block("h2", "Kernel diff"), Block("p", rep.kernel_diff_note)]
+    if rep.kernel_diff is not None and len(rep.kernel_diff):
+        rows = [[d["name"][:120], d["kind"] or "–", _num(d["count_a"]), _num(d["count_b"]), _num(d["time_a_us"]),
+                 _num(d["time_b_us"]), _num(d["time_delta_us"]), _pct(d["time_delta_pct"]), rep.kernel_diff.source]
+                for d in rep.kernel_diff.rows()]
+        out.append(Block("table", headers=["kernel", "kind", "count a", "count b", "time a, µs", "time b, µs",
+                                           "Δ time, µs", "Δ %", "source"], rows=rows))
+    return out
+
+
+def _prediction_blocks(rep: Report) -> list[Block]:
+    out = [Block("h2", "Prediction vs measurement")]
+    rows = []
+    for r in rep.runs:
+        for p in r.prediction:
+            fmt = nice_bytes if p["unit"] == "bytes" else _num
+            rows.append([r.label, p["quantity"], fmt(p["predicted"]), p["missing"] or fmt(p["measured"]),
+                         p["unit"] if p["unit"] != "bytes" else "", _num(p["measured_over_predicted"]),
+                         r.run.relabel(p["source"])])
+    if rows:
+        out.append(Block("table", headers=["run", "quantity", "predicted", "measured", "unit", "measured / predicted",
+                                           "source"], rows=rows))
+        notes = sorted({f"{r.label}: {r.run.plan.step.assumptions}" for r in rep.runs if r.run.plan is not None})
+        out.append(Block("list", "The planner's assumptions", items=notes))
+    else:
+        out.append(Block("p", "none: no run has a plan (plan.json or resolved.json); foreign runs have none."))
+    return out
+
+
+def _definitions_blocks(rep: Report) -> list[Block]:
+    items = [
+        "Warm-up: our runs drop the steps the trainer marked warmup=true (train.warmup_steps, from the meta "
+        "record); foreign logs drop the first 10% of the logged step range, at least 10 steps, but never more than "
+        "half of the records. The count and rule are given per run.",
+        "Step time per step: the slowest rank's record (a synchronous step ends when its last rank does).",
+        "MFU: model FLOPs per token (6 x non-embedding parameters + 12·L·h·s, torchtitan's count) x tokens/s/GPU / "
+        "the hardware profile's dense peak for the dtype; for Megatron logs its own TFLOP/s/GPU / peak.",
+        "Time breakdown, gpu_kernels basis: HolisticTraceAnalysis's definitions (temporal breakdown, "
+        "comm/comp overlap) on the GPU activity of the profiled steps (the last step dropped when there are "
+        "several).",
+        "Time breakdown, cpu_ops basis (CPU-only traces): " + CPU_BASIS + ".",
+        "busbw: nccl-tests' bus bandwidth = message bytes / time x factor (all_reduce 2(n-1)/n; all_gather, "
+        "reduce_scatter, all_to_all (n-1)/n; broadcast, send/recv 1).",
+        *[f"Doctor rule {k}: {v}" for k, v in D.RULES.items()],
+    ]
+    return [Block("h2", "Definitions"), Block("list", "", items=items)]
+
+
+def report_blocks(rep: Report) -> list[Block]:
+    labels = ", ".join(r.label for r in rep.runs) or "no runs"
+    head = [Block("h2", f"{len(rep.runs)} run(s): {labels}")]
+    return (head + _runs_blocks(rep) + _doctor_blocks(rep) + _speed_blocks(rep) + _curve_blocks(rep) + _memory_blocks(rep)
+            + _time_blocks(rep) + _collective_blocks(rep) + _comm_file_blocks(rep) + _straggler_blocks(rep) + _diff_blocks(rep)
+            + _prediction_blocks(rep) + _definitions_blocks(rep))
+
+
+def _plot(name: str, *args: Any) -> bytes:
+    from analysis import report_plots
+
+    fn: Callable[..., bytes] = getattr(report_plots, name)
+    return fn(*args)
