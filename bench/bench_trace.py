@@ -10,19 +10,17 @@ against the faster HTA run; the targets are >= 20x faster and <= 1/4 of its peak
 Ours reads only trace_analysis.GPU_ANALYSIS_CATEGORIES, the events these analyses use (HTA's
 analyses use no others either; the printed numbers show they come out the same).
 
-Like against like: each side runs in its own virtual environment holding only what it needs, from
-compiled bytecode. HTA's venv holds HTA and its dependencies; ours (made here on first use, or
---ours-venv) holds msgspec, with the repository on PYTHONPATH and the project's modules compiled
-once, untimed, beforehand (this environment may set PYTHONDONTWRITEBYTECODE). Running ours from the
-development interpreter instead would add its site-packages' start-up (.pth hooks, an editable
-finder: 20 ms here) to every run, which HTA's venv does not pay. The header says whether ours ran
-with the C fast path (analysis/parsers/_kscan.c, _kinflate.c; built by `pip install -e .`).
+Ours runs in the README's own install (the interpreter running this script, the project installed as README
+says), HTA in a venv of its own, since it is not among the project's dependencies. Two rows for ours: the three
+analyses as a script (the same work as HTA's side), and `python -m analysis doctor TRACE` as a user runs it (its
+whole CLI, every doctor finding). The header says whether ours ran with the C fast path (analysis/parsers/_kscan.c,
+_kinflate.c; built by `pip install -e .`).
 
 HTA lives in its own venv, never in the project's environment:
     python -m venv /tmp/htavenv && /tmp/htavenv/bin/pip install HolisticTraceAnalysis==0.5.0 ijson
 
 Usage (from the repository root):
-    python bench/bench_trace.py [--hta-venv DIR] [--ours-venv DIR] [--repeat 5] [--source TRACE] [TRACE ...]
+    python bench/bench_trace.py [--hta-venv DIR] [--repeat 5] [--source TRACE] [TRACE ...]
 The traces measured are tests/fixtures/kineto/hta_trace_diff_test.json.gz, any TRACE given, and a
 trace built at run time in a temporary directory by repeating --source's steps --repeat times
 (shifted in time, ProfilerStep numbers and correlation ids renumbered), about 150 MB of JSON
@@ -70,6 +68,20 @@ print(json.dumps({
                  for r in tb.rows()],
     "overlap_pct": [[r["rank"], r["overlap_pct"]] for r in ov.rows()],
     "kernel_names": len(kb), "kernel_types": types}))
+"""
+
+# `python -m analysis doctor TRACE`, the whole CLI in this process, then its peak memory as the last line.
+_DOCTOR = _PEAK + """
+import contextlib, io, json, runpy, sys
+sys.argv = ["analysis", "doctor", sys.argv[1]]
+out = io.StringIO()
+code = 0
+with contextlib.redirect_stdout(out):
+    try:
+        runpy.run_module("analysis", run_name="__main__")
+    except SystemExit as e:
+        code = e.code or 0
+print(json.dumps({"peak_mib": peak_mib(), "exit": code, "lines_printed": out.getvalue().count("\\n")}))
 """
 
 _HTA = _PEAK + """
@@ -183,34 +195,6 @@ def fmt(x: float | None, spec: str = ".2f") -> str:
     return "-" if x is None else format(x, spec)
 
 
-def msgspec_pin() -> str:
-    text = (REPO / "pyproject.toml").read_text()
-    start = text.index('"msgspec')
-    return text[start + 1:text.index('"', start + 1)]
-
-
-def ours_python(venv: Path) -> Path:
-    """The interpreter of ours' venv, made (python -m venv + pip install msgspec) when missing; the
-    development interpreter when that fails (the comparison then carries its start-up overhead)."""
-    python = venv / "bin" / "python"
-    if not python.exists():
-        print(f"making {venv} (msgspec only) for our side ...", flush=True)
-        made = subprocess.run([sys.executable, "-m", "venv", str(venv)], capture_output=True).returncode == 0
-        made = made and subprocess.run([str(python), "-m", "pip", "install", "-q", msgspec_pin()],
-                                       capture_output=True).returncode == 0
-        if not made:
-            print(f"   could not make {venv}: ours runs on {sys.executable}, with its site-packages start-up")
-            return Path(sys.executable)
-    return python
-
-
-def ours_env() -> dict[str, str]:
-    """Environment for our runs: the repository on PYTHONPATH, its modules compiled (now, untimed)."""
-    subprocess.run([sys.executable, "-m", "compileall", "-q", "analysis", "launch"], cwd=REPO, check=True,
-                   capture_output=True)
-    return dict(os.environ, PYTHONPATH=str(REPO))
-
-
 def fast_path(python: Path, env: dict[str, str]) -> str:
     code = ("from analysis.parsers import kineto as k; "
             "print('C fast path' if k._kscan and k._kinflate else 'pure Python (C fast path not built)')")
@@ -253,6 +237,7 @@ def bench_one(path: Path, hta_python: Path | None, python: Path, env: dict[str, 
                 [str(hta_python), "-c", _HTA, str(path), backend, str(rank_of(path))], times)
             print(f"   {'HTA 0.5.0 ' + backend:<34} done in {runs[f'HTA 0.5.0 {backend}']['wall_s']:.1f} s", flush=True)
     runs["ours"] = run_repeated([str(python), "-c", _OURS, str(path)], times, env)
+    runs["ours: python -m analysis doctor"] = run_repeated([str(python), "-c", _DOCTOR, str(path)], times, env)
     hta_ok = {k: v for k, v in runs.items() if k.startswith("HTA") and v["answer"] is not None}
     best = min(hta_ok.items(), key=lambda kv: kv[1]["wall_s"]) if hta_ok else None
     print(f"   {'run':<34}{'wall s':>9}{'peak MiB':>10}{'x faster':>10}{'mem frac':>10}")
@@ -273,10 +258,14 @@ def bench_one(path: Path, hta_python: Path | None, python: Path, env: dict[str, 
             print(f"   vs {best[0]}: {speed:.1f}x faster (target >= 20: {'met' if speed >= 20 else 'MISSED'}), "
                   f"{mem:.3f} of its peak memory (target <= 0.25: {'met' if mem <= 0.25 else 'MISSED'})")
             result = (speed, mem, same_numbers(ours["answer"], best[1]["answer"]))
+        doctor = runs["ours: python -m analysis doctor"]
+        if doctor["answer"] is not None:
+            print(f"   vs {best[0]}: `python -m analysis doctor` {best[1]['wall_s'] / doctor['wall_s']:.1f}x faster, "
+                  f"{doctor['peak_mib'] / best[1]['peak_mib']:.3f} of its peak memory (exit {doctor['answer']['exit']})")
     print("   numbers side by side (per rank: idle, compute, non-compute, kernel time in us; overlap %)")
     for label, r in runs.items():
         a = r["answer"]
-        if a is None:
+        if a is None or "temporal" not in a:
             continue
         temporal = "; ".join(f"r{t[0]}: {t[1]:.0f} {t[2]:.0f} {t[3]:.0f} {t[4]:.0f}" for t in a["temporal"])
         overlap = "; ".join(f"r{o[0]}: {fmt(o[1])}" for o in a["overlap_pct"])
@@ -295,8 +284,6 @@ def main() -> None:
     ap.add_argument("traces", nargs="*", type=Path, help="more Kineto traces (.json or .json.gz) to measure")
     ap.add_argument("--hta-venv", type=Path, default=Path(os.environ.get("HTA_VENV", "/tmp/htavenv")),
                     help="venv with HolisticTraceAnalysis==0.5.0 (and ijson); env HTA_VENV; default /tmp/htavenv")
-    ap.add_argument("--ours-venv", type=Path, default=Path(os.environ.get("OURS_VENV", "/tmp/layoutlab-bench-venv")),
-                    help="venv for our side (msgspec only; made when missing); env OURS_VENV")
     ap.add_argument("--source", type=Path, default=DEFAULT_TRACE, help="trace whose steps are repeated")
     ap.add_argument("--repeat", type=int, default=5, help="copies of --source in the large trace (0: none)")
     ap.add_argument("--runs", type=int, default=3, help="runs of each side per trace; the median wall time counts")
@@ -305,8 +292,10 @@ def main() -> None:
     if not hta_python.exists():
         print(f"no HTA venv at {args.hta_venv} (set --hta-venv or HTA_VENV); measuring ours only")
         hta_python = None
-    python = ours_python(args.ours_venv)
-    env = ours_env()
+    python = Path(sys.executable)
+    subprocess.run([sys.executable, "-m", "compileall", "-q", "analysis", "launch"], cwd=REPO, check=True,
+                   capture_output=True)  # bytecode as an install has it, compiled untimed
+    env = dict(os.environ)
     print(f"python {sys.version.split()[0]}, {os.cpu_count()} CPUs; HTA: {hta_python or 'absent'}; "
           f"ours: {python} ({fast_path(python, env)})")
     traces = [DEFAULT_TRACE, *args.traces]

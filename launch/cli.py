@@ -19,7 +19,7 @@ from typing import Sequence
 from launch import envinfo, launcher, nodes
 from launch.backends import traits
 from launch.checkpoints import ResumeError
-from launch.errors import ConfigError
+from launch.errors import ConfigError, printable
 from launch.grid import shown_nodes
 from launch.planner import GiB, Plan, chunk_layers, plan_resolved
 from launch.resolve import Resolved, resolve_path
@@ -36,31 +36,37 @@ def _gib(n: float) -> str:
     return f"{n / GiB:.2f}"
 
 
+def _safe(text: str) -> str:
+    """The user's text (names, paths, overrides) for a rich console: printed as text, never read as rich markup,
+    its control characters shown as escapes (launch.errors.printable)."""
+    from rich.markup import escape
+
+    return escape(printable(text))
+
+
 def render(resolved: Resolved, plan: Plan, cmd: launcher.LaunchCommand, console,
            per_node: Sequence[launcher.NodeCommand] = ()) -> None:
     from rich.table import Table
 
-    from rich.markup import escape
-
     r = resolved.recipe
     # Names, paths and overrides are the user's text: printed as text, never read as rich markup.
-    console.print(f"[bold]recipe[/bold] {escape(resolved.recipe_name)}  ({escape(resolved.recipe_path)})")
-    console.print(f"  chain: {escape(' -> '.join(resolved.chain))}")
+    console.print(f"[bold]recipe[/bold] {_safe(resolved.recipe_name)}  ({_safe(resolved.recipe_path)})")
+    console.print(f"  chain: {_safe(' -> '.join(resolved.chain))}")
     if resolved.overrides:
-        console.print(f"  overrides: {escape(' '.join(resolved.overrides))}")
+        console.print(f"  overrides: {_safe(' '.join(resolved.overrides))}")
     pc = resolved.model.param_counts()
-    console.print(f"  backend={r.backend}  model={escape(resolved.model.name)} ({pc.total / 1e9:.3f}B params)  "
+    console.print(f"  backend={r.backend}  model={_safe(resolved.model.name)} ({pc.total / 1e9:.3f}B params)  "
                   f"dtype={r.precision.dtype}  zero_stage={r.parallel.zero_stage}  sp={str(r.parallel.sp).lower()}  "
                   f"activation_checkpointing={r.train.activation_checkpointing}")
     console.print(f"  batch: micro_batch_size={r.batch.micro_batch_size} × grad_accum={resolved.grad_accum} × "
                   f"dp={r.parallel.dp} = global_batch_size={r.batch.global_batch_size}, seq_len={r.batch.seq_len} "
                   f"({resolved.tokens_per_step} tokens/step)")
-    console.print(f"  hardware: {escape(resolved.hardware.name)} ({escape(resolved.hardware.device)}), "
+    console.print(f"  hardware: {_safe(resolved.hardware.name)} ({_safe(resolved.hardware.device)}), "
                   f"{r.hardware.nodes} node(s) × {r.hardware.gpus_per_node}")
     if resolved.ds_base:
-        console.print(f"  deepspeed base: {escape(resolved.ds_base)}")
+        console.print(f"  deepspeed base: {_safe(resolved.ds_base)}")
     for w in resolved.warnings:
-        console.print(f"[yellow]warning:[/yellow] {escape(w)}")
+        console.print(f"[yellow]warning:[/yellow] {_safe(w)}")
     console.print()
     for line in resolved.grid.describe():
         console.print(line)
@@ -102,9 +108,9 @@ def render(resolved: Resolved, plan: Plan, cmd: launcher.LaunchCommand, console,
                   f"{s.bubble_s * 1e3:.1f} + tp/sp {s.tp_comm_s * 1e3:.1f} + pp {s.pp_comm_s * 1e3:.1f} + exposed dp "
                   f"{s.dp_exposed_s * 1e3:.1f} (of {s.dp_comm_s * 1e3:.1f}) + offload {s.offload_s * 1e3:.1f}; "
                   f"{s.tokens_per_s_per_device:,.0f} tokens/s/device, MFU {s.mfu:.1%}")
-    console.print(f"  model FLOPs/step {s.model_flops_per_step:.3e} (6·N + 12·L·h·s per token, torchtitan); {escape(s.assumptions)}")
+    console.print(f"  model FLOPs/step {s.model_flops_per_step:.3e} (6·N + 12·L·h·s per token, torchtitan); {_safe(s.assumptions)}")
     for n in plan.notes:
-        console.print(f"  note: {escape(n)}")
+        console.print(f"  note: {_safe(n)}")
     verdict = "fits" if plan.fits else "DOES NOT FIT"
     if r.run.mode == "commbench":
         refusal = " (run.mode=commbench measures collectives only: no fit check)"
@@ -116,14 +122,14 @@ def render(resolved: Resolved, plan: Plan, cmd: launcher.LaunchCommand, console,
     console.print()
     if r.run.launcher == "deepspeed" and per_node:
         console.print("[bold]launch command[/bold] (on the first host; DeepSpeed's runner starts each node over pdsh/ssh)")
-        console.print(cmd.shell(), markup=False)
+        console.print(printable(cmd.shell()), markup=False)
         console.print("[bold]per node[/bold] (what the runner starts there; the environment reaches it through "
                       "DS_ENV_FILE)")
     elif per_node:
         console.print("[bold]launch command per node[/bold] (start each on its node; nodes > 0 join node 0's run directory)")
     else:
         console.print("[bold]launch command[/bold]")
-        console.print(cmd.shell(), markup=False)
+        console.print(printable(cmd.shell()), markup=False)
     for line in node_lines(per_node):
         console.print(line, markup=False)
 
@@ -136,7 +142,7 @@ def node_lines(per_node: Sequence[launcher.NodeCommand]) -> list[str]:
             lines.append(f"  ... nodes {per_node[i - 1].node_rank + 1}-{nc.node_rank - 1}: the same with their own "
                          "node rank")
         host = f" ({nc.host})" if nc.host else ""
-        lines.append(f"  node {nc.node_rank}{host}: {nc.command.shell()}")
+        lines.append(printable(f"  node {nc.node_rank}{host}: {nc.command.shell()}"))
     return lines
 
 
@@ -217,9 +223,7 @@ def cmd_run(args: Sequence[str]) -> int:
     for path, text in cmd.files.items():
         run.write_text_atomic(Path(path), text)
     render(resolved, plan, cmd, console)
-    from rich.markup import escape
-
-    console.print(f"[bold]run directory[/bold] {escape(str(run.root))}")
+    console.print(f"[bold]run directory[/bold] {_safe(str(run.root))}")
     from launch.extensions import ensure_op, needed_ops
 
     for op in [] if bench else needed_ops(resolved):

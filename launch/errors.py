@@ -14,7 +14,14 @@ class ConfigError(Exception):
         super().__init__(str(self))
 
     def __str__(self) -> str:
-        return f"{self.file}: {self.field}={_show(self.value)} {self.problem}; {self.fix}"
+        return printable(f"{self.file}: {self.field}={_show(self.value)} {self.problem}; {self.fix}")
+
+
+def printable(text: str) -> str:
+    """One line, safe on a terminal: control characters (newlines, ESC of ANSI sequences, C1 codes) shown as
+    escapes, so a value holding them can neither split the message nor recolour or move the cursor."""
+    return "".join(ch if ch.isprintable() or ch == " " else ch.encode("unicode_escape").decode("ascii")
+                   for ch in text)
 
 
 def _show(value: object) -> str:

@@ -90,3 +90,21 @@ def test_a_model_config_that_nests_or_overflows_is_one_line(tmp_path, capsys):
         assert main(["run", str(RECIPES / "tiny_zero2"), f"model.config={cfg}", "--dry-run"]) == 2
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and ("nests too deep" in err or "holds a number no field can take" in err)
+
+
+def test_control_characters_in_values_never_reach_the_terminal_raw():
+    """A newline or an ANSI escape in a value (override, recipe text) is shown escaped: the error stays one line,
+    and the dry run neither splits a line nor recolours the terminal."""
+    import subprocess
+
+    from tests.conftest import REPO
+
+    p = subprocess.run(["bash", "launch/run.sh", "recipes/tiny_zero2", "hardware.profile=a\nb\x1b[2J", "--dry-run"],
+                       cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert p.returncode == 2 and len(p.stderr.strip().splitlines()) == 1, p.stderr
+    assert 'hardware.profile="a\\nb\\x1b[2J" is not a shipped hardware profile' in p.stderr
+    p = subprocess.run(["bash", "launch/run.sh", "recipes/tiny_zero2", "description=a\nb\x1b[31mred", "--dry-run"],
+                       cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    assert "\x1b" not in p.stdout
+    assert "  overrides: description=a\\nb\\x1b[31mred" in p.stdout
