@@ -39,7 +39,6 @@ from analysis.collectives import (BACKEND_ANNOTATION, CPU_LAYERS, NCCL_TESTS_OP,
 from analysis.parsers.nccl_tests import large_message_busbw
 from launch.nccl_format import BUS_FACTORS, bus_factor
 from analysis.table import Table
-from launch.planner import tp_calls
 
 # ------------------------------------------------------------------------------------------ steps
 
@@ -723,6 +722,8 @@ def expected_collectives(*, backend: str, tp: int, pp: int, dp: int, zero_stage:
     layer of every micro-batch (up to one per parameterised submodule). PP: one send/recv per
     micro-batch per direction per boundary (x2 with interleaving not modelled).
     """
+    from launch.planner import tp_calls  # the planner's imports cost a trace-only run (doctor) 50 ms
+
     L, m = max(layers, 1), max(micro_batches, 1)
     passes = 3 if recompute == "full" else 2
     mins: Counter[str] = Counter()

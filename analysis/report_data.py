@@ -305,9 +305,11 @@ def prediction_rows(run: Run, res: RunResult) -> list[dict[str, Any]]:
 def _ceiling_curves(tables: Sequence[Table]) -> list[tuple[str, str, list[tuple[float, float]]]]:
     """(op, file, [(size, busbw)]) per collective of each nccl-tests table (comm_plot's best-of-placements
     series)."""
+    out = []
+    if not tables:  # comm_plot's imports (the commbench schema) cost a trace-only run (doctor) 25 ms
+        return out
     from analysis.comm_plot import busbw_series
 
-    out = []
     for t in tables:
         for op in sorted({r["op"] for r in t.rows() if r["op"]}):
             sizes, bw = busbw_series(t, op)
