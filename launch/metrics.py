@@ -6,6 +6,7 @@ is `meta`; every following record is one optimizer step. Stdout is for humans: n
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import MISSING, asdict, dataclass, fields
 from pathlib import Path
 from typing import Any, Iterator
@@ -90,8 +91,35 @@ class MetricsError(ValueError):
     pass
 
 
-def validate(record: dict[str, Any]) -> None:
-    """Raise MetricsError when a record does not follow this schema version."""
+def _field_types(cls) -> dict[str, tuple[tuple[type, ...], bool]]:
+    """Field -> (accepted JSON types, whether null is allowed), from the record's annotations: the schema's one
+    statement of its types."""
+    out = {}
+    for f in fields(cls):
+        names = [t.strip() for t in str(f.type).split("|")]
+        types: tuple[type, ...] = ()
+        for n in names:
+            types += {"int": (int,), "float": (int, float), "str": (str,), "bool": (bool,)}.get(n, ())
+        out[f.name] = (types, "None" in names)
+    return out
+
+
+_META_TYPES = _field_types(MetaRecord)
+_STEP_TYPES = _field_types(StepRecord)
+# Physical sense: a step is counted from 1 and takes time; a rank, a size or a count is never negative.
+_POSITIVE = {"step": ("step", "step_time_s"), "meta": ("world", "tp", "dp", "tokens_per_step", "micro_batch_size",
+                                                     "global_batch_size", "seq_len")}
+_NON_NEGATIVE = {"step": ("tokens_per_s", "tokens_per_s_per_device", "tflops_per_device", "mfu",
+                          "mem_max_allocated_bytes", "mem_max_reserved_bytes", "rss_max_bytes"),
+                 "meta": ("rank", "pp", "start_step", "warmup_steps", "zero_stage", "param_numel_local",
+                          "peak_flops_per_device", "flops_per_token")}
+
+
+def validate(record: Any) -> None:
+    """Raise MetricsError when a record does not follow this schema version: a JSON object of the record's
+    fields, each of its type, with figures that make physical sense (a step takes a positive, finite time)."""
+    if not isinstance(record, dict):
+        raise MetricsError(f"a {type(record).__name__} where a record (a JSON object) belongs")
     kind = record.get("kind")
     if kind == "meta":
         missing = _META_FIELDS - set(record)
@@ -105,10 +133,27 @@ def validate(record: dict[str, Any]) -> None:
         raise MetricsError(f"kind={kind!r} is neither 'meta' nor 'step'")
     if missing or extra:
         raise MetricsError(f"{kind} record: missing {sorted(missing)}, unknown {sorted(extra)}")
-    numeric = ("loss", "lr", "step_time_s", "tokens_per_s", "mfu") if kind == "step" else ("world", "tp", "dp")
-    for k in numeric:
-        if not isinstance(record[k], (int, float)) or isinstance(record[k], bool):
-            raise MetricsError(f"{kind}.{k}={record[k]!r} is not a number")
+    for k, (types, nullable) in (_META_TYPES if kind == "meta" else _STEP_TYPES).items():
+        v = record.get(k)
+        if k == "kind" or (v is None and nullable):
+            continue
+        if not types or not isinstance(v, types) or (isinstance(v, bool) and bool not in types):
+            raise MetricsError(f"{kind}.{k}={_short(v)} is not {' or '.join(t.__name__ for t in types) or 'known'}")
+        if isinstance(v, int) and not isinstance(v, bool) and abs(v) >= 2**63:
+            raise MetricsError(f"{kind}.{k}={_short(v)} is out of range")
+    for k in _POSITIVE[kind]:
+        v = record[k]
+        if not (v > 0 and math.isfinite(v)):
+            raise MetricsError(f"{kind}.{k}={_short(v)} is not a positive, finite number")
+    for k in _NON_NEGATIVE[kind]:
+        v = record.get(k)
+        if v is not None and not (v >= 0 and math.isfinite(v)):
+            raise MetricsError(f"{kind}.{k}={_short(v)} is negative or not finite")
+
+
+def _short(v: Any) -> str:
+    text = repr(v)
+    return text if len(text) <= 40 else text[:37] + "..."
 
 
 @dataclass(frozen=True)
@@ -130,6 +175,9 @@ def iter_records(path: Path) -> Iterator[tuple[int, dict[str, Any] | None, str |
                 rec = json.loads(line)
             except json.JSONDecodeError as e:
                 yield n, None, f"{path}:{n}: not JSON ({e.msg}); a run killed mid-write leaves a cut last line"
+                continue
+            except (ValueError, RecursionError) as e:  # an integer past 4,300 digits, nesting past the stack
+                yield n, None, f"{path}:{n}: not a record ({type(e).__name__}: {str(e)[:80]})"
                 continue
             try:
                 validate(rec)

@@ -224,10 +224,12 @@ def test_a_restarted_run_replaces_the_steps_it_trained_again(tmp_path):
     path = tmp_path / "rank0.jsonl"
     lines = []
 
-    base = {f: None for f in M.MetaRecord.__dataclass_fields__}
-    base.update(kind="meta", schema_version=M.SCHEMA_VERSION, rank=0, world=2, tp=1, pp=1, dp=2, start_step=0)
-    step = {f: None for f in M.StepRecord.__dataclass_fields__}
-    step.update(kind="step", lr=1e-3, step_time_s=0.1, tokens_per_s=10.0, mfu=0.0, warmup=False,
+    base = dict(kind="meta", schema_version=M.SCHEMA_VERSION, rank=0, world=2, tp=1, pp=1, dp=2, recipe="tiny_zero2",
+                backend="deepspeed", hardware_profile="cpu", device="cpu", peak_flops_per_device=1e12,
+                flops_per_token=1e6, flops_formula="6N", tokens_per_step=512, warmup_steps=0, zero_stage=2,
+                dtype="fp32", micro_batch_size=4, global_batch_size=8, seq_len=64, param_numel_local=1000,
+                start_step=0, resumed_from=None)
+    step = dict(kind="step", lr=1e-3, grad_norm=1.0, step_time_s=0.1, tokens_per_s=10.0, mfu=0.0, warmup=False,
                 tokens_per_s_per_device=5.0, tflops_per_device=0.0)
     lines.append(base)
     lines += [{**step, "step": n, "loss": 10.0 - n} for n in (1, 2, 3, 4)]

@@ -318,9 +318,14 @@ def test_an_empty_folder_is_said_to_hold_nothing(tmp_path, capsys):
     assert any("nothing recognised" in w for w in r.run.warnings)
 
 
-def test_missing_percentiles_read_n_a(tmp_path):
+def test_step_times_without_physical_sense_are_dropped_with_a_warning(tmp_path):
+    """A NaN step time is no measurement: each such record is dropped and named, never averaged in, and the speed
+    table shows no percentile rather than a number."""
     from analysis.report import report_blocks
 
     run = make_run_dir(tmp_path / "runs", traces=False, step_times=[float("nan")] * 12)  # no finite step time
-    (speed,) = [b for b in report_blocks(build_report([(None, run)])) if "p10–p90, ms" in b.headers]
-    assert speed.rows[0][2] == "n/a"
+    rep = build_report([(None, run)])
+    warned = [w for w in rep.runs[0].run.warnings if "step_time_s=nan is not a positive, finite number" in w]
+    assert len(warned) == 12 * 2  # every record of both ranks
+    (speed,) = [b for b in report_blocks(rep) if "p10–p90, ms" in b.headers]
+    assert speed.rows[0][2] == "–"
