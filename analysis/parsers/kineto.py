@@ -146,7 +146,8 @@ _LEADING_SEPARATORS = re.compile(rb"[\s,]*")
 _SURROGATES = re.compile("[\udc80-\udcff]")
 _WHITESPACE = re.compile(r"[ \t\r\n]*")
 _RANK_IN_NAME = re.compile(r"rank[-_]?(\d+)", re.IGNORECASE)
-PROFILER_STEP = re.compile(r"ProfilerStep\s*#\s*(\d+)")
+# At most 18 digits: a step number in 64 bits (a longer one is no step the profiler wrote).
+PROFILER_STEP = re.compile(r"ProfilerStep\s*#\s*(\d{1,18})(?!\d)")
 
 
 class _CArgs:
@@ -921,6 +922,11 @@ def _parse_kineto(path: str | os.PathLike[str], source: str, categories: Iterabl
         rank = rank if rank is not None else _rank_from_name(name)
         cols["rank"] = [rank] * len(cols["category"])
         collector.rank = rank
+    dropped = _drop_senseless(cols)
+    if dropped:
+        warnings.append(f"{name}: {dropped} event(s) dropped whose time makes no physical sense (a negative "
+                        f"duration or one beyond {MAX_EVENT_US / 3.6e9:g} h, a timestamp beyond ±{MAX_TS_US:g} us or "
+                        f"more than {MAX_EVENT_US / 3.6e9:g} h from the trace's other events)")
     _assign_steps(cols)
     _link_kernels_to_collectives(cols)
     ts, dur = cols["ts_us"], cols["dur_us"]
@@ -958,6 +964,33 @@ def _parse_kineto(path: str | os.PathLike[str], source: str, categories: Iterabl
     }
     _untrack(cols)
     return Table("kineto", cols, dict(COLUMNS), name, tuple(warnings), meta)
+
+
+# Physical sense for one event: no profiled event runs longer than a day and some (a ProfilerStep of a slow job
+# may take hours); timestamps are microseconds since an epoch or a boot, far below 1e18.
+MAX_EVENT_US = 1e11
+MAX_TS_US = 1e18
+
+
+def _drop_senseless(cols: dict[str, list[Any]]) -> int:
+    """Remove the rows whose ts or dur makes no physical sense (see MAX_EVENT_US, MAX_TS_US; a start far from the
+    median of the others, e.g. one kernel at ts=0, would stretch the span by years); the number removed. The test
+    is a few C-speed passes over the columns; rows are rebuilt only when something is wrong."""
+    ts, dur = cols["ts_us"], cols["dur_us"]
+    if not ts:
+        return 0
+    sample = sorted(ts[:: max(1, len(ts) // 1001)])
+    mid = sample[len(sample) // 2]
+    if not -MAX_TS_US <= mid <= MAX_TS_US:
+        mid = 0.0
+    lo, hi = mid - MAX_EVENT_US, mid + MAX_EVENT_US
+    if lo <= min(ts) and max(ts) <= hi and 0 <= min(dur) and max(dur) <= MAX_EVENT_US:
+        return 0
+    keep = [i for i, (t, d) in enumerate(zip(ts, dur)) if lo <= t <= hi and 0 <= d <= MAX_EVENT_US]
+    for k, col in cols.items():
+        if isinstance(col, list) and len(col) == len(ts):
+            cols[k] = [col[i] for i in keep]
+    return len(ts) - len(keep)
 
 
 def _where(flags: Iterable[Any]) -> list[int]:

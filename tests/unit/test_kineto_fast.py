@@ -125,14 +125,18 @@ def test_garbage_and_odd_events_read_the_same(tmp_path):
     """Events the scanner leaves to msgspec (string stream, null name, escaped keys, big integers,
     duplicate keys) and bytes that are not JSON, between ordinary events."""
     text = gzip.decompress((FIX / "hta_trace_filter__sampled_rank-0.json.gz").read_bytes())
-    odd = [b'{"ph": "X", "cat": "kernel", "name": "k", "pid": 0, "tid": 7, "ts": 5, "dur": 1, '
-           b'"args": {"stream": "7", "correlation": 1}}',
-           b'{"ph": "X", "cat": "cpu_op", "name": null, "pid": 0, "tid": 1, "ts": 6, "dur": 1}',
-           b'{"ph": "X", "c\\u0061t": "kernel", "name": "k2", "pid": 0, "tid": 7, "ts": 7, "dur": 1}',
+    # Timestamps among the trace's own (an event far from them is dropped as senseless, as "big" is).
+    t0 = int(min(parse_kineto(FIX / "hta_trace_filter__sampled_rank-0.json.gz").column("ts_us")))
+    odd = [b'{"ph": "X", "cat": "kernel", "name": "k", "pid": 0, "tid": 7, "ts": %d, "dur": 1, ' % (t0 + 5)
+           + b'"args": {"stream": "7", "correlation": 1}}',
+           b'{"ph": "X", "cat": "cpu_op", "name": null, "pid": 0, "tid": 1, "ts": %d, "dur": 1}' % (t0 + 6),
+           b'{"ph": "X", "c\\u0061t": "kernel", "name": "k2", "pid": 0, "tid": 7, "ts": %d, "dur": 1}' % (t0 + 7),
            b'{"ph": "X", "cat": "cpu_op", "name": "big", "pid": 0, "tid": 1, "ts": 123456789012345678901, "dur": 1}',
-           b'{"ph": "X", "cat": "cpu_op", "name": "dup", "name": "dup2", "pid": 0, "tid": 1, "ts": 8, "dur": 1}',
-           b'{"ph": "\\u0058", "cat": "cpu_op", "name": "esc\\"aped \\u00e9", "pid": "p", "tid": 1.0, "ts": 9, "dur": 1}',
-           b'{"ph": "X", "cat": "cpu_op", "name": "n\\u00e9", "pid": 0, "tid": 1, "ts": 1e3, "dur": 2.5}']
+           b'{"ph": "X", "cat": "cpu_op", "name": "dup", "name": "dup2", "pid": 0, "tid": 1, "ts": %d, "dur": 1}'
+           % (t0 + 8),
+           b'{"ph": "\\u0058", "cat": "cpu_op", "name": "esc\\"aped \\u00e9", "pid": "p", "tid": 1.0, "ts": %d, '
+           b'"dur": 1}' % (t0 + 9),
+           b'{"ph": "X", "cat": "cpu_op", "name": "n\\u00e9", "pid": 0, "tid": 1, "ts": %d.5, "dur": 2.5}' % t0]
     at = range(200000, 900000, 100000)
     pieces, last = [], 0
     for k, pos in enumerate(at):
@@ -147,7 +151,10 @@ def test_garbage_and_odd_events_read_the_same(tmp_path):
         p.write_bytes(body)
         fast = parse_kineto(p)
         _same(fast, _pure(p))
-    assert {"k", "big", "dup2", "esc\"aped é", "né"} <= set(fast.column("name"))
+    assert {"k", "dup2", "esc\"aped é", "né"} <= set(fast.column("name"))
+    # ts 1.2e20 us is no timestamp: dropped, and counted in a warning
+    assert "big" not in set(fast.column("name"))
+    assert any("event(s) dropped whose time makes no physical sense" in w for w in fast.warnings)
 
 
 @needs_fast
