@@ -39,6 +39,7 @@ import os
 import re
 from typing import Any
 
+from analysis.parsers._sense import clean
 from analysis.parsers._text import LineParser, has_lines, head_and_tail, line_start_pattern, read_source
 from analysis.table import Table
 
@@ -224,6 +225,11 @@ def parse_deepspeed_log(path_or_text: str | os.PathLike[str], *, source: str = "
     text, name, warnings = read_source(path_or_text, source)
     parser = _Parser(name, warnings)
     parser.run(text)
+    warnings += clean(parser.rows, name, counts=("step", "epoch", "micro_step", "world_size", "dp", "mp",
+                                                 "micro_batch_size", "rank", "count", "message_bytes"),
+                      durations_ms=("time_ms", "fwd_latency_ms", "bwd_latency_ms", "step_latency_ms",
+                                    "iter_latency_ms", "total_latency_ms", "avg_latency_ms"),
+                      durations_s=("iter_time_s",))
     return Table.from_rows("deepspeed_log", COLUMNS, parser.rows, source=name, warnings=warnings,
                            meta=parser.meta)
 

@@ -30,6 +30,7 @@ import re
 from typing import Any
 
 from analysis.parsers.deepspeed_log import is_deepspeed_timer_line
+from analysis.parsers._sense import clean
 from analysis.parsers._text import LineParser, has_lines, head_and_tail, line_start_pattern, read_source
 from analysis.table import Table
 
@@ -186,6 +187,10 @@ def parse_megatron_log(path_or_text: str | os.PathLike[str], *, source: str = ""
     text, name, warnings = read_source(path_or_text, source)
     parser = _Parser(name, warnings)
     parser.run(text)
+    warnings += clean(parser.rows, name, counts=("iteration", "train_iters", "consumed_samples", "consumed_tokens",
+                                                 "skipped_samples", "global_batch_size", "skipped_iterations",
+                                                 "nan_iterations", "seq_length", "rank"),
+                      durations_ms=("elapsed_ms_per_iteration", "time_ms", "time_min_ms", "time_max_ms"))
     return Table.from_rows("megatron_log", COLUMNS, parser.rows, source=name, warnings=warnings,
                            meta=parser.meta)
 

@@ -49,11 +49,14 @@ COLUMNS: dict[str, str] = {
     "line": "1-based line number in the source text",
 }
 
+# Numbers are read with at most 18 digits (64 bits): a longer one is no NCCL field, and int() of it could raise.
 # `[1,0]<stdout>:` is Open MPI's --tag-output; other launchers' prefixes end before the host.
 _MPI_TAG = re.compile(r"^\[\d+,\d+\]<(?:stdout|stderr)>:")
 # WARN lines put the source position between the device and the level: `[1] net_ib.cc:512 NCCL WARN`.
-_LEVEL = r"\[(?P<dev>\d+)\](?: \S+:\d+(?: \([^)]*\))?)? NCCL (?P<level>INFO|WARN|TRACE|CALL)\b ?"
-_PREFIX = re.compile(r"(?P<host>[^\s:]+):(?P<pid>\d+):(?P<tid>\d+) " + _LEVEL)
+_LEVEL = r"\[(?P<dev>\d{1,18})\](?: \S+:\d+(?: \([^)]*\))?)? NCCL (?P<level>INFO|WARN|TRACE|CALL)\b ?"
+# The host, pid, tid and device before " NCCL " never take more than this.
+MAX_PREFIX_CHARS = 512
+_PREFIX = re.compile(r"(?P<host>[^\s:]+):(?P<pid>\d{1,18}):(?P<tid>\d{1,18}) " + _LEVEL)
 # Users often paste logs with the host prefix cut away: ` [0] NCCL INFO ...`.
 _BARE_PREFIX = re.compile(_LEVEL)
 # NCCL's prefix where a log line starts (behind launcher prefixes), with a plausible host: how a log is
@@ -62,33 +65,33 @@ _BARE_PREFIX = re.compile(_LEVEL)
 LOG_LINE_START = line_start_pattern(r"(?:[\w.-]+:\d+:\d+ )?" + _LEVEL)
 
 _CONN = re.compile(
-    r"^(?P<word>Channel|Ring) (?P<ch>\d+)(?:/(?P<ci>\d+))? : (?P<src>\d+)(?:\[[0-9a-fA-Fx]*\])? -> "
-    r"(?P<dst>\d+)(?:\[[0-9a-fA-Fx]*\])?(?: \[(?P<dir>send|receive)\])? via (?P<via>.*?)\s*$")
+    r"^(?P<word>Channel|Ring) (?P<ch>\d{1,18})(?:/(?P<ci>\d{1,18}))? : (?P<src>\d{1,18})(?:\[[0-9a-fA-Fx]*\])? -> "
+    r"(?P<dst>\d{1,18})(?:\[[0-9a-fA-Fx]*\])?(?: \[(?P<dir>send|receive)\])? via (?P<via>.*?)\s*$")
 _COLLNET = re.compile(
-    r"^(?:CollNet|Coll) (?P<ch>\d+)(?:/(?P<ci>\d+))? : (?P<rank>\d+) \[(?P<dir>send|receive)\] "
+    r"^(?:CollNet|Coll) (?P<ch>\d{1,18})(?:/(?P<ci>\d{1,18}))? : (?P<rank>\d{1,18}) \[(?P<dir>send|receive)\] "
     r"via (?P<via>.*?)\s*$")
 _CONN_LIKE = re.compile(r"^(?:Channel|Ring|CollNet|Coll) \d+.* via ")
-_RING_ORDER = re.compile(r"^(?:Channel|Ring) (?P<ch>\d+)(?:/(?P<n>\d+))? :(?P<order>(?:\s+\d+)+)\s*$")
-_NVLS = re.compile(r"^NVLS comm (?P<ptr>0x[0-9a-fA-F]+|\(nil\)) headRank (?P<head>-?\d+) nHeads (?P<nheads>\d+)")
+_RING_ORDER = re.compile(r"^(?:Channel|Ring) (?P<ch>\d{1,18})(?:/(?P<n>\d{1,18}))? :(?P<order>(?:\s+\d+)+)\s*$")
+_NVLS = re.compile(r"^NVLS comm (?P<ptr>0x[0-9a-fA-F]+|\(nil\)) headRank (?P<head>-?\d+) nHeads (?P<nheads>\d{1,18})")
 _COMM_INFO = re.compile(
-    r"comm (?P<ptr>0x[0-9a-fA-F]+|\(nil\)) rank (?P<rank>\d+) nRanks (?P<nranks>\d+)"
-    r"(?: nNodes (?P<nnodes>\d+))?")
+    r"comm (?P<ptr>0x[0-9a-fA-F]+|\(nil\)) rank (?P<rank>\d{1,18}) nRanks (?P<nranks>\d{1,18})"
+    r"(?: nNodes (?P<nnodes>\d{1,18}))?")
 _INIT = re.compile(
-    r"comm (?P<ptr>0x[0-9a-fA-F]+|\(nil\)) rank (?P<rank>\d+) nranks (?P<nranks>\d+) cudaDev (?P<dev>\d+)"
-    r"(?: nvmlDev (?P<nvml>\d+))?(?: busId (?P<busid>[0-9a-fA-F]+))?.*?- Init (?P<phase>START|COMPLETE)")
+    r"comm (?P<ptr>0x[0-9a-fA-F]+|\(nil\)) rank (?P<rank>\d{1,18}) nranks (?P<nranks>\d{1,18}) cudaDev (?P<dev>\d{1,18})"
+    r"(?: nvmlDev (?P<nvml>\d{1,18}))?(?: busId (?P<busid>[0-9a-fA-F]+))?.*?- Init (?P<phase>START|COMPLETE)")
 _COMM_ID = re.compile(r"commId (0x[0-9a-fA-F]+)")
 _VERSION = re.compile(
     r"\b(?P<lib>NCCL|RCCL) version (?P<ver>\d+\.\d+\.\d+)[^\s+]*(?:\+(?P<rt>cuda|hip)(?P<rtver>[\d.]+))?")
-_DRIVER = re.compile(r"\bcudaDriverVersion (\d+)")
+_DRIVER = re.compile(r"\bcudaDriverVersion (\d{1,18})")
 _IB_USING = re.compile(r"^NET/IB\w* : Using(?P<rest>.*)$")
-_IB_DEV = re.compile(r"\[(?P<idx>\d+)\](?P<dev>[\w.-]+):(?P<port>\d+)/(?P<link>[A-Za-z]+)")
+_IB_DEV = re.compile(r"\[(?P<idx>\d{1,18})\](?P<dev>[\w.-]+):(?P<port>\d{1,18})/(?P<link>[A-Za-z]+)")
 _SOCKET_USING = re.compile(r"^NET/Socket : Using(?P<rest>.*)$")
-_SOCKET_DEV = re.compile(r"\[(?P<idx>\d+)\](?P<ifname>[^:\s]+):(?P<addr>\S+?)<\d+>")
+_SOCKET_DEV = re.compile(r"\[(?P<idx>\d{1,18})\](?P<ifname>[^:\s]+):(?P<addr>\S+?)<\d+>")
 _USING_NETWORK = re.compile(r"^Using network (?P<name>.+?)\s*$")
 _ENV = re.compile(r"^(?P<name>NCCL_\w+) set (?:by environment )?to (?P<value>.*?)\.?\s*$")
 _CHANNEL_COUNTS = re.compile(
-    r"^(?P<coll>\d+) coll channels, (?:(?P<collnet>\d+) collnet channels, )?(?:(?P<nvls>\d+) nvls channels, )?"
-    r"(?P<p2p>\d+) p2p channels, (?P<per_peer>\d+) p2p channels per peer")
+    r"^(?P<coll>\d{1,18}) coll channels, (?:(?P<collnet>\d{1,18}) collnet channels, )?(?:(?P<nvls>\d{1,18}) nvls channels, )?"
+    r"(?P<p2p>\d{1,18}) p2p channels, (?P<per_peer>\d{1,18}) p2p channels per peer")
 _MARKERS = (
     (re.compile(r"^Connected all rings\b"), "ring"),
     (re.compile(r"^Connected all trees\b"), "tree"),
@@ -119,7 +122,10 @@ def find_log_line(raw: str) -> LogLine | None:
     """Find an NCCL log prefix anywhere in `raw` (launcher prefixes and glued text are tolerated)."""
     line = strip_mpi_tag(raw)
     offset = len(raw) - len(line)
-    m = _PREFIX.search(line)
+    at = line.find(" NCCL ")
+    if at < 0:  # no NCCL line; and the host pattern, tried at every offset of a long line, is quadratic
+        return None
+    m = _PREFIX.search(line, max(0, at - MAX_PREFIX_CHARS))
     if m:
         return LogLine(m["host"], int(m["pid"]), int(m["tid"]), int(m["dev"]), m["level"],
                        line[m.end():].rstrip(), m.start() + offset)
