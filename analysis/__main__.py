@@ -18,6 +18,8 @@ import sys
 from pathlib import Path
 from typing import Iterable, Sequence
 
+from launch.errors import printable
+
 _KEYS = ("ceiling", "hardware", "device_memory_gib")
 USAGE = ("usage: python -m analysis report [LABEL=]PATH ... [ceiling=PATH] [hardware=PROFILE] "
          "[device_memory_gib=N] -o OUT.html|OUT.md\n"
@@ -118,7 +120,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         replacing = _check_outputs(outputs, [p for _, p in inputs] + ([options["ceiling"]] if "ceiling" in options
                                                                         else []))
     except UsageError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(printable(f"error: {exc}"), file=sys.stderr)
         if exc.show_usage:
             print(USAGE, file=sys.stderr)
         return 2
@@ -127,10 +129,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     rep = build_report(inputs, **kw)
     if cmd == "doctor":
         for f in rep.findings:
-            print(f"[{f.severity}] {f.run}: {f.rule}: {f.message}")
+            print(printable(f"[{f.severity}] {f.run}: {f.rule}: {f.message}"))
             for ev in f.evidence:
-                print(f"    evidence: {ev}")
-            print(f"    fix: {f.fix}")
+                print(printable(f"    evidence: {ev}"))
+            print(printable(f"    fix: {f.fix}"))
         if not rep.findings:
             print("no findings")
         return 0
@@ -212,13 +214,13 @@ def _recognize(paths: Sequence[str]) -> int:
     for p in paths:
         inv = recognize(p)
         for rf in group_runs(inv):
-            print(f"{rf.label}  ({'run directory' if rf.run_dir else 'foreign files'}: {rf.root})")
+            print(printable(f"{rf.label}  ({'run directory' if rf.run_dir else 'foreign files'}: {rf.root})"))
             for f in rf.files:
-                print(f"  {rf.rel(f.path)}: {', '.join(f.kinds)}")
+                print(printable(f"  {rf.rel(f.path)}: {', '.join(f.kinds)}"))
             for s in rf.skipped:
-                print(f"  {rf.rel(s.path)}: skipped ({s.reason})")
+                print(printable(f"  {rf.rel(s.path)}: skipped ({s.reason})"))
             for w in rf.warnings:
-                print(f"  warning: {w}")
+                print(printable(f"  warning: {w}"))
     return 0
 
 

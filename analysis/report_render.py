@@ -9,13 +9,14 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from analysis.report_data import Report
+from launch.errors import printable
 from analysis.report_sections import report_blocks
 
 
 # ---- Markdown
 
 def _md_cell(text: Any) -> str:
-    s = html.escape(str(text), quote=False).replace("|", "\\|").replace("\n", " ").replace("\r", " ")
+    s = html.escape(printable(str(text), keep="\n\t"), quote=False).replace("|", "\\|").replace("\n", " ").replace("\r", " ")
     # `$` too: renderers with math (GitHub) would read text between two of them as a formula
     return (s.replace("`", "\\`").replace("*", "\\*").replace("[", "\\[").replace("]", "\\]")
             .replace("$", "\\$"))
@@ -75,7 +76,8 @@ def _is_num(cell: str) -> bool:
 
 def render_html(rep: Report, out_path: str | os.PathLike[str]) -> list[Path]:
     """Write one self-contained HTML file: inline CSS, figures as base64 PNG, no scripts, no links out."""
-    e = lambda s: html.escape(str(s), quote=True)  # noqa: E731 - one-letter escaper keeps the markup readable
+    # One-letter escaper keeps the markup readable; control characters (ANSI escapes read from logs) as escapes.
+    e = lambda s: html.escape(printable(str(s), keep="\n\t"), quote=True)  # noqa: E731
     parts = ["<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>",
              "<meta name='viewport' content='width=device-width, initial-scale=1'>",
              "<title>layoutlab report</title><style>", _CSS, "</style></head><body><h1>layoutlab report</h1>"]

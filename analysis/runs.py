@@ -6,8 +6,9 @@ give partial tables and warnings, never an exception).
 """
 from __future__ import annotations
 
+import math
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -64,6 +65,14 @@ class Run:
         return out
 
 
+def _real(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def _whole(v: Any, low: int = 0) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and low <= v < 2**63
+
+
 def load_run(rf: RunFiles, *, hardware: Any = None, hardware_source: str = "") -> Run:
     """Parse every recognised file of one run. `hardware` (a HardwareProfile) stands in for runs
     without a resolved.json of their own."""
@@ -75,10 +84,14 @@ def load_run(rf: RunFiles, *, hardware: Any = None, hardware_source: str = "") -
         from launch.resolve import Resolved
 
         try:
-            run.resolved = Resolved.load(p)
+            resolved = Resolved.load(p)
+            bad = [k for k, v in vars(resolved.grid).items() if not _whole(v, low=1)]
+            if bad:
+                raise ValueError(f"grid.{bad[0]}={getattr(resolved.grid, bad[0])!r} is not a positive whole number")
+            run.resolved = resolved
             run.resolved_source = rel(p)
             run.hardware, run.hardware_source = run.resolved.hardware, f"{rel(p)} hardware.{run.resolved.hardware.name}"
-        except (ConfigError, OSError, ValueError, KeyError, TypeError) as exc:
+        except (ConfigError, OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
             run.warnings.append(f"{rel(p)}: cannot be read as a resolved config ({exc}); the layout comes from "
                                 f"the metrics' meta record and the plan only from a readable plan.json")
     if run.hardware is None and hardware is not None:
@@ -88,15 +101,23 @@ def load_run(rf: RunFiles, *, hardware: Any = None, hardware_source: str = "") -
         from launch.planner import Plan
 
         try:
-            run.plan = Plan.from_json(plans[0].read_text())
+            plan = Plan.from_json(plans[0].read_text())
+            bad = [f.name for f in fields(plan.step) if f.type in ("float", "int")
+                   and not _real(getattr(plan.step, f.name))]
+            if bad:
+                raise ValueError(f"step.{bad[0]}={getattr(plan.step, bad[0])!r} is not a finite number")
+            run.plan = plan
             run.plan_source = rel(plans[0])
-        except (OSError, ValueError, KeyError, TypeError) as exc:
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
             run.warnings.append(f"{rel(plans[0])}: cannot be read as a plan ({exc})")
     if run.plan is None and run.resolved is not None:
         from launch.planner import plan_resolved
 
-        run.plan = plan_resolved(run.resolved)
-        run.plan_source = f"recomputed from {run.resolved_source} (launch.planner.plan_resolved; no plan.json)"
+        try:
+            run.plan = plan_resolved(run.resolved)
+            run.plan_source = f"recomputed from {run.resolved_source} (launch.planner.plan_resolved; no plan.json)"
+        except (ArithmeticError, ValueError, KeyError, TypeError, AttributeError) as exc:
+            run.warnings.append(f"{run.resolved_source}: no plan can be computed from it ({type(exc).__name__}: {exc})")
     metrics = rf.of("metrics_jsonl")
     if metrics:
         run.metrics = parse_metrics(metrics, relative_to=rf.root)

@@ -17,10 +17,11 @@ class ConfigError(Exception):
         return printable(f"{self.file}: {self.field}={_show(self.value)} {self.problem}; {self.fix}")
 
 
-def printable(text: str) -> str:
-    """One line, safe on a terminal: control characters (newlines, ESC of ANSI sequences, C1 codes) shown as
-    escapes, so a value holding them can neither split the message nor recolour or move the cursor."""
-    return "".join(ch if ch.isprintable() or ch == " " else ch.encode("unicode_escape").decode("ascii")
+def printable(text: str, keep: str = "") -> str:
+    """Safe on a terminal: control characters (newlines, ESC of ANSI sequences, C1 codes) shown as escapes, so a
+    value holding them can neither split the message nor recolour or move the cursor; those in `keep` (a report's
+    own line breaks) stay."""
+    return "".join(ch if ch.isprintable() or ch == " " or ch in keep else ch.encode("unicode_escape").decode("ascii")
                    for ch in text)
 
 

@@ -108,3 +108,28 @@ def test_control_characters_in_values_never_reach_the_terminal_raw():
     assert p.returncode == 0, p.stderr
     assert "\x1b" not in p.stdout
     assert "  overrides: description=a\\nb\\x1b[31mred" in p.stdout
+
+
+def test_escape_sequences_read_from_inputs_reach_neither_report_nor_terminal(tmp_path):
+    """A folder name and a log line carrying ANSI escapes (a coloured run, a coloured timer name) are reported with
+    the escapes shown as text, in the Markdown, the HTML and the doctor's output."""
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO
+
+    src = (REPO / "tests/fixtures/logs/c_megatron_lm_2025_minmax_moe.txt").read_text()
+    assert "forward-backward" in src
+    folder = tmp_path / "run\x1b[31mred\x1b]0;title\x07"
+    folder.mkdir()
+    (folder / "megatron.log").write_text(src.replace("forward-backward", "forward-\x1b[31mbackward"))
+    for out in ("r.md", "r.html"):
+        p = subprocess.run([sys.executable, "-m", "analysis", "report", str(folder), "-o", str(tmp_path / out)],
+                           cwd=REPO, capture_output=True, text=True, timeout=120)
+        assert p.returncode == 0, p.stderr
+        text = (tmp_path / out).read_text()
+        assert "\x1b" not in text and "\x07" not in text
+        assert "run\\x1b" in text  # shown as text (Markdown also escapes the bracket after it)
+    p = subprocess.run([sys.executable, "-m", "analysis", "doctor", str(folder)], cwd=REPO, capture_output=True,
+                       text=True, timeout=120)
+    assert "\x1b" not in p.stdout + p.stderr and "\x07" not in p.stdout + p.stderr
