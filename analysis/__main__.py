@@ -89,9 +89,9 @@ def _options(options: dict[str, str]) -> dict:
             gib = float(options["device_memory_gib"])
         except ValueError:
             raise UsageError(f"device_memory_gib={options['device_memory_gib']}: not a number") from None
-        if not math.isfinite(gib) or gib <= 0:
-            raise UsageError(f"device_memory_gib={options['device_memory_gib']}: must be a finite number > 0 "
-                             f"(GiB of one device)")
+        if not math.isfinite(gib) or not 1e-3 <= gib <= 1e6:
+            raise UsageError(f"device_memory_gib={options['device_memory_gib']}: must be a finite number from 0.001 "
+                             f"to 1,000,000 (GiB of one device)")
         kw["device_memory_bytes"] = int(gib * 2**30)
     return kw
 
@@ -161,6 +161,9 @@ def _check_outputs(outputs: Sequence[str], inputs: Sequence[str]) -> list[Path]:
     seen: set[Path] = set()
     replacing: list[Path] = []
     for o in outputs:
+        if Path(o).is_symlink() and not Path(o).exists():
+            raise UsageError(f"-o {o}: is a symlink to a missing {os.readlink(o)}; name a plain file",
+                             show_usage=False)
         out = Path(o).resolve()
         targets = [out] + ([out.with_name(out.stem + "_plots")] if out.suffix.lower() in (".md", ".markdown") else [])
         for target in targets:

@@ -85,7 +85,7 @@ class RunFiles:
         """`path` relative to the run's root, as reports name files."""
         try:
             return str(Path(path).resolve().relative_to(self.root.resolve())) or "."
-        except ValueError:
+        except (ValueError, OSError, RuntimeError):  # outside the root, or a symlink loop that cannot resolve
             return str(path)
 
 
@@ -254,6 +254,9 @@ def recognize(path: str | os.PathLike[str]) -> Inventory:
         for name in sorted(dirnames):
             if name.startswith("."):
                 skipped.append(Recognized(d / name, (), "hidden folder"))
+            elif (d / name).is_symlink():
+                skipped.append(Recognized(d / name, (), "a symlink to a folder, not followed (it can loop or lead "
+                                                        "elsewhere): give its target as an input of its own"))
             elif is_run and name == "checkpoints":
                 # The run directory's layout (launch/rundir.py) puts model state here: large, not evidence.
                 skipped.append(Recognized(d / name, (), "checkpoints of the run (model state, not analysed)"))

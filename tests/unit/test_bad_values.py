@@ -133,3 +133,31 @@ def test_escape_sequences_read_from_inputs_reach_neither_report_nor_terminal(tmp
     p = subprocess.run([sys.executable, "-m", "analysis", "doctor", str(folder)], cwd=REPO, capture_output=True,
                        text=True, timeout=120)
     assert "\x1b" not in p.stdout + p.stderr and "\x07" not in p.stdout + p.stderr
+
+
+def test_symlinks_in_inputs_and_outputs(tmp_path):
+    """A symlink loop inside an input is skipped, a symlinked folder is listed as not followed, and a dangling
+    symlink as -o is refused before anything is written (it was written through, then failed)."""
+    import os
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO
+
+    run = tmp_path / "in"
+    run.mkdir()
+    (run / "megatron.log").write_text((REPO / "tests/fixtures/logs/c_megatron_lm_2025_minmax_moe.txt").read_text())
+    os.symlink("loop", run / "loop")  # points at itself
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    os.symlink(elsewhere, run / "linked")
+    p = subprocess.run([sys.executable, "-m", "analysis", "report", str(run), "-o", str(tmp_path / "r.md")], cwd=REPO,
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    text = (tmp_path / "r.md").read_text()
+    assert "linked — skipped: a symlink to a folder, not followed" in text
+    os.symlink(tmp_path / "nowhere" / "x.md", tmp_path / "dangling.md")
+    p = subprocess.run([sys.executable, "-m", "analysis", "report", str(run), "-o", str(tmp_path / "dangling.md")],
+                       cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 2 and "is a symlink to a missing" in p.stderr, p.stderr
+    assert not (tmp_path / "dangling_plots").exists() and not (tmp_path / "nowhere").exists()
