@@ -622,15 +622,6 @@ BANDWIDTH_COLUMNS = {
 }
 
 
-def _covered_us(spans: list[tuple[float, float]]) -> float:
-    """Length of the union of the intervals."""
-    total, end = 0.0, float("-inf")
-    for s, e in sorted(spans):
-        total += max(0.0, e - max(s, end))
-        end = max(end, e)
-    return total
-
-
 def collective_bandwidth(calls: Table, windows: Mapping[Any, set[int]], ceilings: Table | None, *,
                          no_ceiling_reason: str = "no nccl-tests output (commbench/ or ceiling=)") -> Table:
     """Per collective type over the calls in the profiled window (trace_analysis.window_steps; every call of a rank
@@ -649,7 +640,7 @@ def collective_bandwidth(calls: Table, windows: Mapping[Any, set[int]], ceilings
             per_rank_calls[r["rank"]] += 1
             if r["start_us"] is not None and r["dur_us"]:
                 spans[r["rank"]].append((r["start_us"], r["start_us"] + r["dur_us"]))
-        per_rank_time = {k: _covered_us(v) for k, v in spans.items()}
+        per_rank_time = {k: ta.covered_us(v) for k, v in spans.items()}
         cps = [per_rank_calls[k] / len(w) for k, w in windows.items() if w]
         tps = [per_rank_time.get(k, 0.0) / len(w) / 1e3 for k, w in windows.items() if w]
         sized = [r for r in rs if r["busbw_GBps"] is not None]

@@ -134,6 +134,11 @@ def _union(intervals: Iterable[tuple[float, float]]) -> list[tuple[float, float]
     return [(s, e) for s, e in out]
 
 
+def covered_us(intervals: Iterable[tuple[float, float]]) -> float:
+    """Time covered by at least one of the intervals (their union's length)."""
+    return sum(e - s for s, e in _union(intervals))
+
+
 def _intersect(a: list[tuple[float, float]], b: list[tuple[float, float]]) -> list[tuple[float, float]]:
     out, i, j = [], 0, 0
     while i < len(a) and j < len(b):
@@ -665,7 +670,7 @@ def collective_summary(table: Table, *, include_last_step: bool = False, hta_rou
             algbw = nbytes / sized_time / 1e3 if sized and sized_time > 0 else None
             factor = bus_factor_of(coll, n)
             rows.append({"rank": rk.rank, "collective": coll, "source": source, "count": len(idx),
-                         "total_us": sum(durs), "wall_us": sum(e - s for s, e in _union(spans)),
+                         "total_us": sum(durs), "wall_us": covered_us(spans),
                          "mean_us": sum(durs) / len(idx), "sized_count": len(sized),
                          "message_bytes": nbytes, "group_size": n, "group_size_from": n_from,
                          "algbw_GBps": algbw, "bus_factor": factor,

@@ -126,16 +126,24 @@ def find_resume(runs_dir: Path, resolved: Resolved) -> tuple[Checkpoint | None, 
     if not runs_dir.is_dir():
         return None, notes
     want = json.loads(json.dumps(training_identity(resolved)))
-    for d in sorted(runs_dir.iterdir(), reverse=True):
-        found = complete_checkpoints(d / "checkpoints")
-        if not found:
-            continue
-        have = found[-1].info.get("identity", {})
+    # Newest first by when each run last completed a checkpoint: folder names do not sort by time once SLURM's
+    # `slurm-<job id>` folders sit beside UTC stamps.
+    latest = [(found[-1], d) for d in runs_dir.iterdir() if (found := complete_checkpoints(d / "checkpoints"))]
+    latest.sort(key=lambda cd: (_marker_mtime(cd[0]), cd[1].name), reverse=True)
+    for newest, _ in latest:
+        have = newest.info.get("identity", {})
         if have == want:
-            return found[-1], notes
+            return newest, notes
         diff = sorted(k for k in set(want) | set(have) if want.get(k) != have.get(k))
-        notes.append(f"{found[-1].dir}: not resumed, it trains a different configuration (differs in {', '.join(diff)})")
+        notes.append(f"{newest.dir}: not resumed, it trains a different configuration (differs in {', '.join(diff)})")
     return None, notes
+
+
+def _marker_mtime(ckpt: Checkpoint) -> float:
+    try:
+        return (ckpt.dir / MARKER).stat().st_mtime
+    except OSError:
+        return 0.0
 
 
 def write_marker(ckpt_root: Path, tag: str, info: dict[str, Any]) -> None:

@@ -216,7 +216,7 @@ def cmd_run(args: Sequence[str]) -> int:
     else:
         run.write_text_atomic(run.resolved, resolved.to_json() + "\n")
         run.write_text_atomic(run.plan, plan.to_json() + "\n")
-    node = nodes.placement(os.environ).node_rank
+    node = nodes.placement(os.environ, resolved.recipe.hardware.nodes).node_rank
     run.write_text_atomic(run.env if node == 0 else run.root / f"env_node{node}.json",
                           json.dumps(envinfo.capture(), indent=2) + "\n")
     run.write_text_atomic(run.launch_cmd if node == 0 else run.root / f"launch_cmd_node{node}.txt", cmd.shell() + "\n")
@@ -246,8 +246,8 @@ def shared_run_dir(resolved: Resolved, environ) -> str | None:
 
     if environ.get("LAYOUTLAB_RUN_DIR"):
         return environ["LAYOUTLAB_RUN_DIR"]
-    p = nodes.placement(environ)
-    if p.job_id and resolved.recipe.hardware.nodes > 1:
+    p = nodes.placement(environ, resolved.recipe.hardware.nodes)
+    if p.job_id:
         return str(runs_root() / resolved.recipe_name / f"slurm-{p.job_id}")
     return None
 
@@ -282,7 +282,9 @@ def _check_resume(resolved: Resolved):
     ckpt, notes = find_resume(runs_root() / resolved.recipe_name, resolved)
     for note in notes:
         print(f"note: {note}")
-    if ckpt is not None and check_resume_compatible(ckpt, resolved):  # raises ResumeError: one line, exit 2
+    first_node = nodes.placement(os.environ, resolved.recipe.hardware.nodes).node_rank == 0
+    # raises ResumeError: one line, exit 2; only node 0 converts (the nodes share the folder it writes)
+    if ckpt is not None and check_resume_compatible(ckpt, resolved) and first_node:
         from rich.console import Console
 
         # Before any rank starts: converting a large checkpoint takes minutes, longer than the watchdog allows.

@@ -25,7 +25,7 @@ DS_CONFIG_NAME = "ds_config.json"
 USAGE = "usage: python -m launch export-accelerate (RUN_DIR | recipes/NAME [key=value ...]) [out=DIR]"
 
 
-def accelerate_config(resolved: Resolved, ds_config_path: str, main_process_ip: str | None) -> dict:
+def accelerate_config(resolved: Resolved, ds_config_path: str, place: nodes.Placement) -> dict:
     """accelerate's own config keys (as `accelerate config` writes them) for this layout."""
     hw = resolved.recipe.hardware
     config = {
@@ -43,8 +43,9 @@ def accelerate_config(resolved: Resolved, ds_config_path: str, main_process_ip: 
     }
     if hw.nodes > 1:
         config["deepspeed_config"]["deepspeed_multinode_launcher"] = "standard"  # torchrun on every node
-        config["main_process_ip"] = main_process_ip
-        config["main_process_port"] = nodes.DEFAULT_PORT  # every machine must arrive at the same one
+        config["main_process_ip"] = place.master_addr
+        # every machine must arrive at the same one
+        config["main_process_port"] = int(place.master_port or nodes.DEFAULT_PORT)
     return config
 
 
@@ -55,8 +56,8 @@ def export_accelerate(resolved: Resolved, out: Path | None, environ) -> tuple[Ru
     if not resolved.ds_config:
         raise ConfigError(resolved.recipe_path, "backend", resolved.recipe.backend, "trains without a DeepSpeed engine",
                           "export a recipe whose backend trains through DeepSpeed")
-    master = environ.get("MASTER_ADDR")
-    if resolved.recipe.hardware.nodes > 1 and not master:
+    place = nodes.placement(environ, resolved.recipe.hardware.nodes)  # MASTER_ADDR/PORT, or SLURM's
+    if resolved.recipe.hardware.nodes > 1 and not place.master_addr:
         raise ConfigError("environment", "MASTER_ADDR", None, f"is needed for {resolved.recipe.hardware.nodes} nodes "
                           "(accelerate's main_process_ip)", "export MASTER_ADDR=<node 0's address>")
     if out is not None:
@@ -71,7 +72,7 @@ def export_accelerate(resolved: Resolved, out: Path | None, environ) -> tuple[Ru
     run.write_text_atomic(ds_path, json.dumps(resolved.ds_config, indent=2) + "\n")
     run.write_text_atomic(run.resolved, resolved.to_json() + "\n")
     run.write_text_atomic(run.plan, plan_resolved(resolved).to_json() + "\n")
-    config = accelerate_config(resolved, str(ds_path), master)
+    config = accelerate_config(resolved, str(ds_path), place)
     header = ("# Written by `python -m launch export-accelerate` for recipe "
               f"{resolved.recipe_name}: {resolved.world_size} process(es) on {resolved.recipe.hardware.nodes} machine(s).\n"
               "# Precision lives in the DeepSpeed JSON. On CPU ranks, Accelerator.num_processes reads 1 under DeepSpeed:\n"

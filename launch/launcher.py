@@ -64,7 +64,7 @@ def rank_env(resolved, run_dir: str, environ: Mapping[str, str]) -> dict[str, st
 
 def _rendezvous(resolved, environ: Mapping[str, str]) -> tuple[nodes.Placement, str, str]:
     """(this node's placement, node 0's address, the port) as every node of the job derives them."""
-    p = nodes.placement(environ)
+    p = nodes.placement(environ, resolved.recipe.hardware.nodes)
     multi = resolved.recipe.hardware.nodes > 1
     addr = p.master_addr or (NODE0_PLACEHOLDER if multi else "127.0.0.1")
     # One node: a fixed port would make two jobs on one host meet in the same rendezvous store. Several nodes
@@ -132,7 +132,7 @@ def node_commands(resolved, run_dir: str, *, environ: Mapping[str, str] | None =
     hostfile = environ.get("LAYOUTLAB_HOSTFILE")
     hosts = [h.name for h in nodes.check_hostfile(resolved, hostfile)] if hostfile else [f"node{n}" for n in range(hw.nodes)]
     argv = list(runner.argv)
-    addr = argv[argv.index("--master_addr") + 1] if "--master_addr" in argv else "127.0.0.1"
+    addr = argv[argv.index("--master_addr") + 1] if "--master_addr" in argv else "127.0.0.1"  # one node: local
     port = argv[argv.index("--master_port") + 1]
     world_info = base64.urlsafe_b64encode(json.dumps({h: list(range(hw.gpus_per_node)) for h in hosts})
                                           .encode("utf-8")).decode("utf-8")
@@ -178,8 +178,13 @@ def preflight(resolved, *, which=None, gpus: int | None = None, environ: Mapping
         raise ConfigError(resolved.recipe_path, "run.profile", "nsys", "needs Nsight Systems' `nsys` on PATH",
                           'install Nsight Systems (it ships with the CUDA toolkit) or set run.profile="torch"')
     environ = os.environ if environ is None else environ
-    p = nodes.placement(environ)
+    p = nodes.placement(environ, r.hardware.nodes)
     nodes.check(resolved, p)
+    if r.run.launcher == "deepspeed" and p.job_id:
+        # srun starts one launcher per node, and DeepSpeed's runner would start every node again from each.
+        raise ConfigError(resolved.recipe_path, "run.launcher", "deepspeed",
+                          "under SLURM starts the job once per node (srun runs one launcher on each)",
+                          "use run.launcher=torchrun with launch/slurm.sbatch")
     if r.run.launcher == "torchrun" and r.hardware.nodes > 1 and p.master_addr is None:
         raise ConfigError(resolved.recipe_path, "hardware.nodes", r.hardware.nodes,
                           "needs MASTER_ADDR (node 0's address) for torchrun's rendezvous",

@@ -29,29 +29,32 @@ class Placement:
     job_id: str | None  # SLURM_JOB_ID
 
 
-def placement(environ: Mapping[str, str]) -> Placement:
-    """This node's place, from the environment; a value that cannot be a node rank or node count is refused."""
-    slurm = bool(environ.get("SLURM_JOB_ID"))
+def placement(environ: Mapping[str, str], nodes: int = 2) -> Placement:
+    """This node's place, from the environment; a value that cannot be a node rank or node count is refused.
+    SLURM's variables count only for a multi-node layout (`nodes` > 1): a one-node run inside an allocation takes
+    node rank 0, a free port and its own run directory, as outside one."""
+    slurm = bool(environ.get("SLURM_JOB_ID")) and nodes > 1
     name = "NODE_RANK" if environ.get("NODE_RANK") else "SLURM_NODEID" if slurm and environ.get("SLURM_NODEID") else None
     node_rank = _int(environ, name, "a node rank, 0 for the first node") if name else 0
-    nodes = None
+    count = None
     if slurm:
-        count = "SLURM_NNODES" if environ.get("SLURM_NNODES") else "SLURM_JOB_NUM_NODES"
-        nodes = _int(environ, count, "a node count") if environ.get(count) else None
+        key = "SLURM_NNODES" if environ.get("SLURM_NNODES") else "SLURM_JOB_NUM_NODES"
+        count = _int(environ, key, "a node count") if environ.get(key) else None
     addr = environ.get("MASTER_ADDR") or None
     if addr is None and slurm and environ.get("SLURM_JOB_NODELIST"):
         addr = expand_hostlist(environ["SLURM_JOB_NODELIST"])[0]
     port = environ.get("MASTER_PORT") or None
-    if port is not None and not (port.strip().isdigit() and 0 < int(port) < 65536):
+    if port is not None and not (re.fullmatch(r"[0-9]{1,5}", port.strip()) and 0 < int(port) < 65536):
         raise ConfigError("environment", "MASTER_PORT", port, "is not a TCP port", "set MASTER_PORT to 1..65535, or unset it")
     if port is None and slurm:
         port = str(SLURM_PORT_BASE + _int(environ, "SLURM_JOB_ID", "SLURM's job id") % SLURM_PORT_SPAN)
-    return Placement(node_rank, name or "default", addr, port, nodes, environ.get("SLURM_JOB_ID") or None)
+    return Placement(node_rank, name or "default", addr, port, count,
+                     environ.get("SLURM_JOB_ID") if slurm else None)
 
 
 def _int(environ: Mapping[str, str], name: str, what: str) -> int:
     raw = environ[name]
-    if not re.fullmatch(r"\d{1,9}", raw.strip()):
+    if not re.fullmatch(r"[0-9]{1,18}", raw.strip()):
         raise ConfigError("environment", name, raw, f"is not {what}", f"set {name} to a whole number >= 0, or unset it")
     return int(raw)
 
@@ -115,7 +118,7 @@ class Host:
     line: int  # 1-based line of the hostfile
 
 
-HOSTFILE_LINE = re.compile(r"^(\S+)\s+slots=(\d+)")  # DeepSpeed's own pattern (launcher/runner.py)
+HOSTFILE_LINE = re.compile(r"^(\S+)\s+slots=([0-9]{1,9})(?![0-9])")  # DeepSpeed's pattern (launcher/runner.py), slots bounded
 
 
 def read_hostfile(path: str) -> list[Host]:
@@ -137,6 +140,9 @@ def read_hostfile(path: str) -> list[Host]:
             raise ConfigError(f"{path}:{n}", "host", m.group(1), "is listed twice", "list each host once")
         seen.add(m.group(1))
         hosts.append(Host(m.group(1), int(m.group(2)), n))
+    if not hosts:
+        raise ConfigError(path, "hosts", 0, "are listed nowhere in it (DeepSpeed refuses an empty hostfile too)",
+                          "write one `hostname slots=N` per line")
     return hosts
 
 

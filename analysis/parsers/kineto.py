@@ -986,7 +986,7 @@ def _drop_senseless(cols: dict[str, list[Any]]) -> int:
     lo, hi = mid - MAX_EVENT_US, mid + MAX_EVENT_US
     if lo <= min(ts) and max(ts) <= hi and 0 <= min(dur) and max(dur) <= MAX_EVENT_US:
         return 0
-    keep = [i for i, (t, d) in enumerate(zip(ts, dur)) if lo <= t <= hi and 0 <= d <= MAX_EVENT_US]
+    keep = [i for i, (t, d) in enumerate(zip(ts, dur, strict=True)) if lo <= t <= hi and 0 <= d <= MAX_EVENT_US]
     for k, col in cols.items():
         if isinstance(col, list) and len(col) == len(ts):
             cols[k] = [col[i] for i in keep]

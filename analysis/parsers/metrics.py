@@ -125,6 +125,7 @@ def parse_metrics(paths: str | os.PathLike[str] | Iterable[str | os.PathLike[str
         except OSError as exc:
             warnings.append(f"{name}: cannot read ({exc.strerror or exc})")
             continue
+        mine: list[dict[str, Any]] = []  # this file's rows: a restart replaces only its own
         for lineno, rec, problem in records:
             if problem:
                 warnings.append(problem.replace(str(f), name, 1))
@@ -134,19 +135,18 @@ def parse_metrics(paths: str | os.PathLike[str] | Iterable[str | os.PathLike[str
                 metas += 1
                 # A resume or a torchrun restart continues from its checkpoint: the steps this file recorded after
                 # it were trained again, and the new records replace them.
-                start = rec.get("start_step")
-                start = start if isinstance(start, int) and not isinstance(start, bool) else 0
-                redone = [r for r in rows if r["file"] == name and isinstance(r["step"], (int, float)) and r["step"] > start]
+                start = rec["start_step"]
+                redone = [r for r in mine if r["step"] > start]
                 if redone:
-                    gone = {id(x) for x in redone}
-                    rows = [r for r in rows if id(r) not in gone]
+                    mine = [r for r in mine if r["step"] <= start]
                     warnings.append(f"{name}:{lineno}: a resumed run continues from step {start}; the "
                                     f"{len(redone)} step(s) recorded after it before the restart are replaced")
                 continue
             rank = meta["rank"] if meta is not None else _rank_from_name(f)
             row = {c: rec.get(c) for c in _STEP_FIELDS}
             row.update(rank=rank, file=name, line=lineno)
-            rows.append(row)
+            mine.append(row)
+        rows.extend(mine)
         if meta is None:
             warnings.append(f"{name}: no meta record; rank taken from the file name, run facts unknown")
             continue

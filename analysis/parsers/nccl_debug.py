@@ -71,7 +71,7 @@ _COLLNET = re.compile(
     r"^(?:CollNet|Coll) (?P<ch>\d{1,18})(?:/(?P<ci>\d{1,18}))? : (?P<rank>\d{1,18}) \[(?P<dir>send|receive)\] "
     r"via (?P<via>.*?)\s*$")
 _CONN_LIKE = re.compile(r"^(?:Channel|Ring|CollNet|Coll) \d+.* via ")
-_RING_ORDER = re.compile(r"^(?:Channel|Ring) (?P<ch>\d{1,18})(?:/(?P<n>\d{1,18}))? :(?P<order>(?:\s+\d+)+)\s*$")
+_RING_ORDER = re.compile(r"^(?:Channel|Ring) (?P<ch>\d{1,18})(?:/(?P<n>\d{1,18}))? :(?P<order>(?:\s+\d{1,18}(?!\d))+)\s*$")
 _NVLS = re.compile(r"^NVLS comm (?P<ptr>0x[0-9a-fA-F]+|\(nil\)) headRank (?P<head>-?\d+) nHeads (?P<nheads>\d{1,18})")
 _COMM_INFO = re.compile(
     r"comm (?P<ptr>0x[0-9a-fA-F]+|\(nil\)) rank (?P<rank>\d{1,18}) nRanks (?P<nranks>\d{1,18})"
@@ -82,7 +82,7 @@ _INIT = re.compile(
 _COMM_ID = re.compile(r"commId (0x[0-9a-fA-F]+)")
 _VERSION = re.compile(
     r"\b(?P<lib>NCCL|RCCL) version (?P<ver>\d+\.\d+\.\d+)[^\s+]*(?:\+(?P<rt>cuda|hip)(?P<rtver>[\d.]+))?")
-_DRIVER = re.compile(r"\bcudaDriverVersion (\d{1,18})")
+_DRIVER = re.compile(r"\bcudaDriverVersion (\d{1,18})(?!\d)")
 _IB_USING = re.compile(r"^NET/IB\w* : Using(?P<rest>.*)$")
 _IB_DEV = re.compile(r"\[(?P<idx>\d{1,18})\](?P<dev>[\w.-]+):(?P<port>\d{1,18})/(?P<link>[A-Za-z]+)")
 _SOCKET_USING = re.compile(r"^NET/Socket : Using(?P<rest>.*)$")

@@ -52,13 +52,20 @@ def run_rank(run_dir: str, body: Callable[..., int]) -> int:
     resolved = Resolved.load(run.resolved)
     env = rank_env()
     terminal = redirect_logs(run, env.rank)
+    for stale in (run.failure(env.rank), run.logs / f"stall_rank{env.rank}.json"):
+        with contextlib.suppress(OSError):  # an earlier attempt's (torchrun restart, SLURM requeue): not this one's
+            stale.unlink()
     cuda = resolved.hardware.name != "cpu"
     if cuda:
         os.environ.setdefault("NCCL_DEBUG_FILE", str(run.nccl_log(env.rank)))
-    watchdog = Watchdog(env.rank, float(resolved.recipe.run.timeout_s), terminal if env.rank == 0 else None, run)
+    # On GPUs a rank waits for its peers in a CUDA synchronisation, not inside the torch.distributed call (NCCL
+    # returns at once): where the main thread is cannot tell victim from cause, so no rank is blamed there.
+    watchdog = Watchdog(env.rank, float(resolved.recipe.run.timeout_s), terminal if env.rank == 0 else None, run,
+                        blame=not cuda)
     try:
         return body(run, resolved, env, terminal if env.rank == 0 else None, cuda, watchdog)
     except ResumeError as e:
+        record_failure(run, env.rank, watchdog.step, watchdog.phase, "resume", f"layoutlab: {e}")
         print(f"layoutlab: {e}", file=sys.stderr)
         if env.rank == 0:
             print(f"layoutlab: {e}", file=terminal)
@@ -129,10 +136,6 @@ def redirect_logs(run: RunDir, rank: int) -> TextIO:
     return terminal
 
 
-# Where a stalled rank's own code ends and its libraries begin (Watchdog.where).
-THIRD_PARTY = ("torch", "deepspeed", "megatron", "transformers", "accelerate", "numpy")
-
-
 class Watchdog:
     """Ends this rank when no step finishes within `timeout_s`, naming the rank, the step, and where it waits.
 
@@ -143,8 +146,9 @@ class Watchdog:
     the job names the ranks found outside any collective as the likely cause.
     """
 
-    def __init__(self, rank: int, timeout_s: float, terminal: TextIO | None, run: RunDir | None = None) -> None:
-        self.rank, self.timeout_s, self.terminal, self.run = rank, timeout_s, terminal, run
+    def __init__(self, rank: int, timeout_s: float, terminal: TextIO | None, run: RunDir | None = None,
+                 blame: bool = False) -> None:
+        self.rank, self.timeout_s, self.terminal, self.run, self.blame = rank, timeout_s, terminal, run, blame
         self.step = 0
         self.phase = "start-up"
         self._last = time.monotonic()
@@ -169,7 +173,7 @@ class Watchdog:
 
     def where(self) -> tuple[bool, str]:
         """(whether the main thread is inside a torch.distributed call, where it is: the call, or its innermost
-        frame outside the standard library and site-packages)."""
+        frame in layoutlab's own code)."""
         frame = sys._current_frames().get(self._main)
         frames = []
         while frame is not None:
@@ -178,12 +182,9 @@ class Watchdog:
         for f in frames:  # innermost first
             if f.f_code.co_filename.replace(os.sep, "/").endswith("torch/distributed/distributed_c10d.py"):
                 return True, f"torch.distributed.{f.f_code.co_name}"
-        import sysconfig
-
-        stdlib = sysconfig.get_paths()["stdlib"]
-        for f in frames:  # the innermost frame of the program itself, not of the libraries it calls
-            name = f.f_code.co_filename.replace(os.sep, "/")
-            if not name.startswith(stdlib) and not any(f"/{lib}/" in name for lib in THIRD_PARTY):
+        own = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the launch package
+        for f in frames:  # the innermost frame of layoutlab itself, not of the libraries it calls
+            if os.path.abspath(f.f_code.co_filename).startswith(own + os.sep):
                 return False, f"{os.path.relpath(f.f_code.co_filename)}:{f.f_lineno} in {f.f_code.co_name}"
         return False, f"{frames[0].f_code.co_filename}:{frames[0].f_lineno}" if frames else "unknown"
 
@@ -202,7 +203,7 @@ class Watchdog:
     def _run(self) -> None:
         while not self._stop.wait(min(5.0, self.timeout_s / 4)):
             idle = time.monotonic() - self._last
-            if idle > self.timeout_s / 2 and not self._noted and self.run is not None:
+            if idle > self.timeout_s / 2 and not self._noted and self.run is not None and self.blame:
                 inside, where = self.where()
                 note = {"rank": self.rank, "step": self.step, "phase": self.phase, "in_collective": inside,
                         "where": where, "idle_s": round(idle, 1)}
@@ -212,9 +213,10 @@ class Watchdog:
             if idle > self.timeout_s:
                 inside, where = self.where()
                 msg = (f"layoutlab: rank {self.rank} stalled at step {self.step} ({self.phase}) for {idle:.0f} s "
-                       f"> run.timeout_s={self.timeout_s:g}, " + (f"waiting in {where}" if inside else
-                                                                   f"outside any collective ({where})"))
-                culprits = self._culprits() if inside else []
+                       f"> run.timeout_s={self.timeout_s:g}")
+                if self.blame:
+                    msg += ", " + (f"waiting in {where}" if inside else f"outside any collective ({where})")
+                culprits = self._culprits() if inside and self.blame else []
                 msg += ("; " + "; ".join(culprits) + ": the likely cause" if culprits else "") + "; ending the job"
                 if self.run is not None:
                     record_failure(self.run, self.rank, self.step, self.phase, "stall", msg)
