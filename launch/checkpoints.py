@@ -9,7 +9,6 @@ loop on the ranks, and `launch export`.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -18,6 +17,7 @@ from typing import Any
 
 from launch.backends import traits
 from launch.resolve import Resolved
+from launch.rundir import write_text_atomic
 
 MARKER = "layoutlab_checkpoint.json"  # written last, by rank 0, after every rank finished saving
 
@@ -147,10 +147,7 @@ def _marker_mtime(ckpt: Checkpoint) -> float:
 
 
 def write_marker(ckpt_root: Path, tag: str, info: dict[str, Any]) -> None:
-    target = ckpt_root / tag / MARKER
-    tmp = target.with_name(MARKER + ".tmp")
-    tmp.write_text(json.dumps(info, indent=2))
-    os.replace(tmp, target)
+    write_text_atomic(ckpt_root / tag / MARKER, json.dumps(info, indent=2))
 
 
 def complete_checkpoints(root: Path) -> list[Checkpoint]:

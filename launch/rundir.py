@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import os
+import socket
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -18,6 +19,21 @@ SUBDIRS = ("metrics", "logs", "traces", "nccl", "commbench", "tensorboard", "che
 def runs_root() -> Path:
     """`$LAYOUTLAB_RUNS` when set, else ./runs (relative to where run.sh is called)."""
     return Path(os.environ.get("LAYOUTLAB_RUNS", "runs"))
+
+
+def write_text_atomic(path: Path, text: str) -> None:
+    """Replace `path` with `text` at once: readers see the old file or the new one, never a part.
+
+    The temporary name is this writer's own (host and process): the nodes of a job write their shared run
+    directory at the same moment, and with one name for all, one node's os.replace moved the file the other had
+    just written, which then failed with FileNotFoundError and left node 0 waiting in the rendezvous.
+    """
+    tmp = path.with_name(f"{path.name}.{socket.gethostname()}.{os.getpid()}.tmp")
+    try:
+        tmp.write_text(text)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 @dataclass(frozen=True)
@@ -152,6 +168,4 @@ class RunDir:
         return [RunDir(p) for p in sorted(parent.iterdir()) if p != self.root and RunDir.is_run_dir(p)]
 
     def write_text_atomic(self, path: Path, text: str) -> None:
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text(text)
-        os.replace(tmp, path)
+        write_text_atomic(path, text)

@@ -3,6 +3,7 @@ after a worker is killed. Both must train exactly as the one-rank reference does
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 
@@ -17,7 +18,8 @@ pytestmark = [pytest.mark.dist, pytest.mark.slow]
 TOL = 1e-5
 
 # Stands in for SLURM's srun on one machine: one task per node of the allocation, each with the variables srun
-# sets for it, all started at once; the step fails when a task fails.
+# sets for it, all started at once; like --kill-on-bad-exit, a task that fails ends the others (a node left alone
+# would wait in the rendezvous for its join timeout).
 FAKE_SRUN = r"""#!/usr/bin/env bash
 printf '%s\n' "$@" > "$FAKE_SRUN_DIR/argv"
 while [[ $1 == --* ]]; do shift; done
@@ -28,7 +30,9 @@ for n in $(seq 0 $((SLURM_NNODES - 1))); do
   pids+=($!)
 done
 rc=0
-for p in "${pids[@]}"; do wait "$p" || rc=$?; done
+for _ in "${pids[@]}"; do
+  if ! wait -n; then rc=1; kill -TERM "${pids[@]}" 2>/dev/null || true; fi
+done
 exit $rc
 """
 
@@ -62,10 +66,18 @@ def test_two_slurm_nodes_train_like_one_rank(tmp_path, one_rank_reference):
     env.update(PATH=f"{bin_dir}:{env['PATH']}", FAKE_SRUN_DIR=str(tmp_path), LAYOUTLAB_RUNS=str(runs),
                PYTHON=sys.executable, SLURM_JOB_ID=str(job), SLURM_NNODES="2", SLURM_JOB_NUM_NODES="2",
                SLURM_JOB_NODELIST="127.0.0.1,127.0.0.2", SLURM_SUBMIT_DIR=str(REPO))
-    p = subprocess.run(["bash", "launch/slurm.sbatch", "recipes/tiny_zero2", "hardware.nodes=2", *SHORT], cwd=REPO,
-                       env=env, capture_output=True, text=True, timeout=400)
-    outs = "".join((tmp_path / f"node{n}.{s}").read_text()[-2000:] for n in (0, 1) for s in ("out", "err"))
-    assert p.returncode == 0, p.stderr[-2000:] + outs
+    p = subprocess.Popen(["bash", "launch/slurm.sbatch", "recipes/tiny_zero2", "hardware.nodes=2", *SHORT], cwd=REPO,
+                         env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        said, _ = p.communicate(timeout=300)
+    except subprocess.TimeoutExpired:
+        os.killpg(p.pid, signal.SIGKILL)
+        said, _ = p.communicate()
+
+    def node_logs():
+        return "".join(f"--- node{n}.{s}\n" + (tmp_path / f"node{n}.{s}").read_text()[-3000:]
+                       for n in (0, 1) for s in ("out", "err") if (tmp_path / f"node{n}.{s}").is_file())
+    assert p.returncode == 0, said[-2000:] + node_logs()
     argv = (tmp_path / "argv").read_text().split("\n")
     assert argv[:4] == ["--ntasks-per-node=1", "--nodes=2", "--kill-on-bad-exit=1", "--label"], argv
     # One run directory for the job, named after it, written by both nodes.
