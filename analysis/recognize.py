@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Callable
 
 from analysis.parsers import deepspeed_log, megatron_log, metrics, nsys, tensorboard
-from analysis.parsers._text import has_lines, head_and_tail, line_start_pattern
+from analysis.parsers._text import has_lines, head_and_tail, line_start_pattern, looks_like_text
 from analysis.parsers.nccl_debug import LOG_LINE_START
 
 KINDS: dict[str, str] = {
@@ -214,8 +214,8 @@ def classify(path: str | os.PathLike[str]) -> Recognized:
                 break
     if kinds:
         return Recognized(p, tuple(kinds))
-    head = _head(p, 4096)
-    if b"\0" in head or head.startswith(_GZIP_MAGIC):
+    head = _head(p, _SNIFF_BYTES)
+    if not looks_like_text(head) or head.startswith(_GZIP_MAGIC):
         return Recognized(p, (), "binary file of no supported format")
     return Recognized(p, (), "text without lines from any supported tool (DeepSpeed, Megatron, nccl-tests, "
                              "NCCL_DEBUG, nsys stats, our metrics)")

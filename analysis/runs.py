@@ -6,6 +6,7 @@ give partial tables and warnings, never an exception).
 """
 from __future__ import annotations
 
+import json
 import math
 import os
 from dataclasses import dataclass, field, fields
@@ -23,6 +24,7 @@ from analysis.parsers.nsys import parse_nsys_sqlite, parse_nsys_stats_csv
 from analysis.parsers.tensorboard import parse_tensorboard
 from analysis.recognize import RunFiles
 from analysis.table import Table
+from launch import sense
 
 
 @dataclass
@@ -69,6 +71,15 @@ def _real(v: Any) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
 
+def _check_sense(doc: Any) -> None:
+    """Raise ValueError naming the first number of our own document (read back, perhaps damaged) that makes no
+    physical sense (launch.sense.first_senseless): a plan of 1e308 bytes is no prediction."""
+    found = sense.first_senseless(doc)
+    if found is not None:
+        where, value, why = found
+        raise ValueError(f"{where}={value!r} {why}")
+
+
 def _whole(v: Any, low: int = 0) -> bool:
     return isinstance(v, int) and not isinstance(v, bool) and low <= v < 2**63
 
@@ -85,6 +96,7 @@ def load_run(rf: RunFiles, *, hardware: Any = None, hardware_source: str = "") -
 
         try:
             resolved = Resolved.load(p)
+            _check_sense(json.loads(resolved.to_json()))
             bad = [k for k, v in vars(resolved.grid).items() if not _whole(v, low=1)]
             if bad:
                 raise ValueError(f"grid.{bad[0]}={getattr(resolved.grid, bad[0])!r} is not a positive whole number")
@@ -101,7 +113,9 @@ def load_run(rf: RunFiles, *, hardware: Any = None, hardware_source: str = "") -
         from launch.planner import Plan
 
         try:
-            plan = Plan.from_json(plans[0].read_text())
+            text = plans[0].read_text()
+            plan = Plan.from_json(text)
+            _check_sense(json.loads(text))
             bad = [f.name for f in fields(plan.step) if f.type in ("float", "int")
                    and not _real(getattr(plan.step, f.name))]
             if bad:
@@ -115,8 +129,10 @@ def load_run(rf: RunFiles, *, hardware: Any = None, hardware_source: str = "") -
 
         try:
             run.plan = plan_resolved(run.resolved)
+            _check_sense(json.loads(run.plan.to_json()))
             run.plan_source = f"recomputed from {run.resolved_source} (launch.planner.plan_resolved; no plan.json)"
         except (ArithmeticError, ValueError, KeyError, TypeError, AttributeError) as exc:
+            run.plan = None
             run.warnings.append(f"{run.resolved_source}: no plan can be computed from it ({type(exc).__name__}: {exc})")
     metrics = rf.of("metrics_jsonl")
     if metrics:

@@ -3,7 +3,8 @@ calibrations): every refusal is one ConfigError naming the file, never a traceba
 
 Rules: the path holds no NUL byte and names a readable regular file (not a folder, not a dangling or looping
 link) of at most MAX_BYTES; the text is UTF-8; TOML and JSON documents nest at most MAX_DEPTH deep and hold no
-integer longer than Python converts (4,300 digits). The resolver checks each value's sense afterwards.
+integer longer than Python converts (4,300 digits), and no number that no field can take (NaN, an infinity, an
+integer past 64 bits: launch/sense.py). The resolver checks each value's sense afterwards.
 """
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
+from launch import sense
 from launch.errors import ConfigError
 
 MAX_BYTES = 16 * 2**20  # far beyond any recipe, config or calibration; a larger file is a wrong path
@@ -83,22 +85,33 @@ def _number_too_long(path: str | Path, kind: str, e: ValueError) -> ConfigError:
                        "write the number you meant")
 
 
+def check_numbers(doc: Any, path: str | Path) -> Any:
+    """`doc`, or a ConfigError naming the first field whose number no field can take (sense.bad_number)."""
+    found = sense.bad_number(doc)
+    if found is not None:
+        field, value = found
+        raise ConfigError(str(path), field, value, "is not a finite number within 64 bits", "write the number you meant")
+    return doc
+
+
 def parse_toml(path: str | Path, *, context: str, field: str, fix: str = "give the path of the file you meant") -> dict:
     text = _text_of_document(path, context=context, field=field, fix=fix, what="a recipe")
     try:
-        return tomllib.loads(text)
+        doc = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(str(path), "toml", str(e), "is not valid TOML", "fix the syntax at that line") from None
     except ValueError as e:  # an integer past Python's digit limit
         raise _number_too_long(path, "toml", e) from None
+    return check_numbers(doc, path)
 
 
 def parse_json(path: str | Path, *, context: str, field: str, fix: str = "give the path of the file you meant") -> Any:
     text = _text_of_document(path, context=context, field=field, fix=fix, what="a configuration")
     try:
-        return json.loads(text)
+        doc = json.loads(text)
     except json.JSONDecodeError as e:
         raise ConfigError(str(path), f"line {e.lineno} col {e.colno}", e.msg, "is not valid JSON",
                           "fix the JSON syntax") from None
     except ValueError as e:  # an integer past Python's digit limit
         raise _number_too_long(path, "json", e) from None
+    return check_numbers(doc, path)

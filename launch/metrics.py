@@ -11,6 +11,8 @@ from dataclasses import MISSING, asdict, dataclass, fields
 from pathlib import Path
 from typing import Any, Iterator
 
+from launch import sense
+
 SCHEMA_VERSION = 1
 FLOPS_FORMULA = ("6 × non-embedding parameters (lm_head included) + 12 · layers · heads · head_dim · seq_len "
                  "per token (torchtitan's count); model FLOPs, recomputation not counted")
@@ -114,6 +116,8 @@ _NON_NEGATIVE = {"step": ("tokens_per_s", "tokens_per_s_per_device", "tflops_per
                  "meta": ("rank", "pp", "start_step", "warmup_steps", "zero_stage", "param_numel_local",
                           "peak_flops_per_device", "flops_per_token")}
 
+_FIGURES = {"step": ("loss", "lr", "grad_norm"), "meta": ()}
+
 
 def validate(record: Any) -> None:
     """Raise MetricsError when a record does not follow this schema version: a JSON object of the record's
@@ -139,12 +143,18 @@ def validate(record: Any) -> None:
             continue
         if not types or not isinstance(v, types) or (isinstance(v, bool) and bool not in types):
             raise MetricsError(f"{kind}.{k}={_short(v)} is not {' or '.join(t.__name__ for t in types) or 'known'}")
-        if isinstance(v, int) and not isinstance(v, bool) and abs(v) >= 2**63:
+        if isinstance(v, int) and not isinstance(v, bool) and abs(v) >= sense.COUNT_LIMIT:
             raise MetricsError(f"{kind}.{k}={_short(v)} is out of range")
     for k in _POSITIVE[kind]:
         v = record[k]
         if not (v > 0 and math.isfinite(v)):
             raise MetricsError(f"{kind}.{k}={_short(v)} is not a positive, finite number")
+    if kind == "step" and not sense.is_duration_s(record["step_time_s"]):
+        raise MetricsError(f"step.step_time_s={_short(record['step_time_s'])} is longer than a week")
+    for k in _FIGURES[kind]:
+        v = record.get(k)
+        if isinstance(v, float) and not sense.is_figure(v):
+            raise MetricsError(f"{kind}.{k}={_short(v)} is past float32's range")
     for k in _NON_NEGATIVE[kind]:
         v = record.get(k)
         if v is not None and not (v >= 0 and math.isfinite(v)):

@@ -330,7 +330,7 @@ def _read_json(path: Path, where: str) -> dict[str, Any]:
             "is not a JSON object",
             "an HF config.json is one object of key: value pairs",
         )
-    return data
+    return inputs.check_numbers(data, shown)
 
 
 def _parse(raw: Mapping[str, Any], spec_name: str, path: Path, context: str) -> ModelSpec:

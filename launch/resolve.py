@@ -104,6 +104,8 @@ def resolve(loaded: LoadedRecipe, world_size: int | None = None) -> Resolved:
     paths = {}
     for dotted, value in (("model.config", r.model.config), ("model.weights", r.model.weights),
                           ("data.path", r.data.path), ("deepspeed.config", r.deepspeed.config)):
+        if value is not None and not value.strip():
+            raise ConfigError(w(dotted), dotted, value, "is an empty path", f"give a path, or leave {dotted} unset")
         if value:
             paths[dotted] = str(loaded.path_of(dotted, value))
     if r.model.name is not None:

@@ -8,6 +8,7 @@ it, so a later validation error can name where the user must change it.
 from __future__ import annotations
 
 import dataclasses
+import os
 import tomllib
 import types
 import typing
@@ -16,7 +17,7 @@ from pathlib import Path
 from typing import Any, Literal, Mapping, Sequence, Union, get_args, get_origin
 
 from launch.backends import BACKENDS
-from launch import inputs
+from launch import inputs, sense
 from launch.errors import ConfigError
 
 BACKEND_NAMES = tuple(BACKENDS)
@@ -177,11 +178,15 @@ class LoadedRecipe:
         """A path field made absolute: relative to the file that set it, or to the working directory for
         a command-line override."""
         p = Path(value).expanduser()
-        if p.is_absolute():
-            return p
         origin = self.where(dotted)
         base = Path.cwd() if origin.startswith("override ") else Path(origin).parent
-        return (base / p).resolve()
+        try:
+            full = p if p.is_absolute() else (base / p).resolve()
+            full.exists()  # raises for a name longer than the file system takes
+            return full
+        except (OSError, RuntimeError) as e:  # a name longer than the file system takes; a symlink loop
+            raise ConfigError(origin, dotted, value, f"cannot be used as a path ({getattr(e, 'strerror', None) or e})",
+                              "give the path of the file you meant") from None
 
 
 # --------------------------------------------------------------------------- loading
@@ -219,7 +224,9 @@ def load_recipe(path: str | Path, overrides: Sequence[str] = ()) -> LoadedRecipe
         origin[key] = f"override {item}"
     recipe = _build(Recipe, merged, "", origin, str(top))
     return LoadedRecipe(
-        name=top.parent.name,
+        # Its folder's own name, `.` and `..` spelled out (a recipe given as `..` would put its runs outside runs/);
+        # lexically, so that a symlinked recipe folder keeps the name the user gave it.
+        name=Path(os.path.abspath(top.parent)).name or "recipe",
         path=top,
         recipe=recipe,
         origin=types.MappingProxyType(origin),
@@ -306,6 +313,13 @@ def _parse_override(item: str) -> tuple[str, Any]:
         value = tomllib.loads(f"v = {raw.strip()}")["v"]
     except tomllib.TOMLDecodeError:
         value = raw.strip()  # a bare word (e.g. train.activation_checkpointing=full) is a string
+    except ValueError:  # an integer past Python's digit limit
+        raise ConfigError(f"override {item[:60]}", key, raw[:20] + "...", "holds a number no field can take",
+                          "write the number you meant") from None
+    found = sense.bad_number(value)
+    if found is not None:
+        raise ConfigError(f"override {item}", key, value, "is not a finite number within 64 bits",
+                          "write the number you meant")
     return key, value
 
 

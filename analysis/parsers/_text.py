@@ -28,7 +28,37 @@ def read_source(path_or_text: str | os.PathLike[str], source: str = "") -> tuple
         text = data.decode("utf-8", errors="replace")
         if "\ufffd" in text:
             warnings.append(f"{name}: bytes that are not UTF-8 were replaced")
+    text, nul = clean_text(text)
+    if nul:
+        warnings.append(f"{name}: {nul} NUL bytes ignored (the filler a file system leaves after a crash, or garbage)")
     return text.replace("\r\n", "\n").replace("\r", "\n"), name, warnings
+
+
+# Terminal control sequences that loggers colour or decorate lines with: CSI (`ESC [ 1;32 m`, cursor moves), OSC
+# (window titles, hyperlinks) and two-byte escapes. Removed before any pattern is tried, so that a coloured log
+# reads as the plain one does.
+_ESCAPES = re.compile(r"\x1b(?:\[[0-?]*[ -/]*[@-~]|\][^\x07\x1b\n]*(?:\x07|\x1b\\)?|[@-Z\\-_])")
+# Bytes that text never holds: controls other than whitespace, backspace and ESC.
+_CONTROL_BYTES = bytes(b for b in range(32) if b not in b"\0\t\n\v\f\r\b\x1b") + b"\x7f"
+# More control bytes than this share of what is not NUL: a binary format, not a damaged log.
+_BINARY_SHARE = 0.05
+
+
+def clean_text(text: str) -> tuple[str, int]:
+    """`text` without terminal escapes and NUL characters, and how many NULs it held."""
+    nul = text.count("\0")
+    if nul:
+        text = text.replace("\0", "")
+    if "\x1b" in text:
+        text = _ESCAPES.sub("", text)
+    return text, nul
+
+
+def looks_like_text(data: bytes) -> bool:
+    """Whether `data` is text, perhaps damaged (a block of NUL filler, garbage spliced in), rather than a binary
+    format: a log whose first kilobytes a crash zeroed is still a log."""
+    body = data.replace(b"\0", b"")
+    return bool(body) and len(body) - len(body.translate(None, _CONTROL_BYTES)) <= _BINARY_SHARE * len(body)
 
 
 _SNIFF_BYTES = 64 * 1024
@@ -65,7 +95,8 @@ def has_lines(pattern: re.Pattern[str], text: str | None, at_least: int = SNIFF_
 
 
 def head_and_tail(path: str | os.PathLike[str]) -> str | None:
-    """The first and last 64 KiB of a text file, decoded leniently; None for binary or unreadable files.
+    """The first and last 64 KiB of a text file, decoded leniently and cleaned (clean_text); None for binary or
+    unreadable files.
 
     Launch scripts often print 100 KB of shell trace before training starts, hence the tail too; it
     begins at a line start, so that a line cut in two does not pass for one that starts there."""
@@ -82,9 +113,9 @@ def head_and_tail(path: str | os.PathLike[str]) -> str | None:
                 tail = fh.read()  # the rest, contiguous with the head
     except OSError:
         return None
-    if b"\0" in head[:4096]:
+    if not looks_like_text(head):
         return None  # binary (an event file, a trace): never a text log
-    return (head + tail).decode("utf-8", errors="replace")
+    return clean_text((head + tail).decode("utf-8", errors="replace"))[0]
 
 
 def split_lines(text: str) -> tuple[list[str], bool]:
@@ -109,12 +140,17 @@ def capped_warn(warnings: list[str], counts: dict[str, int], cap: int, name: str
         warnings.append(f"{name}: further '{kind}' warnings suppressed")
 
 
+# What a damaged line raises while it is read (a 5,000-digit number, a float past its range, nesting, a huge
+# field): the line is skipped with a warning, the rest of the file is read.
+GARBLED: tuple[type[BaseException], ...] = (ValueError, OverflowError, RecursionError, MemoryError)
+
+
 class LineParser:
     """Base of the line-oriented log parsers: feeds every line to `line()`, turning a line that matched a
     pattern but holds no valid number into a capped warning instead of an exception."""
 
     max_warnings_per_kind = 10
-    garbled: tuple[type[BaseException], ...] = (ValueError, OverflowError, RecursionError, MemoryError)
+    garbled = GARBLED
 
     def __init__(self, name: str, warnings: list[str]) -> None:
         self.name = name

@@ -39,7 +39,7 @@ import os
 import re
 from typing import Any
 
-from analysis.parsers._sense import clean
+from launch.sense import clean
 from analysis.parsers._text import LineParser, has_lines, head_and_tail, line_start_pattern, read_source
 from analysis.table import Table
 
@@ -229,7 +229,11 @@ def parse_deepspeed_log(path_or_text: str | os.PathLike[str], *, source: str = "
                                                  "micro_batch_size", "rank", "count", "message_bytes"),
                       durations_ms=("time_ms", "fwd_latency_ms", "bwd_latency_ms", "step_latency_ms",
                                     "iter_latency_ms", "total_latency_ms", "avg_latency_ms"),
-                      durations_s=("iter_time_s",))
+                      durations_s=("iter_time_s",), bandwidths_gbit_s=("algbw_gbps", "busbw_gbps"),
+                      flop_per_s=("fwd_flop_per_s_per_gpu", "bwd_flop_per_s_per_gpu", "fwd_bwd_flop_per_s_per_gpu",
+                                  "flop_per_s_per_gpu"),
+                      rates_per_s=("samples_per_s", "samples_per_s_avg"), loss_scales=("loss_scale", "new_loss_scale"),
+                      figures=("loss", "lr"))
     return Table.from_rows("deepspeed_log", COLUMNS, parser.rows, source=name, warnings=warnings,
                            meta=parser.meta)
 

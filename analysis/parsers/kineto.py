@@ -45,6 +45,7 @@ from typing import Any, Callable, Iterable, Iterator
 
 from analysis.gpu_kernels import kernel_collective, kernel_kind
 from analysis.table import Table
+from launch import sense
 
 # The C fast path (analysis/parsers/_kscan.c, built by `pip install`, optional): it takes the
 # well-formed events and leaves everything else to the decoders here, so the tables are the same
@@ -303,6 +304,7 @@ class _Source:
         self.path, self.name, self.warn = path, name, warn
         self.gzip = False
         self.failed = False
+        self.size = 0
 
     def chunks(self) -> Iterator[bytes]:
         try:
@@ -312,6 +314,7 @@ class _Source:
             self.warn(f"{self.name}: cannot read ({exc.strerror or exc})")
             return
         with fh:
+            self.size = os.fstat(fh.fileno()).st_size
             head = fh.read(2)
             fh.seek(0)
             if head == b"\x1f\x8b":
@@ -336,11 +339,16 @@ class _Source:
                     if not data.strip(b"\0"):
                         break  # zero padding after the last member
                     inflater = zlib.decompressobj(31)  # concatenated gzip members
+                before = inflater.copy()
                 try:
                     out = inflater.decompress(data, _CHUNK_BYTES)
                 except zlib.error as exc:
-                    warn(f"{self.name}: gzip data corrupt after compressed byte {fed} ({exc}); "
-                         f"the events before it are kept")
+                    # decompressobj drops the output of the call that fails: inflate the same bytes again, a few
+                    # at a time, from the state before it, and keep what precedes the damage (a failed check of
+                    # the trailer loses nothing).
+                    yield from _inflate_until_damage(before, data)
+                    warn(f"{self.name}: gzip data corrupt after compressed byte {fed} ({exc}); the events before "
+                         f"the damage are kept, which lies within the last {self.size - fed:,} compressed bytes")
                     return
                 if out:
                     yield out
@@ -372,9 +380,24 @@ class _Source:
                       f"(file cut short, e.g. by a crashed run); the events before the cut are kept")
         elif status == 2:
             self.warn(f"{self.name}: gzip data corrupt after compressed byte {fed} (Error {code} while "
-                      f"decompressing data: {message}); the events before it are kept")
+                      f"decompressing data: {message}); the events before the damage are kept, "
+                      f"which lies within the last {self.size - fed:,} compressed bytes")
         elif status == 3:
             self.warn(f"{self.name}: cannot read after compressed byte {fed} ({os.strerror(errno)})")
+
+
+def _inflate_until_damage(inflater, data: bytes, piece: int = 64) -> Iterator[bytes]:
+    """Everything `inflater` (a copy taken before a failed call) gives for `data` up to the damage."""
+    for i in range(0, len(data), piece):
+        before = inflater.copy()
+        try:
+            out = inflater.decompress(data[i:i + piece])
+        except zlib.error:
+            if piece > 1:
+                yield from _inflate_until_damage(before, data[i:i + piece], 1)
+            return
+        if out:
+            yield out
 
 
 class _Collector:
@@ -925,8 +948,8 @@ def _parse_kineto(path: str | os.PathLike[str], source: str, categories: Iterabl
     dropped = _drop_senseless(cols)
     if dropped:
         warnings.append(f"{name}: {dropped} event(s) dropped whose time makes no physical sense (a negative "
-                        f"duration or one beyond {MAX_EVENT_US / 3.6e9:g} h, a timestamp beyond ±{MAX_TS_US:g} us or "
-                        f"more than {MAX_EVENT_US / 3.6e9:g} h from the trace's other events)")
+                        f"duration or one longer than a week, a timestamp beyond ±{MAX_TS_US:g} us or more than a week "
+                        f"from the trace's other events)")
     _assign_steps(cols)
     _link_kernels_to_collectives(cols)
     ts, dur = cols["ts_us"], cols["dur_us"]
@@ -966,9 +989,9 @@ def _parse_kineto(path: str | os.PathLike[str], source: str, categories: Iterabl
     return Table("kineto", cols, dict(COLUMNS), name, tuple(warnings), meta)
 
 
-# Physical sense for one event: no profiled event runs longer than a day and some (a ProfilerStep of a slow job
-# may take hours); timestamps are microseconds since an epoch or a boot, far below 1e18.
-MAX_EVENT_US = 1e11
+# Physical sense for one event (launch/sense.py): no profiled event lasts longer than a week (a ProfilerStep of a
+# slow job may take hours); timestamps are microseconds since an epoch or a boot, far below 1e18.
+MAX_EVENT_US = sense.MAX_DURATION_S * 1e6
 MAX_TS_US = 1e18
 
 

@@ -30,7 +30,7 @@ import re
 from typing import Any
 
 from analysis.parsers.deepspeed_log import is_deepspeed_timer_line
-from analysis.parsers._sense import clean
+from launch.sense import clean
 from analysis.parsers._text import LineParser, has_lines, head_and_tail, line_start_pattern, read_source
 from analysis.table import Table
 
@@ -161,6 +161,8 @@ _LAYOUT_ARGS = {
     "params_dtype": "params_dtype", "recompute_granularity": "recompute_granularity",
     "use_distributed_optimizer": "use_distributed_optimizer",
 }
+# The layout keys that are not sizes (whole numbers): flags and words.
+_LAYOUT_FLAGS, _LAYOUT_WORDS = {"sp", "use_distributed_optimizer"}, {"params_dtype", "recompute_granularity"}
 _WORLD_LINE_KEYS = {"data": "dp", "tensor-model": "tp", "pipeline-model": "pp", "context": "cp", "expert-model": "ep"}
 
 
@@ -190,7 +192,10 @@ def parse_megatron_log(path_or_text: str | os.PathLike[str], *, source: str = ""
     warnings += clean(parser.rows, name, counts=("iteration", "train_iters", "consumed_samples", "consumed_tokens",
                                                  "skipped_samples", "global_batch_size", "skipped_iterations",
                                                  "nan_iterations", "seq_length", "rank"),
-                      durations_ms=("elapsed_ms_per_iteration", "time_ms", "time_min_ms", "time_max_ms"))
+                      durations_ms=("elapsed_ms_per_iteration", "time_ms", "time_min_ms", "time_max_ms"),
+                      tflops=("throughput_tflops_per_gpu", "ds_tflops_per_gpu"),
+                      rates_per_s=("samples_per_s", "tokens_per_s_per_gpu"), loss_scales=("loss_scale",),
+                      figures=("lm_loss", "losses", "extra", "learning_rate", "grad_norm", "params_norm", "num_zeros"))
     return Table.from_rows("megatron_log", COLUMNS, parser.rows, source=name, warnings=warnings,
                            meta=parser.meta)
 
@@ -462,4 +467,11 @@ class _Parser(LineParser):
             model_parallel = layout["tp"] * layout["pp"] * (layout.get("cp") or 1)
             if model_parallel and layout["world_size"] % model_parallel == 0:
                 layout["dp"] = layout["world_size"] // model_parallel
+        for key, v in layout.items():
+            want = bool if key in _LAYOUT_FLAGS else str if key in _LAYOUT_WORDS else int
+            if v is not None and (not isinstance(v, want) or (want is int and isinstance(v, bool))):
+                self.warn("layout", None, f"argument {key}={str(v)[:40]!r} is not {want.__name__}; ignored")
+                layout[key] = None
+        self.warnings.extend(clean([layout], f"{self.name} (arguments)",
+                                   counts=[k for k, v in layout.items() if isinstance(v, int)]))
         self.meta["layout"] = layout

@@ -21,7 +21,8 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from analysis.parsers._text import read_source, split_lines
+from analysis.parsers._text import GARBLED, read_source, split_lines
+from launch import sense
 from analysis.parsers.nccl_debug import find_log_line, strip_mpi_tag, version_facts
 from analysis.table import Table
 
@@ -242,7 +243,10 @@ class _Parser:
     def run(self) -> None:
         for lineno, raw in enumerate(self.lines, start=1):
             cut = self.last_cut and lineno == len(self.lines)
-            self.line(lineno, raw, cut)
+            try:
+                self.line(lineno, raw, cut)
+            except GARBLED as exc:
+                self.warn(lineno, f"line not understood ({type(exc).__name__}); skipped")
         self.flush_fragment()
         if self.unlaid_rows:
             self.warnings.append(f"{self.name}: {self.unlaid_rows} row(s) without a column header had a field "
@@ -486,6 +490,14 @@ class _Parser:
                 f"{formula} = {expected:.2f} for {section.op} on {n} ranks (off by more than 2%)")
 
     def finish(self) -> Table:
+        self.warnings.extend(sense.clean(self.rows, self.name, counts=("size_bytes", "count", "wrong"),
+                                          durations_us=("time_us",), bandwidths_gbps=("algbw_GBps", "busbw_GBps")))
+        self.rows = [r for r in self.rows if r["size_bytes"] is not None]  # a figure at no size is on no curve
+        footers = [{"avg_busbw_GBps": s.facts.get("avg_busbw_GBps")} for s in self.sections]
+        self.warnings.extend(sense.clean(footers, self.name, bandwidths_gbps=("avg_busbw_GBps",)))
+        for s, footer in zip(self.sections, footers, strict=True):
+            if "avg_busbw_GBps" in s.facts:
+                s.facts["avg_busbw_GBps"] = footer["avg_busbw_GBps"]
         sections_meta = []
         for s in self.sections:
             if s.bad_factor:

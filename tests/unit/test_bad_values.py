@@ -9,11 +9,13 @@ RECIPES = Path(__file__).resolve().parents[2] / "recipes"
 
 
 @pytest.mark.parametrize("override, says", [
-    ("train.lr=inf", "train.lr=inf is out of range"),
-    ("train.grad_clip=inf", "train.grad_clip=inf is out of range"),
-    ("train.weight_decay=inf", "train.weight_decay=inf is out of range"),
+    ("train.lr=inf", "train.lr=inf is not a finite number within 64 bits"),
+    ("train.grad_clip=inf", "train.grad_clip=inf is not a finite number within 64 bits"),
+    ("train.weight_decay=-inf", "train.weight_decay=-inf is not a finite number within 64 bits"),
+    ("model.config=", "model.config=\"\" is an empty path"),
     ("train.seed=-1", "must be between 0 and 18,446,744,073,709,551,615"),
-    (f"train.seed={2**64}", "must be between 0 and 18,446,744,073,709,551,615"),
+    (f"train.seed={2**64}", f"train.seed={2**64} is not a finite number within 64 bits"),
+    ("train.steps=" + "9" * 5000, "holds a number no field can take"),
     ("run.timeout_s=99999999999999", "must be between 1 and 604,800"),
     ("extends=../base", "cannot be overridden"),
 ])
@@ -161,3 +163,103 @@ def test_symlinks_in_inputs_and_outputs(tmp_path):
                        cwd=REPO, capture_output=True, text=True, timeout=120)
     assert p.returncode == 2 and "is a symlink to a missing" in p.stderr, p.stderr
     assert not (tmp_path / "dangling_plots").exists() and not (tmp_path / "nowhere").exists()
+
+
+@pytest.mark.parametrize("make, says", [
+    (lambda d: ((d / "ds.json").write_text('{"gradient_clipping": NaN}'),
+                (d / "recipe.toml").write_text((d / "recipe.toml").read_text() + '[deepspeed]\nconfig = "ds.json"\n')),
+     'gradient_clipping=nan is not a finite number within 64 bits'),
+    (lambda d: ((d / "ds.json").write_text('{"zero_optimization": {"reduce_bucket_size": -Infinity}}'),
+                (d / "recipe.toml").write_text((d / "recipe.toml").read_text() + '[deepspeed]\nconfig = "ds.json"\n')),
+     'zero_optimization.reduce_bucket_size=-inf is not a finite number'),
+    (lambda d: (d / "recipe.toml").write_text((d / "recipe.toml").read_text() + f"[train]\nwarmup_steps = {2**64}\n"),
+     f"train.warmup_steps={2**64} is not a finite number within 64 bits"),
+    (lambda d: (d / "recipe.toml").write_text((d / "recipe.toml").read_text() + "[plan]\nheadroom = nan\n"),
+     "plan.headroom=nan is not a finite number"),
+])
+def test_numbers_no_field_can_take_are_one_line(tmp_path, capsys, make, says):
+    """JSON readers take NaN and Infinity, TOML has nan and inf: refused where they are read, naming the field."""
+    d = _recipe(tmp_path, "")
+    make(d)
+    assert main(["run", str(d), "--dry-run"]) == 2
+    err = capsys.readouterr().err
+    assert says in err and err.count("\n") == 1, err
+
+
+def test_a_model_config_holding_nan_is_one_line(tmp_path, capsys):
+    import json
+
+    from tests.conftest import REPO
+
+    cfg = json.loads((REPO / "launch/catalogue/models/tiny-llama.json").read_text())
+    text = json.dumps(cfg).replace(f'"rms_norm_eps": {json.dumps(cfg["rms_norm_eps"])}', '"rms_norm_eps": NaN')
+    assert "NaN" in text
+    (tmp_path / "config.json").write_text(text)
+    assert main(["run", str(RECIPES / "tiny_zero2"), f"model.config={tmp_path / 'config.json'}", "--dry-run"]) == 2
+    err = capsys.readouterr().err
+    assert "rms_norm_eps=nan is not a finite number" in err and err.count("\n") == 1, err
+
+
+def test_a_recipe_named_dot_dot_keeps_its_runs_under_runs(tmp_path, monkeypatch):
+    """`run.sh ..` from inside a recipe folder named the recipe "..", and its run directory runs/../STAMP."""
+    from launch.resolve import resolve_path
+    from launch.rundir import RunDir
+
+    d = _recipe(tmp_path, "", name="mine")
+    (d / "sub").mkdir()
+    monkeypatch.chdir(d / "sub")
+    for given in ("..", "../sub/..", "../."):
+        resolved = resolve_path(given, [])
+        assert resolved.recipe_name == "mine", given
+        run = RunDir.create(resolved.recipe_name, root=tmp_path / "runs")
+        assert run.root.parent == (tmp_path / "runs" / "mine").resolve()
+
+
+def _leaf_fields(cls, prefix: str = "") -> list[str]:
+    import dataclasses
+    import typing
+
+    hints = typing.get_type_hints(cls)
+    out = []
+    for f in dataclasses.fields(cls):
+        t = hints[f.name]
+        if dataclasses.is_dataclass(t):
+            out += _leaf_fields(t, f"{prefix}{f.name}.")
+        else:
+            out.append(prefix + f.name)
+    return out
+
+
+HOSTILE_VALUES = ("nan", "inf", "-inf", "-1", "0", "1e308", "-1e308", str(2**63), str(2**64), "9" * 5000, "", " ",
+                  "[/red]", "a\nb", "\x1b[2J", "../../x", "/etc/passwd", "/dev/zero", "true", "[1, 2]", "{a = 1}", '"',
+                  "'", "0x10", "1_000", "\u0661\u0662", "\u202etxt", "x" * 10_000, "null", "None", "1.5", "-0")
+
+
+def test_every_hostile_value_in_every_field_is_one_line_or_a_working_dry_run(tmp_path, monkeypatch):
+    """Every field of the schema × every hostile value (all of them, about a thousand dry runs): exit 0 (it works) or
+    exit 2 with one `error:` line; never a traceback, never a raw escape, and a dry run writes nothing."""
+    import contextlib
+    import io
+
+    from launch.schema import Recipe
+
+    fields = _leaf_fields(Recipe)
+    assert {"train.lr", "parallel.tp", "hardware.profile", "deepspeed.config", "model.config"} <= set(fields)
+    runs = tmp_path / "runs"
+    monkeypatch.setenv("LAYOUTLAB_RUNS", str(runs))
+    failures = []
+    for field in fields:
+        for value in HOSTILE_VALUES:
+            out, err = io.StringIO(), io.StringIO()
+            try:
+                with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+                    rc = main(["run", str(RECIPES / "tiny_zero2"), f"{field}={value}", "--dry-run"])
+            except BaseException as e:  # noqa: BLE001 - collected, so that one run names every defect
+                failures.append((field, value[:30], f"{type(e).__name__}: {str(e)[:200]}"))
+                continue
+            said = err.getvalue()
+            if rc not in (0, 2) or (rc == 2 and not (said.startswith("error: ") and said.count("\n") == 1)):
+                failures.append((field, value[:30], rc, said[-300:]))
+            elif "\x1b" in out.getvalue() + said or runs.exists():
+                failures.append((field, value[:30], "raw escape or a run directory"))
+    assert not failures, failures[:20]

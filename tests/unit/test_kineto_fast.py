@@ -211,6 +211,22 @@ def test_reader_inflates_members_padding_and_reports_cuts(tmp_path):
 
 
 @needs_fast
+def test_a_gzip_that_fails_its_check_keeps_every_event_on_both_paths(tmp_path):
+    """A flipped byte in the CRC trailer: the pure path lost every event of the block whose inflation failed, while
+    the threaded one kept them; both keep all (the data was inflated before the check failed). Mid-stream damage
+    is covered by test_reader_inflates_members_padding_and_reports_cuts and the property tests of test_kineto."""
+    whole = (FIX / "hta_trace_diff_test.json.gz").read_bytes()
+    bad = bytearray(whole)
+    bad[-6] ^= 0xFF
+    p = tmp_path / "damaged.json.gz"
+    p.write_bytes(bytes(bad))
+    fast, pure = parse_kineto(p), _pure(p)
+    _same(fast, pure)
+    assert len(fast) == len(parse_kineto(FIX / "hta_trace_diff_test.json.gz"))
+    assert any("gzip data corrupt" in w and "compressed bytes" in w for w in fast.warnings), fast.warnings
+
+
+@needs_fast
 def test_reader_stops_when_the_consumer_does(tmp_path):
     """A parse abandoned half way (generator closed) stops and joins the inflating thread."""
     p = tmp_path / "big.json.gz"
