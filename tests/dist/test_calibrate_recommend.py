@@ -27,7 +27,7 @@ def _run(args, runs, timeout):
 
 def test_calibrate_then_recommend_verify(tmp_path):
     runs, cal = tmp_path / "runs", tmp_path / "cal.json"
-    p = _run(["calibrate", TINY, *SMALL, f"out={cal}", "iters=5"], runs, 600)
+    p = _run(["calibrate", TINY, *SMALL, f"out={cal}", "iters=3"], runs, 600)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     doc = json.loads(cal.read_text())
     assert doc["kind"] == "layoutlab-calibration" and doc["world_size"] == 2
