@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Callable
 
 from analysis.parsers import deepspeed_log, megatron_log, metrics, nsys, tensorboard
-from analysis.parsers._text import has_lines, head_and_tail, line_start_pattern, looks_like_text
+from analysis.parsers._text import SNIFF_BYTES, has_lines, head_and_tail, line_start_pattern, looks_like_text
 from analysis.parsers.nccl_debug import LOG_LINE_START
 
 KINDS: dict[str, str] = {
@@ -43,7 +43,6 @@ KINDS: dict[str, str] = {
     "tensorboard": "TensorBoard event file",
 }
 
-_SNIFF_BYTES = 64 * 1024
 _MAX_FILES = 20000
 _GZIP_MAGIC = b"\x1f\x8b"
 # `traceEvents` may follow a long header (distributedInfo of a large job), hence Kineto's header keys too.
@@ -100,7 +99,7 @@ class Inventory:
 
 # ----------------------------------------------------------------------------------- content tests
 
-def _head(path: Path, n: int = _SNIFF_BYTES) -> bytes:
+def _head(path: Path, n: int = SNIFF_BYTES) -> bytes:
     try:
         with open(path, "rb") as fh:
             return fh.read(n)
@@ -112,9 +111,9 @@ def _decompressed_head(path: Path) -> bytes:
     """The first 64 KiB of a file's text, gunzipped when it is gzip (a cut stream gives what it holds)."""
     raw = _head(path, 1 << 20)
     if not raw.startswith(_GZIP_MAGIC):
-        return raw[:_SNIFF_BYTES]
+        return raw[:SNIFF_BYTES]
     try:
-        return zlib.decompressobj(16 + zlib.MAX_WBITS).decompress(raw, _SNIFF_BYTES)
+        return zlib.decompressobj(16 + zlib.MAX_WBITS).decompress(raw, SNIFF_BYTES)
     except zlib.error:
         return b""
 
@@ -214,7 +213,7 @@ def classify(path: str | os.PathLike[str]) -> Recognized:
                 break
     if kinds:
         return Recognized(p, tuple(kinds))
-    head = _head(p, _SNIFF_BYTES)
+    head = _head(p, SNIFF_BYTES)
     if not looks_like_text(head) or head.startswith(_GZIP_MAGIC):
         return Recognized(p, (), "binary file of no supported format")
     return Recognized(p, (), "text without lines from any supported tool (DeepSpeed, Megatron, nccl-tests, "

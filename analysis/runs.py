@@ -81,7 +81,7 @@ def _check_sense(doc: Any) -> None:
 
 
 def _whole(v: Any, low: int = 0) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool) and low <= v < 2**63
+    return isinstance(v, int) and not isinstance(v, bool) and low <= v < sense.COUNT_LIMIT
 
 
 def load_run(rf: RunFiles, *, hardware: Any = None, hardware_source: str = "") -> Run:

@@ -154,7 +154,7 @@ def validate(record: Any) -> None:
     for k in _FIGURES[kind]:
         v = record.get(k)
         if isinstance(v, float) and not sense.is_figure(v):
-            raise MetricsError(f"{kind}.{k}={_short(v)} is past float32's range")
+            raise MetricsError(f"{kind}.{k}={_short(v)} is finite but past float32's range")
     for k in _NON_NEGATIVE[kind]:
         v = record.get(k)
         if v is not None and not (v >= 0 and math.isfinite(v)):

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from launch import commbench_spec, dsconfig
+from launch import commbench_spec, dsconfig, sense
 from launch.backends import BACKENDS, traits
 from launch.errors import ConfigError
 from launch.grid import RankGrid, divisors
@@ -134,7 +134,7 @@ def resolve(loaded: LoadedRecipe, world_size: int | None = None) -> Resolved:
     # Upper bounds where the value could not work: a torch seed is 64 bits unsigned; the process-group timeout
     # becomes a datetime.timedelta (at most 999,999,999 days), a week is already far beyond any stalled collective.
     for dotted, value, low, high in [("train.seed", train.seed, 0, 2**64 - 1),
-                                     ("run.timeout_s", r.run.timeout_s, 1, 7 * 24 * 3600),
+                                     ("run.timeout_s", r.run.timeout_s, 1, sense.MAX_DURATION_S),
                                      ("run.max_restarts", r.run.max_restarts, 0, 100)]:
         if not low <= value <= high:
             raise ConfigError(w(dotted), dotted, value, f"must be between {low} and {high:,}",

@@ -10,6 +10,7 @@ from __future__ import annotations
 import datetime as _dt
 import os
 import socket
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,11 +25,11 @@ def runs_root() -> Path:
 def write_text_atomic(path: Path, text: str) -> None:
     """Replace `path` with `text` at once: readers see the old file or the new one, never a part.
 
-    The temporary name is this writer's own (host and process): the nodes of a job write their shared run
+    The temporary name is this writer's own (host, process and thread): the nodes of a job write their shared run
     directory at the same moment, and with one name for all, one node's os.replace moved the file the other had
     just written, which then failed with FileNotFoundError and left node 0 waiting in the rendezvous.
     """
-    tmp = path.with_name(f"{path.name}.{socket.gethostname()}.{os.getpid()}.tmp")
+    tmp = path.with_name(f"{path.name}.{socket.gethostname()}.{os.getpid()}.{threading.get_ident()}.tmp")
     try:
         tmp.write_text(text)
         os.replace(tmp, path)

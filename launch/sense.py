@@ -1,9 +1,9 @@
 """Physical sense for every number read from outside: framework logs, nccl-tests output, traces, our metrics files,
 and the recipes, DeepSpeed JSON, model configs and calibrations a user gives (launch/inputs.py). One rule each:
-a count or an index is a whole number, not negative and below 2**63; a duration is not negative and at most a
+a count or an index is not negative and below 2**63; a duration is not negative and at most a
 week; a bandwidth, a FLOP rate and a throughput are not negative and below what any machine reaches; a loss scale is
-positive and at most 2**64; a loss, norm or learning rate lies within float32's range (NaN kept: a diverged
-step prints it); every other figure is finite. The parsers drop a value
+positive and at most 2**64; a finite loss, norm or learning rate lies within float32's range (NaN and the
+infinities kept: a diverged step prints them); every other figure is finite. The parsers drop a value
 outside that from its row (None) and count it in one warning per column, never averaging it in; the launch side
 refuses it in one line. A number past 64 bits read where a count belongs would otherwise overflow every float that
 touches it.
@@ -16,8 +16,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Iterator
 
 # No single iteration, step, timer or profiled event of a training run lasts a week.
-MAX_DURATION_S = 7 * 24 * 3600.0
-MAX_DURATION_MS = MAX_DURATION_S * 1e3
+MAX_DURATION_S = 7 * 24 * 3600
 # Counts are 64-bit signed integers wherever they end up (numpy, torch, SQLite, JSON readers).
 COUNT_LIMIT = 2**63
 # No link moves 100 TB/s (NVLink 5 moves 1.8 TB/s per GPU); a figure above is a misprint or garbage.
@@ -29,8 +28,8 @@ MAX_RATE_PER_S = 1e15
 # Dynamic loss scalers start at 2**16 to 2**32 and halve on overflow; a scale past 2**64 overflows every fp16
 # gradient it touches.
 MAX_LOSS_SCALE = 2.0**64
-# Losses, norms and learning rates are computed in float32 at widest; a figure past its range no step computed.
-# NaN stays: a diverged step prints it, and the curves count it.
+# Losses, norms and learning rates are computed in float32 at widest: a finite figure past its range no step
+# computed. NaN and the infinities stay: a diverged step prints them, and the curves count them.
 FLOAT32_MAX = 3.4028234663852886e38
 
 
@@ -70,7 +69,7 @@ def _judged(v: Any) -> bool:
 
 
 def is_figure(v: float) -> bool:
-    return math.isnan(v) or abs(v) <= FLOAT32_MAX
+    return not math.isfinite(v) or abs(v) <= FLOAT32_MAX
 
 
 @dataclass(frozen=True)
@@ -101,7 +100,7 @@ _TFLOPS = _Rule(lambda v: math.isfinite(v) and 0 <= v <= MAX_TFLOPS,
                 f"negative, not finite or above {MAX_TFLOPS / 1e3:g} PFLOP/s")
 _FLOP_PER_S = _Rule(lambda v: _TFLOPS.ok(v * 1e-12), _TFLOPS.impossible)
 _LOSS_SCALE = _Rule(lambda v: 0 < v <= MAX_LOSS_SCALE, "not positive or past 2**64")
-_FIGURE = _Rule(is_figure, "past float32's range")
+_FIGURE = _Rule(is_figure, "finite but past float32's range")
 _RATE = _Rule(lambda v: math.isfinite(v) and 0 <= v <= MAX_RATE_PER_S, f"negative, not finite or above {MAX_RATE_PER_S:g}/s")
 
 
@@ -128,22 +127,25 @@ def _unrepresentable(v: Any) -> bool:
 def bad_number(doc: Any) -> tuple[str, Any] | None:
     """The first (dotted field, value) of a parsed JSON/TOML document that no field can take: a float that is not
     finite, an integer past 64 bits; None when there is none. JSON readers accept NaN and Infinity, TOML has nan
-    and inf; no recipe, DeepSpeed or model setting and no calibrated figure is meant to be one."""
+    and inf; no recipe, DeepSpeed or model setting is meant to be one (a calibration is read by
+    launch/calibration.py, whose fitted bandwidth may be infinite)."""
     return next(((where, v) for where, v in _leaves(doc) if _unrepresentable(v)), None)
 
 
 def first_senseless(doc: Any) -> tuple[str, Any, str] | None:
     """The first (dotted field, value, what is wrong) of a document of ours (resolved.json, plan.json) read back
-    from disk, judged by the unit its name carries: `*_bytes` is a count of bytes, `*_s` a duration in seconds;
-    every number is finite and within 64 bits. None when every number makes sense."""
+    from disk, judged by the unit its name carries: `*_bytes` is a count of bytes and `*_s` (not `*_per_s`) a
+    finite, non-negative time; no number is NaN or an integer past 64 bits. An infinity elsewhere is meant: a
+    calibrated link whose time showed no size dependence has an infinite bandwidth. A predicted time is not
+    bounded by a week: a what-if plan may predict days per step. None when every number makes sense."""
     for where, v in _leaves(doc):
         if isinstance(v, bool) or not isinstance(v, (int, float)):
             continue
         name = where.rsplit(".", 1)[-1]
-        if _unrepresentable(v):
-            return where, v, "is not a finite number within 64 bits"
+        if (isinstance(v, float) and math.isnan(v)) or (isinstance(v, int) and _unrepresentable(v)):
+            return where, v, "is not a number within 64 bits"
         if (name == "bytes" or name.endswith("_bytes")) and not _COUNT.ok(v):
             return where, v, f"is {_COUNT.impossible} (a count of bytes)"
-        if name.endswith("_s") and not _DURATION_S.ok(v):
-            return where, v, f"is {_DURATION_S.impossible} (seconds)"
+        if name.endswith("_s") and not name.endswith("_per_s") and not (math.isfinite(v) and v >= 0):
+            return where, v, "is negative or not finite (seconds)"
     return None

@@ -35,13 +35,15 @@ def read_source(path_or_text: str | os.PathLike[str], source: str = "") -> tuple
 
 
 # Terminal control sequences that loggers colour or decorate lines with: CSI (`ESC [ 1;32 m`, cursor moves), OSC
-# (window titles, hyperlinks) and two-byte escapes. Removed before any pattern is tried, so that a coloured log
+# (window titles, hyperlinks) and the short escapes (`ESC ( B` of `tput sgr0`, `ESC 7`, `ESC =`). Removed before any pattern is tried, so that a coloured log
 # reads as the plain one does.
-_ESCAPES = re.compile(r"\x1b(?:\[[0-?]*[ -/]*[@-~]|\][^\x07\x1b\n]*(?:\x07|\x1b\\)?|[@-Z\\-_])")
+_ESCAPES = re.compile(r"\x1b(?:\[[0-?]*[ -/]*[@-~]|\][^\x07\x1b\n]*(?:\x07|\x1b\\)?|[ -/]*[0-~])")
 # Bytes that text never holds: controls other than whitespace, backspace and ESC.
 _CONTROL_BYTES = bytes(b for b in range(32) if b not in b"\0\t\n\v\f\r\b\x1b") + b"\x7f"
 # More control bytes than this share of what is not NUL: a binary format, not a damaged log.
 _BINARY_SHARE = 0.05
+# A file with NULs must hold at least this much else to count as text (a log behind NUL filler holds far more).
+_MIN_TEXT_BYTES = 1024
 
 
 def clean_text(text: str) -> tuple[str, int]:
@@ -58,10 +60,12 @@ def looks_like_text(data: bytes) -> bool:
     """Whether `data` is text, perhaps damaged (a block of NUL filler, garbage spliced in), rather than a binary
     format: a log whose first kilobytes a crash zeroed is still a log."""
     body = data.replace(b"\0", b"")
-    return bool(body) and len(body) - len(body.translate(None, _CONTROL_BYTES)) <= _BINARY_SHARE * len(body)
+    if len(body) < min(len(data), _MIN_TEXT_BYTES):
+        return False  # mostly NUL with a little else: a database page, an array of zeros
+    return len(body) - len(body.translate(None, _CONTROL_BYTES)) <= _BINARY_SHARE * len(body)
 
 
-_SNIFF_BYTES = 64 * 1024
+SNIFF_BYTES = 64 * 1024
 
 # What launchers and loggers write before a tool's own text at the start of a line, any number of
 # them: indentation (a log pasted into a Markdown code block), Open MPI's `[1,0]<stdout>:`, torchrun's
@@ -102,14 +106,14 @@ def head_and_tail(path: str | os.PathLike[str]) -> str | None:
     begins at a line start, so that a line cut in two does not pass for one that starts there."""
     try:
         with open(path, "rb") as fh:
-            head = fh.read(_SNIFF_BYTES)
+            head = fh.read(SNIFF_BYTES)
             size = os.fstat(fh.fileno()).st_size
             tail = b""
-            if size > 2 * _SNIFF_BYTES:
-                fh.seek(size - _SNIFF_BYTES)
-                tail = fh.read(_SNIFF_BYTES)
+            if size > 2 * SNIFF_BYTES:
+                fh.seek(size - SNIFF_BYTES)
+                tail = fh.read(SNIFF_BYTES)
                 tail = b"\n" + tail[tail.find(b"\n") + 1:]
-            elif size > _SNIFF_BYTES:
+            elif size > SNIFF_BYTES:
                 tail = fh.read()  # the rest, contiguous with the head
     except OSError:
         return None

@@ -195,9 +195,16 @@ def parse_megatron_log(path_or_text: str | os.PathLike[str], *, source: str = ""
                       durations_ms=("elapsed_ms_per_iteration", "time_ms", "time_min_ms", "time_max_ms"),
                       tflops=("throughput_tflops_per_gpu", "ds_tflops_per_gpu"),
                       rates_per_s=("samples_per_s", "tokens_per_s_per_gpu"), loss_scales=("loss_scale",),
-                      figures=("lm_loss", "losses", "extra", "learning_rate", "grad_norm", "params_norm", "num_zeros"))
+                      figures=("losses", "extra", "learning_rate", "grad_norm", "params_norm", "num_zeros"))
+    for row in parser.rows:  # lm_loss is losses' `lm loss`: gone when that entry was dropped (counted once, there)
+        if isinstance(row.get("losses"), dict) and row.get("lm_loss") is not None:
+            row["lm_loss"] = _lm_loss(row["losses"])
     return Table.from_rows("megatron_log", COLUMNS, parser.rows, source=name, warnings=warnings,
                            meta=parser.meta)
+
+
+def _lm_loss(losses: dict[str, Any]) -> Any:
+    return next((v for k, v in losses.items() if _normal(k) == "lm loss"), None)
 
 
 def _typed(value: str) -> Any:
@@ -356,7 +363,7 @@ class _Parser(LineParser):
                 row["losses"][name] = value
             else:
                 row["extra"][name] = value
-        row["lm_loss"] = next((v for k, v in row["losses"].items() if _normal(k) == "lm loss"), None)
+        row["lm_loss"] = _lm_loss(row["losses"])
         return row
 
     def iteration_line(self, lineno: int, text: str, m: re.Match) -> None:

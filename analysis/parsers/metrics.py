@@ -21,6 +21,7 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Any, Iterable
 
+from analysis.parsers._text import SNIFF_BYTES
 from analysis.table import Table
 from launch.metrics import SCHEMA_VERSION, MetricsError, StepRecord, iter_records, validate
 
@@ -56,7 +57,6 @@ _SHARED_META = ("recipe", "backend", "world", "tp", "pp", "dp", "zero_stage", "d
                 "flops_formula", "peak_flops_per_device", "hardware_profile", "device")
 _RANK_IN_NAME = re.compile(r"rank[-_]?(\d+)", re.IGNORECASE)
 _SNIFF_LINES = 5
-_SNIFF_BYTES = 64 * 1024
 
 
 def sniff(path: str | os.PathLike[str]) -> str | None:
@@ -67,7 +67,7 @@ def sniff(path: str | os.PathLike[str]) -> str | None:
     """
     try:
         with open(path, "rb") as fh:
-            head = fh.read(_SNIFF_BYTES)
+            head = fh.read(SNIFF_BYTES)
     except OSError:
         return None
     if not head.lstrip().startswith(b"{"):

@@ -493,6 +493,8 @@ class _Parser:
         self.warnings.extend(sense.clean(self.rows, self.name, counts=("size_bytes", "count", "wrong"),
                                           durations_us=("time_us",), bandwidths_gbps=("algbw_GBps", "busbw_GBps")))
         self.rows = [r for r in self.rows if r["size_bytes"] is not None]  # a figure at no size is on no curve
+        for s in self.sections:
+            s.nrows = sum(r["section"] == s.index for r in self.rows)
         footers = [{"avg_busbw_GBps": s.facts.get("avg_busbw_GBps")} for s in self.sections]
         self.warnings.extend(sense.clean(footers, self.name, bandwidths_gbps=("avg_busbw_GBps",)))
         for s, footer in zip(self.sections, footers, strict=True):

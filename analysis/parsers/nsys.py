@@ -923,7 +923,7 @@ def parse_nsys_stats_csv(path_or_text: str | os.PathLike[str], *, source: str = 
 
 # --- sniffing -----------------------------------------------------------------------------------
 
-_SNIFF_BYTES = 1 << 20
+SNIFF_BYTES = 1 << 20
 _STATS_SIGNS = re.compile(
     r"(?m)^\s*\*\*\s.*\((?:cuda|nvtx|osrt|um|mpi|openmp|vulkan|dx1[12]|opengl|nvvideo|syscall)\w*\)\s*:?\s*$"
     r"|^\s*Processing \[[^\]]*\] with \[[^\]]*(?:reports|\.py)[^\]]*\]"
@@ -940,7 +940,7 @@ def sniff(path: str | os.PathLike[str]) -> str | None:
     """
     try:
         with open(path, "rb") as fh:
-            head = fh.read(_SNIFF_BYTES)
+            head = fh.read(SNIFF_BYTES)
     except OSError:
         return None
     if head.startswith(_SQLITE_MAGIC):

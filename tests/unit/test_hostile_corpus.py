@@ -231,3 +231,48 @@ def test_a_step_longer_than_a_week_is_no_measurement(tmp_path):
     rep = build_report([(None, str(run))])
     warned = [w for w in rep.runs[0].run.warnings if "step_time_s=691200.0 is longer than a week" in w]
     assert len(warned) == 2  # the last record of both ranks
+
+
+def test_an_infinite_loss_is_a_diverged_step_not_a_senseless_number(tmp_path):
+    """inf and NaN are what a diverging run prints: counted by the curves, never dropped as impossible; a finite loss
+    past float32's range is dropped."""
+    from analysis import curves as C
+    from analysis.parsers.megatron_log import parse_megatron_log
+
+    text = FOREIGN["megatron/megatron.log"].read_text()
+    first = re.search(r"lm loss: ([0-9.E+-]+)", text)
+    assert first
+    for value, diverged, dropped in (("inf", 1, 0), ("nan", 1, 0), ("1E+300", 0, 1)):
+        log = parse_megatron_log(text[:first.start(1)] + value + text[first.end(1):])
+        assert C.curves_from_megatron(log).meta["not_finite_loss"] == diverged, value
+        assert sum("physically impossible" in w for w in log.warnings) == dropped, (value, log.warnings)
+
+
+def test_a_calibrated_plan_with_an_infinite_bandwidth_is_read(tmp_path):
+    """A calibrated link whose time showed no size dependence has an infinite bandwidth, in resolved.json and in
+    plan.json: both are read, not called damaged; NaN is."""
+    import json
+
+    from analysis.report import build_report
+
+    run = make_run_dir(tmp_path / "runs")
+    plan = json.loads((run / "plan.json").read_text())
+    assert plan["comm"]
+    plan["comm"][0]["busbw_GBps"] = float("inf")
+    (run / "plan.json").write_text(json.dumps(plan))
+    rep = build_report([(None, str(run))])
+    assert rep.runs[0].run.plan is not None and not any("plan.json" in w for w in rep.runs[0].run.warnings)
+    plan["comm"][0]["busbw_GBps"] = float("nan")
+    (run / "plan.json").write_text(json.dumps(plan))
+    rep = build_report([(None, str(run))])
+    assert any("plan.json: cannot be read as a plan (comm[0].busbw_GBps=nan" in w for w in rep.runs[0].run.warnings)
+
+
+def test_short_escapes_and_mostly_nul_binaries(tmp_path):
+    from analysis.parsers._text import clean_text
+    from analysis.recognize import classify
+
+    assert clean_text("\x1b(B\x1b[mtext\x1b7\x1b=\x1b[1;31m red\x1b[0m\n")[0] == "text red\n"  # tput sgr0, ESC 7, ESC =
+    db = tmp_path / "cache.db"
+    db.write_bytes(b"SQLite format 3\0" + b"\0" * 40_000 + b"\x05\x00\x00\x00\x01\x0f\xfb" + b"\0" * 20_000)
+    assert classify(db).reason == "binary file of no supported format"

@@ -29,3 +29,26 @@ def test_two_writers_of_one_file_both_succeed(tmp_path):
     assert errors.empty(), errors.get()
     assert path.read_text() in texts
     assert [p.name for p in tmp_path.iterdir()] == ["resolved.json"]  # no temporary file left behind
+
+
+def test_two_threads_of_one_process_write_one_file(tmp_path):
+    # The watchdog thread and the main thread of a rank can record a failure at once.
+    import threading
+
+    path = tmp_path / "failure_rank0.json"
+    errors = []
+
+    def write(text):
+        try:
+            for _ in range(300):
+                write_text_atomic(path, text)
+        except Exception as e:  # noqa: BLE001 - reported to the test
+            errors.append(e)
+
+    threads = [threading.Thread(target=write, args=(c * 20_000,)) for c in "ab"]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors and path.read_text() in ("a" * 20_000, "b" * 20_000)
+    assert [p.name for p in tmp_path.iterdir()] == ["failure_rank0.json"]
