@@ -78,7 +78,7 @@ def curves_from_tensorboard(tb: Table) -> Table:
     by_step: dict[int, dict[str, Any]] = {}
     for r in tb.rows():
         col = TB_TAGS.get(r["tag"])
-        if col is None:
+        if col is None or r["step"] is None:  # a step dropped as senseless places the value nowhere
             continue
         row = by_step.setdefault(r["step"], _row(r["step"], f"{tb.source}: {r['run']}/{r['file']}"))
         row[col] = _finite(r["value"])

@@ -17,6 +17,7 @@ import struct
 from typing import Any, Iterator
 
 from analysis.table import Table
+from launch import sense
 
 COLUMNS: dict[str, str] = {
     "tag": "summary tag as written (e.g. 'lm loss', 'Train/Samples/train_loss', 'iteration-time')",
@@ -107,6 +108,7 @@ def parse_tensorboard(dir_or_file: str | os.PathLike[str], *, source: str = "") 
             warnings.append(f"{label}: byte {offset}: the last {size - offset} bytes are not a complete record "
                             f"(file cut short while being written, or corrupt); kept the {records} records before")
         meta["files"].append({"path": path, "run": run, "records": records})
+    warnings += sense.clean(rows, name, counts=("step",), figures=("value",))
     return Table.from_rows("tensorboard", COLUMNS, rows, source=name, warnings=warnings, meta=meta)
 
 

@@ -610,3 +610,23 @@ def test_analysis_parsers_do_not_import_torch(tmp_path):
             f"assert len(parse_tensorboard({str(tmp_path)!r})) == 13\n"
             "assert 'torch' not in sys.modules, 'torch imported'\n")
     subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).resolve().parents[2])
+
+
+def test_tensorboard_values_past_float32_and_negative_steps_are_dropped(tmp_path):
+    """A float64 tensor summary can hold 1e300 and a damaged event a negative step; inf stays (a diverged loss)."""
+    from tensorboard.compat.proto import event_pb2, summary_pb2, tensor_pb2, tensor_shape_pb2
+    from tensorboard.summary.writer.event_file_writer import EventFileWriter
+
+    writer = EventFileWriter(str(tmp_path / "run"))
+    scalars = summary_pb2.SummaryMetadata(plugin_data=summary_pb2.SummaryMetadata.PluginData(plugin_name="scalars"))
+    for step, x in ((1, 2.0), (2, 1e300), (3, float("inf")), (-4, 1.0)):
+        value = summary_pb2.Summary.Value(tag="loss", metadata=scalars, tensor=tensor_pb2.TensorProto(
+            dtype=2, double_val=[x], tensor_shape=tensor_shape_pb2.TensorShapeProto()))
+        writer.add_event(event_pb2.Event(wall_time=1_700_000_000.0 + abs(step), step=step,
+                                         summary=summary_pb2.Summary(value=[value])))
+    writer.close()
+    t = parse_tensorboard(tmp_path)
+    assert [(r["step"], r["value"]) for r in t.rows()] == [(1, 2.0), (2, None), (3, float("inf")), (None, 1.0)]
+    assert sorted(w.split(": ", 1)[1] for w in t.warnings) == [
+        "1 value(s) of step dropped as physically impossible (negative or past 64 bits)",
+        "1 value(s) of value dropped as physically impossible (finite but past float32's range)"]
