@@ -1,7 +1,7 @@
-"""Physical sense for every number read from outside: framework logs, nccl-tests output, traces, our metrics files,
-and the recipes, DeepSpeed JSON, model configs and calibrations a user gives (launch/inputs.py). One rule each:
-a count or an index is not negative and below 2**63; a duration is not negative and at most a
-week; a bandwidth, a FLOP rate and a throughput are not negative and below what any machine reaches; a loss scale is
+"""Physical sense for every number read from outside: framework logs, TensorBoard events, nccl-tests output, traces,
+our metrics files and our resolved/plan documents read back, and the recipes, DeepSpeed JSON and model configs a user
+gives (launch/inputs.py: NaN, infinities and integers past 64 bits). One rule each: a count or an index is not
+negative and below 2**63; a duration is not negative and at most a week; a bandwidth, a FLOP rate and a throughput are not negative and below what any machine reaches; a loss scale is
 positive and at most 2**64; a finite loss, norm or learning rate lies within float32's range (NaN and the
 infinities kept: a diverged step prints them); every other figure is finite. The parsers drop a value
 outside that from its row (None) and count it in one warning per column, never averaging it in; the launch side
