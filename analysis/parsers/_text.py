@@ -35,8 +35,8 @@ def read_source(path_or_text: str | os.PathLike[str], source: str = "") -> tuple
 
 
 # Terminal control sequences that loggers colour or decorate lines with: CSI (`ESC [ 1;32 m`, cursor moves), OSC
-# (window titles, hyperlinks) and the short escapes (`ESC ( B` of `tput sgr0`, `ESC 7`, `ESC =`). Removed before any pattern is tried, so that a coloured log
-# reads as the plain one does.
+# (window titles, hyperlinks) and the short escapes (`ESC ( B` of `tput sgr0`, `ESC 7`, `ESC =`). Removed before
+# any pattern is tried, so that a coloured log reads as the plain one does.
 _ESCAPES = re.compile(r"\x1b(?:\[[0-?]*[ -/]*[@-~]|\][^\x07\x1b\n]*(?:\x07|\x1b\\)?|[ -/]*[0-~])")
 # Bytes that text never holds: controls other than whitespace, backspace and ESC.
 _CONTROL_BYTES = bytes(b for b in range(32) if b not in b"\0\t\n\v\f\r\b\x1b") + b"\x7f"
