@@ -10,9 +10,45 @@ from launch.metrics import read_metrics
 from tests.conftest import REPO
 
 TINY = "recipes/tiny_zero2"
+MEGATRON = "recipes/tiny_tp2_sp"  # any tiny Megatron recipe; every layout field is overridden by the layouts below
 # Short, deterministic fp32 runs: the parity tests compare them to 1e-5.
 SHORT = ("train.steps=10", "train.warmup_steps=2", "train.lr_warmup_steps=2", "train.checkpoint_every=0",
          "batch.seq_len=32", "batch.global_batch_size=8", "train.lr=3e-3")
+# A torch profiler trace of one step, for the tests that count collectives in it; it leaves the losses alone
+# (the parity tests compare those runs to the one-rank reference like the others).
+PROFILE_ONE_STEP = ("run.profile=torch", "run.profile_active_steps=1")
+
+# DeepSpeed backend (tiny_zero2) on 2 ranks at each ZeRO stage, and with AutoTP 2 on 2 or 4 ranks.
+DS_DP2 = {z: (*SHORT, "hardware.gpus_per_node=2", "batch.micro_batch_size=2", f"parallel.zero_stage={z}")
+          for z in range(4)}
+
+
+def ds_autotp(gpus: int, zero: int) -> tuple[str, ...]:
+    return (*SHORT, f"hardware.gpus_per_node={gpus}", "parallel.tp=2",
+            "batch.micro_batch_size=2" if gpus == 4 else "batch.micro_batch_size=4", f"parallel.zero_stage={zero}")
+# Megatron-Core layouts (on MEGATRON), each the whole global batch of SHORT.
+MEGATRON_LAYOUTS = {
+    "tp2": ("hardware.gpus_per_node=2", "parallel.tp=2", "parallel.sp=false", "parallel.zero_stage=0",
+            "batch.micro_batch_size=4", *PROFILE_ONE_STEP),
+    "tp2_sp": ("hardware.gpus_per_node=2", "parallel.tp=2", "parallel.sp=true", "parallel.zero_stage=0",
+               "batch.micro_batch_size=4", *PROFILE_ONE_STEP),
+    "pp2": ("hardware.gpus_per_node=2", "parallel.tp=1", "parallel.sp=false", "parallel.pp=2",
+            "parallel.zero_stage=0", "batch.micro_batch_size=4"),
+    "pp2_vpp2": ("hardware.gpus_per_node=2", "parallel.tp=1", "parallel.sp=false", "parallel.pp=2", "parallel.vpp=2",
+                 "parallel.zero_stage=0", "batch.micro_batch_size=2"),
+    "tp2_pp2": ("hardware.gpus_per_node=4", "parallel.tp=2", "parallel.sp=false", "parallel.pp=2",
+                "parallel.zero_stage=0", "batch.micro_batch_size=4", *PROFILE_ONE_STEP),
+    "dp2_zero1": ("hardware.gpus_per_node=2", "parallel.tp=1", "parallel.sp=false", "parallel.zero_stage=1",
+                  "batch.micro_batch_size=2"),
+    "tp2_dp2_zero3": ("hardware.gpus_per_node=4", "parallel.tp=2", "parallel.sp=false", "parallel.zero_stage=3",
+                      "batch.micro_batch_size=2"),
+    "tp2_dp2_zero2": ("hardware.gpus_per_node=4", "parallel.tp=2", "parallel.sp=false", "parallel.zero_stage=2",
+                      "batch.micro_batch_size=2"),
+    "pp2_dp2_zero1": ("hardware.gpus_per_node=4", "parallel.tp=1", "parallel.sp=false", "parallel.pp=2",
+                      "parallel.zero_stage=1", "batch.micro_batch_size=2"),
+    "tp2_sp_dp2_zero1": ("hardware.gpus_per_node=4", "parallel.tp=2", "parallel.sp=true", "parallel.zero_stage=1",
+                         "batch.micro_batch_size=2"),
+}
 
 
 def free_port() -> int:
@@ -50,6 +86,23 @@ def train(runs: Path, *overrides: str, recipe: str = TINY, timeout: int = 300, c
 @pytest.fixture(scope="session")
 def runs_root(tmp_path_factory) -> Path:
     return tmp_path_factory.mktemp("runs")
+
+
+@pytest.fixture(scope="session")
+def shared_run(runs_root):
+    """`shared_run(*overrides, recipe=...)`: the run of that recipe and those overrides, trained the first time a
+    test asks and handed to every later test that asks for the same one. A run costs ~15-30 s of start-up on 2
+    cores whatever its steps, so tests that can read one run (parity, partitions, state bytes, collectives) share
+    it instead of each training its own. Callers only read it; a test that changes a run works on a copy."""
+    done: dict[tuple[str, tuple[str, ...]], Trained] = {}
+
+    def get(*overrides: str, recipe: str = TINY) -> Trained:
+        key = (recipe, overrides)
+        if key not in done:
+            done[key] = train(runs_root / "shared" / str(len(done)), *overrides, recipe=recipe)
+        return done[key]
+
+    return get
 
 
 @pytest.fixture(scope="session")

@@ -1,13 +1,13 @@
 """CPU offload trains and matches the on-device losses (uses the cached DeepSpeedCPUAdam build)."""
 import pytest
 
-from tests.dist.conftest import SHORT, train
+from tests.dist.conftest import DS_DP2, SHORT, train
 
 pytestmark = [pytest.mark.dist, pytest.mark.slow]
 
 
-def test_offload_matches_device_losses(runs_root):
-    base = train(runs_root / "off_ref", *SHORT, "parallel.zero_stage=3")
+def test_offload_matches_device_losses(runs_root, shared_run):
+    base = shared_run(*DS_DP2[3])  # the same layout without offload (recipe defaults: 2 ranks, micro-batch 2)
     opt = train(runs_root / "off_opt", *SHORT, "parallel.zero_stage=3", "parallel.offload_optimizer=cpu", timeout=900)
     both = train(runs_root / "off_all", *SHORT, "parallel.zero_stage=3", "parallel.offload_optimizer=cpu",
                  "parallel.offload_params=cpu", timeout=900)

@@ -4,7 +4,7 @@ import json
 import pytest
 
 from tests.conftest import REPO
-from tests.dist.conftest import SHORT, train
+from tests.dist.conftest import DS_DP2, SHORT, ds_autotp, train
 
 pytestmark = [pytest.mark.dist, pytest.mark.slow]
 TOL = 1e-5
@@ -16,9 +16,8 @@ def reference(one_rank_reference):
 
 
 @pytest.mark.parametrize("zero", [0, 1, 2, 3])
-def test_zero_stage_matches_one_rank(runs_root, reference, zero):
-    t = train(runs_root / f"z{zero}", *SHORT, "hardware.gpus_per_node=2", "batch.micro_batch_size=2",
-              f"parallel.zero_stage={zero}")
+def test_zero_stage_matches_one_rank(shared_run, reference, zero):
+    t = shared_run(*DS_DP2[zero])
     for rank in (0, 1):
         losses = t.losses(rank)
         assert max(abs(a - b) for a, b in zip(losses, reference.losses(), strict=True)) <= TOL, (zero, losses, reference.losses())
@@ -30,9 +29,8 @@ def test_zero_stage_matches_one_rank(runs_root, reference, zero):
 
 @pytest.mark.parametrize("gpus, zero", [(2, 0), (2, 3), (4, 1), (4, 3)], ids=["tp2", "tp2_zero3", "tp2dp2_zero1",
                                                                               "tp2dp2_zero3"])
-def test_autotp_matches_one_rank(runs_root, reference, gpus, zero):
-    t = train(runs_root / f"tp{gpus}_{zero}", *SHORT, f"hardware.gpus_per_node={gpus}", "parallel.tp=2",
-              "batch.micro_batch_size=2" if gpus == 4 else "batch.micro_batch_size=4", f"parallel.zero_stage={zero}")
+def test_autotp_matches_one_rank(shared_run, reference, gpus, zero):
+    t = shared_run(*ds_autotp(gpus, zero))
     for rank in range(gpus):
         losses = t.losses(rank)
         assert max(abs(a - b) for a, b in zip(losses, reference.losses(), strict=True)) <= TOL, (gpus, zero, rank, losses)

@@ -6,15 +6,14 @@ import pytest
 from launch.metrics import iter_records, read_metrics
 from launch.planner import Layout, zero3_partition_numel
 from launch.resolve import Resolved
-from tests.dist.conftest import SHORT, train
+from tests.dist.conftest import DS_DP2, SHORT, ds_autotp, train
 
 pytestmark = [pytest.mark.dist, pytest.mark.slow]
 
 
 @pytest.mark.parametrize("gpus, tp", [(2, 1), (4, 2)], ids=["zero3_dp2", "tp2_zero3_dp2"])
-def test_zero3_partitions_match_planner(runs_root, gpus, tp):
-    t = train(runs_root / f"part{gpus}", *SHORT, "train.steps=3", f"hardware.gpus_per_node={gpus}", f"parallel.tp={tp}",
-              "parallel.zero_stage=3", "batch.micro_batch_size=2" if gpus == 4 else "batch.micro_batch_size=4")
+def test_zero3_partitions_match_planner(shared_run, gpus, tp):
+    t = shared_run(*(DS_DP2[3] if tp == 1 else ds_autotp(gpus, 3)))  # the parity tests' runs of these layouts
     resolved = Resolved.load(t.root / "resolved.json")
     predicted = zero3_partition_numel(Layout.from_resolved(resolved))
     total = resolved.model.param_counts().total
@@ -24,8 +23,13 @@ def test_zero3_partitions_match_planner(runs_root, gpus, tp):
     assert predicted < total / (gpus - 1)  # really partitioned, not replicated
 
 
-def test_run_directory_metrics_tensorboard_and_trace(runs_root):
-    t = train(runs_root / "full", *SHORT, "run.profile=torch", "run.profile_active_steps=2", "parallel.zero_stage=2")
+# ZeRO-2 on 2 ranks with a profiler trace of 2 steps: what a run directory holds, and the torchrun side of the
+# launcher comparison.
+PROFILED = (*DS_DP2[2], "run.profile=torch", "run.profile_active_steps=2")
+
+
+def test_run_directory_metrics_tensorboard_and_trace(shared_run):
+    t = shared_run(*PROFILED)
     root = t.root
     for name in ("resolved.json", "plan.json", "env.json", "launch_cmd.txt"):
         assert (root / name).is_file(), name
@@ -62,16 +66,15 @@ def test_run_directory_metrics_tensorboard_and_trace(runs_root):
     assert plan["grid"]["dp"] == 2 and plan["fits"] is True
 
 
-def test_activation_checkpointing_same_losses_and_recomputes(runs_root):
-    one_micro = ("train.steps=4", "parallel.zero_stage=3", "batch.micro_batch_size=4")
-    off = train(runs_root / "ac_off", *SHORT, *one_micro)
-    on = train(runs_root / "ac_on", *SHORT, *one_micro, "train.activation_checkpointing=full")
+def test_activation_checkpointing_same_losses_and_recomputes(runs_root, shared_run):
+    off = shared_run(*DS_DP2[3])
+    on = train(runs_root / "ac_on", *DS_DP2[3], "train.activation_checkpointing=full")
     assert max(abs(a - b) for a, b in zip(on.losses(), off.losses(), strict=True)) <= 1e-6
     calls = json.loads((on.root / "logs" / "layer_calls_rank0.json").read_text())
     plain = json.loads((off.root / "logs" / "layer_calls_rank0.json").read_text())
-    # 4 steps × 1 micro-batch: with checkpointing each decoder layer runs again in backward (recompute)
-    assert plain["forward_calls_per_layer"] == [4, 4, 4, 4]
-    assert calls["forward_calls_per_layer"] == [8, 8, 8, 8]
+    # 10 steps × 2 micro-batches: with checkpointing each decoder layer runs again in backward (recompute)
+    assert plain["forward_calls_per_layer"] == [20, 20, 20, 20]
+    assert calls["forward_calls_per_layer"] == [40, 40, 40, 40]
 
 
 def test_real_text_trains_and_matches_one_rank(runs_root, repo):
@@ -84,8 +87,8 @@ def test_real_text_trains_and_matches_one_rank(runs_root, repo):
     assert max(abs(a - b) for a, b in zip(losses, one.losses())) <= 1e-5
 
 
-def test_deepspeed_launcher_gives_the_same_run(runs_root):
-    a = train(runs_root / "launch_torchrun", *SHORT, "train.steps=4")
-    b = train(runs_root / "launch_ds", *SHORT, "train.steps=4", "run.launcher=deepspeed")
+def test_deepspeed_launcher_gives_the_same_run(runs_root, shared_run):
+    a = shared_run(*PROFILED)  # torchrun, the default launcher
+    b = train(runs_root / "launch_ds", *DS_DP2[2], "run.launcher=deepspeed")  # (the profiler changes no loss)
     assert "deepspeed.launcher.runner" in (b.root / "launch_cmd.txt").read_text()
     assert b.losses(0) == pytest.approx(a.losses(0), abs=1e-6) and b.losses(1) == b.losses(0)

@@ -20,11 +20,14 @@ import pytest
 from analysis.report import build_report
 from launch.planner import tp_calls
 from launch.resolve import Resolved
-from tests.dist.conftest import train
+from tests.dist.conftest import MEGATRON, MEGATRON_LAYOUTS, SHORT
 
 pytestmark = [pytest.mark.dist, pytest.mark.slow]
-RUN = ("train.steps=4", "train.warmup_steps=1", "train.checkpoint_every=0", "run.resume=never", "run.profile=torch",
-       "run.profile_active_steps=1", "batch.seq_len=32", "parallel.zero_stage=0", "batch.micro_batch_size=4")
+# The parity tests' runs of these layouts, which carry a profiler trace of one step (conftest.PROFILE_ONE_STEP).
+RUNS = {"tp2_pp2": (*SHORT, *MEGATRON_LAYOUTS["tp2_pp2"]),
+        "tp2": (*SHORT, *MEGATRON_LAYOUTS["tp2"]),
+        "tp2_sp": (*SHORT, *MEGATRON_LAYOUTS["tp2_sp"]),
+        "tp2_full_recompute": (*SHORT, *MEGATRON_LAYOUTS["tp2"], "train.activation_checkpointing=full")}
 
 
 def counted(trace_path) -> Counter:
@@ -48,10 +51,9 @@ def expected(resolved: Resolved, rank: int) -> Counter:
                                       first_stage=stage == 0, last_stage=stage == par.pp - 1)})
 
 
-def test_tp_by_pp_stage_counts(runs_root):
+def test_tp_by_pp_stage_counts(shared_run):
     """TP2 × PP2: the first stage has the embedding's collectives, the last the output layer's and the loss's."""
-    t = train(runs_root / "coll_tp2_pp2", *RUN, "parallel.sp=false", "parallel.pp=2", "hardware.gpus_per_node=4",
-              recipe="recipes/tiny_tp2_sp")
+    t = shared_run(*RUNS["tp2_pp2"], recipe=MEGATRON)
     resolved = Resolved.load(t.root / "resolved.json")
     for rank in range(4):
         assert counted(t.root / "traces" / f"rank{rank}.json") == expected(resolved, rank), rank
@@ -60,12 +62,12 @@ def test_tp_by_pp_stage_counts(runs_root):
     assert expected(resolved, 2) == Counter({"all_reduce": (2 * 4 + 1 + 3) * 2})
 
 
-@pytest.mark.parametrize("sp, recompute", [(False, "none"), (True, "none"), (False, "full")],
-                         ids=["tp2", "tp2_sp", "tp2_full_recompute"])
-def test_collectives_per_layer_match_the_layout(runs_root, sp, recompute):
-    t = train(runs_root / f"coll_{sp}_{recompute}", *RUN, f"parallel.sp={str(sp).lower()}",
-              f"train.activation_checkpointing={recompute}", recipe="recipes/tiny_tp2_sp")
+@pytest.mark.parametrize("name, sp, recompute", [("tp2", False, "none"), ("tp2_sp", True, "none"),
+                                                ("tp2_full_recompute", False, "full")], ids=["tp2", "tp2_sp", "tp2_full_recompute"])
+def test_collectives_per_layer_match_the_layout(shared_run, name, sp, recompute):
+    t = shared_run(*RUNS[name], recipe=MEGATRON)
     resolved = Resolved.load(t.root / "resolved.json")
+    assert (resolved.recipe.parallel.sp, resolved.recipe.train.activation_checkpointing) == (sp, recompute)
     layers, micro = resolved.model.num_layers, resolved.grad_accum
     want = expected(resolved, 0)
     for rank in (0, 1):

@@ -15,11 +15,10 @@ import torch
 
 from launch.planner import Layout, chunk_layers, plan_resolved, zero3_partition_numel
 from launch.resolve import Resolved
-from tests.dist.conftest import SHORT, train
+from tests.dist.conftest import MEGATRON, MEGATRON_LAYOUTS as LAYOUTS, SHORT, train
 
 pytestmark = [pytest.mark.dist, pytest.mark.slow]
 TOL = 1e-5
-MEGATRON = "recipes/tiny_tp2_sp"  # any tiny Megatron recipe; every layout field is overridden below
 ONE_RANK = ("hardware.gpus_per_node=1", "parallel.tp=1", "parallel.sp=false", "parallel.zero_stage=0",
             "batch.micro_batch_size=4")
 
@@ -39,48 +38,18 @@ def reference(runs_root):
     return t
 
 
-def test_one_rank_megatron_equals_hugging_face(runs_root, reference):
-    """The independent oracle: the DeepSpeed backend trains the Hugging Face model from the same weights."""
-    hf = train(runs_root / "hf_ref", *SHORT, *ONE_RANK, recipe="recipes/tiny_zero2")
+def test_one_rank_megatron_equals_hugging_face(reference, one_rank_reference):
+    """The independent oracle: the DeepSpeed backend trains the Hugging Face model from the same weights (its
+    one-rank ZeRO-0 run of the same global batch in micro-batches of 4, as ONE_RANK)."""
+    hf = one_rank_reference
     assert close(reference.losses(), hf.losses()) <= 1e-4, (reference.losses(), hf.losses())
     assert abs(reference.losses()[0] - hf.losses()[0]) <= 1e-5  # before any update: the same function
     assert [s.grad_norm for s in hf.metrics().steps] == pytest.approx(reference.norms, rel=1e-3)
 
 
-LAYOUTS = {
-    "tp2": ("hardware.gpus_per_node=2", "parallel.tp=2", "parallel.sp=false", "parallel.zero_stage=0",
-            "batch.micro_batch_size=4"),
-    "tp2_sp": ("hardware.gpus_per_node=2", "parallel.tp=2", "parallel.sp=true", "parallel.zero_stage=0",
-               "batch.micro_batch_size=4"),
-    "pp2": ("hardware.gpus_per_node=2", "parallel.tp=1", "parallel.sp=false", "parallel.pp=2",
-            "parallel.zero_stage=0", "batch.micro_batch_size=4"),
-    "pp2_vpp2": ("hardware.gpus_per_node=2", "parallel.tp=1", "parallel.sp=false", "parallel.pp=2", "parallel.vpp=2",
-                 "parallel.zero_stage=0", "batch.micro_batch_size=2"),
-    "tp2_pp2": ("hardware.gpus_per_node=4", "parallel.tp=2", "parallel.sp=false", "parallel.pp=2",
-                "parallel.zero_stage=0", "batch.micro_batch_size=4"),
-    "dp2_zero1": ("hardware.gpus_per_node=2", "parallel.tp=1", "parallel.sp=false", "parallel.zero_stage=1",
-                  "batch.micro_batch_size=2"),
-    "tp2_dp2_zero3": ("hardware.gpus_per_node=4", "parallel.tp=2", "parallel.sp=false", "parallel.zero_stage=3",
-                      "batch.micro_batch_size=2"),
-    "tp2_dp2_zero2": ("hardware.gpus_per_node=4", "parallel.tp=2", "parallel.sp=false", "parallel.zero_stage=2",
-                      "batch.micro_batch_size=2"),
-    "pp2_dp2_zero1": ("hardware.gpus_per_node=4", "parallel.tp=1", "parallel.sp=false", "parallel.pp=2",
-                      "parallel.zero_stage=1", "batch.micro_batch_size=2"),
-    "tp2_sp_dp2_zero1": ("hardware.gpus_per_node=4", "parallel.tp=2", "parallel.sp=true", "parallel.zero_stage=1",
-                         "batch.micro_batch_size=2"),
-}
-
-
 @pytest.fixture(scope="module")
-def runs(runs_root):
-    cache = {}
-
-    def get(name):
-        if name not in cache:
-            cache[name] = train(runs_root / f"mc_{name}", *SHORT, *LAYOUTS[name], recipe=MEGATRON)
-        return cache[name]
-
-    return get
+def runs(shared_run):
+    return lambda name: shared_run(*SHORT, *LAYOUTS[name], recipe=MEGATRON)
 
 
 @pytest.mark.parametrize("name", list(LAYOUTS))
@@ -146,8 +115,8 @@ def test_replicated_weights_identical_across_tp_ranks(runs):
     assert sharded and not torch.equal(a[sharded[0]], b[sharded[0]])
 
 
-def test_recompute_runs_every_layer_twice_and_keeps_losses(runs_root, runs, reference):
-    t = train(runs_root / "mc_full_ac", *SHORT, *LAYOUTS["tp2"], "train.activation_checkpointing=full", recipe=MEGATRON)
+def test_recompute_runs_every_layer_twice_and_keeps_losses(runs_root, shared_run, runs, reference):
+    t = shared_run(*SHORT, *LAYOUTS["tp2"], "train.activation_checkpointing=full", recipe=MEGATRON)
     assert close(t.losses(), reference.losses()) <= TOL
     calls = json.loads((t.root / "logs" / "layer_calls_rank0.json").read_text())["forward_calls_per_layer"]
     micro_batches = 10 * 2  # 10 steps × gradient accumulation 2

@@ -21,16 +21,17 @@ import pytest
 
 from launch.planner import Layout, largest_layer_params, rank_parameters
 from launch.resolve import Resolved
-from tests.dist.conftest import SHORT, train
+from tests.dist.conftest import DS_DP2, MEGATRON, MEGATRON_LAYOUTS, SHORT, TINY
 
 pytestmark = [pytest.mark.dist, pytest.mark.slow]
 
 CATEGORIES = ("weights", "grads", "optimizer")
+# The parity tests' runs of these layouts: the state after the first step does not depend on how many follow.
 RUNS = {
-    "megatron_tp2_zero0": ("recipes/tiny_tp2_sp", ()),
-    "megatron_dp2_zero1": ("recipes/tiny_tp2_sp", ("parallel.tp=1", "parallel.sp=false", "parallel.zero_stage=1")),
-    "megatron_tp2_dp2_zero3": ("recipes/tiny_tp2_zero3", ()),
-    "deepspeed_dp2_zero2": ("recipes/tiny_zero2", ()),
+    "megatron_tp2_sp_zero0": (MEGATRON, (*SHORT, *MEGATRON_LAYOUTS["tp2_sp"])),
+    "megatron_dp2_zero1": (MEGATRON, (*SHORT, *MEGATRON_LAYOUTS["dp2_zero1"])),
+    "megatron_tp2_dp2_zero3": (MEGATRON, (*SHORT, *MEGATRON_LAYOUTS["tp2_dp2_zero3"])),
+    "deepspeed_dp2_zero2": (TINY, DS_DP2[2]),
 }
 
 
@@ -50,10 +51,9 @@ def between_steps(memory: dict, layout: Layout, params: int) -> dict[str, int]:
 
 
 @pytest.mark.parametrize("name", list(RUNS))
-def test_state_bytes_match_plan(runs_root, name):
+def test_state_bytes_match_plan(shared_run, name):
     recipe, overrides = RUNS[name]
-    # Runs of one recipe share a folder: a fresh start each, not a resume of the previous case.
-    run = train(runs_root, *SHORT, "train.steps=3", "run.resume=never", *overrides, recipe=recipe)
+    run = shared_run(*overrides, recipe=recipe)
     plan = json.loads((run.root / "plan.json").read_text())
     layout = Layout.from_resolved(Resolved.load(run.root / "resolved.json"))
     assert layout.dtype == "fp32"
