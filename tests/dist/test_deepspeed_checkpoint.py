@@ -1,6 +1,6 @@
 """Checkpoints: resume with identical losses, reshard to another layout, refuse the impossible, export."""
-import json
 import os
+import shutil
 import signal
 import subprocess
 import time
@@ -12,7 +12,7 @@ from launch.data import Synthetic, global_batch_indices
 from launch.metrics import read_metrics
 from launch.checkpoints import MARKER, complete_checkpoints
 from tests.conftest import REPO
-from tests.dist.conftest import SHORT, free_port, train
+from tests.dist.conftest import SHORT, Trained, free_port, train
 
 pytestmark = [pytest.mark.dist, pytest.mark.slow]
 CKPT = (*SHORT, "train.checkpoint_every=5")
@@ -27,21 +27,39 @@ def interrupted_after_5(runs, *overrides):
     return full
 
 
+@pytest.fixture(scope="module")
+def interrupted(runs_root):
+    """`interrupted(runs, zero)`: a copy, in the runs folder `runs`, of one tiny_zero2 run at that ZeRO stage
+    interrupted after step 5 (see interrupted_after_5), trained once for the module. Each test resumes, reshards
+    or exports its own copy, so no test finds another's checkpoints beside it."""
+    cache: dict[int, Trained] = {}
+
+    def copy(runs, zero: int) -> Trained:
+        if zero not in cache:
+            cache[zero] = interrupted_after_5(runs_root / f"interrupted_z{zero}", f"parallel.zero_stage={zero}")
+        full = cache[zero]
+        dest = runs / full.root.parent.name / full.root.name
+        shutil.copytree(full.root, dest)  # copy2 keeps the markers' mtimes, by which resume picks the newest
+        return Trained(dest, full.proc)
+
+    return copy
+
+
 @pytest.mark.parametrize("zero", [2, 3])
-def test_resume_same_layout_reproduces_losses(runs_root, zero):
+def test_resume_same_layout_reproduces_losses(runs_root, interrupted, zero):
     runs = runs_root / f"resume_z{zero}"
-    full = interrupted_after_5(runs, f"parallel.zero_stage={zero}")
+    full = interrupted(runs, zero)
     resumed = train(runs, *CKPT, f"parallel.zero_stage={zero}")
     meta = resumed.metrics().meta
-    assert meta.start_step == 5 and meta.resumed_from.endswith("step5")
+    assert meta.start_step == 5 and meta.resumed_from == str(full.root / "checkpoints" / "step5")
     assert [s.step for s in resumed.metrics().steps] == [6, 7, 8, 9, 10]
     assert max(abs(a - b) for a, b in zip(resumed.losses(), full.losses()[5:])) <= TOL
 
 
 @pytest.mark.parametrize("zero", [2, 3])
-def test_two_rank_checkpoint_resumes_on_one_rank(runs_root, zero):
+def test_two_rank_checkpoint_resumes_on_one_rank(runs_root, interrupted, zero):
     runs = runs_root / f"reshard_z{zero}"
-    full = interrupted_after_5(runs, f"parallel.zero_stage={zero}")
+    full = interrupted(runs, zero)
     one = train(runs, *CKPT, f"parallel.zero_stage={zero}", "hardware.gpus_per_node=1", "batch.micro_batch_size=4")
     assert one.metrics().meta.start_step == 5 and one.metrics().meta.dp == 1
     assert max(abs(a - b) for a, b in zip(one.losses(), full.losses()[5:])) <= TOL
@@ -57,10 +75,10 @@ def test_autotp_tp2dp2_checkpoint_resumes_on_one_rank(runs_root):
     assert max(abs(a - b) for a, b in zip(one.losses(), full.losses()[5:])) <= TOL
 
 
-def test_stage_change_2_to_3_is_refused_before_launch(runs_root):
+def test_stage_change_2_to_3_is_refused_before_launch(runs_root, interrupted):
     runs = runs_root / "refuse"
-    train(runs, *CKPT, "parallel.zero_stage=2", "train.steps=5")
-    p = subprocess.run(["bash", "launch/run.sh", "recipes/tiny_zero2", *CKPT, "train.steps=5", "parallel.zero_stage=3"],
+    interrupted(runs, 2)
+    p = subprocess.run(["bash", "launch/run.sh", "recipes/tiny_zero2", *CKPT, "parallel.zero_stage=3"],
                        cwd=REPO, env={**os.environ, "LAYOUTLAB_RUNS": str(runs)}, capture_output=True, text=True)
     assert p.returncode == 2
     line = p.stderr.strip().splitlines()[-1]
@@ -68,12 +86,11 @@ def test_stage_change_2_to_3_is_refused_before_launch(runs_root):
     assert len(list((runs / "tiny_zero2").iterdir())) == 1  # no run directory was created
 
 
-def test_export_loads_in_transformers_and_reproduces_the_loss(runs_root):
+def test_export_loads_in_transformers_and_reproduces_the_loss(runs_root, interrupted):
     import torch
     from transformers import AutoModelForCausalLM
 
-    runs = runs_root / "export"
-    full = interrupted_after_5(runs, "parallel.zero_stage=3")
+    full = interrupted(runs_root / "export", 3)
     out = runs_root / "exported"
     p = subprocess.run(["python", "-m", "launch", "export", str(full.root), "step=5", f"out={out}"], cwd=REPO,
                        capture_output=True, text=True, timeout=300)
@@ -142,9 +159,9 @@ def no_rank_left(run_root) -> bool:
     return True
 
 
-def test_a_different_configuration_starts_fresh_with_a_note(runs_root):
+def test_a_different_configuration_starts_fresh_with_a_note(runs_root, interrupted):
     runs = runs_root / "identity"
-    train(runs, *CKPT, "train.steps=5")
+    interrupted(runs, 2)  # its newest complete checkpoint is step 5
     other = train(runs, *CKPT, "train.steps=5", "batch.seq_len=48")
     assert other.metrics().meta.start_step == 0 and other.metrics().meta.resumed_from is None
     assert "not resumed, it trains a different configuration (differs in seq_len)" in other.proc.stdout
