@@ -1,16 +1,16 @@
 """CPU offload trains and matches the on-device losses (uses the cached DeepSpeedCPUAdam build)."""
 import pytest
 
-from tests.dist.conftest import DS_DP2, SHORT, train
+from tests.dist.conftest import DS_DP2, train
 
 pytestmark = [pytest.mark.dist, pytest.mark.slow]
 
 
 def test_offload_matches_device_losses(runs_root, shared_run):
-    base = shared_run(*DS_DP2[3])  # the same layout without offload (recipe defaults: 2 ranks, micro-batch 2)
-    opt = train(runs_root / "off_opt", *SHORT, "parallel.zero_stage=3", "parallel.offload_optimizer=cpu", timeout=900)
-    both = train(runs_root / "off_all", *SHORT, "parallel.zero_stage=3", "parallel.offload_optimizer=cpu",
-                 "parallel.offload_params=cpu", timeout=900)
+    base = shared_run(*DS_DP2[3])  # the same layout without offload
+    opt = train(runs_root / "off_opt", *DS_DP2[3], "parallel.offload_optimizer=cpu", timeout=900)
+    both = train(runs_root / "off_all", *DS_DP2[3], "parallel.offload_optimizer=cpu", "parallel.offload_params=cpu",
+                 timeout=900)
     assert "cpu_adam ready" in opt.proc.stdout  # the build (or its cache) ran before the ranks started
     resolved = (opt.root / "resolved.json").read_text()
     assert '"torch_adam": false' in resolved and '"device": "cpu"' in resolved

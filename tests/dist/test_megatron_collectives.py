@@ -63,7 +63,8 @@ def test_tp_by_pp_stage_counts(shared_run):
 
 
 @pytest.mark.parametrize("name, sp, recompute", [("tp2", False, "none"), ("tp2_sp", True, "none"),
-                                                ("tp2_full_recompute", False, "full")], ids=["tp2", "tp2_sp", "tp2_full_recompute"])
+                                                ("tp2_full_recompute", False, "full")],
+                         ids=["tp2", "tp2_sp", "tp2_full_recompute"])
 def test_collectives_per_layer_match_the_layout(shared_run, name, sp, recompute):
     t = shared_run(*RUNS[name], recipe=MEGATRON)
     resolved = Resolved.load(t.root / "resolved.json")
