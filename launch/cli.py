@@ -23,7 +23,7 @@ from launch.errors import ConfigError, printable
 from launch.grid import shown_nodes
 from launch.planner import GiB, Plan, chunk_layers, plan_resolved
 from launch.resolve import Resolved, resolve_path
-from launch.rundir import RunDir
+from launch.rundir import RunDir, runs_root
 
 
 def _console():
@@ -177,7 +177,7 @@ def cmd_run(args: Sequence[str]) -> int:
     plan = plan_resolved(resolved)
     console = _console()
     if dry:
-        run_dir = str(Path("runs") / resolved.recipe_name / "<UTC yyyymmdd-hhmmss>")
+        run_dir = str(runs_root() / resolved.recipe_name / "<UTC yyyymmdd-hhmmss>")  # where the real run would go
         cmd = launcher.build(resolved, run_dir)
         nodes_n = resolved.recipe.hardware.nodes
         per_node = launcher.node_commands(resolved, run_dir, node_ranks=shown_nodes(nodes_n)) if nodes_n > 1 else []
@@ -242,7 +242,6 @@ def cmd_run(args: Sequence[str]) -> int:
 def shared_run_dir(resolved: Resolved, environ) -> str | None:
     """The run directory every node of a job writes: the one the user gave (LAYOUTLAB_RUN_DIR), or under SLURM one
     named after the job, which every node derives alike; None: this node creates a new one."""
-    from launch.rundir import runs_root
 
     if environ.get("LAYOUTLAB_RUN_DIR"):
         return environ["LAYOUTLAB_RUN_DIR"]
@@ -277,7 +276,6 @@ def failure_summary(run: RunDir, world_size: int) -> list[str]:
 def _check_resume(resolved: Resolved):
     """Refuse an impossible resume before any rank starts (the trainer checks again, for the record)."""
     from launch.checkpoints import check_resume_compatible, find_resume, to_universal
-    from launch.rundir import runs_root
 
     ckpt, notes = find_resume(runs_root() / resolved.recipe_name, resolved)
     for note in notes:

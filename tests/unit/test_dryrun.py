@@ -28,6 +28,8 @@ def test_dry_run_flagship(tmp_path):
     assert "plan: fits" in out
     assert "-m torch.distributed.run --nnodes 1 --nproc-per-node 4" in out and "-m launch.train" in out
     assert seconds < 2.0, f"dry-run took {seconds:.2f}s"
+    # the command it shows writes where the real run would: under $LAYOUTLAB_RUNS, not ./runs
+    assert f"LAYOUTLAB_RUN_DIR='{tmp_path / 'runs'}/7b_tp2_zero3/<UTC yyyymmdd-hhmmss>'" in out
     assert not (tmp_path / "runs").exists()  # a dry run writes nothing
 
 
