@@ -26,6 +26,8 @@ DS_DP2 = {z: (*SHORT, "hardware.gpus_per_node=2", "batch.micro_batch_size=2", f"
 def ds_autotp(gpus: int, zero: int) -> tuple[str, ...]:
     return (*SHORT, f"hardware.gpus_per_node={gpus}", "parallel.tp=2",
             "batch.micro_batch_size=2" if gpus == 4 else "batch.micro_batch_size=4", f"parallel.zero_stage={zero}")
+
+
 # Megatron-Core layouts (on MEGATRON), each the whole global batch of SHORT.
 MEGATRON_LAYOUTS = {
     "tp2": ("hardware.gpus_per_node=2", "parallel.tp=2", "parallel.sp=false", "parallel.zero_stage=0",
