@@ -18,8 +18,9 @@ SUBDIRS = ("metrics", "logs", "traces", "nccl", "commbench", "tensorboard", "che
 
 
 def runs_root() -> Path:
-    """`$LAYOUTLAB_RUNS` when set, else ./runs (relative to where run.sh is called)."""
-    return Path(os.environ.get("LAYOUTLAB_RUNS", "runs"))
+    """`$LAYOUTLAB_RUNS` when set, else ./runs (relative to where run.sh is called). Set but empty counts as
+    unset: Path("") is the working directory, where runs would land beside the user's files."""
+    return Path(os.environ.get("LAYOUTLAB_RUNS") or "runs")
 
 
 def write_text_atomic(path: Path, text: str) -> None:

@@ -33,6 +33,14 @@ def test_dry_run_flagship(tmp_path):
     assert not (tmp_path / "runs").exists()  # a dry run writes nothing
 
 
+def test_empty_runs_variable_means_the_default_folder():
+    import os
+
+    p, _ = run("recipes/tiny_zero2", "--dry-run", env={**os.environ, "LAYOUTLAB_RUNS": ""})
+    assert p.returncode == 0, p.stderr
+    assert "LAYOUTLAB_RUN_DIR='runs/tiny_zero2/<UTC yyyymmdd-hhmmss>'" in p.stdout
+
+
 def test_dry_run_never_imports_torch():
     code = ("import sys; from launch.cli import main; rc = main(['run', 'recipes/7b_tp2_zero3', '--dry-run']); "
             "heavy = [m for m in ('torch', 'deepspeed', 'megatron', 'transformers') if m in sys.modules]; "
