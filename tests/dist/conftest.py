@@ -1,11 +1,13 @@
 """Real runs through `bash launch/run.sh`, on gloo CPU ranks, each in its own runs/ folder."""
 import os
+import shutil
 import socket
 import subprocess
 from pathlib import Path
 
 import pytest
 
+from launch.checkpoints import MARKER, complete_checkpoints
 from launch.metrics import read_metrics
 from tests.conftest import REPO
 
@@ -17,25 +19,31 @@ SHORT = ("train.steps=10", "train.warmup_steps=2", "train.lr_warmup_steps=2", "t
 # A torch profiler trace of one step, for the tests that count collectives in it; it leaves the losses alone
 # (the parity tests compare those runs to the one-rank reference like the others).
 PROFILE_ONE_STEP = ("run.profile=torch", "run.profile_active_steps=1")
+# Checkpoints at steps 5 and 10 (the profiled step is 4): the checkpoint tests resume, reshard and export copies of
+# the shared runs that carry these instead of training their own (saving leaves the losses alone).
+EVERY_5 = ("train.checkpoint_every=5",)
 
-# DeepSpeed backend (tiny_zero2) on 2 ranks at each ZeRO stage, and with AutoTP 2 on 2 or 4 ranks.
-DS_DP2 = {z: (*SHORT, "hardware.gpus_per_node=2", "batch.micro_batch_size=2", f"parallel.zero_stage={z}")
-          for z in range(4)}
+# DeepSpeed backend (tiny_zero2) on 2 ranks at each ZeRO stage, and with AutoTP 2 on 2 or 4 ranks. The ZeRO-2 and
+# ZeRO-3 runs also serve the run-directory, launcher, checkpoint and report tests.
+DS_DP2 = {z: (*SHORT, "hardware.gpus_per_node=2", "batch.micro_batch_size=2", f"parallel.zero_stage={z}",
+              *((*EVERY_5, *PROFILE_ONE_STEP) if z >= 2 else ())) for z in range(4)}
 
 
 def ds_autotp(gpus: int, zero: int) -> tuple[str, ...]:
     return (*SHORT, f"hardware.gpus_per_node={gpus}", "parallel.tp=2",
-            "batch.micro_batch_size=2" if gpus == 4 else "batch.micro_batch_size=4", f"parallel.zero_stage={zero}")
+            "batch.micro_batch_size=2" if gpus == 4 else "batch.micro_batch_size=4", f"parallel.zero_stage={zero}",
+            *(EVERY_5 if (gpus, zero) == (4, 1) else ()))
 
 
-# Megatron-Core layouts (on MEGATRON), each the whole global batch of SHORT.
+# Megatron-Core layouts (on MEGATRON), each the whole global batch of SHORT; tp2_sp, pp2 and tp2_dp2_zero3 serve the
+# Megatron checkpoint tests too.
 MEGATRON_LAYOUTS = {
     "tp2": ("hardware.gpus_per_node=2", "parallel.tp=2", "parallel.sp=false", "parallel.zero_stage=0",
             "batch.micro_batch_size=4", *PROFILE_ONE_STEP),
     "tp2_sp": ("hardware.gpus_per_node=2", "parallel.tp=2", "parallel.sp=true", "parallel.zero_stage=0",
-               "batch.micro_batch_size=4", *PROFILE_ONE_STEP),
+               "batch.micro_batch_size=4", *PROFILE_ONE_STEP, *EVERY_5),
     "pp2": ("hardware.gpus_per_node=2", "parallel.tp=1", "parallel.sp=false", "parallel.pp=2",
-            "parallel.zero_stage=0", "batch.micro_batch_size=4"),
+            "parallel.zero_stage=0", "batch.micro_batch_size=4", *EVERY_5),
     "pp2_vpp2": ("hardware.gpus_per_node=2", "parallel.tp=1", "parallel.sp=false", "parallel.pp=2", "parallel.vpp=2",
                  "parallel.zero_stage=0", "batch.micro_batch_size=2"),
     "tp2_pp2": ("hardware.gpus_per_node=4", "parallel.tp=2", "parallel.sp=false", "parallel.pp=2",
@@ -43,7 +51,7 @@ MEGATRON_LAYOUTS = {
     "dp2_zero1": ("hardware.gpus_per_node=2", "parallel.tp=1", "parallel.sp=false", "parallel.zero_stage=1",
                   "batch.micro_batch_size=2"),
     "tp2_dp2_zero3": ("hardware.gpus_per_node=4", "parallel.tp=2", "parallel.sp=false", "parallel.zero_stage=3",
-                      "batch.micro_batch_size=2"),
+                      "batch.micro_batch_size=2", *EVERY_5),
     "tp2_dp2_zero2": ("hardware.gpus_per_node=4", "parallel.tp=2", "parallel.sp=false", "parallel.zero_stage=2",
                       "batch.micro_batch_size=2"),
     "pp2_dp2_zero1": ("hardware.gpus_per_node=4", "parallel.tp=1", "parallel.sp=false", "parallel.pp=2",
@@ -51,6 +59,14 @@ MEGATRON_LAYOUTS = {
     "tp2_sp_dp2_zero1": ("hardware.gpus_per_node=4", "parallel.tp=2", "parallel.sp=true", "parallel.zero_stage=1",
                          "batch.micro_batch_size=2"),
 }
+
+
+# A small collective sweep (8 B .. 16 KiB): read back by the commbench tests; on 2 ranks, the report test's ceiling.
+BENCH = ("run.mode=commbench", "commbench.max_bytes=16384", "commbench.warmup_iters=1", "commbench.iters=2")
+
+
+def commbench(gpus: int, dtype: str) -> tuple[str, ...]:
+    return (*BENCH, f"hardware.gpus_per_node={gpus}", "batch.global_batch_size=16", f'commbench.dtype="{dtype}"')
 
 
 def free_port() -> int:
@@ -83,6 +99,17 @@ def train(runs: Path, *overrides: str, recipe: str = TINY, timeout: int = 300, c
         logs = "".join((new[0] / "logs" / f).read_text()[-3000:] for f in sorted(os.listdir(new[0] / "logs")))
         assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:] + logs
     return t
+
+
+def interrupted_copy(t: Trained, runs: Path) -> Trained:
+    """A copy of the EVERY_5 run `t` in the runs folder `runs` (as runs/<recipe>/<stamp>) whose final save never
+    completed, so that its last good checkpoint is step 5: each checkpoint test resumes, reshards or exports its
+    own copy, and no test finds another's checkpoints beside it."""
+    dest = runs / t.root.parent.name / t.root.name
+    shutil.copytree(t.root, dest)  # copy2 keeps the markers' mtimes, by which resume picks the newest
+    (dest / "checkpoints" / "step10" / MARKER).unlink()
+    assert [c.step for c in complete_checkpoints(dest / "checkpoints")] == [5]
+    return Trained(dest, t.proc)
 
 
 @pytest.fixture(scope="session")

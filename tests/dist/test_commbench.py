@@ -11,11 +11,9 @@ from analysis.parsers.nccl_tests import parse_nccl_tests
 from launch.commbench_spec import NCCL_TESTS_OP, OPS, read_result
 from launch.nccl_format import BW_WIDTH, TIME_WIDTH, bus_factor, float_field
 from tests.conftest import REPO
-from tests.dist.conftest import TINY, free_port, train
+from tests.dist.conftest import BENCH, TINY, commbench, free_port, train
 
 pytestmark = [pytest.mark.dist, pytest.mark.slow]
-
-BENCH = ("run.mode=commbench", "commbench.max_bytes=16384", "commbench.warmup_iters=1", "commbench.iters=2")
 
 
 def printed(value: float, width: int) -> float:
@@ -45,9 +43,8 @@ def check_op(root, op, n, participants=None):
 
 
 @pytest.mark.parametrize("gpus, dtype", [(2, "float32"), (4, "bfloat16")])
-def test_sweep_all_collectives_correct_and_read_back(runs_root, gpus, dtype):
-    t = train(runs_root / f"world{gpus}", *BENCH, f"hardware.gpus_per_node={gpus}", "batch.global_batch_size=16",
-              f'commbench.dtype="{dtype}"', timeout=240)
+def test_sweep_all_collectives_correct_and_read_back(shared_run, gpus, dtype):
+    t = shared_run(*commbench(gpus, dtype))
     for op in OPS:
         result, table = check_op(t.root, op, gpus)
         assert [d["rank"] for d in table.meta["devices"]] == list(range(gpus))

@@ -1,6 +1,5 @@
 """Checkpoints: resume with identical losses, reshard to another layout, refuse the impossible, export."""
 import os
-import shutil
 import signal
 import subprocess
 import time
@@ -10,39 +9,20 @@ import pytest
 
 from launch.data import Synthetic, global_batch_indices
 from launch.metrics import read_metrics
-from launch.checkpoints import MARKER, complete_checkpoints
+from launch.checkpoints import complete_checkpoints
 from tests.conftest import REPO
-from tests.dist.conftest import SHORT, Trained, free_port, train
+from tests.dist.conftest import DS_DP2, EVERY_5, SHORT, ds_autotp, free_port, interrupted_copy, train
 
 pytestmark = [pytest.mark.dist, pytest.mark.slow]
-CKPT = (*SHORT, "train.checkpoint_every=5")
+CKPT = (*SHORT, *EVERY_5)
 TOL = 1e-5
 
 
-def interrupted_after_5(runs, *overrides):
-    """A full 10-step run whose final save never completed: its last good checkpoint is step 5."""
-    full = train(runs, *CKPT, *overrides)
-    (full.root / "checkpoints" / "step10" / MARKER).unlink()
-    assert [c.step for c in complete_checkpoints(full.root / "checkpoints")] == [5]
-    return full
-
-
 @pytest.fixture(scope="module")
-def interrupted(runs_root):
-    """`interrupted(runs, zero)`: a copy, in the runs folder `runs`, of one tiny_zero2 run at that ZeRO stage
-    interrupted after step 5 (see interrupted_after_5), trained once for the module. Each test resumes, reshards
-    or exports its own copy, so no test finds another's checkpoints beside it."""
-    cache: dict[int, Trained] = {}
-
-    def copy(runs, zero: int) -> Trained:
-        if zero not in cache:
-            cache[zero] = interrupted_after_5(runs_root / f"interrupted_z{zero}", f"parallel.zero_stage={zero}")
-        full = cache[zero]
-        dest = runs / full.root.parent.name / full.root.name
-        shutil.copytree(full.root, dest)  # copy2 keeps the markers' mtimes, by which resume picks the newest
-        return Trained(dest, full.proc)
-
-    return copy
+def interrupted(shared_run):
+    """`interrupted(runs, zero)`: in the runs folder `runs`, a copy of the shared 2-rank tiny_zero2 run at that ZeRO
+    stage (DS_DP2: checkpoints every 5 steps) whose final save never completed (conftest.interrupted_copy)."""
+    return lambda runs, zero: interrupted_copy(shared_run(*DS_DP2[zero]), runs)
 
 
 @pytest.mark.parametrize("zero", [2, 3])
@@ -66,10 +46,9 @@ def test_two_rank_checkpoint_resumes_on_one_rank(runs_root, interrupted, zero):
     assert (full.root / "checkpoints" / "step5_universal" / "zero").is_dir()
 
 
-def test_autotp_tp2dp2_checkpoint_resumes_on_one_rank(runs_root):
+def test_autotp_tp2dp2_checkpoint_resumes_on_one_rank(runs_root, shared_run):
     runs = runs_root / "reshard_tp"
-    full = interrupted_after_5(runs, "parallel.zero_stage=1", "parallel.tp=2", "hardware.gpus_per_node=4",
-                               "batch.micro_batch_size=2")
+    full = interrupted_copy(shared_run(*ds_autotp(4, 1)), runs)  # the AutoTP parity test's run
     one = train(runs, *CKPT, "parallel.zero_stage=1", "hardware.gpus_per_node=1", "batch.micro_batch_size=4")
     assert one.metrics().meta.start_step == 5
     assert max(abs(a - b) for a, b in zip(one.losses(), full.losses()[5:])) <= TOL

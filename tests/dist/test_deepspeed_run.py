@@ -23,13 +23,8 @@ def test_zero3_partitions_match_planner(shared_run, gpus, tp):
     assert predicted < total / (gpus - 1)  # really partitioned, not replicated
 
 
-# ZeRO-2 on 2 ranks with a profiler trace of 2 steps: what a run directory holds, and the torchrun side of the
-# launcher comparison.
-PROFILED = (*DS_DP2[2], "run.profile=torch", "run.profile_active_steps=2")
-
-
 def test_run_directory_metrics_tensorboard_and_trace(shared_run):
-    t = shared_run(*PROFILED)
+    t = shared_run(*DS_DP2[2])  # ZeRO-2 on 2 ranks with a profiler trace of one step
     root = t.root
     for name in ("resolved.json", "plan.json", "env.json", "launch_cmd.txt"):
         assert (root / name).is_file(), name
@@ -88,7 +83,7 @@ def test_real_text_trains_and_matches_one_rank(runs_root, repo):
 
 
 def test_deepspeed_launcher_gives_the_same_run(runs_root, shared_run):
-    a = shared_run(*PROFILED)  # torchrun, the default launcher
-    b = train(runs_root / "launch_ds", *DS_DP2[2], "run.launcher=deepspeed")  # (the profiler changes no loss)
+    a = shared_run(*DS_DP2[2])  # torchrun, the default launcher
+    b = train(runs_root / "launch_ds", *DS_DP2[2], "run.launcher=deepspeed")
     assert "deepspeed.launcher.runner" in (b.root / "launch_cmd.txt").read_text()
     assert b.losses(0) == pytest.approx(a.losses(0), abs=1e-6) and b.losses(1) == b.losses(0)

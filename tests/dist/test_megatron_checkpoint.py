@@ -23,19 +23,18 @@ import numpy as np
 import pytest
 import torch
 
-from launch.checkpoints import MARKER, complete_checkpoints
 from launch.data import global_batch_indices
 from launch.metrics import read_metrics
 from launch.resolve import Resolved
 from launch.trainers.common import data_source
 from tests.conftest import REPO
-from tests.dist.conftest import SHORT, train
+from tests.dist.conftest import MEGATRON, MEGATRON_LAYOUTS, SHORT, interrupted_copy, train
 
 pytestmark = [pytest.mark.dist, pytest.mark.slow]
-CKPT = (*SHORT, "train.checkpoint_every=5")
 TOL = 1e-5
-RECIPES = {"tp2": "recipes/tiny_tp2_sp", "pp2": "recipes/tiny_pp2", "tp2_zero3": "recipes/tiny_tp2_zero3"}
-VPP2 = ("parallel.pp=2", "parallel.vpp=2", "batch.micro_batch_size=2")
+# The parity tests' runs of these layouts, which checkpoint every 5 steps.
+LAYOUTS = {name: (*SHORT, *MEGATRON_LAYOUTS[layout])
+           for name, layout in (("tp2", "tp2_sp"), ("pp2", "pp2"), ("tp2_zero3", "tp2_dp2_zero3"))}
 
 
 def close(a: list[float], b: list[float]) -> float:
@@ -43,20 +42,10 @@ def close(a: list[float], b: list[float]) -> float:
 
 
 @pytest.fixture(scope="module")
-def interrupted(runs_root):
-    """Per layout, a full 10-step run whose final save never completed: its last good checkpoint is step 5."""
-    cache = {}
-
-    def get(name):
-        if name not in cache:
-            full = train(runs_root / f"mc_ckpt_{name}", *CKPT, recipe=RECIPES[name])
-            assert len(full.losses()) == 10
-            (full.root / "checkpoints" / "step10" / MARKER).unlink()
-            assert [c.step for c in complete_checkpoints(full.root / "checkpoints")] == [5]
-            cache[name] = full
-        return cache[name]
-
-    return get
+def run_of(shared_run):
+    """`run_of(name)`: the shared run of that layout (10 steps, checkpoints at 5 and 10), only read here; a test
+    that resumes works on an interrupted copy (conftest.interrupted_copy)."""
+    return lambda name: shared_run(*LAYOUTS[name], recipe=MEGATRON)
 
 
 def export(root, out) -> None:
@@ -68,13 +57,13 @@ def export(root, out) -> None:
 
 
 @pytest.fixture(scope="module")
-def exported(runs_root, interrupted):
+def exported(runs_root, run_of):
     cache = {}
 
     def get(name):
         if name not in cache:
             out = runs_root / f"mc_export_{name}"
-            export(interrupted(name).root, out)
+            export(run_of(name).root, out)
             cache[name] = out
         return cache[name]
 
@@ -96,10 +85,11 @@ def hf_loss(folder, run_root, step: int) -> float:
         return model(input_ids=x, labels=x).loss.item()
 
 
-@pytest.mark.parametrize("name", list(RECIPES))
-def test_resume_reproduces_the_uninterrupted_losses(runs_root, interrupted, name):
-    full = interrupted(name)
-    resumed = train(runs_root / f"mc_ckpt_{name}", *CKPT, recipe=RECIPES[name])
+@pytest.mark.parametrize("name", list(LAYOUTS))
+def test_resume_reproduces_the_uninterrupted_losses(runs_root, run_of, name):
+    runs = runs_root / f"mc_ckpt_{name}"
+    full = interrupted_copy(run_of(name), runs)  # its step-10 save never completed: resume from step 5
+    resumed = train(runs, *LAYOUTS[name], recipe=MEGATRON)
     meta = resumed.metrics().meta
     assert meta.start_step == 5 and meta.resumed_from.endswith("step5")
     assert [s.step for s in resumed.metrics().steps] == [6, 7, 8, 9, 10]
@@ -108,25 +98,25 @@ def test_resume_reproduces_the_uninterrupted_losses(runs_root, interrupted, name
 
 @pytest.mark.parametrize("override, field", [("parallel.tp=1", "parallel.tp=2 (now 1)"),
                                              ("hardware.gpus_per_node=2", "parallel.dp=2 (now 1)")])
-def test_resume_onto_another_layout_is_refused_before_launch(runs_root, interrupted, override, field):
-    interrupted("tp2_zero3")
-    runs = runs_root / "mc_ckpt_tp2_zero3"
-    before = sorted((runs / "tiny_tp2_zero3").iterdir())
-    p = subprocess.run(["bash", "launch/run.sh", RECIPES["tp2_zero3"], *CKPT, override], cwd=REPO,
+def test_resume_onto_another_layout_is_refused_before_launch(runs_root, run_of, override, field):
+    runs = runs_root / f"mc_refuse_{override.split('=')[0]}"
+    full = interrupted_copy(run_of("tp2_zero3"), runs)
+    before = sorted(full.root.parent.iterdir())
+    p = subprocess.run(["bash", "launch/run.sh", MEGATRON, *LAYOUTS["tp2_zero3"], override], cwd=REPO,
                        env={**os.environ, "LAYOUTLAB_RUNS": str(runs)}, capture_output=True, text=True,
                        timeout=120, check=False)
     assert p.returncode == 2, p.stdout[-2000:] + p.stderr[-2000:]
     lines = p.stderr.strip().splitlines()
     assert len(lines) == 1 and field in lines[0] and "run.resume=never" in lines[0], p.stderr
-    assert sorted((runs / "tiny_tp2_zero3").iterdir()) == before  # no run directory, so no rank, was started
+    assert sorted(full.root.parent.iterdir()) == before  # no run directory, so no rank, was started
 
 
-def test_zero3_resume_refuses_a_partition_saved_with_another_shape(runs_root, interrupted):
+def test_zero3_resume_refuses_a_partition_saved_with_another_shape(runs_root, run_of):
     """DeepSpeed's ZeRO-3 load copies flat fp32 partitions without their shapes (a transposed weight of equal size
     loads silently): the backend compares the saved ds_shapes with the live parameters before it loads."""
-    full = interrupted("tp2_zero3")
+    full = run_of("tp2_zero3")
     runs = runs_root / "mc_ckpt_tampered"
-    copy = runs / "tiny_tp2_zero3" / full.root.name
+    copy = runs / full.root.parent.name / full.root.name
     shutil.copytree(full.root / "checkpoints" / "step5", copy / "checkpoints" / "step5")
     f = copy / "checkpoints" / "step5" / "zero_pp_rank_1_mp_rank_01_model_states.pt"
     state = torch.load(f, map_location="cpu", weights_only=False)
@@ -135,7 +125,7 @@ def test_zero3_resume_refuses_a_partition_saved_with_another_shape(runs_root, in
     assert group[key] == torch.Size([64, 32])
     group[key] = torch.Size([32, 64])  # the same elements, so DeepSpeed alone would load it
     torch.save(state, f)
-    t = train(runs, *CKPT, recipe=RECIPES["tp2_zero3"], check=False)
+    t = train(runs, *LAYOUTS["tp2_zero3"], recipe=MEGATRON, check=False)
     assert t.proc.returncode != 0
     said = f"{key} was saved with shape [32, 64], this run's model has [64, 32]"
     assert said in t.proc.stdout and "zero_pp_rank_1_mp_rank_01_model_states.pt" in t.proc.stdout, t.proc.stdout
@@ -145,20 +135,20 @@ def test_zero3_resume_refuses_a_partition_saved_with_another_shape(runs_root, in
     assert not records.is_file() or not read_metrics(records).steps
 
 
-@pytest.mark.parametrize("name", list(RECIPES))
-def test_export_reproduces_the_logged_loss_of_the_next_step(interrupted, exported, name):
-    full = interrupted(name)
+@pytest.mark.parametrize("name", list(LAYOUTS))
+def test_export_reproduces_the_logged_loss_of_the_next_step(run_of, exported, name):
+    full = run_of(name)
     assert hf_loss(exported(name), full.root, 5) == pytest.approx(full.losses()[5], abs=TOL)
 
 
-def test_model_weights_start_an_interleaved_run_that_exports_back(runs_root, interrupted, exported):
+def test_model_weights_start_an_interleaved_run_that_exports_back(runs_root, run_of, exported):
     """model.weights: the first logged loss (before any update) is transformers' loss of that folder on the
     first batch, clearly not the seeded init's; and the interleaved (pp2 × vpp2) run exports like the others."""
     folder = exported("tp2")
-    first = hf_loss(folder, interrupted("tp2").root, 0)
-    assert abs(first - interrupted("tp2").losses()[0]) > 0.1  # the trained folder, not the random init
-    warm = train(runs_root / "mc_weights", *SHORT, "train.steps=6", "train.checkpoint_every=5", *VPP2,
-                 f'model.weights="{folder}"', "run.resume=never", recipe=RECIPES["pp2"])
+    first = hf_loss(folder, run_of("tp2").root, 0)
+    assert abs(first - run_of("tp2").losses()[0]) > 0.1  # the trained folder, not the random init
+    warm = train(runs_root / "mc_weights", *SHORT, *MEGATRON_LAYOUTS["pp2_vpp2"], "train.steps=6",
+                 "train.checkpoint_every=5", f'model.weights="{folder}"', "run.resume=never", recipe=MEGATRON)
     assert warm.losses()[0] == pytest.approx(first, abs=TOL)
     out = runs_root / "mc_export_pp2_vpp2"
     export(warm.root, out)

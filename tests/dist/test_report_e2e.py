@@ -1,5 +1,5 @@
-"""Two real tiny runs (ZeRO-2 vs ZeRO-3 on 2 gloo ranks, torch profiler on) and one collective sweep
-(run.mode=commbench) through run.sh, then one report on both runs with the sweep as the ceiling: step
+"""Two real tiny runs (ZeRO-2 vs ZeRO-3 on 2 gloo ranks, torch profiler on: the parity tests' runs) and one
+collective sweep (run.mode=commbench: the commbench test's) through run.sh, then one report on both runs with the sweep as the ceiling: step
 statistics agree with the metrics, memory sits beside the plan, the CPU-only traces give a breakdown
 with its stated CPU-side definition, achieved busbw is set against the sweep, HTML + Markdown are
 written."""
@@ -14,21 +14,14 @@ import pytest
 from analysis.report import build_report, write_report
 from launch.metrics import read_metrics
 from tests.conftest import REPO
-from tests.dist.conftest import train
+from tests.dist.conftest import DS_DP2, commbench
 
 pytestmark = [pytest.mark.dist, pytest.mark.slow]
 
-RUN = ("train.steps=12", "train.warmup_steps=4", "train.checkpoint_every=0", "run.resume=never",
-       "batch.micro_batch_size=4", "run.profile=torch", "run.profile_active_steps=3", "batch.seq_len=32")
-
 
 @pytest.fixture(scope="module")
-def two_runs(tmp_path_factory):
-    root = tmp_path_factory.mktemp("report_runs")
-    z2 = train(root / "z2", *RUN, "parallel.zero_stage=2")
-    z3 = train(root / "z3", *RUN, "parallel.zero_stage=3")
-    bench = train(root / "bench", "run.mode=commbench")
-    return z2, z3, bench
+def two_runs(shared_run):
+    return shared_run(*DS_DP2[2]), shared_run(*DS_DP2[3]), shared_run(*commbench(2, "float32"))
 
 
 def _median_measured(run) -> float:
@@ -46,7 +39,7 @@ def test_report_on_two_real_runs(two_runs, tmp_path):
     assert [r.label for r in rep.runs] == ["zero2", "zero3"]
     for res, run in zip(rep.runs, (z2, z3)):
         s = next(res.stats.rows())
-        assert s["steps_dropped"] == 4 and s["steps_measured"] == 8
+        assert s["steps_dropped"] == 2 and s["steps_measured"] == 8  # SHORT: 10 steps, 2 of warm-up
         assert s["step_time_median_s"] == pytest.approx(_median_measured(run))
         mem = list(res.memory.rows())
         assert len(mem) == 2 and all(m["predicted_bytes"] and m["predicted_what"].startswith("plan.json")
