@@ -15,7 +15,9 @@ One row per complete ("ph": "X") event, except the profiler's own "Trace" span. 
 flow arrows, counters and metadata are counted in `meta["events_skipped"]`; thread names from the
 metadata events are kept in `meta["thread_names"]`.
 
-Kernel classification follows HTA (facebookresearch/HolisticTraceAnalysis hta/utils/utils.py, the
+Three modules: this one (the scanner, the collector of columns, steps and kernel links), kineto_source (the
+file's bytes, inflated) and kineto_args (what an event's args say about a collective). Kernel classification
+(analysis.gpu_kernels) follows HTA (facebookresearch/HolisticTraceAnalysis hta/utils/utils.py, the
 same in 0.5.0 and at f4d0062): a name matching `^nccl.*Kernel` is communication, one starting with
 Memcpy/Memset/dma is memory, one that contains Memcpy, starts with Memset or contains Sync is
 "other", anything else is computation.
@@ -35,15 +37,15 @@ import bisect
 import contextlib
 import gc
 import itertools
-import math
 import operator
 import os
 import re
-import zlib
 from collections import Counter
 from typing import Any, Callable, Iterable, Iterator
 
 from analysis.gpu_kernels import kernel_collective, kernel_kind
+from analysis.parsers.kineto_args import cpu_collective, group_of, int_or_none, message_of
+from analysis.parsers.kineto_source import CHUNK_BYTES, Source
 from analysis.table import Table
 from launch import sense
 
@@ -51,16 +53,11 @@ from launch import sense
 # well-formed events and leaves everything else to the decoders here, so the tables are the same
 # without it. LAYOUTLAB_KINETO_PURE=1 turns it off (the tests run both ways).
 _kscan: Any = None
-_kinflate: Any = None
 if os.environ.get("LAYOUTLAB_KINETO_PURE", "") in ("", "0"):
     try:
         from analysis.parsers import _kscan
     except ImportError:
         _kscan = None
-    try:
-        from analysis.parsers import _kinflate
-    except ImportError:
-        _kinflate = None
 
 COLUMNS: dict[str, str] = {
     "rank": "trainer rank: distributedInfo.rank, else a rank number in the file name (rank-3, rank_3, "
@@ -103,10 +100,6 @@ COLUMNS: dict[str, str] = {
                     "launch; None for CPU events and for GPU events launched before the trace began",
 }
 
-_CHUNK_BYTES = 1 << 20          # decompressed bytes handed to the decoder at a time
-_RAW_READ_BYTES = 1 << 16       # compressed bytes read at a time
-_THREAD_GUNZIP_BYTES = 1 << 18  # gzip files larger than this are inflated by a second thread (_kinflate)
-_GUNZIP_AHEAD = 4               # decompressed chunks it may run ahead
 _SLOW_WINDOW = 1 << 16         # bytes the slow path decodes to text at a time (it is tried first)
 _MAX_PENDING_BYTES = 64 << 20   # an "event" still unfinished after this many bytes is garbage
 _MAX_WARNINGS_PER_KIND = 5
@@ -116,30 +109,6 @@ _CATEGORY_ALIASES = {"Kernel": "kernel", "Memcpy": "gpu_memcpy", "Memset": "gpu_
                      "Runtime": "cuda_runtime", "Operator": "cpu_op"}
 _CPU_COLLECTIVE_CATEGORIES = frozenset({"cpu_op", "user_annotation"})
 _SCALAR_TYPES = frozenset({int, float, str, type(None)})
-
-# CPU-side names: c10d::allreduce_, c10d::_allgather_base_, record_param_comms' 'Collective name'
-# (allreduce, _reduce_scatter_base, allgather_into_tensor_coalesced, ...), nccl:all_reduce,
-# gloo:all_to_all, _c10d_functional::reduce_scatter_tensor. Order matters: reduce_scatter before
-# reduce and scatter, all_gather before gather.
-_CPU_COLLECTIVE_PREFIX = re.compile(r"^(?:c10d::|nccl:|gloo:|mpi:|ucc:|_?c10d_functional::|record_param_comms$)")
-_COLLECTIVE_WORDS = (
-    ("reduce_scatter", re.compile(r"reduce_?scatter")), ("all_reduce", re.compile(r"all_?reduce")),
-    ("all_gather", re.compile(r"all_?gather")), ("all_to_all", re.compile(r"all_?to_?all")),
-    ("broadcast", re.compile(r"broadcast")), ("send_recv", re.compile(r"send|recv")),
-    ("barrier", re.compile(r"barrier")), ("reduce", re.compile(r"reduce")),
-    ("gather", re.compile(r"gather")), ("scatter", re.compile(r"scatter")),
-)
-
-# Element sizes for args 'dtype' (c10 ScalarType names) and 'Input type' (C++ type names).
-_DTYPE_BYTES = {
-    "float": 4, "float32": 4, "double": 8, "float64": 8, "half": 2, "float16": 2, "c10::half": 2,
-    "bfloat16": 2, "c10::bfloat16": 2, "long": 8, "long int": 8, "int64": 8, "int": 4, "int32": 4,
-    "short": 2, "short int": 2, "int16": 2, "char": 1, "signed char": 1, "int8": 1, "byte": 1,
-    "unsigned char": 1, "uint8": 1, "bool": 1, "complexfloat": 8, "c10::complex<float>": 8,
-    "complexdouble": 16, "c10::complex<double>": 16, "unsigned int": 4, "uint32": 4,
-    "unsigned long": 8, "uint64": 8, "unsigned short": 2, "uint16": 2,
-}
-_FLOAT8 = re.compile(r"float8|fp8", re.IGNORECASE)
 
 _EVENT_SEP = re.compile(rb"\}\s*,\s*(?=\{\s*\")")
 _EVENT_START_BYTES = re.compile(rb"\{\s*\"")
@@ -188,216 +157,6 @@ def _decode_json(data: bytes) -> Any:
 # Columns the C scanner leaves for scan_fast to pad (rank is one value; the others are filled later).
 _PADDED = ("collective", "message_bytes", "message_from", "group", "group_size", "step", "launch_ts_us")
 _UNWANTED = object()  # a category the caller did not ask for
-
-
-def cpu_collective(name: str, collective_name: Any = None) -> str | None:
-    """The collective a CPU op or annotation stands for; None when it is not a collective call.
-
-    `collective_name` is record_param_comms' args 'Collective name'; 'wait' and 'init' there are
-    bookkeeping, not collectives.
-    """
-    if not _CPU_COLLECTIVE_PREFIX.match(name):
-        return None
-    text = (collective_name if name == "record_param_comms" and isinstance(collective_name, str) else name)
-    text = text.lower().split("::")[-1].split(":")[-1]
-    for op, rx in _COLLECTIVE_WORDS:
-        if rx.search(text):
-            return op
-    return None
-
-
-def dtype_bytes(dtype: Any) -> int | None:
-    """Bytes per element of a dtype name as Kineto writes it ('Float', 'c10::BFloat16', 'long int')."""
-    if not isinstance(dtype, str):
-        return None
-    key = dtype.strip().lower()
-    if key in _DTYPE_BYTES:
-        return _DTYPE_BYTES[key]
-    if _FLOAT8.search(key):
-        return 1
-    return None
-
-
-def _int_or_none(value: Any) -> int | None:
-    if isinstance(value, bool):
-        return None
-    if isinstance(value, int):
-        return value
-    if isinstance(value, float) and value.is_integer():
-        return int(value)
-    if isinstance(value, str):
-        try:
-            return int(value)
-        except ValueError:
-            return None
-    return None
-
-
-def _tensor_bytes(dims: Any, dtype: Any) -> int | None:
-    size = dtype_bytes(dtype)
-    if size is None or not isinstance(dims, list) or not all(
-            isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in dims):
-        return None
-    return math.prod(dims) * size
-
-
-def _raw_json(raw: Any) -> Any:
-    """Raw JSON (msgspec.Raw, or bytes from the C scanner) decoded; None when empty or not JSON.
-    By the json module: Input Dims / Input type are small, and msgspec's import costs more than
-    their decoding (where the two differ, on NaN or 1e400, no dimension list comes out either way)."""
-    if not len(raw):
-        return None
-    import json
-
-    try:
-        return json.loads(bytes(raw))
-    except (ValueError, RecursionError):  # not JSON: the size is just unknown
-        return None
-
-
-def _message(args: Any) -> tuple[int | None, str | None]:
-    """(message_bytes, message_from) from a collective event's args; see COLUMNS."""
-    if (args.in_size is None and args.out_size is None and args.in_nelems is None and args.out_nelems is None
-            and not len(args.input_dims)):
-        return None, None  # e.g. the kernels of traces that record sizes only on the CPU side
-    sizes = [v for v in (_int_or_none(args.in_size), _int_or_none(args.out_size)) if v is not None and v >= 0]
-    if sizes:
-        return max(sizes), "msg_size"
-    nelems = [v for v in (_int_or_none(args.in_nelems), _int_or_none(args.out_nelems)) if v is not None and v >= 0]
-    elem = dtype_bytes(args.dtype)
-    if nelems and elem is not None:
-        return max(nelems) * elem, "msg_nelems"
-    dims, types = _raw_json(args.input_dims), _raw_json(args.input_types)
-    if isinstance(dims, list) and isinstance(types, list):
-        best = None
-        for d, t in zip(dims, types):
-            b = _tensor_bytes(d, t)
-            if b is not None and (best is None or b > best):
-                best = b
-        if best is not None:
-            return best, "input_dims"
-    return None, None
-
-
-def _group(args: Any, pg_sizes: dict[str, int]) -> tuple[str | None, int | None]:
-    name, ranks = args.pg_name, args.pg_ranks
-    if name is None and ranks is None and args.group_size is None:
-        return None, None
-    group = str(name) if name not in (None, "") else (str(ranks) if ranks not in (None, "", "[]") else None)
-    size = _int_or_none(args.group_size)
-    if size is None or size <= 0:
-        size = None
-        if isinstance(ranks, str) and ranks.strip().startswith("["):
-            inner = ranks.strip()[1:-1].strip()
-            size = len(inner.split(",")) if inner else None
-        elif isinstance(ranks, list) and ranks:
-            size = len(ranks)
-        if size is None and name is not None:
-            size = pg_sizes.get(str(name))
-    return group, size
-
-
-class _Source:
-    """Decompressed bytes of a file, chunk by chunk, with warnings instead of exceptions."""
-
-    def __init__(self, path: str | os.PathLike[str], name: str, warn: Callable[[str], None]):
-        self.path, self.name, self.warn = path, name, warn
-        self.gzip = False
-        self.failed = False
-        self.size = 0
-
-    def chunks(self) -> Iterator[bytes]:
-        try:
-            fh = open(self.path, "rb")
-        except OSError as exc:
-            self.failed = True
-            self.warn(f"{self.name}: cannot read ({exc.strerror or exc})")
-            return
-        with fh:
-            self.size = os.fstat(fh.fileno()).st_size
-            head = fh.read(2)
-            fh.seek(0)
-            if head == b"\x1f\x8b":
-                self.gzip = True
-                if _kinflate is not None and os.fstat(fh.fileno()).st_size > _THREAD_GUNZIP_BYTES:
-                    yield from self._gunzip_in_thread(fh)
-                else:
-                    yield from self._gunzip(fh, self.warn)
-            else:
-                while block := fh.read(_CHUNK_BYTES):
-                    yield block
-
-    def _gunzip(self, fh, warn: Callable[[str], None]) -> Iterator[bytes]:
-        # zlib rather than gzip.GzipFile: a cut-short stream still yields everything before the
-        # cut, and the compressed offset of the failure is known.
-        inflater = zlib.decompressobj(31)
-        fed = 0
-        while raw := fh.read(_RAW_READ_BYTES):
-            data = raw
-            while data:
-                if inflater.eof:
-                    if not data.strip(b"\0"):
-                        break  # zero padding after the last member
-                    inflater = zlib.decompressobj(31)  # concatenated gzip members
-                before = inflater.copy()
-                try:
-                    out = inflater.decompress(data, _CHUNK_BYTES)
-                except zlib.error as exc:
-                    # decompressobj drops the output of the call that fails: inflate the same bytes again, a few
-                    # at a time, from the state before it, and keep what precedes the damage (a failed check of
-                    # the trailer loses nothing).
-                    yield from _inflate_until_damage(before, data)
-                    warn(f"{self.name}: gzip data corrupt after compressed byte {fed} ({exc}); the events before "
-                         f"the damage are kept, which lies within the last {self.size - fed:,} compressed bytes")
-                    return
-                if out:
-                    yield out
-                data = inflater.unused_data if inflater.eof else inflater.unconsumed_tail
-            fed += len(raw)
-        if not inflater.eof:
-            warn(f"{self.name}: gzip stream ends early at compressed byte {fed} "
-                 f"(file cut short, e.g. by a crashed run); the events before the cut are kept")
-
-    def _gunzip_in_thread(self, fh) -> Iterator[bytes]:
-        """_gunzip done by _kinflate.Reader in a second thread that never takes the GIL, a few chunks
-        ahead of the scanning (inflation is a third of the time of a gzipped trace otherwise). The
-        warnings are _gunzip's; on corrupt data the output up to the failure is kept (zlib's
-        decompressobj drops the output of the call that fails)."""
-        import threading
-
-        reader = _kinflate.Reader(fh.fileno(), _CHUNK_BYTES, _GUNZIP_AHEAD)
-        worker = threading.Thread(target=reader.run, name="kineto-gunzip", daemon=True)
-        worker.start()
-        try:
-            while (block := reader.next()) is not None:
-                yield block
-        finally:
-            reader.close()
-            worker.join()
-        status, code, message, fed, errno = reader.outcome()
-        if status == 1:
-            self.warn(f"{self.name}: gzip stream ends early at compressed byte {fed} "
-                      f"(file cut short, e.g. by a crashed run); the events before the cut are kept")
-        elif status == 2:
-            self.warn(f"{self.name}: gzip data corrupt after compressed byte {fed} (Error {code} while "
-                      f"decompressing data: {message}); the events before the damage are kept, "
-                      f"which lies within the last {self.size - fed:,} compressed bytes")
-        elif status == 3:
-            self.warn(f"{self.name}: cannot read after compressed byte {fed} ({os.strerror(errno)})")
-
-
-def _inflate_until_damage(inflater, data: bytes, piece: int = 64) -> Iterator[bytes]:
-    """Everything `inflater` (a copy taken before a failed call) gives for `data` up to the damage."""
-    for i in range(0, len(data), piece):
-        before = inflater.copy()
-        try:
-            out = inflater.decompress(data[i:i + piece])
-        except zlib.error:
-            if piece > 1:
-                yield from _inflate_until_damage(before, data[i:i + piece], 1)
-            return
-        if out:
-            yield out
 
 
 class _Collector:
@@ -529,8 +288,8 @@ class _Collector:
                     args = structs.EMPTY_ARGS
                 else:
                     fields = structs.msgspec.structs.asdict(args)
-                    fields["stream"] = _int_or_none(args.stream) if args.stream is not None else None
-                    fields["correlation"] = _int_or_none(args.correlation) if args.correlation is not None else None
+                    fields["stream"] = int_or_none(args.stream) if args.stream is not None else None
+                    fields["correlation"] = int_or_none(args.correlation) if args.correlation is not None else None
                     args = structs.Args(**fields)
                 add(structs.Event("X", cat, name, pid, tid, ts, dur, args))
             except AttributeError:
@@ -562,7 +321,7 @@ class _Collector:
             return None
         if coll is None:
             return None
-        return (coll, *_message(args), *_group(args, self.pg_sizes))
+        return (coll, *message_of(args), *group_of(args, self.pg_sizes))
 
     def scan_fast(self, buf: bytes) -> tuple[int, int]:
         """Rows of the complete events at the start of `buf`, through the C scanner (_kscan).
@@ -631,11 +390,11 @@ class _Collector:
         dist = top.get("distributedInfo")
         if not isinstance(dist, dict):
             return
-        self.rank = _int_or_none(dist.get("rank"))
+        self.rank = int_or_none(dist.get("rank"))
         pgs = dist.get("pg_config")
         for pg in pgs if isinstance(pgs, list) else []:
-            if isinstance(pg, dict) and _int_or_none(pg.get("pg_size")) is not None:
-                self.pg_sizes[str(pg.get("pg_name"))] = _int_or_none(pg.get("pg_size"))
+            if isinstance(pg, dict) and int_or_none(pg.get("pg_size")) is not None:
+                self.pg_sizes[str(pg.get("pg_name"))] = int_or_none(pg.get("pg_size"))
 
     def _metadata(self, e: Any) -> None:
         self._thread_name(e.name, e.pid, e.tid, e.args.name if e.args is not None else None)
@@ -674,7 +433,7 @@ class _Scanner:
             self.ignored_tail += len(chunk.strip())
             return
         self.buf = self.buf + chunk if self.buf else chunk
-        if len(self.buf) >= _CHUNK_BYTES // 2:
+        if len(self.buf) >= CHUNK_BYTES // 2:
             self._run(final=False)
 
     def finish(self) -> None:
@@ -932,7 +691,7 @@ def _parse_kineto(path: str | os.PathLike[str], source: str, categories: Iterabl
     wanted = frozenset(categories) if categories is not None else None
     collector = _Collector(None, wanted)
     scanner = _Scanner(name, collector, warnings.append, collector.header)
-    reader = _Source(path, name, warnings.append)
+    reader = Source(path, name, warnings.append)
     for chunk in reader.chunks():
         scanner.feed(chunk)
     if not reader.failed:
@@ -941,7 +700,7 @@ def _parse_kineto(path: str | os.PathLike[str], source: str, categories: Iterabl
     dist = top.get("distributedInfo") if isinstance(top.get("distributedInfo"), dict) else {}
     cols = collector.cols
     if collector.rank is None:
-        rank = _int_or_none(dist.get("rank"))
+        rank = int_or_none(dist.get("rank"))
         rank = rank if rank is not None else _rank_from_name(name)
         cols["rank"] = [rank] * len(cols["category"])
         collector.rank = rank
@@ -969,7 +728,7 @@ def _parse_kineto(path: str | os.PathLike[str], source: str, categories: Iterabl
                             f"events and are left out of the measured window")
     meta = {
         "rank": collector.rank,
-        "world_size": _int_or_none(dist.get("world_size")),
+        "world_size": int_or_none(dist.get("world_size")),
         "backend": dist.get("backend"),
         "device_properties": top.get("deviceProperties") or [],
         "pg_config": dist.get("pg_config") or [],

@@ -23,7 +23,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from analysis import trace_analysis as ta
-from analysis.parsers import kineto
+from analysis.parsers import kineto, kineto_source
 from analysis.parsers.kineto import parse_kineto
 from tests.unit.test_kineto import _SMALL, _event, _modern_trace
 
@@ -31,18 +31,18 @@ REPO = Path(__file__).resolve().parents[2]
 FIX = REPO / "tests" / "fixtures" / "kineto"
 TRACES = sorted(FIX.glob("*.json.gz"))
 
-needs_fast = pytest.mark.skipif(kineto._kscan is None or kineto._kinflate is None,
+needs_fast = pytest.mark.skipif(kineto._kscan is None or kineto_source._kinflate is None,
                                 reason="C fast path not built (no compiler at install time)")
 
 
 @contextlib.contextmanager
 def pure_path():
-    saved = kineto._kscan, kineto._kinflate
-    kineto._kscan = kineto._kinflate = None
+    saved = kineto._kscan, kineto_source._kinflate
+    kineto._kscan = kineto_source._kinflate = None
     try:
         yield
     finally:
-        kineto._kscan, kineto._kinflate = saved
+        kineto._kscan, kineto_source._kinflate = saved
 
 
 def _pure(path, **kw):
@@ -179,7 +179,7 @@ def test_any_truncation_or_garbage_reads_the_same(tmp_path, cut, junk, at):
 # --- the gzip reader thread ----------------------------------------------------------------------------
 
 def _read_all(path: Path, chunk: int = 1 << 20, ahead: int = 4) -> tuple[bytes, tuple]:
-    reader = kineto._kinflate.Reader(os.open(path, os.O_RDONLY), chunk, ahead)
+    reader = kineto_source._kinflate.Reader(os.open(path, os.O_RDONLY), chunk, ahead)
     worker = threading.Thread(target=reader.run)
     worker.start()
     parts = []
@@ -231,8 +231,8 @@ def test_reader_stops_when_the_consumer_does(tmp_path):
     """A parse abandoned half way (generator closed) stops and joins the inflating thread."""
     p = tmp_path / "big.json.gz"
     p.write_bytes(gzip.compress(os.urandom(12 << 20), compresslevel=1))  # > _GUNZIP_AHEAD chunks ahead
-    assert p.stat().st_size > kineto._THREAD_GUNZIP_BYTES
-    source = kineto._Source(p, str(p), lambda w: None)
+    assert p.stat().st_size > kineto_source.THREAD_GUNZIP_BYTES
+    source = kineto_source.Source(p, str(p), lambda w: None)
     chunks = source.chunks()
     assert next(chunks)
     assert any(t.name == "kineto-gunzip" for t in threading.enumerate())  # blocked, the ring full
@@ -243,7 +243,8 @@ def test_reader_stops_when_the_consumer_does(tmp_path):
 
 
 def test_pure_switch_turns_the_fast_path_off():
-    code = "from analysis.parsers import kineto; print(kineto._kscan is None, kineto._kinflate is None)"
+    code = ("from analysis.parsers import kineto, kineto_source; "
+            "print(kineto._kscan is None, kineto_source._kinflate is None)")
     env = dict(os.environ, LAYOUTLAB_KINETO_PURE="1", PYTHONPATH=str(REPO))
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
     assert out.stdout.split() == ["True", "True"]
@@ -334,7 +335,7 @@ def test_scan_refuses_a_position_outside_the_buffer():
 def test_reader_closed_before_it_ran_returns_nothing(tmp_path):
     p = tmp_path / "x.gz"
     p.write_bytes(gzip.compress(b"{}"))
-    reader = kineto._kinflate.Reader(os.open(p, os.O_RDONLY), 4096, 2)
+    reader = kineto_source._kinflate.Reader(os.open(p, os.O_RDONLY), 4096, 2)
     reader.close()
     got = []
     t = threading.Thread(target=lambda: got.append(reader.next()), daemon=True)

@@ -1,0 +1,129 @@
+"""The bytes of a Kineto trace file, decompressed chunk by chunk, with warnings instead of exceptions.
+
+A plain file is read in CHUNK_BYTES blocks. A gzip file is inflated by zlib (a stream cut short still yields
+everything before the cut, concatenated members and zero padding are read through), or, above
+THREAD_GUNZIP_BYTES and where the optional C extension _kinflate.c is built, by a second thread that never takes
+the GIL. Damage gives the bytes before it and one warning naming the compressed offset.
+"""
+from __future__ import annotations
+
+import os
+import zlib
+from typing import Any, Callable, Iterator
+
+# The C inflater (analysis/parsers/_kinflate.c, built by `pip install`, optional); LAYOUTLAB_KINETO_PURE=1 turns
+# it off with the scanner (analysis.parsers.kineto).
+_kinflate: Any = None
+if os.environ.get("LAYOUTLAB_KINETO_PURE", "") in ("", "0"):
+    try:
+        from analysis.parsers import _kinflate
+    except ImportError:
+        _kinflate = None
+
+CHUNK_BYTES = 1 << 20          # decompressed bytes handed to the decoder at a time
+_RAW_READ_BYTES = 1 << 16       # compressed bytes read at a time
+THREAD_GUNZIP_BYTES = 1 << 18  # gzip files larger than this are inflated by a second thread (_kinflate)
+_GUNZIP_AHEAD = 4               # decompressed chunks it may run ahead
+
+
+class Source:
+    """Decompressed bytes of a file, chunk by chunk, with warnings instead of exceptions."""
+
+    def __init__(self, path: str | os.PathLike[str], name: str, warn: Callable[[str], None]):
+        self.path, self.name, self.warn = path, name, warn
+        self.gzip = False
+        self.failed = False
+        self.size = 0
+
+    def chunks(self) -> Iterator[bytes]:
+        try:
+            fh = open(self.path, "rb")
+        except OSError as exc:
+            self.failed = True
+            self.warn(f"{self.name}: cannot read ({exc.strerror or exc})")
+            return
+        with fh:
+            self.size = os.fstat(fh.fileno()).st_size
+            head = fh.read(2)
+            fh.seek(0)
+            if head == b"\x1f\x8b":
+                self.gzip = True
+                if _kinflate is not None and os.fstat(fh.fileno()).st_size > THREAD_GUNZIP_BYTES:
+                    yield from self._gunzip_in_thread(fh)
+                else:
+                    yield from self._gunzip(fh, self.warn)
+            else:
+                while block := fh.read(CHUNK_BYTES):
+                    yield block
+
+    def _gunzip(self, fh, warn: Callable[[str], None]) -> Iterator[bytes]:
+        # zlib rather than gzip.GzipFile: a cut-short stream still yields everything before the
+        # cut, and the compressed offset of the failure is known.
+        inflater = zlib.decompressobj(31)
+        fed = 0
+        while raw := fh.read(_RAW_READ_BYTES):
+            data = raw
+            while data:
+                if inflater.eof:
+                    if not data.strip(b"\0"):
+                        break  # zero padding after the last member
+                    inflater = zlib.decompressobj(31)  # concatenated gzip members
+                before = inflater.copy()
+                try:
+                    out = inflater.decompress(data, CHUNK_BYTES)
+                except zlib.error as exc:
+                    # decompressobj drops the output of the call that fails: inflate the same bytes again, a few
+                    # at a time, from the state before it, and keep what precedes the damage (a failed check of
+                    # the trailer loses nothing).
+                    yield from _inflate_until_damage(before, data)
+                    warn(f"{self.name}: gzip data corrupt after compressed byte {fed} ({exc}); the events before "
+                         f"the damage are kept, which lies within the last {self.size - fed:,} compressed bytes")
+                    return
+                if out:
+                    yield out
+                data = inflater.unused_data if inflater.eof else inflater.unconsumed_tail
+            fed += len(raw)
+        if not inflater.eof:
+            warn(f"{self.name}: gzip stream ends early at compressed byte {fed} "
+                 f"(file cut short, e.g. by a crashed run); the events before the cut are kept")
+
+    def _gunzip_in_thread(self, fh) -> Iterator[bytes]:
+        """_gunzip done by _kinflate.Reader in a second thread that never takes the GIL, a few chunks
+        ahead of the scanning (inflation is a third of the time of a gzipped trace otherwise). The
+        warnings are _gunzip's; on corrupt data the output up to the failure is kept (zlib's
+        decompressobj drops the output of the call that fails)."""
+        import threading
+
+        reader = _kinflate.Reader(fh.fileno(), CHUNK_BYTES, _GUNZIP_AHEAD)
+        worker = threading.Thread(target=reader.run, name="kineto-gunzip", daemon=True)
+        worker.start()
+        try:
+            while (block := reader.next()) is not None:
+                yield block
+        finally:
+            reader.close()
+            worker.join()
+        status, code, message, fed, errno = reader.outcome()
+        if status == 1:
+            self.warn(f"{self.name}: gzip stream ends early at compressed byte {fed} "
+                      f"(file cut short, e.g. by a crashed run); the events before the cut are kept")
+        elif status == 2:
+            self.warn(f"{self.name}: gzip data corrupt after compressed byte {fed} (Error {code} while "
+                      f"decompressing data: {message}); the events before the damage are kept, "
+                      f"which lies within the last {self.size - fed:,} compressed bytes")
+        elif status == 3:
+            self.warn(f"{self.name}: cannot read after compressed byte {fed} ({os.strerror(errno)})")
+
+
+def _inflate_until_damage(inflater, data: bytes, piece: int = 64) -> Iterator[bytes]:
+    """Everything `inflater` (a copy taken before a failed call) gives for `data` up to the damage."""
+    for i in range(0, len(data), piece):
+        before = inflater.copy()
+        try:
+            out = inflater.decompress(data[i:i + piece])
+        except zlib.error:
+            if piece > 1:
+                yield from _inflate_until_damage(before, data[i:i + piece], 1)
+            return
+        if out:
+            yield out
