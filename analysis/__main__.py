@@ -124,7 +124,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if exc.show_usage:
             print(USAGE, file=sys.stderr)
         return 2
-    from analysis.report import build_report, write_report
+    from analysis.report_data import build_report  # the renderers only when writing (doctor prints findings)
 
     rep = build_report(inputs, **kw)
     if cmd == "doctor":
@@ -136,6 +136,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if not rep.findings:
             print("no findings")
         return 0
+    from analysis.report_render import write_report
+
     for path in replacing:
         print(f"replacing the earlier report {path}")
     for path in write_report(rep, outputs):

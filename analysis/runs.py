@@ -170,8 +170,9 @@ def load_run(rf: RunFiles, *, hardware: Any = None, hardware_source: str = "") -
             run.nccl_tests.append(t)
         else:
             run.warnings.extend(t.warnings)
-    if not run.nccl_tests:
-        # Only when no nccl-tests text is there: commbench writes every result twice (text and JSON).
+    if not run.nccl_tests and rf.of("commbench_json"):
+        # Only when no nccl-tests text is there: commbench writes every result twice (text and JSON). Imported
+        # here: the commbench schema costs a run without commbench results (doctor on a trace) 50 ms.
         from analysis.comm_plot import commbench_table
         from launch.commbench_spec import read_result
 
