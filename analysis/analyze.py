@@ -34,8 +34,8 @@ from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, Sequence
 
 from analysis import trace_analysis as ta
-from analysis.collectives import (BACKEND_ANNOTATION, CPU_LAYERS, NCCL_TESTS_OP, bus_factor_of, gloo_reduce_scatters,
-                                  group_size_hint, nccl_tests_bytes)
+from analysis.collectives import (BACKEND_ANNOTATION, CPU_LAYERS, NCCL_TESTS_OP, REDUCTIONS, bus_factor_of,
+                                  gloo_reduce_scatters, group_size_hint, nccl_tests_bytes)
 from analysis.parsers.nccl_tests import large_message_busbw
 from launch.nccl_format import BUS_FACTORS, bus_factor
 from analysis.table import Table
@@ -502,8 +502,10 @@ def collective_calls(trace: Table, *, group_size: int | None = None, group_size_
         group_size, group_size_from = group_size_hint(trace)
     c = trace.columns
     by_rank: dict[Any, list[int]] = defaultdict(list)
-    for i, r in enumerate(c["rank"]):
-        by_rank[r].append(i)
+    # Only rows that can be a call: one comprehension over a 150 MB trace's half million events, not a loop.
+    rank = c["rank"]
+    for i in [i for i, (k, coll) in enumerate(zip(c["kind"], c["collective"])) if coll is not None or k == "communication"]:
+        by_rank[rank[i]].append(i)
     rows = []
     for rank, idx in by_rank.items():
         gpu = [i for i in idx if c["kind"][i] == "communication" and c["stream"][i] not in (None, -1)]
@@ -685,116 +687,56 @@ def collective_bandwidth(calls: Table, windows: Mapping[Any, set[int]], ceilings
 
 EXPECTED_COLUMNS = {
     "collective": "collective type",
-    "min_per_step": "calls per step the layout cannot do without",
-    "max_per_step": "calls per step the layout can explain: the minimum, the implementation's granularity "
-                    "(per-bucket, per-submodule gathers) and small per-step extras (loss average, gradient norm, "
-                    "overflow check: up to 4 all-reduces)",
+    "min_per_step": "calls per step one rank makes on the pipeline stage with the fewest (launch.planner.communication)",
+    "max_per_step": "calls per step on the stage with the most, each data-parallel gradient reduction counted under "
+                    "either name (it runs as all-reduce or reduce-scatter by implementation and backend)",
     "layers": "transformer layers on one rank (num_layers / pp)",
-    "why": "how the numbers follow from the layout",
+    "why": "the planner's account of the calls (first pipeline stage)",
 }
 
-# Submodules with parameters in a Llama decoder layer (q, k, v, o, gate, up, down, two norms): ZeRO-3
-# may gather each one separately.
-_LLAMA_PARAM_MODULES = 9
-_STEP_EXTRAS_ALL_REDUCE = 4
+
+def _gradient_reduction(c: Any) -> bool:
+    return c.parallelism == "dp" and c.collective in REDUCTIONS and not c.after_step
 
 
-def expected_collectives(*, backend: str, tp: int, pp: int, dp: int, zero_stage: int, sp: bool, layers: int,
-                         micro_batches: int, recompute: str = "none", param_bytes: int | None = None,
-                         grad_bytes: int | None = None, reduce_bucket_bytes: int | None = None,
-                         allgather_bucket_bytes: int | None = None) -> Table:
-    """Collectives one optimizer step needs on one rank, per collective type, from the layout.
+def expected_collectives(layout: Any) -> Table:
+    """Collectives one optimizer step needs on one rank, per collective type: the planner's own model
+    (launch.planner.communication, per pipeline stage), so that what the plan times and what the report
+    compares the traces with cannot drift apart. The observed count is a mean over ranks, so the range spans
+    the stages (the embedding is on the first, the output layer and the loss on the last); a data-parallel
+    gradient reduction counts under either name (DeepSpeed's ZeRO-2 reduce-scatters on NCCL, all-reduces on gloo)."""
+    from launch.planner import communication  # the planner's imports cost a trace-only run (doctor) 50 ms
 
-    TP and SP: exactly the calls of launch.planner.tp_calls, the model the planner times (per layer and
-    pass, plus the embedding, output layer and vocab-parallel loss; counts measured from traces). DP gradients: one reduction per bucket,
-    at the accumulation boundary (ZeRO-0/1) or every micro-batch (ZeRO-2/3), done as reduce-scatter
-    or all-reduce depending on the implementation; parameter all-gathers: one per bucket per step
-    (ZeRO-1/2) or, under ZeRO-3, before forward and before backward of every
-    layer of every micro-batch (up to one per parameterised submodule). PP: one send/recv per
-    micro-batch per direction per boundary (x2 with interleaving not modelled).
-    """
-    from launch.planner import tp_calls  # the planner's imports cost a trace-only run (doctor) 50 ms
-
-    L, m = max(layers, 1), max(micro_batches, 1)
-    passes = 3 if recompute == "full" else 2
-    mins: Counter[str] = Counter()
-    maxs: Counter[str] = Counter()
+    g = layout.grid
+    stages = [communication(layout, stage=s) for s in range(g.pp)]
+    fixed = [Counter() for _ in stages]
+    either = [0 for _ in stages]
+    for s, comms in enumerate(stages):
+        for c in comms:
+            if _gradient_reduction(c):
+                either[s] += c.calls_per_step
+            else:
+                fixed[s][c.collective] += c.calls_per_step
     why: dict[str, list[str]] = defaultdict(list)
-    if tp > 1:
-        # The planner's own model of TP/SP collectives (launch.planner.tp_calls), exact per micro-batch for each
-        # pipeline stage; the range spans the stages (the embedding is on the first, output layer and loss on
-        # the last), since the observed count is a mean over ranks.
-        ends = [(True, True)] if pp == 1 else [(True, False), (False, True)] + ([(False, False)] if pp > 2 else [])
-        stages = [{c.collective: c for c in tp_calls(backend, sp=sp, layers=L, micro_batches=m, recompute=recompute,
-                                                     first_stage=f, last_stage=la)} for f, la in ends]
-        for coll in sorted(set().union(*stages)):
-            counts = [st[coll].layers + st[coll].head + st[coll].loss + st[coll].logits if coll in st else 0
-                      for st in stages]
-            mins[coll] += min(counts)
-            maxs[coll] += max(counts)
-            c = next(st[coll] for st in stages if coll in st)
-            why[coll].append(f"{'SP' if sp else 'TP'}: {c.layers} in {L} layers × {m} micro-batches"
-                             + (f" ({passes - 1} forward passes)" if passes > 2 else "")
-                             + ("; around the embedding, output layer and vocab-parallel loss "
-                                f"{min(counts) - c.layers}-{max(counts) - c.layers} by pipeline stage" if pp > 1
-                                else (f", {c.head} at the embedding and output layer" if c.head else "")
-                                + (f", {c.loss} in the vocab-parallel loss" if c.loss else "")
-                                + (f", {c.logits} gathering the logits" if c.logits else "")))
-    if dp > 1:
-        def buckets(total: int | None, bucket: int | None) -> int:
-            return max(1, math.ceil(total / bucket)) if total and bucket else 1
-
-        g_calls = buckets(grad_bytes, reduce_bucket_bytes) * (m if zero_stage in (2, 3) else 1)
-        mins["all_reduce+reduce_scatter"] += 1
-        maxs["all_reduce"] += g_calls
-        maxs["reduce_scatter"] += g_calls
-        why["all_reduce"].append(f"DP gradients: {g_calls} bucketed reduction(s) per step (as all-reduce or "
-                                 f"reduce-scatter)")
-        why["reduce_scatter"].append(f"DP gradients: {g_calls} bucketed reduction(s) per step (as reduce-scatter or "
-                                     f"all-reduce)")
-        if zero_stage == 3:
-            lo, hi = 2 * L * m, (2 * _LLAMA_PARAM_MODULES * L + 6) * m
-            mins["all_gather"] += lo
-            maxs["all_gather"] += hi
-            why["all_gather"].append(f"ZeRO-3: parameters before forward and backward of each of {L} layers × {m} "
-                                     f"micro-batches ({lo}), up to one per parameterised submodule ({hi})")
-        elif zero_stage in (1, 2):
-            a = buckets(param_bytes, allgather_bucket_bytes)
-            mins["all_gather"] += 1
-            maxs["all_gather"] += a
-            why["all_gather"].append(f"ZeRO-{zero_stage}: updated parameters, {a} bucket(s)")
-    if pp > 1:
-        n = 2 * m
-        mins["send_recv"] += n
-        maxs["send_recv"] += 2 * n
-        why["send_recv"].append(f"PP: activations forward and gradients backward per micro-batch ({m})")
-    maxs["all_reduce"] += _STEP_EXTRAS_ALL_REDUCE
-    why["all_reduce"].append(f"per-step extras: up to {_STEP_EXTRAS_ALL_REDUCE} small all-reduces (loss average, "
-                             f"gradient norm, overflow check)")
-    # A gradient reduction can be either collective, so each alone has no fixed minimum from it.
-    shared = mins.pop("all_reduce+reduce_scatter", 0)
-    rows = []
-    for coll in sorted(set(maxs) | set(mins)):
-        rows.append({"collective": coll, "min_per_step": mins.get(coll, 0), "max_per_step": maxs.get(coll, 0),
-                     "layers": L, "why": "; ".join(why.get(coll, []))})
+    for c in stages[0]:
+        names = " or ".join(REDUCTIONS) if _gradient_reduction(c) else c.collective
+        for coll in REDUCTIONS if _gradient_reduction(c) else (c.collective,):
+            why[coll].append(f"{c.parallelism.upper()}: {c.calls_per_step} {names} ({c.note})")
+    colls = sorted(set().union(*fixed) | (set(REDUCTIONS) if any(either) else set()))
+    layers = layout.model.num_layers // g.pp
+    rows = [{"collective": coll, "min_per_step": min(f[coll] for f in fixed),
+             "max_per_step": max(f[coll] + (e if coll in REDUCTIONS else 0) for f, e in zip(fixed, either, strict=True)),
+             "layers": layers, "why": "; ".join(why.get(coll, []))} for coll in colls]
     return Table.from_rows("expected_collectives", EXPECTED_COLUMNS, rows,
-                           meta={"gradient_reductions_min": shared, "micro_batches": m, "layers": L})
+                           meta={"gradient_reductions_min": min(either), "micro_batches": layout.grad_accum,
+                                 "layers": layers})
 
 
 def expected_from_resolved(resolved: Any) -> Table:
     """expected_collectives for a launch.resolve.Resolved layout."""
-    rc, g = resolved.recipe, resolved.grid
-    e = 4 if rc.precision.dtype == "fp32" else 2
-    from launch.planner import Layout, stage_params
+    from launch.planner import Layout
 
-    params, layers = stage_params(Layout.from_resolved(resolved), 0)
-    zero = dict(resolved.ds_config.get("zero_optimization", {})) if resolved.ds_config else {}
-    return expected_collectives(
-        backend=rc.backend, tp=g.tp, pp=g.pp, dp=g.dp, zero_stage=rc.parallel.zero_stage, sp=rc.parallel.sp,
-        layers=layers, micro_batches=resolved.grad_accum, recompute=rc.train.activation_checkpointing,
-        param_bytes=params * e, grad_bytes=params * e,
-        reduce_bucket_bytes=int(zero["reduce_bucket_size"]) * e if zero.get("reduce_bucket_size") else None,
-        allgather_bucket_bytes=int(zero["allgather_bucket_size"]) * e if zero.get("allgather_bucket_size") else None)
+    return expected_collectives(Layout.from_resolved(resolved))
 
 
 VS_LAYOUT_COLUMNS = {

@@ -32,6 +32,16 @@ class TpCollectives:
 
 
 @dataclass(frozen=True)
+class StepCollectives:
+    """What the backend itself issues once per optimizer step, after the micro-batches, beyond DeepSpeed's data-parallel
+    traffic (measured from profiler traces: tests/dist/test_megatron_collectives.py)."""
+
+    sp_norm_grads: bool = False  # SP: the norm weights' gradients summed over TP, one coalesced all-reduce
+    clip_zero_stages: tuple[int, ...] = ()  # where the backend clips itself: one fp64 all-reduce over TP × PP
+    pp_loss_broadcast: bool = False  # PP: the last stage broadcasts the logged loss to the pipeline group
+
+
+@dataclass(frozen=True)
 class BackendTraits:
     name: str
     trainer: str  # module implementing launch/trainers/protocol.py
@@ -43,6 +53,7 @@ class BackendTraits:
     dtypes: tuple[str, ...]  # precision.dtype values the backend trains correctly
     tp: TpCollectives
     tp_sp: TpCollectives | None  # with sequence parallelism (None: the backend has none)
+    step: StepCollectives
     features: frozenset[str]  # of "pp", "sp", "vpp", "selective", "hpz" (ZeRO++ hierarchical partitioning)
     pp_zero_stages: tuple[int, ...]  # ZeRO stages that combine with pipeline parallelism
     sp_zero_stages: tuple[int, ...]  # ZeRO stages that combine with sequence parallelism
@@ -102,6 +113,7 @@ BACKENDS: dict[str, BackendTraits] = {
         # backward; lm_head is column-parallel (its input gradient all-reduced) and gathers the logits.
         vocab_parallel=False, hf_modules=True, autotp=True, offload=True, dtypes=("bf16", "fp16", "fp32"),
         tp=TpCollectives({"all_reduce": 2}, {"all_reduce": 5}, {}, {"all_reduce": 1}, logits_all_gathers=1), tp_sp=None,
+        step=StepCollectives(),  # DeepSpeed clips and reduces; its gradient norm is the planner's data-parallel call
         features=frozenset({"hpz"}), pp_zero_stages=(), sp_zero_stages=(), pp_tied_embeddings=False,
         reshard_on_resume=True,
         requires=("deepspeed", "transformers"), compose_ds_config=_deepspeed_owned),
@@ -126,6 +138,9 @@ BACKENDS: dict[str, BackendTraits] = {
         tp_sp=TpCollectives({"all_gather": 2, "reduce_scatter": 2}, {"all_gather": 4, "reduce_scatter": 2},
                             {"all_gather": 1, "reduce_scatter": 1}, {"all_gather": 2, "reduce_scatter": 1},
                             loss_all_reduces=3),
+        # launch/trainers/megatron_backend.py _schedule_step: the SP norm-gradient sum, its own clipping at ZeRO-0
+        # (DeepSpeed's drops later pipeline stages' norms there), the loss broadcast from the last stage.
+        step=StepCollectives(sp_norm_grads=True, clip_zero_stages=(0,), pp_loss_broadcast=True),
         features=frozenset({"pp", "sp", "vpp", "selective"}),
         # DeepSpeed partitions gradients (ZeRO-2) and parameters (ZeRO-3) in hooks inside its own backward,
         # which Megatron's pipeline schedules bypass; DeepSpeed's own pipeline engine has the same limit.

@@ -582,17 +582,19 @@ def tp_calls(backend: str, *, sp: bool, layers: int, micro_batches: int, recompu
     return out
 
 
-def communication(layout: Layout, timing: Timing = Timing()) -> list[Comm]:
-    """Every collective one rank of the first pipeline stage calls per optimizer step, with its count, message and
+def communication(layout: Layout, timing: Timing = Timing(), stage: int = 0) -> list[Comm]:
+    """Every collective one rank of pipeline stage `stage` calls per optimizer step, with its count, message and
     time: DeepSpeed's ZeRO over the data-parallel group (both backends train through it), the TP/SP calls of
-    `tp_calls`, and pipeline sends."""
+    `tp_calls`, and pipeline sends. The one model of collectives: the plan times the first stage's, the analysis
+    compares every stage's with the traces (analysis.analyze.expected_collectives)."""
     g, m, e = layout.grid, layout.model, layout.elem_bytes
     out: list[Comm] = []
     mbs = layout.grad_accum
-    params, layers = stage_params(layout, 0)
+    params, layers = stage_params(layout, stage)
     act = layout.seq_len * layout.micro_batch_size * m.hidden_size * e
+    first = g.rank(0, 0, stage)  # the stage's groups are those of its first rank
     if g.dp > 1:
-        grp = g.dp_group(0)
+        grp = g.dp_group(first)
         z = layout.zero_stage
         if z == 0:
             # The engine's allreduce_gradients buckets by a fixed element count (engine.py), not reduce_bucket_size.
@@ -610,17 +612,17 @@ def communication(layout: Layout, timing: Timing = Timing()) -> list[Comm]:
             out.append(_comm(layout, timing, "dp", "all_gather", grp, 1, params * e, "updated parameter partitions",
                              after_step=True))
         else:
-            out.extend(_zero3_traffic(layout, timing, grp, -(-params // _bucket(layout, "reduce_bucket_size"))))
+            out.extend(_zero3_traffic(layout, timing, grp, -(-params // _bucket(layout, "reduce_bucket_size")), stage))
         # DeepSpeed's global gradient norm (clipping and the logged norm) and the loop's data-parallel loss mean.
         out.append(_comm(layout, timing, "dp", "all_reduce", grp, 2, 4,
                          "one fp32 each: the gradient norm (DeepSpeed) and the logged loss mean (the loop)",
                          after_step=True))
     if g.tp > 1:
-        grp = g.tp_group(0)
+        grp = g.tp_group(first)
         sb = layout.seq_len * layout.micro_batch_size
         par = "sp" if layout.sp else "tp"
         for c in tp_calls(layout.backend, sp=layout.sp, layers=layers, micro_batches=mbs, recompute=layout.recompute,
-                          first_stage=True, last_stage=g.pp == 1):  # the plan's traffic is the first stage's
+                          first_stage=stage == 0, last_stage=stage == g.pp - 1):
             if c.layers + c.head:
                 out.append(_comm(layout, timing, par, c.collective, grp, c.layers + c.head, act,
                                  f"{c.layers} in the decoder layers, {c.head} around the embedding and output layer"))
@@ -631,10 +633,34 @@ def communication(layout: Layout, timing: Timing = Timing()) -> list[Comm]:
                 out.append(_comm(layout, timing, "tp", c.collective, grp, c.logits, sb * m.vocab_size * e,
                                  "AutoTP lm_head gathers the full-vocabulary logits every micro-batch"))
     if g.pp > 1:
-        grp = (g.pp_group(0)[0], g.pp_group(0)[1])
+        grp = (g.pp_group(0)[0], g.pp_group(0)[1])  # every boundary moves the same activations
         msg = act / g.tp if layout.sp else act
         out.append(_comm(layout, timing, "pp", "send_recv", grp, 2 * mbs * layout.vpp, msg,
                          "activations forward and gradients backward per micro-batch per stage boundary"))
+    out.extend(_step_collectives(layout, timing, stage, layers))
+    return out
+
+
+def _step_collectives(layout: Layout, timing: Timing, stage: int, layers: int) -> list[Comm]:
+    """What the backend itself issues once per step after the micro-batches (launch.backends.StepCollectives)."""
+    g, st, e = layout.grid, traits(layout.backend).step, layout.elem_bytes
+    first = g.rank(0, 0, stage)
+    out = []
+    if layout.sp and st.sp_norm_grads:
+        # Two norms per decoder layer, and the final norm on the last stage, each of hidden_size weights.
+        norms = 2 * layers + (stage == g.pp - 1)
+        out.append(_comm(layout, timing, "sp", "all_reduce", g.tp_group(first), 1,
+                         norms * layout.model.hidden_size * e, "the sequence-parallel norm weights' gradients summed "
+                         "over TP, one coalesced call", after_step=True))
+    if g.tp * g.pp > 1 and layout.zero_stage in st.clip_zero_stages:
+        _, d, _ = g.coords(first)
+        mp = tuple(g.rank(t, d, p) for p in range(g.pp) for t in range(g.tp))
+        out.append(_comm(layout, timing, "tp", "all_reduce", mp, 1, 8,
+                         f"the gradient norm over TP × PP ({len(mp)} ranks), one fp64 value (the backend clips)",
+                         after_step=True))
+    if g.pp > 1 and st.pp_loss_broadcast:
+        out.append(_comm(layout, timing, "pp", "broadcast", g.pp_group(first), 1, 4,
+                         "the logged loss, from the last stage to the pipeline group", after_step=True))
     return out
 
 
@@ -653,14 +679,14 @@ def _persistence_threshold(layout: Layout) -> int:
     return _int_or(layout.ds_zero.get("stage3_param_persistence_threshold"), ZERO3_PERSISTENCE_THRESHOLD)
 
 
-def zero3_fetched(layout: Layout) -> list[int]:
-    """Sizes of the first stage's parameters that ZeRO-3 partitions and gathers on use: those above
+def zero3_fetched(layout: Layout, stage: int = 0) -> list[int]:
+    """Sizes of a stage's parameters that ZeRO-3 partitions and gathers on use: those above
     stage3_param_persistence_threshold (the others stay whole on every rank)."""
     threshold = _persistence_threshold(layout)
-    return [n for n in rank_parameters(layout, 0) if n > threshold]
+    return [n for n in rank_parameters(layout, stage) if n > threshold]
 
 
-def _zero3_traffic(layout: Layout, timing: Timing, grp: tuple[int, ...], reduce_calls: int) -> list[Comm]:
+def _zero3_traffic(layout: Layout, timing: Timing, grp: tuple[int, ...], reduce_calls: int, stage: int) -> list[Comm]:
     """DeepSpeed ZeRO-3 (partition_parameters.py, stage3.py; counted in traces of 0.19.8 on gloo): parameters at or
     below stage3_param_persistence_threshold stay whole and are re-gathered one call each after every optimizer step;
     the others are gathered one call each before their module's forward in every micro-step, and again before its
@@ -668,9 +694,9 @@ def _zero3_traffic(layout: Layout, timing: Timing, grp: tuple[int, ...], reduce_
     gradients leave in one reduce-scatter per bucket per micro-step."""
     zo, e, mbs = layout.ds_zero, layout.elem_bytes, layout.grad_accum
     threshold = _persistence_threshold(layout)
-    tensors = rank_parameters(layout, 0)
+    tensors = rank_parameters(layout, stage)
     persistent = [n for n in tensors if n <= threshold]
-    fetched = zero3_fetched(layout)
+    fetched = zero3_fetched(layout, stage)
     params = sum(tensors)
     out = []
     if fetched:

@@ -1,7 +1,7 @@
 """Collectives per transformer layer, counted in a real profiler trace of one step, against the layout.
 
 The expectation is the one model of collectives the planner times and the report compares with
-(launch.planner.tp_calls): TP issues 2 all-reduces per layer forward and 2 backward; with SP each forward
+(launch.planner.tp_calls inside the forward-backward, launch.planner.communication for the whole step): TP issues 2 all-reduces per layer forward and 2 backward; with SP each forward
 all-reduce becomes an all-gather + reduce-scatter and the backward adds the re-gathered input; around the
 layers, the embedding, the output layer and the vocab-parallel loss. The counts must be equal, not merely
 bounded: one extra gather around a norm adds a call per layer per micro-batch, one around the loss a call
@@ -60,6 +60,15 @@ def test_tp_by_pp_stage_counts(shared_run):
     # hand-counted: 2 layers per stage × 4 all-reduces, + 1 (embedding) or 1 + 3 (output layer, loss), × 2 micro-batches
     assert expected(resolved, 0) == Counter({"all_reduce": (2 * 4 + 1) * 2})
     assert expected(resolved, 2) == Counter({"all_reduce": (2 * 4 + 1 + 3) * 2})
+    # The report's whole step (the trace's mean over the 4 ranks) against the planner's per stage: after the
+    # micro-batches, one all-reduce of the gradient norm over TP × PP (the backend clips at ZeRO-0) and the loss
+    # broadcast from the last stage; one send and one receive per micro-batch at the boundary.
+    vs = {r["collective"]: r for r in build_report([("run", t.root)]).runs[0].vs_layout.rows()}
+    assert set(vs) == {"all_reduce", "broadcast", "send_recv"}
+    assert (vs["all_reduce"]["expected_min_per_step"], vs["all_reduce"]["expected_max_per_step"]) == (18 + 1, 24 + 1)
+    assert vs["all_reduce"]["observed_per_step"] == ((18 + 1) + (24 + 1)) / 2
+    for coll, n in (("broadcast", 1), ("send_recv", 2 * 2)):
+        assert vs[coll]["observed_per_step"] == vs[coll]["expected_min_per_step"] == vs[coll]["expected_max_per_step"] == n
 
 
 @pytest.mark.parametrize("name, sp, recompute", [("tp2", False, "none"), ("tp2_sp", True, "none"),
@@ -80,10 +89,13 @@ def test_collectives_per_layer_match_the_layout(shared_run, name, sp, recompute)
     assert per_layer == ({"all_gather": 6, "reduce_scatter": 4, "all_reduce": 0} if sp else
                          {"all_reduce": 6 if recompute == "full" else 4})
 
-    # The report puts the same expectation beside the trace and finds nothing unexplained.
+    # The report puts the planner's whole step beside the trace's and they are equal: the calls above, and after
+    # the micro-batches the backend's own, hand-counted: the gradient norm over TP (it clips at ZeRO-0) and under
+    # SP the norm weights' gradient sum (without data parallelism there is no gradient reduction at all).
     rep = build_report([("run", t.root)])
     vs = {r["collective"]: r for r in rep.runs[0].vs_layout.rows()}
-    for coll, n in want.items():
-        assert vs[coll]["expected_min_per_step"] == n
-        assert vs[coll]["expected_min_per_step"] <= vs[coll]["observed_per_step"] <= vs[coll]["expected_max_per_step"]
+    step = want + Counter({"all_reduce": 1 + int(sp)})
+    assert set(vs) == set(step)
+    for coll, n in step.items():
+        assert vs[coll]["observed_per_step"] == vs[coll]["expected_min_per_step"] == vs[coll]["expected_max_per_step"] == n
         assert vs[coll]["excess_per_layer"] == 0

@@ -261,38 +261,60 @@ def test_library_and_report_assume_the_same_group_size(tmp_path):
     assert group_size_hint(trace, {"dp": 4})[0] == 2
 
 
+def expected(recipe: str, *overrides: str) -> dict:
+    resolved = resolve_path(REPO / "recipes" / recipe, list(overrides))
+    return {r["collective"]: r for r in A.expected_from_resolved(resolved).rows()}
+
+
 def test_expected_collectives_follow_the_layout():
-    tp = {r["collective"]: r for r in A.expected_collectives(backend="megatron", tp=2, pp=1, dp=1, zero_stage=0,
-                                                             sp=False, layers=32, micro_batches=1).rows()}
-    # 2 per layer forward + 2 backward, + embedding output and output-layer input gradient + 3 in the loss
-    assert tp["all_reduce"]["min_per_step"] == tp["all_reduce"]["max_per_step"] - 4 == 4 * 32 + 2 + 3
-    sp = {r["collective"]: r for r in A.expected_collectives(backend="megatron", tp=4, pp=1, dp=1, zero_stage=0,
-                                                             sp=True, layers=8, micro_batches=2).rows()}
+    # tiny-llama: 4 decoder layers of 9 parameter tensors, plus the embedding, the final norm and the output layer.
+    tp = expected("tiny_tp2_sp", "parallel.sp=false", "batch.micro_batch_size=8")  # one micro-batch
+    # 2 per layer forward + 2 backward, + embedding output and output-layer input gradient + 3 in the loss, + the
+    # backend's gradient norm over TP after the step
+    assert tp["all_reduce"]["min_per_step"] == tp["all_reduce"]["max_per_step"] == 4 * 4 + 2 + 3 + 1
+    sp = expected("tiny_tp2_sp")  # micro-batches of 4 of the global 8: two per step
     # per layer 2 + 4 gathers (forward; backward: output gradients and the re-gathered input) and 2 + 2
     # reduce-scatters; the embedding and output layer 3 and 2; per micro-batch (2)
-    assert sp["all_gather"]["min_per_step"] == (6 * 8 + 3) * 2
-    assert sp["reduce_scatter"]["min_per_step"] == (4 * 8 + 2) * 2
-    z3 = {r["collective"]: r for r in A.expected_collectives(backend="deepspeed", tp=1, pp=1, dp=4, zero_stage=3,
-                                                             sp=False, layers=4, micro_batches=1).rows()}
-    assert z3["all_gather"]["min_per_step"] == 8 and z3["all_gather"]["max_per_step"] == 2 * 9 * 4 + 6
-    assert z3["reduce_scatter"]["max_per_step"] >= 1 and z3["all_reduce"]["max_per_step"] >= 4
+    assert sp["all_gather"]["min_per_step"] == sp["all_gather"]["max_per_step"] == (6 * 4 + 3) * 2
+    assert sp["reduce_scatter"]["min_per_step"] == sp["reduce_scatter"]["max_per_step"] == (4 * 4 + 2) * 2
+    # the loss's 3 per micro-batch; after the step the norm weights' gradient sum and the gradient norm
+    assert sp["all_reduce"]["min_per_step"] == sp["all_reduce"]["max_per_step"] == 3 * 2 + 1 + 1
+    # TP2 x PP2: the range spans the stages, the embedding's call on the first, the output layer's and the loss's
+    # on the last (2 layers each, 2 micro-batches), + the gradient norm over TP x PP; one send and one receive per
+    # micro-batch at the boundary; the logged loss broadcast from the last stage
+    pp = expected("tiny_tp2_pp2", "batch.micro_batch_size=4")
+    assert (pp["all_reduce"]["min_per_step"], pp["all_reduce"]["max_per_step"]) == ((2 * 4 + 1) * 2 + 1,
+                                                                                    (2 * 4 + 1 + 3) * 2 + 1)
+    assert pp["send_recv"]["min_per_step"] == pp["send_recv"]["max_per_step"] == 2 * 2
+    assert pp["broadcast"]["min_per_step"] == pp["broadcast"]["max_per_step"] == 1
+    # ZeRO-3 on 4 ranks, one micro-batch: every tensor of the tiny model is under the persistence threshold, so each
+    # is gathered once after the step (39 calls); one gradient reduce-scatter, which gloo runs as an all-reduce, so
+    # it counts under either name; the gradient norm and the logged loss mean: 2 all-reduces.
+    z3 = expected("tiny_zero2", "parallel.zero_stage=3", "hardware.gpus_per_node=4")
+    assert z3["all_gather"]["min_per_step"] == z3["all_gather"]["max_per_step"] == 4 * 9 + 3
+    assert (z3["reduce_scatter"]["min_per_step"], z3["reduce_scatter"]["max_per_step"]) == (0, 1)
+    assert (z3["all_reduce"]["min_per_step"], z3["all_reduce"]["max_per_step"]) == (2, 3)
 
 
 def test_observed_counts_against_the_layout():
-    expected = A.expected_collectives(backend="megatron", tp=2, pp=1, dp=1, zero_stage=0, sp=False, layers=4,
-                                      micro_batches=1)
+    exp = A.expected_from_resolved(_tp2_four_layers())
     doc = A.BANDWIDTH_COLUMNS
     from analysis.table import Table
 
     bw = Table.from_rows("collective_bandwidth", doc, [
         {"collective": "all_reduce", "calls_per_step": 16.0 + 4 + 4 + 8, "source": "t"},
         {"collective": "all_gather", "calls_per_step": 2.0, "source": "t"}])
-    rows = {r["collective"]: r for r in A.collectives_vs_layout(bw, expected).rows()}
-    # explains 16 (TP layers) + 2 (embedding, output layer) + 3 (loss) + 4 (extras) = 25; 32 observed -> 7 extra
-    # over 4 layers
-    assert rows["all_reduce"]["expected_max_per_step"] == 25
-    assert rows["all_reduce"]["excess_per_layer"] == pytest.approx(1.75)
+    rows = {r["collective"]: r for r in A.collectives_vs_layout(bw, exp).rows()}
+    # explains 16 (TP layers) + 2 (embedding, output layer) + 3 (loss) + 1 (gradient norm) = 22; 32 observed -> 10
+    # extra over 4 layers
+    assert rows["all_reduce"]["expected_max_per_step"] == 22
+    assert rows["all_reduce"]["excess_per_layer"] == pytest.approx(2.5)
     assert rows["all_gather"]["why"] == "not needed by the layout" and rows["all_gather"]["excess_per_layer"] == 0.5
+
+
+def _tp2_four_layers():
+    """Megatron TP 2 over tiny-llama's 4 layers, one micro-batch per step, no data parallelism."""
+    return resolve_path(REPO / "recipes" / "tiny_tp2_sp", ["parallel.sp=false", "batch.micro_batch_size=8"])
 
 
 def test_framework_timers_average_the_measured_iterations(bigscience):

@@ -150,9 +150,11 @@ def test_tp_comm_counts_and_link():
     lay = layout(tp=2, dp=4, backend="megatron", gpn=4, gbs=4)
     tp = [c for c in communication(lay) if c.parallelism == "tp"]
     # 2 forward + 2 backward per layer × 32 layers, + the embedding's output and the output layer's input
-    # gradient; then the vocab-parallel cross entropy's 3 per-token reductions
-    assert len(tp) == 2 and tp[0].calls_per_step == 4 * 32 + 2 and tp[0].link == "intra_node"
+    # gradient; then the vocab-parallel cross entropy's 3 per-token reductions; after the step the backend's own
+    # gradient norm over TP (it clips at ZeRO-0), one fp64 value
+    assert len(tp) == 3 and tp[0].calls_per_step == 4 * 32 + 2 and tp[0].link == "intra_node"
     assert tp[1].calls_per_step == 3 and tp[1].message_bytes == 4 * lay.seq_len * lay.micro_batch_size
+    assert (tp[2].calls_per_step, tp[2].message_bytes, tp[2].after_step) == (1, 8, True)
     assert tp[0].message_bytes == 4096 * 4096 * 2
     dp = [c for c in communication(lay) if c.parallelism == "dp"]
     assert dp and all(c.link == "inter_node" for c in dp)  # 8 ranks on 4-GPU nodes: the DP group spans both
@@ -237,3 +239,21 @@ def test_bucket_sizes_deepspeed_would_replace_fall_back_to_its_default(value):
     lay = layout(dp=8, zero=2, ds_zero={"reduce_bucket_size": value})
     (rs,) = [c for c in communication(lay) if c.collective == "reduce_scatter"]
     assert rs.calls_per_step == 14  # 6.74e9 parameters over 5e8-element buckets
+
+
+def test_the_megatron_backend_s_own_step_collectives():
+    """After the micro-batches the Megatron backend sums the SP norm gradients over TP (one call: 2 norms per layer
+    + the final norm, of hidden_size fp32 weights each), clips over TP x PP at ZeRO-0 (one fp64) and broadcasts the
+    loss from the last pipeline stage; the DeepSpeed backend adds none of these."""
+    def step(recipe, *overrides, stage=0):
+        lay = Layout.from_resolved(resolve_path(RECIPES / recipe, list(overrides)))
+        return [(c.parallelism, c.collective, c.group_size, c.message_bytes)  # ZeRO's after-step gathers aside
+                for c in communication(lay, stage=stage) if c.after_step and c.collective != "all_gather"]
+
+    hidden = 64  # tiny-llama, 4 layers
+    assert step("tiny_tp2_sp") == [("sp", "all_reduce", 2, (2 * 4 + 1) * hidden * 4), ("tp", "all_reduce", 2, 8)]
+    assert step("tiny_tp2_sp", "parallel.sp=false", "parallel.pp=2", "hardware.gpus_per_node=4") == [
+        ("tp", "all_reduce", 4, 8), ("pp", "broadcast", 2, 4)]
+    assert step("tiny_tp2_sp", "parallel.sp=false", "parallel.zero_stage=1", "hardware.gpus_per_node=4") == [
+        ("dp", "all_reduce", 2, 4)]  # ZeRO-1: DeepSpeed clips (the norm and the logged loss: two one-value calls)
+    assert not step("tiny_zero2", "parallel.tp=2")  # AutoTP, ZeRO-2 over dp 1: nothing of the backend's own
