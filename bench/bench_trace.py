@@ -196,8 +196,8 @@ def fmt(x: float | None, spec: str = ".2f") -> str:
 
 
 def fast_path(python: Path, env: dict[str, str]) -> str:
-    code = ("from analysis.parsers import kineto as k; "
-            "print('C fast path' if k._kscan and k._kinflate else 'pure Python (C fast path not built)')")
+    code = ("from analysis.parsers import kineto as k, kineto_source as s; "
+            "print('C fast path' if k._kscan and s._kinflate else 'pure Python (C fast path not built)')")
     out = subprocess.run([str(python), "-c", code], env=env, cwd=REPO, capture_output=True, text=True)
     return out.stdout.strip() or f"cannot import analysis: {out.stderr.strip().splitlines()[-1:]}"
 
