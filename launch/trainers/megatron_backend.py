@@ -37,7 +37,36 @@ from launch.trainers import common
 from launch.trainers.protocol import BuildContext, StepOutput
 
 
+def _eager(model: Callable | None = None, **_options) -> Callable:
+    """torch.compile's signature, compiling nothing: `@_eager` and `_eager(**options)(fn)` both give fn."""
+    return model if model is not None else (lambda fn: fn)
+
+
+def import_megatron_eager() -> None:
+    """Import Megatron-Core with its jit fusions left as plain functions (CPU ranks).
+
+    megatron.core.jit binds jit_fuser = torch.compile when it is imported, and some twenty functions are
+    decorated with it as their modules import, which pulls in torch._dynamo and torch._inductor: 2.4 s of every
+    rank's start-up on a CPU core (measured: megatron.core imports in 4.8 s, 2.1 s without), though none of
+    those functions runs in the layers built here (the bias fusions are off: megatron_model.py), and inductor
+    would need a C++ compiler on a CPU rank the first time one did. Megatron's own disable_jit_fuser() comes too
+    late: the decorators have run by the time megatron.core.jit can be imported. So torch.compile is the
+    identity for exactly as long as that module imports; jit_fuser keeps it, nothing else does."""
+    import sys
+
+    if "megatron.core.jit" in sys.modules:
+        return
+    compile_ = torch.compile
+    torch.compile = _eager
+    try:
+        import megatron.core.jit  # noqa: F401  (imports megatron.core, whose modules decorate with jit_fuser)
+    finally:
+        torch.compile = compile_
+
+
 def init_distributed(resolved: Resolved, cuda: bool) -> None:
+    if not cuda:
+        import_megatron_eager()
     from launch.trainers.cpu_compat import apply as cpu_compat
 
     cpu_compat()  # on GPUs only the SP-norm patch: no CUDA call is redirected there
@@ -262,7 +291,8 @@ class MegatronTrainer:
             if self.dp_world > 1 or r.parallel.zero_stage > 0:
                 # Without data parallelism ZeRO-0 has nothing to reduce, yet DeepSpeed flattens, all-reduces over the
                 # group of one and copies back every gradient (measured: 2 ms of a tiny model's 13 ms step); ZeRO-1
-                # also moves the gradients into its partition here.
+                # also moves the gradients into its partition here. Its one other effect, a zero gradient for a
+                # parameter that got none, does not arise: every parameter of a rank's chunks takes part in its loss.
                 self.engine.allreduce_gradients()
             norm = None
             if r.parallel.zero_stage == 0:

@@ -302,3 +302,31 @@ def test_build_chunks_refuses_a_parallel_state_that_disagrees(one_rank):
     config = transformer_config(spec, tp=2, pp=1, vpp=1, sp=False, activation_checkpointing="none", dtype="fp32")
     with pytest.raises(ValueError, match=r"parallel_state has \(tp, pp, vpp\)=\(1, 1, None\).*\(2, 1, None\)"):
         build_chunks(spec, config, seed=0)
+
+
+_IMPORT_PROBE = ("import sys, torch; real = torch.compile; {before}import megatron.core.jit as j; "
+                 "from megatron.core.activations import quick_gelu; x = torch.linspace(-3, 3, 7); "
+                 "print(j.jit_fuser is real, torch.compile is real, 'torch._inductor.compile_fx' in sys.modules, "
+                 "hasattr(quick_gelu, '_torchdynamo_orig_callable'), "
+                 "torch.equal(quick_gelu(x), x * torch.sigmoid(1.702 * x)))")
+
+
+def test_megatron_imports_with_its_fusions_eager_on_cpu_ranks():
+    """megatron_backend.import_megatron_eager (what a CPU rank does first): Megatron's jit_fuser is not
+    torch.compile, so its decorated functions are the plain ones (the same numbers) and inductor is never
+    imported, while torch.compile is itself again for everyone else. Without it (a fresh interpreter importing
+    Megatron as it comes) the same probe finds jit_fuser = torch.compile, a compiled wrapper and inductor loaded."""
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO
+
+    def probe(before: str) -> list[str]:
+        p = subprocess.run([sys.executable, "-c", _IMPORT_PROBE.format(before=before)], cwd=REPO, capture_output=True,
+                           text=True, timeout=120)
+        assert p.returncode == 0, p.stderr[-2000:]
+        return p.stdout.split()
+
+    eager = "from launch.trainers.megatron_backend import import_megatron_eager; import_megatron_eager(); "
+    assert probe(eager) == ["False", "True", "False", "False", "True"]
+    assert probe("")[:4] == ["True", "True", "True", "True"]
