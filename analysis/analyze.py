@@ -503,9 +503,9 @@ def collective_calls(trace: Table, *, group_size: int | None = None, group_size_
     c = trace.columns
     by_rank: dict[Any, list[int]] = defaultdict(list)
     # Only rows that can be a call: one comprehension over a 150 MB trace's half million events, not a loop.
-    rank = c["rank"]
+    ranks = c["rank"]
     for i in [i for i, (k, coll) in enumerate(zip(c["kind"], c["collective"])) if coll is not None or k == "communication"]:
-        by_rank[rank[i]].append(i)
+        by_rank[ranks[i]].append(i)
     rows = []
     for rank, idx in by_rank.items():
         gpu = [i for i in idx if c["kind"][i] == "communication" and c["stream"][i] not in (None, -1)]
@@ -705,7 +705,7 @@ def expected_collectives(layout: Any) -> Table:
     compares the traces with cannot drift apart. The observed count is a mean over ranks, so the range spans
     the stages (the embedding is on the first, the output layer and the loss on the last); a data-parallel
     gradient reduction counts under either name (DeepSpeed's ZeRO-2 reduce-scatters on NCCL, all-reduces on gloo)."""
-    from launch.planner import communication  # the planner's imports cost a trace-only run (doctor) 50 ms
+    from launch.planner import communication, stage_params  # the planner's imports cost a doctor run 50 ms
 
     g = layout.grid
     stages = [communication(layout, stage=s) for s in range(g.pp)]
@@ -723,13 +723,12 @@ def expected_collectives(layout: Any) -> Table:
         for coll in REDUCTIONS if _gradient_reduction(c) else (c.collective,):
             why[coll].append(f"{c.parallelism.upper()}: {c.calls_per_step} {names} ({c.note})")
     colls = sorted(set().union(*fixed) | (set(REDUCTIONS) if any(either) else set()))
-    layers = layout.model.num_layers // g.pp
+    _, layers = stage_params(layout, 0)
     rows = [{"collective": coll, "min_per_step": min(f[coll] for f in fixed),
              "max_per_step": max(f[coll] + (e if coll in REDUCTIONS else 0) for f, e in zip(fixed, either, strict=True)),
              "layers": layers, "why": "; ".join(why.get(coll, []))} for coll in colls]
     return Table.from_rows("expected_collectives", EXPECTED_COLUMNS, rows,
-                           meta={"gradient_reductions_min": min(either), "micro_batches": layout.grad_accum,
-                                 "layers": layers})
+                           meta={"micro_batches": layout.grad_accum, "layers": layers})
 
 
 def expected_from_resolved(resolved: Any) -> Table:

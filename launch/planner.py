@@ -147,7 +147,7 @@ class RankPlan:
 @dataclass(frozen=True)
 class Comm:
     parallelism: str  # dp | tp | sp | pp
-    collective: str  # all_reduce | all_gather | reduce_scatter | send_recv
+    collective: str  # all_reduce | all_gather | reduce_scatter | send_recv | broadcast
     link: str  # intra_node | inter_node
     group_size: int
     calls_per_step: int
@@ -613,10 +613,11 @@ def communication(layout: Layout, timing: Timing = Timing(), stage: int = 0) -> 
                              after_step=True))
         else:
             out.extend(_zero3_traffic(layout, timing, grp, -(-params // _bucket(layout, "reduce_bucket_size")), stage))
-        # DeepSpeed's global gradient norm (clipping and the logged norm) and the loop's data-parallel loss mean.
-        out.append(_comm(layout, timing, "dp", "all_reduce", grp, 2, 4,
-                         "one fp32 each: the gradient norm (DeepSpeed) and the logged loss mean (the loop)",
-                         after_step=True))
+        # The loop's data-parallel loss mean, and under ZeRO DeepSpeed's gradient norm over its partitions; without
+        # ZeRO DeepSpeed's norm reduces only over an mpu's model-parallel group (the megatron backend clips itself).
+        out.append(_comm(layout, timing, "dp", "all_reduce", grp, 2 if z else 1, 4,
+                         "one fp32 each: the logged loss mean (the loop)" + (" and the gradient norm (DeepSpeed)" if z
+                                                                             else ""), after_step=True))
     if g.tp > 1:
         grp = g.tp_group(first)
         sb = layout.seq_len * layout.micro_batch_size
@@ -635,16 +636,20 @@ def communication(layout: Layout, timing: Timing = Timing(), stage: int = 0) -> 
     if g.pp > 1:
         grp = (g.pp_group(0)[0], g.pp_group(0)[1])  # every boundary moves the same activations
         msg = act / g.tp if layout.sp else act
-        out.append(_comm(layout, timing, "pp", "send_recv", grp, 2 * mbs * layout.vpp, msg,
-                         "activations forward and gradients backward per micro-batch per stage boundary"))
-    out.extend(_step_collectives(layout, timing, stage, layers))
+        # Each of this stage's model chunks (virtual stage k = v·pp + stage) sends to and receives from the virtual
+        # stages next to it: per micro-batch and boundary one call forward (activations), one backward (gradients).
+        virtual = g.pp * layout.vpp
+        ends = sum((k > 0) + (k < virtual - 1) for k in (v * g.pp + stage for v in range(layout.vpp)))
+        out.append(_comm(layout, timing, "pp", "send_recv", grp, 2 * mbs * ends, msg,
+                         f"activations forward and gradients backward per micro-batch at {ends} chunk boundaries"))
+    out.extend(_step_collectives(layout, timing, stage, first, layers))
     return out
 
 
-def _step_collectives(layout: Layout, timing: Timing, stage: int, layers: int) -> list[Comm]:
-    """What the backend itself issues once per step after the micro-batches (launch.backends.StepCollectives)."""
+def _step_collectives(layout: Layout, timing: Timing, stage: int, first: int, layers: int) -> list[Comm]:
+    """What the backend itself issues once per step after the micro-batches (launch.backends.StepCollectives), on
+    pipeline stage `stage` whose first rank is `first`."""
     g, st, e = layout.grid, traits(layout.backend).step, layout.elem_bytes
-    first = g.rank(0, 0, stage)
     out = []
     if layout.sp and st.sp_norm_grads:
         # Two norms per decoder layer, and the final norm on the last stage, each of hidden_size weights.
@@ -762,9 +767,11 @@ def step_time(layout: Layout, comm: list[Comm], timing: Timing = Timing()) -> St
         skew = (NormalDist().inv_cdf((n - 0.375) / (n + 0.25)) * p.sd_s * math.sqrt(ga)) if n > 1 else 0.0
         compute += skew
         # The passes hold the TP calls as they ran in situ: the table's α–β time for them is their share, the rest
-        # of the passes is compute.
-        tp = min(tp, passes)
+        # of the passes is compute. The backend's own calls after the micro-batches ran outside the passes.
+        after = sum(c.time_s for c in comm if c.parallelism in ("tp", "sp") and c.after_step)
+        tp = min(tp - after, passes)
         compute += passes - tp
+        tp += after
         compute_how = (f"compute measured ({timing.calibration.created}, {timing.calibration.machine_kind}): forward + "
                        f"backward of the {layout.backend} model at tp={g.tp}{' with SP' if layout.sp else ''} in situ (its TP collectives included: the "
                        f"α–β time of those is shown as TP), micro_batch_size={layout.micro_batch_size}, "

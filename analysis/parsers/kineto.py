@@ -45,7 +45,7 @@ from typing import Any, Callable, Iterable, Iterator
 
 from analysis.gpu_kernels import kernel_collective, kernel_kind
 from analysis.parsers.kineto_args import cpu_collective, group_of, int_or_none, message_of
-from analysis.parsers.kineto_source import CHUNK_BYTES, Source
+from analysis.parsers.kineto_source import CHUNK_BYTES, PURE, Source
 from analysis.table import Table
 from launch import sense
 
@@ -53,7 +53,7 @@ from launch import sense
 # well-formed events and leaves everything else to the decoders here, so the tables are the same
 # without it. LAYOUTLAB_KINETO_PURE=1 turns it off (the tests run both ways).
 _kscan: Any = None
-if os.environ.get("LAYOUTLAB_KINETO_PURE", "") in ("", "0"):
+if not PURE:
     try:
         from analysis.parsers import _kscan
     except ImportError:

@@ -11,10 +11,11 @@ import os
 import zlib
 from typing import Any, Callable, Iterator
 
-# The C inflater (analysis/parsers/_kinflate.c, built by `pip install`, optional); LAYOUTLAB_KINETO_PURE=1 turns
-# it off with the scanner (analysis.parsers.kineto).
+# LAYOUTLAB_KINETO_PURE=1 turns both C extensions off: this inflater and the scanner (analysis.parsers.kineto).
+PURE = os.environ.get("LAYOUTLAB_KINETO_PURE", "") not in ("", "0")
+# The C inflater (analysis/parsers/_kinflate.c, built by `pip install`, optional).
 _kinflate: Any = None
-if os.environ.get("LAYOUTLAB_KINETO_PURE", "") in ("", "0"):
+if not PURE:
     try:
         from analysis.parsers import _kinflate
     except ImportError:

@@ -257,3 +257,25 @@ def test_the_megatron_backend_s_own_step_collectives():
     assert step("tiny_tp2_sp", "parallel.sp=false", "parallel.zero_stage=1", "hardware.gpus_per_node=4") == [
         ("dp", "all_reduce", 2, 4)]  # ZeRO-1: DeepSpeed clips (the norm and the logged loss: two one-value calls)
     assert not step("tiny_zero2", "parallel.tp=2")  # AutoTP, ZeRO-2 over dp 1: nothing of the backend's own
+
+
+def test_pipeline_sends_count_each_chunk_boundary():
+    """Per micro-batch, one send or receive forward and one backward at each boundary of each of a stage's model
+    chunks: the end stages of pp=4 have one boundary, the middle ones two; with pp=2 x vpp=2 the chunks are the
+    virtual stages 0, 2 (stage 0) and 1, 3 (stage 1), three boundaries each."""
+    def sends(lay):
+        return [sum(c.calls_per_step for c in communication(lay, stage=s) if c.collective == "send_recv")
+                for s in range(lay.grid.pp)]
+
+    assert sends(layout(pp=4, backend="megatron", gpn=4, gbs=8)) == [2 * 8, 4 * 8, 4 * 8, 2 * 8]
+    assert sends(layout(pp=2, vpp=2, backend="megatron", gpn=2, gbs=8)) == [6 * 8, 6 * 8]
+
+
+def test_without_zero_one_loss_mean_crosses_the_data_parallel_group_after_the_step():
+    """ZeRO-0: DeepSpeed's fp32 clipping reduces its norm only over an mpu's model-parallel group (none for the
+    deepspeed backend), so after the step only the loop's loss mean is all-reduced; under ZeRO the partitions' norm too."""
+    def after(z):
+        return [c.calls_per_step for c in communication(layout(dp=2, zero=z, gpn=2)) if c.collective == "all_reduce"
+                and c.after_step]
+
+    assert after(0) == [1] and after(1) == [2] and after(3) == [2]
