@@ -613,10 +613,11 @@ def communication(layout: Layout, timing: Timing = Timing(), stage: int = 0) -> 
                              after_step=True))
         else:
             out.extend(_zero3_traffic(layout, timing, grp, -(-params // _bucket(layout, "reduce_bucket_size")), stage))
-        # The loop's data-parallel loss mean, and under ZeRO DeepSpeed's gradient norm over its partitions; without
-        # ZeRO DeepSpeed's norm reduces only over an mpu's model-parallel group (the megatron backend clips itself).
-        out.append(_comm(layout, timing, "dp", "all_reduce", grp, 2 if z else 1, 4,
-                         "one fp32 each: the logged loss mean (the loop)" + (" and the gradient norm (DeepSpeed)" if z
+        # The loop's data-parallel loss mean, and DeepSpeed's gradient norm (its clip_grad_norm_ averages it over the
+        # data-parallel group) unless the backend clips itself at this stage (launch.backends.StepCollectives).
+        norm = z not in traits(layout.backend).step.clip_zero_stages
+        out.append(_comm(layout, timing, "dp", "all_reduce", grp, 1 + norm, 4,
+                         "one fp32 each: the logged loss mean (the loop)" + (" and the gradient norm (DeepSpeed)" if norm
                                                                              else ""), after_step=True))
     if g.tp > 1:
         grp = g.tp_group(first)

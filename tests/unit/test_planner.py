@@ -271,11 +271,13 @@ def test_pipeline_sends_count_each_chunk_boundary():
     assert sends(layout(pp=2, vpp=2, backend="megatron", gpn=2, gbs=8)) == [6 * 8, 6 * 8]
 
 
-def test_without_zero_one_loss_mean_crosses_the_data_parallel_group_after_the_step():
-    """ZeRO-0: DeepSpeed's fp32 clipping reduces its norm only over an mpu's model-parallel group (none for the
-    deepspeed backend), so after the step only the loop's loss mean is all-reduced; under ZeRO the partitions' norm too."""
-    def after(z):
-        return [c.calls_per_step for c in communication(layout(dp=2, zero=z, gpn=2)) if c.collective == "all_reduce"
-                and c.after_step]
+def test_after_the_step_the_loss_mean_and_deepspeed_s_gradient_norm_cross_the_data_parallel_group():
+    """The loop's loss mean, and DeepSpeed's gradient norm (clip_grad_norm_ all-reduces it over the data-parallel
+    group; measured at ZeRO-0 on 2 gloo ranks: 3 all-reduces per step, the gradient bucket and these two), except
+    where the backend clips itself: the megatron backend at ZeRO-0 (DeepSpeed's clipping off there)."""
+    def after(z, backend="deepspeed"):
+        return [c.calls_per_step for c in communication(layout(dp=2, zero=z, gpn=2, backend=backend))
+                if c.collective == "all_reduce" and c.after_step]
 
-    assert after(0) == [1] and after(1) == [2] and after(3) == [2]
+    assert after(0) == [2] and after(1) == [2] and after(3) == [2]
+    assert after(0, "megatron") == [1] and after(1, "megatron") == [2]
