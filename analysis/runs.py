@@ -20,7 +20,8 @@ from analysis.parsers.megatron_log import parse_megatron_log
 from analysis.parsers.metrics import parse_metrics
 from analysis.parsers.nccl_debug import parse_nccl_debug
 from analysis.parsers.nccl_tests import parse_nccl_tests
-from analysis.parsers.nsys import parse_nsys_sqlite, parse_nsys_stats_csv
+from analysis.parsers.nsys import parse_nsys_sqlite
+from analysis.parsers.nsys_stats import parse_nsys_stats_csv
 from analysis.parsers.tensorboard import parse_tensorboard
 from analysis.recognize import RunFiles
 from analysis.table import Table

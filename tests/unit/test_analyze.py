@@ -18,7 +18,8 @@ from analysis.parsers.kineto import parse_kineto_ranks
 from analysis.parsers.megatron_log import parse_megatron_log
 from analysis.parsers.metrics import parse_metrics
 from analysis.parsers.nccl_tests import large_message_busbw, parse_nccl_tests
-from analysis.parsers.nsys import parse_nsys_sqlite, parse_nsys_stats_csv
+from analysis.parsers.nsys import parse_nsys_sqlite
+from analysis.parsers.nsys_stats import parse_nsys_stats_csv
 from launch.planner import plan_resolved
 from launch.resolve import resolve_path
 from tests.unit.report_support import (ALCF, ALLREDUCE_8XH100, BIGSCIENCE, GLOO, HTA, LOGS, NSYS, REPO,

@@ -16,16 +16,15 @@ from hypothesis import strategies as st
 
 from analysis.parsers.nsys import (
     COLUMNS,
-    STATS_COLUMNS,
     kernel_kind,
     nccl_kernel_info,
     parse_nsys_sqlite,
-    parse_nsys_stats_csv,
     phase_of,
     sniff,
     split_global_id,
     step_number,
 )
+from analysis.parsers.nsys_stats import STATS_COLUMNS, parse_nsys_stats_csv
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "nsys"
 STATS = FIXTURES / "stats"
