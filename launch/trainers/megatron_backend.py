@@ -498,7 +498,7 @@ def export_hf_state(resolved: Resolved, ckpt: Checkpoint) -> dict:
     files, joined into one Hugging Face state dict by launch/trainers/megatron_model.py. ZeRO 0-2 files hold
     the module itself; ZeRO-3 spreads each mp rank's fp32 weights over dp partitions, joined first. The
     layout is the one the marker records, which wrote the files."""
-
+    import_megatron_eager()  # export joins tensors on the host: Megatron's fusions are not needed here either
     from launch.trainers import megatron_model as mm
 
     tp, pp, vpp, dp = (int(ckpt.info[k]) for k in ("tp", "pp", "vpp", "dp"))
