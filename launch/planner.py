@@ -659,8 +659,7 @@ def _step_collectives(layout: Layout, timing: Timing, stage: int, first: int, la
                          norms * layout.model.hidden_size * e, "the sequence-parallel norm weights' gradients summed "
                          "over TP, one coalesced call", after_step=True))
     if g.tp * g.pp > 1 and layout.zero_stage in st.clip_zero_stages:
-        _, d, _ = g.coords(first)
-        mp = tuple(g.rank(t, d, p) for p in range(g.pp) for t in range(g.tp))
+        mp = tuple(g.rank(t, 0, p) for p in range(g.pp) for t in range(g.tp))  # `first` has data-parallel rank 0
         out.append(_comm(layout, timing, "tp", "all_reduce", mp, 1, 8,
                          f"the gradient norm over TP × PP ({len(mp)} ranks), one fp64 value (the backend clips)",
                          after_step=True))
