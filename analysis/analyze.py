@@ -36,6 +36,7 @@ from typing import Any, Iterable, Mapping, Sequence
 from analysis import trace_analysis as ta
 from analysis.collectives import (BACKEND_ANNOTATION, CPU_LAYERS, NCCL_TESTS_OP, REDUCTIONS, bus_factor_of,
                                   gloo_reduce_scatters, group_size_hint, nccl_tests_bytes)
+from analysis.parsers.kineto import rows_equal, rows_not
 from analysis.parsers.nccl_tests import large_message_busbw
 from launch.nccl_format import BUS_FACTORS, bus_factor
 from analysis.table import Table
@@ -502,9 +503,9 @@ def collective_calls(trace: Table, *, group_size: int | None = None, group_size_
         group_size, group_size_from = group_size_hint(trace)
     c = trace.columns
     by_rank: dict[Any, list[int]] = defaultdict(list)
-    # Only rows that can be a call: one comprehension over a 150 MB trace's half million events, not a loop.
+    # Only rows that can be a call: two C scans over a 150 MB trace's half million events, not a loop.
     ranks = c["rank"]
-    for i in [i for i, (k, coll) in enumerate(zip(c["kind"], c["collective"])) if coll is not None or k == "communication"]:
+    for i in sorted({*rows_not(c["collective"], None), *rows_equal(c["kind"], "communication")}):
         by_rank[ranks[i]].append(i)
     rows = []
     for rank, idx in by_rank.items():

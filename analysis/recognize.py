@@ -183,9 +183,10 @@ def _damaged_own_json(path: Path) -> str | None:
     return {_RESOLVED_HEAD: "resolved", _PLAN_HEAD: "plan"}.get(first)
 
 
-# Order matters only for speed: binary formats first, then JSON, then text logs (all are tried).
+# Order matters only for speed (the first exclusive kind ends the search): traces first, as the largest files and a
+# 64 KB test (nsys's reads 1 MB and searches it for `nsys stats` text), then binary formats, JSON, text logs.
 _SNIFFERS: tuple[Callable[[str], str | None], ...] = (
-    nsys.sniff, tensorboard.sniff, sniff_kineto, sniff_own_json, metrics.sniff,
+    sniff_kineto, nsys.sniff, tensorboard.sniff, sniff_own_json, metrics.sniff,
     sniff_nccl_tests, sniff_nccl_debug, deepspeed_log.sniff, megatron_log.sniff,
 )
 _EXCLUSIVE = {"nsys_sqlite", "tensorboard", "kineto_trace", "resolved", "plan", "env", "layer_calls",

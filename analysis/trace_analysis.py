@@ -48,7 +48,7 @@ from typing import Any, Iterable, Mapping
 
 from analysis.collectives import CPU_LAYERS, bus_factor_of, gloo_reduce_scatters, group_size_hint, nccl_tests_bytes
 from analysis.parsers import kineto as _kineto
-from analysis.parsers.kineto import PROFILER_STEP, _where, gc_paused
+from analysis.parsers.kineto import PROFILER_STEP, gc_paused, rows_in, rows_not
 from analysis.table import Table
 
 _KINDS = ("computation", "communication", "memory")  # HTA's order: bit 1, 2, 4
@@ -190,8 +190,8 @@ class _Rank:
         self.round = hta_rounding and bool(self.meta.get("ts_float"))
         stream, name, ts, dur = self.stream, self.name, self.ts, self.dur
         if isinstance(rows, range):  # a one-rank table: scan the columns in C
-            with_stream = _where(map(operator.is_not, stream, itertools.repeat(None)))
-            step_rows = _where(map(step_numbers.__contains__, name))
+            with_stream = rows_not(stream, None)
+            step_rows = rows_in(name, step_numbers)
         else:
             with_stream = [i for i in rows if stream[i] is not None]
             step_rows = [i for i in rows if name[i] in step_numbers]

@@ -342,3 +342,48 @@ def test_reader_closed_before_it_ran_returns_nothing(tmp_path):
     t.start()
     t.join(5)
     assert not t.is_alive() and got == [None]
+
+
+# Columns that pick apart the C twins of the row selections and time bounds: ties between 1 and 1.0 (min and max
+# keep the first), ints past 2**52 (their sums would round as doubles), NaN, bools, mixed types, one row.
+BOUND_COLUMNS = [
+    ([5, 1.0, 1, 7, 7.0], [2, 0, 0.0, 3, 3]),
+    ([2**53 + 1, 3], [1, 2]),
+    ([2**52, 2**52], [2**52, 2**52 - 1]),
+    ([1.5, float("nan"), 0.5], [1.0, 1.0, 1.0]),
+    ([True, 2], [0, 1]),
+    ([10], [-4.25]),
+    ([1e300, -1e300], [1e300, 1e300]),
+]
+
+
+@needs_fast
+@pytest.mark.parametrize("ts,dur", BOUND_COLUMNS)
+def test_time_bounds_in_c_are_the_pure_bounds(ts, dur):
+    with pure_path():
+        expected = kineto.time_bounds(ts, dur)
+    got = kineto.time_bounds(ts, dur)
+    assert repr(got) == repr(expected)
+    assert repr(expected.first_start) == repr(min(ts)) and repr(expected.last_end) == repr(
+        max(t + d for t, d in zip(ts, dur, strict=True)))
+
+
+@needs_fast
+def test_row_selections_in_c_are_the_pure_selections():
+    nan = float("nan")
+    col = [None, "communication", 3, None, 3.0, nan, "communication", True, 1, b"x", ("t",)]
+    cases = [(kineto.rows_not, None), (kineto.rows_not, nan), (kineto.rows_equal, "communication"),
+             (kineto.rows_equal, 3), (kineto.rows_equal, 1), (kineto.rows_equal, nan),
+             (kineto.rows_in, {3: 0, None: 1}), (kineto.rows_in, {1, "communication"}), (kineto.rows_in, frozenset())]
+    for f, value in cases:
+        with pure_path():
+            expected = f(col, value)
+        assert f(col, value) == expected, (f.__name__, value)
+    # by hand, for the cases a reader checks at a glance
+    assert kineto.rows_not(col, None) == [1, 2, 4, 5, 6, 7, 8, 9, 10]
+    assert kineto.rows_equal(col, 3) == [2, 4]
+    assert kineto.rows_in(col, {1}) == [7, 8]  # True == 1
+    with pytest.raises(TypeError):
+        kineto.rows_in([[1]], {1: 0})  # an unhashable item, as dict.__contains__ says
+    with pytest.raises(TypeError):
+        kineto._kscan.rows_where(col, 2, [1])  # a list is not a dict or set
