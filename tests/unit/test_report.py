@@ -140,6 +140,31 @@ def test_run_without_plan_json_recomputes_it(tmp_path):
     assert "recomputed from resolved.json" in next(r.memory.rows())["predicted_what"]
 
 
+def test_a_resolved_grid_the_run_contradicts_is_not_believed(tmp_path):
+    """A resolved.json edited to pp=3 on a 2-rank run (the traces' distributedInfo and the metrics say 2 ranks, dp=2):
+    a warning names the file, the grid and who says otherwise, and the layout comes from the metrics instead."""
+    import json
+
+    run = make_run_dir(tmp_path / "runs", plan=False)
+    doc = json.loads((run / "resolved.json").read_text())
+    doc["grid"].update(pp=3, dp=1)
+    doc["recipe"]["parallel"]["pp"] = 3  # edited consistently within the file: only the run's other files disagree
+    (run / "resolved.json").write_text(json.dumps(doc))
+    (r,) = build_report([(None, run)]).runs
+    (w,) = [w for w in r.run.warnings if "grid tp×pp×dp" in w]
+    assert w.startswith("resolved.json: grid tp×pp×dp = 1×3×1 = 3 ranks, but ")
+    traces_world = {json.loads(gzip.decompress(f.read_bytes()))["distributedInfo"]["world_size"]
+                    for f in (run / "traces").iterdir()}
+    assert traces_world == {2} and "distributedInfo" in w and "says world_size 2" in w
+    assert "metrics' meta record" in w and "world=2, tp=1, pp=1, dp=2" in w
+    assert r.run.resolved is None and r.run.plan is None and r.vs_layout is None
+    assert (r.layout["pp"], r.layout["dp"], r.layout["world"]) == (1, 2, 2)
+    # the file as written is left alone, and an unedited run gets no such warning
+    assert json.loads((run / "resolved.json").read_text())["grid"]["pp"] == 3
+    (clean,) = build_report([(None, make_run_dir(tmp_path / "other", plan=False))]).runs
+    assert not [w for w in clean.run.warnings if "grid tp×pp×dp" in w] and clean.run.resolved is not None
+
+
 def test_truncated_inputs_give_a_partial_report_with_warnings(tmp_path):
     d = tmp_path / "cut"
     d.mkdir()
