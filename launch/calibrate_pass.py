@@ -2,9 +2,9 @@
 of one node by the recipe's own launcher.
 
 Each rank builds the backend's real trainer (launch/trainers/protocol.py) at the run's tensor-parallel degree, once
-per activation-checkpointing mode (and with sequence parallelism on and off), and times the forward
-(`Trainer.loss`) and backward of one micro-batch for every micro-batch size asked for (medians over iterations),
-all ranks at once: the TP collectives inside the model run as in training, on the threads and cores a training
+per activation-checkpointing mode (and with sequence parallelism on and off), all side by side, and times the forward
+(`Trainer.loss`) and backward of one micro-batch for every variant and micro-batch size in turn (medians over
+iterations), all ranks at once: the TP collectives inside the model run as in training, on the threads and cores a training
 rank has; gradients are not reduced and no optimizer steps there. Then, where the spec asks (tp = 1), it times
 whole `train_step`s of the real trainer at each ZeRO stage, at one and two micro-batches per step and with full
 checkpointing: `calibrate` takes what the rest of its figures do not explain as the engine's own cost in situ.
@@ -45,21 +45,29 @@ def _body(run, resolved, env, terminal, cuda, watchdog) -> int:
     backend.init_distributed(resolved, cuda)
     device = torch.device("cuda", env.local_rank) if cuda else torch.device("cpu")
     sync = torch.cuda.synchronize if cuda else (lambda: None)
-    rows = {}
+    # Every variant's trainer side by side, timed in turn within each iteration (as `_steps` does): on a shared
+    # machine the TP collectives' latency drifts over seconds, and variants timed one after another each caught a
+    # different phase of it (here, on gloo: 46 vs 106 ms for the same pass in two calibrations, the checkpointing
+    # modes out of order). Side by side costs each variant's parameters and gradients at once (no optimizer
+    # state: nothing steps here).
+    built = []
     for item in spec["variants"]:
         ac, sp = item["activation_checkpointing"], item["sp"]
         variant = Resolved.load(Path(item["resolved"]))
         watchdog.beat(0, f"building the {variant.recipe.backend} model, activation_checkpointing={ac}, sp={sp}")
-        trainer = backend.build(BuildContext(run, variant, env, cuda, device, watchdog, None, False))
-        batches = {}
-        for b in spec["micro_batch_sizes"]:
-            g = torch.Generator().manual_seed(b)
-            batches[b] = torch.randint(0, variant.model.vocab_size, (b, variant.recipe.batch.seq_len), generator=g).to(device)
-        times: dict[int, list[tuple[float, float]]] = {b: [] for b in batches}
-        dist.barrier()
-        # Every size in turn within an iteration, so that a drift of the machine's load reaches all of them alike.
-        for it in range(spec["warmup_iters"] + spec["iters"]):
-            watchdog.beat(it, f"timing activation_checkpointing={ac}")
+        built.append((ac, sp, backend.build(BuildContext(run, variant, env, cuda, device, watchdog, None, False))))
+    vocab, seq_len = variant.model.vocab_size, variant.recipe.batch.seq_len  # the same in every variant
+    batches = {}
+    for b in spec["micro_batch_sizes"]:
+        g = torch.Generator().manual_seed(b)
+        batches[b] = torch.randint(0, vocab, (b, seq_len), generator=g).to(device)
+    times: dict[tuple[str, bool, int], list[tuple[float, float]]] = {(ac, sp, b): [] for ac, sp, _ in built
+                                                                      for b in batches}
+    dist.barrier()
+    # Every variant and size in turn within an iteration, so that a drift of the machine's load reaches all alike.
+    for it in range(spec["warmup_iters"] + spec["iters"]):
+        watchdog.beat(it, "timing forward and backward passes")
+        for ac, sp, trainer in built:
             for b, x in batches.items():
                 sync()
                 t0 = time.perf_counter()
@@ -69,11 +77,10 @@ def _body(run, resolved, env, terminal, cuda, watchdog) -> int:
                 loss.backward()  # gradients accumulate in place, as over a step's micro-batches
                 sync()
                 if it >= spec["warmup_iters"]:
-                    times[b].append((t1 - t0, time.perf_counter() - t1))
-        for b, fb in times.items():
-            rows[(ac, sp, b)] = _summary(fb)
-        del trainer
-        gc.collect()  # one variant's model and engine at a time
+                    times[(ac, sp, b)].append((t1 - t0, time.perf_counter() - t1))
+    rows = {key: _summary(fb) for key, fb in times.items()}
+    del built, trainer
+    gc.collect()  # the variants' models before the engines of the steps below
     stages = sorted({item["zero_stage"] for item in spec["steps"]})
     by_stage = {z: [item for item in spec["steps"] if item["zero_stage"] == z] for z in stages}
     measured = {}
