@@ -183,8 +183,9 @@ def _damaged_own_json(path: Path) -> str | None:
     return {_RESOLVED_HEAD: "resolved", _PLAN_HEAD: "plan"}.get(first)
 
 
-# Order matters only for speed (the first exclusive kind ends the search): traces first, as the largest files and a
-# 64 KB test (nsys's reads 1 MB and searches it for `nsys stats` text), then binary formats, JSON, text logs.
+# The first exclusive kind ends the search, so the order sets the speed (and which kind a file lists first): traces
+# first, as the largest files and a cheap test (a regex over 64 KB; nsys's searches 1 MB as `nsys stats` text),
+# then binary formats, JSON, text logs.
 _SNIFFERS: tuple[Callable[[str], str | None], ...] = (
     sniff_kineto, nsys.sniff, tensorboard.sniff, sniff_own_json, metrics.sniff,
     sniff_nccl_tests, sniff_nccl_debug, deepspeed_log.sniff, megatron_log.sniff,

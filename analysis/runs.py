@@ -194,14 +194,15 @@ def load_run(rf: RunFiles, *, hardware: Any = None, hardware_source: str = "") -
         run.warnings.extend(run.trace.warnings)
     elif run.trace is not None:
         run.warnings.extend(run.relabel(w) for w in run.trace.warnings)
-    _check_grid(run)
+    _check_grid(run, hardware, hardware_source)
     return run
 
 
-def _check_grid(run: Run) -> None:
+def _check_grid(run: Run, hardware: Any, hardware_source: str) -> None:
     """resolved.json records the layout that ran; where the run's own files say otherwise (the ranks the traces
     record, the metrics' meta record) it was edited or belongs to another run. Its layout is then not believed (the
-    collectives it would expect, a plan recomputed from it): a warning says which file says what."""
+    collectives it would expect, a plan recomputed from it, its hardware profile: `hardware` stands in, as for a
+    run without one): a warning says which file says what."""
     if run.resolved is None:
         return
     g, par = run.resolved.grid, run.resolved.recipe.parallel
@@ -209,7 +210,7 @@ def _check_grid(run: Run) -> None:
     if (par.tp, par.pp) != (g.tp, g.pp):
         said["its own recipe.parallel"] = f"tp={par.tp}, pp={par.pp}"
     if run.trace is not None and run.trace.meta.get("world_size") not in (None, g.world):
-        said[f"the traces' distributedInfo ({run.trace.source})"] = f"world_size {run.trace.meta['world_size']}"
+        said["the traces' distributedInfo"] = f"world_size {run.trace.meta['world_size']}"
     m = run.metrics.meta if run.metrics is not None else {}
     theirs = {k: m.get(k) for k in ("world", "tp", "pp", "dp") if m.get(k) is not None}
     ours = {"world": g.world, "tp": g.tp, "pp": g.pp, "dp": g.dp}
@@ -225,4 +226,5 @@ def _check_grid(run: Run) -> None:
           "resolved.json or leave it out")
     if run.plan is not None and run.plan_source and run.plan_source.startswith("recomputed from"):
         run.plan, run.plan_source = None, None
+    run.hardware, run.hardware_source = (hardware, hardware_source) if hardware is not None else (None, None)
     run.resolved = run.resolved_source = None

@@ -2,7 +2,8 @@
 of one node by the recipe's own launcher.
 
 Each rank builds the backend's real trainer (launch/trainers/protocol.py) at the run's tensor-parallel degree, once
-per activation-checkpointing mode (and with sequence parallelism on and off), all side by side, and times the forward
+per activation-checkpointing mode (and with sequence parallelism on and off), side by side (on a GPU as many as
+its free memory holds at once), and times the forward
 (`Trainer.loss`) and backward of one micro-batch for every variant and micro-batch size in turn (medians over
 iterations), all ranks at once: the TP collectives inside the model run as in training, on the threads and cores a training
 rank has; gradients are not reduced and no optimizer steps there. Then, where the spec asks (tp = 1), it times
@@ -45,42 +46,35 @@ def _body(run, resolved, env, terminal, cuda, watchdog) -> int:
     backend.init_distributed(resolved, cuda)
     device = torch.device("cuda", env.local_rank) if cuda else torch.device("cpu")
     sync = torch.cuda.synchronize if cuda else (lambda: None)
-    # Every variant's trainer side by side, timed in turn within each iteration (as `_steps` does): on a shared
+    # The variants' trainers side by side, timed in turn within each iteration (as `_steps` does): on a shared
     # machine the TP collectives' latency drifts over seconds, and variants timed one after another each caught a
     # different phase of it (here, on gloo: 46 vs 106 ms for the same pass in two calibrations, the checkpointing
-    # modes out of order). Side by side costs each variant's parameters and gradients at once (no optimizer
-    # state: nothing steps here).
-    built = []
-    for item in spec["variants"]:
-        ac, sp = item["activation_checkpointing"], item["sp"]
-        variant = Resolved.load(Path(item["resolved"]))
-        watchdog.beat(0, f"building the {variant.recipe.backend} model, activation_checkpointing={ac}, sp={sp}")
-        built.append((ac, sp, backend.build(BuildContext(run, variant, env, cuda, device, watchdog, None, False))))
-    vocab, seq_len = variant.model.vocab_size, variant.recipe.batch.seq_len  # the same in every variant
-    batches = {}
-    for b in spec["micro_batch_sizes"]:
-        g = torch.Generator().manual_seed(b)
-        batches[b] = torch.randint(0, vocab, (b, seq_len), generator=g).to(device)
-    times: dict[tuple[str, bool, int], list[tuple[float, float]]] = {(ac, sp, b): [] for ac, sp, _ in built
-                                                                      for b in batches}
-    dist.barrier()
-    # Every variant and size in turn within an iteration, so that a drift of the machine's load reaches all alike.
-    for it in range(spec["warmup_iters"] + spec["iters"]):
-        watchdog.beat(it, "timing forward and backward passes")
-        for ac, sp, trainer in built:
-            for b, x in batches.items():
-                sync()
-                t0 = time.perf_counter()
-                loss = trainer.loss(x)
-                sync()
-                t1 = time.perf_counter()
-                loss.backward()  # gradients accumulate in place, as over a step's micro-batches
-                sync()
-                if it >= spec["warmup_iters"]:
-                    times[(ac, sp, b)].append((t1 - t0, time.perf_counter() - t1))
-    rows = {key: _summary(fb) for key, fb in times.items()}
-    del built, trainer
-    gc.collect()  # the variants' models before the engines of the steps below
+    # modes out of order). Side by side costs each variant's model, gradients and whatever its engine allocates
+    # at build (bf16 master weights) at once; on a GPU as many are built together as its free memory allows (room
+    # for twice the last one's allocation: the next one and the passes' activations), the rest after them.
+    rows: dict[tuple[str, bool, int], list[float]] = {}
+    pending = list(spec["variants"])
+    while pending:
+        built = []
+        while pending:
+            item = pending.pop(0)
+            ac, sp = item["activation_checkpointing"], item["sp"]
+            variant = Resolved.load(Path(item["resolved"]))
+            watchdog.beat(0, f"building the {variant.recipe.backend} model, activation_checkpointing={ac}, sp={sp}")
+            before = torch.cuda.memory_allocated() if cuda else 0
+            built.append((ac, sp, backend.build(BuildContext(run, variant, env, cuda, device, watchdog, None, False))))
+            if cuda and pending:
+                free, _ = torch.cuda.mem_get_info()
+                # every rank builds the same group: one that runs short stops it for all
+                full = torch.tensor([float(free < 2 * (torch.cuda.memory_allocated() - before))], device=device)
+                dist.all_reduce(full, op=dist.ReduceOp.MAX)
+                if full.item():
+                    break
+        rows.update(_passes(built, variant, spec, device, watchdog, sync))
+        del built
+        gc.collect()  # one group's models before the next, and before the engines of the steps below
+        if cuda:
+            torch.cuda.empty_cache()
     stages = sorted({item["zero_stage"] for item in spec["steps"]})
     by_stage = {z: [item for item in spec["steps"] if item["zero_stage"] == z] for z in stages}
     measured = {}
@@ -104,6 +98,36 @@ def _body(run, resolved, env, terminal, cuda, watchdog) -> int:
                                                             indent=1) + "\n")
     dist.barrier()
     return 0
+
+
+def _passes(built: list, variant, spec: dict, device, watchdog, sync) -> dict[tuple[str, bool, int], list[float]]:
+    """_summary of forward and backward per (activation_checkpointing, sp, micro-batch size) of the trainers built
+    side by side: every variant and size in turn within an iteration, so that a drift of the machine's load reaches
+    all alike. `variant`: any of them (vocabulary and sequence length are the same in all)."""
+    import torch
+    import torch.distributed as dist
+
+    batches = {}
+    for b in spec["micro_batch_sizes"]:
+        g = torch.Generator().manual_seed(b)
+        batches[b] = torch.randint(0, variant.model.vocab_size, (b, variant.recipe.batch.seq_len), generator=g).to(device)
+    times: dict[tuple[str, bool, int], list[tuple[float, float]]] = {(ac, sp, b): [] for ac, sp, _ in built
+                                                                      for b in batches}
+    dist.barrier()
+    for it in range(spec["warmup_iters"] + spec["iters"]):
+        watchdog.beat(it, "timing forward and backward passes")
+        for ac, sp, trainer in built:
+            for b, x in batches.items():
+                sync()
+                t0 = time.perf_counter()
+                loss = trainer.loss(x)
+                sync()
+                t1 = time.perf_counter()
+                loss.backward()  # gradients accumulate in place, as over a step's micro-batches
+                sync()
+                if it >= spec["warmup_iters"]:
+                    times[(ac, sp, b)].append((t1 - t0, time.perf_counter() - t1))
+    return {key: _summary(fb) for key, fb in times.items()}
 
 
 def _steps(backend, items: list[dict], run, env, cuda: bool, device, watchdog, spec: dict, sync) -> list[float]:

@@ -795,7 +795,9 @@ def rows_equal(column: list[Any], value: Any) -> list[int]:
 
 def rows_in(column: list[Any], container: dict[Any, Any] | set[Any] | frozenset[Any]) -> list[int]:
     """Row numbers whose item is a key of the dict or a member of the set."""
-    if _kscan is not None and type(column) is list:
+    # C only for a plain dict: set.__contains__ retries an unhashable set item as a frozenset, and a subclass may
+    # answer `in` its own way, neither of which PyDict_Contains / PySet_Contains do.
+    if _kscan is not None and type(column) is list and type(container) is dict:
         return _kscan.rows_where(column, 2, container)
     return list(itertools.compress(itertools.count(), map(container.__contains__, column)))
 
@@ -809,19 +811,23 @@ class TimeBounds:
     min_dur: Any
     max_dur: Any
     last_end: Any  # the largest ts + dur
-    ts_float: bool  # some start is written as a non-integer number
+    ts_float: bool  # some start is a float (written with a fraction or exponent, 1.0 included)
 
 
 def time_bounds(ts: list[Any], dur: list[Any]) -> TimeBounds | None:
     """TimeBounds of the rows, None when there are none; one C pass where _kscan is built and every value is an
-    exact double (else min() and max(), seven passes)."""
+    exact double (else min(), max() and any(), six passes). `last_end` is None when some start is an int too large
+    for a float to be added to (a garbled trace's: _drop_senseless, the one caller that sees such rows, drops them)."""
     if not ts:
         return None
     k = _kscan.time_bounds(ts, dur) if _kscan is not None and type(ts) is list and type(dur) is list else None
     if k is not None:
         return TimeBounds(ts[k[0]], ts[k[1]], dur[k[2]], dur[k[3]], ts[k[4]] + dur[k[4]], k[5])
-    return TimeBounds(min(ts), max(ts), min(dur), max(dur), max(map(operator.add, ts, dur)),
-                      any(map(float.__instancecheck__, ts)))
+    try:
+        last_end = max(map(operator.add, ts, dur))
+    except OverflowError:
+        last_end = None
+    return TimeBounds(min(ts), max(ts), min(dur), max(dur), last_end, any(map(float.__instancecheck__, ts)))
 
 
 def _untrack(cols: dict[str, list[Any]]) -> None:

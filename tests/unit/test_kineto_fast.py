@@ -387,3 +387,15 @@ def test_row_selections_in_c_are_the_pure_selections():
         kineto.rows_in([[1]], {1: 0})  # an unhashable item, as dict.__contains__ says
     with pytest.raises(TypeError):
         kineto._kscan.rows_where(col, 2, [1])  # a list is not a dict or set
+
+
+def test_an_int_start_too_large_for_a_float_is_dropped_not_raised(tmp_path):
+    """A garbled trace's 401-digit ts with a float dur: int + float overflows, so the row is dropped with the other
+    senseless ones (both paths), not an OverflowError out of a parser that never raises."""
+    p = tmp_path / "huge.json"
+    event = '{{"ph": "X", "cat": "cpu_op", "name": "{}", "pid": 1, "tid": 1, "ts": {}, "dur": {}}}'
+    p.write_text('{"traceEvents": [' + event.format("a", 100, 1.5) + ", " + event.format("b", "1" + "0" * 400, 2.5)
+                 + "]}")
+    for t in (parse_kineto(p), _pure(p)):
+        assert t.columns["name"] == ["a"] and t.meta["ts_last_us"] == 101.5
+        assert any("1 event(s) dropped" in w for w in t.warnings), t.warnings

@@ -157,7 +157,7 @@ def test_a_resolved_grid_the_run_contradicts_is_not_believed(tmp_path):
                     for f in (run / "traces").iterdir()}
     assert traces_world == {2} and "distributedInfo" in w and "says world_size 2" in w
     assert "metrics' meta record" in w and "world=2, tp=1, pp=1, dp=2" in w
-    assert r.run.resolved is None and r.run.plan is None and r.vs_layout is None
+    assert r.run.resolved is None and r.run.plan is None and r.vs_layout is None and r.run.hardware is None
     assert (r.layout["pp"], r.layout["dp"], r.layout["world"]) == (1, 2, 2)
     # the file as written is left alone, and an unedited run gets no such warning
     assert json.loads((run / "resolved.json").read_text())["grid"]["pp"] == 3
