@@ -50,6 +50,10 @@ from analysis.parsers.kineto_source import CHUNK_BYTES, PURE, Source
 from analysis.table import Table
 from launch import sense
 
+# Why a "ph": "X" event was not taken (meta["events_skipped"] keys; DAMAGED below says which are warned about).
+NO_CAT_TS_DUR, NOT_FINITE = "no cat, ts or dur", "ts or dur not finite"
+NOT_AN_OBJECT, WRONG_TYPES = "not an object", "fields of the wrong type"
+
 # The C fast path (analysis/parsers/_kscan.c, built by `pip install`, optional): it takes the
 # well-formed events and leaves everything else to the decoders here, so the tables are the same
 # without it. LAYOUTLAB_KINETO_PURE=1 turns it off (the tests run both ways).
@@ -206,7 +210,7 @@ class _Collector:
             ts = e.ts
             dur = e.dur
             if cat is None or ts is None or dur is None:
-                bad["no cat, ts or dur"] += 1
+                bad[NO_CAT_TS_DUR] += 1
                 continue
             if cat == "Trace":
                 bad["profiler span"] += 1
@@ -268,13 +272,13 @@ class _Collector:
                 ts = e.ts
                 dur = e.dur
                 if cat is None or ts is None or dur is None:
-                    bad["no cat, ts or dur"] += 1
+                    bad[NO_CAT_TS_DUR] += 1
                     continue
                 if cat == "Trace":
                     bad["profiler span"] += 1
                     continue
                 if ts - ts or dur - dur:
-                    bad["ts or dur not finite"] += 1
+                    bad[NOT_FINITE] += 1
                     continue
                 hash(cat)  # take() looks categories up in dicts
                 name, pid, tid = e.name, e.pid, e.tid
@@ -294,9 +298,9 @@ class _Collector:
                     args = structs.Args(**fields)
                 add(structs.Event("X", cat, name, pid, tid, ts, dur, args))
             except AttributeError:
-                bad["not an object"] += 1
+                bad[NOT_AN_OBJECT] += 1
             except (TypeError, ValueError):
-                bad["fields of the wrong type"] += 1
+                bad[WRONG_TYPES] += 1
         self.total += len(events) - len(complete)
         for ph, count in phases.items():
             self.skipped[f"ph={ph}"] += count
@@ -343,7 +347,7 @@ class _Collector:
         skipped = self.skipped
         for ph, count in phases.items():
             skipped[f"ph={ph}"] += count
-        for reason, count in (("no cat, ts or dur", no_cat), ("profiler span", trace_span),
+        for reason, count in ((NO_CAT_TS_DUR, no_cat), ("profiler span", trace_span),
                               ("category not wanted", unwanted)):
             if count:
                 skipped[reason] += count
@@ -710,6 +714,10 @@ def _parse_kineto(path: str | os.PathLike[str], source: str, categories: Iterabl
         warnings.append(f"{name}: {dropped} event(s) dropped whose time makes no physical sense (a negative "
                         f"duration or one longer than a week, a timestamp beyond ±{MAX_TS_US:g} us or more than a week "
                         f"from the trace's other events)")
+    damaged = {why: n for why, n in collector.skipped.items() if why in DAMAGED}
+    if damaged:
+        warnings.append(f"{name}: {sum(damaged.values())} complete event(s) left out that cannot be read as one ("
+                        + ", ".join(f"{n}: {why}" for why, n in damaged.items()) + ")")
     _assign_steps(cols)
     _link_kernels_to_collectives(cols)
     ts, dur = cols["ts_us"], cols["dur_us"]
@@ -747,6 +755,11 @@ def _parse_kineto(path: str | os.PathLike[str], source: str, categories: Iterabl
     }
     _untrack(cols)
     return Table("kineto", cols, dict(COLUMNS), name, tuple(warnings), meta)
+
+
+# The reasons in meta["events_skipped"] that mean a damaged event (a "ph": "X" event the table cannot hold), as
+# opposed to what a trace holds besides complete events (other phases, the profiler's own span): warned about.
+DAMAGED = (NO_CAT_TS_DUR, NOT_FINITE, NOT_AN_OBJECT, WRONG_TYPES)
 
 
 # Physical sense for one event (launch/sense.py): no profiled event lasts longer than a week (a ProfilerStep of a

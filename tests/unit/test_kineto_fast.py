@@ -399,3 +399,20 @@ def test_an_int_start_too_large_for_a_float_is_dropped_not_raised(tmp_path):
     for t in (parse_kineto(p), _pure(p)):
         assert t.columns["name"] == ["a"] and t.meta["ts_last_us"] == 101.5
         assert any("1 event(s) dropped" in w for w in t.warnings), t.warnings
+
+
+def test_damaged_complete_events_are_warned_about_not_only_counted(tmp_path):
+    """A NaN duration (Python's json writes the literal), a missing ts, a string dur: each event is left out and
+    counted, and the table's warnings say so, on both paths; the events around them stay."""
+    p = tmp_path / "damaged.json"
+    good = '{"ph": "X", "cat": "cpu_op", "name": "ok", "pid": 1, "tid": 1, "ts": 10, "dur": 1}'
+    p.write_text('{"traceEvents": [' + ", ".join([
+        good, '{"ph": "X", "cat": "cpu_op", "name": "a", "pid": 1, "tid": 1, "ts": 11, "dur": NaN}',
+        '{"ph": "X", "cat": "cpu_op", "name": "b", "pid": 1, "tid": 1, "dur": 2}',
+        '{"ph": "X", "cat": "cpu_op", "name": "c", "pid": 1, "tid": 1, "ts": 12, "dur": "3"}', good]) + "]}")
+    for t in (parse_kineto(p), _pure(p)):
+        assert t.columns["name"] == ["ok", "ok"]
+        (w,) = [w for w in t.warnings if "cannot be read as one" in w]
+        assert w.startswith(f"{p}: 3 complete event(s) left out") and "1: ts or dur not finite" in w, w
+    clean = parse_kineto(Path(__file__).resolve().parents[1] / "fixtures" / "kineto" / "hta_trace_diff_test.json.gz")
+    assert not [w for w in clean.warnings if "cannot be read as one" in w]
