@@ -1140,9 +1140,9 @@ static PyObject *sweep(PyObject *self, PyObject *groups) {
 }
 
 /* rows_where(column, test, value) -> [row numbers]: the rows of a column list whose item passes one test, the
- * selections the analyses make over a table's columns (kineto.rows_where; map + itertools.compress costs about
- * 50 ns a row on a small CPU, this loop a few). test 0: item is not value; 1: item == value; 2: item in value
- * (a dict, set or frozenset). */
+ * selections the analyses make over a table's columns (kineto.rows_not / rows_equal / rows_in; map +
+ * itertools.compress costs about 50 ns a row on a small CPU, this loop a few). test 0: item is not value;
+ * 1: item == value; 2: item in value (a dict, set or frozenset; kineto passes only plain dicts). */
 static PyObject *rows_where(PyObject *self, PyObject *args) {
     PyObject *col, *value;
     int test;
@@ -1191,7 +1191,7 @@ static int bounded_double(PyObject *v, double *out) {
 /* time_bounds(ts, dur) -> (i_min_ts, i_max_ts, i_min_dur, i_max_dur, i_max_end, any_float), or None when some
  * value is not a bounded double (the Python runs then). Row numbers of the first smallest / largest start,
  * duration and end (ts + dur), as min() and max() pick them, so the caller reads the original objects; any_float:
- * some start is a float. One pass instead of seven over a table's two longest columns. */
+ * some start is a float. One pass where min(), max() and any() make six over a table's two longest columns. */
 static PyObject *time_bounds(PyObject *self, PyObject *args) {
     PyObject *ts, *dur;
     if (!PyArg_ParseTuple(args, "O!O!", &PyList_Type, &ts, &PyList_Type, &dur)) return NULL;

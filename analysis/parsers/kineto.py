@@ -50,9 +50,12 @@ from analysis.parsers.kineto_source import CHUNK_BYTES, PURE, Source
 from analysis.table import Table
 from launch import sense
 
-# Why a "ph": "X" event was not taken (meta["events_skipped"] keys; DAMAGED below says which are warned about).
+# Why a "ph": "X" event was not taken (meta["events_skipped"] keys). DAMAGED: those that mean an event the table
+# cannot hold, as opposed to what a trace holds besides complete events (other phases, the profiler's own span):
+# warned about.
 NO_CAT_TS_DUR, NOT_FINITE = "no cat, ts or dur", "ts or dur not finite"
 NOT_AN_OBJECT, WRONG_TYPES = "not an object", "fields of the wrong type"
+DAMAGED = (NO_CAT_TS_DUR, NOT_FINITE, NOT_AN_OBJECT, WRONG_TYPES)
 
 # The C fast path (analysis/parsers/_kscan.c, built by `pip install`, optional): it takes the
 # well-formed events and leaves everything else to the decoders here, so the tables are the same
@@ -709,7 +712,8 @@ def _parse_kineto(path: str | os.PathLike[str], source: str, categories: Iterabl
         rank = rank if rank is not None else _rank_from_name(name)
         cols["rank"] = [rank] * len(cols["category"])
         collector.rank = rank
-    dropped = _drop_senseless(cols)
+    bounds = time_bounds(cols["ts_us"], cols["dur_us"])
+    dropped = _drop_senseless(cols, bounds)
     if dropped:
         warnings.append(f"{name}: {dropped} event(s) dropped whose time makes no physical sense (a negative "
                         f"duration or one longer than a week, a timestamp beyond ±{MAX_TS_US:g} us or more than a week "
@@ -721,7 +725,8 @@ def _parse_kineto(path: str | os.PathLike[str], source: str, categories: Iterabl
     _assign_steps(cols)
     _link_kernels_to_collectives(cols)
     ts, dur = cols["ts_us"], cols["dur_us"]
-    bounds = time_bounds(ts, dur)
+    if dropped:
+        bounds = time_bounds(ts, dur)
     first, last = (bounds.first_start, bounds.last_end) if bounds else (None, None)
     ts_float = bounds.ts_float if bounds else False
     # The traceEvents array never closed: the file was cut short. Kineto writes each thread's events in
@@ -757,21 +762,17 @@ def _parse_kineto(path: str | os.PathLike[str], source: str, categories: Iterabl
     return Table("kineto", cols, dict(COLUMNS), name, tuple(warnings), meta)
 
 
-# The reasons in meta["events_skipped"] that mean a damaged event (a "ph": "X" event the table cannot hold), as
-# opposed to what a trace holds besides complete events (other phases, the profiler's own span): warned about.
-DAMAGED = (NO_CAT_TS_DUR, NOT_FINITE, NOT_AN_OBJECT, WRONG_TYPES)
-
-
 # Physical sense for one event (launch/sense.py): no profiled event lasts longer than a week (a ProfilerStep of a
 # slow job may take hours); timestamps are microseconds since an epoch or a boot, far below 1e18.
 MAX_EVENT_US = sense.MAX_DURATION_S * 1e6
 MAX_TS_US = 1e18
 
 
-def _drop_senseless(cols: dict[str, list[Any]]) -> int:
+def _drop_senseless(cols: dict[str, list[Any]], bounds: TimeBounds | None) -> int:
     """Remove the rows whose ts or dur makes no physical sense (see MAX_EVENT_US, MAX_TS_US; a start far from the
-    median of the others, e.g. one kernel at ts=0, would stretch the span by years); the number removed. The test
-    is a few C-speed passes over the columns; rows are rebuilt only when something is wrong."""
+    median of the others, e.g. one kernel at ts=0, would stretch the span by years); the number removed. `bounds`:
+    time_bounds of the columns, which the caller keeps when nothing is removed; rows are rebuilt only when
+    something is wrong."""
     ts, dur = cols["ts_us"], cols["dur_us"]
     if not ts:
         return 0
@@ -780,7 +781,7 @@ def _drop_senseless(cols: dict[str, list[Any]]) -> int:
     if not -MAX_TS_US <= mid <= MAX_TS_US:
         mid = 0.0
     lo, hi = mid - MAX_EVENT_US, mid + MAX_EVENT_US
-    b = time_bounds(ts, dur)
+    b = bounds  # not None: ts has rows
     if lo <= b.first_start and b.last_start <= hi and 0 <= b.min_dur and b.max_dur <= MAX_EVENT_US:
         return 0
     keep = [i for i, (t, d) in enumerate(zip(ts, dur, strict=True)) if lo <= t <= hi and 0 <= d <= MAX_EVENT_US]
@@ -830,7 +831,7 @@ class TimeBounds:
 def time_bounds(ts: list[Any], dur: list[Any]) -> TimeBounds | None:
     """TimeBounds of the rows, None when there are none; one C pass where _kscan is built and every value is an
     exact double (else min(), max() and any(), six passes). `last_end` is None when some start is an int too large
-    for a float to be added to (a garbled trace's: _drop_senseless, the one caller that sees such rows, drops them)."""
+    for a float to be added to (a garbled trace's, which _drop_senseless drops before the bounds are used again)."""
     if not ts:
         return None
     k = _kscan.time_bounds(ts, dur) if _kscan is not None and type(ts) is list and type(dur) is list else None
