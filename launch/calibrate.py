@@ -270,7 +270,8 @@ def _in_situ(recipe: str, overrides: list[str], resolved: Resolved, root: Path, 
             doc = json.loads((run.root / PASS_RESULT).read_text())
             for p in doc["passes"]:
                 passes.append(Pass(name, tp, p["sp"], p["micro_batch_size"], p["activation_checkpointing"],
-                                   p["forward_s"], p["backward_s"], p["sd_s"]))
+                                   p["forward_s"], p["backward_s"], p["embedding_forward_s"], p["layers_forward_s"],
+                                   p["sd_s"]))
             for st in doc["steps"]:
                 key = (st["zero_stage"], st["grad_accum"], st["activation_checkpointing"])
                 samples.append(StepSample(name, *key, st["step_s"], steps[key]))

@@ -88,8 +88,7 @@ def _body(run, resolved, env, terminal, cuda, watchdog) -> int:
     dist.all_gather_object(gathered, mine)
     if env.rank == 0:
         out = [{"activation_checkpointing": ac, "sp": sp, "micro_batch_size": b,
-                **{part: statistics.fmean(g[0][i][j] for g in gathered)
-                   for j, part in enumerate(("forward_s", "backward_s", "sd_s"))}}
+                **{part: statistics.fmean(g[0][i][j] for g in gathered) for j, part in enumerate(SUMMARY)}}
                for i, (ac, sp, b) in enumerate(sorted(rows))]
         # A step ends when its slowest rank's does: the longest of the ranks' medians.
         timed = [{**{k: v for k, v in item.items() if k != "resolved"}, "step_s": max(g[1][i] for g in gathered)}
@@ -111,22 +110,41 @@ def _passes(built: list, variant, spec: dict, device, watchdog, sync) -> dict[tu
     for b in spec["micro_batch_sizes"]:
         g = torch.Generator().manual_seed(b)
         batches[b] = torch.randint(0, variant.model.vocab_size, (b, variant.recipe.batch.seq_len), generator=g).to(device)
-    times: dict[tuple[str, bool, int], list[tuple[float, float]]] = {(ac, sp, b): [] for ac, sp, _ in built
-                                                                      for b in batches}
+    times: dict[tuple[str, bool, int], list[tuple[float, ...]]] = {(ac, sp, b): [] for ac, sp, _ in built
+                                                                    for b in batches}
+    # Where the forward goes, for the planner's pipeline stages: before the first decoder layer (the embedding),
+    # inside the layers, after the last (final norm, output layer, loss). Marks are reset before each forward, so
+    # a recompute in the backward does not move them.
+    marks: dict[str, float] = {}
+
+    def first_in(_module, _args) -> None:
+        sync()
+        marks.setdefault("first", time.perf_counter())
+
+    def last_out(_module, _args, _out) -> None:
+        sync()
+        marks["last"] = time.perf_counter()
+
+    hooks = [h for _, _, trainer in built for h in (trainer.decoder_layers[0].register_forward_pre_hook(first_in),
+                                                    trainer.decoder_layers[-1].register_forward_hook(last_out))]
     dist.barrier()
     for it in range(spec["warmup_iters"] + spec["iters"]):
         watchdog.beat(it, "timing forward and backward passes")
         for ac, sp, trainer in built:
             for b, x in batches.items():
                 sync()
+                marks.clear()
                 t0 = time.perf_counter()
                 loss = trainer.loss(x)
                 sync()
                 t1 = time.perf_counter()
+                first, last = marks["first"], marks["last"]
                 loss.backward()  # gradients accumulate in place, as over a step's micro-batches
                 sync()
                 if it >= spec["warmup_iters"]:
-                    times[(ac, sp, b)].append((t1 - t0, time.perf_counter() - t1))
+                    times[(ac, sp, b)].append((t1 - t0, time.perf_counter() - t1, first - t0, last - first))
+    for h in hooks:
+        h.remove()
     return {key: _summary(fb) for key, fb in times.items()}
 
 
@@ -162,13 +180,18 @@ def _steps(backend, items: list[dict], run, env, cuda: bool, device, watchdog, s
     return [statistics.median(t) for t in times]
 
 
-def _summary(fb: list[tuple[float, float]]) -> list[float]:
-    """[forward s, backward s, sd s] of a pass: medians, as the step time it is compared with is a median, so that
-    a moment of interference on a shared machine does not move it; the spread from the interquartile range (the
-    normal's sd = IQR / 1.349), for the same reason."""
-    both = sorted(f + b for f, b in fb)
+SUMMARY = ("forward_s", "backward_s", "sd_s", "embedding_forward_s", "layers_forward_s")
+
+
+def _summary(fb: list[tuple[float, ...]]) -> list[float]:
+    """SUMMARY of a pass from (forward, backward, before the first layer, inside the layers) per iteration: medians,
+    as the step time it is compared with is a median, so that a moment of interference on a shared machine does
+    not move it; the spread of forward + backward from the interquartile range (the normal's sd = IQR / 1.349),
+    for the same reason."""
+    both = sorted(f[0] + f[1] for f in fb)
     q = statistics.quantiles(both, n=4) if len(both) > 1 else [both[0]] * 3
-    return [statistics.median(f for f, _ in fb), statistics.median(b for _, b in fb), (q[2] - q[0]) / 1.349]
+    return [statistics.median(f[0] for f in fb), statistics.median(f[1] for f in fb), (q[2] - q[0]) / 1.349,
+            statistics.median(f[2] for f in fb), statistics.median(f[3] for f in fb)]
 
 
 if __name__ == "__main__":

@@ -20,10 +20,10 @@ from launch import inputs
 from launch.errors import ConfigError
 
 KIND = "layoutlab-calibration"
-VERSION = 2  # 2: passes timed in situ per backend, TP collectives included
-# The collectives the planner times from a calibration (pipeline sends are not calibrated: layouts with pp > 1
-# fall back to nominal figures); calibrate measures each on every group size a layout of the world can use.
-OPS = ("all_reduce", "all_gather", "reduce_scatter")
+VERSION = 3  # 2: passes timed in situ per backend, TP collectives included; 3: where the forward goes, send_recv
+# The collectives the planner times from a calibration (pipeline stages send and receive, and the last one
+# broadcasts the loss); calibrate measures each on every group size a layout of the world can use.
+OPS = ("all_reduce", "all_gather", "reduce_scatter", "send_recv", "broadcast")
 
 
 @dataclass(frozen=True)
@@ -95,7 +95,19 @@ class Pass:
     activation_checkpointing: str  # none | selective | full (full: the backward re-runs every layer's forward)
     forward_s: float
     backward_s: float
+    # Of the forward: before the first decoder layer (the embedding) and inside the layers; the rest (final norm,
+    # output layer, loss) is forward_s less both. What the planner splits into pipeline stages.
+    embedding_forward_s: float
+    layers_forward_s: float
     sd_s: float = 0.0  # standard deviation of forward + backward between iterations
+
+    def stage_s(self, layers: float, first: bool, last: bool) -> float:
+        """Forward and backward of one micro-batch on a pipeline stage holding `layers` of the layers' share (a
+        fraction) and the embedding (`first`) or output layer and loss (`last`): the forward as measured in its
+        parts, the backward split in the forward's proportions."""
+        head = self.forward_s - self.embedding_forward_s - self.layers_forward_s
+        forward = self.layers_forward_s * layers + self.embedding_forward_s * first + head * last
+        return forward * (1 + self.backward_s / self.forward_s)
 
 
 @dataclass(frozen=True)
@@ -167,7 +179,8 @@ class Calibration:
             model=str(comp["model"]), dtype=str(comp["dtype"]),
             seq_len=int(comp["seq_len"]), threads_per_rank=int(comp["threads_per_rank"]),
             passes=tuple(Pass(str(p["backend"]), int(p["tp"]), _bool(p["sp"]), int(p["micro_batch_size"]), str(p["activation_checkpointing"]),
-                              _num(p["forward_s"]), _num(p["backward_s"]), _num(p.get("sd_s", 0.0)))
+                              _num(p["forward_s"]), _num(p["backward_s"]), _num(p["embedding_forward_s"]),
+                              _num(p["layers_forward_s"]), _num(p.get("sd_s", 0.0)))
                          for p in comp["passes"]),
             engine=tuple(EngineCost(str(e["backend"]), int(e["zero_stage"]), _num(e["micro_step_s"]), _num(e["step_s"]),
                                     _num(e["recompute_s"])) for e in comp["engine"]),
@@ -226,7 +239,9 @@ def read_calibration(path: Path, *, context: str, field_name: str = "hardware.pr
     if not (math.isfinite(calib.correction) and 0.1 <= calib.correction <= 10):
         raise bad(f"has an impossible correction {calib.correction} (measured/predicted)")
     for p in calib.compute.passes if calib.compute else ():
-        if not (p.forward_s > 0 and p.backward_s > 0 and p.sd_s >= 0 and math.isfinite(p.forward_s + p.backward_s + p.sd_s)):
+        parts = (p.embedding_forward_s, p.layers_forward_s)
+        if not (p.forward_s > 0 and p.backward_s > 0 and p.sd_s >= 0 and all(x >= 0 for x in parts)
+                and sum(parts) <= p.forward_s and math.isfinite(p.forward_s + p.backward_s + p.sd_s + sum(parts))):
             raise bad(f"has an impossible pass time for {p.backend} at tp={p.tp}, micro_batch_size={p.micro_batch_size}")
     if calib.compute:
         c = calib.compute

@@ -738,6 +738,20 @@ def model_flops_per_token(model: ModelSpec, seq_len: int) -> float:
     return 6 * pc.flops_params + 12 * model.num_layers * model.num_heads * model.head_dim * seq_len
 
 
+def pipeline_exchanges(pp: int, stage: int, micro_batches: int) -> int:
+    """Waits for point-to-point traffic per step on pipeline stage `stage` under Megatron-Core 0.16.1's 1F1B without
+    interleaving (schedules.forward_backward_pipelining_without_interleaving): warm-up and cool-down micro-batches
+    receive and send on their own, each steady-state micro-batch sends its output and receives its gradient in
+    one exchange, then sends its input gradient and receives the next input in another (p2p_communication._p2p_ops
+    posts both and waits for both; on a 2-rank pipeline over two groups, so that they overlap). An exchange takes
+    about one call's time: the send and the receive are the same size."""
+    first, last = stage == 0, stage == pp - 1
+    ends = (not first) + (not last)
+    warmup = min(pp - stage - 1, micro_batches)
+    steady = micro_batches - warmup
+    return 2 * warmup * ends + (not first) * (steady > 0) + steady * ends
+
+
 def step_time(layout: Layout, comm: list[Comm], timing: Timing = Timing()) -> StepTime:
     g, hw = layout.grid, layout.hardware
     tokens = layout.global_batch_size * layout.seq_len
@@ -749,21 +763,34 @@ def step_time(layout: Layout, comm: list[Comm], timing: Timing = Timing()) -> St
     params, _ = stage_params(layout, 0)
     compute_c = timing.calibration.compute if timing.calibration else None
     tp = sum(c.time_s for c in comm if c.parallelism in ("tp", "sp"))
+    bubble = None
     if compute_c is not None:
         # Measured op classes: forward and backward of this rank's part of the backend's own model per micro-batch
         # (timed in situ, its TP collectives included), the engine's own cost at this ZeRO stage (what real steps
         # spend beyond the rest of this sum), and Adam over the rank's partition (the whole shard without ZeRO).
         p = compute_c.find_pass(layout.backend, g.tp, layout.sp, layout.micro_batch_size, layout.recompute)
         eng = compute_c.find_engine(layout.backend, layout.zero_stage)
-        part = params if layout.zero_stage == 0 else -(-params // g.dp)
         engine = eng.micro_step_s + (eng.recompute_s if p.activation_checkpointing == "full" else 0.0)
-        passes = ga * (p.forward_s + p.backward_s)
+        # Pipeline stages: each stage's share of the measured pass (its layers, the embedding on the first, output
+        # layer and loss on the last). Under 1F1B the first micro-batch crosses every stage forward and back, the
+        # others follow at the pace of the slowest: ga × the slowest stage, plus the other stages' one micro-batch
+        # each (the bubble; (p-1)/m of the compute when the stages are equal, the nominal formula).
+        stages = [p.stage_s(sum(map(len, chunk_layers(layout.model.num_layers, g.pp, layout.vpp, s)))
+                            / layout.model.num_layers, s == 0, s == g.pp - 1)
+                  for s in range(g.pp)]
+        slowest = max(range(g.pp), key=stages.__getitem__)
+        passes = ga * stages[slowest]
+        bubble = sum(stages) - stages[slowest]
+        # Adam on each stage's partition at once after the flush: the largest finishes last.
+        part = max(sum(rank_parameters(layout, s)) for s in range(g.pp))
+        part = part if layout.zero_stage == 0 else -(-part // g.dp)
         compute = ga * (engine + compute_c.data_s.get(str(layout.micro_batch_size), 0.0)) + eng.step_s + compute_c.adam_s(part)
         # Ranks that wait for one another each step finish with the slowest: the expected maximum of n ranks'
         # compute exceeds the mean by c_n standard deviations (Blom's approximation of the normal order statistic),
         # counted once per step, a lower bound when the ranks meet more often. The ranks of a TP group already
-        # waited for one another inside the measured pass (at every TP collective): n counts the TP groups.
-        n = g.world // g.tp
+        # waited for one another inside the measured pass (at every TP collective), those of a pipeline at every
+        # send and receive: n counts the model replicas.
+        n = g.world // (g.tp * g.pp)
         skew = (NormalDist().inv_cdf((n - 0.375) / (n + 0.25)) * p.sd_s * math.sqrt(ga)) if n > 1 else 0.0
         compute += skew
         # The passes hold the TP calls as they ran in situ: the table's α–β time for them is their share, the rest
@@ -773,7 +800,10 @@ def step_time(layout: Layout, comm: list[Comm], timing: Timing = Timing()) -> St
         compute += passes - tp
         tp += after
         compute_how = (f"compute measured ({timing.calibration.created}, {timing.calibration.machine_kind}): forward + "
-                       f"backward of the {layout.backend} model at tp={g.tp}{' with SP' if layout.sp else ''} in situ (its TP collectives included: the "
+                       f"backward of the {layout.backend} model at tp={g.tp}{' with SP' if layout.sp else ''} in situ"
+                       + (f", split into {g.pp} pipeline stages by where its forward went (embedding, decoder layers, "
+                          f"output layer and loss; the slowest, stage {slowest}, sets the pace)" if g.pp > 1 else "")
+                       + " (its TP collectives included: the "
                        f"α–β time of those is shown as TP), micro_batch_size={layout.micro_batch_size}, "
                        f"activation_checkpointing={p.activation_checkpointing}, + the engine's own cost at ZeRO-"
                        f"{layout.zero_stage} (measured in real steps) + Adam over "
@@ -784,9 +814,13 @@ def step_time(layout: Layout, comm: list[Comm], timing: Timing = Timing()) -> St
         compute_how = (f"compute at {hw.achievable_mfu:.0%} of {hw.name} {layout.dtype} peak (nominal); collectives "
                        f"{hw.intra_node_latency_us:g}/{hw.inter_node_latency_us:g} µs per call (intra/inter-node, "
                        "nominal) + bytes over the nominal bus bandwidth")
-    m = layout.grad_accum
-    bubble = compute * (g.pp - 1) / (layout.vpp * max(m, 1)) if g.pp > 1 else 0.0
-    pp = sum(c.time_s for c in comm if c.parallelism == "pp")
+    if bubble is None:
+        bubble = compute * (g.pp - 1) / (layout.vpp * max(ga, 1)) if g.pp > 1 else 0.0
+    # Pipeline sends and receives on the critical path: an exchange pairs a send with a receive (the comm table
+    # lists every call at its own α–β time).
+    exchanges = pipeline_exchanges(g.pp, 0, ga)
+    pp = sum(c.time_s * (exchanges / c.calls_per_step if c.collective == "send_recv" else 1.0)
+             for c in comm if c.parallelism == "pp")
     dp = sum(c.time_s for c in comm if c.parallelism == "dp")
     dp_c = [c for c in comm if c.parallelism == "dp"]
     overlaps = OVERLAPS[backend_of(hw.name)]
@@ -816,7 +850,8 @@ def step_time(layout: Layout, comm: list[Comm], timing: Timing = Timing()) -> St
         tp_comm_s=tp, pp_comm_s=pp, dp_comm_s=dp, dp_exposed_s=dp_exposed, offload_s=offload, total_s=total,
         tokens_per_s_per_device=tokens / total / g.world if total else 0.0,
         mfu=model_flops / total / g.world / peak if total and peak else 0.0,
-        assumptions=f"{compute_how}; {overlap_how}; offload adds PCIe and host-Adam time; bubble (p-1)/(v·m)",
+        assumptions=f"{compute_how}; {overlap_how}; offload adds PCIe and host-Adam time; bubble "
+                    + ("the other stages' first micro-batch" if compute_c is not None else "(p-1)/(v·m) of the compute"),
         timing="calibrated" if compute_c is not None else "nominal", correction=correction,
     )
 
@@ -849,8 +884,8 @@ def layout_timing(layout: Layout) -> Timing:
                        ranks_per_node=layout.grid.gpus_per_node, tp=layout.grid.tp, micro_batch_size=layout.micro_batch_size,
                        backend=layout.backend, sp=layout.sp, activation_checkpointing=layout.recompute,
                        zero_stage=layout.zero_stage)
-    if layout.grid.pp > 1:
-        why.append("it does not time pipeline stages")
+    if layout.vpp > 1:
+        why.append("it does not time interleaved pipeline stages (vpp > 1)")
     if layout.offload_optimizer != "none" or layout.offload_params != "none":
         why.append("it does not time offloading")
     return Timing(None, tuple(why)) if why else Timing(calib)

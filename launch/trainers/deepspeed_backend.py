@@ -40,6 +40,7 @@ class DeepSpeedTrainer:
         model.config.use_cache = False
         model.train()  # transformers builds models in eval mode, where it silently skips gradient checkpointing
         self.layer_calls = common.count_layer_calls(model)
+        self.decoder_layers = list(model.model.layers)
         self.engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=ds_config)
         if par.tp > 1:
             self.dp_rank, self.dp_world = groups.get_data_parallel_rank(), groups.get_data_parallel_world_size()

@@ -181,6 +181,7 @@ class MegatronTrainer:
             for c in self.chunks:
                 c.cuda(ctx.device)
         self.layer_calls = _count_layer_calls(self.chunks, resolved.model.num_layers)
+        self.decoder_layers = [layer for chunk in self.chunks for layer in chunk.decoder.layers]
         built = _layout_record(ctx.env.rank, self.chunks)
         ctx.run.write_text_atomic(ctx.run.layout(ctx.env.rank), json.dumps(built, indent=1) + "\n")
         for v, layers in enumerate(built["chunk_layers"]):  # for people; the record above is for programs

@@ -54,6 +54,7 @@ class Trainer(Protocol):
     dp_group: Any  # the data-parallel process group (None: the whole world)
     param_numel_local: int  # parameter elements this rank stores (its TP/PP shard, ZeRO-3 partition)
     layer_calls: list[int]  # forward calls per decoder layer so far (recomputation runs a layer twice)
+    decoder_layers: list[Any]  # this rank's decoder layer modules in forward order (calibrate times the forward in them)
 
     def set_lr(self, lr: float) -> None: ...
 

@@ -42,7 +42,8 @@ MB4 = ("batch.micro_batch_size=4",)
 
 
 def _calibration(**changes) -> Calibration:
-    passes = tuple(Pass(backend, tp, sp, b, ac, 0.004 * b / tp + 0.001, 0.006 * b / tp + 0.002)
+    # Of each forward: 0.2 ms before the first decoder layer, 4 ms × b / tp inside the layers, the rest (0.8 ms) after.
+    passes = tuple(Pass(backend, tp, sp, b, ac, 0.004 * b / tp + 0.001, 0.006 * b / tp + 0.002, 0.0002, 0.004 * b / tp)
                    for backend, modes in (("deepspeed", ("none", "full")), ("megatron", ("none", "full", "selective")))
                    for tp in (1, 2) for sp in ((False, True) if tp > 1 and backend == "megatron" else (False,))
                    for b in (1, 2, 4, 8) for ac in modes)
@@ -51,7 +52,7 @@ def _calibration(**changes) -> Calibration:
         versions={k: v for k, v in envinfo.package_versions().items() if k in ("torch", "deepspeed")},
         base_profile="cpu", world_size=2, ranks_per_node=2,
         collectives=tuple(AlphaBeta(op, 2, "intra_node", ALPHA, BETA, ((8, ALPHA),), "test")
-                          for op in ("all_reduce", "all_gather", "reduce_scatter")),
+                          for op in ("all_reduce", "all_gather", "reduce_scatter", "send_recv", "broadcast")),
         compute=Compute(model="tiny-llama", dtype="fp32", seq_len=64, threads_per_rank=1,
                         passes=passes, engine=tuple(EngineCost(b, z, 0.0005 + 0.001 * (z + 1), 0.002, 0.0003 * z)
                                                     for b in ("deepspeed", "megatron") for z in range(4)),
@@ -120,6 +121,46 @@ def test_calibrated_megatron_uses_its_own_passes_and_engine_cost(tmp_path):
     assert plan.step.total_s == pytest.approx(total, rel=1e-9)
 
 
+def test_calibrated_pipeline_stages_split_the_measured_pass_where_its_forward_went(tmp_path):
+    path = _write(tmp_path, _calibration())
+    plan = plan_resolved(resolve_path(RECIPES / "tiny_zero2", [f"hardware.profile={path}", "backend=megatron",
+                                                                 "parallel.pp=2", "parallel.zero_stage=1",
+                                                                 "batch.micro_batch_size=1"]))
+    assert plan.step.timing == "calibrated"
+    # 2 stages of 2 layers, 8 micro-batches. The micro-batch-1 pass: forward 5 ms = 0.2 embedding + 4 layers + 0.8
+    # output layer and loss, backward 8 ms (1.6 × the forward, split alike). Stage 0: 2 + 0.2 ms forward, stage 1:
+    # 2 + 0.8 ms; each × 2.6 with its backward.
+    stage0, stage1 = (0.002 + 0.0002) * 2.6, (0.002 + 0.0008) * 2.6
+    assert plan.step.bubble_s == pytest.approx(stage0, rel=1e-9)  # the faster stage's first micro-batch
+    # Per micro-batch megatron's ZeRO-1 engine cost (0.0025 s); per step its step cost and Adam over the larger
+    # stage: stage 1's two layers, final norm and output layer (stage 0 holds the embedding instead of those 64 + 0).
+    layer = 2 * 64 * 64 + 2 * 64 * 32 + 3 * 64 * 128 + 2 * 64
+    compute = 8 * 0.0025 + 0.002 + 1e-4 + 1e-8 * (2 * layer + 64 + 512 * 64)
+    # Stage 0 sends the first micro-batch's activations alone, then 7 times sends activations and receives a
+    # gradient at once, then receives the last gradient alone: 9 waits of one 64 × 64 fp32 call; the loss broadcast.
+    pp = 9 * (ALPHA + 64 * 64 * 4 / BETA) + ALPHA + 4 / BETA
+    assert plan.step.pp_comm_s == pytest.approx(pp, rel=1e-9)
+    assert plan.step.total_s == pytest.approx(8 * stage1 + stage0 + compute + pp, rel=1e-9)
+    vpp = plan_resolved(resolve_path(RECIPES / "tiny_zero2", [f"hardware.profile={path}", "backend=megatron",
+                                                                "parallel.pp=2", "parallel.vpp=2", "parallel.zero_stage=1",
+                                                                "batch.micro_batch_size=1", "batch.global_batch_size=8"]))
+    assert vpp.step.timing == "nominal"
+    assert "interleaved pipeline stages" in next(n for n in vpp.notes if n.startswith("time:"))
+
+
+@pytest.mark.parametrize("pp, stage, micro_batches, waits", [
+    (2, 0, 8, 9),  # send alone, 7 × (send activations + receive a gradient), receive alone
+    (2, 1, 8, 9),  # receive alone, 7 × (send a gradient + receive activations), send alone
+    (3, 1, 4, 11),  # warm-up 1 × (receive, send), receive, 3 steady × 2 exchanges, cool-down 1 × (receive, send)
+    (4, 0, 2, 4),  # fewer micro-batches than warm-up slots: every send and receive alone
+    (1, 0, 8, 0),
+])
+def test_pipeline_exchanges_follow_megatron_1f1b_by_hand(pp, stage, micro_batches, waits):
+    from launch.planner import pipeline_exchanges
+
+    assert pipeline_exchanges(pp, stage, micro_batches) == waits
+
+
 def test_rank_skew_counts_only_ranks_the_measured_pass_did_not_synchronise(tmp_path):
     import dataclasses
     from statistics import NormalDist
@@ -181,8 +222,9 @@ def test_missing_pass_for_the_micro_batch_falls_back(tmp_path):
     ("{not json", "cannot be read as JSON"),
     ('{"kind": "something else"}', "is not a calibration file"),
     ('{"kind": "layoutlab-calibration", "version": 99}', "is calibration version 99"),
-    ('{"kind": "layoutlab-calibration", "version": 1}', "is calibration version 1; this code reads 2"),
-    ('{"kind": "layoutlab-calibration", "version": 2, "created": "x"}', "is damaged"),
+    ('{"kind": "layoutlab-calibration", "version": 1}', "is calibration version 1; this code reads 3"),
+    ('{"kind": "layoutlab-calibration", "version": 2}', "is calibration version 2; this code reads 3"),
+    ('{"kind": "layoutlab-calibration", "version": 3, "created": "x"}', "is damaged"),
 ])
 def test_a_bad_calibration_file_is_one_line_exit_2(tmp_path, capsys, content, says):
     path = _write(tmp_path, content)
@@ -258,6 +300,8 @@ def test_calibrate_arguments_are_checked_before_anything_runs(tmp_path, capsys, 
     (lambda d: d["collectives"][0].update(points=[[-8, 1e-3]]), "impossible measured points"),
     (lambda d: d["collectives"][0].update(alpha_s=0.0, beta_Bps=float("inf")), "impossible fit"),
     (lambda d: d["compute"]["passes"][0].update(forward_s="fast"), "is damaged"),
+    (lambda d: d["compute"]["passes"][0].update(layers_forward_s=1.0), "impossible pass time"),  # > the forward
+    (lambda d: d["compute"]["passes"][0].update(embedding_forward_s=-1e-3), "impossible pass time"),
     (lambda d: d["compute"].update(data_s=[1, 2]), "is damaged"),
     (lambda d: d.update(version=True), "is calibration version True"),
     (lambda d: d.update(base_profile="../../etc/x"), "base_profile"),

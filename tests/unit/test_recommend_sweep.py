@@ -138,9 +138,9 @@ def test_every_candidate_is_either_ranked_or_dropped_with_a_counted_reason(tmp_p
     rec = recommend(cands)
     assert rec.tried == len(cands) == len(rec.ranked) + sum(n for _, n in rec.dropped)
     reasons = dict(rec.dropped)
-    # 48 Megatron PP/SP × ZeRO-2/3 layouts cannot be built; every fitting pipeline layout is left out of the
-    # calibrated ranking (a calibration does not time pipeline stages), and only those.
+    # 48 Megatron PP/SP × ZeRO-2/3 layouts cannot be built; every fitting layout, pipelines included (a
+    # calibration times their stages), is ranked on the calibration.
     assert sum(n for why, n in reasons.items() if why.startswith("parallel.zero_stage")) == 48
     pipelined_fit = sum(c.fits and " pp1 " not in c.label for c in cands)
-    assert sum(n for why, n in reasons.items() if why.startswith("not ranked")) == pipelined_fit > 0
-    assert all("pipeline" in why for why in reasons if why.startswith("not ranked"))
+    assert sum(" pp1 " not in c.label for c in rec.ranked) == pipelined_fit > 0
+    assert not [why for why in reasons if why.startswith("not ranked")]
