@@ -32,6 +32,10 @@ LAYOUTS = {
     "Megatron TP2 x ZeRO-1": ["backend=megatron", "parallel.tp=2", "parallel.zero_stage=1"],
     "Megatron TP2 + SP, selective": ["backend=megatron", "parallel.tp=2", "parallel.sp=true", "parallel.zero_stage=1",
                                      "train.activation_checkpointing=selective"],
+    "Megatron PP2, micro-batch 1": ["backend=megatron", "parallel.pp=2", "parallel.zero_stage=1",
+                                    "batch.micro_batch_size=1"],
+    "Megatron PP2, micro-batch 4": ["backend=megatron", "parallel.pp=2", "parallel.zero_stage=1",
+                                    "batch.micro_batch_size=4"],
 }
 
 

@@ -2,8 +2,9 @@
 
 On the ranks the recipe would train on (CPU ranks here, GPUs there) it runs
   1. the commbench sweep (launch/commbench.py) once per group size the layouts of this world can use, every group
-     at once, with compute interleaved between the calls as in a step (`commbench.interleave_us`), and fits a
-     latency + bandwidth line per collective and group size (launch/calibration.py);
+     at once, with compute interleaved between the calls as in a step (`commbench.interleave_us`), before the
+     figures below and again after them, and fits a latency + bandwidth line per collective and group size over
+     both sweeps' points (launch/calibration.py);
   2. one probe per local rank at the same time (launch/calibrate_rank.py): torch Adam over flat partitions and
      making the micro-batches;
   3. per backend and TP degree, the backend's own trainer on every rank of a node (launch/calibrate_pass.py):
@@ -110,14 +111,21 @@ def cmd_calibrate(args: Sequence[str]) -> int:
     print(f"calibrate: {resolved.recipe_name} ({resolved.model.name}, {resolved.recipe.precision.dtype}, seq_len "
           f"{resolved.recipe.batch.seq_len}) on {resolved.world_size} {resolved.hardware.name} rank(s); work in {root}",
           flush=True)
-    collectives, notes = _collectives(recipe, overrides, resolved, root)
+    notes: list[str] = []
+    # The collectives are swept before the compute figures and again after them, and fitted on both: one sweep
+    # measures each size within ~50 ms, one phase of gloo's latency, which moves from second to second on a shared
+    # machine (here all_gather's α came out 393 µs in one calibration and 627 µs in the next, and the engine costs
+    # taken against it moved with it); the two sweeps span the minutes the compute figures took.
+    first = _collectives(recipe, overrides, resolved, root, "first", notes)
+    compute, samples = _compute(recipe, overrides, resolved, root, a.backends, a.iters, notes)
+    last = _collectives(recipe, overrides, resolved, root, "last", notes)
     calib = Calibration(created=started, machine_kind=envinfo.machine_kind(),
                         versions={k: v for k, v in envinfo.package_versions().items() if k in ("torch", "deepspeed")},
                         base_profile=resolved.hardware.name, world_size=resolved.world_size,
-                        ranks_per_node=resolved.recipe.hardware.gpus_per_node, collectives=tuple(collectives),
-                        compute=None)
-    compute = _compute(recipe, overrides, resolved, root, a.backends, a.iters, calib, notes)
-    calib = dataclasses.replace(calib, compute=compute, notes=tuple(notes))
+                        ranks_per_node=resolved.recipe.hardware.gpus_per_node, collectives=tuple(_fit(first, last)),
+                        compute=compute)
+    calib = dataclasses.replace(calib, compute=dataclasses.replace(compute, engine=_engine_costs(calib, samples, notes)),
+                                notes=tuple(notes))
     # Written whole under a name of our own, then linked into place: a file that appeared at `out` meanwhile stays.
     tmp = root / f".calibration-{os.getpid()}.json"
     tmp.write_text(json.dumps(calib.to_dict(), indent=2) + "\n")
@@ -127,7 +135,7 @@ def cmd_calibrate(args: Sequence[str]) -> int:
         raise ConfigError("command line", "out", str(out), "appeared while calibrating; calibrate never replaces a file",
                           f"the measurements are kept in {tmp}: move it where you want it")
     tmp.unlink()
-    for c in collectives:
+    for c in calib.collectives:
         beta = "∞" if c.beta_Bps == float("inf") else f"{c.beta_Bps / 1e9:.3f} GB/s"
         print(f"  {c.op:<15} {c.group_size} ranks: α = {c.alpha_s * 1e6:8.1f} µs, β = {beta}")
     if compute:
@@ -147,9 +155,33 @@ def cmd_calibrate(args: Sequence[str]) -> int:
 # --------------------------------------------------------------------------- collectives
 
 
-def _collectives(recipe: str, overrides: list[str], resolved: Resolved, root: Path) -> tuple[list[AlphaBeta], list[str]]:
-    """α–β per collective for every group size of 2 or more that divides the world, from interleaved sweeps."""
-    world, out, notes = resolved.world_size, [], []
+@dataclass(frozen=True)
+class Sweep:
+    """One commbench sweep of one collective on one group size: its measured (bytes, seconds per call) points."""
+
+    op: str
+    group_size: int
+    link: str
+    points: tuple[tuple[int, float], ...]
+    how: str
+
+
+def _fit(*sweeps: list[Sweep]) -> list[AlphaBeta]:
+    """α–β per collective, group size and link over the points of every sweep of it."""
+    keys = list(dict.fromkeys((s.op, s.group_size, s.link) for sw in sweeps for s in sw))
+    out = []
+    for key in keys:
+        same = [s for sw in sweeps for s in sw if (s.op, s.group_size, s.link) == key]
+        points = tuple(pt for s in same for pt in s.points)
+        alpha, beta = fit_alpha_beta(points)
+        out.append(AlphaBeta(*key, alpha, beta, points, "; ".join(s.how for s in same)))
+    return out
+
+
+def _collectives(recipe: str, overrides: list[str], resolved: Resolved, root: Path, when: str,
+                 notes: list[str]) -> list[Sweep]:
+    """Every collective on every group size of 2 or more that divides the world, from interleaved sweeps."""
+    world, out = resolved.world_size, []
     sweep = ["run.mode=commbench", "commbench.ops=[" + ",".join(f'"{op}"' for op in OPS) + "]",
              f"commbench.interleave_us={INTERLEAVE_US:g}", "commbench.step_factor=4", "commbench.iters=30",
              "commbench.warmup_iters=3", "run.resume=never", "run.profile=none"]
@@ -160,11 +192,12 @@ def _collectives(recipe: str, overrides: list[str], resolved: Resolved, root: Pa
             r = resolve_path(recipe, [*overrides, *sweep, *group])
         except ConfigError as e:
             r = resolve_path(recipe, [*overrides, *sweep, "commbench.ranks=[" + ",".join(map(str, range(n))) + "]"])
-            notes.append(f"{n}-rank groups measured one at a time ({e.problem})")
-        run = RunDir.create(f"commbench_{n}", root=root)
+            if when == "first":
+                notes.append(f"{n}-rank groups measured one at a time ({e.problem})")
+        run = RunDir.create(f"commbench_{n}_{when}", root=root)
         run.write_text_atomic(run.resolved, r.to_json() + "\n")
         cmd = launcher.build(r, str(run.root))
-        print(f"calibrate: collectives on {n}-rank groups (commbench sweep, {INTERLEAVE_US:g} µs of compute "
+        print(f"calibrate: collectives on {n}-rank groups ({when} commbench sweep, {INTERLEAVE_US:g} µs of compute "
               f"between calls) -> {run.root}", flush=True)
         with open(run.root / "calibrate.log", "w") as log:
             rc = subprocess.call(list(cmd.argv), env={**os.environ, **cmd.env}, stdout=log, stderr=subprocess.STDOUT)
@@ -173,13 +206,13 @@ def _collectives(recipe: str, overrides: list[str], resolved: Resolved, root: Pa
         for op in OPS:
             res = read_result(run.commbench_json(op))
             points = tuple((row["size_bytes"], row["time_us"] * 1e-6) for row in res["rows"])
-            alpha, beta = fit_alpha_beta(points)
-            out.append(AlphaBeta(op, n, "inter_node" if r.grid.spans_nodes(groups_of(r.recipe.commbench, r.grid)[0])
-                                 else "intra_node", alpha, beta, points,
-                                 f"commbench sweep {run.root.name}: {res['iters']} calls per size after "
-                                 f"{res['warmup_iters']} warm-up, each after {INTERLEAVE_US:g} µs of matmul work "
-                                 f"(subtracted), both placements; mean over ranks; least-squares fit of relative error"))
-    return out, notes
+            out.append(Sweep(op, n, "inter_node" if r.grid.spans_nodes(groups_of(r.recipe.commbench, r.grid)[0])
+                             else "intra_node", points,
+                             f"{when} commbench sweep {run.root.parent.name}/{run.root.name}: {res['iters']} calls per "
+                             f"size after {res['warmup_iters']} warm-up, each after {INTERLEAVE_US:g} µs of matmul work "
+                             f"(subtracted), both placements; mean over ranks; least-squares fit of relative error over "
+                             f"every sweep's points"))
+    return out
 
 
 # --------------------------------------------------------------------------- compute
@@ -316,8 +349,9 @@ def _engine_costs(partial: Calibration, samples: list[StepSample], notes: list[s
 
 
 def _compute(recipe: str, overrides: list[str], resolved: Resolved, root: Path, backends: Sequence[str], iters: int,
-             calib: Calibration, notes: list[str]) -> Compute:
-    """`calib`: the calibration so far (machine, versions, collectives), which the engine costs are taken against."""
+             notes: list[str]) -> tuple[Compute, list[StepSample]]:
+    """The compute figures with engine costs of 0, and the whole steps that `_engine_costs` takes them from (against
+    the collectives, which are swept again after these)."""
     m, r = resolved.model, resolved.recipe
     gpn = r.hardware.gpus_per_node
     mbs = [b for b in divisors(r.batch.global_batch_size) if b <= max(MAX_MICRO_BATCH, r.batch.micro_batch_size)]
@@ -360,5 +394,4 @@ def _compute(recipe: str, overrides: list[str], resolved: Resolved, root: Path, 
                            f"what the planner explains without the engine; Adam and data: {gpn} concurrent world-1 "
                            f"processes ({docs[0]['threads']} threads each), torch Adam fitted over {spec['adam_numels']} "
                            f"elements; measured {dt.datetime.now(dt.timezone.utc):%Y-%m-%dT%H:%M:%SZ}"))
-    partial = dataclasses.replace(calib, compute=compute)
-    return dataclasses.replace(compute, engine=_engine_costs(partial, samples, notes))
+    return compute, samples

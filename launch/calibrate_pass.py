@@ -5,7 +5,8 @@ Each rank builds the backend's real trainer (launch/trainers/protocol.py) at the
 per activation-checkpointing mode (and with sequence parallelism on and off), side by side (on a GPU as many as
 its free memory holds at once), and times the forward
 (`Trainer.loss`) and backward of one micro-batch for every variant and micro-batch size in turn (medians over
-iterations), all ranks at once: the TP collectives inside the model run as in training, on the threads and cores a training
+iterations), and of the forward the part before the first decoder layer and inside the layers (what the planner
+splits into pipeline stages), all ranks at once: the TP collectives inside the model run as in training, on the threads and cores a training
 rank has; gradients are not reduced and no optimizer steps there. Then, where the spec asks (tp = 1), it times
 whole `train_step`s of the real trainer at each ZeRO stage, at one and two micro-batches per step and with full
 checkpointing: `calibrate` takes what the rest of its figures do not explain as the engine's own cost in situ.

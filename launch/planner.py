@@ -167,7 +167,7 @@ class StepTime:
     compute_s: float
     bubble_s: float
     tp_comm_s: float
-    pp_comm_s: float
+    pp_comm_s: float  # on the critical path: a send and a receive posted together wait once (pipeline_exchanges)
     dp_comm_s: float
     dp_exposed_s: float
     offload_s: float

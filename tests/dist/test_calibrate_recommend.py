@@ -32,12 +32,14 @@ def test_calibrate_then_recommend_verify(tmp_path):
     doc = json.loads(cal.read_text())
     assert doc["kind"] == "layoutlab-calibration" and doc["world_size"] == 2
     fits = {(c["op"], c["group_size"]): c for c in doc["collectives"]}
-    assert set(fits) == {(op, 2) for op in ("all_reduce", "all_gather", "reduce_scatter")}
-    # The fit against numpy's weighted least squares (weights 1/t: relative error) over the sweep's own text
-    # output, read back with this test's regex.
-    (txt,) = (runs / "calibration").glob("*/commbench_2/*/commbench/all_reduce.txt")
-    pts = [(float(m[1]), float(m[3]) * 1e-6) for m in map(ROW.match, txt.read_text().splitlines()) if m]
-    pts += [(float(m[1]), float(m[4]) * 1e-6) for m in map(ROW.match, txt.read_text().splitlines()) if m]
+    assert set(fits) == {(op, 2) for op in ("all_reduce", "all_gather", "reduce_scatter", "send_recv", "broadcast")}
+    # The fit against numpy's weighted least squares (weights 1/t: relative error) over both sweeps' own text
+    # output (before and after the compute figures), read back with this test's regex.
+    txts = sorted((runs / "calibration").glob("*/commbench_2_*/*/commbench/all_reduce.txt"))
+    assert [t.parent.parent.parent.name for t in txts] == ["commbench_2_first", "commbench_2_last"]
+    lines = [line for t in txts for line in t.read_text().splitlines()]
+    pts = [(float(m[1]), float(m[3]) * 1e-6) for m in map(ROW.match, lines) if m]
+    pts += [(float(m[1]), float(m[4]) * 1e-6) for m in map(ROW.match, lines) if m]
     s, t = np.array([x for x, _ in pts]), np.array([y for _, y in pts])
     slope, alpha = np.polyfit(s, t, 1, w=1 / t)
     if alpha < 0:  # the fit's rule: a negative latency is refitted through the origin
@@ -57,6 +59,9 @@ def test_calibrate_then_recommend_verify(tmp_path):
              for ac in ("none", "full", "selective")}
     assert passes == want
     assert all(x["forward_s"] > 0 and x["backward_s"] > 0 for x in doc["compute"]["passes"])
+    # Where the forward went: some of it before the first decoder layer, most inside the layers, some after.
+    assert all(0 < x["embedding_forward_s"] < x["layers_forward_s"] < x["forward_s"] - x["embedding_forward_s"]
+               for x in doc["compute"]["passes"])
     assert [(e["backend"], e["zero_stage"]) for e in doc["compute"]["engine"]] == [
         (b, z) for b in ("deepspeed", "megatron") for z in (0, 1, 2, 3)]
     # The engine costs are what real steps spent beyond the rest: the planner, given the file, predicts the measured
