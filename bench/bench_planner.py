@@ -26,7 +26,7 @@ LAYOUTS = {
     "ZeRO-3": ["parallel.zero_stage=3"],
     "TP2 x ZeRO-1": ["parallel.tp=2", "parallel.zero_stage=1"],
     "ZeRO-3 + full recompute": ["parallel.zero_stage=3", "train.activation_checkpointing=full"],
-    "ZeRO-2, micro-batch 2": ["parallel.zero_stage=2", "batch.micro_batch_size=2"],
+    "ZeRO-2, micro-batch 1": ["parallel.zero_stage=2", "batch.micro_batch_size=1"],  # 4 micro-batches a step
     "TP2 x ZeRO-0, micro-batch 8": ["parallel.tp=2", "parallel.zero_stage=0", "batch.micro_batch_size=8"],
     "Megatron ZeRO-1": ["backend=megatron", "parallel.zero_stage=1"],
     "Megatron TP2 x ZeRO-1": ["backend=megatron", "parallel.tp=2", "parallel.zero_stage=1"],
