@@ -9,6 +9,7 @@ On the ranks the recipe would train on (CPU ranks here, GPUs there) it runs
      making the micro-batches;
   3. per backend and TP degree, the backend's own trainer on every rank of a node (launch/calibrate_pass.py):
      forward and backward for every micro-batch size and activation-checkpointing mode, TP collectives included,
+     and where the forward goes (before, inside and after the decoder layers: the planner's pipeline stages),
      and at tp = 1 whole train_steps per ZeRO stage, whose part the rest does not explain is the engine's own cost;
 and writes a calibration file that `hardware.profile=PATH` accepts. Every figure says how and when it was
 measured. Nothing existing is replaced: `out` must not exist.
@@ -174,7 +175,8 @@ def _fit(*sweeps: list[Sweep]) -> list[AlphaBeta]:
         same = [s for sw in sweeps for s in sw if (s.op, s.group_size, s.link) == key]
         points = tuple(pt for s in same for pt in s.points)
         alpha, beta = fit_alpha_beta(points)
-        out.append(AlphaBeta(*key, alpha, beta, points, "; ".join(s.how for s in same)))
+        out.append(AlphaBeta(*key, alpha, beta, points, "; ".join(s.how for s in same)
+                             + f"; least-squares fit of relative error over the {len(same)} sweeps' points"))
     return out
 
 
@@ -210,8 +212,7 @@ def _collectives(recipe: str, overrides: list[str], resolved: Resolved, root: Pa
                              else "intra_node", points,
                              f"{when} commbench sweep {run.root.parent.name}/{run.root.name}: {res['iters']} calls per "
                              f"size after {res['warmup_iters']} warm-up, each after {INTERLEAVE_US:g} µs of matmul work "
-                             f"(subtracted), both placements; mean over ranks; least-squares fit of relative error over "
-                             f"every sweep's points"))
+                             f"(subtracted), both placements; mean over ranks"))
     return out
 
 

@@ -107,6 +107,7 @@ def _passes(built: list, variant, spec: dict, device, watchdog, sync) -> dict[tu
     import torch
     import torch.distributed as dist
 
+    cuda = device.type == "cuda"
     batches = {}
     for b in spec["micro_batch_sizes"]:
         g = torch.Generator().manual_seed(b)
@@ -116,15 +117,22 @@ def _passes(built: list, variant, spec: dict, device, watchdog, sync) -> dict[tu
     # Where the forward goes, for the planner's pipeline stages: before the first decoder layer (the embedding),
     # inside the layers, after the last (final norm, output layer, loss). Marks are reset before each forward, so
     # a recompute in the backward does not move them.
-    marks: dict[str, float] = {}
+    # On a GPU the marks are CUDA events, read after the forward's own synchronisation: a synchronisation inside
+    # the forward would stop the host queueing kernels ahead and slow the very pass being timed.
+    marks: dict[str, object] = {}
+
+    def mark():
+        if not cuda:
+            return time.perf_counter()
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
 
     def first_in(_module, _args) -> None:
-        sync()
-        marks.setdefault("first", time.perf_counter())
+        marks.setdefault("first", mark())
 
     def last_out(_module, _args, _out) -> None:
-        sync()
-        marks["last"] = time.perf_counter()
+        marks["last"] = mark()
 
     hooks = [h for _, _, trainer in built for h in (trainer.decoder_layers[0].register_forward_pre_hook(first_in),
                                                     trainer.decoder_layers[-1].register_forward_hook(last_out))]
@@ -135,15 +143,19 @@ def _passes(built: list, variant, spec: dict, device, watchdog, sync) -> dict[tu
             for b, x in batches.items():
                 sync()
                 marks.clear()
+                start = mark()
                 t0 = time.perf_counter()
                 loss = trainer.loss(x)
                 sync()
                 t1 = time.perf_counter()
-                first, last = marks["first"], marks["last"]
+                if cuda:  # milliseconds between recorded events
+                    first, last = start.elapsed_time(marks["first"]) / 1e3, start.elapsed_time(marks["last"]) / 1e3
+                else:
+                    first, last = marks["first"] - start, marks["last"] - start
                 loss.backward()  # gradients accumulate in place, as over a step's micro-batches
                 sync()
                 if it >= spec["warmup_iters"]:
-                    times[(ac, sp, b)].append((t1 - t0, time.perf_counter() - t1, first - t0, last - first))
+                    times[(ac, sp, b)].append((t1 - t0, time.perf_counter() - t1, first, last - first))
     for h in hooks:
         h.remove()
     return {key: _summary(fb) for key, fb in times.items()}
@@ -191,8 +203,12 @@ def _summary(fb: list[tuple[float, ...]]) -> list[float]:
     for the same reason."""
     both = sorted(f[0] + f[1] for f in fb)
     q = statistics.quantiles(both, n=4) if len(both) > 1 else [both[0]] * 3
-    return [statistics.median(f[0] for f in fb), statistics.median(f[1] for f in fb), (q[2] - q[0]) / 1.349,
-            statistics.median(f[2] for f in fb), statistics.median(f[3] for f in fb)]
+    forward = statistics.median(f[0] for f in fb)
+    # The forward's three parts, each a median, scaled to add up to the forward's median (medians of parts need not).
+    parts = [statistics.median(f[2] for f in fb), statistics.median(f[3] for f in fb),
+             statistics.median(max(0.0, f[0] - f[2] - f[3]) for f in fb)]
+    scale = forward / sum(parts) if sum(parts) > 0 else 0.0
+    return [forward, statistics.median(f[1] for f in fb), (q[2] - q[0]) / 1.349, parts[0] * scale, parts[1] * scale]
 
 
 if __name__ == "__main__":

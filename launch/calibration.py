@@ -104,10 +104,13 @@ class Pass:
     def stage_s(self, layers: float, first: bool, last: bool) -> float:
         """Forward and backward of one micro-batch on a pipeline stage holding `layers` of the layers' share (a
         fraction) and the embedding (`first`) or output layer and loss (`last`): the forward as measured in its
-        parts, the backward split in the forward's proportions."""
+        parts, the backward split in the forward's proportions, except that under full checkpointing the layers'
+        forward runs again inside the backward (the layers' alone)."""
         head = self.forward_s - self.embedding_forward_s - self.layers_forward_s
         forward = self.layers_forward_s * layers + self.embedding_forward_s * first + head * last
-        return forward * (1 + self.backward_s / self.forward_s)
+        rerun = self.layers_forward_s if self.activation_checkpointing == "full" else 0.0
+        backward = rerun * layers + max(0.0, self.backward_s - rerun) * forward / self.forward_s
+        return forward + backward
 
 
 @dataclass(frozen=True)

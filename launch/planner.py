@@ -642,7 +642,9 @@ def communication(layout: Layout, timing: Timing = Timing(), stage: int = 0) -> 
         virtual = g.pp * layout.vpp
         ends = sum((k > 0) + (k < virtual - 1) for k in (v * g.pp + stage for v in range(layout.vpp)))
         out.append(_comm(layout, timing, "pp", "send_recv", grp, 2 * mbs * ends, msg,
-                         f"activations forward and gradients backward per micro-batch at {ends} chunk boundaries"))
+                         f"activations forward and gradients backward per micro-batch at {ends} chunk boundaries"
+                         + ("; under 1F1B a send and a receive posted together wait once (the step's pp time)"
+                            if layout.vpp == 1 else "")))
     out.extend(_step_collectives(layout, timing, stage, first, layers))
     return out
 
@@ -753,6 +755,8 @@ def pipeline_exchanges(pp: int, stage: int, micro_batches: int) -> int:
 
 
 def step_time(layout: Layout, comm: list[Comm], timing: Timing = Timing()) -> StepTime:
+    """`comm`: pipeline stage 0's calls (communication(layout, timing)); the calibrated compute is the slowest
+    stage's."""
     g, hw = layout.grid, layout.hardware
     tokens = layout.global_batch_size * layout.seq_len
     model_flops = model_flops_per_token(layout.model, layout.seq_len) * tokens
@@ -816,11 +820,12 @@ def step_time(layout: Layout, comm: list[Comm], timing: Timing = Timing()) -> St
                        "nominal) + bytes over the nominal bus bandwidth")
     if bubble is None:
         bubble = compute * (g.pp - 1) / (layout.vpp * max(ga, 1)) if g.pp > 1 else 0.0
-    # Pipeline sends and receives on the critical path: an exchange pairs a send with a receive (the comm table
-    # lists every call at its own α–β time).
-    exchanges = pipeline_exchanges(g.pp, 0, ga)
-    pp = sum(c.time_s * (exchanges / c.calls_per_step if c.collective == "send_recv" else 1.0)
-             for c in comm if c.parallelism == "pp")
+    # Pipeline sends and receives on the critical path: under 1F1B without interleaving an exchange pairs a send
+    # with a receive (the comm table lists every call at its own α–β time); interleaved schedules are counted call
+    # by call. `comm` is stage 0's, as make_plan passes it.
+    exchanges = pipeline_exchanges(g.pp, 0, ga) if layout.vpp == 1 else None
+    pp = sum(c.time_s * (exchanges / c.calls_per_step if c.collective == "send_recv" and exchanges is not None
+                         else 1.0) for c in comm if c.parallelism == "pp")
     dp = sum(c.time_s for c in comm if c.parallelism == "dp")
     dp_c = [c for c in comm if c.parallelism == "dp"]
     overlaps = OVERLAPS[backend_of(hw.name)]
@@ -850,8 +855,10 @@ def step_time(layout: Layout, comm: list[Comm], timing: Timing = Timing()) -> St
         tp_comm_s=tp, pp_comm_s=pp, dp_comm_s=dp, dp_exposed_s=dp_exposed, offload_s=offload, total_s=total,
         tokens_per_s_per_device=tokens / total / g.world if total else 0.0,
         mfu=model_flops / total / g.world / peak if total and peak else 0.0,
-        assumptions=f"{compute_how}; {overlap_how}; offload adds PCIe and host-Adam time; bubble "
-                    + ("the other stages' first micro-batch" if compute_c is not None else "(p-1)/(v·m) of the compute"),
+        assumptions=f"{compute_how}; {overlap_how}; offload adds PCIe and host-Adam time"
+                    + ("" if g.pp == 1 else "; bubble " + ("the other stages' first micro-batch" if compute_c is not None
+                                                          else "(p-1)/(v·m) of the compute")
+                       + ("; a send and a receive posted together wait once (1F1B)" if layout.vpp == 1 else "")),
         timing="calibrated" if compute_c is not None else "nominal", correction=correction,
     )
 

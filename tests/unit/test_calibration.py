@@ -141,11 +141,28 @@ def test_calibrated_pipeline_stages_split_the_measured_pass_where_its_forward_we
     pp = 9 * (ALPHA + 64 * 64 * 4 / BETA) + ALPHA + 4 / BETA
     assert plan.step.pp_comm_s == pytest.approx(pp, rel=1e-9)
     assert plan.step.total_s == pytest.approx(8 * stage1 + stage0 + compute + pp, rel=1e-9)
+    assert plan.step.compute_s == pytest.approx(8 * stage1 + compute, rel=1e-9)
+    assert "the slowest, stage 1," in plan.step.assumptions  # the output layer's, not the embedding's
     vpp = plan_resolved(resolve_path(RECIPES / "tiny_zero2", [f"hardware.profile={path}", "backend=megatron",
                                                                 "parallel.pp=2", "parallel.vpp=2", "parallel.zero_stage=1",
                                                                 "batch.micro_batch_size=1", "batch.global_batch_size=8"]))
     assert vpp.step.timing == "nominal"
     assert "interleaved pipeline stages" in next(n for n in vpp.notes if n.startswith("time:"))
+    # Interleaved schedules are not paired up: every call of the comm table is on the critical path.
+    assert vpp.step.pp_comm_s == pytest.approx(sum(c.time_s for c in vpp.comm if c.parallelism == "pp"), rel=1e-12)
+
+
+def test_a_stage_takes_its_share_of_the_measured_pass():
+    # Forward 10 ms = 1 before the first layer + 6 inside the layers + 3 after the last; backward 20 ms.
+    p = Pass("megatron", 1, False, 1, "none", 0.010, 0.020, 0.001, 0.006)
+    assert p.stage_s(1.0, True, True) == pytest.approx(0.030)  # the whole model: the whole pass
+    assert p.stage_s(0.5, True, False) == pytest.approx((0.003 + 0.001) * 3)  # half the layers, the embedding
+    assert p.stage_s(0.5, False, True) == pytest.approx((0.003 + 0.003) * 3)  # half the layers, the output layer
+    assert p.stage_s(0.25, False, False) == pytest.approx(0.0015 * 3)  # a middle stage: layers only
+    # Full checkpointing: 6 ms of the backward are the layers' forward again; the other 14 ms split as the forward.
+    full = Pass("megatron", 1, False, 1, "full", 0.010, 0.020, 0.001, 0.006)
+    assert full.stage_s(0.5, True, False) == pytest.approx(0.004 + 0.003 + 0.014 * 0.4)
+    assert full.stage_s(1.0, True, True) == pytest.approx(0.030)
 
 
 @pytest.mark.parametrize("pp, stage, micro_batches, waits", [
