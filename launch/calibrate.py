@@ -32,7 +32,8 @@ from launch.calibrate_pass import RESULT as PASS_RESULT
 from launch.calibrate_pass import SPEC as PASS_SPEC
 from launch.calibrate_rank import SPEC, compute_file
 from launch.recommend import MAX_MICRO_BATCH, ZERO_STAGES
-from launch.calibration import OPS, AlphaBeta, Calibration, Compute, EngineCost, Pass, fit_alpha_beta
+from launch.calibration import (FILE_NAME, OPS, RUNS_FOLDER, AlphaBeta, Calibration, Compute, EngineCost, Pass,
+                                fit_alpha_beta)
 from launch.commbench_spec import groups_of, read_result
 from launch.errors import ConfigError
 from launch.grid import divisors
@@ -106,8 +107,8 @@ def cmd_calibrate(args: Sequence[str]) -> int:
     if out is not None and not out.parent.is_dir():
         raise ConfigError("command line", "out", out_arg, f"is in a folder that does not exist ({out.parent})",
                           "create the folder first or choose another path")
-    root = RunDir.create("calibration").root  # only once the arguments are known good
-    out = out or root / "calibration.json"
+    root = RunDir.create(RUNS_FOLDER).root  # only once the arguments are known good
+    out = out or root / FILE_NAME
     started = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
     print(f"calibrate: {resolved.recipe_name} ({resolved.model.name}, {resolved.recipe.precision.dtype}, seq_len "
           f"{resolved.recipe.batch.seq_len}) on {resolved.world_size} {resolved.hardware.name} rank(s); work in {root}",
@@ -139,11 +140,11 @@ def cmd_calibrate(args: Sequence[str]) -> int:
     for c in calib.collectives:
         beta = "∞" if c.beta_Bps == float("inf") else f"{c.beta_Bps / 1e9:.3f} GB/s"
         print(f"  {c.op:<15} {c.group_size} ranks: α = {c.alpha_s * 1e6:8.1f} µs, β = {beta}")
-    if compute:
-        for p in compute.passes:
+    if calib.compute:  # the engine costs are calib's: `compute` still holds the zeros they were fitted from
+        for p in calib.compute.passes:
             print(f"  {p.backend} pass tp={p.tp}{' sp' if p.sp else ''} micro_batch_size={p.micro_batch_size} ac={p.activation_checkpointing:<4}: "
                   f"forward {p.forward_s * 1e3:7.2f} ms, backward {p.backward_s * 1e3:7.2f} ms")
-        for e in compute.engine:
+        for e in calib.compute.engine:
             print(f"  {e.backend} engine ZeRO-{e.zero_stage}: +{e.micro_step_s * 1e3:.2f} ms per micro-step, "
                   f"+{e.step_s * 1e3:.2f} ms per step, +{e.recompute_s * 1e3:.2f} ms per micro-step under full "
                   "checkpointing")

@@ -64,6 +64,14 @@ def test_calibrate_then_recommend_verify(tmp_path):
                for x in doc["compute"]["passes"])
     assert [(e["backend"], e["zero_stage"]) for e in doc["compute"]["engine"]] == [
         (b, z) for b in ("deepspeed", "megatron") for z in (0, 1, 2, 3)]
+    # What calibrate prints is what it wrote (it once printed the zeros the engine costs were fitted from).
+    printed = re.findall(r"(\w+) engine ZeRO-(\d): \+([\d.]+) ms per micro-step, \+([\d.]+) ms per step, "
+                         r"\+([\d.]+) ms per micro-step under full", p.stdout)
+    for (backend, zero, *shown), e in zip(printed, doc["compute"]["engine"], strict=True):
+        assert (backend, int(zero)) == (e["backend"], e["zero_stage"])
+        for text, part in zip(shown, ("micro_step_s", "step_s", "recompute_s"), strict=True):
+            assert float(text) == pytest.approx(e[part] * 1e3, abs=0.0051)
+    assert any(e["step_s"] > 0 for e in doc["compute"]["engine"])
     # The engine costs are what real steps spent beyond the rest: the planner, given the file, predicts the measured
     # train_step of each sample (taken from the probe's own output) exactly where no part was clamped at zero.
     (sample_doc,) = (runs / "calibration").glob("*/in_situ_deepspeed_tp1/*/passes.json")
