@@ -24,6 +24,10 @@ VERSION = 3  # 2: passes timed in situ per backend, TP collectives included; 3: 
 # The collectives the planner times from a calibration (pipeline stages send and receive, and the last one
 # broadcasts the loss); calibrate measures each on every group size a layout of the world can use.
 OPS = ("all_reduce", "all_gather", "reduce_scatter", "send_recv", "broadcast")
+# Where `calibrate` writes by default: runs_root()/RUNS_FOLDER/<stamp>/FILE_NAME; `recommend verify=true` writes its
+# fed-back copies beside the file it used, as <stem>.verified-<stamp>.json.
+RUNS_FOLDER = "calibration"
+FILE_NAME = "calibration.json"
 
 
 @dataclass(frozen=True)
@@ -289,3 +293,26 @@ def problems(calib: Calibration, *, machine_kind: str, versions: Mapping[str, st
         if c.find_engine(backend, zero_stage) is None:
             out.append(f"it has no {backend} engine cost at zero_stage={zero_stage}")
     return out
+
+
+def newest_for(root: Path, *, machine_kind: str, versions: Mapping[str, str | None], base_profile: str,
+               world_size: int, ranks_per_node: int, model: str, dtype: str, seq_len: int) -> Path | None:
+    """The newest calibration under `root` (runs_root()) that `calibrate` measured on a machine of this kind, with
+    these torch/DeepSpeed versions, for this world, ranks per node, model, dtype and sequence length, on top of
+    `base_profile`: the file a user means after `calibrate` without naming it. Fed-back copies count (they are
+    the same figures with verified runs); of one calibration's files the one with the most verified runs wins.
+    Unreadable or damaged files are passed over: they are only candidates here."""
+    found = []
+    for path in sorted((root / RUNS_FOLDER).glob(f"*/{Path(FILE_NAME).stem}*.json")):
+        try:
+            calib = read_calibration(path, context=str(path))
+        except ConfigError:
+            continue
+        c = calib.compute
+        if (calib.machine_kind, calib.base_profile, calib.world_size, calib.ranks_per_node) != (
+                machine_kind, base_profile, world_size, ranks_per_node) or c is None \
+                or (c.model, c.dtype, c.seq_len) != (model, dtype, seq_len) \
+                or any(calib.versions.get(pkg) != versions.get(pkg) for pkg in ("torch", "deepspeed")):
+            continue
+        found.append(((calib.created, len(calib.verified), path.stat().st_mtime_ns), path))
+    return max(found)[1] if found else None

@@ -274,6 +274,26 @@ def _feed_back(done, console) -> None:
                   f"{ratio:.3f}, applied to plans that use it (hardware.profile={escape(str(out))})")
 
 
+def _newest_calibration(recipe: str, overrides: Sequence[str]) -> Path | None:
+    """Where the command line names no hardware.profile and the recipe's is nominal: the newest calibration that
+    `calibrate` left under the runs folder for this machine, model and world, if any (`calibrate` then `recommend`
+    is the documented order; ranking on nominal figures after measuring would throw the measurement away)."""
+    from launch import envinfo
+    from launch.calibration import newest_for
+    from launch.rundir import runs_root
+
+    if any(a.startswith("hardware.profile=") for a in overrides):
+        return None
+    base = resolve_path(recipe, overrides)
+    if not base.hardware.nominal:
+        return None
+    r = base.recipe
+    return newest_for(runs_root(), machine_kind=envinfo.machine_kind(), versions=envinfo.package_versions(),
+                      base_profile=base.hardware.name, world_size=base.world_size,
+                      ranks_per_node=r.hardware.gpus_per_node, model=base.model.name, dtype=r.precision.dtype,
+                      seq_len=r.batch.seq_len)
+
+
 def cmd_recommend(args: Sequence[str]) -> int:
     if not args or "=" in args[0]:
         raise ConfigError("command line", "recipe", None, "is missing",
@@ -295,6 +315,14 @@ def cmd_recommend(args: Sequence[str]) -> int:
     verify = own["verify"] == "true"
     top = int(own["top"]) if own["top"] else (DEFAULT_TOP if verify else 20)
     console = _console()
+    found = _newest_calibration(recipe, overrides)
+    if found is not None:
+        from rich.markup import escape
+
+        nominal = resolve_path(recipe, overrides).hardware.name
+        overrides.append(f"hardware.profile={found}")
+        console.print(f"timed with {escape(str(found))}: the newest calibration of this machine for this model and "
+                      f"world (no hardware.profile given; hardware.profile={escape(nominal)} gives nominal figures)")
     rec = recommend(candidates(recipe, overrides))
     render(resolve_path(recipe, overrides).recipe_name, rec, top, console)
     if not verify or not rec.ranked:

@@ -144,3 +144,63 @@ def test_every_candidate_is_either_ranked_or_dropped_with_a_counted_reason(tmp_p
     pipelined_fit = sum(c.fits and " pp1 " not in c.label for c in cands)
     assert sum(" pp1 " not in c.label for c in rec.ranked) == pipelined_fit > 0
     assert not [why for why in reasons if why.startswith("not ranked")]
+
+
+def _calibrate_into(runs: Path, stamp: str, calib, name: str = "calibration.json") -> Path:
+    """A calibration where `calibrate` leaves one: runs/calibration/<stamp>/<name>."""
+    from tests.unit.test_calibration import _write
+
+    folder = runs / "calibration" / stamp
+    folder.mkdir(parents=True, exist_ok=True)
+    return _write(folder, calib, name)
+
+
+def test_newest_calibration_of_this_machine_model_and_world_is_found(tmp_path):
+    import dataclasses
+
+    from launch import envinfo
+    from launch.calibration import newest_for
+    from tests.unit.test_calibration import _calibration
+
+    mine = _calibration()
+    old = _calibrate_into(tmp_path, "20261201-000000", mine)
+    # Newer ones that do not apply, each for one reason, and a damaged one: none of them is taken.
+    _calibrate_into(tmp_path, "20261202-000000", dataclasses.replace(mine, created="2026-12-02T00:00:00+00:00",
+                                                                     machine_kind="8 × NVIDIA H100 80GB HBM3"))
+    _calibrate_into(tmp_path, "20261202-000001", dataclasses.replace(
+        mine, created="2026-12-02T00:00:01+00:00", compute=dataclasses.replace(mine.compute, seq_len=128)))
+    _calibrate_into(tmp_path, "20261202-000002", dataclasses.replace(mine, created="2026-12-02T00:00:02+00:00",
+                                                                     world_size=4, ranks_per_node=4))
+    _calibrate_into(tmp_path, "20261202-000003", dataclasses.replace(
+        mine, created="2026-12-02T00:00:03+00:00", versions={**mine.versions, "torch": "1.0.0"}))
+    _calibrate_into(tmp_path, "20261203-000000", '{"kind": "layoutlab-calibration", "version": 3, "created": "2')
+    want = dict(machine_kind=envinfo.machine_kind(), versions=envinfo.package_versions(), base_profile="cpu",
+                world_size=2, ranks_per_node=2, model="tiny-llama", dtype="fp32", seq_len=64)
+    assert newest_for(tmp_path, **want) == old
+    # A newer calibration that applies wins; of its files, the fed-back copy with verified runs.
+    new = dataclasses.replace(mine, created="2026-12-02T12:00:00+00:00")
+    _calibrate_into(tmp_path, "20261202-120000", new)
+    fed = _calibrate_into(tmp_path, "20261202-120000", dataclasses.replace(new, verified=({"layout": "x"},),
+                                                                           correction=1.1),
+                          "calibration.verified-20261202-130000.json")
+    assert newest_for(tmp_path, **want) == fed
+    assert newest_for(tmp_path, **{**want, "model": "tiny-qwen2"}) is None
+    assert newest_for(tmp_path / "nothing here", **want) is None
+
+
+def test_recommend_without_a_profile_ranks_on_this_machines_calibration(tmp_path, capsys, monkeypatch):
+    from tests.unit.test_calibration import _calibration
+
+    monkeypatch.setenv("LAYOUTLAB_RUNS", str(tmp_path))
+    monkeypatch.setenv("COLUMNS", "240")
+    path = _calibrate_into(tmp_path, "20261201-000000", _calibration())
+    assert main(["recommend", str(RECIPES / "tiny_zero2"), "top=3"]) == 0
+    out = capsys.readouterr().out
+    assert f"timed with {path}" in out and "hardware.profile=cpu gives nominal figures" in out
+    rows = [line for line in out.splitlines() if line.startswith("│ ")]
+    assert len(rows) == 3 and all("calibrated" in r for r in rows)
+    # Named on the command line, the nominal profile is used as asked.
+    assert main(["recommend", str(RECIPES / "tiny_zero2"), "top=3", "hardware.profile=cpu"]) == 0
+    out = capsys.readouterr().out
+    rows = [line for line in out.splitlines() if line.startswith("│ ")]
+    assert "timed with" not in out and len(rows) == 3 and all("nominal" in r for r in rows)
