@@ -32,8 +32,8 @@ from launch.calibrate_pass import RESULT as PASS_RESULT
 from launch.calibrate_pass import SPEC as PASS_SPEC
 from launch.calibrate_rank import SPEC, compute_file
 from launch.recommend import MAX_MICRO_BATCH, ZERO_STAGES
-from launch.calibration import (FILE_NAME, OPS, RUNS_FOLDER, AlphaBeta, Calibration, Compute, EngineCost, Pass,
-                                fit_alpha_beta)
+from launch.calibration import (FILE_NAME, MEASURED_PACKAGES, OPS, RUNS_FOLDER, AlphaBeta, Calibration, Compute,
+                                EngineCost, Pass, fit_alpha_beta)
 from launch.commbench_spec import groups_of, read_result
 from launch.errors import ConfigError
 from launch.grid import divisors
@@ -122,7 +122,7 @@ def cmd_calibrate(args: Sequence[str]) -> int:
     compute, samples = _compute(recipe, overrides, resolved, root, a.backends, a.iters, notes)
     last = _collectives(recipe, overrides, resolved, root, "last", notes)
     calib = Calibration(created=started, machine_kind=envinfo.machine_kind(),
-                        versions={k: v for k, v in envinfo.package_versions().items() if k in ("torch", "deepspeed")},
+                        versions={k: v for k, v in envinfo.package_versions().items() if k in MEASURED_PACKAGES},
                         base_profile=resolved.hardware.name, world_size=resolved.world_size,
                         ranks_per_node=resolved.recipe.hardware.gpus_per_node, collectives=tuple(_fit(first, last)),
                         compute=compute)

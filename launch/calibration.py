@@ -24,6 +24,8 @@ VERSION = 3  # 2: passes timed in situ per backend, TP collectives included; 3: 
 # The collectives the planner times from a calibration (pipeline stages send and receive, and the last one
 # broadcasts the loss); calibrate measures each on every group size a layout of the world can use.
 OPS = ("all_reduce", "all_gather", "reduce_scatter", "send_recv", "broadcast")
+# The packages whose speed a calibration measured: another version of either makes it stale.
+MEASURED_PACKAGES = ("torch", "deepspeed")
 # Where `calibrate` writes by default: runs_root()/RUNS_FOLDER/<stamp>/FILE_NAME; `recommend verify=true` writes its
 # fed-back copies beside the file it used, as <stem>.verified-<stamp>.json.
 RUNS_FOLDER = "calibration"
@@ -261,58 +263,68 @@ def read_calibration(path: Path, *, context: str, field_name: str = "hardware.pr
     return calib
 
 
-def problems(calib: Calibration, *, machine_kind: str, versions: Mapping[str, str | None],
-             needs: Sequence[tuple[str, int, str]], model: str, dtype: str, seq_len: int, ranks_per_node: int,
-             backend: str, tp: int, sp: bool, micro_batch_size: int, activation_checkpointing: str,
-             zero_stage: int) -> list[str]:
-    """Why this calibration cannot time a layout (empty: it can). `needs`: the (collective, group size) pairs the
-    layout calls; `ranks_per_node`: the layout's (each rank's threads and share of the machine follow from it)."""
+def machine_problems(calib: Calibration, *, machine_kind: str, versions: Mapping[str, str | None], model: str,
+                     dtype: str, seq_len: int, ranks_per_node: int) -> list[str]:
+    """Why this calibration times nothing of a recipe on this machine (empty: it may time some of its layouts):
+    another kind of machine, ranks per node (each rank's threads and share of the machine follow from it), versions
+    of the packages whose speed it measured, or model shapes."""
     out = []
     if calib.machine_kind != machine_kind:
         out.append(f"it was measured on {calib.machine_kind!r}, this machine is {machine_kind!r}")
     if calib.ranks_per_node != ranks_per_node:
         out.append(f"it was measured with {calib.ranks_per_node} ranks per node sharing the machine, the layout has "
                    f"{ranks_per_node}")
-    for pkg in ("torch", "deepspeed"):
+    for pkg in MEASURED_PACKAGES:
         if calib.versions.get(pkg) != versions.get(pkg):
             out.append(f"it was measured with {pkg} {calib.versions.get(pkg)}, {versions.get(pkg)} is installed")
+    c = calib.compute
+    if c is None:
+        out.append("it has no compute figures")
+    elif (c.model, c.dtype, c.seq_len) != (model, dtype, seq_len):
+        out.append(f"its compute was measured for {c.model} {c.dtype} seq_len={c.seq_len}, "
+                   f"the layout trains {model} {dtype} seq_len={seq_len}")
+    return out
+
+
+def problems(calib: Calibration, *, machine_kind: str, versions: Mapping[str, str | None],
+             needs: Sequence[tuple[str, int, str]], model: str, dtype: str, seq_len: int, ranks_per_node: int,
+             backend: str, tp: int, sp: bool, micro_batch_size: int, activation_checkpointing: str,
+             zero_stage: int) -> list[str]:
+    """Why this calibration cannot time a layout (empty: it can). `needs`: the (collective, group size) pairs the
+    layout calls; `ranks_per_node`: the layout's."""
+    out = machine_problems(calib, machine_kind=machine_kind, versions=versions, model=model, dtype=dtype,
+                           seq_len=seq_len, ranks_per_node=ranks_per_node)
     for op, n, link in needs:
         if calib.alpha_beta(op, n, link) is None:
             out.append(f"it has no {op} on {n} ranks {link.replace('_', '-')} (measured: "
                        + ", ".join(sorted({f"{c.op}/{c.group_size}/{c.link}" for c in calib.collectives})) + ")")
     c = calib.compute
-    if c is None:
-        out.append("it has no compute figures")
-    else:
-        if (c.model, c.dtype, c.seq_len) != (model, dtype, seq_len):
-            out.append(f"its compute was measured for {c.model} {c.dtype} seq_len={c.seq_len}, "
-                       f"the layout trains {model} {dtype} seq_len={seq_len}")
-        elif c.find_pass(backend, tp, sp, micro_batch_size, activation_checkpointing) is None:
+    if c is not None and (c.model, c.dtype, c.seq_len) == (model, dtype, seq_len):
+        if c.find_pass(backend, tp, sp, micro_batch_size, activation_checkpointing) is None:
             out.append(f"it has no {backend} pass at tp={tp}{', sp' if sp else ''}, micro_batch_size={micro_batch_size}, "
                        f"activation_checkpointing={activation_checkpointing}")
-        if c.find_engine(backend, zero_stage) is None:
-            out.append(f"it has no {backend} engine cost at zero_stage={zero_stage}")
+    if c is not None and c.find_engine(backend, zero_stage) is None:
+        out.append(f"it has no {backend} engine cost at zero_stage={zero_stage}")
     return out
 
 
 def newest_for(root: Path, *, machine_kind: str, versions: Mapping[str, str | None], base_profile: str,
                world_size: int, ranks_per_node: int, model: str, dtype: str, seq_len: int) -> Path | None:
     """The newest calibration under `root` (runs_root()) that `calibrate` measured on a machine of this kind, with
-    these torch/DeepSpeed versions, for this world, ranks per node, model, dtype and sequence length, on top of
-    `base_profile`: the file a user means after `calibrate` without naming it. Fed-back copies count (they are
-    the same figures with verified runs); of one calibration's files the one with the most verified runs wins.
-    Unreadable or damaged files are passed over: they are only candidates here."""
+    these package versions, for this world, ranks per node, model, dtype and sequence length, on top of
+    `base_profile`: the file a user means after `calibrate` without naming it. Newest by when it was measured;
+    of one calibration's files (the fed-back copies `recommend verify=true` writes beside it) the one with the most
+    verified runs, then the latest-named (their names carry the UTC stamp). Unreadable, damaged or vanishing files
+    are passed over: they are only candidates here."""
     found = []
-    for path in sorted((root / RUNS_FOLDER).glob(f"*/{Path(FILE_NAME).stem}*.json")):
+    for path in (root / RUNS_FOLDER).glob(f"*/{Path(FILE_NAME).stem}*.json"):
         try:
             calib = read_calibration(path, context=str(path))
         except ConfigError:
             continue
-        c = calib.compute
-        if (calib.machine_kind, calib.base_profile, calib.world_size, calib.ranks_per_node) != (
-                machine_kind, base_profile, world_size, ranks_per_node) or c is None \
-                or (c.model, c.dtype, c.seq_len) != (model, dtype, seq_len) \
-                or any(calib.versions.get(pkg) != versions.get(pkg) for pkg in ("torch", "deepspeed")):
+        if (calib.base_profile, calib.world_size) != (base_profile, world_size) or machine_problems(
+                calib, machine_kind=machine_kind, versions=versions, model=model, dtype=dtype, seq_len=seq_len,
+                ranks_per_node=ranks_per_node):
             continue
-        found.append(((calib.created, len(calib.verified), path.stat().st_mtime_ns), path))
+        found.append(((calib.created, len(calib.verified), path.name, str(path)), path))
     return max(found)[1] if found else None

@@ -246,8 +246,9 @@ def _feed_back(done, console) -> None:
     calib = done[0].member.resolved.hardware.calibration
     timed = [x for x in done if x.member.plan.step.timing == "calibrated" and x.step_time_s > 0]
     if calib is None or not timed:
-        console.print("  (no calibrated prediction among them: run `python -m launch calibrate` and pass "
-                      "hardware.profile=PATH to feed measurements back into a calibration)")
+        console.print("  (no calibrated prediction among them: run `python -m launch calibrate` on this machine "
+                      "(recommend then finds it) or pass hardware.profile=PATH to feed measurements back into a "
+                      "calibration)")
         return
     verified = list(calib.get("verified", ()))
     stamp = dt.datetime.now(dt.timezone.utc)
@@ -282,7 +283,7 @@ def _newest_calibration(recipe: str, overrides: Sequence[str]) -> Path | None:
     from launch.calibration import newest_for
     from launch.rundir import runs_root
 
-    if any(a.startswith("hardware.profile=") for a in overrides):
+    if any(a.split("=", 1)[0].strip() == "hardware.profile" for a in overrides):  # the parser strips the key too
         return None
     base = resolve_path(recipe, overrides)
     if not base.hardware.nominal:

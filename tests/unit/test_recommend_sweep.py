@@ -155,52 +155,100 @@ def _calibrate_into(runs: Path, stamp: str, calib, name: str = "calibration.json
     return _write(folder, calib, name)
 
 
-def test_newest_calibration_of_this_machine_model_and_world_is_found(tmp_path):
+@pytest.fixture(autouse=True)
+def _own_runs_folder(tmp_path, monkeypatch):
+    """recommend reads calibrations from the runs folder: these tests must not see the developer's ./runs."""
+    monkeypatch.setenv("LAYOUTLAB_RUNS", str(tmp_path / "runs"))
+
+
+WANT = dict(base_profile="cpu", world_size=2, ranks_per_node=2, model="tiny-llama", dtype="fp32", seq_len=64)
+
+
+def _this_machine() -> dict:
+    from launch import envinfo
+
+    return dict(machine_kind=envinfo.machine_kind(), versions=envinfo.package_versions(), **WANT)
+
+
+def test_only_a_calibration_of_this_machine_model_and_world_is_found(tmp_path):
     import dataclasses
 
-    from launch import envinfo
     from launch.calibration import newest_for
     from tests.unit.test_calibration import _calibration
 
     mine = _calibration()
     old = _calibrate_into(tmp_path, "20261201-000000", mine)
-    # Newer ones that do not apply, each for one reason, and a damaged one: none of them is taken.
-    _calibrate_into(tmp_path, "20261202-000000", dataclasses.replace(mine, created="2026-12-02T00:00:00+00:00",
-                                                                     machine_kind="8 × NVIDIA H100 80GB HBM3"))
-    _calibrate_into(tmp_path, "20261202-000001", dataclasses.replace(
-        mine, created="2026-12-02T00:00:01+00:00", compute=dataclasses.replace(mine.compute, seq_len=128)))
-    _calibrate_into(tmp_path, "20261202-000002", dataclasses.replace(mine, created="2026-12-02T00:00:02+00:00",
-                                                                     world_size=4, ranks_per_node=4))
-    _calibrate_into(tmp_path, "20261202-000003", dataclasses.replace(
-        mine, created="2026-12-02T00:00:03+00:00", versions={**mine.versions, "torch": "1.0.0"}))
+    # Newer ones that do not apply, each for one reason, and damaged ones: none of them is taken.
+    later = iter(f"2026-12-02T00:00:{i:02d}+00:00" for i in range(60))
+    compute = mine.compute
+    for bad in (dict(machine_kind="8 × NVIDIA H100 80GB HBM3"), dict(base_profile="h200"),
+                dict(world_size=4), dict(ranks_per_node=1), dict(compute=None),
+                dict(versions={**mine.versions, "torch": "1.0.0"}),
+                dict(versions={**mine.versions, "deepspeed": "0.1.0"}),
+                dict(compute=dataclasses.replace(compute, seq_len=128)),
+                dict(compute=dataclasses.replace(compute, dtype="bf16")),
+                dict(compute=dataclasses.replace(compute, model="tiny-qwen2"))):
+        created = next(later)
+        _calibrate_into(tmp_path, created[:19].replace(":", ""), dataclasses.replace(mine, created=created, **bad))
     _calibrate_into(tmp_path, "20261203-000000", '{"kind": "layoutlab-calibration", "version": 3, "created": "2')
-    want = dict(machine_kind=envinfo.machine_kind(), versions=envinfo.package_versions(), base_profile="cpu",
-                world_size=2, ranks_per_node=2, model="tiny-llama", dtype="fp32", seq_len=64)
-    assert newest_for(tmp_path, **want) == old
-    # A newer calibration that applies wins; of its files, the fed-back copy with verified runs.
-    new = dataclasses.replace(mine, created="2026-12-02T12:00:00+00:00")
-    _calibrate_into(tmp_path, "20261202-120000", new)
-    fed = _calibrate_into(tmp_path, "20261202-120000", dataclasses.replace(new, verified=({"layout": "x"},),
-                                                                           correction=1.1),
-                          "calibration.verified-20261202-130000.json")
-    assert newest_for(tmp_path, **want) == fed
-    assert newest_for(tmp_path, **{**want, "model": "tiny-qwen2"}) is None
-    assert newest_for(tmp_path / "nothing here", **want) is None
+    (tmp_path / "calibration" / "20261203-000001" / "calibration.json").mkdir(parents=True)
+    (tmp_path / "calibration" / "20261203-000002").mkdir()
+    (tmp_path / "calibration" / "20261203-000002" / "calibration.json").symlink_to(tmp_path / "nowhere.json")
+    assert newest_for(tmp_path, **_this_machine()) == old
+    assert newest_for(tmp_path / "nothing here", **_this_machine()) is None
+
+
+def test_the_newest_measurement_wins_then_its_copy_with_the_most_verified_runs(tmp_path):
+    import dataclasses
+    import os
+
+    from launch.calibration import newest_for
+    from tests.unit.test_calibration import _calibration
+
+    mine = _calibration()
+    # Measured later, but in a folder whose name sorts first and written first (older mtime): when it was measured
+    # decides, not the folder's name or the file's age.
+    newer = dataclasses.replace(mine, created="2026-12-05T00:00:00+00:00")
+    fed = _calibrate_into(tmp_path, "00-renamed", dataclasses.replace(newer, verified=({"layout": "x"},), correction=1.1),
+                          "calibration.verified-20261205-010000.json")
+    plain = _calibrate_into(tmp_path, "00-renamed", newer)
+    older = _calibrate_into(tmp_path, "20261201-000000", mine)
+    os.utime(fed, (1, 1))
+    os.utime(plain, (2, 2))
+    assert newest_for(tmp_path, **_this_machine()) == fed
+    # Of one measurement's copies, more verified runs first; then the later fed-back stamp.
+    more = _calibrate_into(tmp_path, "00-renamed", dataclasses.replace(
+        newer, verified=({"layout": "x"}, {"layout": "y"}), correction=1.1), "calibration.verified-20261205-000000.json")
+    assert newest_for(tmp_path, **_this_machine()) == more
+    again = _calibrate_into(tmp_path, "00-renamed", dataclasses.replace(
+        newer, verified=({"layout": "x"}, {"layout": "z"}), correction=1.2), "calibration.verified-20261205-020000.json")
+    os.utime(again, (0, 0))
+    assert newest_for(tmp_path, **_this_machine()) == again
+    assert older.exists()
 
 
 def test_recommend_without_a_profile_ranks_on_this_machines_calibration(tmp_path, capsys, monkeypatch):
-    from tests.unit.test_calibration import _calibration
+    from tests.unit.test_calibration import _calibration, _write
 
-    monkeypatch.setenv("LAYOUTLAB_RUNS", str(tmp_path))
+    runs = tmp_path / "runs"
     monkeypatch.setenv("COLUMNS", "240")
-    path = _calibrate_into(tmp_path, "20261201-000000", _calibration())
+    path = _calibrate_into(runs, "20261201-000000", _calibration())
     assert main(["recommend", str(RECIPES / "tiny_zero2"), "top=3"]) == 0
     out = capsys.readouterr().out
     assert f"timed with {path}" in out and "hardware.profile=cpu gives nominal figures" in out
     rows = [line for line in out.splitlines() if line.startswith("│ ")]
     assert len(rows) == 3 and all("calibrated" in r for r in rows)
-    # Named on the command line, the nominal profile is used as asked.
-    assert main(["recommend", str(RECIPES / "tiny_zero2"), "top=3", "hardware.profile=cpu"]) == 0
+    # A profile named on the command line is used as asked, however the key is spelled.
+    for named in ("hardware.profile=cpu", " hardware.profile = cpu"):
+        assert main(["recommend", str(RECIPES / "tiny_zero2"), "top=3", named]) == 0
+        out = capsys.readouterr().out
+        rows = [line for line in out.splitlines() if line.startswith("│ ")]
+        assert "timed with" not in out and len(rows) == 3 and all("nominal" in r for r in rows), named
+    # So is a recipe whose own profile is a calibration: that file, not the newest one.
+    own = _write(tmp_path, _calibration(created="2026-11-01T00:00:00+00:00"), "own.json")
+    recipe = tmp_path / "recipes" / "calibrated"
+    recipe.mkdir(parents=True)
+    (recipe / "recipe.toml").write_text(f'extends = "{RECIPES / "tiny_zero2"}"\n[hardware]\nprofile = "{own}"\n')
+    assert main(["recommend", str(recipe), "top=3"]) == 0
     out = capsys.readouterr().out
-    rows = [line for line in out.splitlines() if line.startswith("│ ")]
-    assert "timed with" not in out and len(rows) == 3 and all("nominal" in r for r in rows)
+    assert "timed with" not in out and "calibrated on" in out and "2026-11-01" in out
