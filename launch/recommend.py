@@ -6,7 +6,9 @@ installed) × tp (inside a node) × pp × dp × ZeRO stage × offload × activat
 through the resolver (which refuses what a backend cannot build, and says why) and the planner (which drops
 what does not fit, and by how much); the rest are ranked by predicted tokens/s/device and printed as a table and
 a bar chart. Offload is tried only where the same layout does not fit without it (it never makes a step faster),
-and not on CPU ranks (their memory is the host's already).
+and not on CPU ranks (their memory is the host's already). With no hardware.profile on the command line and a
+nominal one in the recipe, the layouts are timed with the newest calibration `calibrate` left for this machine,
+model and world (launch/calibration.py's `newest_for`), and the first line names it.
 
 With `verify=true` the top K (default 3) run for real, short (`steps`, default 30), one after another through the
 sweep runner, and are re-ranked by their measured median step time; predicted vs measured is printed and written,
