@@ -299,32 +299,44 @@ def problems(calib: Calibration, *, machine_kind: str, versions: Mapping[str, st
             out.append(f"it has no {op} on {n} ranks {link.replace('_', '-')} (measured: "
                        + ", ".join(sorted({f"{c.op}/{c.group_size}/{c.link}" for c in calib.collectives})) + ")")
     c = calib.compute
-    if c is not None and (c.model, c.dtype, c.seq_len) == (model, dtype, seq_len):
-        if c.find_pass(backend, tp, sp, micro_batch_size, activation_checkpointing) is None:
-            out.append(f"it has no {backend} pass at tp={tp}{', sp' if sp else ''}, micro_batch_size={micro_batch_size}, "
-                       f"activation_checkpointing={activation_checkpointing}")
-    if c is not None and c.find_engine(backend, zero_stage) is None:
+    if c is None:
+        return out  # machine_problems said so
+    if (c.model, c.dtype, c.seq_len) == (model, dtype, seq_len) and \
+            c.find_pass(backend, tp, sp, micro_batch_size, activation_checkpointing) is None:
+        out.append(f"it has no {backend} pass at tp={tp}{', sp' if sp else ''}, micro_batch_size={micro_batch_size}, "
+                   f"activation_checkpointing={activation_checkpointing}")
+    if c.find_engine(backend, zero_stage) is None:
         out.append(f"it has no {backend} engine cost at zero_stage={zero_stage}")
     return out
 
 
+@dataclass(frozen=True)
+class Newest:
+    """What `newest_for` found: the file to use (None: none applies) and the candidates it could not read, each as
+    "path: problem", so that a damaged calibration is said rather than silently replaced by nominal figures."""
+
+    path: Path | None
+    unreadable: tuple[str, ...]
+
+
 def newest_for(root: Path, *, machine_kind: str, versions: Mapping[str, str | None], base_profile: str,
-               world_size: int, ranks_per_node: int, model: str, dtype: str, seq_len: int) -> Path | None:
+               world_size: int, ranks_per_node: int, model: str, dtype: str, seq_len: int) -> Newest:
     """The newest calibration under `root` (runs_root()) that `calibrate` measured on a machine of this kind, with
     these package versions, for this world, ranks per node, model, dtype and sequence length, on top of
     `base_profile`: the file a user means after `calibrate` without naming it. Newest by when it was measured;
     of one calibration's files (the fed-back copies `recommend verify=true` writes beside it) the one with the most
-    verified runs, then the latest-named (their names carry the UTC stamp). Unreadable, damaged or vanishing files
-    are passed over: they are only candidates here."""
-    found = []
-    for path in (root / RUNS_FOLDER).glob(f"*/{Path(FILE_NAME).stem}*.json"):
+    verified runs, then the latest-named (their names carry the UTC stamp). Unreadable or damaged files are passed
+    over and listed; files for other machines, models or worlds are simply not candidates."""
+    found, unreadable = [], []
+    for path in sorted((root / RUNS_FOLDER).glob(f"*/{Path(FILE_NAME).stem}*.json")):
         try:
             calib = read_calibration(path, context=str(path))
-        except ConfigError:
+        except ConfigError as e:
+            unreadable.append(f"{path}: {e.problem}")
             continue
         if (calib.base_profile, calib.world_size) != (base_profile, world_size) or machine_problems(
                 calib, machine_kind=machine_kind, versions=versions, model=model, dtype=dtype, seq_len=seq_len,
                 ranks_per_node=ranks_per_node):
             continue
         found.append(((calib.created, len(calib.verified), path.name, str(path)), path))
-    return max(found)[1] if found else None
+    return Newest(max(found)[1] if found else None, tuple(unreadable))

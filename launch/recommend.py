@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Sequence
 
 from launch.backends import BACKENDS, traits
+from launch.calibration import Newest, newest_for
 from launch.errors import ConfigError
 from launch.grid import divisors
 from launch.planner import GiB, Plan, plan_resolved
@@ -277,19 +278,16 @@ def _feed_back(done, console) -> None:
                   f"{ratio:.3f}, applied to plans that use it (hardware.profile={escape(str(out))})")
 
 
-def _newest_calibration(recipe: str, overrides: Sequence[str]) -> Path | None:
-    """Where the command line names no hardware.profile and the recipe's is nominal: the newest calibration that
-    `calibrate` left under the runs folder for this machine, model and world, if any (`calibrate` then `recommend`
-    is the documented order; ranking on nominal figures after measuring would throw the measurement away)."""
+def _newest_calibration(base: Resolved, overrides: Sequence[str]) -> Newest | None:
+    """Where the command line names no hardware.profile and the recipe's (`base`) is nominal: the newest calibration
+    that `calibrate` left under the runs folder for this machine, model and world, if any (`calibrate` then
+    `recommend` is the documented order; ranking on nominal figures after measuring would throw the measurement
+    away)."""
     from launch import envinfo
-    from launch.calibration import newest_for
     from launch.rundir import runs_root
 
-    if any(a.split("=", 1)[0].strip() == "hardware.profile" for a in overrides):  # the parser strips the key too
-        return None
-    base = resolve_path(recipe, overrides)
-    if not base.hardware.nominal:
-        return None
+    if any(a.split("=", 1)[0].strip() == "hardware.profile" for a in overrides) or not base.hardware.nominal:
+        return None  # named (the override parser strips the key too), or the recipe's own
     r = base.recipe
     return newest_for(runs_root(), machine_kind=envinfo.machine_kind(), versions=envinfo.package_versions(),
                       base_profile=base.hardware.name, world_size=base.world_size,
@@ -318,16 +316,21 @@ def cmd_recommend(args: Sequence[str]) -> int:
     verify = own["verify"] == "true"
     top = int(own["top"]) if own["top"] else (DEFAULT_TOP if verify else 20)
     console = _console()
-    found = _newest_calibration(recipe, overrides)
-    if found is not None:
+    base = resolve_path(recipe, overrides)
+    newest = _newest_calibration(base, overrides)
+    if newest is not None:
         from rich.markup import escape
 
-        nominal = resolve_path(recipe, overrides).hardware.name
-        overrides.append(f"hardware.profile={found}")
-        console.print(f"timed with {escape(str(found))}: the newest calibration of this machine for this model and "
-                      f"world (no hardware.profile given; hardware.profile={escape(nominal)} gives nominal figures)")
+        if newest.unreadable:
+            console.print(f"warning: passed over {len(newest.unreadable)} calibration file(s) that cannot be read, "
+                          f"e.g. {escape(newest.unreadable[0])}")
+        if newest.path is not None:
+            overrides.append(f"hardware.profile={newest.path}")
+            console.print(f"timed with {escape(str(newest.path))}: the newest calibration of this machine for this "
+                          f"model and world (no hardware.profile given; hardware.profile={escape(base.hardware.name)} "
+                          "gives nominal figures)")
     rec = recommend(candidates(recipe, overrides))
-    render(resolve_path(recipe, overrides).recipe_name, rec, top, console)
+    render(base.recipe_name, rec, top, console)
     if not verify or not rec.ranked:
         return 0 if rec.ranked else 1
     return _verify(recipe, overrides, rec.ranked[:top], int(own["steps"]), console)

@@ -194,8 +194,14 @@ def test_only_a_calibration_of_this_machine_model_and_world_is_found(tmp_path):
     (tmp_path / "calibration" / "20261203-000001" / "calibration.json").mkdir(parents=True)
     (tmp_path / "calibration" / "20261203-000002").mkdir()
     (tmp_path / "calibration" / "20261203-000002" / "calibration.json").symlink_to(tmp_path / "nowhere.json")
-    assert newest_for(tmp_path, **_this_machine()) == old
-    assert newest_for(tmp_path / "nothing here", **_this_machine()) is None
+    found = newest_for(tmp_path, **_this_machine())
+    assert found.path == old
+    # The damaged ones are named with their problem (the others are another machine's or model's, not damage).
+    damaged = [str(tmp_path / "calibration" / s / "calibration.json")
+               for s in ("20261203-000000", "20261203-000001", "20261203-000002")]  # cut short, a folder, a dangling link
+    assert [u.split(": ", 1)[0] for u in found.unreadable] == damaged
+    assert "cannot be read as JSON" in found.unreadable[0]
+    assert newest_for(tmp_path / "nothing here", **_this_machine()).path is None
 
 
 def test_the_newest_measurement_wins_then_its_copy_with_the_most_verified_runs(tmp_path):
@@ -209,21 +215,24 @@ def test_the_newest_measurement_wins_then_its_copy_with_the_most_verified_runs(t
     # Measured later, but in a folder whose name sorts first and written first (older mtime): when it was measured
     # decides, not the folder's name or the file's age.
     newer = dataclasses.replace(mine, created="2026-12-05T00:00:00+00:00")
-    fed = _calibrate_into(tmp_path, "00-renamed", dataclasses.replace(newer, verified=({"layout": "x"},), correction=1.1),
+    fed = _calibrate_into(tmp_path, "00-renamed",
+                          dataclasses.replace(newer, verified=({"layout": "x"},), correction=1.1),
                           "calibration.verified-20261205-010000.json")
     plain = _calibrate_into(tmp_path, "00-renamed", newer)
     older = _calibrate_into(tmp_path, "20261201-000000", mine)
     os.utime(fed, (1, 1))
     os.utime(plain, (2, 2))
-    assert newest_for(tmp_path, **_this_machine()) == fed
+    assert newest_for(tmp_path, **_this_machine()).path == fed
     # Of one measurement's copies, more verified runs first; then the later fed-back stamp.
     more = _calibrate_into(tmp_path, "00-renamed", dataclasses.replace(
-        newer, verified=({"layout": "x"}, {"layout": "y"}), correction=1.1), "calibration.verified-20261205-000000.json")
-    assert newest_for(tmp_path, **_this_machine()) == more
+        newer, verified=({"layout": "x"}, {"layout": "y"}), correction=1.1),
+        "calibration.verified-20261205-000000.json")
+    assert newest_for(tmp_path, **_this_machine()).path == more
     again = _calibrate_into(tmp_path, "00-renamed", dataclasses.replace(
-        newer, verified=({"layout": "x"}, {"layout": "z"}), correction=1.2), "calibration.verified-20261205-020000.json")
+        newer, verified=({"layout": "x"}, {"layout": "z"}), correction=1.2),
+        "calibration.verified-20261205-020000.json")
     os.utime(again, (0, 0))
-    assert newest_for(tmp_path, **_this_machine()) == again
+    assert newest_for(tmp_path, **_this_machine()).path == again
     assert older.exists()
 
 
@@ -236,6 +245,7 @@ def test_recommend_without_a_profile_ranks_on_this_machines_calibration(tmp_path
     assert main(["recommend", str(RECIPES / "tiny_zero2"), "top=3"]) == 0
     out = capsys.readouterr().out
     assert f"timed with {path}" in out and "hardware.profile=cpu gives nominal figures" in out
+    assert "passed over" not in out
     rows = [line for line in out.splitlines() if line.startswith("│ ")]
     assert len(rows) == 3 and all("calibrated" in r for r in rows)
     # A profile named on the command line is used as asked, however the key is spelled.
@@ -244,6 +254,12 @@ def test_recommend_without_a_profile_ranks_on_this_machines_calibration(tmp_path
         out = capsys.readouterr().out
         rows = [line for line in out.splitlines() if line.startswith("│ ")]
         assert "timed with" not in out and len(rows) == 3 and all("nominal" in r for r in rows), named
+    # A damaged calibration beside it is named in a warning, and the good one still used.
+    damaged = _calibrate_into(runs, "20261202-000000", path.read_text()[:100])
+    assert main(["recommend", str(RECIPES / "tiny_zero2"), "top=3"]) == 0
+    out = capsys.readouterr().out
+    assert f"warning: passed over 1 calibration file(s) that cannot be read, e.g. {damaged}: " in out
+    assert f"timed with {path}" in out
     # So is a recipe whose own profile is a calibration: that file, not the newest one.
     own = _write(tmp_path, _calibration(created="2026-11-01T00:00:00+00:00"), "own.json")
     recipe = tmp_path / "recipes" / "calibrated"
