@@ -6,7 +6,7 @@
 
 PATH is a run directory, a folder of foreign files (DeepSpeed / Megatron logs, per-rank traces, nsys
 exports, nccl-tests output), or one file; files are recognised by content. `-o` may be repeated;
-its suffix picks the format. `hardware=` names a hardware profile (launch/catalogue/hardware) for
+its suffix picks the format. `hardware=` names a hardware profile (launch/config/catalogue/hardware) for
 runs without a resolved.json: it gives the peak FLOP/s for MFU and the device memory. Errors print
 one line and exit 2.
 """
@@ -76,8 +76,8 @@ def _options(options: dict[str, str]) -> dict:
             raise UsageError(f"ceiling={options['ceiling']}: no such file or folder", show_usage=False)
         kw["ceiling"] = options["ceiling"]
     if "hardware" in options:
+        from launch.config.hardware import load_profile
         from launch.errors import ConfigError
-        from launch.hardware import load_profile
 
         try:
             kw["hardware"] = load_profile(options["hardware"], context="command line", field="hardware")
@@ -124,7 +124,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if exc.show_usage:
             print(USAGE, file=sys.stderr)
         return 2
-    from analysis.report_data import build_report  # the renderers only when writing (doctor prints findings)
+    from analysis.report_data import (
+        build_report,  # the renderers only when writing (doctor prints findings)
+    )
 
     rep = build_report(inputs, **kw)
     if cmd == "doctor":

@@ -34,12 +34,20 @@ from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, Sequence
 
 from analysis import trace_analysis as ta
-from analysis.collectives import (BACKEND_ANNOTATION, CPU_LAYERS, NCCL_TESTS_OP, REDUCTIONS, bus_factor_of,
-                                  gloo_reduce_scatters, group_size_hint, nccl_tests_bytes)
+from analysis.collectives import (
+    BACKEND_ANNOTATION,
+    CPU_LAYERS,
+    NCCL_TESTS_OP,
+    REDUCTIONS,
+    bus_factor_of,
+    gloo_reduce_scatters,
+    group_size_hint,
+    nccl_tests_bytes,
+)
 from analysis.parsers.kineto import rows_equal, rows_not
 from analysis.parsers.nccl_tests import large_message_busbw
-from launch.nccl_format import BUS_FACTORS, bus_factor
 from analysis.table import Table
+from launch.comm.nccl_format import BUS_FACTORS, bus_factor
 
 # ------------------------------------------------------------------------------------------ steps
 
@@ -362,7 +370,7 @@ def memory_vs_plan(memory: Table, plan: Any | None, *, plan_source: str = "",
                    no_plan_reason: str = "none (foreign run: no plan)") -> Table:
     """Put the plan's per-rank total and the device limit beside each measured peak.
 
-    `plan` is a launch.planner.Plan; each rank takes the RankPlan listing it, in the plan's
+    `plan` is a launch.plan.layout.Plan; each rank takes the RankPlan listing it, in the plan's
     implementation accounting (the backend's own), total = model states + activations + buffers
     + allowance.
     """
@@ -688,7 +696,7 @@ def collective_bandwidth(calls: Table, windows: Mapping[Any, set[int]], ceilings
 
 EXPECTED_COLUMNS = {
     "collective": "collective type",
-    "min_per_step": "calls per step one rank makes on the pipeline stage with the fewest (launch.planner.communication)",
+    "min_per_step": "calls per step one rank makes on the pipeline stage with the fewest (launch.plan.collectives.communication)",
     "max_per_step": "calls per step on the stage with the most, each data-parallel gradient reduction counted under "
                     "either name (it runs as all-reduce or reduce-scatter by implementation and backend)",
     "layers": "transformer layers on one rank (num_layers / pp)",
@@ -702,11 +710,13 @@ def _gradient_reduction(c: Any) -> bool:
 
 def expected_collectives(layout: Any) -> Table:
     """Collectives one optimizer step needs on one rank, per collective type: the planner's own model
-    (launch.planner.communication, per pipeline stage), so that what the plan times and what the report
+    (launch.plan.collectives.communication, per pipeline stage), so that what the plan times and what the report
     compares the traces with cannot drift apart. The observed count is a mean over ranks, so the range spans
     the stages (the embedding is on the first, the output layer and the loss on the last); a data-parallel
     gradient reduction counts under either name (DeepSpeed's ZeRO-2 reduce-scatters on NCCL, all-reduces on gloo)."""
-    from launch.planner import communication, stage_params  # the planner's imports cost a doctor run 50 ms
+    # the planner's imports cost a doctor run 50 ms
+    from launch.plan.collectives import communication
+    from launch.plan.memory import stage_params
 
     g = layout.grid
     stages = [communication(layout, stage=s) for s in range(g.pp)]
@@ -733,8 +743,8 @@ def expected_collectives(layout: Any) -> Table:
 
 
 def expected_from_resolved(resolved: Any) -> Table:
-    """expected_collectives for a launch.resolve.Resolved layout."""
-    from launch.planner import Layout
+    """expected_collectives for a launch.config.resolve.Resolved layout."""
+    from launch.plan.layout import Layout
 
     return expected_collectives(Layout.from_resolved(resolved))
 

@@ -1,7 +1,7 @@
 """How a collective call is counted and sized, defined once for the library (trace_analysis) and the
 report (analyze), so that the two cannot disagree on a trace.
 
-- `NCCL_TESTS_OP` (from launch.nccl_format, its one home): our collective names (the `collective` column of
+- `NCCL_TESTS_OP` (from launch.comm.nccl_format, its one home): our collective names (the `collective` column of
   analysis.parsers.kineto) -> nccl-tests op names, the names `bus_factor` knows.
 - `REDUCTIONS`: the collectives a gradient reduction may run as.
 - `CPU_LAYERS`: the CPU-side layers of one collective call, most precise first.
@@ -17,8 +17,7 @@ from collections import defaultdict
 from typing import Any, Iterable, Mapping, Sequence
 
 from analysis.table import Table
-from launch.nccl_format import NCCL_TESTS_OP, bus_factor
-
+from launch.comm.nccl_format import NCCL_TESTS_OP, bus_factor
 
 # A data-parallel gradient reduction runs as either, by implementation and backend (DeepSpeed's ZeRO-2
 # reduce-scatters on NCCL but all-reduces on gloo), so a prediction of one is compared with both.

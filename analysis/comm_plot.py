@@ -17,7 +17,8 @@ from typing import Iterable, Mapping, Sequence
 
 from analysis.parsers.nccl_tests import COLUMNS, parse_nccl_tests
 from analysis.table import Table
-from launch.commbench_spec import groups_of, read_result
+from launch.comm.commbench_spec import read_result
+from launch.config.commbench import groups_of
 
 ORDER = ("all_reduce", "all_gather", "reduce_scatter", "alltoall", "broadcast", "sendrecv", "reduce", "gather",
          "scatter", "alltoallv", "hypercube")
@@ -117,7 +118,7 @@ def _bytes(x: float) -> str:
 
 
 def commbench_table(result: Mapping) -> Table:
-    """A commbench JSON result (launch.commbench_spec.read_result) as an `nccl_tests` table."""
+    """A commbench JSON result (launch.comm.commbench_spec.read_result) as an `nccl_tests` table."""
     op = result["nccl_tests_op"]
     rows = [{**r, "section": 0, "op": op} for r in result["rows"]]
     section = {"op": op, "nranks": result["group_size"], "avg_busbw_GBps": result["avg_busbw_GBps"]}
@@ -187,8 +188,8 @@ def _file_label(path: Path) -> str:
 
 def nominal_from_run(run_dir: str | Path) -> float | None:
     """The hardware profile's busbw for the link the run's commbench group crossed, if it is a run directory."""
-    from launch.resolve import Resolved
-    from launch.rundir import RunDir
+    from launch.config.resolve import Resolved
+    from launch.run.rundir import RunDir
 
     run = RunDir.open(run_dir)
     if not RunDir.is_run_dir(run.root):

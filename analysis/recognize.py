@@ -23,7 +23,13 @@ from pathlib import Path
 from typing import Callable
 
 from analysis.parsers import deepspeed_log, megatron_log, metrics, nsys, tensorboard
-from analysis.parsers._text import SNIFF_BYTES, has_lines, head_and_tail, line_start_pattern, looks_like_text
+from analysis.parsers._text import (
+    SNIFF_BYTES,
+    has_lines,
+    head_and_tail,
+    line_start_pattern,
+    looks_like_text,
+)
 from analysis.parsers.nccl_debug import LOG_LINE_START
 
 KINDS: dict[str, str] = {
@@ -168,8 +174,8 @@ def sniff_own_json(path: str | os.PathLike[str]) -> str | None:
     return None
 
 
-# The first two keys our writers put in resolved.json (launch.resolve.Resolved.to_json) and plan.json
-# (launch.planner.Plan.to_json).
+# The first two keys our writers put in resolved.json (launch.config.resolve.Resolved.to_json) and plan.json
+# (launch.plan.layout.Plan.to_json).
 _RESOLVED_HEAD = ("schema_version", "recipe_name")
 _PLAN_HEAD = ("recipe_name", "backend")
 _JSON_KEY = re.compile(rb'"([A-Za-z_]\w*)"\s*:')
@@ -259,7 +265,7 @@ def recognize(path: str | os.PathLike[str]) -> Inventory:
                 skipped.append(Recognized(d / name, (), "a symlink to a folder, not followed (it can loop or lead "
                                                         "elsewhere): give its target as an input of its own"))
             elif is_run and name == "checkpoints":
-                # The run directory's layout (launch/rundir.py) puts model state here: large, not evidence.
+                # The run directory's layout (launch/run/rundir.py) puts model state here: large, not evidence.
                 skipped.append(Recognized(d / name, (), "checkpoints of the run (model state, not analysed)"))
             else:
                 keep.append(name)

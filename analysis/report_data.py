@@ -9,14 +9,14 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from analysis import analyze as A
+from analysis import comm_tables as CT
+from analysis import curves as C
 from analysis import doctor as D
 from analysis import trace_analysis as ta
 from analysis.collectives import REDUCTIONS, group_size_hint
 from analysis.parsers.nccl_tests import parse_nccl_tests
 from analysis.recognize import group_runs, recognize
 from analysis.runs import Run, load_run
-from analysis import comm_tables as CT
-from analysis import curves as C
 from analysis.table import Table
 
 MAX_WARNINGS_SHOWN = 30

@@ -9,9 +9,8 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from analysis.report_data import Report
-from launch.errors import printable
 from analysis.report_sections import report_blocks
-
+from launch.errors import printable
 
 # ---- Markdown
 

@@ -6,11 +6,10 @@ import math
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
+from analysis import curves as C
 from analysis import doctor as D
 from analysis.collectives import NCCL_TESTS_OP
-from analysis import curves as C
 from analysis.report_data import CPU_BASIS, MAX_WARNINGS_SHOWN, Report, bar_segments
-
 
 
 def nice_bytes(n: Any) -> str:

@@ -35,11 +35,11 @@ class Run:
     run_dir: bool
     files: list[tuple[str, tuple[str, ...]]]  # (path relative to root, kinds)
     skipped: list[tuple[str, str]]  # (path, reason)
-    resolved: Any = None  # launch.resolve.Resolved
+    resolved: Any = None  # launch.config.resolve.Resolved
     resolved_source: str | None = None
-    plan: Any = None  # launch.planner.Plan
+    plan: Any = None  # launch.plan.layout.Plan
     plan_source: str | None = None
-    hardware: Any = None  # launch.hardware.HardwareProfile
+    hardware: Any = None  # launch.config.hardware.HardwareProfile
     hardware_source: str | None = None
     metrics: Table | None = None
     megatron: list[Table] = field(default_factory=list)
@@ -85,6 +85,19 @@ def _whole(v: Any, low: int = 0) -> bool:
     return isinstance(v, int) and not isinstance(v, bool) and low <= v < sense.COUNT_LIMIT
 
 
+def _recorded_machine(env_files: list) -> Any:
+    """The machine (launch.config.calibration.Machine) the run's env.json recorded, or None."""
+    from launch.run.envinfo import recorded_machine
+
+    for p in env_files[:1]:
+        try:
+            env = json.loads(p.read_text())
+        except (OSError, ValueError):
+            return None
+        return recorded_machine(env) if isinstance(env, dict) else None
+    return None
+
+
 def load_run(rf: RunFiles, *, hardware: Any = None, hardware_source: str = "") -> Run:
     """Parse every recognised file of one run. `hardware` (a HardwareProfile) stands in for runs
     without a resolved.json of their own."""
@@ -92,8 +105,8 @@ def load_run(rf: RunFiles, *, hardware: Any = None, hardware_source: str = "") -
               [(rf.rel(s.path), s.reason) for s in rf.skipped], warnings=list(rf.warnings))
     rel = rf.rel
     for p in rf.of("resolved")[:1]:
+        from launch.config.resolve import Resolved
         from launch.errors import ConfigError
-        from launch.resolve import Resolved
 
         try:
             resolved = Resolved.load(p)
@@ -111,7 +124,7 @@ def load_run(rf: RunFiles, *, hardware: Any = None, hardware_source: str = "") -
         run.hardware, run.hardware_source = hardware, hardware_source
     plans = rf.of("plan")
     if plans:
-        from launch.planner import Plan
+        from launch.plan.layout import Plan
 
         try:
             text = plans[0].read_text()
@@ -126,12 +139,15 @@ def load_run(rf: RunFiles, *, hardware: Any = None, hardware_source: str = "") -
         except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
             run.warnings.append(f"{rel(plans[0])}: cannot be read as a plan ({exc})")
     if run.plan is None and run.resolved is not None:
-        from launch.planner import plan_resolved
+        from launch.plan.build import plan_resolved
 
         try:
-            run.plan = plan_resolved(run.resolved)
+            # The machine the run recorded, never the one rendering the report: a recomputed plan depends only
+            # on the run's own files.
+            machine = _recorded_machine(rf.of("env"))
+            run.plan = plan_resolved(run.resolved, machine)
             _check_sense(json.loads(run.plan.to_json()))
-            run.plan_source = f"recomputed from {run.resolved_source} (launch.planner.plan_resolved; no plan.json)"
+            run.plan_source = f"recomputed from {run.resolved_source} (launch.plan.build.plan_resolved; no plan.json)"
         except (ArithmeticError, ValueError, KeyError, TypeError, AttributeError) as exc:
             run.plan = None
             run.warnings.append(f"{run.resolved_source}: no plan can be computed from it ({type(exc).__name__}: {exc})")
@@ -175,7 +191,7 @@ def load_run(rf: RunFiles, *, hardware: Any = None, hardware_source: str = "") -
         # Only when no nccl-tests text is there: commbench writes every result twice (text and JSON). Imported
         # here: the commbench schema costs a run without commbench results (doctor on a trace) 50 ms.
         from analysis.comm_plot import commbench_table
-        from launch.commbench_spec import read_result
+        from launch.comm.commbench_spec import read_result
 
         for p in rf.of("commbench_json"):
             try:

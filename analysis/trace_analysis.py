@@ -46,7 +46,13 @@ import weakref
 from collections import Counter, defaultdict
 from typing import Any, Iterable, Mapping
 
-from analysis.collectives import CPU_LAYERS, bus_factor_of, gloo_reduce_scatters, group_size_hint, nccl_tests_bytes
+from analysis.collectives import (
+    CPU_LAYERS,
+    bus_factor_of,
+    gloo_reduce_scatters,
+    group_size_hint,
+    nccl_tests_bytes,
+)
 from analysis.parsers import kineto as _kineto
 from analysis.parsers.kineto import PROFILER_STEP, gc_paused, rows_in, rows_not
 from analysis.table import Table

@@ -29,12 +29,12 @@ from megatron.core.pipeline_parallel import get_forward_backward_func
 from megatron.core.tensor_parallel import param_is_not_tensor_parallel_duplicate
 from megatron.core.transformer.module import param_is_not_shared
 
-from launch.data import micro_batch
-from launch.resolve import Resolved
-from launch.schedule import lr_at
-from launch.trainers import cpu_compat
-from launch.trainers import megatron_model as mm
-from launch.trainers.common import data_source
+from launch.config.resolve import Resolved
+from launch.ranks.data import micro_batch
+from launch.ranks.schedule import lr_at
+from launch.ranks.trainers import cpu_compat
+from launch.ranks.trainers import megatron_model as mm
+from launch.ranks.trainers.common import data_source
 
 cpu_compat.apply()  # Megatron-Core on CPU ranks, as the trainer runs it (a no-op with CUDA)
 

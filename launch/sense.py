@@ -128,7 +128,7 @@ def bad_number(doc: Any) -> tuple[str, Any] | None:
     """The first (dotted field, value) of a parsed JSON/TOML document that no field can take: a float that is not
     finite, an integer past 64 bits; None when there is none. JSON readers accept NaN and Infinity, TOML has nan
     and inf; no recipe, DeepSpeed or model setting is meant to be one (a calibration is read by
-    launch/calibration.py, whose fitted bandwidth may be infinite)."""
+    launch/config/calibration.py, whose fitted bandwidth may be infinite)."""
     return next(((where, v) for where, v in _leaves(doc) if _unrepresentable(v)), None)
 
 

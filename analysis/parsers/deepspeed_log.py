@@ -39,9 +39,15 @@ import os
 import re
 from typing import Any
 
-from launch.sense import clean
-from analysis.parsers._text import LineParser, has_lines, head_and_tail, line_start_pattern, read_source
+from analysis.parsers._text import (
+    LineParser,
+    has_lines,
+    head_and_tail,
+    line_start_pattern,
+    read_source,
+)
 from analysis.table import Table
+from launch.sense import clean
 
 COLUMNS: dict[str, str] = {
     "kind": "record kind: 'step' (`step=` line), 'timer' (one `name: value` pair of a `time (ms)` line), "

@@ -45,7 +45,12 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Iterator
 
 from analysis.gpu_kernels import kernel_collective, kernel_kind
-from analysis.parsers.kineto_args import cpu_collective, group_of, int_or_none, message_of
+from analysis.parsers.kineto_args import (
+    cpu_collective,
+    group_of,
+    int_or_none,
+    message_of,
+)
 from analysis.parsers.kineto_source import CHUNK_BYTES, PURE, Source
 from analysis.table import Table
 from launch import sense

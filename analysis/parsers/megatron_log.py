@@ -29,10 +29,16 @@ import os
 import re
 from typing import Any
 
+from analysis.parsers._text import (
+    LineParser,
+    has_lines,
+    head_and_tail,
+    line_start_pattern,
+    read_source,
+)
 from analysis.parsers.deepspeed_log import is_deepspeed_timer_line
-from launch.sense import clean
-from analysis.parsers._text import LineParser, has_lines, head_and_tail, line_start_pattern, read_source
 from analysis.table import Table
+from launch.sense import clean
 
 COLUMNS: dict[str, str] = {
     "kind": "record kind: 'iteration' (one training-log line), 'timer' (one timer value), 'memory' (one rank's "

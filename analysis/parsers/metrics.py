@@ -1,6 +1,6 @@
 """Read our own per-rank metrics JSONL (`metrics/rank{R}.jsonl`, all ranks of a run) into one table.
 
-The schema belongs to `launch.metrics`, which writes these files and reads them back; this module
+The schema belongs to `launch.run.metrics`, which writes these files and reads them back; this module
 only stacks its records into a `Table`, one row per (rank, optimizer step). A run killed mid-write
 leaves a cut last line: that line is skipped with a warning naming the file and line, and every
 finished step before it is kept.
@@ -23,7 +23,13 @@ from typing import Any, Iterable
 
 from analysis.parsers._text import SNIFF_BYTES
 from analysis.table import Table
-from launch.metrics import SCHEMA_VERSION, MetricsError, StepRecord, iter_records, validate
+from launch.run.metrics import (
+    SCHEMA_VERSION,
+    MetricsError,
+    StepRecord,
+    iter_records,
+    validate,
+)
 
 _DOCS: dict[str, str] = {
     "rank": "trainer rank (the meta record's rank; without one, the N of rankN in the file name)",
@@ -46,11 +52,11 @@ _DOCS: dict[str, str] = {
     "line": "1-based line of the record in that file",
 }
 
-# The step record's fields come from launch.metrics.StepRecord, their one home: a field added there is read here
+# The step record's fields come from launch.run.metrics.StepRecord, their one home: a field added there is read here
 # (documented by its name until _DOCS says more), never dropped.
 _STEP_FIELDS = [f.name for f in fields(StepRecord) if f.name != "kind"]
 COLUMNS: dict[str, str] = {"rank": _DOCS["rank"],
-                           **{c: _DOCS.get(c, f"StepRecord.{c} (launch/metrics.py)") for c in _STEP_FIELDS},
+                           **{c: _DOCS.get(c, f"StepRecord.{c} (launch/run/metrics.py)") for c in _STEP_FIELDS},
                            "file": _DOCS["file"], "line": _DOCS["line"]}
 _SHARED_META = ("recipe", "backend", "world", "tp", "pp", "dp", "zero_stage", "dtype", "micro_batch_size",
                 "global_batch_size", "seq_len", "tokens_per_step", "warmup_steps", "flops_per_token",
@@ -62,7 +68,7 @@ _SNIFF_LINES = 5
 def sniff(path: str | os.PathLike[str]) -> str | None:
     """'metrics_jsonl' when the file's first complete line is a record of our metrics schema, else None.
 
-    Judged by content: the first non-empty line must be a JSON object that `launch.metrics.validate`
+    Judged by content: the first non-empty line must be a JSON object that `launch.run.metrics.validate`
     accepts (a meta record, or a step record when the meta line is missing).
     """
     try:

@@ -22,12 +22,13 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from analysis.parsers._text import GARBLED, read_source, split_lines
-from launch import sense
 from analysis.parsers.nccl_debug import find_log_line, strip_mpi_tag, version_facts
 from analysis.table import Table
+from launch import sense
 
 # The writer and the bus factors live with the sweep that writes this format (launch may not import analysis).
-from launch.nccl_format import BUS_FACTORS as _FACTORS, OPS, bus_factor, format_nccl_tests
+from launch.comm.nccl_format import BUS_FACTORS as _FACTORS
+from launch.comm.nccl_format import OPS, bus_factor, format_nccl_tests
 
 __all__ = ["COLUMNS", "OPS", "bus_factor", "format_nccl_tests", "large_message_busbw", "op_from_name",
            "parse_nccl_tests", "peak_busbw"]

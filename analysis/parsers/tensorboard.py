@@ -54,7 +54,9 @@ def parse_tensorboard(dir_or_file: str | os.PathLike[str], *, source: str = "") 
     Events are skipped with a warning. `meta` lists the files read and how many records each held.
     """
     from tensorboard import data_compat, dataclass_compat
-    from tensorboard.backend.event_processing.event_file_loader import RawEventFileLoader
+    from tensorboard.backend.event_processing.event_file_loader import (
+        RawEventFileLoader,
+    )
     from tensorboard.compat.proto import event_pb2
     from tensorboard.util import tensor_util
 

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from launch.checkpoints import MARKER, complete_checkpoints
-from launch.metrics import read_metrics
+from launch.run.checkpoints import MARKER, complete_checkpoints
+from launch.run.metrics import read_metrics
 from tests.conftest import REPO
 
 TINY = "recipes/tiny_zero2"

@@ -50,8 +50,8 @@ def tied_pp2_without_compat() -> dict[str, Any]:
     from megatron.core.models.gpt import GPTModel
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 
-    from launch.models import load_model
-    from launch.trainers.megatron_model import transformer_config
+    from launch.config.models import load_model
+    from launch.ranks.trainers.megatron_model import transformer_config
 
     parallel_state.initialize_model_parallel(pipeline_model_parallel_size=2)
     spec = load_model(name="tiny-qwen2")
@@ -129,7 +129,7 @@ def mlp_tp2() -> dict[str, float]:
 
 def _perturbed_reference(spec) -> dict[str, torch.Tensor]:
     # As in tests/unit/test_megatron_model.py: HF's unit norms and zero biases would hide a mis-mapping.
-    from launch.trainers.megatron_model import hf_reference_state
+    from launch.ranks.trainers.megatron_model import hf_reference_state
 
     g = torch.Generator().manual_seed(1000)
     return {k: v + 0.05 * torch.randn(v.shape, generator=g) for k, v in hf_reference_state(spec, 0).items()}
@@ -138,7 +138,7 @@ def _perturbed_reference(spec) -> dict[str, torch.Tensor]:
 def _hf_losses_and_grads(spec, state, batches) -> tuple[list[torch.Tensor], dict[str, torch.Tensor]]:
     from transformers import AutoModelForCausalLM
 
-    from launch.models import hf_config
+    from launch.ranks.hf import hf_config
 
     model = AutoModelForCausalLM.from_config(hf_config(spec), dtype=torch.float32, attn_implementation="eager")
     model.load_state_dict(state, strict=False)  # a tied lm_head is the embedding itself
@@ -152,7 +152,7 @@ def _hf_losses_and_grads(spec, state, batches) -> tuple[list[torch.Tensor], dict
 
 
 def _spec(name: str):
-    from launch.models import ModelSpec, load_model
+    from launch.config.models import ModelSpec, load_model
 
     if name != FEWER_KV_HEADS_THAN_TP[0]:
         return load_model(name=name)
@@ -166,7 +166,7 @@ def gpt_case(name: str, layout: Layout) -> dict[str, Any]:
     from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig, finalize_model_grads
     from megatron.core.pipeline_parallel import get_forward_backward_func
 
-    from launch.trainers.megatron_model import (
+    from launch.ranks.trainers.megatron_model import (
         build_chunks,
         gather_hf_state,
         load_hf_state,
@@ -249,7 +249,7 @@ def gpt_case(name: str, layout: Layout) -> dict[str, Any]:
 def main() -> None:
     dist.init_process_group("gloo")
     results: dict[str, Any] = {"tied_pp2_without_compat": tied_pp2_without_compat()}  # first: nothing redirected yet
-    from launch.trainers import cpu_compat
+    from launch.ranks.trainers import cpu_compat
 
     results["redirects"] = cpu_compat.apply()
     results["mlp_tp2"] = mlp_tp2()

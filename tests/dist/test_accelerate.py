@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from launch.metrics import read_metrics
+from launch.run.metrics import read_metrics
 from tests.conftest import REPO
 from tests.dist.conftest import SHORT
 from tests.dist.test_deepspeed_checkpoint import no_rank_left
@@ -22,7 +22,7 @@ def test_accelerate_launch_trains_like_run_sh(tmp_path, one_rank_reference):
                         f"out={out}"], cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
     assert p.returncode == 0, p.stderr
     command = p.stdout.strip().splitlines()[-1]
-    assert " accelerate launch --config_file " in f" {command}" and command.endswith(f"-m launch.train {out}"), command
+    assert " accelerate launch --config_file " in f" {command}" and command.endswith(f"-m launch.ranks.train {out}"), command
 
     # Accelerate's own reader takes the file: a DeepSpeed plugin built from the resolved JSON, 2 processes.
     from accelerate.commands.config.config_args import load_config_from_file

@@ -79,8 +79,9 @@ def test_calibrate_then_recommend_verify(tmp_path):
              for x in json.loads(sample_doc.read_text())["steps"]}
     assert set(steps) == {(z, ga, ac) for z in (0, 1, 2, 3) for ga, ac in ((1, "none"), (2, "none"), (1, "full"))}
     assert all(v > 0 for v in steps.values())
-    from launch.planner import plan_resolved
-    from launch.resolve import resolve_path
+    from launch.plan.build import plan_resolved
+    from launch.run import envinfo
+    from launch.config.resolve import resolve_path
 
     clamped = " ".join(n for n in doc["notes"] if "taken as 0" in n)
     for (z, ga, ac), measured in steps.items():
@@ -89,7 +90,7 @@ def test_calibrate_then_recommend_verify(tmp_path):
         r = resolve_path(TINY, [*SMALL, "backend=deepspeed", "parallel.tp=1", "batch.micro_batch_size=1",
                                 f"batch.global_batch_size={2 * ga}", f"parallel.zero_stage={z}",
                                 f"train.activation_checkpointing={ac}", f"hardware.profile={cal}"])
-        assert plan_resolved(r).step.total_s == pytest.approx(measured, rel=1e-6), (z, ga, ac)
+        assert plan_resolved(r, envinfo.machine()).step.total_s == pytest.approx(measured, rel=1e-6), (z, ga, ac)
 
     held = [*SMALL, f"hardware.profile={cal}", "train.warmup_steps=2"]
     p = _run(["recommend", TINY, *held, "verify=true", "top=2", "steps=8"], runs, 600)

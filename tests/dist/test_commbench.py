@@ -8,8 +8,8 @@ import textwrap
 import pytest
 
 from analysis.parsers.nccl_tests import parse_nccl_tests
-from launch.commbench_spec import NCCL_TESTS_OP, OPS, read_result
-from launch.nccl_format import BW_WIDTH, TIME_WIDTH, bus_factor, float_field
+from launch.comm.commbench_spec import NCCL_TESTS_OP, OPS, read_result
+from launch.comm.nccl_format import BW_WIDTH, TIME_WIDTH, bus_factor, float_field
 from tests.conftest import REPO
 from tests.dist.conftest import BENCH, TINY, commbench, free_port, train
 
@@ -94,7 +94,8 @@ def test_bad_settings_exit_2_with_one_line_before_any_rank(runs_root, overrides,
 
 PROBE = textwrap.dedent("""
     import datetime, json, sys, torch, torch.distributed as dist
-    from launch import commbench as cb, commbench_spec as spec
+    from launch.ranks import commbench as cb
+    from launch.comm import commbench_spec as spec
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=60))
     r, n = dist.get_rank(), dist.get_world_size()
     seen = {}
@@ -123,7 +124,7 @@ PROBE = textwrap.dedent("""
 def test_what_gloo_can_run_is_what_the_validation_says(tmp_path):
     """Re-measure on 2 gloo ranks the table resolve.py enforces: every allowed (op, dtype) gives exact
     results in both placements; every refused one fails inside torch."""
-    from launch.commbench_spec import DTYPES, unsupported
+    from launch.comm.commbench_spec import DTYPES, unsupported
 
     (tmp_path / "probe.py").write_text(PROBE)
     p = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--rdzv-backend", "c10d",

@@ -7,9 +7,9 @@ import time
 import numpy as np
 import pytest
 
-from launch.data import Synthetic, global_batch_indices
-from launch.metrics import read_metrics
-from launch.checkpoints import complete_checkpoints
+from launch.ranks.data import Synthetic, global_batch_indices
+from launch.run.metrics import read_metrics
+from launch.run.checkpoints import complete_checkpoints
 from tests.conftest import REPO
 from tests.dist.conftest import DS_DP2, EVERY_5, SHORT, ds_autotp, free_port, interrupted_copy, train
 

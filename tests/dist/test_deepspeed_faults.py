@@ -35,7 +35,7 @@ def test_stalled_rank_is_ended_within_the_timeout(runs_root):
     assert re.search(r"rank [01] stalled at step 3 \(step\) for \d+ s > run\.timeout_s=15", out), out[-2000:]
     # Whichever fires, the sleeping rank is the one named outside any collective: itself, or as the likely cause.
     assert re.search(r"rank 0 (stalled at step 3 \(step\) for \d+ s > run\.timeout_s=15, outside any collective|"
-                     r"is outside any collective at step 3) \(launch/trainers/common\.py:\d+ in inject_fault\)",
+                     r"is outside any collective at step 3) \(launch/ranks/trainers/common\.py:\d+ in inject_fault\)",
                      out), out[-2000:]
     records = [json.loads(p.read_text()) for p in sorted((t.root / "logs").glob("failure_rank*.json"))]
     assert any(r["kind"] == "stall" and r["step"] == 3 for r in records), records

@@ -3,9 +3,10 @@ import json
 
 import pytest
 
-from launch.metrics import iter_records, read_metrics
-from launch.planner import Layout, zero3_partition_numel
-from launch.resolve import Resolved
+from launch.run.metrics import iter_records, read_metrics
+from launch.plan.layout import Layout
+from launch.plan.memory import zero3_partition_numel
+from launch.config.resolve import Resolved
 from tests.dist.conftest import DS_DP2, SHORT, ds_autotp, train
 
 pytestmark = [pytest.mark.dist, pytest.mark.slow]

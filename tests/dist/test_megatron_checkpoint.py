@@ -23,10 +23,10 @@ import numpy as np
 import pytest
 import torch
 
-from launch.data import global_batch_indices
-from launch.metrics import read_metrics
-from launch.resolve import Resolved
-from launch.trainers.common import data_source
+from launch.ranks.data import global_batch_indices
+from launch.run.metrics import read_metrics
+from launch.config.resolve import Resolved
+from launch.ranks.trainers.common import data_source
 from tests.conftest import REPO
 from tests.dist.conftest import MEGATRON, MEGATRON_LAYOUTS, SHORT, interrupted_copy, train
 
@@ -72,7 +72,7 @@ def exported(runs_root, run_of):
 
 def hf_loss(folder, run_root, step: int) -> float:
     """transformers' mean token loss of the model in `folder` on the global batch of 0-based `step` of the run
-    (the batch rebuilt from the run's resolved.json with launch.data, as every rank reads its rows)."""
+    (the batch rebuilt from the run's resolved.json with launch.ranks.data, as every rank reads its rows)."""
     from transformers import AutoModelForCausalLM
 
     resolved = Resolved.load(run_root / "resolved.json")

@@ -1,7 +1,7 @@
 """Collectives per transformer layer, counted in a real profiler trace of one step, against the layout.
 
 The expectation is the one model of collectives the planner times and the report compares with
-(launch.planner.tp_calls inside the forward-backward, launch.planner.communication for the whole step): TP issues 2 all-reduces per layer forward and 2 backward; with SP each forward
+(launch.plan.collectives.tp_calls inside the forward-backward, launch.plan.collectives.communication for the whole step): TP issues 2 all-reduces per layer forward and 2 backward; with SP each forward
 all-reduce becomes an all-gather + reduce-scatter and the backward adds the re-gathered input; around the
 layers, the embedding, the output layer and the vocab-parallel loss. The counts must be equal, not merely
 bounded: one extra gather around a norm adds a call per layer per micro-batch, one around the loss a call
@@ -18,8 +18,8 @@ from collections import Counter
 import pytest
 
 from analysis.report import build_report
-from launch.planner import tp_calls
-from launch.resolve import Resolved
+from launch.plan.collectives import tp_calls
+from launch.config.resolve import Resolved
 from tests.dist.conftest import MEGATRON, MEGATRON_LAYOUTS, SHORT
 
 pytestmark = [pytest.mark.dist, pytest.mark.slow]
@@ -85,7 +85,7 @@ def test_collectives_per_layer_match_the_layout(shared_run, name, sp, recompute)
     # Per layer, in the words of the issue: 2 + 2 all-reduces (TP), the forward ones again under full recompute;
     # under SP 2 + 4 all-gathers and 2 + 2 reduce-scatters.
     per_layer = {c.collective: c.layers / layers / micro
-                 for c in tp_calls("megatron", sp=sp, layers=layers, micro_batches=micro, recompute=recompute)}
+                 for c in tp_calls("megatron", sp=sp, layers=layers, micro_batches=micro, activation_checkpointing=recompute)}
     assert per_layer == ({"all_gather": 6, "reduce_scatter": 4, "all_reduce": 0} if sp else
                          {"all_reduce": 6 if recompute == "full" else 4})
 

@@ -13,8 +13,12 @@ import json
 import pytest
 import torch
 
-from launch.planner import Layout, chunk_layers, plan_resolved, zero3_partition_numel
-from launch.resolve import Resolved
+from launch.plan.build import plan_resolved
+
+from launch.plan.layout import Layout
+
+from launch.plan.memory import chunk_layers, zero3_partition_numel
+from launch.config.resolve import Resolved
 from tests.dist.conftest import MEGATRON, MEGATRON_LAYOUTS as LAYOUTS, SHORT, train
 
 pytestmark = [pytest.mark.dist, pytest.mark.slow]

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from launch.metrics import read_metrics
+from launch.run.metrics import read_metrics
 from tests.conftest import REPO
 from tests.dist.conftest import SHORT, train
 from tests.dist.test_deepspeed_checkpoint import no_rank_left
@@ -38,7 +38,7 @@ exit $rc
 
 
 def free_slurm_job_id() -> int:
-    """A job id whose derived rendezvous port (launch/nodes.py: 20000 + id mod 20000) is free on this machine."""
+    """A job id whose derived rendezvous port (launch/run/nodes.py: 20000 + id mod 20000) is free on this machine."""
     import random
     import socket
 

@@ -12,7 +12,7 @@ import sys
 import pytest
 
 from analysis.report import build_report, write_report
-from launch.metrics import read_metrics
+from launch.run.metrics import read_metrics
 from tests.conftest import REPO
 from tests.dist.conftest import DS_DP2, commbench
 
@@ -51,7 +51,7 @@ def test_report_on_two_real_runs(two_runs, tmp_path):
     ag = [{r["collective"]: r["calls_per_step"] for r in res.bandwidth.rows()}.get("all_gather", 0.0)
           for res in rep.runs]
     assert ag[1] > ag[0]  # ZeRO-3 gathers parameters every forward and backward, ZeRO-2 once per step
-    # The planner's calls (launch.planner.communication) against the traces: every collective within its range
+    # The planner's calls (launch.plan.collectives.communication) against the traces: every collective within its range
     # (a gradient reduction may run as all-reduce or reduce-scatter), ZeRO-3's gathers exactly: each of tiny-llama's
     # 4 x 9 + 3 tensors is under the persistence threshold and is gathered once after the step.
     for res in rep.runs:

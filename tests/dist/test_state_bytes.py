@@ -1,5 +1,5 @@
 """Model-state bytes every rank holds (logs/state_bytes_rank{R}.json, written by the loop after the first
-optimizer step through launch/trainers/common.py `model_state_bytes`) against plan.json's implementation
+optimizer step through launch/ranks/trainers/common.py `model_state_bytes`) against plan.json's implementation
 accounting (`ranks[...].memory[implementation]`), within 2%. All runs are fp32 on gloo CPU ranks.
 
 The plan's weights, grads and optimizer are what a rank holds at its peak, during the backward and the step;
@@ -19,8 +19,10 @@ import json
 
 import pytest
 
-from launch.planner import Layout, largest_layer_params, rank_parameters
-from launch.resolve import Resolved
+from launch.plan.layout import Layout
+
+from launch.plan.memory import largest_layer_params, rank_parameters
+from launch.config.resolve import Resolved
 from tests.dist.conftest import DS_DP2, MEGATRON, MEGATRON_LAYOUTS, SHORT, TINY
 
 pytestmark = [pytest.mark.dist, pytest.mark.slow]

@@ -5,13 +5,13 @@ all_reduce_perf must be on PATH for the comparison.
 """
 import os
 import shutil
-import subprocess
 import statistics
+import subprocess
 
 import pytest
 
 from analysis.parsers.nccl_tests import parse_nccl_tests
-from launch.commbench_spec import OPS, read_result
+from launch.comm.commbench_spec import OPS, read_result
 from tests.conftest import REPO
 from tests.dist.conftest import free_port
 

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from launch.metrics import read_metrics
+from launch.run.metrics import read_metrics
 from tests.dist.conftest import train
 
 pytestmark = pytest.mark.gpu

@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from launch.metrics import read_metrics
+from launch.run.metrics import read_metrics
 from tests.dist.conftest import train
 
 pytestmark = pytest.mark.gpu
@@ -15,7 +15,7 @@ pytestmark = pytest.mark.gpu
 def test_half_billion_megatron_on_one_gpu(tmp_path, recompute):
     import torch
 
-    from launch.trainers.cpu_compat import apply
+    from launch.ranks.trainers.cpu_compat import apply
 
     assert apply() == ["torch_norm_sp"]  # no CUDA redirect where CUDA exists; the SP norm patch is not one
     profile = "h200" if "H200" in torch.cuda.get_device_name(0) else "h100-sxm"

@@ -1,5 +1,5 @@
 """Builders shared by the analysis/report tests: fixture paths and a run directory written by our own
-code (resolver, planner, launch.metrics.MetricsWriter) with the committed gloo traces, so the report
+code (resolver, planner, launch.run.metrics.MetricsWriter) with the committed gloo traces, so the report
 can be tested on our format without training anything."""
 from __future__ import annotations
 
@@ -8,9 +8,16 @@ import shutil
 from pathlib import Path
 from typing import Sequence
 
-from launch.metrics import FLOPS_FORMULA, SCHEMA_VERSION, MetaRecord, MetricsWriter, StepRecord
-from launch.planner import model_flops_per_token, plan_resolved
-from launch.resolve import resolve_path
+from launch.config.resolve import resolve_path
+from launch.plan.build import plan_resolved
+from launch.plan.time import model_flops_per_token
+from launch.run.metrics import (
+    FLOPS_FORMULA,
+    SCHEMA_VERSION,
+    MetaRecord,
+    MetricsWriter,
+    StepRecord,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 FIX = REPO / "tests" / "fixtures"
@@ -81,5 +88,5 @@ def make_run_dir(root: Path, name: str = "20260101-000000", *, overrides: Sequen
         (d / "traces").mkdir()
         for rank, src in enumerate(GLOO):
             shutil.copy(src, d / "traces" / f"rank{rank}.json.gz")
-    (d / "launch_cmd.txt").write_text("torchrun --nproc-per-node 2 -m launch.train\n")
+    (d / "launch_cmd.txt").write_text("torchrun --nproc-per-node 2 -m launch.ranks.train\n")
     return d

@@ -20,10 +20,21 @@ from analysis.parsers.metrics import parse_metrics
 from analysis.parsers.nccl_tests import large_message_busbw, parse_nccl_tests
 from analysis.parsers.nsys import parse_nsys_sqlite
 from analysis.parsers.nsys_stats import parse_nsys_stats_csv
-from launch.planner import plan_resolved
-from launch.resolve import resolve_path
-from tests.unit.report_support import (ALCF, ALLREDUCE_8XH100, BIGSCIENCE, GLOO, HTA, LOGS, NSYS, REPO,
-                                       build_nsys_exports, default_step_times, make_run_dir)
+from launch.config.resolve import resolve_path
+from launch.plan.build import plan_resolved
+from tests.unit.report_support import (
+    ALCF,
+    ALLREDUCE_8XH100,
+    BIGSCIENCE,
+    GLOO,
+    HTA,
+    LOGS,
+    NSYS,
+    REPO,
+    build_nsys_exports,
+    default_step_times,
+    make_run_dir,
+)
 
 ITERATION = re.compile(r"iteration\s+(\d+)/\s*\d+ \|.*?elapsed time per iteration \(ms\): ([\d.]+)")
 

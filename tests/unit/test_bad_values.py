@@ -3,7 +3,7 @@ from pathlib import Path
 
 import pytest
 
-from launch.cli import main
+from launch.commands.cli import main
 
 RECIPES = Path(__file__).resolve().parents[2] / "recipes"
 
@@ -35,11 +35,11 @@ def test_markup_in_a_value_is_printed_as_text(capsys):
     assert "overrides: description=[/red] [bold]x" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("gpus", ["0", "-3,4", "4,0", ""])
-def test_plan_blames_gpus_not_the_batch_it_is_derived_from(capsys, gpus):
-    assert main(["plan", f"gpus={gpus}"]) == 2
+@pytest.mark.parametrize("world_size", ["0", "-3,4", "4,0", ""])
+def test_plan_blames_world_size_not_the_batch_it_is_derived_from(capsys, world_size):
+    assert main(["plan", f"world_size={world_size}"]) == 2
     err = capsys.readouterr().err
-    assert f'gpus="{gpus}"' in err and "global_batch_size" not in err and err.count("\n") == 1
+    assert f'world_size="{world_size}"' in err and "global_batch_size" not in err and err.count("\n") == 1
 
 
 def _recipe(tmp_path, body: str, name: str = "r") -> Path:
@@ -191,7 +191,7 @@ def test_a_model_config_holding_nan_is_one_line(tmp_path, capsys):
 
     from tests.conftest import REPO
 
-    cfg = json.loads((REPO / "launch/catalogue/models/tiny-llama.json").read_text())
+    cfg = json.loads((REPO / "launch/config/catalogue/models/tiny-llama.json").read_text())
     text = json.dumps(cfg).replace(f'"rms_norm_eps": {json.dumps(cfg["rms_norm_eps"])}', '"rms_norm_eps": NaN')
     assert "NaN" in text
     (tmp_path / "config.json").write_text(text)
@@ -202,8 +202,8 @@ def test_a_model_config_holding_nan_is_one_line(tmp_path, capsys):
 
 def test_a_recipe_named_dot_dot_keeps_its_runs_under_runs(tmp_path, monkeypatch):
     """`run.sh ..` from inside a recipe folder named the recipe "..", and its run directory runs/../STAMP."""
-    from launch.resolve import resolve_path
-    from launch.rundir import RunDir
+    from launch.config.resolve import resolve_path
+    from launch.run.rundir import RunDir
 
     d = _recipe(tmp_path, "", name="mine")
     (d / "sub").mkdir()
@@ -241,7 +241,7 @@ def test_every_hostile_value_in_every_field_is_one_line_or_a_working_dry_run(tmp
     import contextlib
     import io
 
-    from launch.schema import Recipe
+    from launch.config.schema import Recipe
 
     fields = _leaf_fields(Recipe)
     assert {"train.lr", "parallel.tp", "hardware.profile", "deepspeed.config", "model.config"} <= set(fields)

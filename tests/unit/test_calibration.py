@@ -7,12 +7,19 @@ from pathlib import Path
 
 import pytest
 
-from launch import envinfo
-from launch.calibration import AlphaBeta, Calibration, Compute, EngineCost, Pass, fit_alpha_beta
-from launch.cli import main
+from launch.commands.cli import main
+from launch.config.calibration import (
+    AlphaBeta,
+    Calibration,
+    Compute,
+    EngineCost,
+    Pass,
+    fit_alpha_beta,
+)
+from launch.config.resolve import resolve_path
 from launch.errors import ConfigError
-from launch.planner import plan_resolved
-from launch.resolve import resolve_path
+from launch.plan.build import plan_resolved
+from launch.run import envinfo
 
 RECIPES = Path(__file__).resolve().parents[2] / "recipes"
 ALPHA, BETA = 1e-3, 0.5e9  # 1 ms per call, 0.5 GB/s
@@ -70,7 +77,7 @@ def _write(tmp_path: Path, calib: Calibration | dict | str, name: str = "calib.j
 
 def test_calibrated_zero2_step_equals_the_hand_computed_sum(tmp_path):
     path = _write(tmp_path, _calibration())
-    plan = plan_resolved(resolve_path(RECIPES / "tiny_zero2", [*MB4, f"hardware.profile={path}"]))
+    plan = plan_resolved(resolve_path(RECIPES / "tiny_zero2", [*MB4, f"hardware.profile={path}"]), envinfo.machine())
     # tiny_zero2: 2 ranks, ZeRO-2, fp32, micro-batch 4, global batch 8 -> one micro-step per step.
     params = 213_568  # tiny-llama: 2 × 512 × 64 + 4 × (2 × 64 × 64 + 2 × 64 × 32 + 3 × 64 × 128 + 2 × 64) + 64
     fwd, bwd = 0.004 * 4 + 0.001, 0.006 * 4 + 0.002
@@ -87,7 +94,7 @@ def test_calibrated_zero2_step_equals_the_hand_computed_sum(tmp_path):
 def test_calibrated_tp2_counts_every_autotp_call(tmp_path):
     path = _write(tmp_path, _calibration())
     plan = plan_resolved(resolve_path(RECIPES / "tiny_zero2", [*MB4, f"hardware.profile={path}", "parallel.tp=2",
-                                                                 "parallel.zero_stage=1"]))
+                                                                 "parallel.zero_stage=1"]), envinfo.machine())
     tp = [c for c in plan.comm if c.parallelism == "tp"]
     # dp = 1, two micro-steps: per micro-step 7 all-reduces per layer × 4 layers + lm_head's input gradient, and one
     # all-gather of the 4 × 64 × 512 fp32 logits.
@@ -112,7 +119,7 @@ def test_calibrated_megatron_uses_its_own_passes_and_engine_cost(tmp_path):
     path = _write(tmp_path, _calibration())
     plan = plan_resolved(resolve_path(RECIPES / "tiny_zero2", [*MB4, f"hardware.profile={path}", "backend=megatron",
                                                                  "parallel.tp=2", "parallel.zero_stage=1",
-                                                                 "train.activation_checkpointing=selective"]))
+                                                                 "train.activation_checkpointing=selective"]), envinfo.machine())
     assert plan.step.timing == "calibrated"
     # Two micro-steps of the tp=2 pass and megatron's ZeRO-1 engine cost per micro-step (0.0025 s), its step cost
     # and Adam over the Megatron shard: vocab-parallel embedding and output layer halved, the same decoder shard.
@@ -125,7 +132,7 @@ def test_calibrated_pipeline_stages_split_the_measured_pass_where_its_forward_we
     path = _write(tmp_path, _calibration())
     plan = plan_resolved(resolve_path(RECIPES / "tiny_zero2", [f"hardware.profile={path}", "backend=megatron",
                                                                  "parallel.pp=2", "parallel.zero_stage=1",
-                                                                 "batch.micro_batch_size=1"]))
+                                                                 "batch.micro_batch_size=1"]), envinfo.machine())
     assert plan.step.timing == "calibrated"
     # 2 stages of 2 layers, 8 micro-batches. The micro-batch-1 pass: forward 5 ms = 0.2 embedding + 4 layers + 0.8
     # output layer and loss, backward 8 ms (1.6 × the forward, split alike). Stage 0: 2 + 0.2 ms forward, stage 1:
@@ -145,7 +152,7 @@ def test_calibrated_pipeline_stages_split_the_measured_pass_where_its_forward_we
     assert "the slowest, stage 1," in plan.step.assumptions  # the output layer's, not the embedding's
     vpp = plan_resolved(resolve_path(RECIPES / "tiny_zero2", [f"hardware.profile={path}", "backend=megatron",
                                                                 "parallel.pp=2", "parallel.vpp=2", "parallel.zero_stage=1",
-                                                                "batch.micro_batch_size=1", "batch.global_batch_size=8"]))
+                                                                "batch.micro_batch_size=1", "batch.global_batch_size=8"]), envinfo.machine())
     assert vpp.step.timing == "nominal"
     assert "interleaved pipeline stages" in next(n for n in vpp.notes if n.startswith("time:"))
     # Interleaved schedules are not paired up: every call of the comm table is on the critical path.
@@ -173,7 +180,7 @@ def test_a_stage_takes_its_share_of_the_measured_pass():
     (1, 0, 8, 0),
 ])
 def test_pipeline_exchanges_follow_megatron_1f1b_by_hand(pp, stage, micro_batches, waits):
-    from launch.planner import pipeline_exchanges
+    from launch.plan.collectives import pipeline_exchanges
 
     assert pipeline_exchanges(pp, stage, micro_batches) == waits
 
@@ -188,7 +195,7 @@ def test_rank_skew_counts_only_ranks_the_measured_pass_did_not_synchronise(tmp_p
     quiet_path, noisy_path = _write(tmp_path, calib, "quiet.json"), _write(tmp_path, noisy, "noisy.json")
 
     def total(path, *over):
-        return plan_resolved(resolve_path(RECIPES / "tiny_zero2", [*MB4, f"hardware.profile={path}", *over])).step.total_s
+        return plan_resolved(resolve_path(RECIPES / "tiny_zero2", [*MB4, f"hardware.profile={path}", *over]), envinfo.machine()).step.total_s
 
     # Two data-parallel ranks, one micro-step: the slower of two normal draws is 0.5894 sd above the mean (Blom).
     c2 = NormalDist().inv_cdf((2 - 0.375) / (2 + 0.25))
@@ -202,8 +209,8 @@ def test_rank_skew_counts_only_ranks_the_measured_pass_did_not_synchronise(tmp_p
 def test_full_checkpointing_adds_the_measured_recompute_cost_per_micro_step(tmp_path):
     path = _write(tmp_path, _calibration())
     over = [f"hardware.profile={path}", "parallel.zero_stage=3"]
-    plain = plan_resolved(resolve_path(RECIPES / "tiny_zero2", [*MB4, *over]))
-    full = plan_resolved(resolve_path(RECIPES / "tiny_zero2", [*MB4, *over, "train.activation_checkpointing=full"]))
+    plain = plan_resolved(resolve_path(RECIPES / "tiny_zero2", [*MB4, *over]), envinfo.machine())
+    full = plan_resolved(resolve_path(RECIPES / "tiny_zero2", [*MB4, *over, "train.activation_checkpointing=full"]), envinfo.machine())
     # One micro-step per step: the full pass at micro-batch 4 is the same figure here, so the plans differ only by
     # the engine's recompute cost at ZeRO-3 (0.0009 s).
     assert full.step.total_s - plain.step.total_s == pytest.approx(0.0003 * 3, rel=1e-6)
@@ -217,8 +224,8 @@ def test_full_checkpointing_adds_the_measured_recompute_cost_per_micro_step(tmp_
 ])
 def test_a_calibration_that_does_not_apply_falls_back_to_nominal_and_says_why(tmp_path, change, says):
     path = _write(tmp_path, _calibration(**change))
-    nominal = plan_resolved(resolve_path(RECIPES / "tiny_zero2", [*MB4]))
-    plan = plan_resolved(resolve_path(RECIPES / "tiny_zero2", [*MB4, f"hardware.profile={path}"]))
+    nominal = plan_resolved(resolve_path(RECIPES / "tiny_zero2", [*MB4]), envinfo.machine())
+    plan = plan_resolved(resolve_path(RECIPES / "tiny_zero2", [*MB4, f"hardware.profile={path}"]), envinfo.machine())
     (note,) = [n for n in plan.notes if n.startswith("time:")]
     assert says in note and "nominal" in note and "\n" not in note
     assert plan.step.timing == "nominal" and plan.step.total_s == nominal.step.total_s
@@ -227,10 +234,10 @@ def test_a_calibration_that_does_not_apply_falls_back_to_nominal_and_says_why(tm
 def test_missing_pass_for_the_micro_batch_falls_back(tmp_path):
     path = _write(tmp_path, _calibration())
     plan = plan_resolved(resolve_path(RECIPES / "tiny_zero2", [*MB4, f"hardware.profile={path}", "batch.micro_batch_size=1",
-                                                                 "batch.global_batch_size=32"]))
+                                                                 "batch.global_batch_size=32"]), envinfo.machine())
     assert plan.step.timing == "calibrated"
     plan = plan_resolved(resolve_path(RECIPES / "tiny_zero2", [*MB4, f"hardware.profile={path}", "batch.micro_batch_size=16",
-                                                                 "batch.global_batch_size=32"]))
+                                                                 "batch.global_batch_size=32"]), envinfo.machine())
     assert plan.step.timing == "nominal"
     assert "no deepspeed pass at tp=1, micro_batch_size=16" in next(n for n in plan.notes if n.startswith("time:"))
 
@@ -335,6 +342,6 @@ def test_hostile_calibration_fields_are_one_line(tmp_path, capsys, mutate, says)
 
 def test_a_calibration_for_another_rank_count_per_node_does_not_apply(tmp_path):
     path = _write(tmp_path, _calibration(ranks_per_node=4))
-    plan = plan_resolved(resolve_path(RECIPES / "tiny_zero2", [*MB4, f"hardware.profile={path}"]))
+    plan = plan_resolved(resolve_path(RECIPES / "tiny_zero2", [*MB4, f"hardware.profile={path}"]), envinfo.machine())
     assert plan.step.timing == "nominal"
     assert "measured with 4 ranks per node" in next(n for n in plan.notes if n.startswith("time:"))

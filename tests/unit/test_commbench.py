@@ -3,11 +3,27 @@ import typing
 
 import pytest
 
-from launch.commbench import count_wrong, expected_output, pattern, put, value_plan
-from launch.commbench_spec import DTYPES, OPS, REDUCING, Shape, groups_of, shape, shapes, sweep_sizes, unsupported
+from launch.comm.commbench_spec import (
+    DTYPES,
+    OPS,
+    REDUCING,
+    Shape,
+    shape,
+    shapes,
+    sweep_sizes,
+    unsupported,
+)
+from launch.config.commbench import groups_of
+from launch.config.resolve import Resolved, resolve_path
+from launch.config.schema import COMMBENCH_DTYPE
 from launch.errors import ConfigError
-from launch.resolve import Resolved, resolve_path
-from launch.schema import COMMBENCH_DTYPE
+from launch.ranks.commbench import (
+    count_wrong,
+    expected_output,
+    pattern,
+    put,
+    value_plan,
+)
 from tests.conftest import RECIPES
 
 TINY = RECIPES / "tiny_zero2"

@@ -4,10 +4,19 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from analysis.parsers import nccl_tests as parser
-from launch import commbench_spec, nccl_format
-from launch.commbench_spec import DTYPES, NCCL_TESTS_OP, OPS, read_result, result_rows, shapes, sweep_sizes, write_result
-from launch.nccl_format import BW_WIDTH, TIME_WIDTH, float_field
-from launch.rundir import RunDir
+from launch.comm import commbench_spec, nccl_format
+from launch.comm.commbench_spec import (
+    DTYPES,
+    NCCL_TESTS_OP,
+    OPS,
+    read_result,
+    result_rows,
+    shapes,
+    sweep_sizes,
+    write_result,
+)
+from launch.comm.nccl_format import BW_WIDTH, TIME_WIDTH, float_field
+from launch.run.rundir import RunDir
 
 
 def printed(value: float, width: int) -> float:

@@ -1,9 +1,9 @@
 """Which nccl-tests commands a commbench run starts, for each topology (nothing is executed here)."""
 from pathlib import Path
 
-from launch.nccl_tests_runner import invocations
-from launch.resolve import resolve_path
-from launch.rundir import RunDir
+from launch.config.resolve import resolve_path
+from launch.run.nccl_tests_runner import invocations
+from launch.run.rundir import RunDir
 from tests.conftest import RECIPES
 
 TINY = RECIPES / "tiny_zero2"
@@ -72,7 +72,7 @@ def test_a_timed_out_launcher_gets_sigterm_for_its_whole_group(tmp_path):
     import subprocess
     import time
 
-    from launch.nccl_tests_runner import _stop
+    from launch.run.nccl_tests_runner import _stop
 
     marker = tmp_path / "terminated"
     # stands in for mpirun: it must get the chance to stop what it started

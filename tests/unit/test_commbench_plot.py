@@ -6,10 +6,10 @@ import pytest
 
 from analysis import comm_plot
 from analysis.parsers.nccl_tests import parse_nccl_tests
-from launch.commbench_spec import write_result
-from launch.resolve import resolve_path
-from launch.rundir import RunDir
-from tests.conftest import REPO, RECIPES
+from launch.comm.commbench_spec import write_result
+from launch.config.resolve import resolve_path
+from launch.run.rundir import RunDir
+from tests.conftest import RECIPES, REPO
 from tests.unit.test_commbench_format import make_result
 
 FIXTURES = REPO / "tests" / "fixtures" / "nccl"

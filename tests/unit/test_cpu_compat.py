@@ -1,4 +1,4 @@
-"""launch.trainers.cpu_compat: each redirect makes one Megatron-Core call work on a CPU-only torch build,
+"""launch.ranks.trainers.cpu_compat: each redirect makes one Megatron-Core call work on a CPU-only torch build,
 and each is still needed (the same call fails in a fresh interpreter without the redirects).
 
 Single process: a 1-rank gloo group and Megatron's parallel_state, set up once for the module. The
@@ -46,7 +46,7 @@ def _teardown_one_rank() -> None:
 
 @pytest.fixture(scope="module")
 def redirected() -> list[str]:
-    from launch.trainers import cpu_compat
+    from launch.ranks.trainers import cpu_compat
 
     _init_one_rank()
     names = cpu_compat.apply()
@@ -76,7 +76,9 @@ def _gpt(config):
 
 
 def _call_rotary_embedding() -> torch.Tensor:
-    from megatron.core.models.common.embeddings.rotary_pos_embedding import RotaryEmbedding
+    from megatron.core.models.common.embeddings.rotary_pos_embedding import (
+        RotaryEmbedding,
+    )
 
     return RotaryEmbedding(kv_channels=8, rotary_percent=1.0, use_cpu_initialization=True)(SEQ)
 
@@ -205,7 +207,7 @@ def test_every_redirect_is_still_needed():
 
 
 def test_apply_names_every_redirect(redirected):
-    from launch.trainers import cpu_compat
+    from launch.ranks.trainers import cpu_compat
 
     assert redirected == [r.name for r in cpu_compat.REDIRECTS]
     assert all(r.installed() for r in cpu_compat.REDIRECTS)
@@ -216,7 +218,7 @@ def test_apply_is_idempotent(redirected):
     import megatron.core.tensor_parallel.random as mrandom
     from megatron.core.transformer.torch_norm import WrappedTorchNorm
 
-    from launch.trainers import cpu_compat
+    from launch.ranks.trainers import cpu_compat
 
     before = (torch.cuda.current_device, mrandom.torch, mrandom._set_cuda_rng_state, schedules.torch,
               WrappedTorchNorm.__new__)
@@ -230,7 +232,7 @@ def test_apply_is_idempotent(redirected):
 
 
 def test_apply_with_cuda_installs_only_the_sp_norm(redirected, monkeypatch):
-    from launch.trainers import cpu_compat
+    from launch.ranks.trainers import cpu_compat
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     assert cpu_compat.apply() == ["torch_norm_sp"]  # the norm refuses SP on GPUs too, without Apex/TE
@@ -314,7 +316,9 @@ def test_sp_norm_keeps_config_flag(redirected):
 
 
 def test_tied_embedding_copy_leaves_tensor_cuda_alone(redirected):
-    from megatron.core.models.common.language_module.language_module import LanguageModule
+    from megatron.core.models.common.language_module.language_module import (
+        LanguageModule,
+    )
 
     # The redirect lasts only as long as the Megatron method it wraps: .cuda() fails again afterwards.
     _gpt(_config())

@@ -197,11 +197,17 @@ def test_a_log_holding_two_runs_is_named_with_the_line_where_the_second_starts(t
 
 
 def test_every_field_our_trainer_writes_is_read_back(tmp_path):
-    # The parser once kept its own column list: a field added to launch.metrics.StepRecord was dropped silently.
+    # The parser once kept its own column list: a field added to launch.run.metrics.StepRecord was dropped silently.
     # Round trip: a record with a distinct value in every field, written by our writer, read by the parser.
     from dataclasses import fields
 
-    from launch.metrics import FLOPS_FORMULA, SCHEMA_VERSION, MetaRecord, MetricsWriter, StepRecord
+    from launch.run.metrics import (
+        FLOPS_FORMULA,
+        SCHEMA_VERSION,
+        MetaRecord,
+        MetricsWriter,
+        StepRecord,
+    )
 
     meta = MetaRecord(schema_version=SCHEMA_VERSION, rank=0, world=1, tp=1, pp=1, dp=1, recipe="r", backend="deepspeed",
                       hardware_profile="cpu", device="cpu", peak_flops_per_device=1e12, flops_per_token=1e6,

@@ -2,7 +2,13 @@
 import numpy as np
 import pytest
 
-from launch.data import ByteText, DataError, Synthetic, global_batch_indices, micro_batch
+from launch.ranks.data import (
+    ByteText,
+    DataError,
+    Synthetic,
+    global_batch_indices,
+    micro_batch,
+)
 from tests.conftest import REPO
 
 CORPUS = REPO / "tests" / "fixtures" / "text" / "corpus.jsonl"

@@ -8,7 +8,7 @@ from analysis import doctor as D
 from analysis.parsers.kineto import parse_kineto_ranks
 from analysis.parsers.nccl_debug import parse_nccl_debug
 from analysis.table import Table
-from launch.resolve import resolve_path
+from launch.config.resolve import resolve_path
 from tests.unit.report_support import GLOO, HTA, NCCL, REPO
 
 

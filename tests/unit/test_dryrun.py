@@ -26,7 +26,7 @@ def test_dry_run_flagship(tmp_path):
     assert "node 0: 0:(t0,d0,p0) 1:(t1,d0,p0) 2:(t0,d1,p0) 3:(t1,d1,p0)" in out
     assert "memory per rank" in out and "zero_paper" in out and "megatron" in out and "deepspeed *" in out
     assert "plan: fits" in out
-    assert "-m torch.distributed.run --nnodes 1 --nproc-per-node 4" in out and "-m launch.train" in out
+    assert "-m torch.distributed.run --nnodes 1 --nproc-per-node 4" in out and "-m launch.ranks.train" in out
     assert seconds < 2.0, f"dry-run took {seconds:.2f}s"
     # the command it shows writes where the real run would: under $LAYOUTLAB_RUNS, not ./runs
     assert f"LAYOUTLAB_RUN_DIR='{tmp_path / 'runs'}/7b_tp2_zero3/<UTC yyyymmdd-hhmmss>'" in out
@@ -42,7 +42,7 @@ def test_empty_runs_variable_means_the_default_folder():
 
 
 def test_dry_run_never_imports_torch():
-    code = ("import sys; from launch.cli import main; rc = main(['run', 'recipes/7b_tp2_zero3', '--dry-run']); "
+    code = ("import sys; from launch.commands.cli import main; rc = main(['run', 'recipes/7b_tp2_zero3', '--dry-run']); "
             "heavy = [m for m in ('torch', 'deepspeed', 'megatron', 'transformers') if m in sys.modules]; "
             "print('HEAVY', heavy); sys.exit(rc)")
     p = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60)
@@ -82,8 +82,8 @@ def test_gpu_recipe_without_gpus_exits_2_without_a_run(tmp_path):
 
 def test_plan_command_writes_chart(tmp_path):
     out = tmp_path / "p"
-    p = subprocess.run([sys.executable, "-m", "launch", "plan", "model=llama-2-7b", "gpus=4,8", "hardware=h100-sxm",
-                        "recompute=none", f"out={out}"], cwd=REPO, capture_output=True, text=True, timeout=120)
+    p = subprocess.run([sys.executable, "-m", "launch", "plan", "model=llama-2-7b", "world_size=4,8", "hardware=h100-sxm",
+                        "activation_checkpointing=none", f"out={out}"], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert p.returncode == 0, p.stderr
     png = (tmp_path / "p.png").read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n"
@@ -92,10 +92,10 @@ def test_plan_command_writes_chart(tmp_path):
     import json
 
     rows = json.loads((tmp_path / "p.json").read_text())
-    fits = {(r["gpus"], r["layout"]): r["plan"]["fits"] for r in rows}
+    fits = {(r["world_size"], r["layout"]): r["plan"]["fits"] for r in rows}
     assert fits[(4, "DP")] is False and fits[(4, "ZeRO-3")] is True and fits[(8, "ZeRO-1")] is True
-    p = subprocess.run([sys.executable, "-m", "launch", "plan", "gpus=x"], cwd=REPO, capture_output=True, text=True)
-    assert p.returncode == 2 and "gpus" in p.stderr
+    p = subprocess.run([sys.executable, "-m", "launch", "plan", "world_size=x"], cwd=REPO, capture_output=True, text=True)
+    assert p.returncode == 2 and "world_size" in p.stderr
 
 
 def test_nsys_profile_wraps_the_launch_and_exports_sqlite():
@@ -109,9 +109,9 @@ def test_nsys_profile_wraps_the_launch_and_exports_sqlite():
 def test_preflight_refuses_nsys_missing_and_multinode_deepspeed_without_hostfile(monkeypatch):
     import pytest
 
+    from launch.config.resolve import resolve_path
     from launch.errors import ConfigError
-    from launch.launcher import preflight
-    from launch.resolve import resolve_path
+    from launch.run.launcher import preflight
 
     r = resolve_path(REPO / "recipes/7b_zero3_ac", ["run.profile=nsys"])
     with pytest.raises(ConfigError, match="needs Nsight Systems"):

@@ -12,10 +12,10 @@ that fails its check) or on the JSON inside.
 from __future__ import annotations
 
 import contextlib
-import os
 import gzip
 import hashlib
 import io
+import os
 import re
 import shutil
 import tempfile
@@ -203,7 +203,11 @@ def test_a_log_behind_nul_filler_or_garbage_is_read_with_a_warning(tmp_path, hea
 
 def test_nccl_tests_figures_without_physical_sense_are_dropped_and_counted(tmp_path):
     """A negative or NaN time and a busbw of 1e308 were listed, and 1e308 became the ceiling of every comparison."""
-    from analysis.parsers.nccl_tests import large_message_busbw, parse_nccl_tests, peak_busbw
+    from analysis.parsers.nccl_tests import (
+        large_message_busbw,
+        parse_nccl_tests,
+        peak_busbw,
+    )
 
     lines = FOREIGN["nccl/nccl_tests.txt"].read_text().splitlines()
     row = re.compile(r"^\s+(\d+)\s+\d+\s+\w+\s+\w+\s+-?\d+\s+(\S+)\s+(\S+)\s+(\S+)\s+\d+\s+(\S+)\s+(\S+)\s+(\S+)")

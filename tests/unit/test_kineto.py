@@ -24,10 +24,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from analysis import trace_analysis as ta
-from analysis.table import Table
 from analysis.gpu_kernels import kernel_collective, kernel_kind
 from analysis.parsers.kineto import COLUMNS, parse_kineto, parse_kineto_ranks
 from analysis.parsers.kineto_args import cpu_collective
+from analysis.table import Table
 
 FIX = Path(__file__).resolve().parent.parent / "fixtures" / "kineto"
 RANK0 = FIX / "hta_trace_filter__sampled_rank-0.json.gz"

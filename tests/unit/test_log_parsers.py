@@ -437,7 +437,12 @@ def test_sniff_recognises_content_not_names(tmp_path):
 
 
 def _write_events(logdir: Path) -> None:
-    from tensorboard.compat.proto import event_pb2, summary_pb2, tensor_pb2, tensor_shape_pb2
+    from tensorboard.compat.proto import (
+        event_pb2,
+        summary_pb2,
+        tensor_pb2,
+        tensor_shape_pb2,
+    )
     from tensorboard.summary.writer.event_file_writer import EventFileWriter
 
     def scalar_tensor(x: float) -> tensor_pb2.TensorProto:
@@ -614,7 +619,12 @@ def test_analysis_parsers_do_not_import_torch(tmp_path):
 
 def test_tensorboard_values_past_float32_and_negative_steps_are_dropped(tmp_path):
     """A float64 tensor summary can hold 1e300 and a damaged event a negative step; inf stays (a diverged loss)."""
-    from tensorboard.compat.proto import event_pb2, summary_pb2, tensor_pb2, tensor_shape_pb2
+    from tensorboard.compat.proto import (
+        event_pb2,
+        summary_pb2,
+        tensor_pb2,
+        tensor_shape_pb2,
+    )
     from tensorboard.summary.writer.event_file_writer import EventFileWriter
 
     writer = EventFileWriter(str(tmp_path / "run"))

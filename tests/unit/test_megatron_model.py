@@ -1,4 +1,4 @@
-"""launch.trainers.megatron_model at TP = PP = 1, against Hugging Face transformers as the oracle:
+"""launch.ranks.trainers.megatron_model at TP = PP = 1, against Hugging Face transformers as the oracle:
 parameter counts (every catalogue model, built on the meta device), per-token loss and gradients after
 loading HF weights, the HF <-> Megatron round trip, and the strictness of both conversions.
 
@@ -14,7 +14,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from launch.models import catalogue_names, load_model
+from launch.config.models import catalogue_names, load_model
 
 SEQ, BATCH = 16, 2
 TINY = ("tiny-llama", "tiny-qwen2")  # untied + GQA; tied + q/k/v bias
@@ -38,7 +38,7 @@ def one_rank():
 
 
 def _config(spec, activation_checkpointing="none"):
-    from launch.trainers.megatron_model import transformer_config
+    from launch.ranks.trainers.megatron_model import transformer_config
 
     return transformer_config(spec, tp=1, pp=1, vpp=1, sp=False, activation_checkpointing=activation_checkpointing,
                               dtype="fp32")
@@ -47,7 +47,7 @@ def _config(spec, activation_checkpointing="none"):
 def _perturbed_reference(spec, seed=0) -> dict[str, torch.Tensor]:
     """HF's init has unit norms and zero biases, under which a swapped norm or a dropped bias would pass
     unnoticed: every tensor gets noise, the same on every call."""
-    from launch.trainers.megatron_model import hf_reference_state
+    from launch.ranks.trainers.megatron_model import hf_reference_state
 
     g = torch.Generator().manual_seed(1000 + seed)
     return {k: v + 0.05 * torch.randn(v.shape, generator=g) for k, v in hf_reference_state(spec, seed).items()}
@@ -56,7 +56,7 @@ def _perturbed_reference(spec, seed=0) -> dict[str, torch.Tensor]:
 def _hf_model(spec, state):
     from transformers import AutoModelForCausalLM
 
-    from launch.models import hf_config
+    from launch.ranks.hf import hf_config
 
     model = AutoModelForCausalLM.from_config(hf_config(spec), dtype=torch.float32, attn_implementation="eager")
     result = model.load_state_dict(state, strict=False)
@@ -78,7 +78,7 @@ def _hf_per_token_loss(model, tokens, labels):
 
 
 def _built(spec, state, activation_checkpointing="none"):
-    from launch.trainers.megatron_model import build_chunks, load_hf_state
+    from launch.ranks.trainers.megatron_model import build_chunks, load_hf_state
 
     chunks = build_chunks(spec, _config(spec, activation_checkpointing), seed=0)
     load_hf_state(chunks, state, spec)
@@ -93,8 +93,8 @@ def _positions():
 def test_parameter_count_matches_transformers(one_rank, name):
     from transformers import AutoModelForCausalLM
 
-    from launch.models import hf_config
-    from launch.trainers.megatron_model import build_chunks
+    from launch.ranks.hf import hf_config
+    from launch.ranks.trainers.megatron_model import build_chunks
 
     spec = load_model(name=name)
     # The meta device keeps the 7-8B models to shapes only.
@@ -126,7 +126,7 @@ def test_loss_and_logits_match_transformers(one_rank, name):
 
 @pytest.mark.parametrize("activation_checkpointing", ["none", "full", "selective"])
 def test_gradients_match_transformers(one_rank, activation_checkpointing):
-    from launch.trainers.megatron_model import gather_hf_state, place_of
+    from launch.ranks.trainers.megatron_model import gather_hf_state, place_of
 
     spec = load_model(name="tiny-qwen2")
     state = _perturbed_reference(spec)
@@ -148,7 +148,7 @@ def test_gradients_match_transformers(one_rank, activation_checkpointing):
 
 @pytest.mark.parametrize("name", TINY)
 def test_round_trip_is_exact(one_rank, name):
-    from launch.trainers.megatron_model import gather_hf_state, place_of
+    from launch.ranks.trainers.megatron_model import gather_hf_state, place_of
 
     spec = load_model(name=name)
     state = _perturbed_reference(spec)
@@ -162,8 +162,8 @@ def test_round_trip_is_exact(one_rank, name):
 def test_reference_state_is_hf_state_dict_without_the_tied_alias(one_rank):
     from transformers import AutoModelForCausalLM
 
-    from launch.models import hf_config
-    from launch.trainers.megatron_model import hf_reference_state
+    from launch.ranks.hf import hf_config
+    from launch.ranks.trainers.megatron_model import hf_reference_state
 
     spec = load_model(name="tiny-qwen2")
     ref = hf_reference_state(spec, seed=4)
@@ -176,7 +176,7 @@ def test_reference_state_is_hf_state_dict_without_the_tied_alias(one_rank):
 
 
 def test_load_accepts_hf_state_dict_with_tied_alias(one_rank):
-    from launch.trainers.megatron_model import build_chunks, load_hf_state
+    from launch.ranks.trainers.megatron_model import build_chunks, load_hf_state
 
     spec = load_model(name="tiny-qwen2")
     state = _perturbed_reference(spec)
@@ -188,7 +188,7 @@ def test_load_accepts_hf_state_dict_with_tied_alias(one_rank):
 
 
 def test_load_is_strict_about_hf_keys_and_shapes(one_rank):
-    from launch.trainers.megatron_model import build_chunks, load_hf_state
+    from launch.ranks.trainers.megatron_model import build_chunks, load_hf_state
 
     spec = load_model(name="tiny-llama")
     state = _perturbed_reference(spec)
@@ -210,7 +210,7 @@ def test_load_is_strict_about_hf_keys_and_shapes(one_rank):
 
 
 def test_chunk_of_another_model_is_refused(one_rank):
-    from launch.trainers.megatron_model import build_chunks, hf_state_to_chunk
+    from launch.ranks.trainers.megatron_model import build_chunks, hf_state_to_chunk
 
     llama, qwen = load_model(name="tiny-llama"), load_model(name="tiny-qwen2")
     chunk = build_chunks(qwen, _config(qwen), seed=0)[0]
@@ -220,7 +220,7 @@ def test_chunk_of_another_model_is_refused(one_rank):
 
 
 def test_gather_is_strict(one_rank):
-    from launch.trainers.megatron_model import Place, gather_hf_state, place_of
+    from launch.ranks.trainers.megatron_model import Place, gather_hf_state, place_of
 
     spec = load_model(name="tiny-llama")
     chunk = _built(spec, _perturbed_reference(spec))[0]
@@ -238,7 +238,7 @@ def test_gather_is_strict(one_rank):
 
 
 def test_transformer_config_maps_the_hf_config():
-    from launch.trainers.megatron_model import transformer_config
+    from launch.ranks.trainers.megatron_model import transformer_config
 
     spec = load_model(name="tiny-qwen2")
     c = transformer_config(spec, tp=2, pp=2, vpp=2, sp=True, activation_checkpointing="full", dtype="bf16")
@@ -271,7 +271,7 @@ def test_transformer_config_maps_the_hf_config():
     ({"vpp": 2}, "vpp=2 needs pp > 1"),
 ])
 def test_transformer_config_refuses_layouts_megatron_cannot_build(layout, message):
-    from launch.trainers.megatron_model import transformer_config
+    from launch.ranks.trainers.megatron_model import transformer_config
 
     args = {"tp": 1, "pp": 1, "vpp": 1, "sp": False, **layout}
     with pytest.raises(ValueError, match=message):
@@ -284,8 +284,8 @@ def test_rope_frequencies_match_transformers(one_rank, name):
     from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
     from transformers.models.qwen2.modeling_qwen2 import Qwen2RotaryEmbedding
 
-    from launch.models import hf_config
-    from launch.trainers.megatron_model import build_chunks
+    from launch.ranks.hf import hf_config
+    from launch.ranks.trainers.megatron_model import build_chunks
 
     spec = load_model(name=name)
     rotary = {"LlamaForCausalLM": LlamaRotaryEmbedding, "Qwen2ForCausalLM": Qwen2RotaryEmbedding}[spec.architecture]
@@ -296,7 +296,7 @@ def test_rope_frequencies_match_transformers(one_rank, name):
 
 
 def test_build_chunks_refuses_a_parallel_state_that_disagrees(one_rank):
-    from launch.trainers.megatron_model import build_chunks, transformer_config
+    from launch.ranks.trainers.megatron_model import build_chunks, transformer_config
 
     spec = load_model(name="tiny-llama")
     config = transformer_config(spec, tp=2, pp=1, vpp=1, sp=False, activation_checkpointing="none", dtype="fp32")
@@ -327,6 +327,6 @@ def test_megatron_imports_with_its_fusions_eager_on_cpu_ranks():
         assert p.returncode == 0, p.stderr[-2000:]
         return p.stdout.split()
 
-    eager = "from launch.trainers.megatron_backend import import_megatron_eager; import_megatron_eager(); "
+    eager = "from launch.ranks.trainers.megatron_backend import import_megatron_eager; import_megatron_eager(); "
     assert probe(eager) == ["False", "True", "False", "False", "True"]
     assert probe("")[:4] == ["True", "True", "True", "True"]

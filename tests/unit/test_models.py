@@ -10,8 +10,14 @@ from pathlib import Path
 
 import pytest
 
+from launch.config.models import (
+    ModelSpec,
+    ParamCounts,
+    catalogue_dir,
+    catalogue_names,
+    load_model,
+)
 from launch.errors import ConfigError
-from launch.models import ModelSpec, ParamCounts, catalogue_dir, catalogue_names, load_model
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 RECIPE = "recipes/test/recipe.toml"
@@ -160,7 +166,7 @@ def test_catalogue_files_name_their_source_and_loader_drops_underscore_keys(name
     spec = load_model(name)
     assert not any(k.startswith("_") for k in spec.hf_config)
     assert dict(spec.hf_config).keys() == {k for k in raw if not k.startswith("_")}
-    assert spec.source == f"launch/catalogue/models/{name}.json"
+    assert spec.source == f"launch/config/catalogue/models/{name}.json"
     assert spec.name == name
 
 
@@ -368,7 +374,7 @@ def test_from_dict_rejects_missing_unknown_and_mistyped_fields():
 
 def test_importing_and_loading_does_not_import_torch():
     code = (
-        "import sys, launch.models as m\n"
+        "import sys, launch.config.models as m\n"
         "[m.load_model(n).param_counts() for n in m.catalogue_names()]\n"
         "heavy = {'torch', 'transformers', 'deepspeed', 'megatron', 'numpy'}\n"
         "print(','.join(sorted(k for k in sys.modules if k.split('.')[0] in heavy)))\n"

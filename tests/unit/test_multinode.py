@@ -7,10 +7,11 @@ import sys
 
 import pytest
 
-from launch import launcher, nodes
-from launch.cli import node_lines, shared_run_dir
+from launch.commands.render import node_lines
+from launch.run.nodes import shared_run_dir
+from launch.config.resolve import resolve_path
 from launch.errors import ConfigError
-from launch.resolve import resolve_path
+from launch.run import launcher, nodes
 from tests.conftest import REPO
 
 TWO_NODES = ("hardware.nodes=2",)
@@ -77,7 +78,7 @@ def test_dry_run_prints_one_command_per_node():
 
 
 def test_thousands_of_nodes_are_summarised():
-    from launch.grid import RankGrid, shown_nodes
+    from launch.config.grid import RankGrid, shown_nodes
 
     assert shown_nodes(3) == [0, 1, 2] and shown_nodes(4000) == [0, 1, 2, 3999]
     per_node = [launcher.NodeCommand(n, None, launcher.LaunchCommand(("torchrun", f"--node-rank={n}"), {}))
@@ -217,10 +218,9 @@ def test_restarts_without_checkpoints_are_warned_about():
 
 
 def test_a_restarted_run_replaces_the_steps_it_trained_again(tmp_path):
+    import launch.run.metrics as M
     from analysis.parsers.metrics import parse_metrics
-    from launch.metrics import read_metrics
-
-    import launch.metrics as M
+    from launch.run.metrics import read_metrics
 
     path = tmp_path / "rank0.jsonl"
     lines = []
@@ -252,7 +252,7 @@ HPZ_LAYOUT = ("parallel.zero_stage=3", "hardware.gpus_per_node=4", "batch.micro_
 
 
 def test_hpz_moves_the_backward_gathers_into_its_group_and_adds_the_secondary_partition():
-    from launch.planner import plan_resolved
+    from launch.plan.build import plan_resolved
 
     plain = plan_resolved(resolve_path(REPO / "recipes/tiny_zero2", list(HPZ_LAYOUT)))
     hpz = plan_resolved(resolve_path(REPO / "recipes/tiny_zero2", [*HPZ_LAYOUT, "parallel.zero_hpz_partition_size=2"]))

@@ -4,12 +4,14 @@ import math
 
 import pytest
 
-from launch.grid import RankGrid
-from launch.hardware import load_profile
-from launch.models import load_model
-from launch.planner import (Layout, Plan, activation_terms, communication, layer_activation_bytes, make_plan,
-                            model_states, plan_resolved, stage_params)
-from launch.resolve import resolve_path
+from launch.config.grid import RankGrid
+from launch.config.hardware import load_profile
+from launch.config.models import load_model
+from launch.config.resolve import resolve_path
+from launch.plan.build import make_plan, plan_resolved
+from launch.plan.collectives import communication
+from launch.plan.layout import Layout, Plan
+from launch.plan.memory import activation_terms, layer_activation_bytes, model_states, stage_params
 from tests.conftest import RECIPES
 
 H100 = load_profile("h100-sxm")
@@ -45,7 +47,9 @@ def test_zero_paper_example_7_5b_on_64():
                                                     (3, "cpu", "none"), (3, "cpu", "cpu")])
 def test_matches_deepspeed_estimators_7b_on_4_gpus(zero, off_opt, off_par):
     from deepspeed.runtime.zero.stage3 import estimate_zero3_model_states_mem_needs
-    from deepspeed.runtime.zero.stage_1_and_2 import estimate_zero2_model_states_mem_needs
+    from deepspeed.runtime.zero.stage_1_and_2 import (
+        estimate_zero2_model_states_mem_needs,
+    )
 
     pc = LLAMA7.param_counts()
     lay = layout(dp=4, zero=zero, gpn=4, offload_optimizer=off_opt, offload_params=off_par)
@@ -68,7 +72,9 @@ def test_matches_deepspeed_estimators_7b_on_4_gpus(zero, off_opt, off_par):
 def test_host_memory_matches_deepspeed_estimators_cpu_column(zero, off_opt, off_par, gpn, nodes):
     """The CPU column of DeepSpeed's own estimators (zero_init off: neither backend builds under zero.Init), ±2%."""
     from deepspeed.runtime.zero.stage3 import estimate_zero3_model_states_mem_needs
-    from deepspeed.runtime.zero.stage_1_and_2 import estimate_zero2_model_states_mem_needs
+    from deepspeed.runtime.zero.stage_1_and_2 import (
+        estimate_zero2_model_states_mem_needs,
+    )
 
     pc = LLAMA7.param_counts()
     lay = layout(dp=gpn * nodes, zero=zero, gpn=gpn, offload_optimizer=off_opt, offload_params=off_par)
@@ -81,9 +87,9 @@ def test_host_memory_matches_deepspeed_estimators_cpu_column(zero, off_opt, off_
     assert plan.host_bytes_per_node == pytest.approx(cpu, rel=0.02)
 
 
-def _korthikanti(s, b, h, a, t=1, sp=False, recompute="none"):
+def _korthikanti(s, b, h, a, t=1, sp=False, activation_checkpointing="none"):
     terms = activation_terms("gpt", s, b, h, a)
-    return layer_activation_bytes(terms, t=t, sp=sp, recompute=recompute)
+    return layer_activation_bytes(terms, t=t, sp=sp, activation_checkpointing=activation_checkpointing)
 
 
 @pytest.mark.parametrize("s, b, h, a, t", [(2048, 1, 12288, 96, 8), (4096, 2, 4096, 32, 2), (1024, 4, 2048, 16, 4)])
@@ -92,8 +98,8 @@ def test_korthikanti_formulas(s, b, h, a, t):
     assert _korthikanti(s, b, h, a) == pytest.approx(sbh * (34 + 5 * a * s / h))
     assert _korthikanti(s, b, h, a, t) == pytest.approx(sbh * (10 + 24 / t + 5 * a * s / (h * t)))
     assert _korthikanti(s, b, h, a, t, sp=True) == pytest.approx(sbh * (34 / t + 5 * a * s / (h * t)))
-    assert _korthikanti(s, b, h, a, t, sp=True, recompute="selective") == pytest.approx(34 * sbh / t)
-    assert _korthikanti(s, b, h, a, recompute="full") == pytest.approx(2 * sbh)
+    assert _korthikanti(s, b, h, a, t, sp=True, activation_checkpointing="selective") == pytest.approx(34 * sbh / t)
+    assert _korthikanti(s, b, h, a, activation_checkpointing="full") == pytest.approx(2 * sbh)
 
 
 def test_llama_layer_has_no_quadratic_term_and_sp_shards_everything():
@@ -209,12 +215,12 @@ def test_host_memory_is_fit_checked():
 
 
 def test_tp_calls_by_pipeline_stage():
-    """Megatron, 2 layers on the stage, 2 micro-batches; hand-counted from launch/backends.py's per-layer calls."""
-    from launch.planner import tp_calls
+    """Megatron, 2 layers on the stage, 2 micro-batches; hand-counted from launch/config/backends.py's per-layer calls."""
+    from launch.plan.collectives import tp_calls
 
     def calls(sp, first, last):
         return {c.collective: c.layers + c.head + c.loss + c.logits
-                for c in tp_calls("megatron", sp=sp, layers=2, micro_batches=2, recompute="none",
+                for c in tp_calls("megatron", sp=sp, layers=2, micro_batches=2, activation_checkpointing="none",
                                   first_stage=first, last_stage=last)}
 
     # TP: 4 per layer; the embedding's all-reduce on the first stage; on the last the output layer's + 3 (loss)

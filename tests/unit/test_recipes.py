@@ -3,7 +3,7 @@ import re
 
 import pytest
 
-from launch.resolve import resolve_path
+from launch.config.resolve import resolve_path
 from tests.conftest import RECIPES
 
 SHIPPED = sorted(p.parent for p in RECIPES.glob("*/recipe.toml"))

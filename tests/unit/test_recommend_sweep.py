@@ -6,9 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from launch.cli import main
-from launch.recommend import candidates, layouts, ranked
-from launch.resolve import resolve_path
+from launch.commands.cli import main
+from launch.commands.recommend import candidates, layouts, ranked
+from launch.config.resolve import resolve_path
+from launch.run import envinfo
 
 RECIPES = Path(__file__).resolve().parents[2] / "recipes"
 
@@ -45,14 +46,14 @@ def test_calibrated_layouts_are_ranked_apart_from_nominal_ones(tmp_path):
     calib = _calibration()
     ds_only = dataclasses.replace(calib, compute=dataclasses.replace(
         calib.compute, passes=tuple(p for p in calib.compute.passes if p.backend == "deepspeed")))
-    cands = candidates(str(RECIPES / "tiny_zero2"), [f"hardware.profile={_write(tmp_path, ds_only, 'ds.json')}"])
+    cands = candidates(str(RECIPES / "tiny_zero2"), [f"hardware.profile={_write(tmp_path, ds_only, 'ds.json')}"], envinfo.machine())
     fit = ranked(cands)
     # Without Megatron passes only the deepspeed backend's layouts are timed: Megatron's stay out of the ranking.
     assert fit and {c.plan.step.timing for c in fit} == {"calibrated"}
     assert all(c.label.startswith("deepspeed") for c in fit)
     assert any(c.fits and c.label.startswith("megatron") for c in cands)
     # With them, both backends' layouts are ranked together.
-    both = ranked(candidates(str(RECIPES / "tiny_zero2"), [f"hardware.profile={_write(tmp_path, calib)}"]))
+    both = ranked(candidates(str(RECIPES / "tiny_zero2"), [f"hardware.profile={_write(tmp_path, calib)}"], envinfo.machine()))
     assert {c.label.split()[0] for c in both} == {"deepspeed", "megatron"}
 
 
@@ -110,8 +111,8 @@ def test_sweep_usage_errors(capsys, args, says):
 def test_feed_back_writes_a_new_calibration_only_from_calibrated_predictions(tmp_path):
     from rich.console import Console
 
-    from launch.recommend import _feed_back
-    from launch.sweep import Measured, member
+    from launch.commands.recommend import _feed_back
+    from launch.commands.sweep import Measured, member
     from tests.unit.test_calibration import _calibration, _write
 
     original = json.dumps(_calibration().to_dict())
@@ -130,11 +131,11 @@ def test_feed_back_writes_a_new_calibration_only_from_calibrated_predictions(tmp
 
 
 def test_every_candidate_is_either_ranked_or_dropped_with_a_counted_reason(tmp_path):
-    from launch.recommend import recommend
+    from launch.commands.recommend import recommend
     from tests.unit.test_calibration import _calibration, _write
 
     path = _write(tmp_path, _calibration())
-    cands = candidates(str(RECIPES / "tiny_zero2"), [f"hardware.profile={path}"])
+    cands = candidates(str(RECIPES / "tiny_zero2"), [f"hardware.profile={path}"], envinfo.machine())
     rec = recommend(cands)
     assert rec.tried == len(cands) == len(rec.ranked) + sum(n for _, n in rec.dropped)
     reasons = dict(rec.dropped)
@@ -165,7 +166,7 @@ WANT = dict(base_profile="cpu", world_size=2, ranks_per_node=2, model="tiny-llam
 
 
 def _this_machine() -> dict:
-    from launch import envinfo
+    from launch.run import envinfo
 
     return dict(machine_kind=envinfo.machine_kind(), versions=envinfo.package_versions(), **WANT)
 
@@ -173,7 +174,7 @@ def _this_machine() -> dict:
 def test_only_a_calibration_of_this_machine_model_and_world_is_found(tmp_path):
     import dataclasses
 
-    from launch.calibration import newest_for
+    from launch.config.calibration import newest_for
     from tests.unit.test_calibration import _calibration
 
     mine = _calibration()
@@ -208,7 +209,7 @@ def test_the_newest_measurement_wins_then_its_copy_with_the_most_verified_runs(t
     import dataclasses
     import os
 
-    from launch.calibration import newest_for
+    from launch.config.calibration import newest_for
     from tests.unit.test_calibration import _calibration
 
     mine = _calibration()

@@ -12,8 +12,18 @@ import pytest
 
 from analysis.__main__ import main, parse_args
 from analysis.report import build_report, write_report
-from tests.unit.report_support import (ALCF, ALLREDUCE_8XH100, BIGSCIENCE, GLOO, HTA, NCCL, NSYS, REPO,
-                                       build_nsys_exports, make_run_dir)
+from tests.unit.report_support import (
+    ALCF,
+    ALLREDUCE_8XH100,
+    BIGSCIENCE,
+    GLOO,
+    HTA,
+    NCCL,
+    NSYS,
+    REPO,
+    build_nsys_exports,
+    make_run_dir,
+)
 
 
 @pytest.fixture(scope="module")

@@ -12,8 +12,18 @@ import pytest
 from analysis.parsers import metrics as metrics_parser
 from analysis.recognize import classify, group_runs, recognize
 from analysis.report import build_report
-from tests.unit.report_support import (ALCF, ALLREDUCE_8XH100, BIGSCIENCE, GLOO, HTA, LOGS, NCCL, NSYS,
-                                       build_nsys_exports, make_run_dir)
+from tests.unit.report_support import (
+    ALCF,
+    ALLREDUCE_8XH100,
+    BIGSCIENCE,
+    GLOO,
+    HTA,
+    LOGS,
+    NCCL,
+    NSYS,
+    build_nsys_exports,
+    make_run_dir,
+)
 
 
 @pytest.fixture(scope="module")

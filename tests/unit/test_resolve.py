@@ -3,9 +3,9 @@ import json
 
 import pytest
 
+from launch.config.resolve import Resolved, resolve_path
+from launch.config.schema import load_recipe
 from launch.errors import ConfigError
-from launch.resolve import Resolved, resolve_path
-from launch.schema import load_recipe
 from tests.conftest import RECIPES
 
 FLAGSHIP = RECIPES / "7b_tp2_zero3"
@@ -127,7 +127,7 @@ def test_model_name_and_config_exclusive(write_recipe):
 
 def test_child_config_replaces_inherited_name_and_paths_become_absolute(write_recipe, repo, tmp_path, monkeypatch):
     d = write_recipe("x", '[model]\nconfig = "cfg.json"\n')  # the base names tiny-llama
-    (d / "cfg.json").write_text((repo / "launch/catalogue/models/tiny-qwen2.json").read_text())
+    (d / "cfg.json").write_text((repo / "launch/config/catalogue/models/tiny-qwen2.json").read_text())
     r = resolve_path(d)
     assert r.model.architecture == "Qwen2ForCausalLM" and r.recipe.model.config == str(d / "cfg.json")
     # an override's relative path is relative to the working directory, not to the recipe
@@ -144,7 +144,7 @@ def test_model_from_config_path(write_recipe, repo):
     body = ('backend = "deepspeed"\n[model]\nconfig = "cfg.json"\n'
             '[batch]\nmicro_batch_size = 1\nglobal_batch_size = 2\nseq_len = 32\n[train]\nsteps = 5\nwarmup_steps = 1\n')
     d = write_recipe("x", body, extends=None)
-    (d / "cfg.json").write_text((repo / "launch/catalogue/models/tiny-qwen2.json").read_text())
+    (d / "cfg.json").write_text((repo / "launch/config/catalogue/models/tiny-qwen2.json").read_text())
     r = resolve_path(d)
     assert r.model.architecture == "Qwen2ForCausalLM" and r.model.tie_word_embeddings
     (d / "cfg.json").write_text("{")
@@ -239,7 +239,7 @@ def test_sequence_parallel_needs_seq_len_divisible_by_tp():
 
 
 def test_offload_needs_the_right_prebuilt_ops():
-    from launch.extensions import needed_ops
+    from launch.run.extensions import needed_ops
 
     assert needed_ops(resolve_path(RECIPES / "tiny_zero2")) == []
     assert needed_ops(resolve_path(RECIPES / "tiny_zero2", ["parallel.offload_optimizer=cpu"])) == ["cpu_adam"]

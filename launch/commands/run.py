@@ -1,0 +1,114 @@
+"""`bash launch/run.sh recipes/NAME [key=value ...] [--dry-run]` (`python -m launch run`): resolve, plan, check every
+input, create the run directory and start the ranks."""
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Sequence
+
+from launch.commands.args import split_dry_run
+from launch.commands.render import gib, make_console, render, safe
+from launch.config.backends import traits
+from launch.config.grid import shown_nodes
+from launch.config.resolve import Resolved, resolve_path
+from launch.errors import ConfigError
+from launch.plan.build import plan_resolved
+from launch.run import envinfo, launcher, nodes
+from launch.run.failures import failure_summary
+from launch.run.nodes import shared_run_dir
+from launch.run.rundir import RunDir, runs_root
+
+
+def cmd_run(args: Sequence[str]) -> int:
+    dry, rest = split_dry_run(args, "run.sh", "use dotted key=value overrides, e.g. parallel.tp=2")
+    if not rest:
+        raise ConfigError("command line", "recipe", None, "is missing", "usage: bash launch/run.sh recipes/NAME [key=value ...] [--dry-run]")
+    recipe, overrides = rest[0], rest[1:]
+    resolved = resolve_path(recipe, overrides)
+    plan = plan_resolved(resolved, envinfo.machine())
+    console = make_console()
+    if dry:
+        run_dir = str(runs_root() / resolved.recipe_name / "<UTC yyyymmdd-hhmmss>")  # where the real run would go
+        cmd = launcher.build(resolved, run_dir)
+        nodes_n = resolved.recipe.hardware.nodes
+        per_node = launcher.node_commands(resolved, run_dir, node_ranks=shown_nodes(nodes_n)) if nodes_n > 1 else []
+        render(resolved, plan, cmd, console, per_node)
+        return 0
+    bench = resolved.recipe.run.mode == "commbench"  # the collective sweep needs no trainer, memory fit or checkpoint
+    missing = [] if bench else traits(resolved.recipe.backend).missing_packages()
+    if missing:
+        raise ConfigError(resolved.recipe_path, "backend", resolved.recipe.backend,
+                          f"needs {', '.join(missing)}, which is not installed",
+                          'install the project as README says (pip install -e ".[test]")')
+    if not bench and not plan.host_fits and not resolved.recipe.plan.ignore_fit:
+        raise ConfigError(resolved.recipe_path, "plan", f"{gib(plan.host_bytes_per_node)} GiB host",
+                          f"of host memory per node (each rank's model built on the host, offloaded state) exceeds the usable "
+                          f"{gib(plan.host_usable_bytes)} GiB",
+                          "offload less (parallel.offload_params/offload_optimizer), use more nodes, or set plan.ignore_fit=true")
+    if not bench and not plan.fits and not resolved.recipe.plan.ignore_fit:
+        worst = plan.worst()
+        raise ConfigError(resolved.recipe_path, "plan", f"{gib(worst.memory[worst.implementation].total)} GiB",
+                          f"exceeds the usable {gib(worst.usable_bytes)} GiB on {worst.kind}",
+                          "lower memory (zero_stage, tp, activation_checkpointing, micro_batch_size) or set plan.ignore_fit=true")
+    launcher.preflight(resolved)
+    if not bench and resolved.recipe.run.resume == "auto":
+        done = _check_resume(resolved)
+        if done is not None and done.step >= resolved.recipe.train.steps:
+            print(f"nothing to do: {done.dir} already holds step {done.step} of train.steps="
+                  f"{resolved.recipe.train.steps}; set run.resume=never to train again from scratch, or raise train.steps")
+            return 0
+    joined = shared_run_dir(resolved, os.environ)
+    run = RunDir.join(joined) if joined else RunDir.create(resolved.recipe_name)
+    cmd = launcher.build(resolved, str(run.root))
+    if joined and run.resolved.is_file():
+        if Resolved.load(run.resolved).to_json() != resolved.to_json():
+            raise ConfigError(str(run.resolved), "LAYOUTLAB_RUN_DIR", joined, "was resolved differently on node 0",
+                              "run the same recipe and overrides on every node")
+    else:
+        run.write_text_atomic(run.resolved, resolved.to_json() + "\n")
+        run.write_text_atomic(run.plan, plan.to_json() + "\n")
+    node = nodes.placement(os.environ, resolved.recipe.hardware.nodes).node_rank
+    run.write_text_atomic(run.env if node == 0 else run.root / f"env_node{node}.json",
+                          json.dumps(envinfo.capture(), indent=2) + "\n")
+    run.write_text_atomic(run.launch_cmd if node == 0 else run.root / f"launch_cmd_node{node}.txt", cmd.shell() + "\n")
+    for path, text in cmd.files.items():
+        run.write_text_atomic(Path(path), text)
+    render(resolved, plan, cmd, console)
+    console.print(f"[bold]run directory[/bold] {safe(str(run.root))}")
+    from launch.run.extensions import ensure_op, needed_ops
+
+    for op in [] if bench else needed_ops(resolved):
+        ensure_op(op, console, env=dict(cmd.env))
+    if bench:
+        from launch.run.nccl_tests_runner import run_nccl_tests
+
+        run_nccl_tests(resolved, run, console, env=dict(cmd.env))
+    rc = launcher.execute(cmd)
+    if rc != 0:
+        for line in failure_summary(run, resolved.world_size):
+            print(line, file=sys.stderr)
+    return rc
+
+
+def _check_resume(resolved: Resolved):
+    """Refuse an impossible resume before any rank starts (the trainer checks again, for the record)."""
+    from launch.run.checkpoints import (
+        check_resume_compatible,
+        find_resume,
+        to_universal,
+    )
+
+    ckpt, notes = find_resume(runs_root() / resolved.recipe_name, resolved)
+    for note in notes:
+        print(f"note: {note}")
+    first_node = nodes.placement(os.environ, resolved.recipe.hardware.nodes).node_rank == 0
+    # raises ResumeError: one line, exit 2; only node 0 converts (the nodes share the folder it writes)
+    if ckpt is not None and check_resume_compatible(ckpt, resolved) and first_node:
+        from rich.console import Console
+
+        # Before any rank starts: converting a large checkpoint takes minutes, longer than the watchdog allows.
+        with Console().status(f"converting {ckpt.dir} to DeepSpeed's universal format for the new layout"):
+            to_universal(ckpt)
+    return ckpt

@@ -1,0 +1,172 @@
+"""`bash launch/commands/sweep.sh recipes/A recipes/B ... [key=value ...] [--dry-run]`: a set of runs held equal, then one report.
+
+Every member is resolved first; a set whose members differ in what makes step times comparable (global batch,
+sequence length, steps, warm-up steps, profiling) is refused before anything runs. The members then run one
+after another, each a fresh run (`run.resume=never`) in its own run directory, with a progress line naming which
+of how many is going; at the end `python -m analysis report` writes the comparative report of all of them.
+`--dry-run` prints the plan table of the whole set (fits, predicted step time, predicted communication) and
+runs nothing. `python -m launch recommend ... verify=true` runs its top layouts through `run_members`.
+"""
+from __future__ import annotations
+
+import datetime as dt
+import os
+import statistics
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Sequence
+
+from launch.commands.args import split_dry_run
+from launch.config.resolve import Resolved, resolve_path
+from launch.errors import ConfigError
+from launch.plan.build import plan_resolved
+from launch.plan.layout import Plan
+from launch.run import envinfo
+from launch.run.rundir import RunDir, runs_root
+from launch.units import GiB
+
+# What must be equal across a set for its step times and curves to compare (dotted recipe key -> reader).
+HELD_EQUAL: dict[str, Callable[[Resolved], object]] = {
+    "batch.global_batch_size": lambda r: r.recipe.batch.global_batch_size,
+    "batch.seq_len": lambda r: r.recipe.batch.seq_len,
+    "train.steps": lambda r: r.recipe.train.steps,
+    "train.warmup_steps": lambda r: r.recipe.train.warmup_steps,
+    "run.profile": lambda r: r.recipe.run.profile,
+}
+
+
+@dataclass(frozen=True)
+class Member:
+    label: str
+    recipe: str
+    overrides: tuple[str, ...]
+    resolved: Resolved
+    plan: Plan
+
+
+@dataclass(frozen=True)
+class Measured:
+    member: Member
+    run_dir: Path
+    rc: int
+    step_time_s: float | None  # median after warm-up on rank 0; None when the run recorded no measured step
+    noise_s: float = 0.0  # the median's standard error: 1.2533 · sd / √n over those steps
+
+
+def member(label: str, recipe: str, overrides: Sequence[str]) -> Member:
+    resolved = resolve_path(recipe, [*overrides, "run.resume=never"])
+    return Member(label, recipe, tuple(overrides), resolved, plan_resolved(resolved, envinfo.machine()))
+
+
+def check_equal(members: Sequence[Member]) -> None:
+    """Refuse a set that differs in what HELD_EQUAL names: one line naming both members and the values."""
+    first = members[0]
+    for m in members[1:]:
+        for key, read in HELD_EQUAL.items():
+            a, b = read(first.resolved), read(m.resolved)
+            if a != b:
+                raise ConfigError(m.resolved.recipe_path, key, b,
+                                  f"differs from {first.label}'s {a}: the set's step times would not compare",
+                                  f"hold it equal on the command line, e.g. {key}={a}")
+
+
+def plan_rows(members: Sequence[Member]) -> list[dict]:
+    """One row per member: what the dry run prints (computing apart from rendering)."""
+    rows = []
+    for m in members:
+        p, worst = m.plan, m.plan.worst()
+        comm = sum(c.time_s for c in p.comm)
+        rows.append({"label": m.label, "fits": p.fits, "memory_GiB": worst.memory[worst.implementation].total / GiB,
+                     "step_ms": p.step.total_s * 1e3, "comm_ms": comm * 1e3,
+                     "tokens_per_s_per_device": p.step.tokens_per_s_per_device, "timing": p.step.timing})
+    return rows
+
+
+def print_plan_table(members: Sequence[Member], title: str) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    t = Table(title=title, title_justify="left")
+    for col in ("run", "fits", "memory/rank GiB", "predicted step ms", "predicted comm ms", "tokens/s/device", "timing"):
+        t.add_column(col, justify="left" if col in ("run", "timing") else "right")
+    for r in plan_rows(members):
+        t.add_row(r["label"], "yes" if r["fits"] else "NO", f"{r['memory_GiB']:.2f}", f"{r['step_ms']:.1f}",
+                  f"{r['comm_ms']:.1f}", f"{r['tokens_per_s_per_device']:,.0f}", r["timing"])
+    Console(width=int(os.environ.get("COLUMNS", "120")), highlight=False).print(t)
+
+
+def median_step_time(run: RunDir) -> tuple[float | None, float]:
+    """(median step time after warm-up on rank 0, its standard error) of a finished run."""
+    from launch.run.metrics import read_metrics
+
+    if not run.metrics(0).is_file():
+        return None, 0.0
+    steps = [s.step_time_s for s in read_metrics(run.metrics(0)).steps if not s.warmup]
+    if not steps:
+        return None, 0.0
+    se = 1.2533 * statistics.stdev(steps) / len(steps) ** 0.5 if len(steps) > 1 else 0.0
+    return statistics.median(steps), se
+
+
+def run_members(members: Sequence[Member], *, quiet: bool = False) -> list[Measured]:
+    """Run each member with `python -m launch run`, one after another, in run directories made here."""
+    out = []
+    for i, m in enumerate(members, 1):
+        run = RunDir.create(m.resolved.recipe_name)
+        print(f"[{i}/{len(members)}] {m.label} -> {run.root}", flush=True)
+        argv = [sys.executable, "-m", "launch", "run", m.recipe, *m.overrides, "run.resume=never"]
+        rc = subprocess.call(argv, env={**os.environ, "LAYOUTLAB_RUN_DIR": str(run.root)},
+                             stdout=subprocess.DEVNULL if quiet else None)
+        out.append(Measured(m, run.root, rc, *median_step_time(run)))
+        if rc != 0:
+            print(f"[{i}/{len(members)}] {m.label} failed (exit {rc}); its logs are in {run.logs}", flush=True)
+    return out
+
+
+def write_report(measured: Sequence[Measured], name: str) -> Path | None:
+    """The comparative report of the runs that finished, by the analysis CLI (launch never imports analysis)."""
+    done = [x for x in measured if x.rc == 0]
+    if not done:
+        return None
+    stamp = f"{name}-{dt.datetime.now(dt.timezone.utc):%Y%m%d-%H%M%S}"
+    (runs_root() / "sweeps").mkdir(parents=True, exist_ok=True)
+    for n in range(100):  # mkdir is the claim: two sweeps in one second get distinct folders
+        folder = runs_root() / "sweeps" / (stamp if n == 0 else f"{stamp}-{n}")
+        try:
+            folder.mkdir()
+            break
+        except FileExistsError:
+            continue
+    out = folder / "report.md"
+    labels = [f"{_label_safe(x.member.label)}={x.run_dir}" for x in done]
+    subprocess.call([sys.executable, "-m", "analysis", "report", *labels, "-o", str(out)])
+    return out if out.is_file() else None
+
+
+def _label_safe(label: str) -> str:
+    return "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in label)
+
+
+def cmd_sweep(args: Sequence[str]) -> int:
+
+    dry, rest = split_dry_run(args, "sweep.sh", "use dotted key=value overrides, held for every recipe")
+    recipes = [a for a in rest if "=" not in a]
+    overrides = [a for a in rest if "=" in a]
+    if len(recipes) < 2:
+        raise ConfigError("command line", "recipes", recipes, "names fewer than two recipes: nothing to compare",
+                          "usage: bash launch/commands/sweep.sh recipes/A recipes/B ... [key=value ...] [--dry-run]")
+    members = [member(Path(r).name, r, overrides) for r in recipes]
+    check_equal(members)
+    print_plan_table(members, f"sweep of {len(members)} runs" + (f" ({' '.join(overrides)})" if overrides else ""))
+    if dry:
+        return 0
+    measured = run_members(members)
+    for x in measured:
+        got = f"{x.step_time_s * 1e3:.1f} ms measured" if x.step_time_s is not None else "no measured step"
+        print(f"  {x.member.label}: {x.member.plan.step.total_s * 1e3:.1f} ms predicted, {got} ({x.run_dir})")
+    report = write_report(measured, "sweep")
+    if report:
+        print(f"report: {report}")
+    return 0 if all(x.rc == 0 for x in measured) else 1

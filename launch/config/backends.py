@@ -1,0 +1,165 @@
+"""The backends layoutlab trains with, and what each one implies for planning and resolution. No torch import.
+
+One home per backend fact: the resolver asks which layouts a backend can build, the planner which
+parameters its tensor parallelism splits, which memory accounting it follows and which collectives
+it issues, the CLI whether it has a trainer, and `launch.ranks.train` which module runs it on the ranks.
+A backend missing here is an error everywhere, never silently another backend's behaviour.
+
+The rank-side half of a backend is a module under `launch/ranks/trainers/` implementing the protocol in
+`launch/ranks/trainers/protocol.py`; only the rank entry point (`launch.ranks.train`) and `launch.commands.export` import it.
+"""
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from types import ModuleType
+from typing import Any, Callable, Mapping
+
+from launch.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class TpCollectives:
+    """Tensor-parallel collectives of one micro-batch, by collective name, measured from profiler traces
+    (tests/dist/test_megatron_collectives.py, and the AutoTP count in test_deepspeed_run.py)."""
+
+    layer_forward: Mapping[str, int]  # per decoder layer, one forward pass (a full recompute runs it again)
+    layer_backward: Mapping[str, int]  # per decoder layer, its backward
+    embedding: Mapping[str, int]  # activation-sized, at the embedding (first pipeline stage)
+    output: Mapping[str, int]  # activation-sized, at the output layer (last pipeline stage)
+    loss_all_reduces: int = 0  # one fp32 value per token: a vocab-parallel cross entropy (last stage)
+    logits_all_gathers: int = 0  # the full-vocabulary logits (AutoTP's lm_head)
+
+
+@dataclass(frozen=True)
+class StepCollectives:
+    """What the backend itself issues once per optimizer step, after the micro-batches, beyond DeepSpeed's data-parallel
+    traffic (measured from profiler traces: tests/dist/test_megatron_collectives.py)."""
+
+    sp_norm_grads: bool = False  # SP: the norm weights' gradients summed over TP, one coalesced all-reduce
+    clip_zero_stages: tuple[int, ...] = ()  # where the backend clips itself: one fp64 all-reduce over TP × PP
+    pp_loss_broadcast: bool = False  # PP: the last stage broadcasts the logged loss to the pipeline group
+
+
+@dataclass(frozen=True)
+class BackendTraits:
+    name: str
+    trainer: str  # module implementing launch/ranks/trainers/protocol.py
+    accounting: str  # the planner's model-state accounting the fit check uses
+    vocab_parallel: bool  # TP splits the embedding and the output layer over the vocabulary
+    hf_modules: bool  # trains Hugging Face modules: unfused RMSNorm (fp32 saves), eager attention on CPU ranks
+    autotp: bool  # DeepSpeed applies tensor parallelism itself (AutoTP) rather than the model's own layers
+    offload: bool  # ZeRO's CPU/NVMe offload of optimizer state and parameters
+    dtypes: tuple[str, ...]  # precision.dtype values the backend trains correctly
+    tp: TpCollectives
+    tp_sp: TpCollectives | None  # with sequence parallelism (None: the backend has none)
+    step: StepCollectives
+    features: frozenset[str]  # of "pp", "sp", "vpp", "selective", "hpz" (ZeRO++ hierarchical partitioning)
+    pp_zero_stages: tuple[int, ...]  # ZeRO stages that combine with pipeline parallelism
+    sp_zero_stages: tuple[int, ...]  # ZeRO stages that combine with sequence parallelism
+    pp_tied_embeddings: bool  # pipeline parallelism for a model whose output layer shares the embedding
+    reshard_on_resume: bool  # a checkpoint resumes onto another tp/dp degree (DeepSpeed's universal format)
+    requires: tuple[str, ...]  # packages the trainer imports, checked before launch without importing them
+    # The DeepSpeed config fields this backend decides beyond the recipe's: (owned, recipe) -> owned, where
+    # owned maps a dotted DeepSpeed key to (value, the recipe field it comes from).
+    compose_ds_config: Callable[[dict[str, tuple[Any, str]], Any], dict[str, tuple[Any, str]]]
+
+    def missing_packages(self) -> list[str]:
+        import importlib.util
+
+        return [name for name in self.requires if importlib.util.find_spec(name) is None]
+
+    def rank_module(self) -> ModuleType:
+        """The rank-side implementation: import only on a rank (launch.ranks.train) or to export."""
+        return importlib.import_module(self.trainer)
+
+
+def _deepspeed_owned(owned: dict[str, tuple[Any, str]], recipe) -> dict[str, tuple[Any, str]]:
+    out = dict(owned)
+    if recipe.parallel.tp > 1:
+        out["tensor_parallel.autotp_size"] = (recipe.parallel.tp, "parallel.tp")
+        # DeepSpeed 0.19.8 checks train_batch_size against micro × accumulation × *all* ranks before
+        # AutoTP forms its groups (runtime/config.py _batch_assertion), which is wrong by a factor tp;
+        # left out, it is derived from the two other batch fields and the data-parallel size is ours.
+        del out["train_batch_size"]
+    return out
+
+
+def _megatron_owned(owned: dict[str, tuple[Any, str]], recipe) -> dict[str, tuple[Any, str]]:
+    out = dict(owned)
+    if recipe.parallel.zero_stage <= 1:
+        # Megatron's schedule runs every micro-batch of the step, then the engine reduces and steps once
+        # (launch/ranks/trainers/megatron_backend.py): DeepSpeed sees one batch per step, and must not reduce in
+        # gradient hooks during it (overlap_comm: ZeRO-1 would reduce each micro-batch's gradient "twice"),
+        # nor into the contiguous buffer that only its own backward prologue allocates.
+        micro, ga = owned["train_micro_batch_size_per_gpu"][0], owned["gradient_accumulation_steps"][0]
+        why = "parallel.zero_stage (<= 1: the megatron backend's schedule accumulates)"
+        out["train_micro_batch_size_per_gpu"] = (micro * ga, why)
+        out["gradient_accumulation_steps"] = (1, why)
+        out["zero_optimization.overlap_comm"] = (False, why)
+        out["zero_optimization.contiguous_gradients"] = (False, why)
+    if recipe.parallel.zero_stage == 0:
+        # Without ZeRO, DeepSpeed's clipping counts a replicated parameter only on model-parallel rank 0,
+        # which drops the norms of later pipeline stages; the backend clips over TP × PP itself.
+        out["gradient_clipping"] = (0.0, "parallel.zero_stage (0: the megatron backend clips train.grad_clip itself)")
+    return out
+
+
+BACKENDS: dict[str, BackendTraits] = {
+    "deepspeed": BackendTraits(
+        name="deepspeed", trainer="launch.ranks.trainers.deepspeed_backend", accounting="deepspeed",
+        # AutoTP (DeepSpeed 0.19.8 module_inject/layers.py): the row-parallel o_proj and down_proj all-reduce
+        # their output in forward; the five column-parallel q, k, v, gate, up all-reduce their input gradient in
+        # backward; lm_head is column-parallel (its input gradient all-reduced) and gathers the logits.
+        vocab_parallel=False, hf_modules=True, autotp=True, offload=True, dtypes=("bf16", "fp16", "fp32"),
+        tp=TpCollectives({"all_reduce": 2}, {"all_reduce": 5}, {}, {"all_reduce": 1}, logits_all_gathers=1), tp_sp=None,
+        step=StepCollectives(),  # DeepSpeed clips and reduces; its gradient norm is the planner's data-parallel call
+        features=frozenset({"hpz"}), pp_zero_stages=(), sp_zero_stages=(), pp_tied_embeddings=False,
+        reshard_on_resume=True,
+        requires=("deepspeed", "transformers"), compose_ds_config=_deepspeed_owned),
+    "megatron": BackendTraits(
+        name="megatron", trainer="launch.ranks.trainers.megatron_backend",
+        # Megatron-Core's layers, with DeepSpeed's ZeRO over the data-parallel group: its accounting is DeepSpeed's.
+        accounting="deepspeed",
+        # Megatron-Core TP: row-parallel linear_proj and linear_fc2 all-reduce in forward, column-parallel
+        # linear_qkv and linear_fc1 their input gradient in backward; per micro-batch the vocab-parallel embedding
+        # all-reduces its output, the output layer its input gradient, and the vocab-parallel cross entropy
+        # reduces the max, the target logit and the sum of exponentials (3). With SP each all-reduce becomes
+        # a reduce-scatter (row-parallel forward, column-parallel input gradient) or an all-gather (column-parallel
+        # forward, row-parallel output gradient), and the column-parallel backward gathers its input again for
+        # the weight gradient: per layer 2 + 4 all-gathers and 2 + 2 reduce-scatters.
+        vocab_parallel=True, hf_modules=False, autotp=False,
+        # Offload is untested with Megatron's layers; fp16 needs the loss scale applied inside Megatron's schedule
+        # (its grad_scale_func), which is not wired to DeepSpeed's scaler yet.
+        offload=False, dtypes=("bf16", "fp32"),
+        tp=TpCollectives({"all_reduce": 2}, {"all_reduce": 2}, {"all_reduce": 1}, {"all_reduce": 1}, loss_all_reduces=3),
+        # SP: the embedding reduce-scatters its output (all-gather in backward); the output layer gathers its
+        # input, gathers it again for the weight gradient and reduce-scatters the input gradient.
+        tp_sp=TpCollectives({"all_gather": 2, "reduce_scatter": 2}, {"all_gather": 4, "reduce_scatter": 2},
+                            {"all_gather": 1, "reduce_scatter": 1}, {"all_gather": 2, "reduce_scatter": 1},
+                            loss_all_reduces=3),
+        # launch/ranks/trainers/megatron_backend.py _schedule_step: the SP norm-gradient sum, its own clipping at ZeRO-0
+        # (DeepSpeed's drops later pipeline stages' norms there), the loss broadcast from the last stage.
+        step=StepCollectives(sp_norm_grads=True, clip_zero_stages=(0,), pp_loss_broadcast=True),
+        features=frozenset({"pp", "sp", "vpp", "selective"}),
+        # DeepSpeed partitions gradients (ZeRO-2) and parameters (ZeRO-3) in hooks inside its own backward,
+        # which Megatron's pipeline schedules bypass; DeepSpeed's own pipeline engine has the same limit.
+        pp_zero_stages=(0, 1),
+        # Sequence-parallel norm gradients are summed over the TP group before DeepSpeed reduces them; under
+        # ZeRO-2/3 DeepSpeed partitions them inside the backward, before that can happen.
+        sp_zero_stages=(0, 1),
+        # The last stage's copy of a tied embedding needs its gradient summed with the first stage's and kept
+        # out of the gradient norm once; not built yet.
+        pp_tied_embeddings=False,
+        # Megatron's fused QKV and [gate; up] shards do not reshard by DeepSpeed's universal format.
+        reshard_on_resume=False, requires=("megatron.core", "deepspeed", "transformers"),
+        compose_ds_config=_megatron_owned),
+}
+
+
+def traits(name: str, *, where: str = "resolved.json") -> BackendTraits:
+    try:
+        return BACKENDS[name]
+    except KeyError:
+        raise ConfigError(where, "backend", name, "is not a backend layoutlab knows",
+                          f"set backend to one of {', '.join(sorted(BACKENDS))}") from None

@@ -1,0 +1,420 @@
+"""Resolution: recipe + DeepSpeed base + overrides + world size → one frozen `Resolved`.
+
+This is the one place where defaults are derived and cross-field rules are checked. Everything
+downstream (planner, launcher, trainers, report) reads `resolved.json`, never the recipe.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+from launch import sense
+from launch.comm import commbench_spec
+from launch.config import commbench, dsconfig
+from launch.config.backends import BACKENDS, traits
+from launch.config.grid import RankGrid, divisors
+from launch.config.hardware import HardwareProfile, is_profile_path, load_profile
+from launch.config.models import ModelSpec, load_model
+from launch.config.schema import LoadedRecipe, Recipe, from_dict, load_recipe, to_dict
+from launch.errors import ConfigError
+
+SCHEMA_VERSION = 1
+
+
+@dataclass(frozen=True)
+class Resolved:
+    recipe_name: str
+    recipe_path: str
+    chain: tuple[str, ...]
+    overrides: tuple[str, ...]
+    recipe: Recipe  # parallel.dp is always an int here
+    model: ModelSpec
+    hardware: HardwareProfile
+    grid: RankGrid
+    grad_accum: int
+    ds_config: Mapping[str, Any]  # the DeepSpeed engine's config (both backends train through one)
+    ds_base: str
+    warnings: tuple[str, ...]
+    schema_version: int = SCHEMA_VERSION
+
+    @property
+    def world_size(self) -> int:
+        return self.grid.world
+
+    @property
+    def tokens_per_step(self) -> int:
+        return self.recipe.batch.global_batch_size * self.recipe.batch.seq_len
+
+    def to_json(self) -> str:
+        return json.dumps({
+            "schema_version": self.schema_version,
+            "recipe_name": self.recipe_name,
+            "recipe_path": self.recipe_path,
+            "chain": list(self.chain),
+            "overrides": list(self.overrides),
+            "recipe": to_dict(self.recipe),
+            "model": self.model.to_dict(),
+            "hardware": self.hardware.to_dict(),
+            "grid": self.grid.to_dict(),
+            "world_size": self.world_size,
+            "grad_accum": self.grad_accum,
+            "ds_config": self.ds_config,
+            "ds_base": self.ds_base,
+            "warnings": list(self.warnings),
+        }, indent=2)
+
+    @classmethod
+    def from_json(cls, text: str, *, source: str = "resolved.json") -> "Resolved":
+        d = json.loads(text)
+        if d.get("schema_version") != SCHEMA_VERSION:
+            raise ConfigError(source, "schema_version", d.get("schema_version"),
+                              f"is not {SCHEMA_VERSION}, the version this code reads",
+                              "re-resolve the recipe with this checkout (run.sh --dry-run shows it)")
+        return cls(
+            recipe_name=d["recipe_name"], recipe_path=d["recipe_path"], chain=tuple(d["chain"]),
+            overrides=tuple(d["overrides"]), recipe=from_dict(Recipe, d["recipe"]),
+            model=ModelSpec.from_dict(d["model"]), hardware=HardwareProfile.from_dict(d["hardware"]),
+            grid=RankGrid.from_dict(d["grid"]), grad_accum=d["grad_accum"], ds_config=d["ds_config"],
+            ds_base=d["ds_base"], warnings=tuple(d["warnings"]), schema_version=d["schema_version"],
+        )
+
+    @classmethod
+    def load(cls, path: str | Path) -> "Resolved":
+        return cls.from_json(Path(path).read_text(), source=str(path))
+
+
+def resolve_path(path: str | Path, overrides: Sequence[str] = (), world_size: int | None = None) -> Resolved:
+    return resolve(load_recipe(path, overrides), world_size)
+
+
+def resolve(loaded: LoadedRecipe, world_size: int | None = None) -> Resolved:
+    r = loaded.recipe
+    w = loaded.where
+    warnings: list[str] = []
+    par, hw_s, batch, train = r.parallel, r.hardware, r.batch, r.train
+
+    # Model: exactly one source.
+    if (r.model.name is None) == (r.model.config is None):
+        raise ConfigError(w("model.name"), "model.name", r.model.name,
+                          "and model.config: exactly one must be set",
+                          "set model.name to a catalogue model or model.config to a config.json path")
+    # Path fields are made absolute here, so that resolved.json means the same from any directory.
+    paths = {}
+    for dotted, value in (("model.config", r.model.config), ("model.weights", r.model.weights),
+                          ("data.path", r.data.path), ("deepspeed.config", r.deepspeed.config)):
+        if value is not None and not value.strip():
+            raise ConfigError(w(dotted), dotted, value, "is an empty path", f"give a path, or leave {dotted} unset")
+        if value:
+            paths[dotted] = str(loaded.path_of(dotted, value))
+    if r.model.name is not None:
+        model = load_model(name=r.model.name, context=w("model.name"))
+    else:
+        model = load_model(config_path=paths["model.config"], context=w("model.config"))
+    if r.model.weights and not Path(paths["model.weights"]).is_dir():
+        raise ConfigError(w("model.weights"), "model.weights", r.model.weights, f"is not a folder ({paths['model.weights']})",
+                          "give a local Hugging Face model folder (config.json + *.safetensors), relative to the recipe")
+    hw = load_profile(hw_s.profile, context=w("hardware.profile"),
+                      path=loaded.path_of("hardware.profile", hw_s.profile) if is_profile_path(hw_s.profile) else None)
+
+    for dotted, value, low in [("parallel.tp", par.tp, 1), ("parallel.pp", par.pp, 1), ("parallel.vpp", par.vpp, 1),
+                               ("parallel.zero_hpz_partition_size", par.zero_hpz_partition_size, 1),
+                               ("hardware.nodes", hw_s.nodes, 1), ("hardware.gpus_per_node", hw_s.gpus_per_node, 1),
+                               ("batch.micro_batch_size", batch.micro_batch_size, 1),
+                               ("batch.global_batch_size", batch.global_batch_size, 1),
+                               ("batch.seq_len", batch.seq_len, 1), ("train.steps", train.steps, 1),
+                               ("train.warmup_steps", train.warmup_steps, 0),
+                               ("train.lr_warmup_steps", train.lr_warmup_steps, 0),
+                               ("train.checkpoint_every", train.checkpoint_every, 0),
+                               ("run.timeout_s", r.run.timeout_s, 1), ("run.profile_active_steps", r.run.profile_active_steps, 1),
+                               ("run.log_every", r.run.log_every, 1)]:
+        if value < low:
+            raise ConfigError(w(dotted), dotted, value, f"must be at least {low}", f"set {dotted}={low} or more")
+    # Upper bounds where the value could not work: a torch seed is 64 bits unsigned; the process-group timeout
+    # becomes a datetime.timedelta (at most 999,999,999 days), a week is already far beyond any stalled collective.
+    for dotted, value, low, high in [("train.seed", train.seed, 0, 2**64 - 1),
+                                     ("run.timeout_s", r.run.timeout_s, 1, sense.MAX_DURATION_S),
+                                     ("run.max_restarts", r.run.max_restarts, 0, 100)]:
+        if not low <= value <= high:
+            raise ConfigError(w(dotted), dotted, value, f"must be between {low} and {high:,}",
+                              f"set {dotted} within that range")
+    if r.run.max_restarts > 0 and r.run.launcher != "torchrun":
+        raise ConfigError(w("run.max_restarts"), "run.max_restarts", r.run.max_restarts,
+                          f"needs torchrun's elastic agent; run.launcher={r.run.launcher} does not restart workers",
+                          "set run.launcher=torchrun, or run.max_restarts=0")
+    if r.run.max_restarts > 0 and r.run.resume != "auto":
+        raise ConfigError(w("run.max_restarts"), "run.max_restarts", r.run.max_restarts,
+                          "restarts training from step 0 each time with run.resume=never",
+                          "set run.resume=auto (restarted ranks continue from the last complete checkpoint)")
+    t = train
+    for dotted, ok, want in [
+        ("plan.headroom", 0.0 <= r.plan.headroom < 1.0, "a fraction in [0, 1), e.g. 0.1"),
+        ("train.lr", 0 < t.lr < math.inf, "a positive, finite learning rate"),
+        ("train.min_lr", 0 <= t.min_lr <= t.lr, f"between 0 and train.lr={t.lr:g}"),
+        ("train.grad_clip", 0 <= t.grad_clip < math.inf, "0 (off) or a positive, finite norm"),
+        ("train.weight_decay", 0 <= t.weight_decay < math.inf, "0 or more, finite"),
+        ("train.adam_beta1", 0 <= t.adam_beta1 < 1, "in [0, 1), e.g. 0.9"),
+        ("train.adam_beta2", 0 <= t.adam_beta2 < 1, "in [0, 1), e.g. 0.95"),
+    ]:
+        if not ok:
+            value = getattr(r.plan if dotted.startswith("plan") else t, dotted.split(".")[1])
+            raise ConfigError(w(dotted), dotted, value, "is out of range", f"set {dotted} to {want}")
+    if par.zero_stage not in (0, 1, 2, 3):
+        raise ConfigError(w("parallel.zero_stage"), "parallel.zero_stage", par.zero_stage, "is not a ZeRO stage",
+                          "set parallel.zero_stage to 0, 1, 2 or 3")
+
+    # World size: nodes × gpus_per_node is the machine; tp × pp × dp must fill it.
+    machine = hw_s.nodes * hw_s.gpus_per_node
+    world = machine if world_size is None else world_size
+    if world != machine:
+        raise ConfigError(w("hardware.gpus_per_node"), "hardware.gpus_per_node", hw_s.gpus_per_node,
+                          f"× hardware.nodes={hw_s.nodes} = {machine} does not match the world size {world}",
+                          f"set hardware.nodes × hardware.gpus_per_node = {world}")
+    tp_pp = par.tp * par.pp
+    if world % tp_pp:
+        raise ConfigError(w("parallel.tp"), "parallel.tp", par.tp,
+                          f"× parallel.pp={par.pp} = {tp_pp} does not divide the world size {world}",
+                          "choose tp × pp that divides nodes × gpus_per_node")
+    dp = world // tp_pp
+    if par.dp != "auto" and par.dp != dp:
+        raise ConfigError(w("parallel.dp"), "parallel.dp", par.dp,
+                          f"disagrees with world {world} / (tp {par.tp} × pp {par.pp}) = {dp}",
+                          f'set parallel.dp={dp} or parallel.dp="auto"')
+
+    # Divisibility of the model by the layout.
+    for size, what in ((model.num_heads, f"{model.num_heads} attention heads"),
+                       (model.num_kv_heads, f"{model.num_kv_heads} KV heads"),
+                       (model.intermediate_size, f"MLP width {model.intermediate_size}")):
+        if size % par.tp:
+            raise ConfigError(w("parallel.tp"), "parallel.tp", par.tp, f"does not divide the {what} of {model.name}",
+                              f"choose tp among {_divisors(size)}")
+    stages = par.pp * par.vpp
+    if model.num_layers % stages:
+        raise ConfigError(w("parallel.pp"), "parallel.pp", par.pp,
+                          f"× parallel.vpp={par.vpp} = {stages} does not divide the {model.num_layers} layers of {model.name}",
+                          f"choose pp × vpp among {_divisors(model.num_layers)}")
+
+    # Features that only one backend has.
+    if par.sp and par.tp == 1:
+        raise ConfigError(w("parallel.sp"), "parallel.sp", True, "needs parallel.tp > 1 (got 1)",
+                          "set parallel.tp=2 or parallel.sp=false")
+    if par.sp and batch.seq_len % par.tp:
+        raise ConfigError(w("batch.seq_len"), "batch.seq_len", batch.seq_len,
+                          f"is not divisible by parallel.tp={par.tp}; sequence parallelism splits the sequence over tp",
+                          f"set batch.seq_len to a multiple of {par.tp}")
+    bt = traits(r.backend, where=w("backend"))
+    with_feature = {f: sorted(n for n, b in BACKENDS.items() if f in b.features) for f in ("pp", "sp", "vpp", "selective", "hpz")}
+    ac = train.activation_checkpointing
+    for dotted, value, feature, used, off in [("parallel.pp", par.pp, "pp", par.pp > 1, "1"),
+                                              ("parallel.sp", par.sp, "sp", par.sp, "false"),
+                                              ("parallel.vpp", par.vpp, "vpp", par.vpp > 1, "1"),
+                                              ("train.activation_checkpointing", ac, "selective", ac == "selective",
+                                               '"full"'),
+                                              ("parallel.zero_hpz_partition_size", par.zero_hpz_partition_size, "hpz",
+                                               par.zero_hpz_partition_size > 1, "1")]:
+        if used and feature not in bt.features:
+            others = " or ".join(f'backend = "{n}"' for n in with_feature[feature])
+            raise ConfigError(w(dotted), dotted, value, f'needs {others} (got "{r.backend}")',
+                              f"set {dotted}={off} or {others}")
+    hpz = par.zero_hpz_partition_size
+    if hpz > 1:
+        # DeepSpeed forms the secondary groups of `hpz` consecutive global ranks (groups._create_zero_param_parallel_
+        # group): they are data-parallel peers only without tensor or pipeline parallelism.
+        for ok, problem, fix in [
+            (par.zero_stage == 3, f"needs parallel.zero_stage=3 (got {par.zero_stage}); hpZ partitions ZeRO-3's "
+                                  "parameters", "set parallel.zero_stage=3 or parallel.zero_hpz_partition_size=1"),
+            (par.tp == 1 and par.pp == 1, f"needs tp = pp = 1 (got tp={par.tp}, pp={par.pp}): DeepSpeed groups "
+                                          "consecutive ranks", "set parallel.zero_hpz_partition_size=1 with tp or pp"),
+            (dp % hpz == 0, f"does not divide the data-parallel size {dp}",
+             f"set parallel.zero_hpz_partition_size to a divisor of {dp}, normally hardware.gpus_per_node"),
+        ]:
+            if not ok:
+                raise ConfigError(w("parallel.zero_hpz_partition_size"), "parallel.zero_hpz_partition_size", hpz,
+                                  problem, fix)
+        if hw_s.gpus_per_node % hpz:
+            warnings.append(f"parallel.zero_hpz_partition_size={hpz} does not divide hardware.gpus_per_node="
+                            f"{hw_s.gpus_per_node}: secondary groups cross nodes, and the backward gathers with them")
+    if par.vpp > 1 and par.pp == 1:
+        raise ConfigError(w("parallel.vpp"), "parallel.vpp", par.vpp, "needs parallel.pp > 1 (got 1)",
+                          "set parallel.pp=2 or parallel.vpp=1")
+
+    # Batch.
+    per_step = batch.micro_batch_size * dp
+    if batch.global_batch_size % per_step:
+        raise ConfigError(w("batch.global_batch_size"), "batch.global_batch_size", batch.global_batch_size,
+                          f"is not divisible by micro_batch_size {batch.micro_batch_size} × dp {dp} = {per_step}",
+                          f"set batch.global_batch_size to a multiple of {per_step}")
+    grad_accum = batch.global_batch_size // per_step
+    if par.vpp > 1 and grad_accum % par.pp:
+        # Megatron's interleaved schedule runs micro-batches in groups of pp per model chunk; a short last
+        # group would wait on itself (schedules.py refuses it).
+        raise ConfigError(w("batch.global_batch_size"), "batch.global_batch_size", batch.global_batch_size,
+                          f"gives {grad_accum} micro-batches per step (global / (micro_batch_size {batch.micro_batch_size} "
+                          f"× dp {dp})); the interleaved schedule (parallel.vpp={par.vpp}) needs a multiple of "
+                          f"parallel.pp={par.pp}",
+                          f"set batch.global_batch_size to a multiple of {per_step * par.pp}, or parallel.vpp=1")
+    if batch.seq_len > model.max_position_embeddings:
+        warnings.append(f"batch.seq_len={batch.seq_len} exceeds {model.name}'s max_position_embeddings "
+                        f"{model.max_position_embeddings}: RoPE extrapolates beyond what the model was built for")
+    if train.warmup_steps >= train.steps:
+        raise ConfigError(w("train.warmup_steps"), "train.warmup_steps", train.warmup_steps,
+                          f"leaves no measured step out of train.steps={train.steps}",
+                          f"set train.warmup_steps below {train.steps}")
+
+    # Offload.
+    if par.offload_params != "none" and par.zero_stage != 3:
+        raise ConfigError(w("parallel.offload_params"), "parallel.offload_params", par.offload_params,
+                          f"needs parallel.zero_stage=3 (got {par.zero_stage})",
+                          'set parallel.zero_stage=3 or parallel.offload_params="none"')
+    if par.offload_optimizer != "none" and par.zero_stage == 0:
+        raise ConfigError(w("parallel.offload_optimizer"), "parallel.offload_optimizer", par.offload_optimizer,
+                          "needs parallel.zero_stage >= 1 (got 0)",
+                          'set parallel.zero_stage=2 or parallel.offload_optimizer="none"')
+    if "nvme" in (par.offload_optimizer, par.offload_params):
+        nvme_field = "parallel.offload_optimizer" if par.offload_optimizer == "nvme" else "parallel.offload_params"
+        if par.zero_stage != 3:
+            raise ConfigError(w("parallel.zero_stage"), "parallel.zero_stage", par.zero_stage,
+                              f"must be 3 for NVMe offload ({nvme_field}=\"nvme\", ZeRO-Infinity)",
+                              "set parallel.zero_stage=3")
+        if hw.name == "cpu":
+            raise ConfigError(w(nvme_field), nvme_field, "nvme",
+                              "needs a GPU machine; DeepSpeed's async I/O swaps to GPU memory",
+                              f'use hardware.profile for your GPU or {nvme_field}="cpu"')
+        if not par.nvme_path.startswith("/"):
+            raise ConfigError(w("parallel.nvme_path"), "parallel.nvme_path", par.nvme_path,
+                              "must be an absolute path on a local NVMe drive", "set e.g. parallel.nvme_path=\"/local_nvme\"")
+    if r.precision.dtype not in bt.dtypes:
+        raise ConfigError(w("precision.dtype"), "precision.dtype", r.precision.dtype,
+                          f'is not supported by backend "{r.backend}" (launch/config/backends.py says why)',
+                          f'set precision.dtype to one of {", ".join(bt.dtypes)}')
+    for dotted, value in (("parallel.offload_optimizer", par.offload_optimizer), ("parallel.offload_params", par.offload_params)):
+        if value != "none" and not bt.offload:
+            raise ConfigError(w(dotted), dotted, value, f'is not supported by backend "{r.backend}" yet (untested)',
+                              f'set {dotted}="none" or backend = "deepspeed"')
+    # Combinations the backend cannot make correct (launch/config/backends.py says why), with the nearest that it can.
+    if par.pp > 1 and model.tie_word_embeddings and not bt.pp_tied_embeddings:
+        raise ConfigError(w("parallel.pp"), "parallel.pp", par.pp,
+                          f"needs untied embeddings on backend \"{r.backend}\"; {model.name} ties its output layer "
+                          "to the embedding", "set parallel.pp=1 (use tp or ZeRO), or a model with untied embeddings")
+    for dotted, used, stages in (("parallel.pp", par.pp > 1, bt.pp_zero_stages), ("parallel.sp", par.sp, bt.sp_zero_stages)):
+        if used and par.zero_stage not in stages:
+            value = par.pp if dotted == "parallel.pp" else True
+            raise ConfigError(w("parallel.zero_stage"), "parallel.zero_stage", par.zero_stage,
+                              f"cannot combine with {dotted}={str(value).lower()} on backend \"{r.backend}\" "
+                              f"(supported: zero_stage {', '.join(map(str, stages))})",
+                              f"set parallel.zero_stage={max(stages)}, or {dotted}={'1' if dotted == 'parallel.pp' else 'false'}")
+
+    # Precision vs hardware.
+    if not hw.supports(r.precision.dtype):
+        raise ConfigError(w("precision.dtype"), "precision.dtype", r.precision.dtype,
+                          f"is not supported by {hw.device}", "set precision.dtype=\"fp16\" (with loss scaling)")
+    if hw.name == "cpu" and r.precision.dtype == "fp16":
+        raise ConfigError(w("precision.dtype"), "precision.dtype", "fp16",
+                          "is not supported by DeepSpeed on CPU ranks", 'set precision.dtype="fp32" or "bf16"')
+    if r.run.profile == "nsys" and hw.name == "cpu":
+        raise ConfigError(w("run.profile"), "run.profile", "nsys", "needs NVIDIA GPUs (Nsight Systems traces CUDA)",
+                          'set run.profile="torch" on CPU ranks')
+    if r.data.source == "text":
+        if not r.data.path:
+            raise ConfigError(w("data.source"), "data.source", "text", "needs data.path",
+                              "set data.path to a .txt/.jsonl file or folder (relative to the recipe)")
+        if not Path(paths["data.path"]).exists():
+            raise ConfigError(w("data.path"), "data.path", r.data.path, f"does not exist ({paths['data.path']})",
+                              "give a .txt/.jsonl file or folder, relative to the recipe (or to the working "
+                              "directory for an override) or absolute")
+
+    if r.run.max_restarts > 0 and train.checkpoint_every == 0:
+        warnings.append(f"run.max_restarts={r.run.max_restarts} with train.checkpoint_every=0: a restarted group trains "
+                        "again from step 0 (only the final step is saved); set train.checkpoint_every")
+    # Placement warnings.
+    if par.tp > hw_s.gpus_per_node:
+        warnings.append(f"parallel.tp={par.tp} > hardware.gpus_per_node={hw_s.gpus_per_node}: TP all-reduces "
+                        "cross nodes on every layer; keep tp within a node (the plan's placement note times both links)")
+    if par.tp > 1 and bt.autotp and par.zero_stage == 3:
+        warnings.append("AutoTP with ZeRO-3 goes beyond DeepSpeed's documented AutoTP training support (ZeRO 0-2); "
+                        "layoutlab's parity tests cover it")
+
+    grid = RankGrid(par.tp, par.pp, dp, hw_s.gpus_per_node, hw_s.nodes)
+    commbench_s = dataclasses.replace(r.commbench,
+                                      max_bytes=r.commbench.max_bytes or commbench_spec.default_max_bytes(hw.name))
+    if r.run.mode == "commbench":
+        commbench.check(w, commbench_s, r.commbench.max_bytes, grid, hw)
+    recipe = dataclasses.replace(
+        r, parallel=dataclasses.replace(par, dp=dp), commbench=commbench_s,
+        model=dataclasses.replace(r.model, config=paths.get("model.config"), weights=paths.get("model.weights")),
+        data=dataclasses.replace(r.data, path=paths.get("data.path")),
+        deepspeed=dataclasses.replace(r.deepspeed, config=paths.get("deepspeed.config")))
+    # Both backends train through a DeepSpeed engine (ZeRO over the data-parallel group).
+    ds_config, ds_base = _deepspeed_config(loaded, recipe, grad_accum, hw)
+    return Resolved(
+        recipe_name=loaded.name, recipe_path=str(loaded.path), chain=loaded.chain, overrides=loaded.overrides,
+        recipe=recipe, model=model, hardware=hw, grid=grid, grad_accum=grad_accum, ds_config=ds_config,
+        ds_base=ds_base, warnings=tuple(warnings),
+    )
+
+
+def _deepspeed_config(loaded: LoadedRecipe, r: Recipe, grad_accum: int, hw: HardwareProfile) -> tuple[dict, str]:
+    par = r.parallel
+    if r.deepspeed.config:
+        base_path = Path(r.deepspeed.config)  # already absolute (resolve)
+        if not base_path.is_file() and (dsconfig.DS_CONFIGS / Path(base_path).name).is_file():
+            base_path = dsconfig.DS_CONFIGS / Path(base_path).name  # "zero2.json" names a shipped base
+    else:
+        base_path = dsconfig.default_base(par.zero_stage, par.offload_optimizer, par.offload_params)
+    base = dsconfig.read_json(base_path, context=loaded.where("deepspeed.config"), field="deepspeed.config")
+    if r.precision.dtype != "fp32":
+        frag = dsconfig.DS_CONFIGS / f"{r.precision.dtype}.json"
+        base = dsconfig.merge_fragment(base, dsconfig.read_json(frag, context=str(frag), field="precision"))
+    t = r.train
+    # DeepSpeedCPUAdam runs the optimizer step on the host when the optimizer is offloaded; otherwise
+    # torch's AdamW avoids DeepSpeed's JIT-built fused Adam on machines without a prebuilt op.
+    offloaded = par.offload_optimizer != "none"
+    owned: dict[str, tuple[Any, str]] = {
+        "train_batch_size": (r.batch.global_batch_size, "batch.global_batch_size"),
+        "train_micro_batch_size_per_gpu": (r.batch.micro_batch_size, "batch.micro_batch_size"),
+        "gradient_accumulation_steps": (grad_accum, "batch.global_batch_size / (micro_batch_size × dp)"),
+        "gradient_clipping": (t.grad_clip, "train.grad_clip"),
+        "zero_optimization.stage": (par.zero_stage, "parallel.zero_stage"),
+        "bf16.enabled": (r.precision.dtype == "bf16", "precision.dtype"),
+        "fp16.enabled": (r.precision.dtype == "fp16", "precision.dtype"),
+        "optimizer.type": ("AdamW", "train (AdamW)"),
+        "optimizer.params.lr": (t.lr, "train.lr"),
+        "optimizer.params.betas": ([t.adam_beta1, t.adam_beta2], "train.adam_beta1/adam_beta2"),
+        "optimizer.params.eps": (1e-8, "train (AdamW eps)"),
+        "optimizer.params.weight_decay": (t.weight_decay, "train.weight_decay"),
+        "optimizer.params.torch_adam": (not offloaded, "parallel.offload_optimizer"),
+    }
+    if par.zero_hpz_partition_size > 1:
+        owned["zero_optimization.zero_hpz_partition_size"] = (par.zero_hpz_partition_size,
+                                                              "parallel.zero_hpz_partition_size")
+    for kind, dev in (("offload_optimizer", par.offload_optimizer), ("offload_param", par.offload_params)):
+        field = "parallel.offload_optimizer" if kind == "offload_optimizer" else "parallel.offload_params"
+        if dev != "none":
+            owned[f"zero_optimization.{kind}.device"] = (dev, field)
+            if dev == "nvme":
+                owned[f"zero_optimization.{kind}.nvme_path"] = (par.nvme_path, "parallel.nvme_path")
+    owned = traits(r.backend).compose_ds_config(owned, r)
+    base_file = str(base_path.relative_to(dsconfig.DS_CONFIGS.parent)) if base_path.is_relative_to(dsconfig.DS_CONFIGS.parent) else str(base_path)
+    zo = base.setdefault("zero_optimization", {})
+    for kind, dev, field in (("offload_optimizer", par.offload_optimizer, "parallel.offload_optimizer"),
+                             ("offload_param", par.offload_params, "parallel.offload_params")):
+        have = zo.get(kind)
+        if dev == "none":
+            if isinstance(have, dict) and have.get("device", "none") != "none":
+                raise ConfigError(base_file, f"zero_optimization.{kind}.device", have["device"],
+                                  f'contradicts the recipe ({field} is "none")',
+                                  f"pick a base without {kind} or set {field}")
+        elif not isinstance(have, dict):
+            # The recipe owns the offload choice; a base need not spell it out.
+            zo[kind] = dict(dsconfig.OFFLOAD_DEFAULTS[(kind, dev)])
+    if "nvme" in (par.offload_optimizer, par.offload_params):
+        base.setdefault("aio", dict(dsconfig.AIO_DEFAULTS))
+    cfg = dsconfig.compose(base, base_file, owned, shipped=base_path.parent == dsconfig.DS_CONFIGS)
+    return cfg, base_file
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in divisors(n) if d <= 64]  # an error message lists the small ones

@@ -1,0 +1,435 @@
+"""The recipe schema: typed, frozen sections loaded from `recipes/<name>/recipe.toml`.
+
+A recipe states only its differences from the base it `extends`. Loading merges the chain of
+TOML files (child wins), applies `key=value` overrides with the same dotted names, and checks every
+key and type against the dataclasses below. Each value remembers the file (or override) that set
+it, so a later validation error can name where the user must change it.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import tomllib
+import types
+import typing
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal, Mapping, Sequence, Union, get_args, get_origin
+
+from launch import inputs, sense
+from launch.config.backends import BACKENDS
+from launch.errors import ConfigError
+
+BACKEND_NAMES = tuple(BACKENDS)
+
+OFFLOAD = Literal["none", "cpu", "nvme"]
+
+
+@dataclass(frozen=True)
+class ModelSection:
+    """Exactly one of `name` (catalogue) or `config` (path to an HF config.json, relative to the recipe)."""
+
+    name: str | None = None
+    config: str | None = None
+    weights: str | None = None  # local HF folder (safetensors); random init when absent
+
+
+@dataclass(frozen=True)
+class ParallelSection:
+    tp: int = 1
+    pp: int = 1
+    dp: int | Literal["auto"] = "auto"  # "auto": world / (tp * pp)
+    sp: bool = False  # Megatron sequence parallel
+    vpp: int = 1  # virtual pipeline stages per rank (interleaved 1F1B)
+    zero_stage: int = 0
+    # ZeRO++ hpZ: ZeRO-3 also keeps a secondary partition of the 16-bit parameters over groups of this many
+    # consecutive ranks (one node), so that backward re-gathers stay inside the node. 1: off.
+    zero_hpz_partition_size: int = 1
+    offload_optimizer: OFFLOAD = "none"
+    offload_params: OFFLOAD = "none"
+    nvme_path: str = "/local_nvme"
+
+
+@dataclass(frozen=True)
+class PrecisionSection:
+    dtype: Literal["bf16", "fp16", "fp32"] = "bf16"
+
+
+@dataclass(frozen=True)
+class BatchSection:
+    micro_batch_size: int
+    global_batch_size: int
+    seq_len: int
+
+
+@dataclass(frozen=True)
+class TrainSection:
+    steps: int = 100
+    warmup_steps: int = 10  # first steps excluded from measured metrics (not the LR warm-up)
+    lr: float = 3e-4
+    min_lr: float = 3e-5
+    lr_schedule: Literal["cosine", "linear", "constant"] = "cosine"
+    lr_warmup_steps: int = 10
+    weight_decay: float = 0.1
+    adam_beta1: float = 0.9
+    adam_beta2: float = 0.95
+    grad_clip: float = 1.0  # 0 disables clipping
+    activation_checkpointing: Literal["none", "full", "selective"] = "none"
+    checkpoint_every: int = 0  # 0: only at the end
+    seed: int = 1234
+
+
+@dataclass(frozen=True)
+class DataSection:
+    source: Literal["synthetic", "text"] = "synthetic"
+    path: str | None = None  # text: a .txt/.jsonl file or folder, relative to the recipe
+    tokenizer: Literal["byte"] = "byte"
+
+
+@dataclass(frozen=True)
+class RunSection:
+    launcher: Literal["torchrun", "deepspeed"] = "torchrun"
+    resume: Literal["auto", "never"] = "auto"
+    profile: Literal["none", "torch", "nsys"] = "none"
+    profile_active_steps: int = 3
+    mode: Literal["train", "commbench"] = "train"
+    timeout_s: int = 600  # process-group timeout: a stalled collective fails after this
+    # torchrun restarts the whole group this many times after a worker fails; it resumes from the last checkpoint.
+    max_restarts: int = 0
+    log_every: int = 1  # TensorBoard and progress line every N steps (metrics JSONL: every step)
+
+
+@dataclass(frozen=True)
+class HardwareSection:
+    nodes: int = 1
+    gpus_per_node: int = 1  # on the CPU profile: ranks per node
+    profile: str = "cpu"
+
+
+@dataclass(frozen=True)
+class DeepSpeedSection:
+    config: str | None = None  # base JSON, relative to the recipe; chosen from zero_stage/offload when absent
+
+
+@dataclass(frozen=True)
+class PlanSection:
+    headroom: float = 0.10  # fraction of device memory kept free by the fit check
+    ignore_fit: bool = False  # launch even when the plan predicts out-of-memory
+
+
+COMMBENCH_DTYPE = Literal["float32", "bfloat16", "float16", "float64", "int8", "uint8", "int32", "int64",
+                          "float8_e4m3", "float8_e5m2"]
+
+
+@dataclass(frozen=True)
+class CommbenchSection:
+    """The collective sweep of `run.mode = "commbench"` (launch/comm/commbench_spec.py), nccl-tests' knobs by our names."""
+
+    ops: tuple[str, ...] = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "send_recv")
+    min_bytes: int = 8
+    max_bytes: int = 0  # 0: the profile's default (256 MiB on GPUs, 4 MiB on the CPU profile)
+    step_factor: int = 2  # sizes min_bytes, min_bytes × f, ... up to max_bytes
+    dtype: COMMBENCH_DTYPE = "float32"
+    warmup_iters: int = 5
+    iters: int = 20
+    group: Literal["world", "tp", "dp", "pp", "inter_node"] = "world"  # tp/dp/pp: every such group at once
+    ranks: tuple[int, ...] = ()  # an explicit group instead of `group`; the other ranks wait
+    nccl_tests: bool = True  # also run NVIDIA nccl-tests (*_perf on PATH) before the sweep, on GPUs
+    # Busy compute (µs of matmul work, the same amount on every rank) before each timed call, subtracted again: a
+    # training step's calls wait for ranks that arrive apart, and gloo wakes its threads per call. 0: back-to-back
+    # calls as nccl-tests times them. `python -m launch calibrate` sets it.
+    interleave_us: float = 0.0
+
+
+@dataclass(frozen=True)
+class Recipe:
+    backend: Literal[BACKEND_NAMES]  # the registry's names (launch/config/backends.py)
+    batch: BatchSection
+    model: ModelSection = ModelSection()
+    parallel: ParallelSection = ParallelSection()
+    precision: PrecisionSection = PrecisionSection()
+    train: TrainSection = TrainSection()
+    data: DataSection = DataSection()
+    run: RunSection = RunSection()
+    hardware: HardwareSection = HardwareSection()
+    deepspeed: DeepSpeedSection = DeepSpeedSection()
+    plan: PlanSection = PlanSection()
+    commbench: CommbenchSection = CommbenchSection()
+    extends: str | None = None
+    description: str = ""
+
+
+@dataclass(frozen=True)
+class LoadedRecipe:
+    """A recipe after merging its `extends` chain and the overrides."""
+
+    name: str
+    path: Path  # the recipe.toml named on the command line
+    recipe: Recipe
+    origin: Mapping[str, str]  # dotted key -> file (or "override") that set it
+    chain: tuple[str, ...]  # files merged, base first
+    overrides: tuple[str, ...]
+
+    def where(self, dotted: str) -> str:
+        """The file to name in an error about `dotted` (the one that set it, else the recipe)."""
+        return self.origin.get(dotted, str(self.path))
+
+    def path_of(self, dotted: str, value: str) -> Path:
+        """A path field made absolute: relative to the file that set it, or to the working directory for
+        a command-line override."""
+        p = Path(value).expanduser()
+        origin = self.where(dotted)
+        base = Path.cwd() if origin.startswith("override ") else Path(origin).parent
+        try:
+            full = p if p.is_absolute() else (base / p).resolve()
+            full.exists()  # raises for a name longer than the file system takes
+            return full
+        except (OSError, RuntimeError) as e:  # a name longer than the file system takes; a symlink loop
+            raise ConfigError(origin, dotted, value, f"cannot be used as a path ({getattr(e, 'strerror', None) or e})",
+                              "give the path of the file you meant") from None
+
+
+# --------------------------------------------------------------------------- loading
+
+
+def recipe_file(path: str | Path) -> Path:
+    p = Path(path)
+    return p / "recipe.toml" if p.is_dir() or p.suffix != ".toml" else p
+
+
+def load_recipe(path: str | Path, overrides: Sequence[str] = ()) -> LoadedRecipe:
+    top = recipe_file(path)
+    if not top.is_file():
+        raise ConfigError(str(path), "recipe", str(path), "has no recipe.toml",
+                          "pass a folder under recipes/ that contains recipe.toml")
+    merged: dict[str, Any] = {}
+    origin: dict[str, str] = {}
+    chain = _read_chain(top, [])
+    for f in chain:
+        data = _read_toml(f)
+        data.pop("extends", None)
+        _drop_other_model_source(merged, data.get("model", {}) if isinstance(data.get("model"), dict) else {})
+        _merge(merged, data, origin, str(f), "")
+    for item in overrides:
+        key, value = _parse_override(item)
+        if key == "extends":  # the chain is read from the files before any override applies
+            raise ConfigError(f"override {item}", "extends", value, "cannot be overridden: the recipe files name their chain",
+                              "write a recipe whose recipe.toml extends the one you want, or override its fields")
+        if key in ("model.name", "model.config"):
+            _drop_other_model_source(merged, {key.split(".")[1]: value})
+        _set_dotted(merged, key, value)
+        parts = key.split(".")
+        for i in range(1, len(parts)):
+            origin.setdefault(".".join(parts[:i]), f"override {item}")
+        origin[key] = f"override {item}"
+    recipe = _build(Recipe, merged, "", origin, str(top))
+    return LoadedRecipe(
+        # Its folder's own name, `.` and `..` spelled out (a recipe given as `..` would put its runs outside runs/);
+        # lexically, so that a symlinked recipe folder keeps the name the user gave it.
+        name=Path(os.path.abspath(top.parent)).name or "recipe",
+        path=top,
+        recipe=recipe,
+        origin=types.MappingProxyType(origin),
+        chain=tuple(str(c) for c in chain),
+        overrides=tuple(overrides),
+    )
+
+
+def _drop_other_model_source(merged: dict, model_layer: Mapping[str, Any]) -> None:
+    """A layer naming the model one way replaces an inherited model named the other way (a recipe with
+    `model.config` extends a base with `model.name`); a layer naming it both ways is caught by the resolver."""
+    model = merged.get("model")
+    if not isinstance(model, dict):
+        return
+    if "config" in model_layer and "name" not in model_layer:
+        model.pop("name", None)
+    if "name" in model_layer and "config" not in model_layer:
+        model.pop("config", None)
+
+
+def _read_toml(f: Path) -> dict[str, Any]:
+    return inputs.parse_toml(f, context=str(f), field="(file)", fix="name a recipe folder holding recipe.toml")
+
+
+MAX_EXTENDS = 32  # shipped recipes chain 2 deep; a longer chain is a mistake, and recursion has a limit
+
+
+def _read_chain(f: Path, seen: list[Path]) -> list[Path]:
+    resolved = f.resolve()
+    if resolved in seen:
+        raise ConfigError(str(f), "extends", str(f), "forms a cycle",
+                          "make the chain of `extends` end at a base without `extends`")
+    if len(seen) >= MAX_EXTENDS:
+        raise ConfigError(str(f), "extends", f"{len(seen)} levels", f"chains more than {MAX_EXTENDS} recipes",
+                          "extend the base the chain ends at directly")
+    data = _read_toml(f)
+    parent = data.get("extends")
+    if parent is None:
+        return [f]
+    if not isinstance(parent, str):
+        raise ConfigError(str(f), "extends", parent, "must be a string path", 'write extends = "../base"')
+    pf = recipe_file(f.parent / parent)
+    if not pf.is_file():
+        raise ConfigError(str(f), "extends", parent, f"points to {pf}, which does not exist",
+                          "name a recipe folder relative to this file, e.g. \"../base\"")
+    return _read_chain(pf, seen + [resolved]) + [f]
+
+
+def _merge(dst: dict, src: Mapping, origin: dict, file: str, prefix: str) -> None:
+    for k, v in src.items():
+        dotted = f"{prefix}{k}"
+        if isinstance(v, dict) and isinstance(dst.get(k), dict):
+            _merge(dst[k], v, origin, file, dotted + ".")
+        else:
+            dst[k] = _copy(v)
+            if isinstance(v, dict):
+                for sub in _dotted_keys(v, dotted + "."):
+                    origin[sub] = file
+            origin[dotted] = file
+
+
+def _copy(v: Any) -> Any:
+    return {k: _copy(x) for k, x in v.items()} if isinstance(v, dict) else v
+
+
+def _dotted_keys(d: Mapping, prefix: str) -> list[str]:
+    out = []
+    for k, v in d.items():
+        out.append(prefix + k)
+        if isinstance(v, dict):
+            out += _dotted_keys(v, prefix + k + ".")
+    return out
+
+
+def _parse_override(item: str) -> tuple[str, Any]:
+    if "=" not in item:
+        raise ConfigError("command line", item, item, "is not key=value",
+                          "write overrides as dotted.name=value, e.g. parallel.tp=2")
+    key, raw = item.split("=", 1)
+    key = key.strip()
+    if not key or any(not part for part in key.split(".")):
+        raise ConfigError("command line", key, raw, "has an empty name", "write e.g. parallel.tp=2")
+    try:
+        value = tomllib.loads(f"v = {raw.strip()}")["v"]
+    except tomllib.TOMLDecodeError:
+        value = raw.strip()  # a bare word (e.g. train.activation_checkpointing=full) is a string
+    except ValueError:  # an integer past Python's digit limit
+        raise ConfigError(f"override {item[:60]}", key, raw[:20] + "...", "holds a number no field can take",
+                          "write the number you meant") from None
+    found = sense.bad_number(value)
+    if found is not None:
+        raise ConfigError(f"override {item}", key, value, "is not a finite number within 64 bits",
+                          "write the number you meant")
+    return key, value
+
+
+def _set_dotted(d: dict, key: str, value: Any) -> None:
+    parts = key.split(".")
+    for p in parts[:-1]:
+        nxt = d.setdefault(p, {})
+        if not isinstance(nxt, dict):
+            d[p] = nxt = {}
+        d = nxt
+    d[parts[-1]] = value
+
+
+# --------------------------------------------------------------------------- typing
+
+
+def _build(cls: type, data: Any, prefix: str, origin: Mapping[str, str], top: str) -> Any:
+    section = prefix.rstrip(".") or "recipe"
+    if not isinstance(data, dict):
+        raise ConfigError(origin.get(section, top), section, data, "must be a table",
+                          f"write [{section}] with its keys")
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    unknown = [k for k in data if k not in fields]
+    if unknown:
+        k = unknown[0]
+        dotted = prefix + k
+        close = _close_names(k, list(fields))
+        fix = f"did you mean {prefix}{close}?" if close else f"known keys here: {', '.join(fields)}"
+        raise ConfigError(origin.get(dotted, top), dotted, data[k], "is not a known key", fix)
+    kwargs = {}
+    for name, f in fields.items():
+        dotted = prefix + name
+        typ = hints[name]
+        if name not in data:
+            if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:  # type: ignore[misc]
+                if dataclasses.is_dataclass(typ):
+                    kwargs[name] = _build(typ, {}, dotted + ".", origin, top)
+                    continue
+                raise ConfigError(top, dotted, None, "is missing",
+                                  f"set {dotted} in the recipe or its base")
+            continue
+        kwargs[name] = _coerce(typ, data[name], dotted, origin, top)
+    return cls(**kwargs)
+
+
+def _coerce(typ: Any, value: Any, dotted: str, origin: Mapping[str, str], top: str) -> Any:
+    where = origin.get(dotted, top)
+    if dataclasses.is_dataclass(typ):
+        return _build(typ, value, dotted + ".", origin, top)
+    options = get_args(typ) if get_origin(typ) in (Union, types.UnionType) else (typ,)
+    for opt in options:
+        ok, out = _try(opt, value)
+        if ok:
+            return out
+    raise ConfigError(where, dotted, value, f"is not {_describe(typ)}", f"set {dotted} to {_describe(typ)}")
+
+
+def _try(opt: Any, value: Any) -> tuple[bool, Any]:
+    if opt is type(None):
+        return value is None, None
+    if get_origin(opt) is Literal:
+        return (value in get_args(opt) and type(value) is type(get_args(opt)[0])), value
+    if opt is bool:
+        return isinstance(value, bool), value
+    if opt is int:
+        return isinstance(value, int) and not isinstance(value, bool), value
+    if opt is float:
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+        return ok, float(value) if ok else None
+    if opt is str:
+        return isinstance(value, str), value
+    if get_origin(opt) is tuple:  # tuple[T, ...]: a TOML array of T
+        if not isinstance(value, (list, tuple)):
+            return False, None
+        items = [_try(get_args(opt)[0], v) for v in value]
+        return all(ok for ok, _ in items), tuple(v for _, v in items)
+    return False, None
+
+
+def _describe(typ: Any) -> str:
+    options = get_args(typ) if get_origin(typ) in (Union, types.UnionType) else (typ,)
+    words = []
+    for opt in options:
+        if opt is type(None):
+            continue
+        if get_origin(opt) is Literal:
+            words.append(" | ".join(f'"{a}"' if isinstance(a, str) else str(a) for a in get_args(opt)))
+        elif get_origin(opt) is tuple:
+            item = get_args(opt)[0]
+            words.append("a list of " + {int: "integers", str: "strings"}.get(item, _describe(item)))
+        else:
+            words.append({int: "an integer", float: "a number", bool: "true or false", str: "a string"}.get(opt, str(opt)))
+    return " or ".join(words)
+
+
+def _close_names(word: str, names: list[str]) -> str | None:
+    import difflib
+
+    m = difflib.get_close_matches(word, names, n=1, cutoff=0.6)
+    return m[0] if m else None
+
+
+def to_dict(obj: Any) -> Any:
+    """A recipe (or section) as plain JSON data."""
+    if dataclasses.is_dataclass(obj):
+        return {f.name: to_dict(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+    return obj
+
+
+def from_dict(cls: type, data: Mapping[str, Any]) -> Any:
+    """Inverse of `to_dict` for data this program wrote (resolved.json)."""
+    return _build(cls, dict(data), "", {}, "resolved.json")

@@ -1,0 +1,130 @@
+"""The plan of a layout: memory of every pipeline stage, the first stage's collectives and the step time, with the
+notes that say which accounting and which time source each figure used."""
+from __future__ import annotations
+
+from dataclasses import replace
+
+from launch.config.backends import traits
+from launch.config.calibration import Machine
+from launch.config.grid import RankGrid
+from launch.plan.collectives import communication
+from launch.plan.layout import Comm, Layout, Memory, Plan, RankPlan
+from launch.plan.memory import (
+    ACCOUNTINGS,
+    FRAGMENTATION,
+    HOST_BUFFER_FACTOR,
+    RUNTIME_ALLOWANCE_CPU,
+    RUNTIME_ALLOWANCE_GPU,
+    buffers,
+    host_bytes_per_node,
+    in_flight,
+    model_states,
+    stage_activations,
+    stage_params,
+)
+from launch.plan.time import layout_timing, step_time
+from launch.plan.timing import Timing
+from launch.units import GiB
+
+# --------------------------------------------------------------------------- the plan
+
+
+def implementation_accounting(backend: str) -> str:
+    return traits(backend).accounting
+
+
+def make_plan(layout: Layout, recipe_name: str = "", machine: Machine | None = None) -> Plan:
+    """The plan of `layout`; `machine` (launch.config.calibration.Machine) is where it will run, needed only to use a
+    calibration (hardware.profile naming a calibration file)."""
+    g, hw = layout.grid, layout.hardware
+    allowance_fixed = RUNTIME_ALLOWANCE_CPU if hw.name == "cpu" else RUNTIME_ALLOWANCE_GPU
+    usable = int(hw.memory_bytes * (1 - layout.headroom))
+    stages = range(g.pp)
+    ranks: list[RankPlan] = []
+    for st in stages:
+        params, layers = stage_params(layout, st)
+        acts = stage_activations(layout, st)
+        buf = buffers(layout, params)
+        mem = {}
+        for acc in ACCOUNTINGS:
+            w, gr, o, host = model_states(layout, params, acc)
+            body = w + gr + o + acts + buf
+            mem[acc] = Memory(w, gr, o, acts, buf, allowance_fixed + int(FRAGMENTATION * body), host)
+        members = tuple(r for r in range(g.world) if g.coords(r)[2] == st)
+        if g.pp == 1:
+            kind = "all ranks"
+        else:
+            kind = f"pp stage {st}" + (" (first)" if st == 0 else " (last)" if st == g.pp - 1 else "")
+        ranks.append(RankPlan(kind, members, st, layers, params, in_flight(layout, st), mem,
+                              implementation_accounting(layout.backend), hw.memory_bytes, usable))
+    ranks = _merge_identical(ranks)
+    timing = layout_timing(layout, machine)
+    comm = communication(layout, timing)
+    notes = [
+        "zero_paper: Rajbhandari et al. 2020 (2 + 2 + 12 B/param, 16-bit); deepspeed: DeepSpeed 0.19.8's "
+        "implementation and estimators; megatron: Megatron-Core 0.16.1's distributed optimizer (fp32 main grads), for "
+        "reference: both backends train through DeepSpeed's ZeRO",
+        f"activations: Llama-family layer ({layout.model.architecture}), fused attention (no s×s scores kept), "
+        f"activation_checkpointing={layout.activation_checkpointing}, sp={layout.sp}",
+        f"allowance: {allowance_fixed / GiB:.1f} GiB runtime + {FRAGMENTATION:.0%} fragmentation",
+        f"fit check: {implementation_accounting(layout.backend)} accounting against {hw.memory_bytes / GiB:.1f} GiB "
+        f"× (1 - headroom {layout.headroom:.0%})",
+    ]
+    if timing.calibration is not None:
+        notes.append(f"time: calibrated on {timing.calibration.machine_kind} at {timing.calibration.created} "
+                     f"(hardware.profile is a calibration file)")
+    elif timing.why_nominal:
+        notes.append("time: nominal figures, labelled so: the calibration does not apply because "
+                     + "; ".join(timing.why_nominal))
+    else:
+        notes.append(f"time: nominal figures of the {hw.name} profile (run `python -m launch calibrate` on the machine "
+                     "that trains to measure them)")
+    if traits(layout.backend).autotp and g.tp > 1:
+        notes.append("DeepSpeed AutoTP shards the decoder Linear layers and lm_head (gathering full logits); "
+                     "the embedding stays replicated")
+    notes += placement_notes(layout, timing, comm)
+    host = host_bytes_per_node(layout, ranks)
+    notes.append(f"host check: {host / GiB:.1f} GiB per node = {HOST_BUFFER_FACTOR} × the larger of each local rank's fp32 "
+                 f"model built on the host and the node's offloaded state (DeepSpeed's estimators, zero_init off), "
+                 f"against {hw.host_memory_bytes / GiB:.0f} GiB × (1 - headroom)")
+    return Plan(recipe_name, layout.backend, hw.name, g.to_dict(), tuple(ranks), tuple(comm),
+                step_time(layout, comm, timing), tuple(notes), host, int(hw.host_memory_bytes * (1 - layout.headroom)))
+
+
+def placement_notes(layout: Layout, timing: Timing, comm: list[Comm]) -> list[str]:
+    """A TP group that spans nodes, with the numbers: its collectives' time per step on the inter-node link, against
+    the same calls inside one node (the grid redrawn as one node of world-size ranks)."""
+    g = layout.grid
+    if g.tp <= 1 or not g.spans_nodes(g.tp_group(0)):
+        return []
+    tp_now = [c for c in comm if c.parallelism in ("tp", "sp")]
+    one_node = replace(layout, grid=RankGrid(g.tp, g.pp, g.dp, g.world, 1))
+    tp_inside = [c for c in communication(one_node, timing) if c.parallelism in ("tp", "sp")]
+    across = sum(c.time_s for c in tp_now)
+    inside = sum(c.time_s for c in tp_inside)
+    link = min((c.busbw_GBps for c in tp_now), default=0.0)
+    return [f"placement: the TP group of {g.tp} spans {-(-g.tp // g.gpus_per_node)} nodes: its collectives take "
+            f"{across * 1e3:.1f} ms per step on the inter-node link ({link:.3g} GB/s bus bandwidth) against "
+            f"{inside * 1e3:.1f} ms inside one node ({across / inside if inside else float('inf'):.1f}×); keep "
+            f"parallel.tp <= hardware.gpus_per_node={g.gpus_per_node}"]
+
+
+
+def _merge_identical(ranks: list[RankPlan]) -> list[RankPlan]:
+    """Middle pipeline stages with identical numbers are shown once, listing all their ranks."""
+    out: list[RankPlan] = []
+    for rp in ranks:
+        prev = out[-1] if out else None
+        if (prev and 0 < prev.pp_stage and rp.kind.startswith("pp stage") and "(" not in rp.kind and "(" not in prev.kind
+                and prev.memory == rp.memory):
+            out[-1] = RankPlan(prev.kind.split(" stage")[0] + f" stages {prev.pp_stage}-{rp.pp_stage}",
+                               prev.ranks + rp.ranks, prev.pp_stage, prev.layers, prev.params,
+                               prev.micro_batches_in_flight, prev.memory, prev.implementation,
+                               prev.device_memory_bytes, prev.usable_bytes)
+        else:
+            out.append(rp)
+    return out
+
+
+def plan_resolved(resolved, machine: Machine | None = None) -> Plan:
+    return make_plan(Layout.from_resolved(resolved), resolved.recipe_name, machine)

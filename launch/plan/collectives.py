@@ -1,0 +1,220 @@
+"""Every collective a step issues on one rank, with its count, message and time: the one model of collectives that
+the plan times and the analysis compares with traces."""
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+
+from launch.config.backends import traits
+from launch.plan.layout import (
+    ZERO0_BUCKET_ELEMENTS,
+    ZERO3_MAX_REUSE_DISTANCE,
+    Comm,
+    Layout,
+    bucket,
+    int_or,
+    persistence_threshold,
+)
+from launch.plan.memory import rank_parameters, stage_params, zero3_fetched
+from launch.plan.timing import Timing, bus_factor
+
+# --------------------------------------------------------------------------- communication
+
+
+def _bw(layout: Layout, group: tuple[int, ...]) -> tuple[str, float, float]:
+    """(link, nominal busbw GB/s, nominal latency µs per call) of a group."""
+    hw, g = layout.hardware, layout.grid
+    if not g.spans_nodes(group):
+        return "intra_node", hw.intra_node_busbw_GBps, hw.intra_node_latency_us
+    return ("inter_node", min(hw.inter_node_busbw_GBps, hw.nic_GBps_per_device * g.ranks_per_node_in(group)),
+            hw.inter_node_latency_us)
+
+
+
+def _comm(layout: Layout, timing: Timing, par: str, coll: str, group: tuple[int, ...], calls: int, msg: float,
+          note: str = "", after_step: bool = False) -> Comm:
+    link, bw, lat = _bw(layout, group)
+    per_call, latency, busbw = timing.call(coll, len(group), link, bw, lat, msg)
+    per_rank = calls * msg * bus_factor(coll, len(group))
+    return Comm(par, coll, link, len(group), int(calls), int(msg), int(per_rank), busbw, calls * per_call, note,
+                after_step, latency)
+
+
+@dataclass(frozen=True)
+class TpCalls:
+    """Tensor-parallel calls of one collective per optimizer step on one rank, by where they happen."""
+
+    collective: str
+    layers: int  # inside the decoder layers
+    head: int  # activation-sized, around the embedding and the output layer
+    loss: int  # one fp32 value per token (a vocab-parallel cross entropy)
+    logits: int  # full-vocabulary logits gathered
+
+
+def tp_calls(backend: str, *, sp: bool, layers: int, micro_batches: int, activation_checkpointing: str, first_stage: bool = True,
+             last_stage: bool = True) -> list[TpCalls]:
+    """The collectives tensor (and sequence) parallelism issues per step on one rank of a pipeline stage that
+    holds `layers` decoder layers (the embedding on the first stage; output layer and loss on the last): the one
+    model the planner times and the report compares traces with (launch/config/backends.py holds each backend's counts
+    per micro-batch)."""
+    bt = traits(backend)
+    tc = bt.tp_sp if sp else bt.tp
+    if tc is None:
+        raise ValueError(f'backend "{backend}" has no sequence parallelism')
+    forwards = 2 if activation_checkpointing == "full" else 1  # a full recompute runs every layer's forward collectives again
+    head = Counter(tc.embedding if first_stage else {}) + Counter(tc.output if last_stage else {})
+    loss = tc.loss_all_reduces if last_stage else 0
+    logits = tc.logits_all_gathers if last_stage else 0
+    out = []
+    for coll in sorted(set(tc.layer_forward) | set(tc.layer_backward) | set(head) | ({"all_reduce"} if loss else set())
+                       | ({"all_gather"} if logits else set())):
+        per_layer = tc.layer_forward.get(coll, 0) * forwards + tc.layer_backward.get(coll, 0)
+        out.append(TpCalls(coll, per_layer * layers * micro_batches, head.get(coll, 0) * micro_batches,
+                           (loss if coll == "all_reduce" else 0) * micro_batches,
+                           (logits if coll == "all_gather" else 0) * micro_batches))
+    return out
+
+
+def communication(layout: Layout, timing: Timing = Timing(), stage: int = 0) -> list[Comm]:
+    """Every collective one rank of pipeline stage `stage` calls per optimizer step, with its count, message and
+    time: DeepSpeed's ZeRO over the data-parallel group (both backends train through it), the TP/SP calls of
+    `tp_calls`, and pipeline sends. The one model of collectives: the plan times the first stage's, the analysis
+    compares every stage's with the traces (analysis.analyze.expected_collectives)."""
+    g, m, e = layout.grid, layout.model, layout.elem_bytes
+    out: list[Comm] = []
+    mbs = layout.grad_accum
+    params, layers = stage_params(layout, stage)
+    act = layout.seq_len * layout.micro_batch_size * m.hidden_size * e
+    first = g.rank(0, 0, stage)  # the stage's groups are those of its first rank
+    if g.dp > 1:
+        grp = g.dp_group(first)
+        z = layout.zero_stage
+        if z == 0:
+            # The engine's allreduce_gradients buckets by a fixed element count (engine.py), not reduce_bucket_size.
+            calls = -(-params // ZERO0_BUCKET_ELEMENTS)
+            out.append(_comm(layout, timing, "dp", "all_reduce", grp, calls, params * e / calls,
+                             f"gradient all-reduce at the accumulation boundary, one call per {ZERO0_BUCKET_ELEMENTS:,} "
+                             "elements"))
+        elif z in (1, 2):
+            reduce_calls = -(-params // bucket(layout, "reduce_bucket_size"))
+            rs_calls = reduce_calls * (mbs if z == 2 else 1)
+            out.append(_comm(layout, timing, "dp", "reduce_scatter", grp, rs_calls, params * e / reduce_calls,
+                             "gradient reduce-scatter per reduce bucket " + ("every micro-step (ZeRO-2)" if z == 2 else
+                                                                             "at the boundary (ZeRO-1)")))
+            # One all_gather_into_tensor per parameter group (runtime/utils.all_gather_dp_groups): one here.
+            out.append(_comm(layout, timing, "dp", "all_gather", grp, 1, params * e, "updated parameter partitions",
+                             after_step=True))
+        else:
+            out.extend(_zero3_traffic(layout, timing, grp, -(-params // bucket(layout, "reduce_bucket_size")), stage))
+        # The loop's data-parallel loss mean, and DeepSpeed's gradient norm (its clip_grad_norm_ averages it over the
+        # data-parallel group) unless the backend clips itself at this stage (launch.config.backends.StepCollectives).
+        norm = z not in traits(layout.backend).step.clip_zero_stages
+        out.append(_comm(layout, timing, "dp", "all_reduce", grp, 1 + norm, 4,
+                         "one fp32 each: the logged loss mean (the loop)" + (" and the gradient norm (DeepSpeed)" if norm
+                                                                             else ""), after_step=True))
+    if g.tp > 1:
+        grp = g.tp_group(first)
+        sb = layout.seq_len * layout.micro_batch_size
+        par = "sp" if layout.sp else "tp"
+        for c in tp_calls(layout.backend, sp=layout.sp, layers=layers, micro_batches=mbs, activation_checkpointing=layout.activation_checkpointing,
+                          first_stage=stage == 0, last_stage=stage == g.pp - 1):
+            if c.layers + c.head:
+                out.append(_comm(layout, timing, par, c.collective, grp, c.layers + c.head, act,
+                                 f"{c.layers} in the decoder layers, {c.head} around the embedding and output layer"))
+            if c.loss:
+                out.append(_comm(layout, timing, "tp", c.collective, grp, c.loss, 4 * sb,
+                                 "vocab-parallel cross entropy: max, target logit and sum of exponentials per token"))
+            if c.logits:
+                out.append(_comm(layout, timing, "tp", c.collective, grp, c.logits, sb * m.vocab_size * e,
+                                 "AutoTP lm_head gathers the full-vocabulary logits every micro-batch"))
+    if g.pp > 1:
+        grp = (g.pp_group(0)[0], g.pp_group(0)[1])  # every boundary moves the same activations
+        msg = act / g.tp if layout.sp else act
+        # Each of this stage's model chunks (virtual stage k = v·pp + stage) sends to and receives from the virtual
+        # stages next to it: per micro-batch and boundary one call forward (activations), one backward (gradients).
+        virtual = g.pp * layout.vpp
+        ends = sum((k > 0) + (k < virtual - 1) for k in (v * g.pp + stage for v in range(layout.vpp)))
+        out.append(_comm(layout, timing, "pp", "send_recv", grp, 2 * mbs * ends, msg,
+                         f"activations forward and gradients backward per micro-batch at {ends} chunk boundaries"
+                         + ("; under 1F1B a send and a receive posted together wait once (the step's pp time)"
+                            if layout.vpp == 1 else "")))
+    out.extend(_step_collectives(layout, timing, stage, first, layers))
+    return out
+
+
+def _step_collectives(layout: Layout, timing: Timing, stage: int, first: int, layers: int) -> list[Comm]:
+    """What the backend itself issues once per step after the micro-batches (launch.config.backends.StepCollectives), on
+    pipeline stage `stage` whose first rank is `first`."""
+    g, st, e = layout.grid, traits(layout.backend).step, layout.elem_bytes
+    out = []
+    if layout.sp and st.sp_norm_grads:
+        # Two norms per decoder layer, and the final norm on the last stage, each of hidden_size weights.
+        norms = 2 * layers + (stage == g.pp - 1)
+        out.append(_comm(layout, timing, "sp", "all_reduce", g.tp_group(first), 1,
+                         norms * layout.model.hidden_size * e, "the sequence-parallel norm weights' gradients summed "
+                         "over TP, one coalesced call", after_step=True))
+    if g.tp * g.pp > 1 and layout.zero_stage in st.clip_zero_stages:
+        mp = tuple(g.rank(t, 0, p) for p in range(g.pp) for t in range(g.tp))  # `first` has data-parallel rank 0
+        out.append(_comm(layout, timing, "tp", "all_reduce", mp, 1, 8,
+                         f"the gradient norm over TP × PP ({len(mp)} ranks), one fp64 value (the backend clips)",
+                         after_step=True))
+    if g.pp > 1 and st.pp_loss_broadcast:
+        out.append(_comm(layout, timing, "pp", "broadcast", g.pp_group(first), 1, 4,
+                         "the logged loss, from the last stage to the pipeline group", after_step=True))
+    return out
+
+
+
+
+def _zero3_traffic(layout: Layout, timing: Timing, grp: tuple[int, ...], reduce_calls: int, stage: int) -> list[Comm]:
+    """DeepSpeed ZeRO-3 (partition_parameters.py, stage3.py; counted in traces of 0.19.8 on gloo): parameters at or
+    below stage3_param_persistence_threshold stay whole and are re-gathered one call each after every optimizer step;
+    the others are gathered one call each before their module's forward in every micro-step, and again before its
+    backward when the stage holds more than stage3_max_reuse_distance parameters (otherwise they are still there);
+    gradients leave in one reduce-scatter per bucket per micro-step."""
+    zo, e, mbs = layout.ds_zero, layout.elem_bytes, layout.grad_accum
+    threshold = persistence_threshold(layout)
+    tensors = rank_parameters(layout, stage)
+    persistent = [n for n in tensors if n <= threshold]
+    fetched = zero3_fetched(layout, stage)
+    params = sum(tensors)
+    out = []
+    if fetched:
+        again = params > int_or(zo.get("stage3_max_reuse_distance"), ZERO3_MAX_REUSE_DISTANCE)
+        msg = e * sum(fetched) / len(fetched)
+        if again and layout.hpz > 1:
+            # ZeRO++ hpZ: the backward re-gather reads the secondary partition, inside its group of hpz
+            # consecutive ranks (a node when hpz = gpus_per_node); the forward gather still spans the dp group.
+            out.append(_comm(layout, timing, "dp", "all_gather", grp, mbs * len(fetched), msg,
+                             "ZeRO-3: one gather per partitioned parameter before its forward every micro-step"))
+            out.append(_comm(layout, timing, "dp", "all_gather", grp[:layout.hpz], mbs * len(fetched), msg,
+                             f"ZeRO++ hpZ: the backward re-gather from the secondary partition, within groups of "
+                             f"{layout.hpz}"))
+        else:
+            times = mbs * (2 if again else 1)
+            out.append(_comm(layout, timing, "dp", "all_gather", grp, times * len(fetched), msg,
+                             "ZeRO-3: one gather per partitioned parameter before its forward"
+                             + (" and again before its backward" if again else "") + " every micro-step"))
+    out.append(_comm(layout, timing, "dp", "reduce_scatter", grp, mbs * reduce_calls, params * e / reduce_calls,
+                     "ZeRO-3: gradients every micro-step, one call per reduce bucket"))
+    if persistent:
+        out.append(_comm(layout, timing, "dp", "all_gather", grp, len(persistent), e * sum(persistent) / len(persistent),
+                         f"ZeRO-3: the {len(persistent)} persistent parameters (<= {threshold:,} elements), one gather "
+                         "each after the optimizer step", after_step=True))
+    return out
+
+
+
+def pipeline_exchanges(pp: int, stage: int, micro_batches: int) -> int:
+    """Waits for point-to-point traffic per step on pipeline stage `stage` under Megatron-Core 0.16.1's 1F1B without
+    interleaving (schedules.forward_backward_pipelining_without_interleaving): warm-up and cool-down micro-batches
+    receive and send on their own, each steady-state micro-batch sends its output and receives its gradient in
+    one exchange, then sends its input gradient and receives the next input in another (p2p_communication._p2p_ops
+    posts both and waits for both; on a 2-rank pipeline over two groups, so that they overlap). An exchange takes
+    about one call's time: the send and the receive are the same size."""
+    first, last = stage == 0, stage == pp - 1
+    ends = (not first) + (not last)
+    warmup = min(pp - stage - 1, micro_batches)
+    steady = micro_batches - warmup
+    return 2 * warmup * ends + (not first) * (steady > 0) + steady * ends
+

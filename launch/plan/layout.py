@@ -1,0 +1,210 @@
+"""What the planner plans and what it answers: the layout (`Layout`, built from a resolved recipe or by the
+`plan` command) and the plan's records (memory, collectives, step time per rank), with plan.json's reader and writer."""
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Any, Mapping
+
+from launch.config.grid import RankGrid
+from launch.config.hardware import HardwareProfile
+from launch.config.models import ModelSpec
+
+PLAN_SCHEMA_VERSION = 1
+# DeepSpeed ZeRO-3 defaults (stage3 config) that decide how many gathers a step makes.
+ZERO3_PERSISTENCE_THRESHOLD = 100_000
+ZERO3_MAX_REUSE_DISTANCE = 1_000_000_000
+ZERO_BUCKET_DEFAULT = 500_000_000  # reduce_bucket_size / allgather_bucket_size defaults (elements)
+ZERO0_BUCKET_ELEMENTS = 500_000_000  # engine.allreduce_gradients' fixed bucket without ZeRO
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Everything the planner needs; built from a Resolved recipe or directly by the `plan` command."""
+
+    backend: str
+    model: ModelSpec
+    hardware: HardwareProfile
+    grid: RankGrid
+    zero_stage: int
+    dtype: str
+    micro_batch_size: int
+    global_batch_size: int
+    seq_len: int
+    activation_checkpointing: str = "none"  # none | selective | full
+    sp: bool = False
+    vpp: int = 1
+    offload_optimizer: str = "none"
+    offload_params: str = "none"
+    ds_zero: Mapping[str, Any] = field(default_factory=dict)  # the composed zero_optimization section
+    headroom: float = 0.10
+
+    @property
+    def grad_accum(self) -> int:
+        return self.global_batch_size // (self.micro_batch_size * self.grid.dp)
+
+    @property
+    def elem_bytes(self) -> int:
+        return 4 if self.dtype == "fp32" else 2
+
+    @property
+    def hpz(self) -> int:
+        """ZeRO++ hpZ's secondary partition group size (1: off); ZeRO-3 only, as DeepSpeed applies it."""
+        return int_or(self.ds_zero.get("zero_hpz_partition_size"), 1, low=1) if self.zero_stage == 3 else 1
+
+    @classmethod
+    def from_resolved(cls, r) -> "Layout":
+        rc = r.recipe
+        return cls(
+            backend=rc.backend, model=r.model, hardware=r.hardware, grid=r.grid,
+            zero_stage=rc.parallel.zero_stage, dtype=rc.precision.dtype,
+            micro_batch_size=rc.batch.micro_batch_size, global_batch_size=rc.batch.global_batch_size,
+            seq_len=rc.batch.seq_len, activation_checkpointing=rc.train.activation_checkpointing, sp=rc.parallel.sp,
+            vpp=rc.parallel.vpp, offload_optimizer=rc.parallel.offload_optimizer,
+            offload_params=rc.parallel.offload_params,
+            ds_zero=dict(r.ds_config.get("zero_optimization", {})), headroom=rc.plan.headroom,
+        )
+
+
+@dataclass(frozen=True)
+class Memory:
+    """Bytes per rank. `device_*` live in device memory; `host_bytes` were offloaded."""
+
+    weights: int
+    grads: int
+    optimizer: int
+    activations: int
+    buffers: int
+    allowance: int
+    host_bytes: int
+
+    @property
+    def model_states(self) -> int:
+        return self.weights + self.grads + self.optimizer
+
+    @property
+    def total(self) -> int:
+        return self.weights + self.grads + self.optimizer + self.activations + self.buffers + self.allowance
+
+
+@dataclass(frozen=True)
+class RankPlan:
+    kind: str  # e.g. "all ranks", "pp stage 0 (first)"
+    ranks: tuple[int, ...]
+    pp_stage: int
+    layers: int
+    params: int  # parameters this rank holds before ZeRO partitioning (its TP/PP shard)
+    micro_batches_in_flight: float
+    memory: Mapping[str, Memory]  # by accounting
+    implementation: str  # the accounting the fit check uses
+    device_memory_bytes: int
+    usable_bytes: int  # device memory minus headroom
+
+    @property
+    def fits(self) -> bool:
+        return self.memory[self.implementation].total <= self.usable_bytes
+
+
+@dataclass(frozen=True)
+class Comm:
+    parallelism: str  # dp | tp | sp | pp
+    collective: str  # all_reduce | all_gather | reduce_scatter | send_recv | broadcast
+    link: str  # intra_node | inter_node
+    group_size: int
+    calls_per_step: int
+    message_bytes: int  # per call, the S of nccl-tests
+    bytes_per_rank: int  # sent per rank per step = calls × S × bus factor
+    busbw_GBps: float  # the link speed assumed (calibrated: the fitted bandwidth × the bus factor)
+    time_s: float
+    note: str = ""
+    after_step: bool = False  # runs after the optimizer step: nothing left to overlap it with
+    latency_us: float = 0.0  # per call assumed (calibrated: the fitted α)
+
+
+@dataclass(frozen=True)
+class StepTime:
+    model_flops_per_step: float  # 6 N + attention, torchtitan's count
+    hardware_flops_per_step: float  # + recomputation
+    compute_s: float
+    bubble_s: float
+    tp_comm_s: float
+    pp_comm_s: float  # on the critical path: a send and a receive posted together wait once (pipeline_exchanges)
+    dp_comm_s: float
+    dp_exposed_s: float
+    offload_s: float
+    total_s: float
+    tokens_per_s_per_device: float
+    mfu: float
+    assumptions: str
+    timing: str = "nominal"  # "calibrated": compute and collectives from a calibration file; else "nominal"
+    correction: float = 1.0  # the calibration's measured/predicted ratio from verified runs, already in total_s
+
+
+@dataclass(frozen=True)
+class Plan:
+    recipe_name: str
+    backend: str
+    hardware: str
+    grid: Mapping[str, int]
+    ranks: tuple[RankPlan, ...]
+    comm: tuple[Comm, ...]
+    step: StepTime
+    notes: tuple[str, ...]
+    host_bytes_per_node: int = 0  # offloaded state of every rank on the busiest node
+    host_usable_bytes: int = 0  # the node's host memory minus headroom
+    schema_version: int = PLAN_SCHEMA_VERSION
+
+    @property
+    def host_fits(self) -> bool:
+        return self.host_bytes_per_node <= self.host_usable_bytes
+
+    @property
+    def fits(self) -> bool:
+        return all(r.fits for r in self.ranks) and self.host_fits
+
+    def worst(self) -> RankPlan:
+        return max(self.ranks, key=lambda r: r.memory[r.implementation].total)
+
+    def to_json(self) -> str:
+        d = asdict(self)
+        for rp, src in zip(d["ranks"], self.ranks):
+            rp["fits"] = src.fits
+            for acc, mem in rp["memory"].items():
+                mem["model_states"] = src.memory[acc].model_states
+                mem["total"] = src.memory[acc].total
+        d["fits"] = self.fits
+        d["host_fits"] = self.host_fits
+        return json.dumps(d, indent=2)
+
+    @classmethod
+    def from_json(cls, text: str) -> "Plan":
+        d = json.loads(text)
+        mem_fields = set(Memory.__dataclass_fields__)
+        ranks = tuple(
+            RankPlan(**{**{k: v for k, v in rp.items() if k in RankPlan.__dataclass_fields__},
+                        "ranks": tuple(rp["ranks"]),
+                        "memory": {a: Memory(**{k: v for k, v in m.items() if k in mem_fields})
+                                   for a, m in rp["memory"].items()}})
+            for rp in d["ranks"])
+        return cls(recipe_name=d["recipe_name"], backend=d["backend"], hardware=d["hardware"], grid=d["grid"],
+                   ranks=ranks, comm=tuple(Comm(**c) for c in d["comm"]), step=StepTime(**d["step"]),
+                   notes=tuple(d["notes"]), host_bytes_per_node=d.get("host_bytes_per_node", 0),
+                   host_usable_bytes=d.get("host_usable_bytes", 0), schema_version=d["schema_version"])
+
+
+
+def int_or(value: Any, default: int, low: int = 0) -> int:
+    """A count from the composed zero_optimization section, or DeepSpeed's default where it is unset, "auto" or not
+    a number >= low (DeepSpeed itself replaces or refuses those)."""
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value >= low
+    return int(value) if ok else default
+
+
+def bucket(layout: Layout, key: str) -> int:
+    return int_or(layout.ds_zero.get(key), ZERO_BUCKET_DEFAULT, low=1)
+
+
+def persistence_threshold(layout: Layout) -> int:
+    return int_or(layout.ds_zero.get("stage3_param_persistence_threshold"), ZERO3_PERSISTENCE_THRESHOLD)
+

@@ -1,0 +1,339 @@
+"""Memory per rank: the parameters each rank holds, model states by accounting, activations, buffers, and host
+memory per node.
+
+Accountings of model-state memory (all three are computed; the fit check uses the backend's own):
+  * "zero_paper"  — Rajbhandari et al. 2020, Table 1: 16-bit weights 2 B + 16-bit grads 2 B + K = 12 B
+                    (fp32 master, Adam m, Adam v) per parameter; fp32 training: 4 + 4 + 8.
+  * "deepspeed"   — DeepSpeed 0.19.8's implementation, matching its own estimators
+                    (estimate_zero2/zero3_model_states_mem_needs): ZeRO-2 keeps full 16-bit weights plus
+                    a partition of 16-bit and fp32 grads, fp32 master, m and v (2 + 18/N B); ZeRO-1 keeps the
+                    16-bit grads whole; ZeRO-3 keeps 18/N B plus the largest layer gathered (4 B × its
+                    params); ZeRO-0 keeps fp32 master and fp32 grads beside the 16-bit copies (20 B).
+  * "megatron"    — for reference (both backends train through DeepSpeed's ZeRO, so their fit check uses
+                    "deepspeed"): Megatron-Core 0.16.1: bf16 weights 2 B, fp32 main grads 4 B (bf16 training accumulates
+                    gradients in fp32), optimizer 12 B; with the distributed optimizer (zero_stage >= 1) the
+                    12 B are split over the data-parallel group (6 + 12/d, as its docs state).
+
+Activations are derived per layer from the architecture (see `activation_terms`): the Llama family
+(SwiGLU, GQA, RMSNorm, no dropout, fused attention that keeps no s×s scores) or the GPT layer of
+Korthikanti et al. 2022, whose published totals the tests reproduce.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from launch.config.backends import traits
+from launch.plan.layout import Layout, RankPlan, bucket, int_or, persistence_threshold
+from launch.units import GiB
+
+ACCOUNTINGS = ("zero_paper", "deepspeed", "megatron")
+# A fixed runtime allowance (CUDA context, NCCL channels, cuBLAS workspace) plus allocator
+# fragmentation as a fraction of everything else; both are stated in plan.json.
+RUNTIME_ALLOWANCE_GPU = 1 * GiB
+RUNTIME_ALLOWANCE_CPU = GiB // 2
+FRAGMENTATION = 0.05
+# DeepSpeed's estimators multiply every host figure by additional_buffer_factor=1.5 (pinned staging buffers and
+# allocator slack); the host check uses the same factor so that it equals their CPU column.
+HOST_BUFFER_FACTOR = 1.5
+
+
+# --------------------------------------------------------------------------- parameters per rank
+
+
+def _tp_split(layout: Layout, split: str) -> bool:
+    """Whether tensor parallelism splits a parameter of this kind.
+
+    Megatron-Core: every Linear plus the vocab-parallel embedding and output layer. DeepSpeed AutoTP
+    (measured on 0.19.8): decoder Linears and lm_head (a column-parallel LinearLayer that gathers its
+    output), while the embedding stays replicated.
+    """
+    if split in ("out", "in"):
+        return True
+    if split == "vocab":
+        return True if traits(layout.backend).vocab_parallel else "lm_head"
+    return False
+
+
+def rank_parameters(layout: Layout, stage: int) -> list[int]:
+    """Element counts of the parameter tensors one rank of pipeline stage `stage` holds (its TP shard)."""
+    m, t, p = layout.model, layout.grid.tp, layout.grid.pp
+    per_stage = m.num_layers // p
+    lo, hi = stage * per_stage, (stage + 1) * per_stage
+    out = []
+    for info in m.parameters():
+        if info.layer == -1:
+            keep = stage == 0
+        elif info.layer == m.num_layers:
+            keep = stage == p - 1
+        else:
+            keep = lo <= info.layer < hi
+        split = _tp_split(layout, info.split)
+        if split == "lm_head":
+            split = info.name.startswith("lm_head")
+        if keep:
+            out.append(info.numel // t if split else info.numel)
+    if m.tie_word_embeddings and p > 1 and stage == p - 1:
+        # The last stage keeps its own copy of the tied matrix (kept in sync by an all-reduce).
+        out.append(m.vocab_size * m.hidden_size // (t if traits(layout.backend).vocab_parallel else 1))
+    return out
+
+
+def chunk_layers(num_layers: int, pp: int, vpp: int, stage: int) -> list[range]:
+    """Decoder layers (0-based) of each model chunk on pipeline stage `stage`: Megatron-Core's interleaved
+    assignment gives chunk v of stage p the layers of virtual stage v·pp + p (one chunk without vpp)."""
+    per = num_layers // (pp * vpp)
+    return [range((v * pp + stage) * per, (v * pp + stage + 1) * per) for v in range(vpp)]
+
+
+def stage_params(layout: Layout, stage: int) -> tuple[int, int]:
+    """(parameters held by one rank of pipeline stage `stage`, decoder layers on it)."""
+    return sum(rank_parameters(layout, stage)), layout.model.num_layers // layout.grid.pp
+
+
+def zero3_partition_numel(layout: Layout, stage: int = 0) -> int:
+    """Elements of parameters one rank owns under ZeRO-3: each tensor is split into dp equal pieces,
+    the last padded (DeepSpeed's ds_tensor holds ceil(numel / dp) elements)."""
+    d = layout.grid.dp
+    return sum(-(-n // d) for n in rank_parameters(layout, stage))
+
+
+def zero3_fetched(layout: Layout, stage: int = 0) -> list[int]:
+    """Sizes of a stage's parameters that ZeRO-3 partitions and gathers on use: those above
+    stage3_param_persistence_threshold (the others stay whole on every rank)."""
+    threshold = persistence_threshold(layout)
+    return [n for n in rank_parameters(layout, stage) if n > threshold]
+
+
+
+def largest_layer_params(layout: Layout) -> int:
+    """Largest single module's parameters on one rank, as DeepSpeed's ZeRO-3 estimator means it (the embedding
+    here); a backend whose TP splits the embedding (and every Linear) holds 1/tp of it."""
+    big = layout.model.param_counts().largest_layer
+    return big // layout.grid.tp if traits(layout.backend).vocab_parallel else big
+
+
+# --------------------------------------------------------------------------- model states
+
+
+def model_states(layout: Layout, params: int, accounting: str) -> tuple[int, int, int, int]:
+    """(weights, grads, optimizer, host) bytes on one rank holding `params` parameters before ZeRO."""
+    z, d, e = layout.zero_stage, layout.grid.dp, layout.elem_bytes
+    mixed = layout.dtype != "fp32"
+    off_opt = layout.offload_optimizer != "none"
+    off_par = layout.offload_params != "none"
+    host = 0
+    if accounting == "zero_paper":
+        k = 12 if mixed else 8
+        w, g, o = e * params, e * params, k * params
+        if z >= 1:
+            o = math.ceil(o / d)
+        if z >= 2:
+            g = math.ceil(g / d)
+        if z >= 3:
+            w = math.ceil(w / d)
+    elif accounting == "deepspeed":
+        # DeepSpeed 0.19.8 (stage_1_and_2.py / stage3.py estimators): fp32 master 4 + Adam m, v 8 = 12 B
+        # per parameter of the partition, plus an fp32 gradient partition of 4 B; ZeRO-2 also keeps its
+        # 16-bit gradient partition (2 + 18/N in all); ZeRO-3 keeps 16-bit parameter partitions and the
+        # largest layer gathered as 16-bit weights and gradients (4 B × its params).
+        if z == 0:
+            w, g = e * params, e * params + (4 * params if mixed else 0)
+            o = (12 if mixed else 8) * params
+        elif z == 1:
+            w, g = e * params, e * params + 4 * params // d
+            o = 12 * params // d
+        elif z == 2:
+            w, g = e * params, (e + 4) * params // d
+            o = 12 * params // d
+        else:
+            # The largest layer gathered whole, as weights and as gradients, in the model's element size (the
+            # estimator's 4 B assumes 16-bit). In fp32 the parameter partition is itself the master copy
+            # (stage3.py _link_all_hp_params): the optimizer adds Adam's m and v only (measured live,
+            # tests/dist/test_state_bytes.py).
+            big = largest_layer_params(layout)
+            # hpZ adds a secondary partition over its group, in the parameters' dtype, to each parameter
+            # that is released after use (partition_parameters.py _partition_param_sec); persistent ones stay whole.
+            secondary = e * sum(zero3_fetched(layout)) // layout.hpz if layout.hpz > 1 else 0
+            w = e * params // d + e * big + secondary
+            g = 4 * params // d + e * big
+            o = (12 if mixed else 8) * params // d
+        if off_opt:
+            # The optimizer step, its fp32 state and the fp32 gradient partition move to the host. ZeRO-1/2 then
+            # copy gradients from the reduce bucket straight into that fp32 partition, keeping no 16-bit one
+            # (the estimators: 2 B/param on the device, 16 on the host); ZeRO-3 keeps the largest layer's.
+            moved_g = g - (2 * largest_layer_params(layout) if z == 3 else 0)
+            host += o + (4 * params // d if z < 3 else moved_g)
+            o, g = 0, g - moved_g
+        if off_par and z == 3:
+            host += e * params // d
+            w -= e * params // d
+    elif accounting == "megatron":
+        # Megatron-Core's distributed-optimizer table: bf16 params + fp32 main grads 6 + 12/d; fp16 params and
+        # grads (fp32 main grads live in the optimizer) 4 + 16/d; fp32 8 + 8/d.
+        grad_bytes, opt_bytes = {"bf16": (4, 12), "fp16": (2, 16), "fp32": (4, 8)}[layout.dtype]
+        w, g = e * params, grad_bytes * params
+        opt = opt_bytes * params
+        o = math.ceil(opt / d) if z >= 1 else opt
+        if z >= 3:
+            w, g = math.ceil(w / d), math.ceil(g / d)
+    else:
+        raise ValueError(f"unknown accounting {accounting}")
+    if accounting == "zero_paper" and off_opt:
+        host, o = o, 0
+    return w, g, o, host
+
+
+# --------------------------------------------------------------------------- activations
+
+
+@dataclass(frozen=True)
+class ActTerm:
+    name: str
+    bytes: float  # for one micro-batch, one layer, no parallelism
+    region: str  # "tp": split over t; "replicated": split over t only with SP
+    scores: bool = False  # s×s attention terms, dropped by selective recompute
+
+
+def activation_terms(arch: str, s: int, b: int, h: int, a: int, *, ffn: int = 0, kv_heads: int = 0,
+                     head_dim: int = 0, e: int = 2, hf_norm: bool = False, eager_attention: bool = False) -> list[ActTerm]:
+    """Bytes saved for backward by one transformer layer.
+
+    "gpt": Korthikanti et al. 2022, §4.1 (16-bit activations, 1-byte dropout masks, 4h MLP):
+           sbh(34 + 5as/h) without parallelism.
+    "llama": RMSNorm (saves its input), q/k/v after RoPE, fused attention (output + fp32 log-sum-exp,
+           no s×s scores), SwiGLU saving gate, up, silu(gate) and their product; no dropout.
+           hf_norm: Hugging Face's RMSNorm instead of a fused one: it saves an fp32 copy of its input and the
+           normalized tensor. eager_attention: the s×s softmax is materialised (fp32, plus its cast to the
+           model dtype), as Hugging Face's eager attention on CPU ranks does.
+    """
+    sbh = s * b * h
+    if arch == "gpt":
+        return [
+            ActTerm("ln1_input", 2 * sbh, "replicated"), ActTerm("qkv_input", 2 * sbh, "replicated"),
+            ActTerm("q_k", 4 * sbh, "tp"), ActTerm("softmax_out", 2 * a * s * s * b, "tp", True),
+            ActTerm("softmax_dropout_mask", a * s * s * b, "tp", True),
+            ActTerm("attn_dropout_out", 2 * a * s * s * b, "tp", True), ActTerm("v", 2 * sbh, "tp"),
+            ActTerm("proj_input", 2 * sbh, "tp"), ActTerm("attn_dropout_mask", sbh, "replicated"),
+            ActTerm("ln2_input", 2 * sbh, "replicated"), ActTerm("fc1_input", 2 * sbh, "replicated"),
+            ActTerm("gelu_input", 8 * sbh, "tp"), ActTerm("fc2_input", 8 * sbh, "tp"),
+            ActTerm("mlp_dropout_mask", sbh, "replicated"),
+        ]
+    if arch == "llama":
+        kv = s * b * kv_heads * head_dim
+        sbf = s * b * ffn
+        norm_in = 4 * sbh if hf_norm else e * sbh
+        terms = [
+            ActTerm("norm1_input", norm_in, "replicated"), ActTerm("qkv_input", e * sbh, "replicated"),
+            ActTerm("q_rope", e * s * b * a * head_dim, "tp"), ActTerm("k_rope_v", 2 * e * kv, "tp"),
+            ActTerm("attn_out", e * s * b * a * head_dim, "tp"), ActTerm("attn_lse", 4 * b * a * s, "tp"),
+            ActTerm("norm2_input", norm_in, "replicated"), ActTerm("mlp_input", e * sbh, "replicated"),
+            ActTerm("gate_out", e * sbf, "tp"), ActTerm("up_out", e * sbf, "tp"),
+            ActTerm("silu_out", e * sbf, "tp"), ActTerm("down_input", e * sbf, "tp"),
+        ]
+        if hf_norm and e != 4:
+            terms += [ActTerm("norm1_normalized", e * sbh, "replicated"), ActTerm("norm2_normalized", e * sbh, "replicated")]
+        if eager_attention:
+            probs = (4 + (e if e != 4 else 0)) * a * s * s * b
+            terms.append(ActTerm("attn_probs", probs, "tp", scores=True))
+        return terms
+    raise ValueError(f"unknown layer arch {arch!r}")
+
+
+def layer_activation_bytes(terms: list[ActTerm], *, t: int = 1, sp: bool = False, activation_checkpointing: str = "none",
+                           layer_input_bytes: float | None = None) -> float:
+    """Bytes one layer keeps for one micro-batch under TP degree t, SP and a recompute policy."""
+    if activation_checkpointing == "full":
+        # Only the layer input survives the forward pass; it is sharded along the sequence with SP.
+        x = layer_input_bytes if layer_input_bytes is not None else terms[0].bytes
+        return x / t if sp else x
+    total = 0.0
+    for term in terms:
+        if activation_checkpointing == "selective" and term.scores:
+            continue
+        split = t if (term.region == "tp" or sp) else 1
+        total += term.bytes / split
+    return total
+
+
+def _model_terms(layout: Layout, b: int) -> list[ActTerm]:
+    m = layout.model
+    # A backend training Hugging Face modules has unfused RMSNorm, and eager attention on CPU ranks.
+    hf = traits(layout.backend).hf_modules
+    return activation_terms("llama", layout.seq_len, b, m.hidden_size, m.num_heads, ffn=m.intermediate_size,
+                            kv_heads=m.num_kv_heads, head_dim=m.head_dim, e=layout.elem_bytes, hf_norm=hf,
+                            eager_attention=hf and layout.hardware.name == "cpu")
+
+
+def in_flight(layout: Layout, stage: int) -> float:
+    """Micro-batches whose activations one stage holds at its peak (1F1B; interleaved per Korthikanti §4.2.3)."""
+    p, mb = layout.grid.pp, max(1, layout.grad_accum)
+    if p == 1:
+        return 1.0
+    held = min(p - stage, mb)
+    if layout.vpp > 1 and stage == 0:
+        held *= 1 + (p - 1) / (p * layout.vpp)
+    return float(held)
+
+
+def stage_activations(layout: Layout, stage: int) -> int:
+    m, t, p = layout.model, layout.grid.tp, layout.grid.pp
+    b = layout.micro_batch_size
+    terms = _model_terms(layout, b)
+    layers = m.num_layers // p
+    per_layer = layer_activation_bytes(terms, t=t, sp=layout.sp, activation_checkpointing=layout.activation_checkpointing)
+    stored = layers * per_layer
+    if layout.activation_checkpointing == "full":
+        # While one layer is recomputed, its full activation set is alive once.
+        stored += layer_activation_bytes(terms, t=t, sp=layout.sp, activation_checkpointing="none")
+    if stage == p - 1:
+        # Output layer: final-norm input, 16-bit logits, the fp32 upcast and log-softmax of the loss, and at
+        # the start of the backward the fp32 gradient of the logits beside them.
+        vocab_split = t if traits(layout.backend).vocab_parallel else 1
+        sbv = layout.seq_len * b * m.vocab_size
+        stored += layout.elem_bytes * layout.seq_len * b * m.hidden_size + (layout.elem_bytes + 12) * sbv / vocab_split
+    return int(stored * in_flight(layout, stage))
+
+
+# --------------------------------------------------------------------------- buffers
+
+
+def buffers(layout: Layout, params: int) -> int:
+    """Communication buffers DeepSpeed allocates (elements × element size), capped by the rank's parameters."""
+    if layout.grid.dp == 1 and layout.zero_stage == 0:
+        return 0
+    z, e, zo = layout.zero_stage, layout.elem_bytes, layout.ds_zero
+    reduce = min(bucket(layout, "reduce_bucket_size"), params)
+    if z in (1, 2):
+        gather = min(bucket(layout, "allgather_bucket_size"), params)
+        copies = 2 if zo.get("overlap_comm") else 1  # overlap_comm double-buffers the gradient bucket
+        return e * (copies * reduce + gather)
+    if z == 3:
+        prefetch = int_or(zo.get("stage3_prefetch_bucket_size"), 50_000_000)
+        live = min(int_or(zo.get("stage3_max_live_parameters"), 1_000_000_000), prefetch + largest_layer_params(layout),
+                   params)
+        return e * (reduce + live)
+    return e * reduce
+
+
+
+def host_bytes_per_node(layout: Layout, ranks: list[RankPlan]) -> int:
+    """Host memory of the busiest node, as DeepSpeed's estimate_zero2/zero3_model_states_mem_needs count it without
+    zero.Init (neither backend builds the model under it): every local process first builds its fp32 parameters
+    on the host (4 B each), and offloaded optimizer state (and ZeRO-3 parameters) lives there afterwards; the node
+    needs the larger of the two, times the estimators' buffer factor. Both backends build the whole model on every
+    rank (trainers/common.build_model; Megatron from the canonical HF state) whatever its TP/PP shard. With one node
+    and tp = pp = 1 this is their
+    CPU column exactly; across nodes their ZeRO-2 offload figure counts every GPU's model copy as if on one node
+    (max(4 · total GPUs, 16) B/param), which this does not."""
+    g = layout.grid
+    whole = 4 * layout.model.param_counts().total  # every process builds the whole fp32 model before sharding it
+    load: dict[int, int] = {}
+    offloaded: dict[int, int] = {}
+    for rp in ranks:
+        for rank in rp.ranks:
+            node = g.node(rank)
+            load[node] = load.get(node, 0) + whole
+            offloaded[node] = offloaded.get(node, 0) + rp.memory[rp.implementation].host_bytes
+    return max((int(HOST_BUFFER_FACTOR * max(load[n], offloaded[n])) for n in load), default=0)
+

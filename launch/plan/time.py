@@ -1,0 +1,175 @@
+"""FLOPs and the predicted step time: compute, pipeline bubble, exposed communication, offload."""
+from __future__ import annotations
+
+import math
+from statistics import NormalDist
+
+from launch.comm.commbench_spec import backend_of
+from launch.config import calibration as cal
+from launch.config.models import ModelSpec
+from launch.plan.collectives import communication, pipeline_exchanges
+from launch.plan.layout import Comm, Layout, StepTime
+from launch.plan.memory import chunk_layers, rank_parameters, stage_params
+from launch.plan.timing import Timing
+
+PCIE_GBps = 25.0  # host<->device copies for offloaded optimizer state (PCIe 4 x16, effective)
+HOST_ADAM_GBps = 20.0  # CPU Adam streams ~16 B/param in and out; effective host memory bandwidth
+# Whether a process group's collectives run beside compute: NCCL's kernels run on their own streams, while gloo
+# runs each call on the calling CPU thread, so on CPU ranks nothing overlaps and a step is the sum of its parts.
+OVERLAPS = {"nccl": True, "gloo": False}
+
+
+# --------------------------------------------------------------------------- FLOPs and step time
+
+
+def model_flops_per_token(model: ModelSpec, seq_len: int) -> float:
+    """torchtitan's count: 6 × (non-embedding parameters, lm_head included) + 12 · L · heads · head_dim · s."""
+    pc = model.param_counts()
+    return 6 * pc.flops_params + 12 * model.num_layers * model.num_heads * model.head_dim * seq_len
+
+
+
+def step_time(layout: Layout, comm: list[Comm], timing: Timing = Timing()) -> StepTime:
+    """`comm`: pipeline stage 0's calls (communication(layout, timing)); the calibrated compute is the slowest
+    stage's."""
+    g, hw = layout.grid, layout.hardware
+    tokens = layout.global_batch_size * layout.seq_len
+    model_flops = model_flops_per_token(layout.model, layout.seq_len) * tokens
+    recompute_factor = {"none": 1.0, "selective": 1.0, "full": 4 / 3}[layout.activation_checkpointing]  # one more forward of 2N
+    hw_flops = model_flops * recompute_factor
+    peak = hw.peak_flops(layout.dtype)
+    ga = max(1, layout.grad_accum)
+    params, _ = stage_params(layout, 0)
+    compute_c = timing.calibration.compute if timing.calibration else None
+    tp = sum(c.time_s for c in comm if c.parallelism in ("tp", "sp"))
+    bubble = None
+    if compute_c is not None:
+        # Measured op classes: forward and backward of this rank's part of the backend's own model per micro-batch
+        # (timed in situ, its TP collectives included), the engine's own cost at this ZeRO stage (what real steps
+        # spend beyond the rest of this sum), and Adam over the rank's partition (the whole shard without ZeRO).
+        p = compute_c.find_pass(layout.backend, g.tp, layout.sp, layout.micro_batch_size, layout.activation_checkpointing)
+        eng = compute_c.find_engine(layout.backend, layout.zero_stage)
+        engine = eng.micro_step_s + (eng.recompute_s if p.activation_checkpointing == "full" else 0.0)
+        # Pipeline stages: each stage's share of the measured pass (its layers, the embedding on the first, output
+        # layer and loss on the last). Under 1F1B the first micro-batch crosses every stage forward and back, the
+        # others follow at the pace of the slowest: ga × the slowest stage, plus the other stages' one micro-batch
+        # each (the bubble; (p-1)/m of the compute when the stages are equal, the nominal formula).
+        stages = [p.stage_s(sum(map(len, chunk_layers(layout.model.num_layers, g.pp, layout.vpp, s)))
+                            / layout.model.num_layers, s == 0, s == g.pp - 1)
+                  for s in range(g.pp)]
+        slowest = max(range(g.pp), key=stages.__getitem__)
+        passes = ga * stages[slowest]
+        bubble = sum(stages) - stages[slowest]
+        # Adam on each stage's partition at once after the flush: the largest finishes last.
+        part = max(sum(rank_parameters(layout, s)) for s in range(g.pp))
+        part = part if layout.zero_stage == 0 else -(-part // g.dp)
+        compute = ga * (engine + compute_c.data_s.get(str(layout.micro_batch_size), 0.0)) + eng.step_s + compute_c.adam_s(part)
+        # Ranks that wait for one another each step finish with the slowest: the expected maximum of n ranks'
+        # compute exceeds the mean by c_n standard deviations (Blom's approximation of the normal order statistic),
+        # counted once per step, a lower bound when the ranks meet more often. The ranks of a TP group already
+        # waited for one another inside the measured pass (at every TP collective), those of a pipeline at every
+        # send and receive: n counts the model replicas.
+        n = g.world // (g.tp * g.pp)
+        skew = (NormalDist().inv_cdf((n - 0.375) / (n + 0.25)) * p.sd_s * math.sqrt(ga)) if n > 1 else 0.0
+        compute += skew
+        # The passes hold the TP calls as they ran in situ: the table's α–β time for them is their share, the rest
+        # of the passes is compute. The backend's own calls after the micro-batches ran outside the passes.
+        after = sum(c.time_s for c in comm if c.parallelism in ("tp", "sp") and c.after_step)
+        tp = min(tp - after, passes)
+        compute += passes - tp
+        tp += after
+        compute_how = (f"compute measured ({timing.calibration.created}, {timing.calibration.machine_kind}): forward + "
+                       f"backward of the {layout.backend} model at tp={g.tp}{' with SP' if layout.sp else ''} in situ"
+                       + (f", split into {g.pp} pipeline stages by where its forward went (embedding, decoder layers, "
+                          f"output layer and loss; the slowest, stage {slowest}, sets the pace)" if g.pp > 1 else "")
+                       + " (its TP collectives included: the "
+                       f"α–β time of those is shown as TP), micro_batch_size={layout.micro_batch_size}, "
+                       f"activation_checkpointing={p.activation_checkpointing}, + the engine's own cost at ZeRO-"
+                       f"{layout.zero_stage} (measured in real steps) + Adam over "
+                       f"{part:,} parameters + making the micro-batches + {skew * 1e3:.2f} ms "
+                       f"waiting for the slowest of {n} ranks; collectives on the measured α–β curves (calibrated)")
+    else:
+        compute = hw_flops / g.world / (peak * hw.achievable_mfu)
+        compute_how = (f"compute at {hw.achievable_mfu:.0%} of {hw.name} {layout.dtype} peak (nominal); collectives "
+                       f"{hw.intra_node_latency_us:g}/{hw.inter_node_latency_us:g} µs per call (intra/inter-node, "
+                       "nominal) + bytes over the nominal bus bandwidth")
+    if bubble is None:
+        bubble = compute * (g.pp - 1) / (layout.vpp * max(ga, 1)) if g.pp > 1 else 0.0
+    # Pipeline sends and receives on the critical path: under 1F1B without interleaving an exchange pairs a send
+    # with a receive (the comm table lists every call at its own α–β time); interleaved schedules are counted call
+    # by call. `comm` is stage 0's, as make_plan passes it.
+    exchanges = pipeline_exchanges(g.pp, 0, ga) if layout.vpp == 1 else None
+    pp = sum(c.time_s * (exchanges / c.calls_per_step if c.collective == "send_recv" and exchanges is not None
+                         else 1.0) for c in comm if c.parallelism == "pp")
+    dp = sum(c.time_s for c in comm if c.parallelism == "dp")
+    dp_c = [c for c in comm if c.parallelism == "dp"]
+    overlaps = OVERLAPS[backend_of(hw.name)]
+    if not overlaps:
+        dp_exposed = dp
+        overlap_how = f"{backend_of(hw.name)} runs collectives on the training thread: nothing overlaps"
+    else:
+        dp_exposed = _dp_exposed(layout, dp_c, compute, ga)
+        overlap_how = ("TP/SP and PP traffic on the critical path; DP traffic issued every micro-step overlaps the "
+                       "backward, boundary traffic only the last micro-batch's backward, post-step gathers none "
+                       "(ZeRO-3: forward gathers overlap the forward)")
+    offload = 0.0
+    part = params / g.dp
+    if layout.offload_optimizer != "none":
+        offload += (2 * part * layout.elem_bytes) / (PCIE_GBps * 1e9) + 16 * 2 * part / (HOST_ADAM_GBps * 1e9)
+    if layout.offload_params != "none":
+        # Offloaded 16-bit parameter partitions cross PCIe before the forward and again before the backward.
+        offload += 2 * ga * part * layout.elem_bytes / (PCIE_GBps * 1e9)
+    total = compute + bubble + tp + pp + dp_exposed + offload
+    correction = timing.calibration.correction if compute_c is not None else 1.0
+    if correction != 1.0:
+        total *= correction
+        compute_how += (f"; × {correction:.3f}, the measured/predicted ratio of {len(timing.calibration.verified)} "
+                        "verified run(s)")
+    return StepTime(
+        model_flops_per_step=model_flops, hardware_flops_per_step=hw_flops, compute_s=compute, bubble_s=bubble,
+        tp_comm_s=tp, pp_comm_s=pp, dp_comm_s=dp, dp_exposed_s=dp_exposed, offload_s=offload, total_s=total,
+        tokens_per_s_per_device=tokens / total / g.world if total else 0.0,
+        mfu=model_flops / total / g.world / peak if total and peak else 0.0,
+        assumptions=f"{compute_how}; {overlap_how}; offload adds PCIe and host-Adam time"
+                    + ("" if g.pp == 1 else "; bubble " + ("the other stages' first micro-batch" if compute_c is not None
+                                                          else "(p-1)/(v·m) of the compute")
+                       + ("; a send and a receive posted together wait once (1F1B)" if layout.vpp == 1 else "")),
+        timing="calibrated" if compute_c is not None else "nominal", correction=correction,
+    )
+
+
+def _dp_exposed(layout: Layout, dp_c: list[Comm], compute: float, ga: int) -> float:
+    """DP time left on the critical path when collectives overlap compute."""
+    forward_win, backward_win = compute / 3, compute * 2 / 3
+    after = sum(c.time_s for c in dp_c if c.after_step)  # e.g. the post-step parameter all-gather: never hidden
+    if layout.zero_stage == 3:
+        fwd_gather = sum(c.time_s for c in dp_c if c.collective == "all_gather" and not c.after_step) / 2
+        rest = sum(c.time_s for c in dp_c if not c.after_step) - fwd_gather
+        return max(0.0, fwd_gather - forward_win) + max(0.0, rest - backward_win) + after
+    # Collectives issued every micro-step can hide behind every backward; one issued at the accumulation
+    # boundary only behind the last micro-batch's backward.
+    per_micro = sum(c.time_s for c in dp_c if not c.after_step and c.calls_per_step > 1)
+    boundary = sum(c.time_s for c in dp_c if not c.after_step and c.calls_per_step <= 1)
+    return max(0.0, per_micro - backward_win) + max(0.0, boundary - backward_win / ga) + after
+
+
+def layout_timing(layout: Layout, machine: cal.Machine | None) -> Timing:
+    """The calibration of `layout.hardware` when it covers this layout on `machine`, else nominal with why. The machine
+    arrives as data (the planner probes none); without one a calibration cannot be checked, so it is not used."""
+    if layout.hardware.nominal:
+        return Timing()
+    if machine is None:
+        return Timing(None, ("no machine was given to check it against (the plan is for no particular machine)",))
+    calib = cal.Calibration.from_dict(layout.hardware.calibration)
+    needs = sorted({(c.collective, c.group_size, c.link) for c in communication(layout)})
+    why = cal.problems(calib, machine_kind=machine.kind, versions=machine.versions, needs=needs,
+                       model=layout.model.name, dtype=layout.dtype, seq_len=layout.seq_len,
+                       ranks_per_node=layout.grid.gpus_per_node, tp=layout.grid.tp, micro_batch_size=layout.micro_batch_size,
+                       backend=layout.backend, sp=layout.sp, activation_checkpointing=layout.activation_checkpointing,
+                       zero_stage=layout.zero_stage)
+    if layout.vpp > 1:
+        why.append("it does not time interleaved pipeline stages (vpp > 1)")
+    if layout.offload_optimizer != "none" or layout.offload_params != "none":
+        why.append("it does not time offloading")
+    return Timing(None, tuple(why)) if why else Timing(calib)
+

@@ -1,0 +1,68 @@
+"""The torch half of `python -m launch export`: `python -m launch.ranks.export RUN_DIR STEP OUT` (STEP and OUT may
+be "-"), started by launch/commands/export.py after it has checked the arguments.
+
+Each backend consolidates its own shards (`export_hf_state` of its rank module, see
+launch/ranks/trainers/protocol.py); this module checks the result against the model in resolved.json and
+writes the folder.
+"""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from launch.config.backends import traits
+from launch.config.resolve import Resolved
+from launch.errors import ConfigError
+from launch.run.checkpoints import complete_checkpoints
+from launch.run.rundir import RunDir
+
+
+def consolidated_state_dict(run: RunDir, resolved: Resolved, step: int | None = None):
+    """The newest complete checkpoint (or the one of `step`) as one Hugging Face state dict, by its backend."""
+    found = complete_checkpoints(run.checkpoints)
+    if step is not None:
+        found = [c for c in found if c.step == step]
+    if not found:
+        raise ConfigError(str(run.checkpoints), "step", step, "has no complete checkpoint",
+                          "train with train.checkpoint_every>0 (a final checkpoint is always written), or pick a listed step")
+    ckpt = found[-1]
+    return ckpt, traits(resolved.recipe.backend).rank_module().export_hf_state(resolved, ckpt)
+
+
+def export(run_dir: str | Path, step: int | None = None, out: str | Path | None = None) -> Path:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from launch.ranks.hf import hf_config
+
+    run = RunDir.open(run_dir)
+    resolved = Resolved.load(run.resolved)
+    ckpt, state = consolidated_state_dict(run, resolved, step)
+    config = hf_config(resolved.model)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    shapes = {k: v.shape for k, v in model.state_dict().items()}
+    # ZeRO-3's universal tensors are stored flat; give each its module shape back.
+    state = {k: v.reshape(shapes[k]) if k in shapes and v.numel() == shapes[k].numel() else v
+             for k, v in state.items()}
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    tied = {"lm_head.weight"} if resolved.model.tie_word_embeddings else set()
+    if set(missing) - tied or unexpected:
+        raise ConfigError(str(ckpt.dir), "parameters", sorted(set(missing) - tied)[:5] or sorted(unexpected)[:5],
+                          "do not match the model in resolved.json", "export a checkpoint of this run's own model")
+    target = Path(out) if out else run.root / "export" / ckpt.tag
+    model.save_pretrained(target, safe_serialization=True)
+    return target
+
+
+def main(argv: list[str]) -> int:
+    run_dir, step, out = argv
+    try:
+        print(export(run_dir, None if step == "-" else int(step), None if out == "-" else out))
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,472 @@
+"""What the training loop and every backend share on a rank: rank environment, per-rank logs, the stall
+watchdog, the Hugging Face model and the data, measurement and profiling.
+
+Checkpoint bookkeeping lives in launch/run/checkpoints.py (torch-free: the CLI uses it before launch).
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterator, TextIO
+
+from launch import PACKAGE
+from launch.config.resolve import Resolved
+from launch.ranks.data import ByteText, Synthetic
+from launch.ranks.hf import hf_config
+from launch.run.rundir import RunDir
+
+
+@dataclass(frozen=True)
+class RankEnv:
+    rank: int
+    world: int
+    local_rank: int
+
+
+def rank_env() -> RankEnv:
+    return RankEnv(int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1")),
+                   int(os.environ.get("LOCAL_RANK", "0")))
+
+
+def no_jit_comm_op() -> None:
+    """Both backends start DeepSpeed's comm: its CPU accelerator would JIT-build a shared-memory all-reduce op
+    (minutes of C++ compile) the first time; gloo does the job without it, so mark the op incompatible."""
+    import deepspeed.ops
+
+    deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
+
+
+def run_rank(run_dir: str, body: Callable[..., int]) -> int:
+    """What every rank program does around its work: open the run, send its output to logs/, start the stall
+    watchdog, and on failure name the rank and the step (on its stderr and rank 0's terminal) before torchrun
+    stops the others. `body(run, resolved, env, terminal, cuda, watchdog)` does the work; `terminal` is rank 0's
+    terminal stream and None elsewhere. A ResumeError is the user's: one line, exit 2."""
+    from launch.run.checkpoints import ResumeError
+
+    run = RunDir.open(run_dir)
+    resolved = Resolved.load(run.resolved)
+    env = rank_env()
+    terminal = redirect_logs(run, env.rank)
+    for stale in (run.failure(env.rank), run.logs / f"stall_rank{env.rank}.json"):
+        with contextlib.suppress(OSError):  # an earlier attempt's (torchrun restart, SLURM requeue): not this one's
+            stale.unlink()
+    cuda = resolved.hardware.name != "cpu"
+    if cuda:
+        os.environ.setdefault("NCCL_DEBUG_FILE", str(run.nccl_log(env.rank)))
+    # On GPUs a rank waits for its peers in a CUDA synchronisation, not inside the torch.distributed call (NCCL
+    # returns at once): where the main thread is cannot tell victim from cause, so no rank is blamed there.
+    watchdog = Watchdog(env.rank, float(resolved.recipe.run.timeout_s), terminal if env.rank == 0 else None, run,
+                        blame=not cuda)
+    try:
+        return body(run, resolved, env, terminal if env.rank == 0 else None, cuda, watchdog)
+    except ResumeError as e:
+        record_failure(run, env.rank, watchdog.step, watchdog.phase, "resume", f"layoutlab: {e}")
+        print(f"layoutlab: {e}", file=sys.stderr)
+        if env.rank == 0:
+            print(f"layoutlab: {e}", file=terminal)
+        return 2
+    except BaseException as e:  # noqa: BLE001 - name the rank and step, then let torchrun stop the others
+        msg = fail_message(env.rank, watchdog.step, e)
+        record_failure(run, env.rank, watchdog.step, watchdog.phase, "exception", msg)
+        print(msg, file=sys.stderr, flush=True)
+        print(msg, file=terminal, flush=True)
+        raise
+    finally:
+        watchdog.stop()
+
+
+def init_process_group(cuda: bool, timeout_s: float) -> None:
+    """The default process group, then DeepSpeed's communication layer on top of it (it adopts a group that exists).
+
+    Keys in the rendezvous store are prefixed with torchrun's restart count: a group that torchrun restarts
+    (run.max_restarts) meets in the same store, and without the prefix a restarted rank read the dead group's gloo
+    addresses and failed with "connectFullMesh ... Connection refused" before its peers had published theirs.
+    """
+    import datetime as dt
+
+    import deepspeed
+    import torch.distributed as dist
+
+    timeout = dt.timedelta(seconds=timeout_s)
+    backend = "nccl" if cuda else "gloo"
+    if not dist.is_initialized():
+        store, rank, world_size = next(dist.rendezvous("env://", timeout=timeout))
+        store = dist.PrefixStore(f"layoutlab/attempt{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}", store)
+        dist.init_process_group(backend, store=store, rank=rank, world_size=world_size, timeout=timeout)
+    deepspeed.init_distributed(dist_backend=backend, timeout=timeout)
+
+
+def die_with_parent() -> None:
+    """End this rank when the process that started it dies, even by SIGKILL.
+
+    torchrun starts every worker in a session of its own, so killing the job's process group (or
+    torchrun alone, with SIGKILL) would otherwise leave the ranks running as orphans.
+    """
+    import ctypes
+    import signal
+
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except OSError:
+        return
+    if os.getppid() == 1:  # the parent died before the prctl took effect
+        os._exit(1)
+
+
+def redirect_logs(run: RunDir, rank: int) -> TextIO:
+    """Send this rank's stdout/stderr (including C++ and NCCL output) to logs/rank{R}.out|err.
+
+    Returns a stream to the original terminal, used by rank 0 for the progress line.
+    """
+    sys.stdout.flush()
+    sys.stderr.flush()
+    terminal = os.fdopen(os.dup(1), "w", buffering=1)
+    run.logs.mkdir(parents=True, exist_ok=True)
+    for fd, path in ((1, run.stdout(rank)), (2, run.stderr(rank))):
+        f = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        os.dup2(f, fd)
+        os.close(f)
+    sys.stdout = os.fdopen(1, "w", buffering=1, closefd=False)
+    sys.stderr = os.fdopen(2, "w", buffering=1, closefd=False)
+    return terminal
+
+
+class Watchdog:
+    """Ends this rank when no step finishes within `timeout_s`, naming the rank, the step, and where it waits.
+
+    Collectives time out on their own (the process-group timeout), but a rank stuck outside a
+    collective (a data loader, a deadlock in Python) would otherwise hang the job forever. Its peers then wait for
+    it inside a collective and stall as long, so whichever watchdog fires first could be a victim: at half the
+    timeout every stalled rank notes where its main thread is (logs/stall_rank{R}.json), and the one that ends
+    the job names the ranks found outside any collective as the likely cause.
+    """
+
+    def __init__(self, rank: int, timeout_s: float, terminal: TextIO | None, run: RunDir | None = None,
+                 blame: bool = False) -> None:
+        self.rank, self.timeout_s, self.terminal, self.run, self.blame = rank, timeout_s, terminal, run, blame
+        self.step = 0
+        self.phase = "start-up"
+        self._last = time.monotonic()
+        self._noted = False
+        self._main = threading.main_thread().ident
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True, name="layoutlab-watchdog")
+        self._thread.start()
+
+    def beat(self, step: int, phase: str) -> None:
+        self.step, self.phase, self._last = step, phase, time.monotonic()
+        if self._noted:  # progress again: the note of a slow moment is no longer true
+            self._noted = False
+            with contextlib.suppress(OSError):
+                self._note_path().unlink()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def _note_path(self) -> Path:
+        return self.run.logs / f"stall_rank{self.rank}.json"
+
+    def where(self) -> tuple[bool, str]:
+        """(whether the main thread is inside a torch.distributed call, where it is: the call, or its innermost
+        frame in layoutlab's own code)."""
+        frame = sys._current_frames().get(self._main)
+        frames = []
+        while frame is not None:
+            frames.append(frame)
+            frame = frame.f_back
+        for f in frames:  # innermost first
+            if f.f_code.co_filename.replace(os.sep, "/").endswith("torch/distributed/distributed_c10d.py"):
+                return True, f"torch.distributed.{f.f_code.co_name}"
+        own = str(PACKAGE)
+        for f in frames:  # the innermost frame of layoutlab itself, not of the libraries it calls
+            if os.path.abspath(f.f_code.co_filename).startswith(own + os.sep):
+                return False, f"{os.path.relpath(f.f_code.co_filename)}:{f.f_lineno} in {f.f_code.co_name}"
+        return False, f"{frames[0].f_code.co_filename}:{frames[0].f_lineno}" if frames else "unknown"
+
+    def _culprits(self) -> list[str]:
+        """Other ranks that noted a stall outside any collective."""
+        out = []
+        for path in sorted(self.run.logs.glob("stall_rank*.json")) if self.run is not None else []:
+            try:
+                note = json.loads(path.read_text())
+            except (OSError, ValueError):
+                continue
+            if note.get("rank") != self.rank and not note.get("in_collective", True):
+                out.append(f"rank {note['rank']} is outside any collective at step {note['step']} ({note['where']})")
+        return out
+
+    def _run(self) -> None:
+        while not self._stop.wait(min(5.0, self.timeout_s / 4)):
+            idle = time.monotonic() - self._last
+            if idle > self.timeout_s / 2 and not self._noted and self.run is not None and self.blame:
+                inside, where = self.where()
+                note = {"rank": self.rank, "step": self.step, "phase": self.phase, "in_collective": inside,
+                        "where": where, "idle_s": round(idle, 1)}
+                with contextlib.suppress(OSError):
+                    self.run.write_text_atomic(self._note_path(), json.dumps(note) + "\n")
+                    self._noted = True
+            if idle > self.timeout_s:
+                inside, where = self.where()
+                msg = (f"layoutlab: rank {self.rank} stalled at step {self.step} ({self.phase}) for {idle:.0f} s "
+                       f"> run.timeout_s={self.timeout_s:g}")
+                if self.blame:
+                    msg += ", " + (f"waiting in {where}" if inside else f"outside any collective ({where})")
+                culprits = self._culprits() if inside and self.blame else []
+                msg += ("; " + "; ".join(culprits) + ": the likely cause" if culprits else "") + "; ending the job"
+                if self.run is not None:
+                    record_failure(self.run, self.rank, self.step, self.phase, "stall", msg)
+                for stream in (sys.stderr, self.terminal):
+                    if stream is not None:
+                        try:
+                            print(msg, file=stream, flush=True)
+                        except (OSError, ValueError):
+                            pass
+                os._exit(124)
+
+
+def inject_fault(rank: int, step: int, run: RunDir) -> None:
+    """Chaos testing: LAYOUTLAB_FAULT="hang:RANK:STEP", "crash:RANK:STEP" or "kill:RANK:STEP" makes that rank
+    stall, raise, or die by SIGKILL (as the OOM killer ends it) at the start of that step, to show how the job
+    comes down (tests use it; users may too). A fault fires once per run directory, so that a group torchrun
+    restarts (run.max_restarts) runs through."""
+    spec = os.environ.get("LAYOUTLAB_FAULT")
+    if not spec:
+        return
+    kind, r, s = spec.split(":")
+    if int(r) != rank or int(s) != step:
+        return
+    try:  # the marker is the claim: a restarted rank finds it and goes on
+        os.close(os.open(run.logs / f"fault_{kind}_rank{r}_step{s}", os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))
+    except FileExistsError:
+        return
+    if kind == "hang":
+        time.sleep(10**6)
+    if kind == "kill":
+        os.kill(os.getpid(), signal.SIGKILL)
+    raise RuntimeError(f"injected fault ({spec})")
+
+
+def record_failure(run: RunDir, rank: int, step: int, phase: str, kind: str, message: str) -> None:
+    """The rank's own account of why it ends (RunDir.failure), which run.sh summarises after the job."""
+    record = {"rank": rank, "step": step, "phase": phase, "kind": kind, "message": message}
+    with contextlib.suppress(OSError):
+        run.write_text_atomic(run.failure(rank), json.dumps(record) + "\n")
+
+
+def fail_message(rank: int, step: int, exc: BaseException) -> str:
+    return f"layoutlab: rank {rank} failed at step {step}: {type(exc).__name__}: {exc}"
+
+
+# --------------------------------------------------------------------------- model and data
+
+
+def build_model(resolved: Resolved, device_is_cuda: bool):
+    """A Hugging Face causal LM from the catalogue config: random init, or local weights when given."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    config = hf_config(resolved.model)
+    # Eager attention on CPU ranks keeps the parity tests' numerics exactly reproducible; GPUs use SDPA (fused).
+    attn = "sdpa" if device_is_cuda else "eager"
+    weights = resolved.recipe.model.weights
+    if weights:
+        path = Path(resolved.recipe_path).parent / weights
+        model = AutoModelForCausalLM.from_pretrained(path, config=config, local_files_only=True,
+                                                     dtype=torch.float32, attn_implementation=attn)
+    else:
+        torch.manual_seed(resolved.recipe.train.seed)  # identical weights on every rank
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32, attn_implementation=attn)
+    return model
+
+
+def data_source(resolved: Resolved):
+    r = resolved.recipe
+    if r.data.source == "text":
+        path = Path(resolved.recipe_path).parent / r.data.path  # an absolute data.path stays as it is
+        return ByteText.from_path(path, r.batch.seq_len, r.train.seed, resolved.model.vocab_size)
+    return Synthetic(resolved.model.vocab_size, r.batch.seq_len, r.train.seed)
+
+
+# --------------------------------------------------------------------------- measurement
+
+
+def memory_fields(device_is_cuda: bool) -> dict[str, int | None]:
+    if device_is_cuda:
+        import torch
+
+        return {"mem_max_allocated_bytes": int(torch.cuda.max_memory_allocated()),
+                "mem_max_reserved_bytes": int(torch.cuda.max_memory_reserved()), "rss_max_bytes": None}
+    import resource
+
+    return {"mem_max_allocated_bytes": None, "mem_max_reserved_bytes": None,
+            "rss_max_bytes": int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024}
+
+
+@contextlib.contextmanager
+def region(name: str, cuda: bool) -> Iterator[None]:
+    """A named range that both torch.profiler (record_function) and Nsight Systems (NVTX) show."""
+    import torch
+
+    if cuda:
+        torch.cuda.nvtx.range_push(name)
+    try:
+        with torch.profiler.record_function(name):
+            yield
+    finally:
+        if cuda:
+            torch.cuda.nvtx.range_pop()
+
+
+def make_profiler(resolved: Resolved, run: RunDir, rank: int, cuda: bool, start_step: int):
+    """torch.profiler that skips the warm-up steps and records `profile_active_steps` steps, one trace per rank."""
+    r = resolved.recipe
+    if r.run.profile != "torch":
+        return None
+    from torch.profiler import ProfilerActivity, profile, schedule
+
+    # Counted from this run's first step (a resumed run is cold again); shortened when the run is too short
+    # for warm-up + one schedule warm-up step + the active steps, so that a trace is always written.
+    remaining = r.train.steps - start_step
+    active = max(1, min(r.run.profile_active_steps, remaining - 1))
+    skip = max(0, min(r.train.warmup_steps, remaining - active - 1))
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+
+    def ready(p) -> None:
+        run.traces.mkdir(parents=True, exist_ok=True)
+        p.export_chrome_trace(str(run.traces / f"rank{rank}.json"))
+
+    return profile(activities=acts, schedule=schedule(skip_first=skip, wait=0, warmup=1, active=active, repeat=1),
+                   on_trace_ready=ready, record_shapes=True, with_stack=False)
+
+
+class ProgressLine:
+    """A rich progress bar on rank 0's terminal; other ranks print nothing there."""
+
+    def __init__(self, terminal: TextIO | None, total: int, start: int, label: str) -> None:
+        self._p = None
+        if terminal is None:
+            return
+        from rich.console import Console
+        from rich.progress import (
+            BarColumn,
+            MofNCompleteColumn,
+            Progress,
+            TextColumn,
+            TimeRemainingColumn,
+        )
+
+        self._p = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                           TextColumn("{task.fields[stats]}"), TimeRemainingColumn(),
+                           console=Console(file=terminal, width=120), transient=False,
+                           # Redrawing competes with the ranks for cores (2 ranks on 2 CPU cores): twice a second is enough.
+                           refresh_per_second=2)
+        self._task = self._p.add_task(label, total=total, completed=start, stats="")
+        self._p.start()
+
+    def update(self, step: int, stats: str) -> None:
+        if self._p is not None:
+            self._p.update(self._task, completed=step, stats=stats)
+
+    def close(self) -> None:
+        if self._p is not None:
+            self._p.stop()
+
+
+def micro_batch_tensor(source, step: int, resolved: Resolved, dp_rank: int, micro: int, device):
+    import torch
+
+    from launch.ranks.data import micro_batch
+
+    r = resolved.recipe
+    rows = micro_batch(source, step, global_batch=r.batch.global_batch_size, micro=r.batch.micro_batch_size,
+                       dp=resolved.grid.dp, dp_rank=dp_rank, micro_step=micro)
+    return torch.from_numpy(rows).to(device)
+
+
+def count_layer_calls(model) -> list[int]:
+    """Count forward calls of each decoder layer's MLP: with activation checkpointing every layer runs
+    twice per micro-batch (forward, then recompute in backward), which proves recomputation happened.
+    The count wraps the MLP's `forward` itself: transformers 5 checkpoints the layer's `forward` and
+    torch 2.13 does not fire module hooks during the recompute, so hooks would miss it."""
+    counts = [0] * len(model.model.layers)
+    for i, layer in enumerate(model.model.layers):
+        inner = layer.mlp.forward
+
+        def counted(*args, _inner=inner, _i=i, **kwargs):
+            counts[_i] += 1
+            return _inner(*args, **kwargs)
+
+        layer.mlp.forward = counted
+    return counts
+
+
+def write_layer_calls(run: RunDir, rank: int, counts: list[int]) -> None:
+    (run.logs / f"layer_calls_rank{rank}.json").write_text(json.dumps({"forward_calls_per_layer": counts}))
+
+
+def grad_norm(grads) -> float:
+    """Pre-clipping L2 norm of unsharded, already data-parallel averaged gradients (None entries skipped)."""
+    return sum(float(g.detach().float().pow(2).sum()) for g in grads if g is not None) ** 0.5
+
+
+def local_param_numel(module) -> int:
+    """Elements this rank stores: a ZeRO-3 parameter's own partition (ds_tensor), else the tensor."""
+    return sum(p.ds_tensor.numel() if hasattr(p, "ds_tensor") else p.numel() for p in module.parameters())
+
+
+def model_state_bytes(engine) -> dict[str, int]:
+    """Bytes of model state a DeepSpeed 0.19.8 engine keeps alive on this rank between optimizer steps (call it
+    after at least one step: Adam's state is created lazily by the first), in the planner's categories
+    (launch/plan/memory.py, "deepspeed" accounting). Each tensor counts its whole storage, once per storage
+    (a view into a flat buffer counts the buffer, padding included), in this order:
+
+      weights    the module parameters' storage: ZeRO 0 the tensors themselves, ZeRO-1/2 the flat 16-bit (here:
+                 the model dtype) buffer they are views of, ZeRO-3 the flat buffer of their `ds_tensor`
+                 partitions plus the full data of parameters kept gathered (`ds_persist`, numel <=
+                 stage3_param_persistence_threshold), and with ZeRO++ hpZ each parameter's secondary partition
+                 (`ds_secondary_tensor`). An fp32 master copy that *is* this storage (ZeRO-0 fp32, ZeRO-3 fp32)
+                 counts here, once.
+      grads      `.grad` of the module parameters and of the parameters the torch optimizer updates (the fp32
+                 gradient partitions), ZeRO-3's persistent `grad_partitions_flat_buffer`, BF16_Optimizer's
+                 `fp32_groups_gradients_flat`. DeepSpeed 0.19.8 frees the 16-bit gradients and (without
+                 offload) the fp32 partitions' gradients inside every step, so ZeRO 0-2 hold none here.
+      optimizer  the parameters the torch optimizer updates when they are not the module's storage (the fp32
+                 master partitions: ZeRO-1/2 `single_partition_of_fp32_groups`, ZeRO-3 `fp32_partitioned_groups_flat`,
+                 the mixed-precision optimizers' fp32 groups) plus every tensor in its state (AdamW: exp_avg,
+                 exp_avg_sq and the 0-d `step`).
+
+    Communication buffers (ZeRO's reduce and gather buckets) are not model state (the planner's `buffers`), nor
+    are activations. Host-resident state (offload) is counted like device state.
+    """
+    import torch
+
+    opt = engine.optimizer
+    torch_opt = getattr(opt, "optimizer", opt)  # ZeRO and mixed-precision wrappers keep the torch optimizer here
+    params = list(engine.module.parameters())
+    masters = [p for g in torch_opt.param_groups for p in g["params"]]
+    seen: set[int] = set()
+
+    def count(tensors) -> int:
+        total = 0
+        for t in tensors:
+            if t is None:
+                continue
+            s = t.untyped_storage()
+            if s.nbytes() and s.data_ptr() not in seen:
+                seen.add(s.data_ptr())
+                total += s.nbytes()
+        return total
+
+    weights = count([p.data for p in params] + [getattr(p, "ds_tensor", None) for p in params]
+                    + [getattr(p, "ds_secondary_tensor", None) for p in params])
+    grads = count([p.grad for p in params] + [p.grad for p in masters]
+                  + [getattr(opt, "grad_partitions_flat_buffer", None)] + list(getattr(opt, "fp32_groups_gradients_flat", ())))
+    optimizer = count(masters + [v for st in torch_opt.state.values() for v in st.values() if torch.is_tensor(v)])
+    return {"weights": weights, "grads": grads, "optimizer": optimizer}

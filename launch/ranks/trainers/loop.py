@@ -1,0 +1,222 @@
+"""The one training loop every backend runs on (`python -m launch.ranks.train RUN_DIR`, through launch/ranks/train.py).
+
+It owns everything that does not depend on how the model is parallelised: per-rank logs, the stall
+watchdog, the rank-0 resume decision, metrics records, TensorBoard, the profiler, the progress line,
+the learning-rate schedule, the asynchronous data-parallel mean of the loss, checkpoint cadence and
+completion markers, failure reporting and teardown. The backend (launch/ranks/trainers/protocol.py) builds
+the model and runs one optimizer step.
+"""
+from __future__ import annotations
+
+import datetime as dt
+import json
+import math
+import os
+import sys
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from launch.config.backends import traits
+from launch.config.resolve import Resolved
+from launch.plan.time import model_flops_per_token
+from launch.ranks.schedule import lr_at
+from launch.ranks.trainers import common
+from launch.ranks.trainers.protocol import BuildContext, Trainer
+from launch.run import checkpoints
+from launch.run import metrics as M
+from launch.run.rundir import RunDir
+
+
+def main(run_dir: str) -> int:
+    return common.run_rank(run_dir, _train_and_exit)
+
+
+def _train_and_exit(run: RunDir, resolved: Resolved, env: common.RankEnv, terminal, cuda: bool, watchdog) -> int:
+    rc = _train(run, resolved, env, terminal, cuda, watchdog)
+    # Every record, checkpoint and marker is on disk and all ranks passed the final barrier. Leave without
+    # interpreter teardown: DeepSpeed/gloo background threads have aborted a finished ZeRO-3 run there
+    # ("terminate called without an active exception"), turning success into failure.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(rc)
+
+
+@dataclass
+class _Finished:
+    """A step whose loss reduction may still be in flight; its record is written one step later."""
+
+    step: int  # 0-based
+    lr: float
+    seconds: float
+    grad_norm: float | None
+    loss: Any  # tensor, summed over the data-parallel group once `work` completes
+    work: Any  # the async all-reduce, or None
+    memory: dict[str, int | None]
+
+
+def _train(run: RunDir, resolved: Resolved, env: common.RankEnv, terminal, cuda: bool, watchdog) -> int:
+    import torch
+    import torch.distributed as dist
+
+    r = resolved.recipe
+    backend = traits(r.backend).rank_module()
+    if cuda:
+        torch.cuda.set_device(env.local_rank)
+    backend.init_distributed(resolved, cuda)
+    if dist.get_world_size() != resolved.world_size:
+        raise RuntimeError(f"started with {dist.get_world_size()} ranks but resolved.json expects {resolved.world_size}")
+    if env.rank == 0:
+        print("\n".join(resolved.grid.describe()), flush=True)
+
+    # Rank 0 decides which checkpoint to continue and tells the others: ranks reading a shared file system
+    # on their own could disagree (attribute caches) and then hang or diverge.
+    choice = [checkpoints.find_resume(run.root.parent, resolved)[0] if r.run.resume == "auto" and env.rank == 0
+              else None]
+    dist.broadcast_object_list(choice, src=0)
+    resume_from = choice[0]
+    universal = False
+    if resume_from is not None:
+        universal = checkpoints.check_resume_compatible(resume_from, resolved)
+        if universal:
+            if env.rank == 0:
+                checkpoints.to_universal(resume_from)  # normally done by run.sh before launch; cached, so a check
+            dist.barrier()
+
+    watchdog.beat(0, "model build")
+    device = torch.device("cuda", env.local_rank) if cuda else torch.device("cpu")
+    trainer: Trainer = backend.build(BuildContext(run, resolved, env, cuda, device, watchdog, resume_from, universal))
+    grid_coords = resolved.grid.coords(env.rank)
+    if (trainer.dp_rank, trainer.dp_world) != (grid_coords[1], resolved.grid.dp):
+        raise RuntimeError(f"{r.backend} placed rank {env.rank} at data-parallel rank {trainer.dp_rank}/"
+                           f"{trainer.dp_world}; the rank grid expects {grid_coords[1]}/{resolved.grid.dp}")
+    start_step = 0
+    if resume_from is not None:
+        watchdog.beat(0, "checkpoint load")
+        start_step = trainer.load(resume_from)
+        if env.rank == 0:
+            print(f"resumed from {resume_from.dir} at step {start_step}" + (" (universal)" if universal else ""),
+                  flush=True)
+
+    source = common.data_source(resolved)
+    flops_per_token = model_flops_per_token(resolved.model, r.batch.seq_len)
+    peak = resolved.hardware.peak_flops(r.precision.dtype)
+    par = r.parallel
+    meta = M.MetaRecord(
+        schema_version=M.SCHEMA_VERSION, rank=env.rank, world=resolved.world_size, tp=par.tp, pp=par.pp, dp=par.dp,
+        recipe=resolved.recipe_name, backend=r.backend, hardware_profile=resolved.hardware.name,
+        device="cuda" if cuda else "cpu", peak_flops_per_device=peak, flops_per_token=flops_per_token,
+        flops_formula=M.FLOPS_FORMULA, tokens_per_step=resolved.tokens_per_step, warmup_steps=r.train.warmup_steps,
+        zero_stage=par.zero_stage, dtype=r.precision.dtype, micro_batch_size=r.batch.micro_batch_size,
+        global_batch_size=r.batch.global_batch_size, seq_len=r.batch.seq_len,
+        param_numel_local=trainer.param_numel_local, start_step=start_step,
+        resumed_from=str(resume_from.dir) if resume_from else None)
+    writer = M.MetricsWriter(run.metrics(env.rank), meta)
+    tb = None
+    if env.rank == 0:
+        from torch.utils.tensorboard import SummaryWriter
+
+        tb = SummaryWriter(log_dir=str(run.tensorboard))
+    prof = common.make_profiler(resolved, run, env.rank, cuda, start_step)
+    if prof is not None:
+        prof.start()
+    progress = common.ProgressLine(terminal, r.train.steps, start_step, resolved.recipe_name)
+    tokens = resolved.tokens_per_step
+    pending: _Finished | None = None
+
+    def emit(f: _Finished | None, wait: bool = True) -> None:
+        if f is None:
+            return
+        if f.work is not None and wait:
+            f.work.wait()
+        loss = float(f.loss) / trainer.dp_world
+        tflops = flops_per_token * tokens / f.seconds / resolved.world_size / 1e12
+        rec = M.StepRecord(
+            # Counted from this run's first step: after a resume the first steps are cold again.
+            step=f.step + 1, warmup=f.step < start_step + r.train.warmup_steps, loss=loss, lr=f.lr,
+            grad_norm=f.grad_norm, step_time_s=f.seconds, tokens_per_s=tokens / f.seconds,
+            tokens_per_s_per_device=tokens / f.seconds / resolved.world_size, tflops_per_device=tflops,
+            mfu=tflops * 1e12 / peak if peak else 0.0, **f.memory)
+        writer.step(rec)  # every step; TensorBoard and the progress line every run.log_every steps
+        if rec.step % r.run.log_every and rec.step != r.train.steps:
+            return
+        if tb is not None:
+            for k in ("loss", "lr", "grad_norm", "step_time_s", "tokens_per_s_per_device", "mfu"):
+                v = getattr(rec, k)
+                if v is not None and math.isfinite(v):
+                    tb.add_scalar(f"train/{k}", v, rec.step)
+        progress.update(f.step + 1, f"loss {rec.loss:.4f}  {rec.step_time_s * 1e3:.0f} ms/step  "
+                                    f"{rec.tokens_per_s_per_device:,.0f} tok/s/dev")
+
+    try:
+        for step in range(start_step, r.train.steps):
+            watchdog.beat(step + 1, "step")
+            common.inject_fault(env.rank, step + 1, run)
+            lr = lr_at(step, lr=r.train.lr, min_lr=r.train.min_lr, warmup=r.train.lr_warmup_steps,
+                       total=r.train.steps, schedule=r.train.lr_schedule)
+            trainer.set_lr(lr)
+
+            def micro_batch(micro: int, _step: int = step):
+                return common.micro_batch_tensor(source, _step, resolved, trainer.dp_rank, micro, device)
+
+            if cuda:
+                torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            with common.region(f"step {step + 1}", cuda):
+                out = trainer.train_step(micro_batch)
+            if cuda:
+                torch.cuda.synchronize()
+            seconds = time.perf_counter() - t0
+            if prof is not None:
+                prof.step()
+            if step == start_step:
+                # Once per run, after the first step has created the optimizer state: what the planner's
+                # weights/grads/optimizer predict, as held between steps (sizes only, no device sync).
+                run.write_text_atomic(run.state_bytes(env.rank),
+                                      json.dumps({**trainer.state_bytes(), "after_step": step + 1}))
+            # The data-parallel mean of the loss is reduced asynchronously and written one step later, so
+            # the collective overlaps the next step's compute instead of sitting on every step's critical path.
+            loss = out.loss.detach().float().reshape(())
+            work = dist.all_reduce(loss, group=trainer.dp_group, async_op=True) if trainer.dp_world > 1 else None
+            emit(pending)
+            pending = _Finished(step, lr, seconds, out.grad_norm, loss, work, common.memory_fields(cuda))
+            every = r.train.checkpoint_every
+            if (every and (step + 1) % every == 0) or step + 1 == r.train.steps:
+                emit(pending)  # a checkpoint never runs ahead of the metrics on disk
+                pending = None
+                watchdog.beat(step + 1, "checkpoint save")
+                _save(trainer, run, resolved, step + 1)
+    except BaseException:
+        # Keep the last finished step's record: its loss reduction normally completes at once; if a peer
+        # is gone it cannot, and a short bounded wait gives up instead of hanging the failure path.
+        if pending is not None:
+            try:
+                if pending.work is None or pending.work.wait(timeout=dt.timedelta(seconds=5)):
+                    emit(pending, wait=False)
+            except Exception:  # noqa: BLE001 - the original failure is what must surface
+                pass
+        raise
+    emit(pending)
+    progress.close()
+    common.write_layer_calls(run, env.rank, trainer.layer_calls)
+    if prof is not None:
+        prof.stop()
+    writer.close()
+    if tb is not None:
+        tb.close()
+    dist.barrier()
+    if env.rank == 0:
+        print(f"done: {r.train.steps} steps; run directory {run.root}", file=terminal, flush=True)
+    return 0
+
+
+def _save(trainer: Trainer, run: RunDir, resolved: Resolved, step: int) -> None:
+    """Save, then mark complete. A save killed half-way leaves a folder without the marker, which resume ignores."""
+    import torch.distributed as dist
+
+    tag = f"step{step}"
+    trainer.save(run.checkpoints, tag, step)
+    dist.barrier()
+    if dist.get_rank() == 0:
+        checkpoints.write_marker(run.checkpoints, tag, checkpoints.marker_info(resolved, step))
+    dist.barrier()

@@ -1,0 +1,163 @@
+"""Checkpoint bookkeeping, torch-free: which checkpoints are complete, which one a run continues, whether
+its layout can load it, and DeepSpeed's universal conversion for a new layout.
+
+Both backends save through a DeepSpeed engine into `checkpoints/step{N}/`; rank 0 writes the marker
+(`layoutlab_checkpoint.json`) last, after every rank finished, so a save killed half-way is never resumed.
+The CLI uses this before any rank starts (to refuse an impossible resume in one line), the training
+loop on the ranks, and `launch export`.
+"""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from launch.config.backends import traits
+from launch.config.resolve import Resolved
+from launch.run.rundir import write_text_atomic
+
+MARKER = "layoutlab_checkpoint.json"  # written last, by rank 0, after every rank finished saving
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    path: Path  # the checkpoints/ folder
+    tag: str  # step{N}
+    info: dict[str, Any]  # the marker: step, layout, backend
+
+    @property
+    def step(self) -> int:
+        return int(self.info["step"])
+
+    @property
+    def dir(self) -> Path:
+        return self.path / self.tag
+
+
+class ResumeError(RuntimeError):
+    pass
+
+
+def check_resume_compatible(ckpt: Checkpoint, resolved: Resolved) -> bool:
+    """Refuse what cannot load; True when the checkpoint must go through DeepSpeed's universal format
+    (another data- or tensor-parallel degree)."""
+    info, par = ckpt.info, resolved.recipe.parallel
+    if info.get("backend") != resolved.recipe.backend:
+        raise ResumeError(f"{ckpt.dir}: checkpoint was written by backend {info.get('backend')!r}; "
+                          "resume it with the same backend, or set run.resume=never")
+    if info.get("model") != resolved.model.name:
+        raise ResumeError(f"{ckpt.dir}: checkpoint holds model {info.get('model')!r}, this run trains "
+                          f"{resolved.model.name!r}; set run.resume=never to start fresh")
+    z_old, z_new = info["zero_stage"], par.zero_stage
+    if z_old != z_new and not {z_old, z_new} <= {1, 2}:
+        raise ResumeError(
+            f"{ckpt.dir}: checkpoint was saved with parallel.zero_stage={z_old}; this run has zero_stage={z_new}. "
+            f"DeepSpeed 0.19.8 cannot load one into the other (its loader fails with a bare AssertionError); "
+            f"set parallel.zero_stage={z_old}, or run.resume=never to start fresh")
+    old = {k: info.get(k, 1) for k in LAYOUT_KEYS}
+    new = layout_of(resolved)
+    changed = old != new
+    if changed and not traits(resolved.recipe.backend).reshard_on_resume:
+        diff = ", ".join(f"parallel.{k}={old[k]} (now {new[k]})" for k in LAYOUT_KEYS if old[k] != new[k])
+        raise ResumeError(f"{ckpt.dir}: checkpoint was saved with {diff}; the {resolved.recipe.backend} backend "
+                          f"resumes only onto the layout it was saved with; set those fields back, or "
+                          "run.resume=never to start fresh")
+    if changed and z_old == 0:
+        raise ResumeError(f"{ckpt.dir}: a ZeRO-0 checkpoint (tp={info['tp']}, dp={info['dp']}) cannot be resharded to "
+                          f"tp={par.tp}, dp={par.dp} (DeepSpeed's universal format needs ZeRO >= 1); keep the layout "
+                          "or set run.resume=never")
+    return changed
+
+
+LAYOUT_KEYS = ("tp", "pp", "vpp", "dp")
+
+
+def layout_of(resolved: Resolved) -> dict[str, int]:
+    par = resolved.recipe.parallel
+    return {"tp": par.tp, "pp": par.pp, "vpp": par.vpp, "dp": int(par.dp)}
+
+
+def marker_info(resolved: Resolved, step: int) -> dict[str, Any]:
+    """What the completion marker records: the step, the layout that wrote it and the training it continues."""
+    return {"step": step, "backend": resolved.recipe.backend, **layout_of(resolved),
+            "zero_stage": resolved.recipe.parallel.zero_stage, "model": resolved.model.name,
+            "identity": training_identity(resolved)}
+
+
+def to_universal(ckpt: Checkpoint) -> Path:
+    """Convert a checkpoint to DeepSpeed's universal format once (cached beside it), in a subprocess."""
+    out = ckpt.path / f"{ckpt.tag}_universal"
+    done = out / "layoutlab_converted"
+    if done.is_file():
+        return out
+    cmd = [sys.executable, "-m", "deepspeed.checkpoint.ds_to_universal", "--input_folder", str(ckpt.dir),
+           "--output_folder", str(out)]
+    if ckpt.info["zero_stage"] in (1, 2):
+        cmd.append("--inject_missing_state")  # ZeRO-1/2 shards lack what the universal loader expects
+    p = subprocess.run(cmd, capture_output=True, text=True)
+    if p.returncode != 0:
+        raise ResumeError(f"{ckpt.dir}: ds_to_universal failed ({p.returncode}): {p.stderr.strip()[-2000:]}")
+    done.write_text("ok")
+    return out
+
+
+def training_identity(resolved: Resolved) -> dict[str, Any]:
+    """What a checkpoint must share with a run to continue it: model, data, batch, sequence length, dtype and
+    optimizer settings. The layout (tp, dp, ZeRO stage, offload, nodes) may differ: resharding is supported,
+    within the limits check_resume_compatible states; train.steps may grow."""
+    r = resolved.recipe
+    t = r.train
+    return {
+        "model": resolved.model.name, "hf_config": resolved.model.to_dict()["hf_config"], "dtype": r.precision.dtype,
+        "global_batch_size": r.batch.global_batch_size, "seq_len": r.batch.seq_len,
+        "optimizer": [t.lr, t.min_lr, t.lr_schedule, t.lr_warmup_steps, t.weight_decay, t.adam_beta1, t.adam_beta2,
+                      t.grad_clip, t.seed],
+        "data": [r.data.source, r.data.path, r.data.tokenizer],
+    }
+
+
+def find_resume(runs_dir: Path, resolved: Resolved) -> tuple[Checkpoint | None, list[str]]:
+    """The newest complete checkpoint among the runs of a recipe (runs/<recipe>/*) that continues this
+    training, and a note for each newer one passed over because it belongs to a different configuration."""
+    notes: list[str] = []
+    if not runs_dir.is_dir():
+        return None, notes
+    want = json.loads(json.dumps(training_identity(resolved)))
+    # Newest first by when each run last completed a checkpoint: folder names do not sort by time once SLURM's
+    # `slurm-<job id>` folders sit beside UTC stamps.
+    latest = [(found[-1], d) for d in runs_dir.iterdir() if (found := complete_checkpoints(d / "checkpoints"))]
+    latest.sort(key=lambda cd: (_marker_mtime(cd[0]), cd[1].name), reverse=True)
+    for newest, _ in latest:
+        have = newest.info.get("identity", {})
+        if have == want:
+            return newest, notes
+        diff = sorted(k for k in set(want) | set(have) if want.get(k) != have.get(k))
+        notes.append(f"{newest.dir}: not resumed, it trains a different configuration (differs in {', '.join(diff)})")
+    return None, notes
+
+
+def _marker_mtime(ckpt: Checkpoint) -> float:
+    try:
+        return (ckpt.dir / MARKER).stat().st_mtime
+    except OSError:
+        return 0.0
+
+
+def write_marker(ckpt_root: Path, tag: str, info: dict[str, Any]) -> None:
+    write_text_atomic(ckpt_root / tag / MARKER, json.dumps(info, indent=2))
+
+
+def complete_checkpoints(root: Path) -> list[Checkpoint]:
+    out = []
+    if root.is_dir():
+        for d in root.iterdir():
+            marker = d / MARKER
+            if marker.is_file():
+                try:
+                    out.append(Checkpoint(root, d.name, json.loads(marker.read_text())))
+                except (json.JSONDecodeError, OSError):
+                    continue
+    return sorted(out, key=lambda c: c.step)

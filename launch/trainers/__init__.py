@@ -1,1 +1,0 @@
-"""Trainers: the only modules that import torch, deepspeed or megatron.core."""
