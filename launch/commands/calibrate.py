@@ -29,7 +29,6 @@ from typing import Sequence
 
 from launch import REPO_ROOT
 from launch.comm.commbench_spec import read_result
-from launch.commands.recommend import MAX_MICRO_BATCH, ZERO_STAGES
 from launch.config import calibration as cal
 from launch.config.calibration import (
     FILE_NAME,
@@ -47,6 +46,7 @@ from launch.config.commbench import groups_of
 from launch.config.grid import divisors
 from launch.config.resolve import Resolved, resolve_path
 from launch.errors import ConfigError
+from launch.plan.search import MAX_MICRO_BATCH, ZERO_STAGES
 from launch.run import envinfo, launcher
 from launch.run.rundir import RunDir
 

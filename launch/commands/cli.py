@@ -2,17 +2,34 @@
 `python -m launch export RUN_DIR [step=N] [out=DIR]`,
 `python -m launch export-accelerate (RUN_DIR | RECIPE [key=value ...]) [out=DIR]`, `python -m launch calibrate [RECIPE] [key=value ...] [out=PATH]`,
 `python -m launch recommend RECIPE [key=value ...] [top=K] [verify=true] [steps=N]`,
-`python -m launch sweep RECIPE RECIPE ... [key=value ...] [--dry-run]` (what launch/commands/sweep.sh runs).
+`python -m launch sweep RECIPE RECIPE ... [key=value ...] [--dry-run]` (what launch/sweep.sh runs).
 
 Every user error is a `ConfigError`: one line on stderr, exit code 2, no traceback.
 """
 from __future__ import annotations
 
+import importlib
 import sys
 from typing import Sequence
 
 from launch.errors import ConfigError
 from launch.run.checkpoints import ResumeError
+
+# subcommand -> its module under launch/commands (imported only when that subcommand runs: the dry run stays fast)
+COMMANDS = {"run": "run", "plan": "plan", "calibrate": "calibrate", "recommend": "recommend", "sweep": "sweep",
+            "export": "export", "export-accelerate": "export_accelerate", "docs": "docs"}
+
+
+def command_help(name: str) -> str:
+    """A subcommand's usage and options, from its module: USAGE (else its docstring's first line) and OPTIONS."""
+    module = importlib.import_module(f"launch.commands.{COMMANDS[name]}")
+    lines = [getattr(module, "USAGE", "") or (module.__doc__ or "").strip().splitlines()[0]]
+    options = getattr(module, "OPTIONS", ())
+    items = options.items() if isinstance(options, dict) else ((o.name, o.doc) for o in options)
+    lines += [f"  {key}=  {doc}" for key, doc in items]
+    if name in ("run", "sweep", "recommend", "calibrate", "export-accelerate"):
+        lines.append("  section.key=value  any field of the recipe (docs/recipes.md lists them all)")
+    return "\n".join(lines)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -22,35 +39,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0 if argv else 2
     command, rest = argv[0], argv[1:]
     try:
-        if command == "run":
-            from launch.commands.run import cmd_run
-
-            return cmd_run(rest)
-        if command == "plan":
-            from launch.commands.plan import cmd_plan
-
-            return cmd_plan(rest)
-        if command == "recommend":
-            from launch.commands.recommend import cmd_recommend
-
-            return cmd_recommend(rest)
-        if command == "sweep":
-            from launch.commands.sweep import cmd_sweep
-
-            return cmd_sweep(rest)
-        if command == "calibrate":
-            from launch.commands.calibrate import cmd_calibrate
-
-            return cmd_calibrate(rest)
-        if command == "export":
-            from launch.commands.export import cmd_export
-
-            return cmd_export(rest)
-        if command == "export-accelerate":
-            from launch.commands.export_accelerate import cmd_export_accelerate
-
-            return cmd_export_accelerate(rest)
-        raise ConfigError("command line", "command", command, "is not a command", "use `run`, `plan`, `calibrate`, `recommend`, `sweep`, `export` or `export-accelerate`")
+        if command not in COMMANDS:
+            raise ConfigError("command line", "command", command, "is not a command",
+                              f"use one of: {', '.join(COMMANDS)}")
+        if "-h" in rest or "--help" in rest:
+            print(command_help(command))
+            return 0
+        module = importlib.import_module(f"launch.commands.{COMMANDS[command]}")
+        return getattr(module, f"cmd_{COMMANDS[command]}")(rest)
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -9,24 +9,19 @@ import subprocess
 import sys
 from typing import Sequence
 
+from launch.commands.args import Option, read, text, whole
 from launch.errors import ConfigError
 from launch.run.rundir import RunDir
 
+USAGE = "usage: python -m launch export RUN_DIR [step=N] [out=DIR]"
+OPTIONS = (Option("step", "the checkpoint's step (default: the newest complete one)", whole()),
+           Option("out", "the folder to write (default: RUN_DIR/export/<tag>)", text))
+
 
 def cmd_export(args: Sequence[str]) -> int:
-    if not args:
-        raise ConfigError("command line", "run_dir", None, "is missing", "usage: python -m launch export RUN_DIR [step=N] [out=DIR]")
-    run_dir, opts = args[0], {}
-    for a in args[1:]:
-        k, _, v = a.partition("=")
-        if k not in ("step", "out") or not v:
-            raise ConfigError("command line", k, v, "is not an export option", "use step=N or out=DIR")
-        opts[k] = v
+    a = read(args, command="export", usage=USAGE, options=OPTIONS, positional=(1, 1))
+    run_dir, step, out = a.positional[0], a.options["step"], a.options["out"]
     if not RunDir.is_run_dir(run_dir):
         raise ConfigError(run_dir, "run_dir", run_dir, "is not a run directory (no resolved.json)", "pass runs/<recipe>/<stamp>")
-    try:
-        step = int(opts["step"]) if "step" in opts else None
-    except ValueError:
-        raise ConfigError("command line", "step", opts["step"], "is not an integer", "write step=N") from None
-    cmd = [sys.executable, "-m", "launch.ranks.export", run_dir, "-" if step is None else str(step), opts.get("out", "-")]
+    cmd = [sys.executable, "-m", "launch.ranks.export", run_dir, "-" if step is None else str(step), out or "-"]
     return subprocess.run(cmd, check=False).returncode

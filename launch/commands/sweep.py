@@ -1,4 +1,4 @@
-"""`bash launch/commands/sweep.sh recipes/A recipes/B ... [key=value ...] [--dry-run]`: a set of runs held equal, then one report.
+"""`bash launch/sweep.sh recipes/A recipes/B ... [key=value ...] [--dry-run]`: a set of runs held equal, then one report.
 
 Every member is resolved first; a set whose members differ in what makes step times comparable (global batch,
 sequence length, steps, warm-up steps, profiling) is refused before anything runs. The members then run one
@@ -156,7 +156,7 @@ def cmd_sweep(args: Sequence[str]) -> int:
     overrides = [a for a in rest if "=" in a]
     if len(recipes) < 2:
         raise ConfigError("command line", "recipes", recipes, "names fewer than two recipes: nothing to compare",
-                          "usage: bash launch/commands/sweep.sh recipes/A recipes/B ... [key=value ...] [--dry-run]")
+                          "usage: bash launch/sweep.sh recipes/A recipes/B ... [key=value ...] [--dry-run]")
     members = [member(Path(r).name, r, overrides) for r in recipes]
     check_equal(members)
     print_plan_table(members, f"sweep of {len(members)} runs" + (f" ({' '.join(overrides)})" if overrides else ""))
