@@ -8,10 +8,10 @@ import sys
 import pytest
 
 from launch.commands.render import node_lines
-from launch.run.nodes import shared_run_dir
 from launch.config.resolve import resolve_path
 from launch.errors import ConfigError
 from launch.run import launcher, nodes
+from launch.run.nodes import shared_run_dir
 from tests.conftest import REPO
 
 TWO_NODES = ("hardware.nodes=2",)

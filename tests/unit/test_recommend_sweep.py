@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from launch.commands.cli import main
-from launch.commands.recommend import candidates, layouts, ranked
 from launch.config.resolve import resolve_path
+from launch.plan.search import candidates, layouts, ranked
 from launch.run import envinfo
 
 RECIPES = Path(__file__).resolve().parents[2] / "recipes"
@@ -131,7 +131,7 @@ def test_feed_back_writes_a_new_calibration_only_from_calibrated_predictions(tmp
 
 
 def test_every_candidate_is_either_ranked_or_dropped_with_a_counted_reason(tmp_path):
-    from launch.commands.recommend import recommend
+    from launch.plan.search import recommend
     from tests.unit.test_calibration import _calibration, _write
 
     path = _write(tmp_path, _calibration())
