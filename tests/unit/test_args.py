@@ -1,6 +1,5 @@
 """The one argument reader (launch/commands/args.py) and `--help` on every subcommand."""
 import subprocess
-import sys
 
 import pytest
 
