@@ -3,12 +3,19 @@
   python -m analysis report [LABEL=]PATH ... [ceiling=PATH] [hardware=PROFILE] [device_memory_gib=N] -o OUT.html|OUT.md
   python -m analysis doctor [LABEL=]PATH ... [ceiling=PATH] [hardware=PROFILE] [device_memory_gib=N]
   python -m analysis recognize PATH ...
+  python -m analysis busbw RUN_DIR_OR_FILE ... -o OUT.png [--nominal GBPS] [--placement median|out-of-place|in-place]
 
 PATH is a run directory, a folder of foreign files (DeepSpeed / Megatron logs, per-rank traces, nsys
 exports, nccl-tests output), or one file; files are recognised by content. `-o` may be repeated;
 its suffix picks the format. `hardware=` names a hardware profile (launch/config/catalogue/hardware) for
 runs without a resolved.json: it gives the peak FLOP/s for MFU and the device memory. Errors print
 one line and exit 2.
+
+`busbw` draws bus bandwidth against message size, one panel per collective and one line per run
+(analysis.analyzers.ceilings.busbw_panels, analysis.report.plots.busbw_plot): a run directory contributes its
+built-in sweep (`commbench/<op>.json`) and NVIDIA nccl-tests' output (`commbench/nccl-tests/<op>.txt`) when
+present; a file may be any nccl-tests / rccl-tests text output or a commbench JSON. The dashed line is the
+link's nominal bus bandwidth from the first run's hardware profile (`--nominal` overrides it).
 """
 from __future__ import annotations
 
@@ -24,7 +31,9 @@ _KEYS = ("ceiling", "hardware", "device_memory_gib")
 USAGE = ("usage: python -m analysis report [LABEL=]PATH ... [ceiling=PATH] [hardware=PROFILE] "
          "[device_memory_gib=N] -o OUT.html|OUT.md\n"
          "       python -m analysis doctor [LABEL=]PATH ... [ceiling=PATH] [hardware=PROFILE] [device_memory_gib=N]\n"
-         "       python -m analysis recognize PATH ...")
+         "       python -m analysis recognize PATH ...\n"
+         "       python -m analysis busbw RUN_DIR_OR_FILE ... -o OUT.png [--nominal GBPS] "
+         "[--placement median|out-of-place|in-place]")
 
 
 class UsageError(Exception):
@@ -105,6 +114,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if cmd == "recognize":
             return _recognize(rest)
+        if cmd == "busbw":
+            return _busbw(rest)
         if cmd not in ("report", "doctor"):
             raise UsageError(f"unknown command {cmd!r}")
         inputs, options, outputs = parse_args(rest)
@@ -124,9 +135,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if exc.show_usage:
             print(USAGE, file=sys.stderr)
         return 2
-    from analysis.report_data import (
-        build_report,  # the renderers only when writing (doctor prints findings)
-    )
+    from analysis.report.data import build_report  # the renderers only when writing (doctor prints findings)
 
     rep = build_report(inputs, **kw)
     if cmd == "doctor":
@@ -138,7 +147,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if not rep.findings:
             print("no findings")
         return 0
-    from analysis.report_render import write_report
+    from analysis.report.render import write_report
 
     for path in replacing:
         print(f"replacing the earlier report {path}")
@@ -213,7 +222,7 @@ def _require_paths(paths: Iterable[str]) -> None:
 
 
 def _recognize(paths: Sequence[str]) -> int:
-    from analysis.recognize import group_runs, recognize
+    from analysis.parsers.recognize import group_runs, recognize
 
     if not paths:
         raise UsageError("give at least one PATH")
@@ -229,6 +238,60 @@ def _recognize(paths: Sequence[str]) -> int:
             for w in rf.warnings:
                 print(printable(f"  warning: {w}"))
     return 0
+
+
+def _busbw(argv: Sequence[str]) -> int:
+    """Bus bandwidth vs message size of commbench runs and nccl-tests outputs, as one PNG."""
+    import argparse
+
+    from analysis.analyzers.ceilings import PLACEMENTS, busbw_panels
+    from analysis.parsers.commbench import load
+    from analysis.report.plots import busbw_plot
+
+    ap = argparse.ArgumentParser(prog="python -m analysis busbw",
+                                 description="Bus bandwidth against message size: one panel per collective, one "
+                                             "line per run.")
+    ap.add_argument("inputs", nargs="+", help="run directories, commbench/<op>.json files or nccl-tests text outputs")
+    ap.add_argument("-o", "--out", required=True, help="PNG to write")
+    ap.add_argument("--nominal", type=float, help="reference busbw in GB/s (default: the first run's hardware profile)")
+    ap.add_argument("--placement", choices=PLACEMENTS, default="median",
+                    help="median of both placements per size (as the report's ceilings), or one placement")
+    args = ap.parse_args(argv)
+    missing = [p for p in args.inputs if not Path(p).exists()]
+    if missing:
+        print(printable(f"error: {missing[0]} does not exist; pass run directories or result files"), file=sys.stderr)
+        return 2
+    tables, warnings = load(args.inputs)
+    for w in warnings:
+        print(printable(f"warning: {w}"), file=sys.stderr)
+    if not any(len(t) for t in tables.values()):
+        print(printable("error: no results to plot in " + ", ".join(args.inputs)), file=sys.stderr)
+        return 2
+    nominal = args.nominal if args.nominal is not None else _first_nominal(args.inputs)
+    out = busbw_plot(busbw_panels(tables, args.placement), nominal_GBps=nominal, out_png=args.out,
+                     placement=args.placement)
+    print(out)
+    return 0
+
+
+def _first_nominal(inputs: Sequence[str]) -> float | None:
+    """analysis.parsers.commbench.nominal_from_run of the first run directory that has one; a damaged resolved.json
+    is warned about."""
+    from analysis.parsers.commbench import nominal_from_run
+    from launch.errors import ConfigError
+
+    for p in inputs:
+        if not Path(p).is_dir():
+            continue
+        try:
+            nominal = nominal_from_run(p)
+        except (ConfigError, OSError, ValueError, KeyError, TypeError) as exc:
+            print(printable(f"warning: {p}: its resolved.json cannot be read ({exc}); no nominal busbw from it"),
+                  file=sys.stderr)
+            continue
+        if nominal:
+            return nominal
+    return None
 
 
 if __name__ == "__main__":

@@ -53,7 +53,7 @@ def peak_mib():
 _OURS = _PEAK + """
 import json, sys
 from analysis.parsers.kineto import parse_kineto
-from analysis import trace_analysis as ta
+from analysis.analyzers import trace_analysis as ta
 t = parse_kineto(sys.argv[1], categories=ta.GPU_ANALYSIS_CATEGORIES)
 tb = ta.temporal_breakdown(t)
 ov = ta.comm_comp_overlap(t)

@@ -1003,7 +1003,7 @@ done:
 }
 
 /* ------------------------------------------------------------------------------------------ */
-/* interval helpers of analysis.trace_analysis: same results, objects and order as the Python */
+/* interval helpers of analysis.analyzers.trace_analysis: same results, objects and order as the Python */
 
 typedef struct {
     double a, b;       /* merge: start, end; sweep: time, unused */

@@ -17,7 +17,7 @@ metadata events are kept in `meta["thread_names"]`.
 
 Three modules: this one (the scanner, the collector of columns, steps and kernel links), kineto_source (the
 file's bytes, inflated) and kineto_args (what an event's args say about a collective). Kernel classification
-(analysis.gpu_kernels) follows HTA (facebookresearch/HolisticTraceAnalysis hta/utils/utils.py, the
+(analysis.parsers.gpu_kernels) follows HTA (facebookresearch/HolisticTraceAnalysis hta/utils/utils.py, the
 same in 0.5.0 and at f4d0062): a name matching `^nccl.*Kernel` is communication, one starting with
 Memcpy/Memset/dma is memory, one that contains Memcpy, starts with Memset or contains Sync is
 "other", anything else is computation.
@@ -44,7 +44,7 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Iterator
 
-from analysis.gpu_kernels import kernel_collective, kernel_kind
+from analysis.parsers.gpu_kernels import kernel_collective, kernel_kind
 from analysis.parsers.kineto_args import (
     cpu_collective,
     group_of,

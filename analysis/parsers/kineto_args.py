@@ -1,7 +1,7 @@
 """What a Kineto event's args say about a collective call: which collective a CPU op or annotation stands for,
 its message size in nccl-tests' convention and where that came from, and its process group and size (the
 columns collective, message_bytes, message_from, group and group_size of analysis.parsers.kineto.COLUMNS).
-The NCCL kernel names are analysis.gpu_kernels'."""
+The NCCL kernel names are analysis.parsers.gpu_kernels'."""
 from __future__ import annotations
 
 import math

@@ -38,8 +38,8 @@ import sqlite3
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Mapping, Sequence
 
-from analysis import gpu_kernels
-from analysis.gpu_kernels import COLLECTIVES, base_name, nccl_kernel_info
+from analysis.parsers import gpu_kernels
+from analysis.parsers.gpu_kernels import COLLECTIVES, base_name, nccl_kernel_info
 from analysis.table import Table
 
 COLUMNS: dict[str, str] = {
@@ -67,8 +67,8 @@ COLUMNS: dict[str, str] = {
     "launch_api": "GPU rows: name of the runtime/driver call that launched it (joined on pid + correlation); "
                   "None when not found",
     "launch_start_ns": "GPU rows: start of that launch call in ns; None when not found",
-    "kind": "GPU rows, as HTA classifies kernels (analysis.gpu_kernels.kernel_kind, the Kineto parser's rule, on "
-            "the name without `void ` and arguments): 'communication' (^nccl.*Kernel), 'memory' (memcpy and "
+    "kind": "GPU rows, as HTA classifies kernels (analysis.parsers.gpu_kernels.kernel_kind, the Kineto parser's "
+            "rule, on the name without `void ` and arguments): 'communication' (^nccl.*Kernel), 'memory' (memcpy and "
             "memset operations, Memcpy*/Memset* kernels), 'other' (Sync kernels) or 'computation'; None for "
             "cuda_runtime and nvtx rows",
     "collective": "all_reduce, all_gather, reduce_scatter, broadcast, reduce, send_recv, all_to_all, gather, "
@@ -94,7 +94,7 @@ _NCCL_NVTX = re.compile(r"^nccl:?_?(?P<coll>[A-Za-z_]+)$")
 
 
 def kernel_kind(name: str | None) -> str:
-    """HTA's kernel classes (analysis.gpu_kernels) for the kernel name without nsys's `void ` and arguments; the
+    """HTA's kernel classes (analysis.parsers.gpu_kernels) for the kernel name without nsys's `void ` and arguments; the
     memory operations `nsys stats` prints as `[CUDA memcpy ...]` / `[CUDA memset]` move memory."""
     if "[CUDA memcpy" in (name or "") or "[CUDA memset" in (name or ""):
         return "memory"

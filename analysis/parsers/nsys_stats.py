@@ -17,8 +17,8 @@ import re
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-from analysis.gpu_kernels import nccl_kernel_info
 from analysis.parsers._text import read_source, split_lines
+from analysis.parsers.gpu_kernels import nccl_kernel_info
 from analysis.parsers.nsys import kernel_kind
 from analysis.table import Table
 

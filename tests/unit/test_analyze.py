@@ -1,5 +1,6 @@
-"""analysis.analyze on the real fixtures: every number is checked against the fixture's own text (read
-here with a regex of the test's own) or against HolisticTraceAnalysis's published numbers."""
+"""analysis.analyzers (steps, memory, breakdown, collective_calls, ceilings, timers) on the real fixtures: every
+number is checked against the fixture's own text (read here with a regex of the test's own) or against
+HolisticTraceAnalysis's published numbers."""
 from __future__ import annotations
 
 import json
@@ -9,16 +10,33 @@ import statistics
 
 import pytest
 
-from analysis import analyze as A
-from analysis import trace_analysis as ta
-from analysis.collectives import group_size_hint
-from analysis.nsys_adapter import as_kineto
+from analysis.analyzers import trace_analysis as ta
+from analysis.analyzers.breakdown import kernel_diff, nsys_stats_totals, time_breakdown
+from analysis.analyzers.ceilings import nccl_ceilings
+from analysis.analyzers.collective_calls import (
+    BANDWIDTH_COLUMNS,
+    collective_bandwidth,
+    collective_calls,
+    collectives_vs_layout,
+    expected_from_resolved,
+)
+from analysis.analyzers.collectives import group_size_hint
+from analysis.analyzers.memory import memory_from_megatron, memory_from_metrics, memory_vs_plan
+from analysis.analyzers.steps import (
+    measured_step_times,
+    step_statistics,
+    steps_from_deepspeed,
+    steps_from_megatron,
+    steps_from_metrics,
+)
+from analysis.analyzers.timers import framework_timers
 from analysis.parsers.deepspeed_log import parse_deepspeed_log
 from analysis.parsers.kineto import parse_kineto_ranks
 from analysis.parsers.megatron_log import parse_megatron_log
 from analysis.parsers.metrics import parse_metrics
 from analysis.parsers.nccl_tests import large_message_busbw, parse_nccl_tests
 from analysis.parsers.nsys import parse_nsys_sqlite
+from analysis.parsers.nsys_adapter import as_kineto
 from analysis.parsers.nsys_stats import parse_nsys_stats_csv
 from launch.config.resolve import resolve_path
 from launch.plan.build import plan_resolved
@@ -58,13 +76,13 @@ def hta():
 def test_megatron_steps_and_the_foreign_warmup_rule(bigscience):
     text_ms = _iterations(BIGSCIENCE)
     assert len(text_ms) == 20 and min(text_ms) == 10 and max(text_ms) == 200
-    steps = A.steps_from_megatron(bigscience)
+    steps = steps_from_megatron(bigscience)
     by_step = {r["step"]: r for r in steps.rows()}
     assert {s: r["step_time_s"] * 1e3 for s, r in by_step.items()} == pytest.approx(text_ms)
     # tokens/s/GPU from the arguments: global batch 4 x seq 1024 / step time / world 32
     assert by_step[30]["tokens_per_s_per_device"] == pytest.approx(4 * 1024 / 1.6137 / 32)
     assert by_step[30]["source"].endswith(":412")
-    stats = next(A.step_statistics(steps).rows())
+    stats = next(step_statistics(steps).rows())
     # range 10-200: 10% is 19.1 -> 20 steps, so iterations < 30 (two records) are warm-up
     assert stats["steps_dropped"] == 2 and stats["steps_measured"] == 18 and stats["first_measured_step"] == 30
     assert "at least 10 steps" in stats["drop_rule"] and "< 30" in stats["drop_rule"]
@@ -76,8 +94,8 @@ def test_megatron_steps_and_the_foreign_warmup_rule(bigscience):
 
 def test_short_foreign_log_keeps_half_and_mfu_against_a_given_peak():
     log = parse_megatron_log(ALCF, source=ALCF.name)
-    steps = A.steps_from_megatron(log, peak_flops=312e12)
-    stats = next(A.step_statistics(steps, mfu_formula="x").rows())
+    steps = steps_from_megatron(log, peak_flops=312e12)
+    stats = next(step_statistics(steps, mfu_formula="x").rows())
     text = ALCF.read_text()
     ms = {int(m[1]): float(m[2]) for m in re.finditer(r"iteration=\s*(\d+)/.*?elapsed_ms_per_iteration=([\d.]+)|"
                                                         r"iteration=\s*(\d+)", text) if m[2]}
@@ -94,35 +112,35 @@ def test_short_foreign_log_keeps_half_and_mfu_against_a_given_peak():
 
 
 def test_deepspeed_step_times_pipe_timestamps_and_timers():
-    pipe = A.steps_from_deepspeed(parse_deepspeed_log(LOGS / "c_ds_v0_14_pipe_engine.txt"))
+    pipe = steps_from_deepspeed(parse_deepspeed_log(LOGS / "c_ds_v0_14_pipe_engine.txt"))
     assert [(r["step"], r["step_time_s"]) for r in pipe.rows()] == [(10, 2.540), (20, 2.532)]
-    stamped = A.steps_from_deepspeed(parse_deepspeed_log(LOGS / "c_ds_v0_9_forward_names_gas2_pdsh.txt"))
+    stamped = steps_from_deepspeed(parse_deepspeed_log(LOGS / "c_ds_v0_9_forward_names_gas2_pdsh.txt"))
     # step=2 at 10:00:05,931 and step=4 at 10:00:07,172: 1.241 s over two steps
     (row,) = list(stamped.rows())
     assert row["step"] == 4 and row["step_time_s"] == pytest.approx(1.241 / 2)
     assert row["step_source"] == "time between DeepSpeed 'step=' lines"
-    timers = A.steps_from_deepspeed(parse_deepspeed_log(LOGS / "c_ds_v0_17_flops_profiler.txt"))
+    timers = steps_from_deepspeed(parse_deepspeed_log(LOGS / "c_ds_v0_17_flops_profiler.txt"))
     (row,) = list(timers.rows())  # one step= line: fwd 402.50 + bwd 1050.00 + step 85.20 ms
     assert row["step"] == 3 and row["step_time_s"] == pytest.approx(1.5377)
 
 
 def test_our_metrics_drop_the_marked_warmup(tmp_path):
     run = make_run_dir(tmp_path, traces=False, steps=12)
-    steps = A.steps_from_metrics(parse_metrics(run, relative_to=run))
-    stats = A.step_statistics(steps, warmup_from="meta")
+    steps = steps_from_metrics(parse_metrics(run, relative_to=run))
+    stats = step_statistics(steps, warmup_from="meta")
     row = next(stats.rows())
     times = default_step_times(12, 5)
     assert (row["steps_dropped"], row["steps_measured"], row["first_measured_step"]) == (5, 7, 6)
     assert "warmup=true" in row["drop_rule"]
     assert row["step_time_median_s"] == pytest.approx(statistics.median(times[5:]))
     assert row["step_time_p90_s"] <= max(times[5:]) and row["step_time_p10_s"] >= min(times[5:])
-    assert [s for s, _, _ in A.measured_step_times(steps, stats)] == list(range(6, 13))
+    assert [s for s, _, _ in measured_step_times(steps, stats)] == list(range(6, 13))
 
 
 # -------------------------------------------------------------------------------- memory
 
 def test_megatron_peak_memory_per_rank(bigscience):
-    mem = {r["rank"]: r for r in A.memory_from_megatron(bigscience).rows()}
+    mem = {r["rank"]: r for r in memory_from_megatron(bigscience).rows()}
     assert len(mem) == 32
     assert mem[0]["max_reserved_bytes"] == 26732 * 2**20  # "[Rank 0] ... max reserved: 26732.0"
     assert mem[0]["measured_what"] == "max_reserved (GPU)"
@@ -131,9 +149,9 @@ def test_megatron_peak_memory_per_rank(bigscience):
 
 def test_memory_against_the_plan_and_the_device(tmp_path):
     run = make_run_dir(tmp_path, traces=False, steps=6)
-    mem = A.memory_from_metrics(parse_metrics(run, relative_to=run))
+    mem = memory_from_metrics(parse_metrics(run, relative_to=run))
     plan = plan_resolved(resolve_path(REPO / "recipes" / "tiny_zero2", ["train.steps=6"]))
-    out = {r["rank"]: r for r in A.memory_vs_plan(mem, plan, plan_source="plan.json").rows()}
+    out = {r["rank"]: r for r in memory_vs_plan(mem, plan, plan_source="plan.json").rows()}
     rp = plan.ranks[0]
     assert out[1]["measured_bytes"] == 601 * 2**20 + 5 * 1024  # the last step's running peak
     assert out[1]["measured_what"] == "peak RSS (CPU process)"
@@ -142,21 +160,21 @@ def test_memory_against_the_plan_and_the_device(tmp_path):
     assert out[1]["pct_of_device"] == pytest.approx(100 * out[1]["measured_bytes"] / 2**33)
     assert "plan.json: all ranks, deepspeed accounting" in out[1]["predicted_what"]
     assert out[1]["source"] == "metrics/rank1.jsonl:7"
-    none = next(A.memory_vs_plan(mem, None).rows())
+    none = next(memory_vs_plan(mem, None).rows())
     assert none["predicted_bytes"] is None and none["predicted_what"].startswith("none")
 
 
 # ----------------------------------------------------------------------- time breakdown
 
 def test_breakdown_on_hta_traces_matches_hta(hta):
-    rows = {r["rank"]: r for r in A.time_breakdown(hta).rows()}
+    rows = {r["rank"]: r for r in time_breakdown(hta).rows()}
     # HolisticTraceAnalysis 0.5.0 on these files (tests/unit/test_kineto.py): idle 321378, compute 106252
     r0 = rows[0]
     assert (r0["idle_us"], r0["compute_us"], r0["span_us"]) == (321378.0, 106252.0, 600058.0)
     for r in rows.values():
         total = r["compute_pct"] + r["exposed_comm_pct"] + r["other_pct"] + r["idle_pct"]
         assert total == pytest.approx(100.0)
-        assert r["exposed_comm_us"] == pytest.approx(r["comm_us"] - r["overlapped_comm_us"])
+        assert r["exposed_comm_us"] == pytest.approx(r["comm_us"] - r["overlapped_us"])
     ov = {r["rank"]: r["overlap_pct"] for r in ta.comm_comp_overlap(hta).rows()}
     assert rows[1]["overlap_pct"] == pytest.approx(ov[1])
     assert r0["source"].endswith("hta_trace_filter__sampled_rank-0.json.gz")
@@ -165,7 +183,7 @@ def test_breakdown_on_hta_traces_matches_hta(hta):
 def test_nsys_export_goes_through_the_same_breakdown(tmp_path):
     exports = build_nsys_exports(tmp_path)
     trace = as_kineto([parse_nsys_sqlite(exports["modern"])])
-    r0 = next(r for r in A.time_breakdown(trace).rows() if r["rank"] == 0)
+    r0 = next(r for r in time_breakdown(trace).rows() if r["rank"] == 0)
     # make_fixtures.py, process 4101, steps 'step 1' (1.0-2.0 ms) and 'step 2': GPU work launched before the
     # last step starts: memcpy 1020-1060 us, gemm 1110-1310, memset 1455-1460, NCCL all-reduce 1510-1900,
     # elementwise 1905-2010 (launched at 1850). compute 200 + 105, comm 390 (nothing overlaps it),
@@ -174,7 +192,7 @@ def test_nsys_export_goes_through_the_same_breakdown(tmp_path):
     assert (r0["span_us"], r0["compute_us"], r0["exposed_comm_us"], r0["other_us"], r0["idle_us"]) == \
         pytest.approx((990.0, 305.0, 390.0, 45.0, 250.0))
     assert r0["overlap_pct"] == 0.0
-    calls = A.collective_calls(trace)
+    calls = collective_calls(trace)
     assert {(c["rank"], c["collective"]) for c in calls.rows()} == {(0, "all_reduce"), (1, "reduce_scatter"),
                                                                   (1, "send_recv")}
     assert trace.meta["ranks"][0]["source"].endswith("modern.sqlite")
@@ -185,17 +203,17 @@ def test_nsys_export_goes_through_the_same_breakdown(tmp_path):
 def test_collective_calls_and_bandwidth_on_hta_traces(hta):
     n, why = group_size_hint(hta)
     assert n == 128 and "world_size" in why
-    calls = A.collective_calls(hta, group_size=n, group_size_from=why)
+    calls = collective_calls(hta, group_size=n, group_size_from=why)
     window = ta.window_steps(hta)
     assert window == {0: {551}, 1: {551}}  # ProfilerStep#551 and #552, the last one dropped as HTA does
     ag = [c for c in calls.rows() if c["rank"] == 0 and c["collective"] == "all_gather" and c["step"] in window[0]]
     assert len(ag) == 1 and ag[0]["message_bytes"] == 1073741824 and ag[0]["layer"] == "gpu_kernels"
     summary = next(r for r in ta.collective_summary(hta).rows() if r["rank"] == 0 and r["collective"] == "all_gather")
     assert ag[0]["busbw_GBps"] == pytest.approx(summary["busbw_GBps"])
-    ceil = A.nccl_ceilings([parse_nccl_tests(ALLREDUCE_8XH100)])
+    ceil = nccl_ceilings([parse_nccl_tests(ALLREDUCE_8XH100)])
     (c,) = list(ceil.rows())
     assert c["op"] == "all_reduce" and c["busbw_GBps"] == large_message_busbw(parse_nccl_tests(ALLREDUCE_8XH100))
-    bw = {r["collective"]: r for r in A.collective_bandwidth(calls, window, ceil).rows()}
+    bw = {r["collective"]: r for r in collective_bandwidth(calls, window, ceil).rows()}
     ar = bw["all_reduce"]
     # The ceiling is the sweep at the calls' own mean size (those >= 1 MiB), interpolated in log size: the oracle
     # reads the nccl-tests file with this test's regex and interpolates by hand.
@@ -220,7 +238,7 @@ def test_collective_calls_and_bandwidth_on_hta_traces(hta):
 def test_cpu_trace_calls_use_the_backend_annotation():
     gloo = parse_kineto_ranks(GLOO)
     assert ta.window_steps(gloo) == {0: {2, 3}, 1: {2, 3}}  # ProfilerStep#2-4, the last one dropped
-    calls = A.collective_calls(gloo)
+    calls = collective_calls(gloo)
     assert {c["layer"] for c in calls.rows()} == {"backend annotation"}
     summary = {(r["rank"], r["collective"]): r for r in ta.collective_summary(gloo).rows()}
     counted = {}
@@ -252,7 +270,7 @@ def test_all_gather_sizes_are_scaled_only_when_they_are_the_input_shard(tmp_path
                           {"all_gather": {"In msg size": 1024, "Out msg size": 4096}}, pgs)
     for path, expected in ((gathered, 4096), (shard, 256 * 4 * 4)):
         trace = parse_kineto_ranks([path])
-        (call,) = [c for c in A.collective_calls(trace).rows() if c["collective"] == "all_gather"]
+        (call,) = [c for c in collective_calls(trace).rows() if c["collective"] == "all_gather"]
         (summ,) = [r for r in ta.collective_summary(trace).rows() if r["collective"] == "all_gather"]
         assert (call["message_bytes"], summ["message_bytes"]) == (expected, expected), path.name
         assert call["busbw_GBps"] == pytest.approx(summ["busbw_GBps"])
@@ -267,7 +285,7 @@ def test_library_and_report_assume_the_same_group_size(tmp_path):
     assert (n, why) == (2, "every process group has this size")
     for r in ta.collective_summary(trace).rows():
         assert (r["group_size"], r["group_size_from"], r["bus_factor"]) == (2, why, 1.0)
-    for c in A.collective_calls(trace).rows():
+    for c in collective_calls(trace).rows():
         assert (c["group_size"], c["group_size_from"]) == (2, why)
     # the report may narrow it with the layout only where the trace itself says nothing
     assert group_size_hint(trace, {"dp": 4})[0] == 2
@@ -275,7 +293,7 @@ def test_library_and_report_assume_the_same_group_size(tmp_path):
 
 def expected(recipe: str, *overrides: str) -> dict:
     resolved = resolve_path(REPO / "recipes" / recipe, list(overrides))
-    return {r["collective"]: r for r in A.expected_from_resolved(resolved).rows()}
+    return {r["collective"]: r for r in expected_from_resolved(resolved).rows()}
 
 
 def test_expected_collectives_follow_the_layout():
@@ -309,14 +327,14 @@ def test_expected_collectives_follow_the_layout():
 
 
 def test_observed_counts_against_the_layout():
-    exp = A.expected_from_resolved(_tp2_four_layers())
-    doc = A.BANDWIDTH_COLUMNS
+    exp = expected_from_resolved(_tp2_four_layers())
+    doc = BANDWIDTH_COLUMNS
     from analysis.table import Table
 
     bw = Table.from_rows("collective_bandwidth", doc, [
         {"collective": "all_reduce", "calls_per_step": 16.0 + 4 + 4 + 8, "source": "t"},
         {"collective": "all_gather", "calls_per_step": 2.0, "source": "t"}])
-    rows = {r["collective"]: r for r in A.collectives_vs_layout(bw, exp).rows()}
+    rows = {r["collective"]: r for r in collectives_vs_layout(bw, exp).rows()}
     # explains 16 (TP layers) + 2 (embedding, output layer) + 3 (loss) + 1 (gradient norm) = 22; 32 observed -> 10
     # extra over 4 layers
     assert rows["all_reduce"]["expected_max_per_step"] == 22
@@ -340,7 +358,7 @@ def test_framework_timers_average_the_measured_iterations(bigscience):
         t = re.search(r"^time \(ms\) \|.*backward-compute: ([\d.]+)", line)
         if t and last_iteration is not None and last_iteration >= 30:
             values.append(float(t[1]))
-    timers = {r["name"]: r for r in A.framework_timers(bigscience, range(30, 201, 10)).rows()}
+    timers = {r["name"]: r for r in framework_timers(bigscience, range(30, 201, 10)).rows()}
     bc = timers["backward-compute"]
     assert bc["samples"] == len(values) == 18
     assert bc["mean_ms"] == pytest.approx(statistics.fmean(values))
@@ -349,7 +367,7 @@ def test_framework_timers_average_the_measured_iterations(bigscience):
 
 
 def test_nsys_stats_totals():
-    t = A.nsys_stats_totals(parse_nsys_stats_csv(NSYS / "stats" / "profile_stats_column_2024.txt"))
+    t = nsys_stats_totals(parse_nsys_stats_csv(NSYS / "stats" / "profile_stats_column_2024.txt"))
     rows = {r["kind"]: r for r in t.rows()}
     # cuda_gpu_kern_sum: vectorAdd 1,831,281 ns over 1010 instances; memory: 2,432 + 2,336 ns
     assert rows["computation"]["total_ms"] == pytest.approx(1.831281)
@@ -360,6 +378,6 @@ def test_nsys_stats_totals():
 
 def test_kernel_diff_per_step(hta):
     a = parse_kineto_ranks(HTA[:1])
-    d = A.kernel_diff(a, hta, top=5)
+    d = kernel_diff(a, hta, top=5)
     assert len(d) <= 5
     assert all(math.isfinite(r["time_delta_us"]) for r in d.rows())

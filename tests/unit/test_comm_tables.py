@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from analysis.comm_tables import nccl_tests_rows, transports
+from analysis.analyzers.comm_tables import nccl_tests_rows, transports
 from analysis.parsers.nccl_debug import parse_nccl_debug
 from analysis.parsers.nccl_tests import parse_nccl_tests
 from analysis.report import build_report, render_markdown
@@ -79,7 +79,7 @@ def test_the_report_shows_htas_kernel_types_to_the_microsecond(tmp_path):
 
 
 def test_one_gpu_run_is_not_called_cpu_only_and_cpu_runs_get_no_cuda_advice(tmp_path):
-    from analysis import doctor as D
+    from analysis.analyzers import doctor as D
     from analysis.table import Table
     from tests.unit.report_support import make_run_dir
 

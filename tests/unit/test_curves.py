@@ -8,7 +8,7 @@ import re
 
 import pytest
 
-from analysis import curves as C
+from analysis.analyzers import curves as C
 from analysis.parsers.megatron_log import parse_megatron_log
 from analysis.parsers.metrics import parse_metrics
 from analysis.report import build_report, render_markdown
@@ -121,7 +121,8 @@ def test_every_flops_profiler_block_is_read_at_its_own_header_and_shown(tmp_path
 
 
 def test_a_deepspeed_log_without_step_lines_keeps_its_timer_blocks_in_order():
-    from analysis import analyze as A
+    from analysis.analyzers.steps import steps_from_deepspeed
+    from analysis.analyzers.timers import framework_timers
     from analysis.parsers.deepspeed_log import parse_deepspeed_log
     from tests.unit.report_support import LOGS
 
@@ -133,12 +134,12 @@ def test_a_deepspeed_log_without_step_lines_keeps_its_timer_blocks_in_order():
                for line in kept.splitlines()) if m]
     assert len(totals) >= 3
     log = parse_deepspeed_log(kept)
-    steps = A.steps_from_deepspeed(log)
+    steps = steps_from_deepspeed(log)
     assert steps.columns["step"] == list(range(1, len(totals) + 1))
     for got, want in zip(steps.columns["step_time_s"], totals, strict=True):
         assert got == pytest.approx(want, rel=1e-12)
     assert all("no step= lines" in s for s in steps.columns["step_source"])
-    assert len(A.framework_timers(log)) > 0 and any("no step= lines" in w for w in log.warnings)
+    assert len(framework_timers(log)) > 0 and any("no step= lines" in w for w in log.warnings)
 
 
 def test_validation_losses_and_perplexities_are_listed_as_printed(tmp_path):

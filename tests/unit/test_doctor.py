@@ -1,10 +1,12 @@
-"""analysis.doctor: each rule fires on a case built to trigger it and stays quiet on one that must not."""
+"""analysis.analyzers.doctor: each rule fires on a case built to trigger it and stays quiet on one that must not."""
 from __future__ import annotations
 
 import pytest
 
-from analysis import analyze as A
-from analysis import doctor as D
+from analysis.analyzers import doctor as D
+from analysis.analyzers.breakdown import BREAKDOWN_COLUMNS, STRAGGLER_COLUMNS, stragglers, time_breakdown
+from analysis.analyzers.collective_calls import BANDWIDTH_COLUMNS, collectives_vs_layout, expected_from_resolved
+from analysis.analyzers.memory import MEMORY_COLUMNS
 from analysis.parsers.kineto import parse_kineto_ranks
 from analysis.parsers.nccl_debug import parse_nccl_debug
 from analysis.table import Table
@@ -48,21 +50,21 @@ def test_mismatched_runs():
 
 def test_extra_collectives():
     # Megatron TP 2 over tiny-llama's 4 layers, one micro-batch: 4 x 4 + 2 + 3 + 1 = 22 all-reduces explained
-    expected = A.expected_from_resolved(resolve_path(REPO / "recipes" / "tiny_tp2_sp",
+    expected = expected_from_resolved(resolve_path(REPO / "recipes" / "tiny_tp2_sp",
                                                      ["parallel.sp=false", "batch.micro_batch_size=8"]))
-    bw = _table(A.BANDWIDTH_COLUMNS, [{"collective": "all_reduce", "calls_per_step": 22.0 + 2, "source": "t"}])
-    assert not D.extra_collectives("r", A.collectives_vs_layout(bw, expected))  # half a call per layer: no
-    bw = _table(A.BANDWIDTH_COLUMNS, [{"collective": "all_reduce", "calls_per_step": 22.0 + 7, "source": "t"}])
-    (f,) = D.extra_collectives("r", A.collectives_vs_layout(bw, expected))
+    bw = _table(BANDWIDTH_COLUMNS, [{"collective": "all_reduce", "calls_per_step": 22.0 + 2, "source": "t"}])
+    assert not D.extra_collectives("r", collectives_vs_layout(bw, expected))  # half a call per layer: no
+    bw = _table(BANDWIDTH_COLUMNS, [{"collective": "all_reduce", "calls_per_step": 22.0 + 7, "source": "t"}])
+    (f,) = D.extra_collectives("r", collectives_vs_layout(bw, expected))
     assert "1.8 extra per layer" in f.message  # (29 - 22 explained) / 4 layers
 
 
-BREAK = A.BREAKDOWN_COLUMNS
+BREAK = BREAKDOWN_COLUMNS
 
 
 def _breakdown(overlap, exposed, idle=5.0, basis="gpu_kernels"):
     return _table(BREAK, [{"rank": r, "basis": basis, "span_us": 1000.0, "compute_us": 500.0, "comm_us": 300.0,
-                           "overlapped_comm_us": 3.0 * overlap, "exposed_comm_us": 10.0 * exposed,
+                           "overlapped_us": 3.0 * overlap, "exposed_comm_us": 10.0 * exposed,
                            "other_us": 0.0, "idle_us": 10.0 * idle, "compute_pct": 50.0, "exposed_comm_pct": exposed,
                            "other_pct": 0.0, "idle_pct": idle, "overlap_pct": overlap, "source": f"rank{r}.json"}
                           for r in (0, 1)])
@@ -89,24 +91,24 @@ def test_no_idle_device_from_a_truncated_trace(tmp_path):
     cut.write_bytes(GLOO[0].read_bytes()[:4000])
     trace = parse_kineto_ranks([cut, GLOO[1]])
     assert trace.meta["ranks"][0]["truncated"]
-    assert not D.idle_device("r", A.time_breakdown(trace))
+    assert not D.idle_device("r", time_breakdown(trace))
 
 
 def test_straggler_on_traces():
     hta = parse_kineto_ranks(HTA)
-    assert not D.straggler("r", A.stragglers(hta))  # the two HTA ranks are within 1%
+    assert not D.straggler("r", stragglers(hta))  # the two HTA ranks are within 1%
     rows = [{"rank": 0, "steps": 3, "step_time_us": 100e3, "comm_time_us": 30e3, "step_excess_pct": -20.0,
              "comm_deficit_pct": -25.0, "straggler": False, "reason": None, "source": "r0.json"},
             {"rank": 1, "steps": 3, "step_time_us": 125e3, "comm_time_us": 5e3, "step_excess_pct": 25.0,
              "comm_deficit_pct": 25.0, "straggler": True, "reason": "both", "source": "r1.json"}]
-    (f,) = D.straggler("r", _table(A.STRAGGLER_COLUMNS, rows))
+    (f,) = D.straggler("r", _table(STRAGGLER_COLUMNS, rows))
     assert "rank 1" in f.message and f.evidence[0].startswith("r1.json: median step 125 ms")
 
 
 def test_memory_near_limit():
     def mem(pct):
         b = int(80 * 2**30 * pct / 100)
-        return _table(A.MEMORY_COLUMNS, [{"rank": 3, "measured_bytes": b, "measured_what": "max_reserved (GPU)",
+        return _table(MEMORY_COLUMNS, [{"rank": 3, "measured_bytes": b, "measured_what": "max_reserved (GPU)",
                                           "device_memory_bytes": 80 * 2**30, "pct_of_device": pct,
                                           "source": "log:12"}])
     (f,) = D.memory_near_limit("r", mem(97.0))
@@ -116,7 +118,7 @@ def test_memory_near_limit():
 
 def test_low_busbw():
     def bw(achieved):
-        return _table(A.BANDWIDTH_COLUMNS, [{"collective": "all_reduce", "busbw_GBps": achieved,
+        return _table(BANDWIDTH_COLUMNS, [{"collective": "all_reduce", "busbw_GBps": achieved,
                                              "busbw_large_GBps": achieved, "ceiling_GBps": 358.0,
                                              "pct_of_ceiling": 100 * achieved / 358.0, "group_size": 8,
                                              "group_size_from": "recorded", "ceiling_source": "nccl.txt",

@@ -7,8 +7,8 @@ import json
 
 import pytest
 
-from analysis import analyze as A
-from analysis import trace_analysis as ta
+from analysis.analyzers import trace_analysis as ta
+from analysis.analyzers.collective_calls import collective_bandwidth, collective_calls
 from analysis.parsers.kineto import parse_kineto_ranks
 from tests.unit.report_support import REPO
 
@@ -30,7 +30,7 @@ def trace():
 
 
 def test_every_call_is_one_row_under_its_own_name(trace):
-    calls = list(A.collective_calls(trace).rows())
+    calls = list(collective_calls(trace).rows())
     for rank in (0, 1):
         events = raw(rank)
         names = [e["name"] for e in events]
@@ -70,10 +70,10 @@ def test_summary_and_exposed_time_name_a_reduce_scatter_once(trace):
 
 
 def test_time_per_step_counts_concurrent_calls_once(trace):
-    calls = A.collective_calls(trace)
+    calls = collective_calls(trace)
     windows = {rank: {int(e["name"].split("#")[1]) for e in raw(rank) if e["name"].startswith("ProfilerStep#")}
                for rank in (0, 1)}
-    table = {r["collective"]: r for r in A.collective_bandwidth(calls, windows, None).rows()}
+    table = {r["collective"]: r for r in collective_bandwidth(calls, windows, None).rows()}
     per_rank = []
     for rank in (0, 1):
         events = in_steps(raw(rank))

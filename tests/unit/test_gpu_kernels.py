@@ -1,6 +1,6 @@
-"""The Kineto and the nsys parser classify a kernel name alike (analysis/gpu_kernels.py, their one home), by HTA's
-rule: the expected kinds are HTA 0.5's (hta/utils/utils.py: a communication kernel matches `^nccl.*Kernel`, memory
-`^Memcpy|^Memset|^dma`, computation is neither of those nor `Sync`), worked out by hand for each name."""
+"""The Kineto and the nsys parser classify a kernel name alike (analysis/parsers/gpu_kernels.py, their one home), by
+HTA's rule: the expected kinds are HTA 0.5's (hta/utils/utils.py: a communication kernel matches `^nccl.*Kernel`,
+memory `^Memcpy|^Memset|^dma`, computation is neither of those nor `Sync`), worked out by hand for each name."""
 import pytest
 
 from analysis.parsers import kineto, nsys

@@ -123,16 +123,15 @@ def test_any_damage_to_any_input_gives_a_report_and_changes_no_input(pristine, t
     one file damaged."""
     from unittest import mock
 
-    from analysis import report_sections
-    from analysis.report import build_report
+    from analysis.report import build_report, sections
 
     what, fn = damage
-    with tempfile.TemporaryDirectory() as tmp, mock.patch.object(report_sections, "_plot", lambda *a: b""):
+    with tempfile.TemporaryDirectory() as tmp, mock.patch.object(sections, "_plot", lambda *a: b""):
         work = _damaged_copy(pristine, Path(tmp), target, fn, inside_gzip and target.endswith(".gz"))
         before = _snapshot(work)
         rep = build_report([(None, str(work / i)) for i in INPUTS])
         assert len(rep.runs) == len(INPUTS), (target, what)
-        cells = [c for b in report_sections.report_blocks(rep) if b.kind == "table" for row in b.rows for c in row]
+        cells = [c for b in sections.report_blocks(rep) if b.kind == "table" for row in b.rows for c in row]
         absurd = [c for c in cells if ABSURD.search(f"| {c} |")]
         # Values outside physical sense are dropped, never shown as results.
         assert not absurd, (target, what, absurd)
@@ -167,7 +166,7 @@ def test_the_command_line_renders_damaged_inputs_and_writes_only_its_outputs(pri
 def test_a_coloured_log_reads_as_the_plain_one(tmp_path):
     """Every line wrapped in colour escapes (a logger writing to a terminal, then tee'd): it was not recognised."""
     from analysis.parsers.megatron_log import parse_megatron_log
-    from analysis.recognize import classify
+    from analysis.parsers.recognize import classify
 
     plain = FOREIGN["megatron/megatron.log"].read_bytes()
     coloured = tmp_path / "coloured.log"
@@ -188,7 +187,7 @@ def test_a_log_behind_nul_filler_or_garbage_is_read_with_a_warning(tmp_path, hea
     """A crashed node's file system leaves NUL blocks; a log with them (or garbage) at its start was skipped whole
     as binary."""
     from analysis.parsers.megatron_log import parse_megatron_log
-    from analysis.recognize import classify
+    from analysis.parsers.recognize import classify
 
     damaged = tmp_path / "train.log"
     damaged.write_bytes(head + FOREIGN["megatron/megatron.log"].read_bytes())
@@ -240,7 +239,7 @@ def test_a_step_longer_than_a_week_is_no_measurement(tmp_path):
 def test_an_infinite_loss_is_a_diverged_step_not_a_senseless_number(tmp_path):
     """inf and NaN are what a diverging run prints: counted by the curves, never dropped as impossible; a finite loss
     past float32's range is dropped."""
-    from analysis import curves as C
+    from analysis.analyzers import curves as C
     from analysis.parsers.megatron_log import parse_megatron_log
 
     text = FOREIGN["megatron/megatron.log"].read_text()
@@ -274,7 +273,7 @@ def test_a_calibrated_plan_with_an_infinite_bandwidth_is_read(tmp_path):
 
 def test_short_escapes_and_mostly_nul_binaries(tmp_path):
     from analysis.parsers._text import clean_text
-    from analysis.recognize import classify
+    from analysis.parsers.recognize import classify
 
     assert clean_text("\x1b(B\x1b[mtext\x1b7\x1b=\x1b[1;31m red\x1b[0m\n")[0] == "text red\n"  # tput sgr0, ESC 7, ESC =
     db = tmp_path / "cache.db"

@@ -5,7 +5,8 @@ import sys
 from tests.conftest import REPO
 
 TORCH_FREE = ("launch.config.resolve, launch.plan.build, launch.commands.cli, launch.config.backends, launch.run.checkpoints, launch.commands.export, "
-              "launch.commands.plan, launch.comm.commbench_spec, analysis.runs, analysis.comm_plot, analysis.report, analysis.analyze")
+              "launch.commands.plan, launch.comm.commbench_spec, analysis.parsers.runs, "
+              "analysis.parsers.commbench, analysis.report.render, analysis.report.data, analysis.__main__")
 HEAVY = ("torch", "deepspeed", "megatron", "transformers")
 
 

@@ -1,4 +1,4 @@
-"""Kineto trace parser and the HTA-compatible analyses (analysis.parsers.kineto, analysis.trace_analysis).
+"""Kineto trace parser and the HTA-compatible analyses (analysis.parsers.kineto, analysis.analyzers.trace_analysis).
 
 Expected HTA numbers were produced once with HolisticTraceAnalysis 0.5.0 (pandas 3.1.1) in a
 throwaway venv, never a project dependency:
@@ -23,8 +23,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from analysis import trace_analysis as ta
-from analysis.gpu_kernels import kernel_collective, kernel_kind
+from analysis.analyzers import trace_analysis as ta
+from analysis.parsers.gpu_kernels import kernel_collective, kernel_kind
 from analysis.parsers.kineto import COLUMNS, parse_kineto, parse_kineto_ranks
 from analysis.parsers.kineto_args import cpu_collective
 from analysis.table import Table
@@ -271,7 +271,7 @@ def test_exposed_communication_is_comm_minus_overlap(sampled):
         assert r["exposed_us"] == r["comm_time_us"] - r["overlapped_us"] >= 0
         if r["collective"] == "all":
             assert r["comm_time_us"] == overlap[r["rank"]]["comm_time_us"]
-            assert r["overlapped_us"] == overlap[r["rank"]]["overlap_time_us"]
+            assert r["overlapped_us"] == overlap[r["rank"]]["overlapped_us"]
     per_coll = [r for r in exposed.rows() if r["rank"] == 0 and r["collective"] != "all"]
     assert {r["collective"] for r in per_coll} == {"all_gather", "all_reduce", "all_to_all"}
 

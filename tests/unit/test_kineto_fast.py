@@ -22,7 +22,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from analysis import trace_analysis as ta
+from analysis.analyzers import trace_analysis as ta
 from analysis.parsers import kineto, kineto_source
 from analysis.parsers.kineto import parse_kineto
 from tests.unit.test_kineto import _SMALL, _event, _modern_trace

@@ -124,7 +124,7 @@ def test_our_run_directory_with_plan_and_traces(tmp_path):
 
 
 def test_prediction_compares_the_gradient_reduction_either_way_it_runs(tmp_path):
-    from analysis.report_data import prediction_rows as _prediction
+    from analysis.report.data import prediction_rows as _prediction
     from analysis.table import Table
 
     run = make_run_dir(tmp_path / "runs")  # ZeRO-2: the plan reduce-scatters, DeepSpeed on gloo all-reduces
@@ -279,15 +279,14 @@ def test_dollar_signs_in_labels_and_paths_are_drawn_as_written(tmp_path):
 
 
 def test_memory_plot_numbers_runs_whose_labels_share_a_prefix(tmp_path, monkeypatch):
-    from analysis import report_plots
-    from analysis.report import report_blocks
+    from analysis.report import plots, report_blocks
 
     a = make_run_dir(tmp_path / "runs", "20260101-000000", traces=False)
     b = make_run_dir(tmp_path / "runs", "20260101-000001", traces=False)
     rep = build_report([(None, a), (None, b)])
     assert [r.label for r in rep.runs] == ["tiny_zero2/20260101-000000", "tiny_zero2/20260101-000001"]
     figures = []
-    monkeypatch.setattr(report_plots, "_png", lambda fig: figures.append(fig) or b"")
+    monkeypatch.setattr(plots, "_png", lambda fig: figures.append(fig) or b"")
     report_blocks(rep)
     (mem,) = [f for f in figures if f.axes[0].get_ylabel() == "peak memory, GiB"]
     ax = mem.axes[0]

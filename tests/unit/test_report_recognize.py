@@ -1,4 +1,4 @@
-"""analysis.recognize: every kind of file is told by its content, on renamed copies of the real fixtures;
+"""analysis.parsers.recognize: every kind of file is told by its content, on renamed copies of the real fixtures;
 analysis.parsers.metrics reads our own JSONL (all ranks) into one table."""
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from analysis.parsers import metrics as metrics_parser
-from analysis.recognize import classify, group_runs, recognize
+from analysis.parsers.recognize import classify, group_runs, recognize
 from analysis.report import build_report
 from tests.unit.report_support import (
     ALCF,

@@ -1,5 +1,5 @@
 """The report's data: every run analysed and the findings across runs (`build_report` -> `Report`), computed before
-anything is rendered (analysis.report_sections turns it into blocks, analysis.report_render writes them)."""
+anything is rendered (analysis.report.sections turns it into blocks, analysis.report.render writes them)."""
 from __future__ import annotations
 
 import os
@@ -8,20 +8,42 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from analysis import analyze as A
-from analysis import comm_tables as CT
-from analysis import curves as C
-from analysis import doctor as D
-from analysis import trace_analysis as ta
-from analysis.collectives import REDUCTIONS, group_size_hint
+from analysis.analyzers import comm_tables as CT
+from analysis.analyzers import curves as C
+from analysis.analyzers import doctor as D
+from analysis.analyzers import trace_analysis as ta
+from analysis.analyzers.breakdown import (
+    exposed_by_collective,
+    kernel_diff,
+    nsys_stats_totals,
+    stragglers,
+    time_breakdown,
+)
+from analysis.analyzers.ceilings import ceiling_curves, nccl_ceilings
+from analysis.analyzers.collective_calls import (
+    collective_bandwidth,
+    collective_calls,
+    collectives_vs_layout,
+    expected_from_resolved,
+)
+from analysis.analyzers.collectives import REDUCTIONS, group_size_hint
+from analysis.analyzers.memory import memory_from_deepspeed, memory_from_megatron, memory_from_metrics, memory_vs_plan
+from analysis.analyzers.steps import (
+    measured_step_times,
+    run_boundaries,
+    step_statistics,
+    steps_from_deepspeed,
+    steps_from_megatron,
+    steps_from_metrics,
+    steps_from_tensorboard,
+)
+from analysis.analyzers.timers import framework_timers
 from analysis.parsers.nccl_tests import parse_nccl_tests
-from analysis.recognize import group_runs, recognize
-from analysis.runs import Run, load_run
+from analysis.parsers.recognize import group_runs, recognize
+from analysis.parsers.runs import Run, load_run
 from analysis.table import Table
 
 MAX_WARNINGS_SHOWN = 30
-
-
 
 
 @dataclass
@@ -37,16 +59,17 @@ class RunResult:
     calls: Table | None = None
     bandwidth: Table | None = None
     ceilings: Table | None = None
+    # (op, file, busbw-vs-size curve) of each nccl-tests sweep (analysis.analyzers.ceilings.ceiling_curves)
     ceiling_curves: list[tuple[str, str, list[tuple[float, float]]]] = field(default_factory=list)
     vs_layout: Table | None = None
     stragglers: Table | None = None
     timers: list[Table] = field(default_factory=list)
     nsys_totals: list[Table] = field(default_factory=list)
     prediction: list[dict[str, Any]] = field(default_factory=list)
-    curves: Table | None = None  # loss, grad norm, lr, loss scale per step (analysis.curves)
+    curves: Table | None = None  # loss, grad norm, lr, loss scale per step (analysis.analyzers.curves)
     validation: list[C.ValidationPoint] = field(default_factory=list)
-    boundaries: list[str] = field(default_factory=list)  # where a log holds several runs (analyze.run_boundaries)
-    nccl_rows: list[Table] = field(default_factory=list)  # each nccl-tests file, per size (analysis.comm_tables)
+    boundaries: list[str] = field(default_factory=list)  # where a log holds several runs (steps.run_boundaries)
+    nccl_rows: list[Table] = field(default_factory=list)  # each nccl-tests file, per size (comm_tables)
     transports: list[Table] = field(default_factory=list)  # each NCCL_DEBUG log, per rank pair
     kernel_types: Table | None = None  # HTA's kernel-type breakdown, per rank (GPU traces)
     notes: list[str] = field(default_factory=list)
@@ -170,7 +193,7 @@ def _steps(run: Run, layout: dict[str, Any]) -> tuple[Table | None, str, str]:
         formula = (f"MFU = tokens/s/device x {fpt:,.0f} FLOP/token / {peak / 1e12:g} TFLOP/s ({m.get('hardware_profile')} "
                    f"{m.get('dtype')} peak, meta of {first}); FLOP/token: {m.get('flops_formula')}"
                    if peak and fpt else "unknown: the meta record lacks flops_per_token or the peak")
-        return A.steps_from_metrics(run.metrics), formula, f"meta of {first}: warmup_steps={m.get('warmup_steps')}"
+        return steps_from_metrics(run.metrics), formula, f"meta of {first}: warmup_steps={m.get('warmup_steps')}"
     peak, dtype_note = None, ""
     if run.hardware is not None:
         dtype = layout.get("dtype")
@@ -178,7 +201,7 @@ def _steps(run: Run, layout: dict[str, Any]) -> tuple[Table | None, str, str]:
             dtype, dtype_note = "bf16", "; the log names no dtype, bf16 assumed"
         peak = run.hardware.peak_flops(dtype)
     for log in _megatron_first(run):
-        t = A.steps_from_megatron(log, peak_flops=peak)
+        t = steps_from_megatron(log, peak_flops=peak)
         if _timed(t):
             if peak:
                 formula = (f"MFU = the log's TFLOP/s/GPU / {peak / 1e12:g} TFLOP/s ({run.hardware.name} "
@@ -189,11 +212,11 @@ def _steps(run: Run, layout: dict[str, Any]) -> tuple[Table | None, str, str]:
                            "(and the log must print TFLOP/s/GPU)")
             return t, formula, ""
     for log in run.deepspeed:
-        t = A.steps_from_deepspeed(log)
+        t = steps_from_deepspeed(log)
         if _timed(t):
             return t, "unknown: DeepSpeed's step lines carry no FLOP count", ""
     for tb in run.tensorboard:
-        t = A.steps_from_tensorboard(tb)
+        t = steps_from_tensorboard(tb)
         if _timed(t):
             return t, "unknown: TensorBoard step times carry no FLOP count", ""
     return None, "", ""
@@ -235,16 +258,16 @@ def _unused_logs(run: Run, res: RunResult) -> list[str]:
 
 
 _STEPS_FROM: dict[str, Callable[[Table], Table]] = {
-    "megatron_log": A.steps_from_megatron, "deepspeed_log": A.steps_from_deepspeed,
-    "tensorboard": A.steps_from_tensorboard}
+    "megatron_log": steps_from_megatron, "deepspeed_log": steps_from_deepspeed,
+    "tensorboard": steps_from_tensorboard}
 _MEMORY_FROM: dict[str, Callable[[Table], Table]] = {
-    "megatron_log": A.memory_from_megatron, "deepspeed_log": A.memory_from_deepspeed}
+    "megatron_log": memory_from_megatron, "deepspeed_log": memory_from_deepspeed}
 
 
 def _memory(run: Run, device_memory_bytes: int | None) -> Table | None:
     mem = None
     if run.metrics is not None and len(run.metrics):
-        mem = A.memory_from_metrics(run.metrics)
+        mem = memory_from_metrics(run.metrics)
     else:
         for log in [*_megatron_first(run), *run.deepspeed]:
             t = _MEMORY_FROM[log.name](log)
@@ -257,7 +280,7 @@ def _memory(run: Run, device_memory_bytes: int | None) -> Table | None:
     if dev is None and run.hardware is not None and run.plan is None:
         dev, dev_src = run.hardware.memory_bytes, run.hardware_source or run.hardware.name
     reason = "none (foreign run: no plan)" if not run.run_dir else "none (no plan.json and no readable resolved.json)"
-    return A.memory_vs_plan(mem, run.plan, plan_source=run.plan_source or "", device_memory_bytes=dev,
+    return memory_vs_plan(mem, run.plan, plan_source=run.plan_source or "", device_memory_bytes=dev,
                             device_source=dev_src, no_plan_reason=reason)
 
 
@@ -302,22 +325,6 @@ def prediction_rows(run: Run, res: RunResult) -> list[dict[str, Any]]:
     return rows
 
 
-def _ceiling_curves(tables: Sequence[Table]) -> list[tuple[str, str, list[tuple[float, float]]]]:
-    """(op, file, [(size, busbw)]) per collective of each nccl-tests table (comm_plot's best-of-placements
-    series)."""
-    out = []
-    if not tables:  # comm_plot's imports (the commbench schema) cost a trace-only run (doctor) 25 ms
-        return out
-    from analysis.comm_plot import busbw_series
-
-    for t in tables:
-        for op in sorted({r["op"] for r in t.rows() if r["op"]}):
-            sizes, bw = busbw_series(t, op)
-            if sizes:
-                out.append((op, t.source, list(zip(sizes, bw))))
-    return out
-
-
 def analyze_run(run: Run, *, ceilings: Sequence[Table] | None = None, ceiling_source: str = "",
                 device_memory_bytes: int | None = None) -> RunResult:
     """Every analyzer that the run's files allow."""
@@ -326,30 +333,30 @@ def analyze_run(run: Run, *, ceilings: Sequence[Table] | None = None, ceiling_so
     steps, formula, warm_from = _steps(run, layout)
     if steps is not None:
         res.steps = steps
-        res.stats = A.step_statistics(steps, mfu_formula=formula, warmup_from=warm_from)
-        res.step_times = A.measured_step_times(steps, res.stats)
+        res.stats = step_statistics(steps, mfu_formula=formula, warmup_from=warm_from)
+        res.step_times = measured_step_times(steps, res.stats)
     res.memory = _memory(run, device_memory_bytes)
     ceil_tables = list(ceilings) if ceilings is not None else run.nccl_tests
     if ceil_tables:
-        res.ceilings = A.nccl_ceilings(ceil_tables)
-        res.ceiling_curves = _ceiling_curves(ceil_tables)
+        res.ceilings = nccl_ceilings(ceil_tables)
+        res.ceiling_curves = ceiling_curves(ceil_tables)
     if run.trace is not None and len(run.trace):
         tr = run.trace
-        res.breakdown = A.time_breakdown(tr)
-        res.exposed = A.exposed_by_collective(tr)
+        res.breakdown = time_breakdown(tr)
+        res.exposed = exposed_by_collective(tr)
         if _has_gpu(tr):
             res.kernel_types = ta.kernel_type_breakdown(tr)
-        res.stragglers = A.stragglers(tr, threshold_pct=D.STRAGGLER_PCT)
+        res.stragglers = stragglers(tr, threshold_pct=D.STRAGGLER_PCT)
         n, n_from = group_size_hint(tr, {k: layout[k] for k in ("tp", "pp", "dp") if layout.get(k)})
-        res.calls = A.collective_calls(tr, group_size=n, group_size_from=n_from)
-        res.bandwidth = A.collective_bandwidth(
+        res.calls = collective_calls(tr, group_size=n, group_size_from=n_from)
+        res.bandwidth = collective_bandwidth(
             res.calls, ta.window_steps(tr), res.ceilings,
             no_ceiling_reason=("no nccl-tests output in the run (commbench/) and no ceiling= given"))
         if run.resolved is not None:
-            res.vs_layout = A.collectives_vs_layout(res.bandwidth, A.expected_from_resolved(run.resolved),
+            res.vs_layout = collectives_vs_layout(res.bandwidth, expected_from_resolved(run.resolved),
                                                     expected_source=run.resolved_source or "resolved.json")
         if run.trace_from == "nsys":
-            res.notes.append(f"time breakdown from Nsight Systems exports via analysis.nsys_adapter; ranks: "
+            res.notes.append(f"time breakdown from Nsight Systems exports via analysis.parsers.nsys_adapter; ranks: "
                              f"{tr.meta.get('rank_from')}")
             # An nsys rank without GPU activity in the window would fall back to the CPU-op basis, which has
             # no meaning for CUDA API and NVTX rows: leave it out and say so.
@@ -366,14 +373,14 @@ def analyze_run(run: Run, *, ceilings: Sequence[Table] | None = None, ceiling_so
     for log in [*run.megatron, *run.deepspeed]:
         if any(r["kind"] == "timer" for r in log.rows()):
             own = res.steps is not None and res.steps.source == log.source
-            t = A.framework_timers(log, measured if own else None)
+            t = framework_timers(log, measured if own else None)
             if len(t):
                 res.timers.append(t)
-    res.nsys_totals = [t for t in (A.nsys_stats_totals(s) for s in run.nsys_stats) if len(t)]
+    res.nsys_totals = [t for t in (nsys_stats_totals(s) for s in run.nsys_stats) if len(t)]
     res.prediction = prediction_rows(run, res)
     res.curves = _curves(run)
     res.validation = [v for log in run.megatron for v in C.validation_points(log)]
-    res.boundaries = [b for log in [*run.megatron, *run.deepspeed] for b in A.run_boundaries(log)]
+    res.boundaries = [b for log in [*run.megatron, *run.deepspeed] for b in run_boundaries(log)]
     res.nccl_rows = [t for t in (CT.nccl_tests_rows(n) for n in run.nccl_tests) if len(t)]
     res.transports = [t for t in (CT.transports(d) for d in run.nccl_debug) if len(t)]
     res.unused = _unused_logs(run, res)
@@ -403,7 +410,7 @@ def curve_pairs(results: Sequence[RunResult]) -> list[CurvePair]:
 CPU_BASIS = ("compute = CPU ops on the training thread(s) (those holding the ProfilerStep annotations), less "
               "the time inside collective calls; communication = collective calls (c10d::*, record_param_comms, "
               "nccl:*/gloo:*) on any thread; idle = ProfilerStep window with neither; overlap = communication "
-              "time during which the training thread computes (analysis.trace_analysis)")
+              "time during which the training thread computes (analysis.analyzers.trace_analysis)")
 
 
 def _overlap_allowed(layout: dict[str, Any], run: Run) -> tuple[bool | None, str]:
@@ -477,7 +484,7 @@ def build_report(inputs: Sequence[tuple[str | None, str | os.PathLike[str]]], *,
     gpu_runs = [r for r in results if _has_gpu(r.run.trace)]
     if len(gpu_runs) >= 2:
         a, b = gpu_runs[:2]
-        diff = A.kernel_diff(a.run.trace, b.run.trace)
+        diff = kernel_diff(a.run.trace, b.run.trace)
         note = f"{b.label} minus {a.label}, per profiled rank-step (trace_analysis.kernel_diff normalize='per_step')"
     elif gpu_runs:
         note = f"needs two runs whose traces hold GPU kernels; only {gpu_runs[0].label}'s do: no kernel-level diff"

@@ -1,6 +1,6 @@
 """Present an Nsight Systems timeline (analysis.parsers.nsys) as a Kineto-shaped table.
 
-`analysis.trace_analysis` computes HTA's temporal breakdown, overlap, exposed communication,
+`analysis.analyzers.trace_analysis` computes HTA's temporal breakdown, overlap, exposed communication,
 collective counts and stragglers from a Kineto table. An nsys export holds the same facts under
 other names, so instead of a second implementation this module renames them:
 
@@ -13,7 +13,7 @@ other names, so instead of a second implementation this module renames them:
 | name            | as in nsys, except an NVTX range that names a step ('step 3', 'iteration 3',    |
 |                 | 'ProfilerStep#3') becomes 'ProfilerStep#3', the name trace_analysis scopes by   |
 | ts_us, dur_us   | start_ns / 1000, dur_ns / 1000 (exact: no HTA rounding, meta ts_float False)    |
-| kind            | nsys's kind: HTA's rule from analysis.gpu_kernels, the Kineto parser's own       |
+| kind            | nsys's kind: HTA's rule from analysis.parsers.gpu_kernels, the Kineto parser's own       |
 |                 | (^nccl.*Kernel communication, memcpy/memset memory, Sync other, the rest compute) |
 | collective      | nsys's collective (all_reduce, all_gather, reduce_scatter, send_recv, ...)      |
 | correlation,    | CUPTI correlation id and the launching call's start: trace_analysis keeps a GPU |

@@ -1,4 +1,4 @@
-"""Load what `analysis.recognize` found for one run into parsed tables (the only stage that reads files).
+"""Load what `analysis.parsers.recognize` found for one run into parsed tables (the only stage that reads files).
 
 Nothing here analyses: a `Run` holds the parser tables, our resolved config and plan when the run is
 ours, the files used and skipped, and every warning the parsers raised (truncated or corrupt inputs
@@ -13,7 +13,6 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from analysis.nsys_adapter import as_kineto
 from analysis.parsers.deepspeed_log import parse_deepspeed_log
 from analysis.parsers.kineto import parse_kineto_ranks
 from analysis.parsers.megatron_log import parse_megatron_log
@@ -21,9 +20,10 @@ from analysis.parsers.metrics import parse_metrics
 from analysis.parsers.nccl_debug import parse_nccl_debug
 from analysis.parsers.nccl_tests import parse_nccl_tests
 from analysis.parsers.nsys import parse_nsys_sqlite
+from analysis.parsers.nsys_adapter import as_kineto
 from analysis.parsers.nsys_stats import parse_nsys_stats_csv
+from analysis.parsers.recognize import RunFiles
 from analysis.parsers.tensorboard import parse_tensorboard
-from analysis.recognize import RunFiles
 from analysis.table import Table
 from launch import sense
 
@@ -190,7 +190,7 @@ def load_run(rf: RunFiles, *, hardware: Any = None, hardware_source: str = "") -
     if not run.nccl_tests and rf.of("commbench_json"):
         # Only when no nccl-tests text is there: commbench writes every result twice (text and JSON). Imported
         # here: the commbench schema costs a run without commbench results (doctor on a trace) 50 ms.
-        from analysis.comm_plot import commbench_table
+        from analysis.parsers.commbench import commbench_table
         from launch.comm.commbench_spec import read_result
 
         for p in rf.of("commbench_json"):

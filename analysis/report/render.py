@@ -1,5 +1,5 @@
 """The report's two renderers: Markdown with PNG figures beside it, and one self-contained HTML file; both write the
-blocks of analysis.report_sections, escaping every string read from logs and traces."""
+blocks of analysis.report.sections, escaping every string read from logs and traces."""
 from __future__ import annotations
 
 import base64
@@ -8,8 +8,8 @@ import os
 from pathlib import Path
 from typing import Any, Iterable
 
-from analysis.report_data import Report
-from analysis.report_sections import report_blocks
+from analysis.report.data import Report
+from analysis.report.sections import report_blocks
 from launch.errors import printable
 
 # ---- Markdown

@@ -1,5 +1,5 @@
 """How a collective call is counted and sized, defined once for the library (trace_analysis) and the
-report (analyze), so that the two cannot disagree on a trace.
+report (analysis.analyzers.collective_calls), so that the two cannot disagree on a trace.
 
 - `NCCL_TESTS_OP` (from launch.comm.nccl_format, its one home): our collective names (the `collective` column of
   analysis.parsers.kineto) -> nccl-tests op names, the names `bus_factor` knows.

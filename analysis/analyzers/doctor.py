@@ -10,11 +10,11 @@ thresholds. Rules and thresholds:
                        expected, SHM where P2P was expected); its 'info' findings are kept as info
   mismatched_runs      compared runs differ in global batch size or sequence length
   extra_collectives    a collective type runs >= 1 call per layer per step more than the layout
-                       explains (analysis.analyze.expected_collectives)
+                       explains (analysis.analyzers.collective_calls.expected_collectives)
   no_overlap           the layout lets communication overlap compute (dp > 1, ZeRO-3 or pp > 1;
                        assumed for foreign traces) yet < 30% of communication overlaps and exposed
                        communication is >= 10% of the measured span (median over ranks)
-  straggler            analysis.trace_analysis.stragglers flags a rank (> 10% slower steps, or
+  straggler            analysis.analyzers.trace_analysis.stragglers flags a rank (> 10% slower steps, or
                        > 10% of a step less waiting in collectives than the others)
   idle_device          idle >= 20% of the measured span on some rank (GPU: no kernel running; CPU
                        basis: the training thread neither computes nor waits in a collective)

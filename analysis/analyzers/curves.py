@@ -17,6 +17,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping
 
+from analysis.analyzers._numbers import finite
 from analysis.table import Table
 
 CURVE_COLUMNS = {
@@ -35,13 +36,9 @@ TB_TAGS = {"train/loss": "loss", "lm loss": "loss", "train/lr": "lr", "learning-
            "train/grad_norm": "grad_norm", "grad-norm": "grad_norm", "loss-scale": "loss_scale"}
 
 
-def _finite(x: Any) -> float | None:
-    return float(x) if isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) else None
-
-
 def _row(step: Any, source: str, **values: Any) -> dict[str, Any]:
     row = {c: None for c in CURVE_COLUMNS}
-    row.update({k: _finite(v) if k != "skipped" else v for k, v in values.items()}, step=step, source=source)
+    row.update({k: finite(v) if k != "skipped" else v for k, v in values.items()}, step=step, source=source)
     row["_bad_loss"] = isinstance(values.get("loss"), float) and not math.isfinite(values["loss"])
     return row
 
@@ -81,7 +78,7 @@ def curves_from_tensorboard(tb: Table) -> Table:
         if col is None or r["step"] is None:  # a step dropped as senseless places the value nowhere
             continue
         row = by_step.setdefault(r["step"], _row(r["step"], f"{tb.source}: {r['run']}/{r['file']}"))
-        row[col] = _finite(r["value"])
+        row[col] = finite(r["value"])
         if col == "loss" and isinstance(r["value"], float) and not math.isfinite(r["value"]):
             row["_bad_loss"] = True
     return _table(by_step.values(), tb.source, tb.warnings)
@@ -92,10 +89,10 @@ def curves_from_deepspeed(log: Table) -> Table:
     for r in log.rows():
         if r["kind"] == "pipe_step" and r["step"] is not None:
             row = by_step.setdefault(r["step"], _row(r["step"], f"{log.source}:{r['line']}"))
-            row["loss"] = _finite(r["loss"])
+            row["loss"] = finite(r["loss"])
             row["_bad_loss"] = isinstance(r["loss"], float) and not math.isfinite(r["loss"])
         elif r["kind"] == "step" and r["step"] is not None and r.get("lr") is not None:
-            by_step.setdefault(r["step"], _row(r["step"], f"{log.source}:{r['line']}"))["lr"] = _finite(r["lr"])
+            by_step.setdefault(r["step"], _row(r["step"], f"{log.source}:{r['line']}"))["lr"] = finite(r["lr"])
     return _table(by_step.values(), log.source, log.warnings)
 
 
@@ -115,7 +112,7 @@ def validation_points(log: Table) -> list[ValidationPoint]:
         if r["kind"] != "validation":
             continue
         ppl = next((v for k, v in (r["extra"] or {}).items() if " ".join(k.lower().split()) == "lm loss ppl"), None)
-        out.append(ValidationPoint(r["iteration"], r["name"], _finite(r["lm_loss"]), _finite(ppl),
+        out.append(ValidationPoint(r["iteration"], r["name"], finite(r["lm_loss"]), finite(ppl),
                                    f"{log.source}:{r['line']}"))
     return out
 

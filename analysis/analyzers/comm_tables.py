@@ -1,6 +1,6 @@
 """What the communication files say, as the report lists it: nccl-tests rows per message size (out-of-place and
 in-place side by side, with the run's rank count), and the transports NCCL_DEBUG shows per rank pair, so that a
-healthy run shows that it is healthy. Computing only; analysis/report.py renders.
+healthy run shows that it is healthy. Computing only; analysis/report/ renders.
 """
 from __future__ import annotations
 

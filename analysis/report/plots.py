@@ -1,4 +1,5 @@
-"""The report's figures, drawn with matplotlib's object API (no pyplot state) and returned as PNG bytes.
+"""The report's figures, drawn with matplotlib's object API (no pyplot state) and returned as PNG bytes, and the
+busbw-vs-size plot of `python -m analysis busbw` (`busbw_plot`, written to a PNG file).
 
 Each function takes plain numbers already computed by the analyzers; none reads a file or computes
 a statistic beyond placing points.
@@ -6,10 +7,13 @@ a statistic beyond placing points.
 from __future__ import annotations
 
 import io
+from pathlib import Path
 from typing import Mapping, Sequence
 
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
+
+from analysis.analyzers.ceilings import Panel
 
 _COLORS = ("#4C72B0", "#DD8452", "#55A868", "#C44E52", "#8172B3", "#937860", "#DA8BC3", "#8C8C8C", "#CCB974",
            "#64B5CD")
@@ -142,7 +146,6 @@ def busbw_vs_size(points: Sequence[tuple[str, Sequence[tuple[float, float]]]],
     return _png(fig)
 
 
-
 def training_curves(series: Sequence[tuple[str, Sequence[int], Mapping[str, Sequence[float | None]]]]) -> bytes:
     """Three panels side by side — loss, gradient norm, learning rate — against the step, one line per run;
     a missing value leaves a gap."""
@@ -159,3 +162,67 @@ def training_curves(series: Sequence[tuple[str, Sequence[int], Mapping[str, Sequ
         ax.grid(alpha=0.3)
     axes[0].legend(fontsize=7)
     return _png(fig)
+
+
+# ------------------------------------------------------------------------ busbw vs size (python -m analysis busbw)
+
+_PLACEMENT_TITLES = {"median": "median of both placements", "out-of-place": "out-of-place",
+                     "in-place": "in-place"}
+
+
+def busbw_plot(panels: Sequence[Panel], *, nominal_GBps: float | None = None, out_png: str | Path,
+               placement: str = "median", title: str | None = None) -> Path:
+    """Draw bus bandwidth vs message size (log x), one panel per collective and one line per table, from
+    analysis.analyzers.ceilings.busbw_panels; NVIDIA nccl-tests' lines dashed, the nominal link busbw as a dashed
+    reference. Writes `out_png` and returns its path."""
+    from matplotlib import rcParams
+    from matplotlib.ticker import FuncFormatter, LogLocator
+
+    if not panels:
+        raise ValueError("busbw_plot: no collective to draw")
+    cols = min(3, len(panels))
+    rows = -(-len(panels) // cols)
+    fig = Figure(figsize=(5.2 * cols, 3.9 * rows))
+    FigureCanvasAgg(fig)
+    axes = fig.subplots(rows, cols, squeeze=False)
+    colors = rcParams["axes.prop_cycle"].by_key()["color"]
+    handles: dict[str, object] = {}
+    for ax, (op, lines) in zip(axes.flat, panels):
+        for i, label, curve in lines:
+            style = "--" if "nccl-tests" in label else "-"
+            (line,) = ax.plot([s for s, _ in curve], [b for _, b in curve], style, marker="o", markersize=3,
+                              linewidth=1.6, color=colors[i % len(colors)])
+            handles.setdefault(label, line)
+        if nominal_GBps:
+            ax.axhline(nominal_GBps, color="0.35", linestyle=(0, (4, 3)), linewidth=1.2)
+            ax.annotate(f"nominal {nominal_GBps:g} GB/s", (0.02, nominal_GBps), xycoords=("axes fraction", "data"),
+                        textcoords="offset points", xytext=(0, 3), fontsize=8, color="0.3")
+        ax.set_xscale("log", base=2)
+        ax.xaxis.set_major_locator(LogLocator(base=2, numticks=8))
+        ax.xaxis.set_major_formatter(FuncFormatter(lambda x, _pos: _bytes(x)))
+        ax.set_ylim(bottom=0, top=max(ax.get_ylim()[1], (nominal_GBps or 0) * 1.12))
+        ax.set_title(plain_text(op), fontsize=11)
+        ax.set_xlabel("message size")
+        ax.set_ylabel("busbw (GB/s)")
+        ax.grid(True, which="major", alpha=0.3)
+        ax.tick_params(labelsize=8)
+    for ax in list(axes.flat)[len(panels):]:
+        ax.set_visible(False)
+    fig.suptitle(plain_text(title) if title else
+                 f"bus bandwidth vs message size ({_PLACEMENT_TITLES.get(placement, placement)}; dashed reference: "
+                 f"nominal link busbw)", fontsize=12)
+    fig.legend(list(handles.values()), [plain_text(h) for h in handles], loc="lower center",
+               ncol=min(3, len(handles)), fontsize=9, frameon=False, bbox_to_anchor=(0.5, 0.0))
+    legend_rows = -(-len(handles) // 3)
+    fig.tight_layout(rect=(0, 0.045 * legend_rows + 0.02, 1, 0.95))
+    out = Path(out_png)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=130)
+    return out
+
+
+def _bytes(x: float) -> str:
+    for unit, size in (("G", 1 << 30), ("M", 1 << 20), ("K", 1 << 10)):
+        if x >= size:
+            return f"{x / size:g}{unit}"
+    return f"{x:g}"

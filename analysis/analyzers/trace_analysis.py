@@ -46,7 +46,7 @@ import weakref
 from collections import Counter, defaultdict
 from typing import Any, Iterable, Mapping
 
-from analysis.collectives import (
+from analysis.analyzers.collectives import (
     CPU_LAYERS,
     bus_factor_of,
     gloo_reduce_scatters,
@@ -356,6 +356,14 @@ def window_steps(table: Table, *, include_last_step: bool = False) -> dict[Any, 
     return {rk.rank: {s[2] for s in rk.window_steps} for rk in _ranks(table, include_last_step)}
 
 
+def rank_source(table: Table, rank: Any) -> str:
+    """The file a rank's rows came from (parse_kineto_ranks meta `ranks`), else the table's source."""
+    ranks = table.meta.get("ranks")
+    if isinstance(ranks, Mapping) and rank in ranks:
+        return str(ranks[rank].get("source") or table.source)
+    return table.source
+
+
 def _gc_paused(analysis):
     """Run an analysis with the cyclic garbage collector held off (see kineto.gc_paused): it
     allocates an interval tuple per GPU event and would otherwise trigger collections that walk
@@ -432,8 +440,8 @@ OVERLAP_COLUMNS = {
     "rank": "trainer rank",
     "basis": "gpu_kernels or cpu_ops",
     "comm_time_us": "merged time of communication (kernels, or collective calls within W)",
-    "overlap_time_us": "part of comm_time_us during which computation runs",
-    "overlap_pct": "overlap_time_us / comm_time_us x 100 (HTA's comp_comm_overlap_pctg, unrounded); "
+    "overlapped_us": "part of comm_time_us during which computation runs",
+    "overlap_pct": "overlapped_us / comm_time_us x 100 (HTA's comp_comm_overlap_pctg, unrounded); "
                    "None without communication",
 }
 
@@ -445,7 +453,7 @@ def comm_comp_overlap(table: Table, *, include_last_step: bool = False, hta_roun
     rows = []
     for rk in _ranks(table, include_last_step, hta_rounding):
         comm, overlap, basis = _comm_and_overlap(rk, None)
-        rows.append({"rank": rk.rank, "basis": basis, "comm_time_us": comm, "overlap_time_us": overlap,
+        rows.append({"rank": rk.rank, "basis": basis, "comm_time_us": comm, "overlapped_us": overlap,
                      "overlap_pct": _pct(overlap, comm)})
     return Table.from_rows("comm_comp_overlap", OVERLAP_COLUMNS, rows, source=table.source,
                            meta={"include_last_step": include_last_step, "hta_rounding": hta_rounding})
@@ -619,11 +627,11 @@ COLLECTIVE_COLUMNS = {
     "mean_us": "total_us / count",
     "sized_count": "calls whose message size is known",
     "message_bytes": "sum over the sized calls of their size in nccl-tests' convention "
-                     "(analysis.collectives.nccl_tests_bytes: an all_gather backend annotation sized "
+                     "(analysis.analyzers.collectives.nccl_tests_bytes: an all_gather backend annotation sized "
                      "from its Input Dims, this rank's shard, is scaled by group_size)",
     "group_size": "ranks in the group (most common value among the calls)",
     "group_size_from": "recorded (args, or pg_config by group name); else the rule of "
-                       "analysis.collectives.group_size_hint (only process group | every process group "
+                       "analysis.analyzers.collectives.group_size_hint (only process group | every process group "
                        "has this size | world_size); None when none applies",
     "algbw_GBps": "message_bytes / (summed duration of the sized calls), 1e9 bytes per second",
     "bus_factor": "nccl-tests factor for the collective and group_size: all_reduce 2(n-1)/n; "
