@@ -6,7 +6,7 @@ leaves a cut last line: that line is skipped with a warning naming the file and 
 finished step before it is kept.
 
 `Table.meta`: `ranks` ({rank: the rank's meta record as a dict, plus `file`}), `files`, and the
-fields every rank agrees on (recipe, backend, world, tp, pp, dp, zero_stage, dtype,
+fields every rank agrees on (recipe, backend, world_size, tp, pp, dp, zero_stage, dtype,
 micro_batch_size, global_batch_size, seq_len, tokens_per_step, warmup_steps, flops_per_token,
 flops_formula, peak_flops_per_device, hardware_profile, device); a field the ranks disagree on is
 left out and named in a warning. A resumed run appends a second meta record to each file; the
@@ -58,7 +58,7 @@ _STEP_FIELDS = [f.name for f in fields(StepRecord) if f.name != "kind"]
 COLUMNS: dict[str, str] = {"rank": _DOCS["rank"],
                            **{c: _DOCS.get(c, f"StepRecord.{c} (launch/run/metrics.py)") for c in _STEP_FIELDS},
                            "file": _DOCS["file"], "line": _DOCS["line"]}
-_SHARED_META = ("recipe", "backend", "world", "tp", "pp", "dp", "zero_stage", "dtype", "micro_batch_size",
+_SHARED_META = ("recipe", "backend", "world_size", "tp", "pp", "dp", "zero_stage", "dtype", "micro_batch_size",
                 "global_batch_size", "seq_len", "tokens_per_step", "warmup_steps", "flops_per_token",
                 "flops_formula", "peak_flops_per_device", "hardware_profile", "device")
 _RANK_IN_NAME = re.compile(r"rank[-_]?(\d+)", re.IGNORECASE)

@@ -228,8 +228,8 @@ def _check_grid(run: Run, hardware: Any, hardware_source: str) -> None:
     if run.trace is not None and run.trace.meta.get("world_size") not in (None, g.world):
         said["the traces' distributedInfo"] = f"world_size {run.trace.meta['world_size']}"
     m = run.metrics.meta if run.metrics is not None else {}
-    theirs = {k: m.get(k) for k in ("world", "tp", "pp", "dp") if m.get(k) is not None}
-    ours = {"world": g.world, "tp": g.tp, "pp": g.pp, "dp": g.dp}
+    theirs = {k: m.get(k) for k in ("world_size", "tp", "pp", "dp") if m.get(k) is not None}
+    ours = {"world_size": g.world, "tp": g.tp, "pp": g.pp, "dp": g.dp}
     if any(theirs[k] != ours[k] for k in theirs):
         said[f"the metrics' meta record ({m['files'][0] if m.get('files') else 'metrics'})"] = ", ".join(
             f"{k}={v}" for k, v in theirs.items())

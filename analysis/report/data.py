@@ -122,7 +122,7 @@ def _dtype(text: Any) -> str | None:
 def layout_of(run: Run) -> dict[str, Any]:
     """The run's layout facts and where they came from (resolved.json, metrics meta, or the logs)."""
     keys = ("backend", "tp", "pp", "dp", "zero_stage", "sp", "micro_batch_size", "global_batch_size", "seq_len",
-            "dtype", "world", "hardware")
+            "dtype", "world_size", "hardware")
     out: dict[str, Any] = dict.fromkeys(keys)
     out["source"] = None
     if run.resolved is not None:
@@ -130,14 +130,14 @@ def layout_of(run: Run) -> dict[str, Any]:
         out.update(backend=rc.backend, tp=g.tp, pp=g.pp, dp=g.dp, zero_stage=rc.parallel.zero_stage,
                    sp=rc.parallel.sp, micro_batch_size=rc.batch.micro_batch_size,
                    global_batch_size=rc.batch.global_batch_size, seq_len=rc.batch.seq_len, dtype=rc.precision.dtype,
-                   world=g.world, hardware=run.resolved.hardware.name, source=run.resolved_source)
+                   world_size=g.world, hardware=run.resolved.hardware.name, source=run.resolved_source)
         return out
     if run.metrics is not None and run.metrics.meta.get("ranks"):
         m = run.metrics.meta
         out.update(backend=m.get("backend"), tp=m.get("tp"), pp=m.get("pp"), dp=m.get("dp"),
                    zero_stage=m.get("zero_stage"), micro_batch_size=m.get("micro_batch_size"),
                    global_batch_size=m.get("global_batch_size"), seq_len=m.get("seq_len"), dtype=m.get("dtype"),
-                   world=m.get("world"), hardware=m.get("hardware_profile"),
+                   world_size=m.get("world_size"), hardware=m.get("hardware_profile"),
                    source=f"meta record of {m['files'][0]}" if m.get("files") else "metrics meta")
         return out
     for log in _megatron_first(run):
@@ -150,19 +150,19 @@ def layout_of(run: Run) -> dict[str, Any]:
             out.update(backend="megatron", tp=lay.get("tp"), pp=lay.get("pp"), dp=lay.get("dp"),
                        zero_stage=lay.get("zero_stage"), sp=lay.get("sp"),
                        micro_batch_size=lay.get("micro_batch_size"), global_batch_size=gbs, seq_len=seq,
-                       dtype=_dtype(lay.get("params_dtype")), world=lay.get("world_size"), source=log.source)
+                       dtype=_dtype(lay.get("params_dtype")), world_size=lay.get("world_size"), source=log.source)
             break
     if out["source"] is None:
         for log in run.deepspeed:
             prof = _layout_records(log)
             if prof:
                 p = prof[0]
-                out.update(backend="deepspeed", dp=p["dp"], world=p["world_size"],
+                out.update(backend="deepspeed", dp=p["dp"], world_size=p["world_size"],
                            micro_batch_size=p["micro_batch_size"], source=f"{log.source}:{p['line']}")
                 break
-    if out["world"] is None and run.trace is not None:
-        out["world"] = run.trace.meta.get("world_size")
-        if out["source"] is None and out["world"]:
+    if out["world_size"] is None and run.trace is not None:
+        out["world_size"] = run.trace.meta.get("world_size")
+        if out["source"] is None and out["world_size"]:
             out["source"] = "trace distributedInfo"
     if run.hardware is not None:
         out["hardware"] = run.hardware.name

@@ -13,7 +13,9 @@ from typing import Any, Iterator
 
 from launch import sense
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+# Version 1 named the meta record's world size `world`; it is read as version 2 (the only difference).
+_RENAMED_SINCE = {1: {"world": "world_size"}}
 FLOPS_FORMULA = ("6 × non-embedding parameters (lm_head included) + 12 · layers · heads · head_dim · seq_len "
                  "per token (torchtitan's count); model FLOPs, recomputation not counted")
 
@@ -22,7 +24,7 @@ FLOPS_FORMULA = ("6 × non-embedding parameters (lm_head included) + 12 · layer
 class MetaRecord:
     schema_version: int
     rank: int
-    world: int
+    world_size: int
     tp: int
     pp: int
     dp: int
@@ -109,7 +111,7 @@ def _field_types(cls) -> dict[str, tuple[tuple[type, ...], bool]]:
 _META_TYPES = _field_types(MetaRecord)
 _STEP_TYPES = _field_types(StepRecord)
 # Physical sense: a step is counted from 1 and takes time; a rank, a size or a count is never negative.
-_POSITIVE = {"step": ("step", "step_time_s"), "meta": ("world", "tp", "dp", "tokens_per_step", "micro_batch_size",
+_POSITIVE = {"step": ("step", "step_time_s"), "meta": ("world_size", "tp", "dp", "tokens_per_step", "micro_batch_size",
                                                      "global_batch_size", "seq_len")}
 _NON_NEGATIVE = {"step": ("tokens_per_s", "tokens_per_s_per_device", "tflops_per_device", "mfu",
                           "mem_max_allocated_bytes", "mem_max_reserved_bytes", "rss_max_bytes"),
@@ -117,6 +119,16 @@ _NON_NEGATIVE = {"step": ("tokens_per_s", "tokens_per_s_per_device", "tflops_per
                           "peak_flops_per_device", "flops_per_token")}
 
 _FIGURES = {"step": ("loss", "lr", "grad_norm"), "meta": ()}
+
+
+def _current(record: Any) -> Any:
+    """A meta record of an earlier schema version in this version's names (in place); anything else as it is."""
+    if isinstance(record, dict) and record.get("kind") == "meta" and record.get("schema_version") in _RENAMED_SINCE:
+        for old, new in _RENAMED_SINCE[record["schema_version"]].items():
+            if old in record and new not in record:
+                record[new] = record.pop(old)
+        record["schema_version"] = SCHEMA_VERSION
+    return record
 
 
 def validate(record: Any) -> None:
@@ -190,7 +202,7 @@ def iter_records(path: Path) -> Iterator[tuple[int, dict[str, Any] | None, str |
                 yield n, None, f"{path}:{n}: not a record ({type(e).__name__}: {str(e)[:80]})"
                 continue
             try:
-                validate(rec)
+                validate(_current(rec))
             except MetricsError as e:
                 yield n, None, f"{path}:{n}: {e}"
                 continue

@@ -36,7 +36,7 @@ def test_run_directory_metrics_tensorboard_and_trace(shared_run):
         lines = list(iter_records(root / "metrics" / f"rank{rank}.jsonl"))
         assert all(problem is None for _, _, problem in lines)  # every record validates against the schema
         m = read_metrics(root / "metrics" / f"rank{rank}.jsonl")
-        assert m.meta.rank == rank and m.meta.world == 2 and m.meta.dp == 2 and m.meta.flops_formula
+        assert m.meta.rank == rank and m.meta.world_size == 2 and m.meta.dp == 2 and m.meta.flops_formula
         assert [s.step for s in m.steps] == list(range(1, 11))
         assert [s.warmup for s in m.steps] == [True, True] + [False] * 8
         s = m.steps[-1]

@@ -64,7 +64,7 @@ def make_run_dir(root: Path, name: str = "20260101-000000", *, overrides: Sequen
     tokens = resolved.tokens_per_step
     g = resolved.grid
     for rank in range(resolved.world_size):
-        meta = MetaRecord(schema_version=SCHEMA_VERSION, rank=rank, world=resolved.world_size, tp=g.tp, pp=g.pp,
+        meta = MetaRecord(schema_version=SCHEMA_VERSION, rank=rank, world_size=resolved.world_size, tp=g.tp, pp=g.pp,
                           dp=g.dp, recipe=resolved.recipe_name, backend=rc.backend,
                           hardware_profile=resolved.hardware.name, device="cpu", peak_flops_per_device=peak,
                           flops_per_token=fpt, flops_formula=FLOPS_FORMULA, tokens_per_step=tokens,

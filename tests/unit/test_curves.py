@@ -210,7 +210,7 @@ def test_every_field_our_trainer_writes_is_read_back(tmp_path):
         StepRecord,
     )
 
-    meta = MetaRecord(schema_version=SCHEMA_VERSION, rank=0, world=1, tp=1, pp=1, dp=1, recipe="r", backend="deepspeed",
+    meta = MetaRecord(schema_version=SCHEMA_VERSION, rank=0, world_size=1, tp=1, pp=1, dp=1, recipe="r", backend="deepspeed",
                       hardware_profile="cpu", device="cpu", peak_flops_per_device=1e12, flops_per_token=1e6,
                       flops_formula=FLOPS_FORMULA, tokens_per_step=64, warmup_steps=0, zero_stage=0, dtype="fp32",
                       micro_batch_size=1, global_batch_size=1, seq_len=64, param_numel_local=10, start_step=0,

@@ -225,7 +225,7 @@ def test_a_restarted_run_replaces_the_steps_it_trained_again(tmp_path):
     path = tmp_path / "rank0.jsonl"
     lines = []
 
-    base = dict(kind="meta", schema_version=M.SCHEMA_VERSION, rank=0, world=2, tp=1, pp=1, dp=2, recipe="tiny_zero2",
+    base = dict(kind="meta", schema_version=M.SCHEMA_VERSION, rank=0, world_size=2, tp=1, pp=1, dp=2, recipe="tiny_zero2",
                 backend="deepspeed", hardware_profile="cpu", device="cpu", peak_flops_per_device=1e12,
                 flops_per_token=1e6, flops_formula="6N", tokens_per_step=512, warmup_steps=0, zero_stage=2,
                 dtype="fp32", micro_batch_size=4, global_batch_size=8, seq_len=64, param_numel_local=1000,
@@ -243,6 +243,22 @@ def test_a_restarted_run_replaces_the_steps_it_trained_again(tmp_path):
     t = parse_metrics(tmp_path)
     assert [(row["step"], row["loss"]) for row in t.rows()] == [(1, 9.0), (2, 8.0), (3, 7.0), (4, 16.0), (5, 15.0)]
     assert any("continues from step 3" in w and "1 step(s)" in w for w in t.warnings)
+
+
+def test_a_version_1_meta_record_reads_its_world_as_world_size(tmp_path):
+    """Schema version 1 named the world size `world`; run directories written then stay readable."""
+    from launch.run.metrics import read_metrics
+
+    meta = dict(kind="meta", schema_version=1, rank=1, world=4, tp=2, pp=1, dp=2, recipe="tiny_zero2",
+                backend="deepspeed", hardware_profile="cpu", device="cpu", peak_flops_per_device=1e12,
+                flops_per_token=1e6, flops_formula="6N", tokens_per_step=512, warmup_steps=0, zero_stage=2,
+                dtype="fp32", micro_batch_size=4, global_batch_size=8, seq_len=64, param_numel_local=1000,
+                start_step=0, resumed_from=None)
+    (tmp_path / "rank1.jsonl").write_text(json.dumps(meta) + "\n")
+    m = read_metrics(tmp_path / "rank1.jsonl")
+    assert m.warnings == () and (m.meta.world_size, m.meta.rank) == (4, 1)
+    (tmp_path / "rank1.jsonl").write_text(json.dumps({**meta, "schema_version": 0}) + "\n")
+    assert read_metrics(tmp_path / "rank1.jsonl").meta is None  # an unknown version is still refused
 
 
 # ZeRO-3 that gathers every parameter on every use (no persistent parameters, no reuse across forward and

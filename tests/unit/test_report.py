@@ -49,7 +49,7 @@ def test_foreign_folders_side_by_side(foreign):
     big, alcf, tr = rep.runs
     s = next(big.stats.rows())
     assert s["steps_measured"] == 18 and s["steps_dropped"] == 2
-    assert big.layout["tp"] == 4 and big.layout["pp"] == 8 and big.layout["world"] == 32
+    assert big.layout["tp"] == 4 and big.layout["pp"] == 8 and big.layout["world_size"] == 32
     assert next(alcf.stats.rows())["tokens_per_s_per_device"] is not None
     assert len(big.memory) == 32 and big.memory.column("predicted_what")[0].startswith("none")
     assert big.timers and alcf.timers  # Megatron timers; ALCF also DeepSpeed's
@@ -166,9 +166,9 @@ def test_a_resolved_grid_the_run_contradicts_is_not_believed(tmp_path):
     traces_world = {json.loads(gzip.decompress(f.read_bytes()))["distributedInfo"]["world_size"]
                     for f in (run / "traces").iterdir()}
     assert traces_world == {2} and "distributedInfo" in w and "says world_size 2" in w
-    assert "metrics' meta record" in w and "world=2, tp=1, pp=1, dp=2" in w
+    assert "metrics' meta record" in w and "world_size=2, tp=1, pp=1, dp=2" in w
     assert r.run.resolved is None and r.run.plan is None and r.vs_layout is None and r.run.hardware is None
-    assert (r.layout["pp"], r.layout["dp"], r.layout["world"]) == (1, 2, 2)
+    assert (r.layout["pp"], r.layout["dp"], r.layout["world_size"]) == (1, 2, 2)
     # the file as written is left alone, and an unedited run gets no such warning
     assert json.loads((run / "resolved.json").read_text())["grid"]["pp"] == 3
     (clean,) = build_report([(None, make_run_dir(tmp_path / "other", plan=False))]).runs

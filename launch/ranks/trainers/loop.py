@@ -103,7 +103,7 @@ def _train(run: RunDir, resolved: Resolved, env: common.RankEnv, terminal, cuda:
     peak = resolved.hardware.peak_flops(r.precision.dtype)
     par = r.parallel
     meta = M.MetaRecord(
-        schema_version=M.SCHEMA_VERSION, rank=env.rank, world=resolved.world_size, tp=par.tp, pp=par.pp, dp=par.dp,
+        schema_version=M.SCHEMA_VERSION, rank=env.rank, world_size=resolved.world_size, tp=par.tp, pp=par.pp, dp=par.dp,
         recipe=resolved.recipe_name, backend=r.backend, hardware_profile=resolved.hardware.name,
         device="cuda" if cuda else "cpu", peak_flops_per_device=peak, flops_per_token=flops_per_token,
         flops_formula=M.FLOPS_FORMULA, tokens_per_step=resolved.tokens_per_step, warmup_steps=r.train.warmup_steps,
