@@ -79,7 +79,7 @@ def communication(layout: Layout, timing: Timing = Timing(), stage: int = 0) -> 
     """Every collective one rank of pipeline stage `stage` calls per optimizer step, with its count, message and
     time: DeepSpeed's ZeRO over the data-parallel group (both backends train through it), the TP/SP calls of
     `tp_calls`, and pipeline sends. The one model of collectives: the plan times the first stage's, the analysis
-    compares every stage's with the traces (analysis.analyze.expected_collectives)."""
+    compares every stage's with the traces (analysis.analyzers.collective_calls.expected_collectives)."""
     g, m, e = layout.grid, layout.model, layout.elem_bytes
     out: list[Comm] = []
     mbs = layout.grad_accum
