@@ -45,12 +45,10 @@ def whole(low: int = 0, high: int = INT64_MAX) -> Callable[[str], int]:
     """A whole number of ASCII digits from `low` to `high`."""
 
     def parse(text: str) -> int:
-        if not text.isascii() or not text.isdigit():
-            raise ValueError(f"is not a whole number of digits 0-9 (from {low} to {high})")
-        value = int(text)
-        if not low <= value <= high:
-            raise ValueError(f"is outside {low}-{high}")
-        return value
+        # ASCII digits only: "²" passes str.isdigit(), and int() refuses it
+        if not (text.isascii() and text.isdigit() and low <= int(text) <= high):
+            raise ValueError(f"is not a whole number from {low} to {high}")
+        return int(text)
 
     return parse
 
@@ -86,6 +84,18 @@ def choice(*allowed: str) -> Callable[[str], str]:
     return parse
 
 
+def choice_list(*allowed: str) -> Callable[[str], tuple[str, ...]]:
+    """Comma-separated names, each one of `allowed`; at least one."""
+
+    def parse(text: str) -> tuple[str, ...]:
+        items = tuple(text.split(","))
+        if not text or any(x not in allowed for x in items):
+            raise ValueError(f"is not a comma-separated list of {', '.join(allowed)}")
+        return items
+
+    return parse
+
+
 def text(value: str) -> str:
     """Any text without a NUL byte (no path or name can hold one); empty is refused."""
     if not value or "\0" in value:
@@ -103,8 +113,8 @@ def read(args: Sequence[str], *, command: str, usage: str, options: Sequence[Opt
     given_flags = [a for a in args if a.startswith("--")]
     for a in given_flags:
         if a not in flags:
-            fix = "--dry-run is its only flag" if dry_run else f"{command} takes no flags"
-            raise ConfigError("command line", a, a, f"is not a flag of {command}", f"{fix}; {usage}")
+            which = " (--dry-run is the only one)" if dry_run else " (it takes none)"
+            raise ConfigError("command line", a, a, f"is not a flag of {command}{which}", usage)
     rest = [a for a in args if not a.startswith("--")]
     pos: list[str] = []
     values: dict[str, Any] = {}
@@ -137,12 +147,3 @@ def read(args: Sequence[str], *, command: str, usage: str, options: Sequence[Opt
     for o in options:
         values.setdefault(o.name, o.default)
     return Arguments(bool(given_flags), tuple(pos), values, tuple(dotted))
-
-
-def split_dry_run(args: Sequence[str], script: str, fix: str) -> tuple[bool, list[str]]:
-    """(whether --dry-run was given, the other arguments); any other flag is refused in one line."""
-    rest = [a for a in args if a != "--dry-run"]
-    flags = [a for a in rest if a.startswith("--")]
-    if flags:
-        raise ConfigError("command line", flags[0], flags[0], f"is not a flag of {script} (--dry-run is the only one)", fix)
-    return len(rest) != len(args), rest

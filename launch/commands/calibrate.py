@@ -29,6 +29,7 @@ from typing import Sequence
 
 from launch import REPO_ROOT
 from launch.comm.commbench_spec import read_result
+from launch.commands.args import Option, read, text, whole
 from launch.config import calibration as cal
 from launch.config.calibration import (
     FILE_NAME,
@@ -69,38 +70,32 @@ class Args:
     iters: int = ITERS
 
 
+def _backends(value: str) -> tuple[str, ...]:
+    from launch.config.backends import BACKENDS
+
+    names = tuple(b for b in value.split(",") if b)
+    unknown = [b for b in names if b not in BACKENDS]
+    if unknown or not names:
+        raise ValueError(f"names no backend ({', '.join(unknown) or 'empty'}); name some of: {', '.join(BACKENDS)}")
+    return names
+
+
+OPTIONS = (Option("out", "the calibration file to write (default runs/calibration/<stamp>/calibration.json)", text),
+           Option("backends", "whose passes to time, comma separated (default: every installed backend)", _backends),
+           Option("iters", f"timed iterations per pass, 3-10000 (default {ITERS}; fewer is faster and noisier)",
+                  whole(3, 10_000), ITERS))
+
+
 def parse(args: Sequence[str]) -> Args:
     from launch.config.backends import BACKENDS
 
-    recipe, overrides, out = str(DEFAULT_RECIPE), [], None
-    backends = tuple(name for name, t in BACKENDS.items() if not t.missing_packages())
-    iters = ITERS
-    for i, a in enumerate(args):
-        if a.startswith("out="):
-            out = a[4:]
-        elif a.startswith("backends="):
-            backends = tuple(b for b in a[len("backends="):].split(",") if b)
-            unknown = [b for b in backends if b not in BACKENDS]
-            if unknown or not backends:
-                raise ConfigError("command line", "backends", a[len("backends="):],
-                                  f"names no backend ({', '.join(unknown) or 'empty'})",
-                                  f"name some of: {', '.join(BACKENDS)}")
-        elif a.startswith("iters="):
-            value = a[len("iters="):]
-            if not (value.isdigit() and 3 <= int(value) <= 10_000):
-                raise ConfigError("command line", "iters", value, "is not a whole number from 3 to 10000",
-                                  f"give e.g. iters={ITERS} (the default; fewer is faster and noisier)")
-            iters = int(value)
-        elif "=" in a:
-            overrides.append(a)
-        elif i == 0:
-            recipe = a
-        else:
-            raise ConfigError("command line", "argument", a, "is neither the recipe (first) nor key=value", USAGE)
+    a = read(args, command="calibrate", usage=USAGE, options=OPTIONS, positional=(0, 1), overrides=True)
+    backends = a.options["backends"] or tuple(name for name, t in BACKENDS.items() if not t.missing_packages())
     if not backends:
         raise ConfigError("command line", "backends", "(none installed)", "no training backend can be imported here",
                           "install the project (python -m pip install -e .) or name one with backends=NAME")
-    return Args(recipe, overrides, out, backends, iters)
+    return Args(a.positional[0] if a.positional else str(DEFAULT_RECIPE), list(a.overrides), a.options["out"],
+                backends, a.options["iters"])
 
 
 def cmd_calibrate(args: Sequence[str]) -> int:

@@ -14,6 +14,7 @@ import json
 from pathlib import Path
 from typing import Sequence
 
+from launch.commands.args import Option, read, text
 from launch.config.resolve import Resolved, resolve_path
 from launch.errors import ConfigError
 from launch.plan.build import plan_resolved
@@ -23,6 +24,7 @@ from launch.run.rundir import RunDir
 CONFIG_NAME = "accelerate_config.yaml"
 DS_CONFIG_NAME = "ds_config.json"
 USAGE = "usage: python -m launch export-accelerate (RUN_DIR | recipes/NAME [key=value ...]) [out=DIR]"
+OPTIONS = (Option("out", "the run directory to create (default runs/<recipe>/<stamp>)", text),)
 
 
 def accelerate_config(resolved: Resolved, ds_config_path: str, place: nodes.Placement) -> dict:
@@ -92,13 +94,8 @@ def cmd_export_accelerate(args: Sequence[str], environ=None) -> int:
     import os
 
     environ = os.environ if environ is None else environ
-    if not args:
-        raise ConfigError("command line", "source", None, "is missing", USAGE)
-    source, rest = args[0], list(args[1:])
-    out = [a for a in rest if a.startswith("out=")]
-    rest = [a for a in rest if not a.startswith("out=")]
-    if len(out) > 1 or (out and not out[0][4:]):
-        raise ConfigError("command line", "out", " ".join(out), "must be given once, with a folder", USAGE)
+    a = read(args, command="export-accelerate", usage=USAGE, options=OPTIONS, positional=(1, 1), overrides=True)
+    source, rest, out = a.positional[0], list(a.overrides), a.options["out"]
     if RunDir.is_run_dir(source):
         if rest:
             raise ConfigError("command line", rest[0], rest[0], "overrides a finished run's recipe",
@@ -106,7 +103,7 @@ def cmd_export_accelerate(args: Sequence[str], environ=None) -> int:
         resolved = Resolved.load(RunDir.open(source).resolved)
     else:
         resolved = resolve_path(source, rest)
-    run, command = export_accelerate(resolved, Path(out[0][4:]) if out else None, environ)
+    run, command = export_accelerate(resolved, Path(out) if out else None, environ)
     print(f"wrote {run.root / CONFIG_NAME} and {run.root / DS_CONFIG_NAME}; launch with:")
     print(command)
     return 0

@@ -20,17 +20,16 @@ from __future__ import annotations
 import datetime as dt
 import json
 import math
-import os
 import statistics
 from pathlib import Path
 from typing import Sequence
 
 from launch.commands.args import Option, boolean, read, whole
+from launch.commands.render import make_console, recommendation
 from launch.config.calibration import Newest, newest_for
 from launch.config.resolve import Resolved, resolve_path
-from launch.plan.search import Candidate, Recommendation, candidates, recommend
+from launch.plan.search import Candidate, candidates, recommend
 from launch.run import envinfo
-from launch.units import GiB
 
 DEFAULT_TOP = 3
 DEFAULT_VERIFY_STEPS = 30
@@ -39,45 +38,6 @@ OPTIONS = (Option("top", f"how many layouts to list (default 20; {DEFAULT_TOP} w
            Option("verify", "run the top layouts for real and re-rank them by measured step time", boolean, False),
            Option("steps", f"steps of each verifying run (default {DEFAULT_VERIFY_STEPS})", whole(1, 1_000_000),
                   DEFAULT_VERIFY_STEPS))
-
-
-def _console():
-    from rich.console import Console
-
-    return Console(width=int(os.environ.get("COLUMNS", "120")), highlight=False, soft_wrap=True)
-
-
-def render(recipe_name: str, rec: Recommendation, shown: int, console) -> None:
-    from rich.markup import escape
-    from rich.table import Table
-
-    fit = rec.ranked
-    refused = sum(n for why, n in rec.dropped if why != "does not fit" and not why.startswith("not ranked"))
-    too_big = dict(rec.dropped).get("does not fit", 0)
-    console.print(f"[bold]recommend[/bold] {escape(recipe_name)}: {rec.tried} layouts tried, {rec.fitting} fit "
-                  f"({len(fit)} ranked), {too_big} do not fit, {refused} cannot be built")
-    if not fit:
-        console.print("no layout fits" + (f"; the closest is {escape(rec.closest.label)}: {escape(rec.closest.refused)}"
-                                          if rec.closest else ""))
-        return
-    t = Table(title="layouts that fit, fastest first (predicted)", title_justify="left")
-    for col in ("#", "layout", "step ms", "tokens/s/device", "memory/rank GiB", "comm ms", "timing", ""):
-        t.add_column(col, justify="right" if col in ("#", "step ms", "tokens/s/device", "memory/rank GiB", "comm ms")
-                     else "left", no_wrap=col in ("layout", ""))
-    best = fit[0].plan.step.tokens_per_s_per_device
-    for i, c in enumerate(fit[:shown], 1):
-        s, worst = c.plan.step, c.plan.worst()
-        bar = "█" * max(1, round(24 * s.tokens_per_s_per_device / best))
-        t.add_row(str(i), escape(c.label), f"{s.total_s * 1e3:.1f}", f"{s.tokens_per_s_per_device:,.0f}",
-                  f"{worst.memory[worst.implementation].total / GiB:.2f}", f"{sum(x.time_s for x in c.plan.comm) * 1e3:.1f}",
-                  s.timing, bar)
-    console.print(t)
-    if len(fit) > shown:
-        console.print(f"  … and {len(fit) - shown} more that fit (top={len(fit)} lists them all)")
-    for why, n in rec.dropped:
-        console.print(f"  dropped {n}: {escape(why)}")
-    for n in sorted({n for c in fit[:shown] for n in c.plan.notes if n.startswith("time:")}):
-        console.print(f"  note: {escape(n)}")
 
 
 def _verify(recipe: str, overrides: Sequence[str], top: Sequence[Candidate], steps: int, console) -> int:
@@ -179,7 +139,7 @@ def cmd_recommend(args: Sequence[str]) -> int:
     a = read(args, command="recommend", usage=USAGE, options=OPTIONS, positional=(1, 1), overrides=True)
     recipe, overrides, verify = a.positional[0], list(a.overrides), a.options["verify"]
     top = a.options["top"] or (DEFAULT_TOP if verify else 20)
-    console = _console()
+    console = make_console()
     base = resolve_path(recipe, overrides)
     newest = _newest_calibration(base, overrides)
     if newest is not None:
@@ -194,7 +154,7 @@ def cmd_recommend(args: Sequence[str]) -> int:
                           f"model and world (no hardware.profile given; hardware.profile={escape(base.hardware.name)} "
                           "gives nominal figures)")
     rec = recommend(candidates(recipe, overrides, envinfo.machine()))
-    render(base.recipe_name, rec, top, console)
+    recommendation(base.recipe_name, rec, top, console)
     if not verify or not rec.ranked:
         return 0 if rec.ranked else 1
     return _verify(recipe, overrides, rec.ranked[:top], a.options["steps"], console)

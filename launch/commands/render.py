@@ -144,3 +144,67 @@ def size(n: float) -> str:
         if n >= size:
             return f"{n / size:.1f} {unit}"
     return f"{int(n)} B"
+
+
+def layouts_table(rows, title: str, console) -> None:
+    """`python -m launch plan`'s rows (commands.plan.Row) as one table."""
+    from rich.table import Table
+
+    t = Table(title=title, title_justify="left")
+    for col in ("GPUs", "layout", "states GiB", "acts GiB", "total GiB", "fits", "step ms", "tok/s/GPU"):
+        t.add_column(col, justify="left" if col == "layout" else "right")
+    for r in rows:
+        w = r.plan.worst()
+        mem = w.memory[w.implementation]
+        t.add_row(str(r.world_size), r.label, f"{mem.model_states / GiB:.1f}", f"{mem.activations / GiB:.1f}",
+                  f"{mem.total / GiB:.1f}", "yes" if r.plan.fits else "[red]no[/red]",
+                  f"{r.plan.step.total_s * 1e3:.0f}", f"{r.plan.step.tokens_per_s_per_device:,.0f}")
+    console.print(t)
+    console.print(t)
+
+
+def recommendation(recipe_name: str, rec, shown: int, console) -> None:
+    """What `recommend` found (plan.search.Recommendation): the ranked layouts that fit, what was dropped and why."""
+    from rich.markup import escape
+    from rich.table import Table
+
+    fit = rec.ranked
+    refused = sum(n for why, n in rec.dropped if why != "does not fit" and not why.startswith("not ranked"))
+    too_big = dict(rec.dropped).get("does not fit", 0)
+    console.print(f"[bold]recommend[/bold] {escape(recipe_name)}: {rec.tried} layouts tried, {rec.fitting} fit "
+                  f"({len(fit)} ranked), {too_big} do not fit, {refused} cannot be built")
+    if not fit:
+        console.print("no layout fits" + (f"; the closest is {escape(rec.closest.label)}: {escape(rec.closest.refused)}"
+                                          if rec.closest else ""))
+        return
+    t = Table(title="layouts that fit, fastest first (predicted)", title_justify="left")
+    for col in ("#", "layout", "step ms", "tokens/s/device", "memory/rank GiB", "comm ms", "timing", ""):
+        t.add_column(col, justify="right" if col in ("#", "step ms", "tokens/s/device", "memory/rank GiB", "comm ms")
+                     else "left", no_wrap=col in ("layout", ""))
+    best = fit[0].plan.step.tokens_per_s_per_device
+    for i, c in enumerate(fit[:shown], 1):
+        s, worst = c.plan.step, c.plan.worst()
+        bar = "█" * max(1, round(24 * s.tokens_per_s_per_device / best))
+        t.add_row(str(i), escape(c.label), f"{s.total_s * 1e3:.1f}", f"{s.tokens_per_s_per_device:,.0f}",
+                  f"{worst.memory[worst.implementation].total / GiB:.2f}", f"{sum(x.time_s for x in c.plan.comm) * 1e3:.1f}",
+                  s.timing, bar)
+    console.print(t)
+    if len(fit) > shown:
+        console.print(f"  … and {len(fit) - shown} more that fit (top={len(fit)} lists them all)")
+    for why, n in rec.dropped:
+        console.print(f"  dropped {n}: {escape(why)}")
+    for n in sorted({n for c in fit[:shown] for n in c.plan.notes if n.startswith("time:")}):
+        console.print(f"  note: {escape(n)}")
+
+
+def sweep_table(rows: Sequence[dict], title: str, console) -> None:
+    """A sweep's members as commands.sweep.plan_rows computes them."""
+    from rich.table import Table
+
+    t = Table(title=title, title_justify="left")
+    for col in ("run", "fits", "memory/rank GiB", "predicted step ms", "predicted comm ms", "tokens/s/device", "timing"):
+        t.add_column(col, justify="left" if col in ("run", "timing") else "right")
+    for r in rows:
+        t.add_row(r["label"], "yes" if r["fits"] else "NO", f"{r['memory_GiB']:.2f}", f"{r['step_ms']:.1f}",
+                  f"{r['comm_ms']:.1f}", f"{r['tokens_per_s_per_device']:,.0f}", r["timing"])
+    console.print(t)

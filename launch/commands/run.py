@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
-from launch.commands.args import split_dry_run
+from launch.commands.args import read
 from launch.commands.render import gib, make_console, render, safe
 from launch.config.backends import traits
 from launch.config.grid import shown_nodes
@@ -20,12 +20,12 @@ from launch.run.failures import failure_summary
 from launch.run.nodes import shared_run_dir
 from launch.run.rundir import RunDir, runs_root
 
+USAGE = "usage: bash launch/run.sh recipes/NAME [dotted.key=value ...] [--dry-run]"
+
 
 def cmd_run(args: Sequence[str]) -> int:
-    dry, rest = split_dry_run(args, "run.sh", "use dotted key=value overrides, e.g. parallel.tp=2")
-    if not rest:
-        raise ConfigError("command line", "recipe", None, "is missing", "usage: bash launch/run.sh recipes/NAME [key=value ...] [--dry-run]")
-    recipe, overrides = rest[0], rest[1:]
+    a = read(args, command="run.sh", usage=USAGE, positional=(1, 1), overrides=True, dry_run=True)
+    dry, recipe, overrides = a.dry_run, a.positional[0], list(a.overrides)
     resolved = resolve_path(recipe, overrides)
     plan = plan_resolved(resolved, envinfo.machine())
     console = make_console()

@@ -18,7 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Sequence
 
-from launch.commands.args import split_dry_run
+from launch.commands.args import read
+from launch.commands.render import make_console, sweep_table
 from launch.config.resolve import Resolved, resolve_path
 from launch.errors import ConfigError
 from launch.plan.build import plan_resolved
@@ -35,6 +36,9 @@ HELD_EQUAL: dict[str, Callable[[Resolved], object]] = {
     "train.warmup_steps": lambda r: r.recipe.train.warmup_steps,
     "run.profile": lambda r: r.recipe.run.profile,
 }
+
+USAGE = "usage: bash launch/sweep.sh recipes/A recipes/B ... [key=value ...] [--dry-run]"
+MAX_MEMBERS = 1000  # recipes in one sweep
 
 
 @dataclass(frozen=True)
@@ -64,8 +68,8 @@ def check_equal(members: Sequence[Member]) -> None:
     """Refuse a set that differs in what HELD_EQUAL names: one line naming both members and the values."""
     first = members[0]
     for m in members[1:]:
-        for key, read in HELD_EQUAL.items():
-            a, b = read(first.resolved), read(m.resolved)
+        for key, value_of in HELD_EQUAL.items():
+            a, b = value_of(first.resolved), value_of(m.resolved)
             if a != b:
                 raise ConfigError(m.resolved.recipe_path, key, b,
                                   f"differs from {first.label}'s {a}: the set's step times would not compare",
@@ -82,19 +86,6 @@ def plan_rows(members: Sequence[Member]) -> list[dict]:
                      "step_ms": p.step.total_s * 1e3, "comm_ms": comm * 1e3,
                      "tokens_per_s_per_device": p.step.tokens_per_s_per_device, "timing": p.step.timing})
     return rows
-
-
-def print_plan_table(members: Sequence[Member], title: str) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
-    t = Table(title=title, title_justify="left")
-    for col in ("run", "fits", "memory/rank GiB", "predicted step ms", "predicted comm ms", "tokens/s/device", "timing"):
-        t.add_column(col, justify="left" if col in ("run", "timing") else "right")
-    for r in plan_rows(members):
-        t.add_row(r["label"], "yes" if r["fits"] else "NO", f"{r['memory_GiB']:.2f}", f"{r['step_ms']:.1f}",
-                  f"{r['comm_ms']:.1f}", f"{r['tokens_per_s_per_device']:,.0f}", r["timing"])
-    Console(width=int(os.environ.get("COLUMNS", "120")), highlight=False).print(t)
 
 
 def median_step_time(run: RunDir) -> tuple[float | None, float]:
@@ -151,15 +142,14 @@ def _label_safe(label: str) -> str:
 
 def cmd_sweep(args: Sequence[str]) -> int:
 
-    dry, rest = split_dry_run(args, "sweep.sh", "use dotted key=value overrides, held for every recipe")
-    recipes = [a for a in rest if "=" not in a]
-    overrides = [a for a in rest if "=" in a]
+    a = read(args, command="sweep.sh", usage=USAGE, positional=(0, MAX_MEMBERS), overrides=True, dry_run=True)
+    dry, recipes, overrides = a.dry_run, list(a.positional), list(a.overrides)
     if len(recipes) < 2:
-        raise ConfigError("command line", "recipes", recipes, "names fewer than two recipes: nothing to compare",
-                          "usage: bash launch/sweep.sh recipes/A recipes/B ... [key=value ...] [--dry-run]")
+        raise ConfigError("command line", "recipes", recipes, "names fewer than two recipes: nothing to compare", USAGE)
     members = [member(Path(r).name, r, overrides) for r in recipes]
     check_equal(members)
-    print_plan_table(members, f"sweep of {len(members)} runs" + (f" ({' '.join(overrides)})" if overrides else ""))
+    sweep_table(plan_rows(members), f"sweep of {len(members)} runs" + (f" ({' '.join(overrides)})" if overrides else ""),
+                make_console())
     if dry:
         return 0
     measured = run_members(members)

@@ -22,8 +22,8 @@ def test_reads_positional_options_and_overrides():
 @pytest.mark.parametrize("arg,problem", [
     ("top=²", "not a whole number"),  # str.isdigit() is true for it, int() refuses it
     ("top=1²", "not a whole number"),
-    ("top=99999999999999999999999", "outside 1-100"),
-    ("top=0", "outside 1-100"),
+    ("top=99999999999999999999999", "not a whole number from 1 to 100"),
+    ("top=0", "not a whole number from 1 to 100"),
     ("verify=yes", "true or false"),
     ("sizes=4,,8", "comma-separated"),
     ("tpo=3", "did you mean top=?"),
