@@ -44,10 +44,11 @@ def _verify(recipe: str, overrides: Sequence[str], top: Sequence[Candidate], ste
     from rich.markup import escape
     from rich.table import Table
 
-    from launch.commands.sweep import member, run_members, write_report
+    from launch.commands.sweep import member, run_members, sweep_folder, write_report
 
     held = [*overrides, f"train.steps={steps}", "train.checkpoint_every=0"]
-    measured = run_members([member(c.label, recipe, [*held, *c.overrides]) for c in top], quiet=True)
+    folder = sweep_folder("recommend")
+    measured = run_members([member(c.label, recipe, [*held, *c.overrides]) for c in top], folder, quiet=True)
     rank = {c.label: i for i, c in enumerate(top, 1)}  # predicted
     done = sorted((x for x in measured if x.step_time_s is not None), key=lambda x: x.step_time_s)
     t = Table(title="verified: re-ranked by measured median step time after warm-up", title_justify="left")
@@ -64,7 +65,7 @@ def _verify(recipe: str, overrides: Sequence[str], top: Sequence[Candidate], ste
     if done:
         console.print(f"measured fastest: {escape(done[0].member.label)}{_verdict(done[0], measured[0])}")
         _feed_back(done, console)
-    report = write_report(measured, "recommend")
+    report = write_report(measured, folder)
     if report:
         console.print(f"report: {escape(str(report))}")
     return 0 if len(done) == len(measured) else 1

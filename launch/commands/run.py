@@ -53,7 +53,7 @@ def cmd_run(args: Sequence[str]) -> int:
                           f"exceeds the usable {gib(worst.usable_bytes)} GiB on {worst.kind}",
                           "lower memory (zero_stage, tp, activation_checkpointing, micro_batch_size) or set plan.ignore_fit=true")
     launcher.preflight(resolved)
-    if not bench and resolved.recipe.run.resume == "auto":
+    if not bench and resolved.recipe.run.resume != "never":
         done = _check_resume(resolved)
         if done is not None and done.step >= resolved.recipe.train.steps:
             print(f"nothing to do: {done.dir} already holds step {done.step} of train.steps="
@@ -94,15 +94,12 @@ def cmd_run(args: Sequence[str]) -> int:
 
 def _check_resume(resolved: Resolved):
     """Refuse an impossible resume before any rank starts (the trainer checks again, for the record)."""
-    from launch.run.checkpoints import (
-        check_resume_compatible,
-        find_resume,
-        to_universal,
-    )
+    from launch.run.checkpoints import check_resume_compatible, choose_resume, to_universal
 
-    ckpt, notes = find_resume(runs_root() / resolved.recipe_name, resolved)
-    for note in notes:
-        print(f"note: {note}")
+    choice = choose_resume(resolved, runs_root() / resolved.recipe_name)
+    for line in choice.lines:
+        print(line)
+    ckpt = choice.checkpoint
     first_node = nodes.placement(os.environ, resolved.recipe.hardware.nodes).node_rank == 0
     # raises ResumeError: one line, exit 2; only node 0 converts (the nodes share the folder it writes)
     if ckpt is not None and check_resume_compatible(ckpt, resolved) and first_node:

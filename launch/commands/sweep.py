@@ -9,7 +9,6 @@ runs nothing. `python -m launch recommend ... verify=true` runs its top layouts 
 """
 from __future__ import annotations
 
-import datetime as dt
 import os
 import statistics
 import subprocess
@@ -25,7 +24,7 @@ from launch.errors import ConfigError
 from launch.plan.build import plan_resolved
 from launch.plan.layout import Plan
 from launch.run import envinfo
-from launch.run.rundir import RunDir, runs_root
+from launch.run.rundir import RunDir, claim_folder, runs_root
 from launch.units import GiB
 
 # What must be equal across a set for its step times and curves to compare (dotted recipe key -> reader).
@@ -101,11 +100,12 @@ def median_step_time(run: RunDir) -> tuple[float | None, float]:
     return statistics.median(steps), se
 
 
-def run_members(members: Sequence[Member], *, quiet: bool = False) -> list[Measured]:
-    """Run each member with `python -m launch run`, one after another, in run directories made here."""
+def run_members(members: Sequence[Member], folder: Path, *, quiet: bool = False) -> list[Measured]:
+    """Run each member with `python -m launch run`, one after another, each in a fresh run directory under `folder`
+    (the sweep's own, never the recipe's runs folder: `run.resume=auto` of a later run must not pick these up)."""
     out = []
     for i, m in enumerate(members, 1):
-        run = RunDir.create(m.resolved.recipe_name)
+        run = RunDir.create(_label_safe(m.label), root=folder)
         print(f"[{i}/{len(members)}] {m.label} -> {run.root}", flush=True)
         argv = [sys.executable, "-m", "launch", "run", m.recipe, *m.overrides, "run.resume=never"]
         rc = subprocess.call(argv, env={**os.environ, "LAYOUTLAB_RUN_DIR": str(run.root)},
@@ -116,20 +116,17 @@ def run_members(members: Sequence[Member], *, quiet: bool = False) -> list[Measu
     return out
 
 
-def write_report(measured: Sequence[Measured], name: str) -> Path | None:
+def sweep_folder(kind: str) -> Path:
+    """The folder a sweep (or recommend's verification) owns: runs/<kind>s/<kind>-<UTC stamp>/, its member runs
+    and its report inside."""
+    return claim_folder(runs_root() / f"{kind}s", f"{kind}-")
+
+
+def write_report(measured: Sequence[Measured], folder: Path) -> Path | None:
     """The comparative report of the runs that finished, by the analysis CLI (launch never imports analysis)."""
     done = [x for x in measured if x.rc == 0]
     if not done:
         return None
-    stamp = f"{name}-{dt.datetime.now(dt.timezone.utc):%Y%m%d-%H%M%S}"
-    (runs_root() / "sweeps").mkdir(parents=True, exist_ok=True)
-    for n in range(100):  # mkdir is the claim: two sweeps in one second get distinct folders
-        folder = runs_root() / "sweeps" / (stamp if n == 0 else f"{stamp}-{n}")
-        try:
-            folder.mkdir()
-            break
-        except FileExistsError:
-            continue
     out = folder / "report.md"
     labels = [f"{_label_safe(x.member.label)}={x.run_dir}" for x in done]
     subprocess.call([sys.executable, "-m", "analysis", "report", *labels, "-o", str(out)])
@@ -152,11 +149,12 @@ def cmd_sweep(args: Sequence[str]) -> int:
                 make_console())
     if dry:
         return 0
-    measured = run_members(members)
+    folder = sweep_folder("sweep")
+    measured = run_members(members, folder)
     for x in measured:
         got = f"{x.step_time_s * 1e3:.1f} ms measured" if x.step_time_s is not None else "no measured step"
         print(f"  {x.member.label}: {x.member.plan.step.total_s * 1e3:.1f} ms predicted, {got} ({x.run_dir})")
-    report = write_report(measured, "sweep")
+    report = write_report(measured, folder)
     if report:
         print(f"report: {report}")
     return 0 if all(x.rc == 0 for x in measured) else 1

@@ -110,6 +110,12 @@ def resolve(loaded: LoadedRecipe, world_size: int | None = None) -> Resolved:
             raise ConfigError(w(dotted), dotted, value, "is an empty path", f"give a path, or leave {dotted} unset")
         if value:
             paths[dotted] = str(loaded.path_of(dotted, value))
+    resume = r.run.resume
+    if resume not in ("auto", "never"):  # a run directory or checkpoint to continue, named
+        if not resume.strip() or "\0" in resume:
+            raise ConfigError(w("run.resume"), "run.resume", resume, "is neither auto, never nor a path",
+                              "set run.resume=auto, never, or the run directory to continue")
+        resume = str(loaded.path_of("run.resume", resume))
     if r.model.name is not None:
         model = load_model(name=r.model.name, context=w("model.name"))
     else:
@@ -346,7 +352,8 @@ def resolve(loaded: LoadedRecipe, world_size: int | None = None) -> Resolved:
         r, parallel=dataclasses.replace(par, dp=dp), commbench=commbench_s,
         model=dataclasses.replace(r.model, config=paths.get("model.config"), weights=paths.get("model.weights")),
         data=dataclasses.replace(r.data, path=paths.get("data.path")),
-        deepspeed=dataclasses.replace(r.deepspeed, config=paths.get("deepspeed.config")))
+        deepspeed=dataclasses.replace(r.deepspeed, config=paths.get("deepspeed.config")),
+        run=dataclasses.replace(r.run, resume=resume))
     # Both backends train through a DeepSpeed engine (ZeRO over the data-parallel group).
     ds_config, ds_base = _deepspeed_config(loaded, recipe, grad_accum, hw)
     return Resolved(

@@ -89,7 +89,10 @@ class DataSection:
 @dataclass(frozen=True)
 class RunSection:
     launcher: Literal["torchrun", "deepspeed"] = "torchrun"
-    resume: Literal["auto", "never"] = "auto"
+    # auto: continue the newest checkpoint of a run of this recipe with the same backend, layout, model, data, batch,
+    # precision and optimizer; never: start fresh; or a run directory / checkpoint folder to continue (another layout
+    # is resharded where the backend can)
+    resume: str = "auto"
     profile: Literal["none", "torch", "nsys"] = "none"
     profile_active_steps: int = 3
     mode: Literal["train", "commbench"] = "train"

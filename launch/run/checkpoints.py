@@ -84,7 +84,7 @@ def marker_info(resolved: Resolved, step: int) -> dict[str, Any]:
     """What the completion marker records: the step, the layout that wrote it and the training it continues."""
     return {"step": step, "backend": resolved.recipe.backend, **layout_of(resolved),
             "zero_stage": resolved.recipe.parallel.zero_stage, "model": resolved.model.name,
-            "identity": training_identity(resolved)}
+            "identity": run_identity(resolved)}
 
 
 def to_universal(ckpt: Checkpoint) -> Path:
@@ -119,22 +119,83 @@ def training_identity(resolved: Resolved) -> dict[str, Any]:
     }
 
 
+def run_identity(resolved: Resolved) -> dict[str, Any]:
+    """What `run.resume=auto` requires of a checkpoint: the training it continues (training_identity) and the
+    configuration that wrote it: backend, layout, ZeRO stage, offload and micro-batch size. Another layout is resumed
+    only when named (`run.resume=RUN_DIR`), never picked up by itself."""
+    par = resolved.recipe.parallel
+    return {**training_identity(resolved), "backend": resolved.recipe.backend, **layout_of(resolved),
+            "zero_stage": par.zero_stage, "offload_optimizer": par.offload_optimizer,
+            "offload_params": par.offload_params, "micro_batch_size": resolved.recipe.batch.micro_batch_size}
+
+
+def _differs(want: dict[str, Any], have: Any) -> list[str]:
+    have = have if isinstance(have, dict) else {}
+    return sorted(k for k in set(want) | set(have) if want.get(k) != have.get(k))
+
+
+@dataclass(frozen=True)
+class ResumeChoice:
+    """Which checkpoint a run continues (None: it starts fresh), and what to tell the user about it."""
+
+    checkpoint: Checkpoint | None
+    lines: tuple[str, ...]
+
+
+def choose_resume(resolved: Resolved, runs_dir: Path) -> ResumeChoice:
+    """The checkpoint `run.resume` names: "never" none; "auto" the newest one of a run of this recipe with the same
+    identity (find_resume); a path, the newest complete checkpoint of that run directory, or that checkpoint folder,
+    which must continue the same training (its layout may differ: check_resume_compatible says what can load).
+    Raises ResumeError for a path that holds none."""
+    how = resolved.recipe.run.resume
+    if how == "never":
+        return ResumeChoice(None, ())
+    if how == "auto":
+        ckpt, notes = find_resume(runs_dir, resolved)
+        if ckpt is not None:
+            return ResumeChoice(ckpt, (*notes, f"resuming {ckpt.path.parent} at step {ckpt.step} (run.resume=auto: "
+                                              "the newest checkpoint of this configuration; run.resume=never starts "
+                                              "fresh)"))
+        return ResumeChoice(None, tuple(notes) + (("starting fresh: no earlier run of this recipe has this "
+                                                  "configuration",) if notes else ()))
+    ckpt = explicit_resume(Path(how), resolved)
+    return ResumeChoice(ckpt, (f"resuming {ckpt.dir} at step {ckpt.step} (run.resume names it)",))
+
+
+def explicit_resume(path: Path, resolved: Resolved) -> Checkpoint:
+    """The checkpoint a `run.resume=PATH` names: PATH is a run directory (its newest complete checkpoint) or one
+    checkpoint folder (checkpoints/step{N}, with its completion marker)."""
+    if (path / MARKER).is_file():
+        found = [c for c in complete_checkpoints(path.parent) if c.tag == path.name]
+    else:
+        found = complete_checkpoints(path / "checkpoints")
+    if not found:
+        raise ResumeError(f"run.resume={path} holds no complete checkpoint (a run directory with checkpoints/step*/"
+                          f"{MARKER}, or one such step folder); name one that does, or set run.resume=auto or never")
+    ckpt = found[-1]
+    want = json.loads(json.dumps(training_identity(resolved)))
+    diff = _differs(want, {k: ckpt.info.get("identity", {}).get(k) for k in want})
+    if diff:
+        raise ResumeError(f"{ckpt.dir}: trains a different configuration (differs in {', '.join(diff)}); resume it "
+                          "with the recipe and overrides that wrote it, or set run.resume=never")
+    return ckpt
+
+
 def find_resume(runs_dir: Path, resolved: Resolved) -> tuple[Checkpoint | None, list[str]]:
-    """The newest complete checkpoint among the runs of a recipe (runs/<recipe>/*) that continues this
-    training, and a note for each newer one passed over because it belongs to a different configuration."""
+    """The newest complete checkpoint among the runs of a recipe (runs/<recipe>/*) of the same identity
+    (run_identity), and a note for each newer one passed over because it belongs to a different configuration."""
     notes: list[str] = []
     if not runs_dir.is_dir():
         return None, notes
-    want = json.loads(json.dumps(training_identity(resolved)))
+    want = json.loads(json.dumps(run_identity(resolved)))
     # Newest first by when each run last completed a checkpoint: folder names do not sort by time once SLURM's
     # `slurm-<job id>` folders sit beside UTC stamps.
     latest = [(found[-1], d) for d in runs_dir.iterdir() if (found := complete_checkpoints(d / "checkpoints"))]
     latest.sort(key=lambda cd: (_marker_mtime(cd[0]), cd[1].name), reverse=True)
     for newest, _ in latest:
-        have = newest.info.get("identity", {})
-        if have == want:
+        diff = _differs(want, newest.info.get("identity"))
+        if not diff:
             return newest, notes
-        diff = sorted(k for k in set(want) | set(have) if want.get(k) != have.get(k))
         notes.append(f"{newest.dir}: not resumed, it trains a different configuration (differs in {', '.join(diff)})")
     return None, notes
 

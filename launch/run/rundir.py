@@ -23,6 +23,21 @@ def runs_root() -> Path:
     return Path(os.environ.get("LAYOUTLAB_RUNS") or "runs")
 
 
+def claim_folder(parent: Path, prefix: str = "", *, now: _dt.datetime | None = None) -> Path:
+    """A new folder `parent/<prefix><UTC stamp>` of this process's own: mkdir is the atomic claim, so two launches in
+    one second get distinct folders (`-1`, `-2`, ...) and none is ever joined."""
+    parent.mkdir(parents=True, exist_ok=True)
+    stamp = prefix + (now or _dt.datetime.now(_dt.timezone.utc)).strftime("%Y%m%d-%H%M%S")
+    n = 0
+    while True:
+        path = parent / (stamp if n == 0 else f"{stamp}-{n}")
+        try:
+            path.mkdir()
+            return path
+        except FileExistsError:
+            n += 1
+
+
 def write_text_atomic(path: Path, text: str) -> None:
     """Replace `path` with `text` at once: readers see the old file or the new one, never a part.
 
@@ -133,17 +148,7 @@ class RunDir:
 
     @classmethod
     def create(cls, recipe_name: str, *, root: Path | None = None, now: _dt.datetime | None = None) -> "RunDir":
-        base = ((root or runs_root()) / recipe_name).resolve()
-        base.mkdir(parents=True, exist_ok=True)
-        stamp = (now or _dt.datetime.now(_dt.timezone.utc)).strftime("%Y%m%d-%H%M%S")
-        n = 0
-        while True:  # mkdir is the atomic claim: two launches in one second get distinct folders
-            path = base / (stamp if n == 0 else f"{stamp}-{n}")
-            try:
-                path.mkdir()
-                break
-            except FileExistsError:
-                n += 1
+        path = claim_folder(((root or runs_root()) / recipe_name).resolve(), now=now)
         for sub in SUBDIRS:
             (path / sub).mkdir(exist_ok=True)
         return cls(path)

@@ -40,7 +40,9 @@ def test_resume_same_layout_reproduces_losses(runs_root, interrupted, zero):
 def test_two_rank_checkpoint_resumes_on_one_rank(runs_root, interrupted, zero):
     runs = runs_root / f"reshard_z{zero}"
     full = interrupted(runs, zero)
-    one = train(runs, *CKPT, f"parallel.zero_stage={zero}", "hardware.gpus_per_node=1", "batch.micro_batch_size=4")
+    # another layout is resumed only when named: run.resume=auto starts it fresh
+    one = train(runs, *CKPT, f"parallel.zero_stage={zero}", "hardware.gpus_per_node=1", "batch.micro_batch_size=4",
+                f"run.resume={full.root}")
     assert one.metrics().meta.start_step == 5 and one.metrics().meta.dp == 1
     assert max(abs(a - b) for a, b in zip(one.losses(), full.losses()[5:])) <= TOL
     assert (full.root / "checkpoints" / "step5_universal" / "zero").is_dir()
@@ -49,15 +51,17 @@ def test_two_rank_checkpoint_resumes_on_one_rank(runs_root, interrupted, zero):
 def test_autotp_tp2dp2_checkpoint_resumes_on_one_rank(runs_root, shared_run):
     runs = runs_root / "reshard_tp"
     full = interrupted_copy(shared_run(*ds_autotp(4, 1)), runs)  # the AutoTP parity test's run
-    one = train(runs, *CKPT, "parallel.zero_stage=1", "hardware.gpus_per_node=1", "batch.micro_batch_size=4")
+    one = train(runs, *CKPT, "parallel.zero_stage=1", "hardware.gpus_per_node=1", "batch.micro_batch_size=4",
+                f"run.resume={full.root}")
     assert one.metrics().meta.start_step == 5
     assert max(abs(a - b) for a, b in zip(one.losses(), full.losses()[5:])) <= TOL
 
 
 def test_stage_change_2_to_3_is_refused_before_launch(runs_root, interrupted):
     runs = runs_root / "refuse"
-    interrupted(runs, 2)
-    p = subprocess.run(["bash", "launch/run.sh", "recipes/tiny_zero2", *CKPT, "parallel.zero_stage=3"],
+    full = interrupted(runs, 2)
+    p = subprocess.run(["bash", "launch/run.sh", "recipes/tiny_zero2", *CKPT, "parallel.zero_stage=3",
+                        f"run.resume={full.root}"],
                        cwd=REPO, env={**os.environ, "LAYOUTLAB_RUNS": str(runs)}, capture_output=True, text=True)
     assert p.returncode == 2
     line = p.stderr.strip().splitlines()[-1]
@@ -140,9 +144,20 @@ def no_rank_left(run_root) -> bool:
 
 def test_a_different_configuration_starts_fresh_with_a_note(runs_root, interrupted):
     runs = runs_root / "identity"
-    interrupted(runs, 2)  # its newest complete checkpoint is step 5
+    first = interrupted(runs, 2)  # its newest complete checkpoint is step 5
     other = train(runs, *CKPT, "train.steps=5", "batch.seq_len=48")
     assert other.metrics().meta.start_step == 0 and other.metrics().meta.resumed_from is None
     assert "not resumed, it trains a different configuration (differs in seq_len)" in other.proc.stdout
     longer = train(runs, *CKPT, "train.steps=8")  # same configuration, more steps: continues the first run
     assert longer.metrics().meta.start_step == 5
+    assert f"resuming {first.root} at step 5" in longer.proc.stdout
+
+
+def test_another_layout_of_the_recipe_is_not_resumed_by_itself(runs_root, interrupted):
+    """README's own override example after a ZeRO-2 run: the ZeRO-3 run starts fresh and says why, instead of
+    refusing the earlier checkpoint (run.resume=auto resumes only its own configuration)."""
+    runs = runs_root / "identity_layout"
+    interrupted(runs, 2)
+    other = train(runs, *CKPT, "train.steps=2", "parallel.zero_stage=3")
+    assert other.metrics().meta.start_step == 0 and other.metrics().meta.resumed_from is None
+    assert "differs in zero_stage" in other.proc.stdout and "starting fresh" in other.proc.stdout

@@ -102,7 +102,8 @@ def test_resume_onto_another_layout_is_refused_before_launch(runs_root, run_of, 
     runs = runs_root / f"mc_refuse_{override.split('=')[0]}"
     full = interrupted_copy(run_of("tp2_zero3"), runs)
     before = sorted(full.root.parent.iterdir())
-    p = subprocess.run(["bash", "launch/run.sh", MEGATRON, *LAYOUTS["tp2_zero3"], override], cwd=REPO,
+    p = subprocess.run(["bash", "launch/run.sh", MEGATRON, *LAYOUTS["tp2_zero3"], override, f"run.resume={full.root}"],
+                       cwd=REPO,
                        env={**os.environ, "LAYOUTLAB_RUNS": str(runs)}, capture_output=True, text=True,
                        timeout=120, check=False)
     assert p.returncode == 2, p.stdout[-2000:] + p.stderr[-2000:]

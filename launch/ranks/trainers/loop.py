@@ -71,8 +71,7 @@ def _train(run: RunDir, resolved: Resolved, env: common.RankEnv, terminal, cuda:
 
     # Rank 0 decides which checkpoint to continue and tells the others: ranks reading a shared file system
     # on their own could disagree (attribute caches) and then hang or diverge.
-    choice = [checkpoints.find_resume(run.root.parent, resolved)[0] if r.run.resume == "auto" and env.rank == 0
-              else None]
+    choice = [checkpoints.choose_resume(resolved, run.root.parent).checkpoint if env.rank == 0 else None]
     dist.broadcast_object_list(choice, src=0)
     resume_from = choice[0]
     universal = False
