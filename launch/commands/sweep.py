@@ -117,9 +117,9 @@ def run_members(members: Sequence[Member], folder: Path, *, quiet: bool = False)
 
 
 def sweep_folder(kind: str) -> Path:
-    """The folder a sweep (or recommend's verification) owns: runs/<kind>s/<kind>-<UTC stamp>/, its member runs
+    """The folder a sweep (or recommend's verification) owns: runs/sweeps/<kind>-<UTC stamp>/, its member runs
     and its report inside."""
-    return claim_folder(runs_root() / f"{kind}s", f"{kind}-")
+    return claim_folder(runs_root() / "sweeps", f"{kind}-")
 
 
 def write_report(measured: Sequence[Measured], folder: Path) -> Path | None:

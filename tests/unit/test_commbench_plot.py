@@ -8,8 +8,8 @@ import pytest
 from analysis.__main__ import main
 from analysis.analyzers import ceilings
 from analysis.parsers import commbench
-from analysis.report.plots import busbw_plot
 from analysis.parsers.nccl_tests import parse_nccl_tests
+from analysis.report.plots import busbw_plot
 from launch.comm.commbench_spec import write_result
 from launch.config.resolve import resolve_path
 from launch.run.rundir import RunDir
