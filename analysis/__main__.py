@@ -108,9 +108,15 @@ def _options(options: dict[str, str]) -> dict:
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help"):
-        print(USAGE)
+        print(USAGE, file=sys.stdout if argv else sys.stderr)
         return 0 if argv else 2
     cmd, rest = argv[0], argv[1:]
+    if "-h" in rest or "--help" in rest:
+        # The usage line of that command, then the whole description (options, inputs, formats).
+        own = [line.strip().removeprefix("usage:").strip() for line in USAGE.splitlines() if f"analysis {cmd} " in line]
+        print(f"usage: {own[0]}" if own else USAGE)
+        print("\n\n".join(__doc__.strip().split("\n\n")[2:]))
+        return 0
     try:
         if cmd == "recognize":
             return _recognize(rest)

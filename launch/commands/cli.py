@@ -1,8 +1,4 @@
-"""`python -m launch run RECIPE [key=value ...] [--dry-run]`, `python -m launch plan key=value ...`,
-`python -m launch export RUN_DIR [step=N] [out=DIR]`,
-`python -m launch export-accelerate (RUN_DIR | RECIPE [key=value ...]) [out=DIR]`, `python -m launch calibrate [RECIPE] [key=value ...] [out=PATH]`,
-`python -m launch recommend RECIPE [key=value ...] [top=K] [verify=true] [steps=N]`,
-`python -m launch sweep RECIPE RECIPE ... [key=value ...] [--dry-run]` (what launch/sweep.sh runs).
+"""`python -m launch COMMAND ...`: the dispatch to one module per subcommand (COMMANDS), and `--help` for each.
 
 Every user error is a `ConfigError`: one line on stderr, exit code 2, no traceback.
 """
@@ -12,6 +8,7 @@ import importlib
 import sys
 from typing import Sequence
 
+from launch.commands.help import command_help, overview
 from launch.errors import ConfigError
 from launch.run.checkpoints import ResumeError
 
@@ -20,22 +17,10 @@ COMMANDS = {"run": "run", "plan": "plan", "calibrate": "calibrate", "recommend":
             "export": "export", "export-accelerate": "export_accelerate", "docs": "docs"}
 
 
-def command_help(name: str) -> str:
-    """A subcommand's usage and options, from its module: USAGE (else its docstring's first line) and OPTIONS."""
-    module = importlib.import_module(f"launch.commands.{COMMANDS[name]}")
-    lines = [getattr(module, "USAGE", "") or (module.__doc__ or "").strip().splitlines()[0]]
-    options = getattr(module, "OPTIONS", ())
-    items = options.items() if isinstance(options, dict) else ((o.name, o.doc) for o in options)
-    lines += [f"  {key}=  {doc}" for key, doc in items]
-    if name in ("run", "sweep", "recommend", "calibrate", "export-accelerate"):
-        lines.append("  section.key=value  any field of the recipe (docs/recipes.md lists them all)")
-    return "\n".join(lines)
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help"):
-        print(__doc__.strip())
+        print(overview(COMMANDS), file=sys.stdout if argv else sys.stderr)
         return 0 if argv else 2
     command, rest = argv[0], argv[1:]
     try:
@@ -43,7 +28,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise ConfigError("command line", "command", command, "is not a command",
                               f"use one of: {', '.join(COMMANDS)}")
         if "-h" in rest or "--help" in rest:
-            print(command_help(command))
+            print(command_help(command, COMMANDS[command]))
             return 0
         module = importlib.import_module(f"launch.commands.{COMMANDS[command]}")
         return getattr(module, f"cmd_{COMMANDS[command]}")(rest)

@@ -69,8 +69,12 @@ def load_profile(name: str, *, context: str = "", field: str = "hardware.profile
                  path: Path | None = None) -> HardwareProfile:
     """A shipped profile by name, or (with `path`) a calibration file on top of the profile it names."""
     if path is None and name not in profile_names():
+        import difflib
+
+        close = difflib.get_close_matches(name, profile_names(), n=1, cutoff=0.6)
+        hint = f"did you mean {close[0]}? " if close else ""
         raise ConfigError(context or "command line", field, name, "is not a shipped hardware profile",
-                          f"use one of: {', '.join(profile_names())}, or the path of a calibration file (*.json)")
+                          f"{hint}use one of: {', '.join(profile_names())}, or the path of a calibration file (*.json)")
     if path is not None:
         from launch.config.calibration import read_calibration
 

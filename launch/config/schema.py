@@ -203,8 +203,12 @@ def recipe_file(path: str | Path) -> Path:
 def load_recipe(path: str | Path, overrides: Sequence[str] = ()) -> LoadedRecipe:
     top = recipe_file(path)
     if not top.is_file():
+        folder = Path(path) if top.name == "recipe.toml" and top.parent == Path(path) else top.parent
+        siblings = sorted(p.name for p in _listing(folder.parent) if (p / "recipe.toml").is_file())
+        close = _close_names(folder.name, siblings)
+        hint = f"did you mean {folder.parent / close}? " if close else ""
         raise ConfigError(str(path), "recipe", str(path), "has no recipe.toml",
-                          "pass a folder under recipes/ that contains recipe.toml")
+                          f"{hint}pass a folder under recipes/ that contains recipe.toml")
     merged: dict[str, Any] = {}
     origin: dict[str, str] = {}
     chain = _read_chain(top, [])
@@ -349,10 +353,14 @@ def _build(cls: type, data: Any, prefix: str, origin: Mapping[str, str], top: st
     unknown = [k for k in data if k not in fields]
     if unknown:
         k = unknown[0]
-        dotted = prefix + k
+        dotted, value = prefix + k, data[k]
         close = _close_names(k, list(fields))
+        # A mistyped section (paralel.tp=2) names the key the user wrote, not the table it became.
+        while isinstance(value, dict) and len(value) == 1 and not isinstance(hints.get(k), type):
+            (sub, value), = value.items()
+            dotted, close = f"{dotted}.{sub}", close and f"{close}.{sub}"
         fix = f"did you mean {prefix}{close}?" if close else f"known keys here: {', '.join(fields)}"
-        raise ConfigError(origin.get(dotted, top), dotted, data[k], "is not a known key", fix)
+        raise ConfigError(origin.get(dotted, origin.get(prefix + k, top)), dotted, value, "is not a known key", fix)
     kwargs = {}
     for name, f in fields.items():
         dotted = prefix + name
@@ -378,7 +386,10 @@ def _coerce(typ: Any, value: Any, dotted: str, origin: Mapping[str, str], top: s
         ok, out = _try(opt, value)
         if ok:
             return out
-    raise ConfigError(where, dotted, value, f"is not {_describe(typ)}", f"set {dotted} to {_describe(typ)}")
+    words = [a for opt in options if get_origin(opt) is Literal for a in get_args(opt) if isinstance(a, str)]
+    close = _close_names(value, words) if isinstance(value, str) else None
+    hint = f'did you mean "{close}"? ' if close else ""
+    raise ConfigError(where, dotted, value, f"is not {_describe(typ)}", f"{hint}set {dotted} to {_describe(typ)}")
 
 
 def _try(opt: Any, value: Any) -> tuple[bool, Any]:
@@ -417,6 +428,14 @@ def _describe(typ: Any) -> str:
         else:
             words.append({int: "an integer", float: "a number", bool: "true or false", str: "a string"}.get(opt, str(opt)))
     return " or ".join(words)
+
+
+def _listing(folder: Path) -> list[Path]:
+    """The entries of a folder, or none when it cannot be listed (missing, a file, no permission)."""
+    try:
+        return list(folder.iterdir())
+    except OSError:
+        return []
 
 
 def _close_names(word: str, names: list[str]) -> str | None:

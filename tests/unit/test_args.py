@@ -1,10 +1,13 @@
 """The one argument reader (launch/commands/args.py) and `--help` on every subcommand."""
+import os
 import subprocess
+import sys
 
 import pytest
 
 from launch.commands.args import Option, boolean, read, whole, whole_list
 from launch.commands.cli import COMMANDS, main
+from launch.commands.help import ABOUT, TAKES_A_RECIPE
 from launch.errors import ConfigError
 from tests.conftest import REPO
 
@@ -47,7 +50,57 @@ def test_flags_and_positionals_are_checked():
 def test_every_subcommand_answers_help(command, capsys):
     assert main([command, "--help"]) == 0
     out = capsys.readouterr().out
-    assert out.strip() and ("usage" in out or "launch" in out), out
+    assert out.startswith("usage: ") and f"example: {ABOUT[command][1]}" in out, out
+    if command in TAKES_A_RECIPE:  # every recipe key, with its type, default and the schema's comment
+        for key, shown in (("parallel.tp", "int = 1"), ("run.resume", 'str = "auto"'),
+                           ("train.activation_checkpointing", '"none" | "full" | "selective" = "none"')):
+            line = next(ln for ln in out.splitlines() if ln.split() and ln.split()[0] == key)
+            assert shown in line, line
+        assert "tiny_zero2" in out.split("recipes: ", 1)[1].splitlines()[0]
+
+
+def test_the_overview_names_every_subcommand(capsys):
+    assert set(ABOUT) == set(COMMANDS)
+    assert main(["--help"]) == 0
+    out = capsys.readouterr().out
+    assert all(f"  {name} " in out for name in COMMANDS)
+
+
+@pytest.mark.parametrize("command", ["run", "plan", "sweep", "recommend", "docs", "export-accelerate"])
+def test_each_help_example_runs_as_written(command, tmp_path):
+    """The example --help shows (those that need no earlier run and finish in seconds)."""
+    argv = ABOUT[command][1].split()
+    argv = argv[1:] if argv[0] == "bash" else argv[2:]
+    if argv[0].startswith("launch/"):
+        argv = [str(REPO / argv[0]), *argv[1:]]
+    cmd = ["bash", *argv] if argv[0].endswith(".sh") else [sys.executable, *ABOUT[command][1].split()[1:]]
+    env = {**os.environ, "LAYOUTLAB_RUNS": str(tmp_path / "runs")}
+    cwd = REPO if command in ("docs", "run", "sweep", "recommend", "export-accelerate") else tmp_path
+    p = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=120, env=env)
+    assert p.returncode == 0, p.stderr[-2000:]
+
+
+@pytest.mark.parametrize("arg, says", [
+    ("recipes/tiny_zer2", "recipes/tiny_zero2? pass a folder"),
+    ("hardware.profile=h100sxm", "did you mean h100-sxm?"),
+    ("backend=deepspeeed", 'did you mean "deepspeed"?'),
+    ("paralel.tp=2", "paralel.tp=2 is not a known key; did you mean parallel.tp?"),
+    ("parallel.tpp=2", "did you mean parallel.tp?"),
+])
+def test_did_you_mean_for_recipes_profiles_backends_and_keys(arg, says, capsys):
+    args = [arg, "--dry-run"] if arg.startswith("recipes/") else [str(REPO / "recipes/tiny_zero2"), arg, "--dry-run"]
+    if arg.startswith("recipes/"):
+        args[0] = str(REPO / arg)
+    assert main(["run", *args]) == 2
+    err = capsys.readouterr().err
+    assert says in err and err.count("\n") == 1, err
+
+
+@pytest.mark.parametrize("command", ["report", "doctor", "recognize", "busbw"])
+def test_every_analysis_subcommand_answers_help(command):
+    p = subprocess.run([sys.executable, "-m", "analysis", command, "--help"], cwd=REPO, capture_output=True,
+                       text=True, timeout=60)
+    assert p.returncode == 0 and p.stdout.startswith(f"usage: python -m analysis {command} "), p.stdout + p.stderr
 
 
 def test_run_sh_answers_h():
