@@ -25,11 +25,11 @@ from pathlib import Path
 from typing import Sequence
 
 from launch.commands.args import Option, boolean, read, whole
-from launch.commands.render import make_console, recommendation
-from launch.config.calibration import Newest, newest_for
-from launch.config.resolve import Resolved, resolve_path
+from launch.commands.render import make_console, recommendation, safe
+from launch.config.resolve import resolve_path
 from launch.plan.search import Candidate, candidates, recommend
 from launch.run import envinfo
+from launch.run.timesource import time_source
 
 DEFAULT_TOP = 3
 DEFAULT_VERIFY_STEPS = 30
@@ -120,41 +120,18 @@ def _feed_back(done, console) -> None:
                   f"{ratio:.3f}, applied to plans that use it (hardware.profile={escape(str(out))})")
 
 
-def _newest_calibration(base: Resolved, overrides: Sequence[str]) -> Newest | None:
-    """Where the command line names no hardware.profile and the recipe's (`base`) is nominal: the newest calibration
-    that `calibrate` left under the runs folder for this machine, model and world, if any (`calibrate` then
-    `recommend` is the documented order; ranking on nominal figures after measuring would throw the measurement
-    away)."""
-    from launch.run.rundir import runs_root
-
-    if any(a.split("=", 1)[0].strip() == "hardware.profile" for a in overrides) or not base.hardware.nominal:
-        return None  # named (the override parser strips the key too), or the recipe's own
-    r = base.recipe
-    return newest_for(runs_root(), machine_kind=envinfo.machine_kind(), versions=envinfo.package_versions(),
-                      base_profile=base.hardware.name, world_size=base.world_size,
-                      ranks_per_node=r.hardware.gpus_per_node, model=base.model.name, dtype=r.precision.dtype,
-                      seq_len=r.batch.seq_len)
-
-
 def cmd_recommend(args: Sequence[str]) -> int:
     a = read(args, command="recommend", usage=USAGE, options=OPTIONS, positional=(1, 1), overrides=True)
     recipe, overrides, verify = a.positional[0], list(a.overrides), a.options["verify"]
     top = a.options["top"] or (DEFAULT_TOP if verify else 20)
     console = make_console()
     base = resolve_path(recipe, overrides)
-    newest = _newest_calibration(base, overrides)
-    if newest is not None:
-        from rich.markup import escape
-
-        if newest.unreadable:
-            console.print(f"warning: passed over {len(newest.unreadable)} calibration file(s) that cannot be read, "
-                          f"e.g. {escape(newest.unreadable[0])}")
-        if newest.path is not None:
-            overrides.append(f"hardware.profile={newest.path}")
-            console.print(f"timed with {escape(str(newest.path))}: the newest calibration of this machine for this "
-                          f"model and world (no hardware.profile given; hardware.profile={escape(base.hardware.name)} "
-                          "gives nominal figures)")
-    rec = recommend(candidates(recipe, overrides, envinfo.machine()))
+    machine = envinfo.machine()
+    source = time_source(base, overrides, machine)
+    for line in source.lines:
+        console.print(safe(line))
+    overrides = list(source.overrides)
+    rec = recommend(candidates(recipe, overrides, machine))
     recommendation(base.recipe_name, rec, top, console)
     if not verify or not rec.ranked:
         return 0 if rec.ranked else 1

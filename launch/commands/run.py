@@ -19,6 +19,7 @@ from launch.run import envinfo, launcher, nodes
 from launch.run.failures import failure_summary
 from launch.run.nodes import shared_run_dir
 from launch.run.rundir import RunDir, runs_root
+from launch.run.timesource import time_source
 
 USAGE = "usage: bash launch/run.sh recipes/NAME [dotted.key=value ...] [--dry-run]"
 
@@ -26,8 +27,14 @@ USAGE = "usage: bash launch/run.sh recipes/NAME [dotted.key=value ...] [--dry-ru
 def cmd_run(args: Sequence[str]) -> int:
     a = read(args, command="run.sh", usage=USAGE, positional=(1, 1), overrides=True, dry_run=True)
     dry, recipe, overrides = a.dry_run, a.positional[0], list(a.overrides)
+    machine = envinfo.machine()
     resolved = resolve_path(recipe, overrides)
-    plan = plan_resolved(resolved, envinfo.machine())
+    source = time_source(resolved, overrides, machine)
+    if source.calibration:
+        resolved = resolve_path(recipe, source.overrides)
+    for line in source.lines:
+        print(line)
+    plan = plan_resolved(resolved, machine)
     console = make_console()
     if dry:
         run_dir = str(runs_root() / resolved.recipe_name / "<UTC yyyymmdd-hhmmss>")  # where the real run would go

@@ -25,6 +25,7 @@ from launch.plan.build import plan_resolved
 from launch.plan.layout import Plan
 from launch.run import envinfo
 from launch.run.rundir import RunDir, claim_folder, runs_root
+from launch.run.timesource import time_source
 from launch.units import GiB
 
 # What must be equal across a set for its step times and curves to compare (dotted recipe key -> reader).
@@ -59,8 +60,14 @@ class Measured:
 
 
 def member(label: str, recipe: str, overrides: Sequence[str]) -> Member:
+    """One run of the set, timed as run.sh would time it (launch/run/timesource.py): its overrides then carry the
+    calibration, so that the run and the table name the same figures."""
+    machine = envinfo.machine()
     resolved = resolve_path(recipe, [*overrides, "run.resume=never"])
-    return Member(label, recipe, tuple(overrides), resolved, plan_resolved(resolved, envinfo.machine()))
+    source = time_source(resolved, overrides, machine)
+    if source.calibration:
+        resolved = resolve_path(recipe, [*source.overrides, "run.resume=never"])
+    return Member(label, recipe, source.overrides, resolved, plan_resolved(resolved, machine))
 
 
 def check_equal(members: Sequence[Member]) -> None:

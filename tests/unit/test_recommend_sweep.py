@@ -269,3 +269,22 @@ def test_recommend_without_a_profile_ranks_on_this_machines_calibration(tmp_path
     assert main(["recommend", str(recipe), "top=3"]) == 0
     out = capsys.readouterr().out
     assert "timed with" not in out and "calibrated on" in out and "2026-11-01" in out
+
+
+def test_run_and_sweep_plan_with_this_machines_calibration_too(tmp_path, capsys, monkeypatch):
+    """One time source: after `calibrate`, run.sh --dry-run and sweep.sh --dry-run time with the same file recommend
+    finds, and say so; a profile named on the command line still wins."""
+    from tests.unit.test_calibration import _calibration
+
+    monkeypatch.setenv("COLUMNS", "240")
+    path = _calibrate_into(tmp_path / "runs", "20261201-000000", _calibration())
+    assert main(["run", str(RECIPES / "tiny_zero2"), "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert f"timed with {path}" in out and "time: calibrated on" in out
+    assert main(["sweep", str(RECIPES / "tiny_zero2"), str(RECIPES / "tiny_zero2"), "batch.micro_batch_size=4",
+                 "--dry-run"]) == 0
+    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("│ ")]
+    assert len(rows) == 2 and all("calibrated" in r for r in rows), rows
+    assert main(["run", str(RECIPES / "tiny_zero2"), "hardware.profile=cpu", "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "timed with" not in out and "time: calibrated" not in out
