@@ -129,7 +129,7 @@ def cmd_recommend(args: Sequence[str]) -> int:
     machine = envinfo.machine()
     source = time_source(base, overrides, machine)
     for line in source.lines:
-        console.print(safe(line))
+        console.print(safe(line), soft_wrap=True)  # a path stays whole
     overrides = list(source.overrides)
     rec = recommend(candidates(recipe, overrides, machine))
     recommendation(base.recipe_name, rec, top, console)

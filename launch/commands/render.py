@@ -10,13 +10,19 @@ from launch.errors import printable
 from launch.plan.layout import Plan
 from launch.plan.memory import chunk_layers
 from launch.run import launcher
-from launch.units import GiB, KiB, MiB
+from launch.units import GiB, KiB, MiB, human_bytes, human_count
 
 
 def make_console():
+    """A console as wide as COLUMNS says, the terminal's own width, or 100 columns when the output is a file: the
+    tables below are laid out to fit 100."""
+    import sys
+
     from rich.console import Console
 
-    return Console(width=int(os.environ.get("COLUMNS", "120")), highlight=False, soft_wrap=True)
+    width = int(os.environ["COLUMNS"]) if os.environ.get("COLUMNS", "").isdigit() else (
+        None if sys.stdout.isatty() else 100)
+    return Console(width=width, highlight=False)
 
 
 def gib(n: float) -> str:
@@ -33,6 +39,7 @@ def safe(text: str) -> str:
 
 def render(resolved: Resolved, plan: Plan, cmd: launcher.LaunchCommand, console,
            per_node: Sequence[launcher.NodeCommand] = ()) -> None:
+    from rich import box
     from rich.table import Table
 
     r = resolved.recipe
@@ -42,7 +49,7 @@ def render(resolved: Resolved, plan: Plan, cmd: launcher.LaunchCommand, console,
     if resolved.overrides:
         console.print(f"  overrides: {safe(' '.join(resolved.overrides))}")
     pc = resolved.model.param_counts()
-    console.print(f"  backend={r.backend}  model={safe(resolved.model.name)} ({pc.total / 1e9:.3f}B params)  "
+    console.print(f"  backend={r.backend}  model={safe(resolved.model.name)} ({human_count(pc.total)} params)  "
                   f"dtype={r.precision.dtype}  zero_stage={r.parallel.zero_stage}  sp={str(r.parallel.sp).lower()}  "
                   f"activation_checkpointing={r.train.activation_checkpointing}")
     console.print(f"  batch: micro_batch_size={r.batch.micro_batch_size} × grad_accum={resolved.grad_accum} × "
@@ -63,35 +70,36 @@ def render(resolved: Resolved, plan: Plan, cmd: launcher.LaunchCommand, console,
             console.print(f"  pp stage {stage}: " + ", ".join(f"chunk {v} layers {c[0]}-{c[-1]}" for v, c in enumerate(chunks)))
     console.print()
 
-    t = Table(title="memory per rank (GiB)", title_justify="left")
+    unit, per = table_unit(max(rp.memory[rp.implementation].total for rp in plan.ranks))
+    t = Table(title=f"memory per rank ({unit}, {plan.worst().implementation} accounting)", title_justify="left",
+              box=box.SIMPLE_HEAD, pad_edge=False)
     t.add_column("ranks")
-    t.add_column("accounting")
-    for col in ("weights", "grads", "optimizer", "activations", "buffers", "allowance", "total", "host"):
-        t.add_column(col, justify="right")
+    for col in ("weights", "grads", "optim", "acts", "buffers", "allow", "total", "host"):
+        t.add_column(col, justify="right", no_wrap=True)
     t.add_column("fits")
     for rp in plan.ranks:
-        for acc, mem in rp.memory.items():
-            mark = acc + (" *" if acc == rp.implementation else "")
-            fits = ("yes" if mem.total <= rp.usable_bytes else "NO") if acc == rp.implementation else ""
-            t.add_row(f"{rp.kind} {ranks_text(rp.ranks)}", mark, gib(mem.weights), gib(mem.grads), gib(mem.optimizer),
-                      gib(mem.activations), gib(mem.buffers), gib(mem.allowance), gib(mem.total),
-                      gib(mem.host_bytes), fits)
+        mem = rp.memory[rp.implementation]
+        t.add_row(f"{rp.kind} {ranks_text(rp.ranks)}", *(f"{b / per:.3g}" for b in (
+            mem.weights, mem.grads, mem.optimizer, mem.activations, mem.buffers, mem.allowance, mem.total,
+            mem.host_bytes)), "yes" if mem.total <= rp.usable_bytes else "NO")
     console.print(t)
     worst = plan.worst()
-    console.print(f"  * = accounting used by the fit check; usable device memory {gib(worst.usable_bytes)} GiB of "
-                  f"{gib(worst.device_memory_bytes)} (headroom {r.plan.headroom:.0%})")
+    others = ", ".join(f"{acc} {human_bytes(m.total)}" for acc, m in worst.memory.items() if acc != worst.implementation)
+    console.print(f"  accounting: {worst.implementation} * is the fit check's (the backend's own); for reference "
+                  f"{others}; usable device memory {human_bytes(worst.usable_bytes)} of "
+                  f"{human_bytes(worst.device_memory_bytes)} (headroom {r.plan.headroom:.0%})")
 
-    c = Table(title="communication per step (per rank)", title_justify="left")
+    c = Table(title="communication per step (per rank)", title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
     for col in ("parallelism", "collective", "link", "group", "calls", "message", "sent/rank", "busbw GB/s", "time ms"):
         c.add_column(col, justify="right" if col not in ("parallelism", "collective", "link") else "left")
     for item in plan.comm:
         c.add_row(item.parallelism, item.collective, item.link, str(item.group_size), str(item.calls_per_step),
-                  size(item.message_bytes), size(item.bytes_per_rank), f"{item.busbw_GBps:.3g}", f"{item.time_s * 1e3:.2f}")
+                  human_bytes(item.message_bytes), human_bytes(item.bytes_per_rank), f"{item.busbw_GBps:.3g}", f"{item.time_s * 1e3:.2f}")
     if not plan.comm:
         c.add_row("-", "none (one rank per group)", "", "", "", "", "", "", "")
     console.print(c)
     s = plan.step
-    console.print(f"predicted step: {s.total_s * 1e3:.1f} ms = compute {s.compute_s * 1e3:.1f} + bubble "
+    console.print(f"predicted step ({timing_label(plan)}): {s.total_s * 1e3:.1f} ms = compute {s.compute_s * 1e3:.1f} + bubble "
                   f"{s.bubble_s * 1e3:.1f} + tp/sp {s.tp_comm_s * 1e3:.1f} + pp {s.pp_comm_s * 1e3:.1f} + exposed dp "
                   f"{s.dp_exposed_s * 1e3:.1f} (of {s.dp_comm_s * 1e3:.1f}) + offload {s.offload_s * 1e3:.1f}; "
                   f"{s.tokens_per_s_per_device:,.0f} tokens/s/device, MFU {s.mfu:.1%}")
@@ -109,16 +117,57 @@ def render(resolved: Resolved, plan: Plan, cmd: launcher.LaunchCommand, console,
     console.print()
     if r.run.launcher == "deepspeed" and per_node:
         console.print("[bold]launch command[/bold] (on the first host; DeepSpeed's runner starts each node over pdsh/ssh)")
-        console.print(printable(cmd.shell()), markup=False)
+        console.print(printable(cmd.shell()), markup=False, soft_wrap=True)
         console.print("[bold]per node[/bold] (what the runner starts there; the environment reaches it through "
                       "DS_ENV_FILE)")
     elif per_node:
         console.print("[bold]launch command per node[/bold] (start each on its node; nodes > 0 join node 0's run directory)")
     else:
         console.print("[bold]launch command[/bold]")
-        console.print(printable(cmd.shell()), markup=False)
+        console.print(printable(cmd.shell()), markup=False, soft_wrap=True)
     for line in node_lines(per_node):
-        console.print(line, markup=False)
+        console.print(line, markup=False, soft_wrap=True)
+
+
+def table_unit(largest: float) -> tuple[str, int]:
+    """The one binary unit a table of sizes up to `largest` bytes is shown in (named in its title)."""
+    for unit, size in (("GiB", GiB), ("MiB", MiB), ("KiB", KiB)):
+        if largest >= size:
+            return unit, size
+    return "B", 1
+
+
+def timing_label(plan: Plan) -> str:
+    """Beside every predicted time: where its figures come from."""
+    if plan.step.timing == "calibrated":
+        return "calibrated"
+    return (f"nominal: the {plan.hardware} profile's figures, not measured here"
+            + ("; `python -m launch calibrate` measures this machine" if plan.hardware == "cpu" else ""))
+
+
+def summary(resolved: Resolved, plan: Plan, cmd: launcher.LaunchCommand, run_dir: str, console) -> None:
+    """What a run prints before it trains, at most 15 lines: the whole plan is in plan.json and `--dry-run`."""
+    r, p = resolved.recipe, resolved.recipe.parallel
+    worst = plan.worst()
+    mem = worst.memory[worst.implementation]
+    s = plan.step
+    console.print(f"[bold]{safe(resolved.recipe_name)}[/bold]"
+                  + (f"  {safe(' '.join(resolved.overrides))}" if resolved.overrides else ""))
+    console.print(f"  {r.backend} · {safe(resolved.model.name)} ({human_count(resolved.model.param_counts().total)} "
+                  f"params) · {r.precision.dtype} · tp {p.tp} × pp {p.pp} × dp {p.dp}"
+                  + (" + sp" if p.sp else "") + f" · ZeRO-{p.zero_stage} · checkpointing "
+                  f"{r.train.activation_checkpointing}")
+    console.print(f"  {r.batch.global_batch_size} sequences × {r.batch.seq_len} tokens per step "
+                  f"(micro-batch {r.batch.micro_batch_size} × {resolved.grad_accum} accumulated × dp {p.dp}), "
+                  f"{r.train.steps} steps on {safe(resolved.hardware.name)}, {r.hardware.nodes} node(s) × "
+                  f"{r.hardware.gpus_per_node}")
+    for w in resolved.warnings:
+        console.print(f"[yellow]warning:[/yellow] {safe(w)}")
+    console.print(f"  memory per rank {human_bytes(mem.total)} of {human_bytes(worst.usable_bytes)} usable "
+                  f"({worst.implementation} accounting): {'fits' if plan.fits else 'DOES NOT FIT'}")
+    console.print(f"  predicted step {s.total_s * 1e3:.1f} ms, {s.tokens_per_s_per_device:,.0f} tokens/s/device, MFU "
+                  f"{s.mfu:.1%} ({safe(timing_label(plan))})")
+    console.print(f"  run directory {safe(run_dir)}  (plan.json: the whole plan; launch_cmd.txt: the command)")
 
 
 def node_lines(per_node: Sequence[launcher.NodeCommand]) -> list[str]:
@@ -137,13 +186,6 @@ def ranks_text(ranks: Sequence[int]) -> str:
     if len(ranks) > 2 and list(ranks) == list(range(ranks[0], ranks[-1] + 1)):
         return f"[{ranks[0]}-{ranks[-1]}]"
     return "[" + ",".join(map(str, ranks)) + "]"
-
-
-def size(n: float) -> str:
-    for unit, size in (("GiB", GiB), ("MiB", MiB), ("KiB", KiB)):
-        if n >= size:
-            return f"{n / size:.1f} {unit}"
-    return f"{int(n)} B"
 
 
 def layouts_table(rows, title: str, console) -> None:
@@ -198,12 +240,13 @@ def recommendation(recipe_name: str, rec, shown: int, console) -> None:
 
 
 def sweep_table(rows: Sequence[dict], title: str, console) -> None:
-    """A sweep's members as commands.sweep.plan_rows computes them."""
+    """A sweep's members as commands.sweep.plan_rows computes them (predicted figures)."""
     from rich.table import Table
 
     t = Table(title=title, title_justify="left")
-    for col in ("run", "fits", "memory/rank GiB", "predicted step ms", "predicted comm ms", "tokens/s/device", "timing"):
-        t.add_column(col, justify="left" if col in ("run", "timing") else "right")
+    # predicted, per rank: memory of the worst rank, step and communication time, tokens/s per device
+    for col in ("run", "fits", "memory GiB", "step ms", "comm ms", "tokens/s/dev", "timing"):
+        t.add_column(col, justify="left" if col in ("run", "timing") else "right", no_wrap=col == "run")
     for r in rows:
         t.add_row(r["label"], "yes" if r["fits"] else "NO", f"{r['memory_GiB']:.2f}", f"{r['step_ms']:.1f}",
                   f"{r['comm_ms']:.1f}", f"{r['tokens_per_s_per_device']:,.0f}", r["timing"])

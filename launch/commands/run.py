@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Sequence
 
 from launch.commands.args import read
-from launch.commands.render import gib, make_console, render, safe
+from launch.commands.render import gib, make_console, render, summary
 from launch.config.backends import traits
 from launch.config.grid import shown_nodes
 from launch.config.resolve import Resolved, resolve_path
@@ -82,8 +82,7 @@ def cmd_run(args: Sequence[str]) -> int:
     run.write_text_atomic(run.launch_cmd if node == 0 else run.root / f"launch_cmd_node{node}.txt", cmd.shell() + "\n")
     for path, text in cmd.files.items():
         run.write_text_atomic(Path(path), text)
-    render(resolved, plan, cmd, console)
-    console.print(f"[bold]run directory[/bold] {safe(str(run.root))}")
+    summary(resolved, plan, cmd, str(run.root), console)
     from launch.run.extensions import ensure_op, needed_ops
 
     for op in [] if bench else needed_ops(resolved):

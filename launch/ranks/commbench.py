@@ -42,7 +42,6 @@ from launch.comm.commbench_spec import (
     REDUCING,
     ROOT,
     DType,
-    MiB,
     Shape,
     result_document,
     result_rows,
@@ -54,6 +53,7 @@ from launch.config.commbench import groups_of
 from launch.config.resolve import Resolved
 from launch.ranks.trainers import common
 from launch.run.rundir import RunDir
+from launch.units import human_bytes
 
 
 def value_plan(dtype: DType, summed: int) -> tuple[int, int, int]:
@@ -225,7 +225,7 @@ def _sweep(run: RunDir, resolved, env, terminal, cuda: bool, watchdog) -> int:
                     local[k, p, 0], local[k, p, 1] = _measure(coll, placement, send, recv, scratch, s,
                                                               (lo, span, poison), cb, sync)
             dist.barrier()  # ranks outside the groups wait here, one size at a time, within run.timeout_s
-            progress.update(step, f"{op} {_human(s.size_bytes)}")
+            progress.update(step, f"{op} {human_bytes(s.size_bytes)}")
         dist.all_reduce(local)  # sums over the participating ranks; the others added zeros
         del send, recv, scratch  # before the next op allocates its own: one set of buffers at a time
         if env.rank == 0:
@@ -330,10 +330,3 @@ def _device_info(env, cuda: bool, group_index: int | None) -> dict:
         busid, name = "cpu", "CPU rank (gloo)"
     return {"rank": env.rank, "group": group_index, "pid": os.getpid(), "host": socket.gethostname(),
             "device": env.local_rank, "busid": busid, "name": name}
-
-
-def _human(n: int) -> str:
-    for unit, size in (("GiB", 1 << 30), ("MiB", MiB), ("KiB", 1 << 10)):
-        if n >= size:
-            return f"{n / size:g} {unit}"
-    return f"{n} B"

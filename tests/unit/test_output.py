@@ -1,0 +1,53 @@
+"""Output for people: a run's plan summary in at most 15 lines, dry-run tables within 100 columns, sizes and counts in
+adaptive units, every predicted time labelled with where its figures come from."""
+import io
+import os
+import subprocess
+import sys
+
+import pytest
+from rich.console import Console
+
+from launch.commands.render import summary
+from launch.config.resolve import resolve_path
+from launch.plan.build import plan_resolved
+from launch.run import launcher
+from launch.units import GiB, KiB, MiB, human_bytes, human_count
+from tests.conftest import RECIPES, REPO
+
+
+@pytest.mark.parametrize("n, shown", [(0, "0 B"), (1023, "1023 B"), (1536, "1.5 KiB"), (512 * KiB, "512 KiB"),
+                                      (int(0.51 * GiB), "522 MiB"), (80 * GiB, "80 GiB"), (3 * MiB + 1, "3 MiB")])
+def test_sizes_take_the_largest_unit_that_keeps_the_number_at_least_one(n, shown):
+    assert human_bytes(n) == shown
+
+
+@pytest.mark.parametrize("n, shown", [(999, "999"), (214_000, "214K"), (494_032_768, "494M"), (6_738_415_616, "6.74B")])
+def test_counts_say_thousands_millions_billions(n, shown):
+    assert human_count(n) == shown
+
+
+@pytest.mark.parametrize("recipe", ["tiny_zero2", "tiny_tp2_pp2", "7b_tp2_zero3", "8b_tp8_sp_zero1"])
+def test_a_run_prints_at_most_15_plan_lines(recipe):
+    resolved = resolve_path(RECIPES / recipe)
+    plan = plan_resolved(resolved)
+    cmd = launcher.build(resolved, "runs/x/1")
+    out = io.StringIO()
+    summary(resolved, plan, cmd, "runs/x/1", Console(file=out, width=100))
+    lines = out.getvalue().splitlines()
+    assert 4 <= len(lines) <= 15, out.getvalue()
+    assert "params)" in lines[1] and "0.000B" not in out.getvalue()
+    assert "predicted step" in out.getvalue() and "nominal: the " in out.getvalue()  # labelled beside the number
+
+
+@pytest.mark.parametrize("recipe", ["tiny_zero2", "tiny_tp2_pp2", "7b_tp2_zero3", "8b_tp8_sp_zero1"])
+def test_the_dry_run_fits_100_columns_but_for_the_commands_to_copy(recipe):
+    env = {k: v for k, v in os.environ.items() if k != "COLUMNS"}
+    p = subprocess.run([sys.executable, "-m", "launch", "run", str(RECIPES / recipe), "--dry-run"], cwd=REPO, env=env,
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    commands = [ln for ln in p.stdout.splitlines() if "-m torch.distributed.run" in ln or "-m launch.ranks" in ln
+                or ln.startswith(("deepspeed ", "  node "))]
+    wide = [ln for ln in p.stdout.splitlines() if len(ln) > 100 and ln not in commands]
+    assert not wide, wide
+    assert "memory per rank (" in p.stdout and "communication per step" in p.stdout
