@@ -24,6 +24,7 @@ from launch.errors import ConfigError
 from launch.plan.build import make_plan
 from launch.plan.layout import Layout, Plan
 from launch.run import envinfo
+from launch.run.rundir import runs_root
 
 USAGE = "usage: python -m launch plan [key=value ...]  (e.g. model=llama-2-7b world_size=4,8 hardware=h100-sxm)"
 AC_POLICIES = ("none", "selective", "full")
@@ -39,7 +40,8 @@ OPTIONS = (
     Option("global_batch_size", "default 8 × the largest GPU count", whole(1, 1 << 40)),
     Option("activation_checkpointing", "policies to compare, comma separated (default none,full)",
            choice_list(*AC_POLICIES), ("none", "full")),
-    Option("out", "output path without suffix (default plans/<model>_<hardware>)", text),
+    Option("out", "output path without suffix: .png, .html and .json are added (default runs/plans/<model>_<hardware>)",
+           text),
 )
 
 
@@ -108,14 +110,16 @@ def cmd_plan(args: Sequence[str]) -> int:
     first = rows[0].layout
     title = (f"{first.model.name} on {first.hardware.name}: memory per GPU by layout\n"
              f"(seq {first.seq_len}, micro-batch {first.micro_batch_size}, {first.dtype}, {first.backend})")
-    out = Path(opts["out"] or f"plans/{first.model.name}_{first.hardware.name}")
-    out.parent.mkdir(parents=True, exist_ok=True)
+    # The whole model name: a suffix swap would cut llama-3.1-8b at its dot.
+    stem = opts["out"] or str(runs_root() / "plans" / f"{first.model.name}_{first.hardware.name}")
+    png_path, html_path, json_path = (Path(f"{stem}.{ext}") for ext in ("png", "html", "json"))
+    png_path.parent.mkdir(parents=True, exist_ok=True)
     png = chart_png(rows, title)
-    out.with_suffix(".png").write_bytes(png)
-    out.with_suffix(".html").write_text(render_html(rows, png, title))
-    out.with_suffix(".json").write_text(json.dumps(
+    png_path.write_bytes(png)
+    html_path.write_text(render_html(rows, png, title))
+    json_path.write_text(json.dumps(
         [{"world_size": r.world_size, "layout": r.label, "plan": json.loads(r.plan.to_json())} for r in rows], indent=1))
     console = make_console()
     render.layouts_table(rows, title, console)
-    console.print(f"wrote {out.with_suffix('.png')}, {out.with_suffix('.html')}, {out.with_suffix('.json')}")
+    console.print(f"wrote {png_path}, {html_path}, {json_path}", soft_wrap=True)
     return 0

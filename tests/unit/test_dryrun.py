@@ -1,4 +1,5 @@
 """`bash launch/run.sh recipes/7b_tp2_zero3 --dry-run` as a user runs it."""
+import os
 import subprocess
 import sys
 import time
@@ -128,3 +129,28 @@ def test_preflight_refuses_nsys_missing_and_multinode_deepspeed_without_hostfile
         preflight(r, gpus=8)
     with pytest.raises(ConfigError, match="needs 4 GPU"):
         preflight(resolve_path(REPO / "recipes/7b_zero3_ac"), gpus=2)
+
+
+def test_plan_figure_is_sorted_marks_the_best_and_is_named_from_the_whole_model_name(tmp_path):
+    env = {**os.environ, "LAYOUTLAB_RUNS": str(tmp_path / "runs")}
+    p = subprocess.run([sys.executable, "-m", "launch", "plan", "model=llama-3.1-8b", "world_size=4"], cwd=tmp_path,
+                       env=env, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    stem = tmp_path / "runs" / "plans" / "llama-3.1-8b_h100-sxm"  # not plans/llama-3.png, and not in the cwd
+    assert not (tmp_path / "plans").exists()
+    png = (stem.parent / (stem.name + ".png")).read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and int.from_bytes(png[16:20], "big") == 1400  # IHDR width
+    import json
+
+    rows = json.loads((stem.parent / (stem.name + ".json")).read_text())
+    fitting = [r for r in rows if r["plan"]["fits"]]
+    best = max(fitting, key=lambda r: r["plan"]["step"]["tokens_per_s_per_device"])["layout"]
+    page = (stem.parent / (stem.name + ".html")).read_text()
+    assert page.count("(best)") == 1 and f"{best} <b>(best)</b>" in page
+    # sorted: the fitting layouts fastest first, then the ones that do not fit
+    import re
+
+    labels = [m.replace(" <b>(best)</b>", "") for m in re.findall(r"<tr class='\w+'><td>\d+</td><td>(.*?)</td>", page)]
+    order = sorted(rows, key=lambda r: (not r["plan"]["fits"], -r["plan"]["step"]["tokens_per_s_per_device"]
+                                        if r["plan"]["fits"] else r["plan"]["ranks"][0]["memory"]["deepspeed"]["total"]))
+    assert labels == [r["layout"] for r in order]
