@@ -47,7 +47,7 @@ def expected(resolved: Resolved, rank: int) -> Counter:
     return Counter({c.collective: c.layers + c.head + c.loss + c.logits
                     for c in tp_calls("megatron", sp=par.sp, layers=resolved.model.num_layers // par.pp,
                                       micro_batches=resolved.grad_accum,
-                                      recompute=resolved.recipe.train.activation_checkpointing,
+                                      activation_checkpointing=resolved.recipe.train.activation_checkpointing,
                                       first_stage=stage == 0, last_stage=stage == par.pp - 1)})
 
 
