@@ -23,6 +23,7 @@ import os
 import statistics
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
@@ -123,9 +124,14 @@ def cmd_calibrate(args: Sequence[str]) -> int:
     # measures each size within ~50 ms, one phase of gloo's latency, which moves from second to second on a shared
     # machine (here all_gather's α came out 393 µs in one calibration and 627 µs in the next, and the engine costs
     # taken against it moved with it); the two sweeps span the minutes the compute figures took.
+    clock = _Stages(3)
+    clock.next("collectives, first sweep")
     first = _collectives(recipe, overrides, resolved, root, "first", notes)
+    clock.next(f"compute: {', '.join(a.backends)} passes and whole steps ({a.iters} timed iterations each)")
     compute, samples = _compute(recipe, overrides, resolved, root, a.backends, a.iters, notes)
+    clock.next("collectives, second sweep")
     last = _collectives(recipe, overrides, resolved, root, "last", notes)
+    clock.done()
     calib = Calibration(created=started, machine_kind=envinfo.machine_kind(),
                         versions={k: v for k, v in envinfo.package_versions().items() if k in MEASURED_PACKAGES},
                         base_profile=resolved.hardware.name, world_size=resolved.world_size,
@@ -153,10 +159,74 @@ def cmd_calibrate(args: Sequence[str]) -> int:
             print(f"  {e.backend} engine ZeRO-{e.zero_stage}: +{e.micro_step_s * 1e3:.2f} ms per micro-step, "
                   f"+{e.step_s * 1e3:.2f} ms per step, +{e.recompute_s * 1e3:.2f} ms per micro-step under full "
                   "checkpointing")
+    noise = [n for n in notes if n.endswith(NOISE)]
     for n in notes:
-        print(f"  note: {n}")
+        if not n.endswith(NOISE):
+            print(f"  note: {n}")
+    engine_terms = 3 * len(calib.compute.engine) if calib.compute else 0
+    for line in verdict(first, last, len(noise), engine_terms).lines():
+        print(line)
     print(f"wrote {out}\nuse it: hardware.profile={out}")
     return 0
+
+
+class _Stages:
+    """Progress a person waits minutes for: which of the stages runs, and the time so far."""
+
+    def __init__(self, total: int) -> None:
+        self.total, self.index, self.start = total, 0, time.monotonic()
+
+    def next(self, what: str) -> None:
+        self.index += 1
+        print(f"[{self.index}/{self.total}] {what} ({time.monotonic() - self.start:.0f} s so far)", flush=True)
+
+    def done(self) -> None:
+        print(f"measured in {time.monotonic() - self.start:.0f} s", flush=True)
+
+
+STEADY_SPREAD = 0.15  # the two collective sweeps agree within this (median over sizes) on a quiet machine
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """How far to trust a calibration: how much its repeated collective sweeps disagree (the same sizes measured
+    minutes apart), and how many engine-cost terms came out negative (noise, taken as 0)."""
+
+    spread_median: float | None  # |first - second| / mean over every size both sweeps timed
+    spread_worst: float | None
+    worst: str  # the collective and size of the worst disagreement
+    noise_terms: int
+    engine_terms: int
+
+    @property
+    def steady(self) -> bool:
+        return ((self.spread_median is None or self.spread_median <= STEADY_SPREAD)
+                and self.noise_terms * 4 <= self.engine_terms)
+
+    def lines(self) -> list[str]:
+        spread = ("the two collective sweeps agree within a median "
+                  f"{self.spread_median:.0%} (worst {self.spread_worst:.0%}, {self.worst})"
+                  if self.spread_median is not None else "no collective was swept twice")
+        noise = (f"{self.noise_terms} of {self.engine_terms} engine-cost terms came out negative (noise) and were "
+                 "taken as 0 (the file's notes list them)")
+        head = ("verdict: steady" if self.steady else
+                "verdict: noisy: re-run on a quiet machine, or with more iterations (iters=)")
+        return [f"{head}; {spread}; {noise}"]
+
+
+def verdict(first: Sequence[Sweep], last: Sequence[Sweep], noise_terms: int, engine_terms: int) -> Verdict:
+    """The Verdict of a calibration from its two sweeps (matched by collective, group size, link and message size)."""
+    later = {(s.op, s.group_size, s.link): dict(s.points) for s in last}
+    spreads = []
+    for s in first:
+        again = later.get((s.op, s.group_size, s.link), {})
+        for size, t in s.points:
+            if size in again and t + again[size] > 0:
+                spreads.append((abs(t - again[size]) / ((t + again[size]) / 2), f"{s.op} {s.group_size} ranks {size} B"))
+    if not spreads:
+        return Verdict(None, None, "", noise_terms, engine_terms)
+    worst = max(spreads)
+    return Verdict(statistics.median(x for x, _ in spreads), worst[0], worst[1], noise_terms, engine_terms)
 
 
 # --------------------------------------------------------------------------- collectives
@@ -240,6 +310,7 @@ class StepSample:
 STEP_VARIANTS = ((1, "none"), (2, "none"), (1, "full"))  # (micro-batches per step, checkpointing)
 STEP_ITERS_FACTOR = 1.5  # whole steps are timed this many times as often as passes (they vary more)
 ENGINE_FIT_ROUNDS = 4
+NOISE = " (noise): taken as 0"  # how a negative engine-cost term is noted
 
 
 def _in_situ(recipe: str, overrides: list[str], resolved: Resolved, root: Path, backends: Sequence[str],
@@ -352,7 +423,7 @@ def _engine_costs(partial: Calibration, samples: list[StepSample], notes: list[s
         for part, value in c.items():
             if value < 0:  # the engine cannot save time: noise around zero
                 notes.append(f"{b} ZeRO-{z} engine {part[:-2].replace('_', '-')} cost came out "
-                             f"{value * 1e3:.2f} ms (noise): taken as 0")
+                             f"{value * 1e3:.2f} ms{NOISE}")
                 c[part] = 0.0
         out.append(EngineCost(b, z, **c))
     return tuple(out)

@@ -345,3 +345,21 @@ def test_a_calibration_for_another_rank_count_per_node_does_not_apply(tmp_path):
     plan = plan_resolved(resolve_path(RECIPES / "tiny_zero2", [*MB4, f"hardware.profile={path}"]), envinfo.machine())
     assert plan.step.timing == "nominal"
     assert "measured with 4 ranks per node" in next(n for n in plan.notes if n.startswith("time:"))
+
+
+def test_the_verdict_measures_how_far_the_two_sweeps_disagree_and_counts_the_noise():
+    from launch.commands.calibrate import Sweep, verdict
+
+    first = [Sweep("all_reduce", 2, "intra_node", ((8, 100e-6), (1024, 200e-6)), "first"),
+             Sweep("all_gather", 2, "intra_node", ((8, 50e-6),), "first")]
+    last = [Sweep("all_reduce", 2, "intra_node", ((8, 100e-6), (1024, 300e-6)), "last"),
+            Sweep("all_gather", 2, "intra_node", ((8, 60e-6), (64, 1.0)), "last")]  # 64 B only once: not compared
+    v = verdict(first, last, noise_terms=1, engine_terms=12)
+    # by hand: 0 (equal), |200-300|/250 = 0.4, |50-60|/55 = 0.1818...: median 0.1818, worst 0.4
+    assert v.spread_median == pytest.approx(10 / 55) and v.spread_worst == pytest.approx(0.4)
+    assert v.worst == "all_reduce 2 ranks 1024 B" and not v.steady  # 18% > 15%
+    (line,) = v.lines()
+    assert line.startswith("verdict: noisy") and "median 18%" in line and "1 of 12 engine-cost terms" in line
+    steady = verdict(first[:1], [Sweep("all_reduce", 2, "intra_node", ((8, 100e-6), (1024, 210e-6)), "last")], 3, 12)
+    assert steady.steady and steady.lines()[0].startswith("verdict: steady")
+    assert not verdict(first[:1], first[:1], 4, 12).steady  # a third of the engine terms were noise
