@@ -95,12 +95,11 @@ def plan_rows(members: Sequence[Member]) -> list[dict]:
 
 
 def median_step_time(run: RunDir) -> tuple[float | None, float]:
-    """(median step time after warm-up on rank 0, its standard error) of a finished run."""
-    from launch.run.metrics import read_metrics
+    """(median measured step time, its standard error) of a finished run, as its report counts it
+    (launch.run.metrics.measured_step_times: warm-up left out, each step its slowest rank's)."""
+    from launch.run.metrics import measured_step_times, read_metrics
 
-    if not run.metrics(0).is_file():
-        return None, 0.0
-    steps = [s.step_time_s for s in read_metrics(run.metrics(0)).steps if not s.warmup]
+    steps = measured_step_times([read_metrics(p) for p in sorted(run.metrics_dir.glob("rank*.jsonl"))])
     if not steps:
         return None, 0.0
     se = 1.2533 * statistics.stdev(steps) / len(steps) ** 0.5 if len(steps) > 1 else 0.0
@@ -130,13 +129,15 @@ def sweep_folder(kind: str) -> Path:
 
 
 def write_report(measured: Sequence[Measured], folder: Path) -> Path | None:
-    """The comparative report of the runs that finished, by the analysis CLI (launch never imports analysis)."""
+    """The comparative report (Markdown, and HTML beside it) of the runs that finished, by the analysis CLI (launch
+    never imports analysis)."""
     done = [x for x in measured if x.rc == 0]
     if not done:
         return None
     out = folder / "report.md"
     labels = [f"{_label_safe(x.member.label)}={x.run_dir}" for x in done]
-    subprocess.call([sys.executable, "-m", "analysis", "report", *labels, "-o", str(out)])
+    subprocess.call([sys.executable, "-m", "analysis", "report", *labels, "-o", str(out), "-o",
+                     str(out.with_suffix(".html"))])
     return out if out.is_file() else None
 
 

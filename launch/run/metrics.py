@@ -9,7 +9,7 @@ import json
 import math
 from dataclasses import MISSING, asdict, dataclass, fields
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterator, Sequence
 
 from launch import sense
 
@@ -228,3 +228,14 @@ def read_metrics(path: str | Path) -> Metrics:
     if meta is None:
         warnings.append(f"{path}: no meta record")
     return Metrics(str(path), meta, tuple(steps), tuple(warnings))
+
+
+def measured_step_times(ranks: Sequence[Metrics]) -> list[float]:
+    """Each measured step's time, in step order, as the report counts it: warm-up steps left out, and a step taking
+    as long as its slowest rank (a synchronous step ends when its last rank does)."""
+    slowest: dict[int, float] = {}
+    for m in ranks:
+        for s in m.steps:
+            if not s.warmup:
+                slowest[s.step] = max(slowest.get(s.step, 0.0), s.step_time_s)
+    return [slowest[k] for k in sorted(slowest)]

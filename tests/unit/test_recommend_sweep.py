@@ -288,3 +288,23 @@ def test_run_and_sweep_plan_with_this_machines_calibration_too(tmp_path, capsys,
     assert main(["run", str(RECIPES / "tiny_zero2"), "hardware.profile=cpu", "--dry-run"]) == 0
     out = capsys.readouterr().out
     assert "timed with" not in out and "time: calibrated" not in out
+
+
+def test_the_sweeps_measured_step_time_is_the_reports(tmp_path):
+    """The console line `N ms measured` and the report's median step time are one number: warm-up left out, each
+    step its slowest rank's (rank 1 is made slower here, so rank 0's own median would differ)."""
+    from analysis.report import build_report
+    from launch.commands.sweep import median_step_time
+    from launch.run.rundir import RunDir
+    from tests.unit.report_support import make_run_dir
+
+    d = make_run_dir(tmp_path)
+    f = d / "metrics" / "rank1.jsonl"
+    records = [json.loads(line) for line in f.read_text().splitlines()]
+    f.write_text("".join(json.dumps({**r, "step_time_s": r["step_time_s"] * 1.5} if r["kind"] == "step" else r) + "\n"
+                         for r in records))
+    measured, _ = median_step_time(RunDir.open(d))
+    report = build_report([("run", d)]).runs[0].stats.rows()
+    assert measured == pytest.approx(next(report)["step_time_median_s"], rel=1e-12)
+    rank0 = sorted(r["step_time_s"] for r in records if r["kind"] == "step" and not r["warmup"])
+    assert measured != pytest.approx(rank0[len(rank0) // 2])
