@@ -17,6 +17,8 @@ from launch.run.rundir import RunDir
 
 TRAIN_MODULE = "launch.ranks.train"
 
+RESUME_SHOWN = "LAYOUTLAB_RESUME_SHOWN"  # set by the launcher: the CLI printed the resume choice
+
 
 @dataclass(frozen=True)
 class LaunchCommand:
@@ -55,7 +57,10 @@ def rank_env(resolved, run_dir: str, environ: Mapping[str, str]) -> dict[str, st
     """What every rank needs in its environment, whichever launcher starts it."""
     from launch.run.extensions import extensions_dir
 
-    env: dict[str, str] = {"LAYOUTLAB_RUN_DIR": run_dir, "TORCH_EXTENSIONS_DIR": str(extensions_dir())}
+    # RESUME_SHOWN: run.sh has told the user which checkpoint the run continues; a launch by hand (accelerate)
+    # hears it from rank 0 instead.
+    env: dict[str, str] = {"LAYOUTLAB_RUN_DIR": run_dir, "TORCH_EXTENSIONS_DIR": str(extensions_dir()),
+                           RESUME_SHOWN: "1"}
     if resolved.hardware.name == "cpu":
         env["DS_ACCELERATOR"] = "cpu"
         env["OMP_NUM_THREADS"] = str(cpu_threads(resolved.recipe.hardware.gpus_per_node))

@@ -25,6 +25,7 @@ from launch.ranks.trainers import common
 from launch.ranks.trainers.protocol import BuildContext, Trainer
 from launch.run import checkpoints
 from launch.run import metrics as M
+from launch.run.launcher import RESUME_SHOWN
 from launch.run.rundir import RunDir
 
 
@@ -71,7 +72,11 @@ def _train(run: RunDir, resolved: Resolved, env: common.RankEnv, terminal, cuda:
 
     # Rank 0 decides which checkpoint to continue and tells the others: ranks reading a shared file system
     # on their own could disagree (attribute caches) and then hang or diverge.
-    choice = [checkpoints.choose_resume(resolved, run.root.parent).checkpoint if env.rank == 0 else None]
+    chosen = checkpoints.choose_resume(resolved, run.root.parent) if env.rank == 0 else None
+    if chosen is not None and not os.environ.get(RESUME_SHOWN):  # started by hand: run.sh did not say it
+        for line in chosen.lines:
+            print(line, file=terminal, flush=True)
+    choice = [chosen.checkpoint if chosen is not None else None]
     dist.broadcast_object_list(choice, src=0)
     resume_from = choice[0]
     universal = False
