@@ -8,6 +8,7 @@ writes the folder.
 from __future__ import annotations
 
 import sys
+import warnings
 from pathlib import Path
 
 from launch.config.backends import traits
@@ -54,8 +55,22 @@ def export(run_dir: str | Path, step: int | None = None, out: str | Path | None 
     return target
 
 
+def warnings_to(path: Path) -> None:
+    """Python warnings of the libraries (torch deprecations, Megatron's Apex/TE fallbacks) into a log file, not the
+    terminal: the user asked for an export, not for their advice; errors still reach the terminal."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    log = open(path, "a", encoding="utf-8")  # noqa: SIM115 - open for the life of the process
+
+    def show(message, category, filename, lineno, file=None, line=None):
+        log.write(warnings.formatwarning(message, category, filename, lineno, line))
+        log.flush()
+
+    warnings.showwarning = show
+
+
 def main(argv: list[str]) -> int:
     run_dir, step, out = argv
+    warnings_to(RunDir.open(run_dir).logs / "export.err")
     try:
         print(export(run_dir, None if step == "-" else int(step), None if out == "-" else out))
     except ConfigError as e:
