@@ -17,8 +17,9 @@ from launch.commands.args import Option, choice, choice_list, read, text, whole,
 from launch.commands.plan_figure import chart_png, render_html
 from launch.commands.render import make_console
 from launch.config.backends import traits
+from launch.config.calibration import newest_for
 from launch.config.grid import RankGrid
-from launch.config.hardware import load_profile
+from launch.config.hardware import is_profile_path, load_profile
 from launch.config.models import load_model
 from launch.errors import ConfigError
 from launch.plan.build import make_plan
@@ -56,7 +57,9 @@ class Row:
 def layouts(opts: Mapping[str, Any]) -> list[Row]:
     """Every layout of the options' model on each world size; `opts` as commands.args.read returns them."""
     model = load_model(name=opts["model"], context="command line")
-    hw = load_profile(opts["hardware"], context="command line", field="hardware")
+    named = opts["hardware"]
+    nominal = load_profile(named, context="command line", field="hardware") if not is_profile_path(named) else None
+    hw = nominal or load_profile(named, context="command line", field="hardware", path=Path(named))
     gpu_counts = opts["world_size"]
     backend = opts["backend"]
     bt = traits(backend, where="command line")
@@ -74,6 +77,8 @@ def layouts(opts: Mapping[str, Any]) -> list[Row]:
         if gpus % gpn:
             raise ConfigError("command line", "world_size", gpus, f"is not a multiple of gpus_per_node={gpn}",
                               "choose world sizes of whole nodes")
+        timed = _newest_calibration(nominal, machine, gpus, gpn, model.name, dtype, seq) if nominal else None
+        hw_ws = load_profile(named, context="command line", field="hardware", path=timed) if timed else hw
         for tp in [t for t in (1, 2, 4, 8) if t <= min(gpus, gpn) and gpus % t == 0
                    and model.num_kv_heads % t == 0 and model.intermediate_size % t == 0]:
             dp = gpus // tp
@@ -83,7 +88,7 @@ def layouts(opts: Mapping[str, Any]) -> list[Row]:
             for z in stages:
                 sp = "sp" in bt.features and tp > 1 and z in bt.sp_zero_stages
                 for rc in policies:
-                    lay = Layout(backend=backend, model=model, hardware=hw, grid=RankGrid(tp, 1, dp, gpn, gpus // gpn),
+                    lay = Layout(backend=backend, model=model, hardware=hw_ws, grid=RankGrid(tp, 1, dp, gpn, gpus // gpn),
                                  zero_stage=z, dtype=dtype, micro_batch_size=micro, global_batch_size=gbs, seq_len=seq,
                                  activation_checkpointing=rc, sp=sp,
                                  ds_zero=_ds_zero(z))
@@ -93,6 +98,17 @@ def layouts(opts: Mapping[str, Any]) -> list[Row]:
                         name += f" +AC({rc})"
                     rows.append(Row(gpus, name, make_plan(lay, name, machine), lay))
     return rows
+
+
+def _newest_calibration(nominal, machine, world_size: int, gpus_per_node: int, model: str, dtype: str,
+                        seq_len: int) -> Path | None:
+    """The calibration `calibrate` left for this machine at this world size, model and shape (the one time source
+    run.sh and recommend use, launch/run/timesource.py), announced; None: the nominal profile times it."""
+    newest = newest_for(runs_root(), machine_kind=machine.kind, versions=machine.versions, base_profile=nominal.name,
+                        world_size=world_size, ranks_per_node=gpus_per_node, model=model, dtype=dtype, seq_len=seq_len)
+    if newest.path is not None:
+        print(f"world size {world_size}: timed with {newest.path}, the newest calibration of this machine for it")
+    return newest.path
 
 
 def _ds_zero(stage: int) -> dict:

@@ -189,19 +189,25 @@ def ranks_text(ranks: Sequence[int]) -> str:
 
 
 def layouts_table(rows, title: str, console) -> None:
-    """`python -m launch plan`'s rows (commands.plan.Row) as one table."""
+    """`python -m launch plan`'s rows (commands.plan.Row) as one table, in the figure's order, the best marked."""
+    from rich import box
     from rich.table import Table
 
-    t = Table(title=title, title_justify="left")
-    for col in ("GPUs", "layout", "states GiB", "acts GiB", "total GiB", "fits", "step ms", "tok/s/GPU"):
-        t.add_column(col, justify="left" if col == "layout" else "right")
+    from launch.commands.plan_figure import ordered
+
+    rows, best = ordered(rows)
+    unit, per = table_unit(max(r.plan.worst().memory[r.plan.worst().implementation].total for r in rows))
+    t = Table(title=f"{title}\n(memory per GPU in {unit}; fits: best = the fastest that fits at its GPU count)",
+              title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
+    for col in ("GPUs", "layout", "states", "acts", "total", "fits", "step ms", "tok/s/GPU", "timing"):
+        t.add_column(col, justify="left" if col in ("layout", "timing") else "right", no_wrap=True)
     for r in rows:
         w = r.plan.worst()
         mem = w.memory[w.implementation]
-        t.add_row(str(r.world_size), r.label, f"{mem.model_states / GiB:.1f}", f"{mem.activations / GiB:.1f}",
-                  f"{mem.total / GiB:.1f}", "yes" if r.plan.fits else "[red]no[/red]",
-                  f"{r.plan.step.total_s * 1e3:.0f}", f"{r.plan.step.tokens_per_s_per_device:,.0f}")
-    console.print(t)
+        fits = "best" if id(r) in best else "yes" if r.plan.fits else "[red]no[/red]"
+        t.add_row(str(r.world_size), r.label, f"{mem.model_states / per:.3g}", f"{mem.activations / per:.3g}",
+                  f"{mem.total / per:.3g}", fits, f"{r.plan.step.total_s * 1e3:,.0f}",
+                  f"{r.plan.step.tokens_per_s_per_device:,.0f}", r.plan.step.timing)
     console.print(t)
 
 

@@ -308,3 +308,19 @@ def test_the_sweeps_measured_step_time_is_the_reports(tmp_path):
     assert measured == pytest.approx(next(report)["step_time_median_s"], rel=1e-12)
     rank0 = sorted(r["step_time_s"] for r in records if r["kind"] == "step" and not r["warmup"])
     assert measured != pytest.approx(rank0[len(rank0) // 2])
+
+
+def test_plan_times_a_world_size_with_this_machines_calibration(tmp_path, capsys, monkeypatch):
+    from tests.unit.test_calibration import _calibration
+
+    monkeypatch.chdir(tmp_path)
+    path = _calibrate_into(tmp_path / "runs", "20261201-000000", _calibration())
+    args = ["plan", "model=tiny-llama", "hardware=cpu", "dtype=fp32", "seq_len=64", "micro_batch_size=4",
+            "global_batch_size=8", f"out={tmp_path / 'p'}"]
+    assert main([*args, "world_size=2"]) == 0
+    assert f"world size 2: timed with {path}" in capsys.readouterr().out
+    rows = json.loads((tmp_path / "p.json").read_text())
+    assert any(r["plan"]["step"]["timing"] == "calibrated" for r in rows)
+    assert main([*args, "world_size=4"]) == 0  # measured on 2 ranks: a world of 4 stays nominal
+    assert "timed with" not in capsys.readouterr().out
+    assert all(r["plan"]["step"]["timing"] == "nominal" for r in json.loads((tmp_path / "p.json").read_text()))
