@@ -131,3 +131,16 @@ def test_shown_command_runs(kind, command, tmp_path):
         cwd = tmp_path
     r = subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, f"{command!r} exited {r.returncode}:\n{r.stderr[-2000:]}\n{r.stdout[-2000:]}"
+
+
+SUBCOMMANDS = sorted({m for page in PAGES
+                      for m in re.findall(r"python -m ((?:launch|analysis) [a-z][a-z-]*)", page.read_text(encoding="utf-8"))})
+
+
+def test_every_subcommand_the_pages_name_answers_help():
+    """Commands the pages show with placeholders (export RUN_DIR, calibrate, report PATH ...) run at least --help."""
+    assert "launch export" in SUBCOMMANDS and "analysis report" in SUBCOMMANDS, SUBCOMMANDS
+    for sub in SUBCOMMANDS:
+        r = subprocess.run([sys.executable, "-m", *sub.split(), "--help"], cwd=REPO, capture_output=True, text=True,
+                           timeout=60)
+        assert r.returncode == 0 and r.stdout.startswith("usage: "), f"{sub}: {r.stderr[-1000:]}"
