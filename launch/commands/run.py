@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import sys
 from pathlib import Path
 from typing import Sequence
@@ -98,14 +99,26 @@ def cmd_run(args: Sequence[str]) -> int:
     return rc
 
 
+def untrusted_files(path: Path) -> str | None:
+    """What launch.ranks.untrusted says of the checkpoint files under `path` (None: nothing that would run code). A
+    process of its own: it needs torch, which the CLI never imports."""
+    p = subprocess.run([sys.executable, "-m", "launch.ranks.untrusted", str(path)], capture_output=True, text=True)
+    return p.stderr.strip().removeprefix("error: ") or f"the check of {path} failed (exit {p.returncode})" \
+        if p.returncode else None
+
+
 def _check_resume(resolved: Resolved):
     """Refuse an impossible resume before any rank starts (the trainer checks again, for the record)."""
-    from launch.run.checkpoints import check_resume_compatible, choose_resume, to_universal
+    from launch.run.checkpoints import ResumeError, check_resume_compatible, choose_resume, to_universal
 
     choice = choose_resume(resolved, runs_root() / resolved.recipe_name)
     for line in choice.lines:
         print(line)
     ckpt = choice.checkpoint
+    if ckpt is not None:
+        refused = untrusted_files(ckpt.dir)
+        if refused:
+            raise ResumeError(refused)
     first_node = nodes.placement(os.environ, resolved.recipe.hardware.nodes).node_rank == 0
     # raises ResumeError: one line, exit 2; only node 0 converts (the nodes share the folder it writes)
     if ckpt is not None and check_resume_compatible(ckpt, resolved) and first_node:

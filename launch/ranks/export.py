@@ -14,6 +14,7 @@ from pathlib import Path
 from launch.config.backends import traits
 from launch.config.resolve import Resolved
 from launch.errors import ConfigError
+from launch.ranks import untrusted
 from launch.run.checkpoints import complete_checkpoints
 from launch.run.rundir import RunDir
 
@@ -27,6 +28,7 @@ def consolidated_state_dict(run: RunDir, resolved: Resolved, step: int | None = 
         raise ConfigError(str(run.checkpoints), "step", step, "has no complete checkpoint",
                           "train with train.checkpoint_every>0 (a final checkpoint is always written), or pick a listed step")
     ckpt = found[-1]
+    untrusted.check([ckpt.dir])  # a run directory from elsewhere: nothing it holds is unpickled unless allowed
     return ckpt, traits(resolved.recipe.backend).rank_module().export_hf_state(resolved, ckpt)
 
 
@@ -71,9 +73,10 @@ def warnings_to(path: Path) -> None:
 def main(argv: list[str]) -> int:
     run_dir, step, out = argv
     warnings_to(RunDir.open(run_dir).logs / "export.err")
+    untrusted.guard()
     try:
         print(export(run_dir, None if step == "-" else int(step), None if out == "-" else out))
-    except ConfigError as e:
+    except (ConfigError, untrusted.UntrustedFileError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     return 0

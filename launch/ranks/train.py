@@ -15,6 +15,9 @@ def main(argv: list[str]) -> int:
     from launch.ranks.trainers.common import die_with_parent
 
     die_with_parent()
+    from launch.ranks.untrusted import guard
+
+    guard()  # before anything is loaded: every torch.load of this rank weights-only
     # The deepspeed launcher appends --local_rank=N; LOCAL_RANK in the environment says the same.
     argv = [a for a in argv if not a.startswith("--local_rank")]
     if len(argv) != 1:

@@ -169,6 +169,35 @@ def local_gpu_count() -> int:
     return len(glob.glob("/dev/nvidia[0-9]*"))
 
 
+PICKLED_WEIGHTS = (".bin", ".pt", ".pth", ".ckpt")
+
+
+def weights_preflight(recipe_path: str, folder: Path) -> None:
+    """A model.weights folder the ranks may read: safetensors (read as they are; a pickle-based .bin runs whatever
+    it names when unpickled) and no custom code (auto_map asks transformers to import the folder's own Python,
+    which layoutlab never does: trust_remote_code stays off)."""
+    from launch.errors import ConfigError
+
+    files = sorted(p.name for p in folder.iterdir()) if folder.is_dir() else []
+    if not any(f.endswith(".safetensors") for f in files):
+        pickled = [f for f in files if f.endswith(PICKLED_WEIGHTS)]
+        raise ConfigError(recipe_path, "model.weights", str(folder),
+                          f"holds {'pickle-based weights (' + pickled[0] + ')' if pickled else 'no weights'} and no "
+                          "*.safetensors file; layoutlab reads safetensors only, never unpickles weights",
+                          "convert them once, where you trust them: python -c \"from transformers import "
+                          "AutoModelForCausalLM as M; M.from_pretrained('IN').save_pretrained('OUT')\", then set "
+                          "model.weights=OUT")
+    for name in ("config.json", "tokenizer_config.json"):
+        try:
+            doc = json.loads((folder / name).read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue
+        if isinstance(doc, dict) and doc.get("auto_map"):
+            raise ConfigError(str(folder / name), "auto_map", sorted(doc["auto_map"])[:3],
+                              "asks transformers to run the folder's own Python code, which layoutlab never does",
+                              "use a model whose architecture transformers ships (remove auto_map if it is one)")
+
+
 def preflight(resolved, *, which=None, gpus: int | None = None, environ: Mapping[str, str] | None = None) -> None:
     """What must exist on this machine before ranks start (the dry-run shows the command regardless)."""
     import shutil
@@ -187,6 +216,8 @@ def preflight(resolved, *, which=None, gpus: int | None = None, environ: Mapping
     if r.run.profile == "nsys" and which("nsys") is None:
         raise ConfigError(resolved.recipe_path, "run.profile", "nsys", "needs Nsight Systems' `nsys` on PATH",
                           'install Nsight Systems (it ships with the CUDA toolkit) or set run.profile="torch"')
+    if r.model.weights:
+        weights_preflight(resolved.recipe_path, Path(r.model.weights))
     environ = os.environ if environ is None else environ
     p = nodes.placement(environ, r.hardware.nodes)
     nodes.check(resolved, p)

@@ -278,8 +278,9 @@ def build_model(resolved: Resolved, device_is_cuda: bool):
     weights = resolved.recipe.model.weights
     if weights:
         path = Path(resolved.recipe_path).parent / weights
-        model = AutoModelForCausalLM.from_pretrained(path, config=config, local_files_only=True,
-                                                     dtype=torch.float32, attn_implementation=attn)
+        model = AutoModelForCausalLM.from_pretrained(path, config=config, local_files_only=True, use_safetensors=True,
+                                                     trust_remote_code=False, dtype=torch.float32,
+                                                     attn_implementation=attn)
     else:
         torch.manual_seed(resolved.recipe.train.seed)  # identical weights on every rank
         model = AutoModelForCausalLM.from_config(config, dtype=torch.float32, attn_implementation=attn)

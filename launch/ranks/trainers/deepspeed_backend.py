@@ -104,13 +104,13 @@ def export_hf_state(resolved: Resolved, ckpt: Checkpoint) -> dict:
     import torch
 
     if ckpt.info["zero_stage"] == 0 and ckpt.info["tp"] == 1:
-        states = torch.load(ckpt.dir / "mp_rank_00_model_states.pt", map_location="cpu", weights_only=False)
+        states = torch.load(ckpt.dir / "mp_rank_00_model_states.pt", map_location="cpu", weights_only=True)
         return {k: v.float() for k, v in states["module"].items()}
     universal = to_universal(ckpt)
     state = {}
     for d in sorted((universal / "zero").iterdir()):
         if d.is_dir():
-            saved = torch.load(d / "fp32.pt", map_location="cpu", weights_only=False)
+            saved = torch.load(d / "fp32.pt", map_location="cpu", weights_only=True)
             # ZeRO-1/2 and AutoTP conversions store {"param": tensor}; ZeRO-3's a bare flat tensor.
             state[d.name] = (saved["param"] if isinstance(saved, dict) else saved).detach()
     return state

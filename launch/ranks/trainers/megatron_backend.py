@@ -404,7 +404,7 @@ def _initial_hf_state(resolved: Resolved) -> dict:
         from launch.ranks.hf import hf_config
 
         model = AutoModelForCausalLM.from_pretrained(weights, config=hf_config(resolved.model), local_files_only=True,
-                                                     dtype=torch.float32)
+                                                     dtype=torch.float32, use_safetensors=True, trust_remote_code=False)
         return model.state_dict()
     return mm.hf_reference_state(resolved.model, resolved.recipe.train.seed)
 
@@ -447,7 +447,7 @@ def _shape_mismatch(path: Path, live: dict[str, tuple[int, ...]]) -> str | None:
     """Why the model-states file at `path` cannot fill parameters of these shapes, or None when it can."""
     if not path.is_file():
         return f"{path}: missing; this checkpoint has no part for this rank's model shard"
-    saved = _saved_param_shapes(torch.load(path, map_location="cpu", weights_only=False, mmap=True))
+    saved = _saved_param_shapes(torch.load(path, map_location="cpu", weights_only=True, mmap=True))
     problems = [f"{k} was saved with shape {list(saved[k])}, this run's model has {list(v)}"
                 for k, v in live.items() if k in saved and saved[k] != v]
     problems += [f"{k} of this run's model is not in it" for k in live if k not in saved]
@@ -511,7 +511,7 @@ def export_hf_state(resolved: Resolved, ckpt: Checkpoint) -> dict:
                 module = _zero3_module_state(ckpt, mp_rank, dp)
             else:
                 f = ckpt.dir / f"mp_rank_{mp_rank:02d}_model_states.pt"
-                module = torch.load(f, map_location="cpu", weights_only=False)["module"]
+                module = torch.load(f, map_location="cpu", weights_only=True)["module"]
             for chunk in range(vpp):
                 prefix = f"{chunk}."
                 local[mm.Place(pp_rank, chunk, tp_rank)] = {k[len(prefix):]: v.float() for k, v in module.items()

@@ -1,0 +1,121 @@
+"""Untrusted files never run code: every pickle a rank loads is read with `weights_only=True`, and the few
+non-tensor objects DeepSpeed and Megatron store in their checkpoints are allowed one by one.
+
+Run directories and checkpoints travel (a colleague's run to export, a downloaded checkpoint to resume), and a
+pickle executes whatever its globals name on load. torch's weights-only unpickler rebuilds tensors and plain
+containers only; `ALLOWED` adds, by fully qualified name, the objects the libraries we pin write (each with the
+version that writes it). `guard()` makes every `torch.load` of this process weights-only, DeepSpeed's own loads
+included (it asks for weights_only=False in some twenty places); `python -m launch.ranks.untrusted PATH ...` is
+the check the CLI runs before any rank starts: it names the first file and object that is not allowed, without
+unpickling anything, and exits 2.
+"""
+from __future__ import annotations
+
+import importlib
+import sys
+from pathlib import Path
+
+# Qualified name -> who writes it (the library and version checked here). Found with
+# torch.serialization.get_unsafe_globals_in_checkpoint on checkpoints of every backend and ZeRO stage.
+ALLOWED = {
+    "deepspeed.runtime.fp16.loss_scaler.LossScaler": "DeepSpeed 0.19.8 optimizer states (ZeRO 1-3)",
+    "deepspeed.runtime.fp16.loss_scaler.DynamicLossScaler": "DeepSpeed 0.19.8 optimizer states, fp16",
+    "deepspeed.utils.tensor_fragment.fragment_address": "DeepSpeed 0.19.8 optimizer states (ZeRO 1-2)",
+    "deepspeed.runtime.zero.config.ZeroStageEnum": "DeepSpeed 0.19.8 optimizer states (ZeRO 1-3)",
+}
+CHECKPOINT_SUFFIXES = (".pt", ".pth", ".bin", ".ckpt")
+
+
+class UntrustedFileError(RuntimeError):
+    """A file that would run code (or names objects nobody we pin writes) if it were unpickled."""
+
+
+def allowed_objects() -> list:
+    """The ALLOWED objects themselves, imported (torch's safe-globals lists take objects, not names)."""
+    out = []
+    for name in ALLOWED:
+        module, _, attr = name.rpartition(".")
+        try:
+            out.append(getattr(importlib.import_module(module), attr))
+        except (ImportError, AttributeError):  # a library not installed here writes no such checkpoint here either
+            continue
+    return out
+
+
+def guard() -> None:
+    """Every torch.load of this process weights-only, with ALLOWED admitted: a rank or export process calls this
+    before it loads anything."""
+    import functools
+
+    import torch
+
+    if getattr(torch.load, "_layoutlab_guarded", False):
+        return
+    torch.serialization.add_safe_globals(allowed_objects())
+    original = torch.load
+
+    @functools.wraps(original)
+    def load(f, *args, **kwargs):
+        kwargs["weights_only"] = True
+        try:
+            return original(f, *args, **kwargs)
+        except Exception as e:  # torch raises UnpicklingError (a pickle.UnpicklingError) naming the global
+            said = [ln.strip() for ln in str(e).splitlines() if "Unsupported global" in ln or "GLOBAL" in ln]
+            if said or "weights_only" in str(e):
+                # torch's own advice (load it with weights_only=False) is the one thing not to do here
+                raise UntrustedFileError(f"{f}: {said[0] if said else _first_line(e)}; refused, never unpickled "
+                                         "(launch/ranks/untrusted.py lists what is allowed)") from None
+            raise
+
+    load._layoutlab_guarded = True
+    torch.load = load
+
+
+def check(paths: list[Path]) -> None:
+    """Raise UntrustedFileError for the first checkpoint file under `paths` (files or folders) that names an object
+    outside torch's weights-only set and ALLOWED. Reads the pickles' opcodes only; unpickles nothing."""
+    import torch
+
+    for path in paths:
+        files = sorted(p for p in path.rglob("*") if p.suffix in CHECKPOINT_SUFFIXES) if path.is_dir() else [path]
+        for f in files:
+            try:
+                found = torch.serialization.get_unsafe_globals_in_checkpoint(f)
+            except Exception as e:  # not a torch zip archive at all: a bare pickle or damage
+                raise UntrustedFileError(f"{f}: cannot be checked as a torch checkpoint ({_first_line(e)}); refused, "
+                                         "never unpickled") from None
+            unknown = [g for g in found if g not in ALLOWED]
+            if unknown:
+                raise UntrustedFileError(f"{f}: names {unknown[0]}, which no library layoutlab pins writes into a "
+                                         "checkpoint; refused, never unpickled (a pickle runs what it names)")
+
+
+def _first_line(e: Exception) -> str:
+    return (str(e).strip().splitlines() or [type(e).__name__])[0]
+
+
+def main(argv: list[str]) -> int:
+    """`python -m launch.ranks.untrusted PATH ...`: exit 2 with one line when a checkpoint file would run code.
+    `python -m launch.ranks.untrusted ds_to_universal ARGS`: DeepSpeed's converter with every load weights-only."""
+    if argv[:1] == ["ds_to_universal"]:
+        from deepspeed.checkpoint import ds_to_universal
+
+        try:
+            check([Path(argv[argv.index("--input_folder") + 1])])
+        except UntrustedFileError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
+        guard()  # its extraction workers fork from here and keep the guard
+        sys.argv = ["ds_to_universal", *argv[1:]]
+        ds_to_universal.main(ds_to_universal.parse_arguments())
+        return 0
+    try:
+        check([Path(a) for a in argv])
+    except UntrustedFileError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,118 @@
+"""Untrusted files never run code: a checkpoint or weights file whose pickle would create a marker file when
+unpickled is refused in one line (export, resume, model.weights), and the marker never appears; our own kinds of
+checkpoint objects still load weights-only."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from launch.config.resolve import resolve_path
+from launch.ranks import untrusted
+from launch.run.checkpoints import marker_info, write_marker
+from tests.conftest import RECIPES, REPO
+
+TINY = RECIPES / "tiny_zero2"
+
+
+class Boom:
+    """Unpickling this runs `touch MARKER`: what a hostile checkpoint does."""
+
+    def __init__(self, marker):
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return os.system, (f"touch {self.marker}",)
+
+
+def _crafted(path, marker):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    torch.save({"module": {"w": torch.zeros(2)}, "extra": Boom(marker)}, path)
+    return path
+
+
+def _run_with_crafted_checkpoint(root, marker):
+    """A run directory as ours looks, whose checkpoint's model states carry the payload."""
+    resolved = resolve_path(TINY, [])
+    run = root / "tiny_zero2" / "20261201-000000"
+    (run / "checkpoints" / "step5").mkdir(parents=True)
+    (run / "resolved.json").write_text(resolved.to_json())
+    _crafted(run / "checkpoints" / "step5" / "mp_rank_00_model_states.pt", marker)
+    write_marker(run / "checkpoints", "step5", marker_info(resolved, 5))
+    return run
+
+
+def test_the_check_names_the_file_and_object_without_unpickling(tmp_path):
+    marker = tmp_path / "MARKER"
+    f = _crafted(tmp_path / "ckpt" / "states.pt", marker)
+    with pytest.raises(untrusted.UntrustedFileError, match=r"states\.pt: names (posix|os)\.system"):
+        untrusted.check([tmp_path / "ckpt"])
+    assert not marker.exists()
+    bare = tmp_path / "bare.pt"  # a plain pickle, not torch's zip format
+    bare.write_bytes(b"\x80\x04\x95\x10\x00\x00\x00\x00\x00\x00\x00\x8c\x02os\x94\x8c\x06system\x94\x93\x94.")
+    with pytest.raises(untrusted.UntrustedFileError, match="cannot be checked"):
+        untrusted.check([bare])
+    assert f.exists()
+
+
+def test_the_guard_loads_weights_only_and_admits_the_libraries_own_objects(tmp_path):
+    from deepspeed.runtime.fp16.loss_scaler import LossScaler
+    from deepspeed.runtime.zero.config import ZeroStageEnum
+
+    ours = tmp_path / "optim.pt"
+    torch.save({"loss_scaler": LossScaler(1.0), "zero_stage": ZeroStageEnum.gradients, "w": torch.ones(3)}, ours)
+    marker = tmp_path / "MARKER"
+    bad = _crafted(tmp_path / "bad.pt", marker)
+    code = (f"import torch; from launch.ranks import untrusted; untrusted.guard(); "
+            f"d = torch.load({str(ours)!r}, weights_only=False); print(d['w'].sum().item(), d['zero_stage'].value); "
+            f"torch.load({str(bad)!r}, weights_only=False)")
+    p = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert p.stdout.splitlines()[-1].split() == ["3.0", "2"], p.stdout + p.stderr  # asked False, done weights-only
+    said = p.stderr.strip().splitlines()[-1]
+    assert said.startswith("launch.ranks.untrusted.UntrustedFileError: ") and "bad.pt: " in said and "system" in said
+    assert "weights_only set to `False`" not in said and not marker.exists()
+
+
+def test_export_refuses_a_crafted_checkpoint_in_one_line(tmp_path):
+    marker = tmp_path / "MARKER"
+    run = _run_with_crafted_checkpoint(tmp_path / "runs", marker)
+    p = subprocess.run([sys.executable, "-m", "launch", "export", str(run), f"out={tmp_path / 'out'}"], cwd=REPO,
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 2 and p.stderr.count("\n") == 1, p.stderr[-3000:]
+    assert "mp_rank_00_model_states.pt: names" in p.stderr and "system" in p.stderr
+    assert not marker.exists() and not (tmp_path / "out").exists()
+
+
+def test_resume_refuses_a_crafted_checkpoint_before_any_rank_starts(tmp_path):
+    marker = tmp_path / "MARKER"
+    runs = tmp_path / "runs"
+    run = _run_with_crafted_checkpoint(runs, marker)
+    p = subprocess.run(["bash", "launch/run.sh", str(TINY), f"run.resume={run}"], cwd=REPO, capture_output=True,
+                       text=True, timeout=300, env={**os.environ, "LAYOUTLAB_RUNS": str(runs)})
+    assert p.returncode == 2, p.stdout[-2000:] + p.stderr[-2000:]
+    (line,) = p.stderr.strip().splitlines()
+    assert line.startswith("error: resume: ") and "mp_rank_00_model_states.pt: names" in line
+    assert not marker.exists()
+    assert sorted(d.name for d in (runs / "tiny_zero2").iterdir()) == [run.name]  # no run directory was made
+
+
+def test_model_weights_must_be_safetensors_without_custom_code(tmp_path):
+    marker = tmp_path / "MARKER"
+    weights = tmp_path / "weights"
+    _crafted(weights / "pytorch_model.bin", marker)
+    (weights / "config.json").write_text((REPO / "launch/config/catalogue/models/tiny-llama.json").read_text())
+    env = {**os.environ, "LAYOUTLAB_RUNS": str(tmp_path / "runs")}
+    p = subprocess.run(["bash", "launch/run.sh", str(TINY), f"model.weights={weights}"], cwd=REPO, env=env,
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 2 and p.stderr.count("\n") == 1, p.stderr[-3000:]
+    assert "pickle-based weights (pytorch_model.bin)" in p.stderr and "save_pretrained" in p.stderr
+    assert not marker.exists() and not (tmp_path / "runs").exists()
+    (weights / "pytorch_model.bin").unlink()
+    (weights / "model.safetensors").write_bytes(b"")
+    config = json.loads((weights / "config.json").read_text())
+    (weights / "config.json").write_text(json.dumps({**config, "auto_map": {"AutoModelForCausalLM": "x.Model"}}))
+    p = subprocess.run(["bash", "launch/run.sh", str(TINY), f"model.weights={weights}"], cwd=REPO, env=env,
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 2 and "auto_map" in p.stderr and not (tmp_path / "runs").exists(), p.stderr
