@@ -77,7 +77,7 @@ def stragglers(trace: Table, *, threshold_pct: float = 10.0) -> Table:
     """trace_analysis.stragglers (rule in its docstring) with the rank's file."""
     t = ta.stragglers(trace, threshold_pct=threshold_pct)
     rows = [{**r, "source": ta.rank_source(trace, r["rank"])} for r in t.rows()]
-    return Table.from_rows("stragglers", STRAGGLER_COLUMNS, rows, source=trace.source, meta=dict(t.meta))
+    return Table.from_rows("stragglers", STRAGGLER_COLUMNS, rows, source=trace.source, meta=t.meta)
 
 
 # ------------------------------------------------------------------------------ nsys stats totals
@@ -113,4 +113,4 @@ def kernel_diff(a: Table, b: Table, *, top: int = 15) -> Table:
     """trace_analysis.kernel_diff per profiled step (normalize='per_step'), the largest changes first."""
     d = ta.kernel_diff(a, b, normalize="per_step")
     rows = list(d.rows())[:top]
-    return Table.from_rows("kernel_diff", d.doc, rows, source=d.source, meta=dict(d.meta))
+    return Table.from_rows("kernel_diff", d.doc, rows, source=d.source, meta=d.meta)

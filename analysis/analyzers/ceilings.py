@@ -27,8 +27,9 @@ ORDER = ("all_reduce", "all_gather", "reduce_scatter", "alltoall", "broadcast", 
 def sweep_nranks(table: Table, op: str) -> int | None:
     """Ranks of the sweep of `op`: as its first section prints them, else inferred from busbw/algbw, else the
     table's own count."""
-    sec = next((m for m in table.meta.get("sections") or [] if m.get("op") == op), {})
-    return sec.get("nranks") or sec.get("nranks_inferred") or table.meta.get("nranks")
+    sec = next((s for s in table.meta.sections if s.op == op), None)
+    printed = (sec.nranks or sec.nranks_inferred) if sec is not None else None
+    return printed or table.meta.nranks
 
 
 def busbw_curve(table: Table, op: str, placement: str = "median") -> list[tuple[float, float]]:

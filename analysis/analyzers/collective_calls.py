@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import statistics
 from collections import Counter, defaultdict
-from typing import Any, Mapping
+from typing import Any, Mapping, NamedTuple
 
 from analysis.analyzers import trace_analysis as ta
 from analysis.analyzers.ceilings import busbw_at
@@ -184,6 +184,13 @@ EXPECTED_COLUMNS = {
 }
 
 
+class ExpectedCollectivesMeta(NamedTuple):
+    """Table.meta of expected_collectives (and of collectives_vs_layout, which passes it on)."""
+
+    micro_batches: int  # micro-batches per optimizer step (gradient accumulation) of the layout
+    layers: int  # transformer layers on one rank (num_layers / pp)
+
+
 def _gradient_reduction(c: Any) -> bool:
     return c.parallelism == "dp" and c.collective in REDUCTIONS and not c.after_step
 
@@ -219,7 +226,7 @@ def expected_collectives(layout: Any) -> Table:
              "max_per_step": max(f[coll] + (e if coll in REDUCTIONS else 0) for f, e in zip(fixed, either, strict=True)),
              "layers": layers, "why": "; ".join(why.get(coll, []))} for coll in colls]
     return Table.from_rows("expected_collectives", EXPECTED_COLUMNS, rows,
-                           meta={"micro_batches": layout.grad_accum, "layers": layers})
+                           meta=ExpectedCollectivesMeta(micro_batches=layout.grad_accum, layers=layers))
 
 
 def expected_from_resolved(resolved: Any) -> Table:
@@ -259,6 +266,6 @@ def collectives_vs_layout(bandwidth: Table, expected: Table, *, expected_source:
                      "excess_per_layer": excess, "why": e["why"] if e else "not needed by the layout",
                      "source": f"{o['source'] if o else 'no calls in the traces'} vs {expected_source}"})
     return Table.from_rows("collectives_vs_layout", VS_LAYOUT_COLUMNS, rows, source=bandwidth.source,
-                           meta=dict(expected.meta))
+                           meta=expected.meta)
 
 

@@ -16,6 +16,7 @@ import re
 from collections import defaultdict
 from typing import Any, Iterable, Mapping, Sequence
 
+from analysis.parsers.kineto import KinetoMeta, KinetoRanksMeta
 from analysis.table import Table
 from launch.comm.nccl_format import NCCL_TESTS_OP, bus_factor
 
@@ -63,24 +64,27 @@ def group_size_hint(trace: Table, layout: Mapping[str, Any] | None = None) -> tu
        size: "world_size" (traces from before PyTorch recorded groups);
     else (None, "unknown"). trace_analysis.collective_summary applies it without a layout.
     """
-    ranks = trace.meta.get("ranks")
-    metas = list(ranks.values()) if isinstance(ranks, Mapping) else [trace.meta]
+    meta = trace.meta
+    metas: list[KinetoMeta] = (list(meta.ranks.values()) if isinstance(meta, KinetoRanksMeta) else
+                               [meta] if isinstance(meta, KinetoMeta) else [])
     sizes: set[int] = set()
     listed = 0
     for m in metas:
-        for pg in m.get("pg_config") or []:
+        for pg in m.pg_config or []:
             listed += 1
             if isinstance(pg, Mapping) and isinstance(pg.get("pg_size"), int) and pg["pg_size"] > 0:
                 sizes.add(pg["pg_size"])
     if len(sizes) == 1:
-        names = {str(pg.get("pg_name")) for m in metas for pg in m.get("pg_config") or [] if isinstance(pg, Mapping)}
+        names = {str(pg.get("pg_name")) for m in metas for pg in m.pg_config or [] if isinstance(pg, Mapping)}
         return sizes.pop(), "only process group" if len(names) == 1 else "every process group has this size"
     if layout:
         dims = {k: v for k, v in layout.items() if k in ("tp", "pp", "dp") and isinstance(v, int) and v > 1}
         if len(dims) == 1:
             (k, v), = dims.items()
             return v, f"layout: only {k}={v} is > 1"
-    worlds = {m.get("world_size") for m in metas} | {trace.meta.get("world_size")}
+    worlds = {m.world_size for m in metas}
+    if isinstance(meta, KinetoRanksMeta):
+        worlds.add(meta.world_size)
     worlds.discard(None)
     if not listed and len(worlds) == 1 and not any(g is not None for g in trace.columns["group"]):
         world = worlds.pop()

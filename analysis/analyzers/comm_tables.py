@@ -30,14 +30,14 @@ NCCL_TESTS_ROWS = {
 
 def nccl_tests_rows(table: Table) -> Table:
     """One row per section, op and message size with both placements side by side."""
-    sections = table.meta.get("sections") or []
+    sections = table.meta.sections
     merged: dict[tuple[Any, ...], dict[str, Any]] = {}
     for r in table.rows():
         key = (r["section"], r["op"], r["size_bytes"], r["count"], r["dtype"], r["redop"])
-        sec = sections[r["section"]] if isinstance(r["section"], int) and r["section"] < len(sections) else {}
-        ranks, ranks_from = sec.get("nranks"), "printed"
+        sec = sections[r["section"]] if isinstance(r["section"], int) and r["section"] < len(sections) else None
+        ranks, ranks_from = (sec.nranks if sec is not None else None), "printed"
         if ranks is None:
-            ranks, ranks_from = sec.get("nranks_inferred"), "inferred from busbw/algbw"
+            ranks, ranks_from = (sec.nranks_inferred if sec is not None else None), "inferred from busbw/algbw"
         row = merged.setdefault(key, {
             "op": r["op"], "ranks": ranks, "ranks_from": ranks_from if ranks is not None else None,
             "size_bytes": r["size_bytes"], "count": r["count"], "dtype": r["dtype"], "redop": r["redop"],

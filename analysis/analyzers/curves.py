@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Iterable, Mapping
+from typing import Any, Iterable, Mapping, NamedTuple
 
 from analysis.analyzers._numbers import finite
 from analysis.table import Table
@@ -36,6 +36,12 @@ TB_TAGS = {"train/loss": "loss", "lm loss": "loss", "train/lr": "lr", "learning-
            "train/grad_norm": "grad_norm", "grad-norm": "grad_norm", "loss-scale": "loss_scale"}
 
 
+class CurvesMeta(NamedTuple):
+    """Table.meta of a `curves` table."""
+
+    not_finite_loss: int  # steps whose loss was NaN or infinite in the source (left out of the curve)
+
+
 def _row(step: Any, source: str, **values: Any) -> dict[str, Any]:
     row = {c: None for c in CURVE_COLUMNS}
     row.update({k: finite(v) if k != "skipped" else v for k, v in values.items()}, step=step, source=source)
@@ -45,7 +51,7 @@ def _row(step: Any, source: str, **values: Any) -> dict[str, Any]:
 
 def _table(rows: Iterable[dict[str, Any]], source: str, warnings: Iterable[str] = ()) -> Table:
     """Rows with an integer step, in step order; a NaN or infinite loss is kept as None and counted
-    (meta `not_finite_loss`, and a warning)."""
+    (meta.not_finite_loss, and a warning)."""
     kept = sorted((r for r in rows if isinstance(r["step"], int) and not isinstance(r["step"], bool)),
                   key=lambda r: r["step"])
     bad = [r["step"] for r in kept if r["_bad_loss"]]
@@ -54,7 +60,7 @@ def _table(rows: Iterable[dict[str, Any]], source: str, warnings: Iterable[str] 
         warnings.append(f"{source}: {len(bad)} step(s) with a NaN or infinite loss (first at step {bad[0]}), "
                         "left out of the curve")
     return Table.from_rows("curves", CURVE_COLUMNS, kept, source=source, warnings=warnings,
-                           meta={"not_finite_loss": len(bad)})
+                           meta=CurvesMeta(not_finite_loss=len(bad)))
 
 
 def curves_from_metrics(metrics: Table) -> Table:
@@ -143,7 +149,7 @@ def summarise(curves: Table) -> CurveSummary:
     steps = list(curves.columns["step"])
     loss, gn, lr, ls = (_values(curves, c) for c in ("loss", "grad_norm", "lr", "loss_scale"))
     skipped = [v for v in curves.columns["skipped"] if isinstance(v, int)]
-    bad = int(curves.meta.get("not_finite_loss", 0))
+    bad = int(curves.meta.not_finite_loss)
     return CurveSummary(len(steps), steps[0] if steps else None, steps[-1] if steps else None,
                         loss[0] if loss else None, loss[-1] if loss else None, min(loss) if loss else None,
                         gn[-1] if gn else None, max(gn) if gn else None, lr[0] if lr else None,

@@ -2,7 +2,7 @@
 prediction (plan.json, or recomputed from resolved.json) and the device limit beside it."""
 from __future__ import annotations
 
-from typing import Any, Iterable
+from typing import Any, Iterable, NamedTuple
 
 from analysis.table import Table
 
@@ -93,6 +93,13 @@ def _memory_table(rows: Iterable[dict[str, Any]], source: str, warnings: Iterabl
     return Table.from_rows("memory", MEMORY_COLUMNS, out, source=source, warnings=warnings)
 
 
+class MemoryVsPlanMeta(NamedTuple):
+    """Table.meta of memory_vs_plan."""
+
+    plan_source: str  # the file the plan came from ("" without a plan)
+    device_source: str  # where device_memory_bytes came from (the caller, or the plan's hardware profile)
+
+
 def memory_vs_plan(memory: Table, plan: Any | None, *, plan_source: str = "",
                    device_memory_bytes: int | None = None, device_source: str = "",
                    no_plan_reason: str = "none (foreign run: no plan)") -> Table:
@@ -125,6 +132,6 @@ def memory_vs_plan(memory: Table, plan: Any | None, *, plan_source: str = "",
                      "device_memory_bytes": dev,
                      "pct_of_device": 100.0 * r["measured_bytes"] / dev if dev else None})
     return Table.from_rows("memory", MEMORY_COLUMNS, rows, source=memory.source, warnings=memory.warnings,
-                           meta={"plan_source": plan_source, "device_source": device_source})
+                           meta=MemoryVsPlanMeta(plan_source=plan_source, device_source=device_source))
 
 

@@ -20,7 +20,7 @@ import math
 import statistics
 from collections import defaultdict
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import Any, Mapping, NamedTuple, Sequence
 
 from analysis.analyzers._numbers import finite
 from analysis.table import Table
@@ -41,6 +41,19 @@ STEP_COLUMNS = {
 }
 
 
+class MegatronStepsMeta(NamedTuple):
+    """Table.meta of steps_from_megatron's `steps` table (steps_from_metrics passes the metrics' MetricsMeta on)."""
+
+    layout: dict[str, Any]  # the log's layout (analysis.parsers.megatron_log.MegatronLogMeta.layout)
+
+
+class StepStatisticsMeta(NamedTuple):
+    """Table.meta of step_statistics."""
+
+    measured_steps: list[int]  # the steps of the measured window, in order
+    step_times_s: list[float]  # their step times (each step's slowest rank), seconds
+
+
 def steps_from_metrics(metrics: Table) -> Table:
     """Our metrics table (analysis.parsers.metrics) as STEP_COLUMNS rows."""
     rows = [{"rank": r["rank"], "step": r["step"], "step_time_s": finite(r["step_time_s"]),
@@ -48,7 +61,7 @@ def steps_from_metrics(metrics: Table) -> Table:
              "tflops_per_device": finite(r["tflops_per_device"]), "mfu": finite(r["mfu"]), "warmup": r["warmup"],
              "step_source": "metrics step_time_s", "source": f"{r['file']}:{r['line']}"} for r in metrics.rows()]
     return Table.from_rows("steps", STEP_COLUMNS, rows, source=metrics.source, warnings=metrics.warnings,
-                           meta=dict(metrics.meta))
+                           meta=metrics.meta)
 
 
 def steps_from_megatron(log: Table, *, peak_flops: float | None = None) -> Table:
@@ -57,7 +70,7 @@ def steps_from_megatron(log: Table, *, peak_flops: float | None = None) -> Table
     tokens/s/device: the printed `tokens per gpu per second (tgs)` when present, else global batch ×
     sequence length / step time / world size from the arguments dump; MFU: printed TFLOP/s/GPU ÷ peak.
     """
-    layout = log.meta.get("layout", {}) or {}
+    layout = log.meta.layout or {}
     world = layout.get("world_size")
     seq = layout.get("seq_length")
     rows = []
@@ -77,7 +90,7 @@ def steps_from_megatron(log: Table, *, peak_flops: float | None = None) -> Table
                      "warmup": None, "step_source": "Megatron 'elapsed time per iteration (ms)'",
                      "source": f"{log.source}:{r['line']}"})
     return Table.from_rows("steps", STEP_COLUMNS, rows, source=log.source, warnings=log.warnings,
-                           meta={"layout": layout})
+                           meta=MegatronStepsMeta(layout=layout))
 
 
 def steps_from_deepspeed(log: Table) -> Table:
@@ -116,7 +129,7 @@ def steps_from_deepspeed(log: Table) -> Table:
                     acc[0] += r["time_ms"] / 1000.0
             for (rank, step), (total, r) in sorted(sums.items(), key=lambda kv: (str(kv[0][0]), kv[0][1])):
                 out.append(_ds_row(step, total, "sum of DeepSpeed fwd+bwd+step timers" + (
-                    f"; steps: {log.meta['steps_from']}" if log.meta.get("steps_from") else ""), log, r, rank))
+                    f"; steps: {log.meta.steps_from}" if log.meta.steps_from else ""), log, r, rank))
     return Table.from_rows("steps", STEP_COLUMNS, out, source=log.source, warnings=log.warnings)
 
 
@@ -236,12 +249,12 @@ def step_statistics(steps: Table, *, mfu_formula: str = "", warmup_from: str = "
             vals = [r[key] for r in per_step.values() if r[key] is not None]
             row[col] = statistics.median(vals) * scale if vals else None
     return Table.from_rows("step_statistics", STEP_STATS_COLUMNS, [row], source=steps.source,
-                           meta={"measured_steps": sorted(per_step), "step_times_s": times})
+                           meta=StepStatisticsMeta(measured_steps=sorted(per_step), step_times_s=times))
 
 
 def measured_step_times(steps: Table, stats: Table) -> list[tuple[int, float, str]]:
     """(step, seconds, source) of the measured window, in step order (for plots and the doctor)."""
-    kept = set(stats.meta.get("measured_steps", []))
+    kept = set(stats.meta.measured_steps)
     best: dict[int, dict[str, Any]] = {}
     for r in steps.rows():
         if r["step"] in kept and r["step_time_s"] is not None:

@@ -44,7 +44,7 @@ import math
 import operator
 import weakref
 from collections import Counter, defaultdict
-from typing import Any, Iterable, Mapping
+from typing import Any, Iterable, Mapping, NamedTuple
 
 from analysis.analyzers.collectives import (
     CPU_LAYERS,
@@ -54,7 +54,7 @@ from analysis.analyzers.collectives import (
     nccl_tests_bytes,
 )
 from analysis.parsers import kineto as _kineto
-from analysis.parsers.kineto import PROFILER_STEP, gc_paused, rows_in, rows_not
+from analysis.parsers.kineto import PROFILER_STEP, KinetoMeta, KinetoRanksMeta, gc_paused, rows_in, rows_not
 from analysis.table import Table
 
 _KINDS = ("computation", "communication", "memory")  # HTA's order: bit 1, 2, 4
@@ -70,6 +70,28 @@ _KINDS = ("computation", "communication", "memory")  # HTA's order: bit 1, 2, 4
 # which come from the CPU collective calls.
 GPU_ANALYSIS_CATEGORIES = frozenset({"kernel", "gpu_memcpy", "gpu_memset", "gpu_user_annotation", "cuda_runtime",
                                      "cuda_driver", "user_annotation"})
+
+
+
+class ScopeMeta(NamedTuple):
+    """Table.meta of temporal_breakdown, comm_comp_overlap, exposed_communication, kernel_breakdown,
+    kernel_type_breakdown and collective_summary: the scope they were computed with."""
+
+    include_last_step: bool  # the last ProfilerStep of each rank was kept in the window
+    hta_rounding: bool  # GPU intervals of float-ts traces were rounded inward to whole microseconds, as HTA does
+
+
+class KernelDiffMeta(NamedTuple):
+    """Table.meta of kernel_diff."""
+
+    normalize: str  # "none" (totals) or "per_step" (per profiled step of each side)
+
+
+class StragglersMeta(NamedTuple):
+    """Table.meta of stragglers: the rule's settings."""
+
+    threshold_pct: float  # how far (% of the median step) a rank must stand out to be a straggler
+    include_last_step: bool  # the last ProfilerStep of each rank was kept in the window
 
 
 # ---------------------------------------------------------------------------------------------
@@ -177,13 +199,16 @@ def _subtract(a: list[tuple[float, float]], b: list[tuple[float, float]]) -> lis
 # ---------------------------------------------------------------------------------------------
 # scoping
 
+_UNKNOWN_FILE = KinetoMeta()  # the file meta of a rank whose table says nothing about its files
+
+
 class _Rank:
     """The rows of one rank and the derived sets every analysis needs.
 
     Holds the table's columns and meta but not the table itself, so that the cache in _ranks can
     let go of it when the table goes away."""
 
-    def __init__(self, columns: Mapping[str, list[Any]], table_meta: Mapping[str, Any], rank: Any,
+    def __init__(self, columns: Mapping[str, list[Any]], table_meta: Any, rank: Any,
                  rows: list[int] | range, step_numbers: dict[str, int], filter_steps: bool,
                  include_last_step: bool, hta_rounding: bool):
         self.columns, self.table_meta, self.rank, self.rows = columns, table_meta, rank, rows
@@ -191,9 +216,11 @@ class _Rank:
         self.ts, self.dur, self.name = c["ts_us"], c["dur_us"], c["name"]
         self.stream, self.corr, self.kind = c["stream"], c["correlation"], c["kind"]
         self.coll, self.cat, self.pid, self.tid = c["collective"], c["category"], c["pid"], c["tid"]
-        meta = table_meta.get("ranks", {}).get(rank, {}) if "ranks" in table_meta else table_meta
-        self.meta: Mapping[str, Any] = meta or {}
-        self.round = hta_rounding and bool(self.meta.get("ts_float"))
+        # The rank's file: its entry of a many-rank table, a one-file table's own; nothing known otherwise.
+        meta = (table_meta.ranks.get(rank) if isinstance(table_meta, KinetoRanksMeta) else
+                table_meta if isinstance(table_meta, KinetoMeta) else None)
+        self.meta: KinetoMeta = meta if meta is not None else _UNKNOWN_FILE
+        self.round = hta_rounding and bool(self.meta.ts_float)
         stream, name, ts, dur = self.stream, self.name, self.ts, self.dur
         if isinstance(rows, range):  # a one-rank table: scan the columns in C
             with_stream = rows_not(stream, None)
@@ -216,7 +243,7 @@ class _Rank:
         # A cut-short file (parsers.kineto meta) holds no event that starts after the last one read: a
         # step ending later would count its missing events as idle, so the window keeps only the steps
         # that end before it (the parser warns which).
-        self.read_until: float | None = self.meta.get("read_until_us") if self.meta.get("truncated") else None
+        self.read_until: float | None = self.meta.read_until_us if self.meta.truncated else None
         if self.read_until is not None:
             self.window_steps = [s for s in self.window_steps if s[1] <= self.read_until]
         self.gpu = self._gpu_scope(filter_steps, include_last_step)
@@ -358,9 +385,9 @@ def window_steps(table: Table, *, include_last_step: bool = False) -> dict[Any, 
 
 def rank_source(table: Table, rank: Any) -> str:
     """The file a rank's rows came from (parse_kineto_ranks meta `ranks`), else the table's source."""
-    ranks = table.meta.get("ranks")
-    if isinstance(ranks, Mapping) and rank in ranks:
-        return str(ranks[rank].get("source") or table.source)
+    meta = table.meta
+    if isinstance(meta, KinetoRanksMeta) and rank in meta.ranks:
+        return str(meta.ranks[rank].source or table.source)
     return table.source
 
 
@@ -433,7 +460,7 @@ def temporal_breakdown(table: Table, *, include_last_step: bool = False, hta_rou
                      "idle_pct": _pct(idle, span), "compute_pct": _pct(compute, span),
                      "non_compute_pct": _pct(non_compute, span)})
     return Table.from_rows("temporal_breakdown", TEMPORAL_COLUMNS, rows, source=table.source,
-                           meta={"include_last_step": include_last_step, "hta_rounding": hta_rounding})
+                           meta=ScopeMeta(include_last_step=include_last_step, hta_rounding=hta_rounding))
 
 
 OVERLAP_COLUMNS = {
@@ -456,7 +483,7 @@ def comm_comp_overlap(table: Table, *, include_last_step: bool = False, hta_roun
         rows.append({"rank": rk.rank, "basis": basis, "comm_time_us": comm, "overlapped_us": overlap,
                      "overlap_pct": _pct(overlap, comm)})
     return Table.from_rows("comm_comp_overlap", OVERLAP_COLUMNS, rows, source=table.source,
-                           meta={"include_last_step": include_last_step, "hta_rounding": hta_rounding})
+                           meta=ScopeMeta(include_last_step=include_last_step, hta_rounding=hta_rounding))
 
 
 def _comm_and_overlap(rk: _Rank, collective: str | None) -> tuple[float, float, str]:
@@ -499,7 +526,7 @@ def exposed_communication(table: Table, *, include_last_step: bool = False, hta_
                          "overlapped_us": overlap, "exposed_us": exposed,
                          "exposed_pct_of_comm": _pct(exposed, comm), "exposed_pct_of_span": _pct(exposed, span)})
     return Table.from_rows("exposed_communication", EXPOSED_COLUMNS, rows, source=table.source,
-                           meta={"include_last_step": include_last_step, "hta_rounding": hta_rounding})
+                           meta=ScopeMeta(include_last_step=include_last_step, hta_rounding=hta_rounding))
 
 
 KERNEL_COLUMNS = {
@@ -537,7 +564,7 @@ def kernel_breakdown(table: Table, *, include_last_step: bool = False, hta_round
                          "std_us": _stdev(ds, total / len(ds)),
                          "share_of_kind_pct": _pct(total, kind_total[kind])})
     return Table.from_rows("kernel_breakdown", KERNEL_COLUMNS, rows, source=table.source,
-                           meta={"include_last_step": include_last_step, "hta_rounding": hta_rounding})
+                           meta=ScopeMeta(include_last_step=include_last_step, hta_rounding=hta_rounding))
 
 
 KERNEL_TYPE_COLUMNS = {
@@ -563,7 +590,7 @@ def kernel_type_breakdown(table: Table, *, include_last_step: bool = False, hta_
             label = " overlapping ".join(k for b, k in enumerate(_KINDS) if mask & (1 << b))
             rows.append({"rank": rk.rank, "kernel_type": label, "time_us": t, "share_pct": _pct(t, total)})
     return Table.from_rows("kernel_type_breakdown", KERNEL_TYPE_COLUMNS, rows, source=table.source,
-                           meta={"include_last_step": include_last_step, "hta_rounding": hta_rounding})
+                           meta=ScopeMeta(include_last_step=include_last_step, hta_rounding=hta_rounding))
 
 
 DIFF_COLUMNS = {
@@ -612,7 +639,7 @@ def kernel_diff(a: Table, b: Table, *, normalize: str = "none", include_last_ste
                      "time_delta_pct": _pct(time_b - time_a, time_a)})
     rows.sort(key=lambda r: (-abs(r["time_delta_us"]), r["name"]))
     return Table.from_rows("kernel_diff", DIFF_COLUMNS, rows, source=f"{a.source} -> {b.source}",
-                           meta={"normalize": normalize})
+                           meta=KernelDiffMeta(normalize=normalize))
 
 
 COLLECTIVE_COLUMNS = {
@@ -690,7 +717,7 @@ def collective_summary(table: Table, *, include_last_step: bool = False, hta_rou
                          "algbw_GBps": algbw, "bus_factor": factor,
                          "busbw_GBps": algbw * factor if algbw is not None and factor is not None else None})
     return Table.from_rows("collective_summary", COLLECTIVE_COLUMNS, rows, source=table.source,
-                           meta={"include_last_step": include_last_step, "hta_rounding": hta_rounding})
+                           meta=ScopeMeta(include_last_step=include_last_step, hta_rounding=hta_rounding))
 
 
 def _starts_in(t: float, window: list[tuple[float, float]]) -> bool:
@@ -755,4 +782,4 @@ def stragglers(table: Table, *, threshold_pct: float = 10.0, include_last_step: 
                      "step_excess_pct": excess, "comm_deficit_pct": deficit, "straggler": slow or early,
                      "reason": reason})
     return Table.from_rows("stragglers", STRAGGLER_COLUMNS, rows, source=table.source,
-                           meta={"threshold_pct": threshold_pct, "include_last_step": include_last_step})
+                           meta=StragglersMeta(threshold_pct=threshold_pct, include_last_step=include_last_step))

@@ -12,7 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Iterable, Mapping, Sequence
 
-from analysis.parsers.nccl_tests import COLUMNS, parse_nccl_tests
+from analysis.parsers.nccl_tests import COLUMNS, NcclTestsMeta, NcclTestsSection, parse_nccl_tests
 from analysis.table import Table
 from launch.comm.commbench_spec import read_result
 from launch.config.commbench import groups_of
@@ -22,9 +22,9 @@ def commbench_table(result: Mapping) -> Table:
     """A commbench JSON result (launch.comm.commbench_spec.read_result) as an `nccl_tests` table."""
     op = result["nccl_tests_op"]
     rows = [{**r, "section": 0, "op": op} for r in result["rows"]]
-    section = {"op": op, "nranks": result["group_size"], "avg_busbw_GBps": result["avg_busbw_GBps"]}
+    section = NcclTestsSection(op=op, nranks=result["group_size"], avg_busbw_GBps=result["avg_busbw_GBps"])
     return Table.from_rows("nccl_tests", COLUMNS, rows, source=f"commbench {result['op']}",
-                           meta={**section, "ops": [op], "sections": [section]})
+                           meta=NcclTestsMeta(ops=[op], sections=[section], **section._asdict()))
 
 
 def load(paths: Iterable[str | Path]) -> tuple[dict[str, Table], list[str]]:
@@ -67,10 +67,10 @@ def _concat(parts: Sequence[Table]) -> Table:
     sections, rows = [], []
     for t in parts:
         offset = len(sections)
-        sections.extend(t.meta.get("sections", []))
+        sections.extend(t.meta.sections)
         rows.extend({**r, "section": (r["section"] or 0) + offset} for r in t.rows())
     return Table.from_rows("nccl_tests", COLUMNS, rows, source=", ".join(t.source for t in parts),
-                           meta={"ops": sorted({r["op"] for r in rows}), "sections": sections})
+                           meta=NcclTestsMeta(ops=sorted({r["op"] for r in rows}), sections=sections))
 
 
 def _run_label(run_dir: Path) -> str:

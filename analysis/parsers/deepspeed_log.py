@@ -37,7 +37,7 @@ import ast
 import math
 import os
 import re
-from typing import Any
+from typing import Any, NamedTuple
 
 from analysis.parsers._text import (
     LineParser,
@@ -221,12 +221,19 @@ def is_deepspeed_timer_line(line: str) -> bool:
     return bool(names) and all(_DS_TIMER_NAME.fullmatch(n) for n in names)
 
 
+class DeepSpeedLogMeta(NamedTuple):
+    """Table.meta of a `deepspeed_log` table (parse_deepspeed_log)."""
+
+    deepspeed_version: str | None = None  # the version DeepSpeed printed; None when it printed none
+    steps_from: str | None = None  # how step numbers were assigned when the log has no step= lines; else None
+
+
 def parse_deepspeed_log(path_or_text: str | os.PathLike[str], *, source: str = "") -> Table:
     """Parse DeepSpeed's training-log lines from a file path or the text itself into `deepspeed_log`.
 
     Never raises on content: unreadable lines are skipped with a warning naming the file and line,
     a last line cut off mid-record loses its final field, and an input without DeepSpeed lines
-    gives an empty table and a warning. `meta` holds `deepspeed_version` when printed.
+    gives an empty table and a warning. `meta` (DeepSpeedLogMeta) holds `deepspeed_version` when printed.
     """
     text, name, warnings = read_source(path_or_text, source)
     parser = _Parser(name, warnings)
@@ -241,7 +248,8 @@ def parse_deepspeed_log(path_or_text: str | os.PathLike[str], *, source: str = "
                       rates_per_s=("samples_per_s", "samples_per_s_avg"), loss_scales=("loss_scale", "new_loss_scale"),
                       figures=("loss", "lr"))
     return Table.from_rows("deepspeed_log", COLUMNS, parser.rows, source=name, warnings=warnings,
-                           meta=parser.meta)
+                           meta=DeepSpeedLogMeta(deepspeed_version=parser.deepspeed_version,
+                                                 steps_from=parser.steps_from))
 
 
 def _finite(value: float) -> float | None:
@@ -265,7 +273,8 @@ class _Parser(LineParser):
     def __init__(self, name: str, warnings: list[str]) -> None:
         super().__init__(name, warnings)
         self.rows: list[dict[str, Any]] = []
-        self.meta: dict[str, Any] = {"deepspeed_version": None}
+        self.deepspeed_version: str | None = None  # DeepSpeedLogMeta's fields
+        self.steps_from: str | None = None
         self.row_block: list[int | None] = []   # block of each row; None: kept out of step inference
         self.block = 0
         self.block_rows = 0                        # rows placed in the current block so far
@@ -334,8 +343,8 @@ class _Parser(LineParser):
                      new_loss_scale=float(m["new"]) if m["new"] else None)
         elif "DeepSpeed info:" in text:
             m = _VERSION.search(text)
-            if m and self.meta["deepspeed_version"] is None:
-                self.meta["deepspeed_version"] = m["ver"]
+            if m and self.deepspeed_version is None:
+                self.deepspeed_version = m["ver"]
         if text.strip():
             self.last_message = (lineno, text)
 
@@ -517,7 +526,7 @@ class _Parser(LineParser):
             timed = sorted({b for row, b in zip(self.rows, self.row_block) if b is not None and row["kind"] == "timer"})
             if timed:
                 self.block_step = {b: i for i, b in enumerate(timed, start=1)}
-                self.meta["steps_from"] = "timer block order (the log has no step= lines)"
+                self.steps_from = "timer block order (the log has no step= lines)"
                 self.warn("steps", None, f"no step= lines: the {len(timed)} timer blocks are numbered 1..{len(timed)} "
                                          "in the order they appear")
         known = sorted(self.block_step)

@@ -12,8 +12,8 @@ events read up to that point (and after it, where the scanner can find the next 
 a warning naming the file and the byte offset in the decompressed JSON text.
 
 One row per complete ("ph": "X") event, except the profiler's own "Trace" span. Instant events,
-flow arrows, counters and metadata are counted in `meta["events_skipped"]`; thread names from the
-metadata events are kept in `meta["thread_names"]`.
+flow arrows, counters and metadata are counted in `meta.events_skipped`; thread names from the
+metadata events are kept in `meta.thread_names`.
 
 Three modules: this one (the scanner, the collector of columns, steps and kernel links), kineto_source (the
 file's bytes, inflated) and kineto_args (what an event's args say about a collective). Kernel classification
@@ -22,14 +22,9 @@ same in 0.5.0 and at f4d0062): a name matching `^nccl.*Kernel` is communication,
 Memcpy/Memset/dma is memory, one that contains Memcpy, starts with Memset or contains Sync is
 "other", anything else is computation.
 
-Table.meta keys: rank, world_size, backend, device_properties, pg_config (process groups as
-recorded in distributedInfo), ts_first_us / ts_last_us / span_us (first start and last end of the
-rows kept), events_total, events_skipped (by reason), ts_float (some event's ts is written as a
-non-integer number: HTA then rounds GPU intervals inward to whole microseconds), truncated (the
-traceEvents array never closed: the file was cut short), read_until_us (the start of the last event
-read from a truncated file, else None), thread_names ({"pid/tid": name}), trace (the other top-level
-keys of the file, e.g. schemaVersion, traceName).
-`parse_kineto_ranks` puts one such mapping per rank under meta["ranks"].
+Table.meta: a `KinetoMeta` (rank, world_size, backend, device_properties, pg_config, ts_first_us / ts_last_us /
+span_us, events_total, events_skipped, ts_float, truncated, read_until_us, thread_names, trace, gzip; see the
+class). `parse_kineto_ranks` gives a `KinetoRanksMeta`, which holds one `KinetoMeta` per rank under `ranks`.
 """
 from __future__ import annotations
 
@@ -42,7 +37,7 @@ import os
 import re
 from collections import Counter
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator, Mapping, NamedTuple
 
 from analysis.parsers.gpu_kernels import kernel_collective, kernel_kind
 from analysis.parsers.kineto_args import (
@@ -55,7 +50,7 @@ from analysis.parsers.kineto_source import CHUNK_BYTES, PURE, Source
 from analysis.table import Table
 from launch import sense
 
-# Why a "ph": "X" event was not taken (meta["events_skipped"] keys). DAMAGED: those that mean an event the table
+# Why a "ph": "X" event was not taken (meta.events_skipped keys). DAMAGED: those that mean an event the table
 # cannot hold, as opposed to what a trace holds besides complete events (other phases, the profiler's own span):
 # warned about.
 NO_CAT_TS_DUR, NOT_FINITE = "no cat, ts or dur", "ts or dur not finite"
@@ -113,6 +108,44 @@ COLUMNS: dict[str, str] = {
                     "launch; None for CPU events and for GPU events launched before the trace began",
 }
 
+
+class KinetoMeta(NamedTuple):
+    """Table.meta of one trace file (parse_kineto); also each rank's entry of KinetoRanksMeta.ranks.
+
+    The same on the C fast path and the Python path. A field the file does not state is None; an entry that
+    analysis.parsers.nsys_adapter makes for an nsys process sets only rank, world_size, pg_config, ts_float,
+    source and pid."""
+
+    rank: int | None = None  # distributedInfo.rank, else the rank number in the file name
+    world_size: int | None = None  # distributedInfo.world_size
+    backend: Any = None  # distributedInfo.backend ("nccl", "gloo")
+    device_properties: list[Any] | None = None  # the trace's deviceProperties as written ([] when absent)
+    pg_config: list[Any] | None = None  # process groups as recorded in distributedInfo.pg_config ([] when absent)
+    ts_first_us: float | None = None  # first start of the rows kept
+    ts_last_us: float | None = None  # last end of the rows kept
+    span_us: float | None = None  # ts_last_us - ts_first_us (0 without rows)
+    events_total: int | None = None  # traceEvents read
+    events_skipped: dict[str, int] | None = None  # events not taken as rows, by reason ("ph=M", DAMAGED, ...)
+    ts_float: bool | None = None  # some event's ts is a non-integer number: HTA rounds GPU intervals inward
+    truncated: bool | None = None  # the traceEvents array never closed: the file was cut short
+    read_until_us: float | None = None  # start of the last event read from a truncated file, else None
+    thread_names: dict[str, str] | None = None  # {"pid/tid": name} from the thread_name metadata events
+    trace: dict[str, Any] | None = None  # the file's other top-level keys (schemaVersion, traceName, ...)
+    gzip: bool | None = None  # the file was gzip-compressed
+    source: str | None = None  # the file the rank was read from (set in KinetoRanksMeta.ranks entries)
+    pid: Any = None  # the process the rank was (nsys_adapter entries only)
+
+
+class KinetoRanksMeta(NamedTuple):
+    """Table.meta of a `kineto` table stacked from one trace per rank (parse_kineto_ranks) or adapted from nsys
+    exports (analysis.parsers.nsys_adapter.as_kineto)."""
+
+    ranks: Mapping[Any, KinetoMeta]  # {rank: that rank's KinetoMeta, with source set}
+    world_size: int | None = None  # the world size every rank states; None when they differ or none does
+    rank_from: str | None = None  # nsys_adapter: how ranks were numbered
+    adapted_from: str | None = None  # nsys_adapter: "nsys"
+
+
 _SLOW_WINDOW = 1 << 16         # bytes the slow path decodes to text at a time (it is tried first)
 _MAX_PENDING_BYTES = 64 << 20   # an "event" still unfinished after this many bytes is garbage
 _MAX_WARNINGS_PER_KIND = 5
@@ -163,7 +196,7 @@ def _decode_json(data: bytes) -> Any:
     msgspec = _structs().msgspec
     try:
         return msgspec.json.decode(data)
-    except msgspec.DecodeError:
+    except (msgspec.DecodeError, RecursionError):
         return _UNDECODABLE
 
 
@@ -517,9 +550,10 @@ class _Scanner:
             except structs.msgspec.ValidationError:  # some event breaks Kineto's types: decode it loosely
                 try:
                     self.collector.take_loose(structs.LOOSE_BATCH.decode(text))
-                except structs.msgspec.DecodeError:
+                except (structs.msgspec.DecodeError, RecursionError):
                     continue
-            except structs.msgspec.DecodeError:  # the cut is not between two events
+            # the cut is not between two events, or junk nests deeper than msgspec recurses: the slow path decides
+            except (structs.msgspec.DecodeError, RecursionError):
                 continue
             self._consume(m.end())
             return True
@@ -745,24 +779,24 @@ def _parse_kineto(path: str | os.PathLike[str], source: str, categories: Iterabl
             warnings.append(f"{name}: the trace is cut short at ts {read_until} us (the last event read); steps "
                             f"that end after it (ProfilerStep {', '.join(f'#{n}' for n in late)}) have incomplete "
                             f"events and are left out of the measured window")
-    meta = {
-        "rank": collector.rank,
-        "world_size": int_or_none(dist.get("world_size")),
-        "backend": dist.get("backend"),
-        "device_properties": top.get("deviceProperties") or [],
-        "pg_config": dist.get("pg_config") or [],
-        "ts_first_us": first,
-        "ts_last_us": last,
-        "span_us": (last - first) if ts else 0,
-        "events_total": collector.total,
-        "events_skipped": dict(collector.skipped),
-        "ts_float": ts_float,
-        "truncated": truncated,
-        "read_until_us": read_until,
-        "thread_names": collector.thread_names,
-        "trace": {k: v for k, v in top.items() if k not in ("distributedInfo", "deviceProperties")},
-        "gzip": reader.gzip,
-    }
+    meta = KinetoMeta(
+        rank=collector.rank,
+        world_size=int_or_none(dist.get("world_size")),
+        backend=dist.get("backend"),
+        device_properties=top.get("deviceProperties") or [],
+        pg_config=dist.get("pg_config") or [],
+        ts_first_us=first,
+        ts_last_us=last,
+        span_us=(last - first) if ts else 0,
+        events_total=collector.total,
+        events_skipped=dict(collector.skipped),
+        ts_float=ts_float,
+        truncated=truncated,
+        read_until_us=read_until,
+        thread_names=collector.thread_names,
+        trace={k: v for k, v in top.items() if k not in ("distributedInfo", "deviceProperties")},
+        gzip=reader.gzip,
+    )
     _untrack(cols)
     return Table("kineto", cols, dict(COLUMNS), name, tuple(warnings), meta)
 
@@ -968,29 +1002,29 @@ def _link_kernels_to_collectives(cols: dict[str, list[Any]]) -> None:
 
 def parse_kineto_ranks(paths: Iterable[str | os.PathLike[str]], *,
                        categories: Iterable[str] | None = None) -> Table:
-    """Parse one trace per rank and stack them into one table; meta["ranks"] holds each file's meta."""
+    """Parse one trace per rank and stack them into one table; meta.ranks holds each file's meta (KinetoRanksMeta)."""
     paths = list(paths)
     cols: dict[str, list[Any]] = {c: [] for c in COLUMNS}
     warnings: list[str] = []
-    ranks: dict[Any, dict[str, Any]] = {}
+    ranks: dict[Any, KinetoMeta] = {}
     sources = []
     for p in paths:
         t = parse_kineto(p, categories=categories)
         sources.append(t.source)
         warnings.extend(t.warnings)
-        rank = t.meta.get("rank")
+        rank = t.meta.rank
         if rank in ranks:
-            warnings.append(f"{t.source}: rank {rank} was already read from {ranks[rank]['source']}; "
+            warnings.append(f"{t.source}: rank {rank} was already read from {ranks[rank].source}; "
                             f"their events are pooled under one rank")
-        ranks[rank] = dict(t.meta, source=t.source)
+        ranks[rank] = t.meta._replace(source=t.source)
         if len(paths) == 1:  # one rank: its columns as they are, not copied (nor walked again for the GC)
             cols = t.columns
         else:
             for c in COLUMNS:
                 cols[c].extend(t.columns[c])
         del t
-    worlds = {m.get("world_size") for m in ranks.values()} - {None}
-    meta = {"ranks": ranks, "world_size": worlds.pop() if len(worlds) == 1 else None}
+    worlds = {m.world_size for m in ranks.values()} - {None}
+    meta = KinetoRanksMeta(ranks=ranks, world_size=worlds.pop() if len(worlds) == 1 else None)
     if len(paths) > 1:
         _untrack(cols)
     return Table("kineto", cols, dict(COLUMNS), ", ".join(sources), tuple(warnings), meta)

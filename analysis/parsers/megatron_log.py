@@ -2,7 +2,7 @@
 
 Records are iteration lines, timer values, memory reports and validation results; `kind` says
 which, and each kind fills its own columns. The arguments dump, the world-size line, the
-theoretical-memory line and the per-rank parameter counts go to `Table.meta`.
+theoretical-memory line and the per-rank parameter counts go to `Table.meta` (MegatronLogMeta).
 
 Formats handled (from the format strings in megatron/training/training.py, megatron/core/timers.py
 and megatron/training/utils of NVIDIA/Megatron-LM 2020-2026, Megatron-DeepSpeed's training.py, and
@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import os
 import re
-from typing import Any
+from typing import Any, NamedTuple
 
 from analysis.parsers._text import (
     LineParser,
@@ -172,6 +172,15 @@ _LAYOUT_FLAGS, _LAYOUT_WORDS = {"sp", "use_distributed_optimizer"}, {"params_dty
 _WORLD_LINE_KEYS = {"data": "dp", "tensor-model": "tp", "pipeline-model": "pp", "context": "cp", "expert-model": "ep"}
 
 
+class MegatronLogMeta(NamedTuple):
+    """Table.meta of a `megatron_log` table (parse_megatron_log)."""
+
+    args: dict[str, Any]  # the arguments dump, {name: value typed (int, float, bool, None or the text)}
+    layout: dict[str, Any]  # the _LAYOUT_ARGS the dump or the `using world size` line states (tp, pp, dp, ...)
+    theoretical_memory_bytes: dict[str, Any] | None = None  # {weight_and_optimizer, activation, total} estimated
+    rank_parameters: list[dict[str, int]] | None = None  # [{tp_rank, pp_rank, params}] as printed per rank
+
+
 def sniff(path: str | os.PathLike[str]) -> str | None:
     """'megatron_log' if at least two lines of the file's first or last 64 KiB start (behind launcher and
     logging prefixes) the way Megatron's own lines do, else None.
@@ -186,7 +195,7 @@ def parse_megatron_log(path_or_text: str | os.PathLike[str], *, source: str = ""
 
     Never raises on content: unreadable lines are skipped with a warning naming the file and line,
     a last line cut off mid-record loses its final field, and an input without Megatron lines gives
-    an empty table and a warning. `meta`: `args` (the arguments dump, values typed), `layout` (tp,
+    an empty table and a warning. `meta` (MegatronLogMeta): `args` (the arguments dump, values typed), `layout` (tp,
     pp, dp, cp, ep, vpp, sp, micro/global batch size, seq_length, hidden_size, num_layers, ... from
     the dump or the `using world size` line), `theoretical_memory_bytes` (weight_and_optimizer,
     activation, total, from Megatron's own estimate) and `rank_parameters` ([{tp_rank, pp_rank,
@@ -206,7 +215,9 @@ def parse_megatron_log(path_or_text: str | os.PathLike[str], *, source: str = ""
         if isinstance(row.get("losses"), dict) and row.get("lm_loss") is not None:
             row["lm_loss"] = _lm_loss(row["losses"])
     return Table.from_rows("megatron_log", COLUMNS, parser.rows, source=name, warnings=warnings,
-                           meta=parser.meta)
+                           meta=MegatronLogMeta(args=parser.args, layout=parser.layout,
+                                                theoretical_memory_bytes=parser.theoretical_memory_bytes,
+                                                rank_parameters=parser.rank_parameters))
 
 
 def _lm_loss(losses: dict[str, Any]) -> Any:
@@ -242,8 +253,12 @@ class _Parser(LineParser):
     def __init__(self, name: str, warnings: list[str]) -> None:
         super().__init__(name, warnings)
         self.rows: list[dict[str, Any]] = []
-        self.meta: dict[str, Any] = {"args": {}, "layout": {}, "theoretical_memory_bytes": None,
-                                     "rank_parameters": []}
+        # MegatronLogMeta's fields, filled while reading (layout by finish_meta)
+        self.args: dict[str, Any] = {}
+        self.layout: dict[str, Any] = {}
+        self.theoretical_memory_bytes: dict[str, int | None] | None = None
+        self.rank_parameters: list[dict[str, int]] = []
+        self.world_sizes: dict[str, int] | None = None  # the first `using world size` line's sizes
         self.iteration: int | None = None
         self.args_open: tuple[int, str] | None = None   # (line, title) of an open arguments dump
         self.args_stray = 0
@@ -306,15 +321,15 @@ class _Parser(LineParser):
         elif "Theoretical memory footprints" in text:
             m = _THEORETICAL.search(text)
             if m:
-                self.meta["theoretical_memory_bytes"] = {
+                self.theoretical_memory_bytes = {
                     "weight_and_optimizer": round(float(m["wo"]) * MIB),
                     "activation": round(float(m["act"]) * MIB) if m["act"] else None,
                     "total": round(float(m["total"]) * MIB) if m["total"] else None}
         elif "model parallel rank" in text:
             m = _RANK_PARAMS.search(text)
             if m:
-                self.meta["rank_parameters"].append({"tp_rank": int(m["t"]), "pp_rank": int(m["p"]),
-                                                     "params": int(m["n"])})
+                self.rank_parameters.append({"tp_rank": int(m["t"]), "pp_rank": int(m["p"]),
+                                             "params": int(m["n"])})
 
     def args_line(self, lineno: int, text: str) -> bool:
         if _ARGS_END.match(text.strip()):
@@ -322,7 +337,7 @@ class _Parser(LineParser):
             return True
         m = _ARG.match(text)
         if m and (m["dots"] or len(m["key"]) >= _ARG_NO_DOTS_MIN):
-            self.meta["args"].setdefault(m["key"], _typed(m["value"]))
+            self.args.setdefault(m["key"], _typed(m["value"]))
             return True
         self.args_stray += 1
         if self.args_stray > _ARGS_MAX_STRAY:
@@ -468,11 +483,12 @@ class _Parser(LineParser):
         m = _WORLD.search(text)
         sizes = {"world_size": int(m["world"])} if m else {}
         sizes.update({_WORLD_LINE_KEYS[p["what"]]: int(p["n"]) for p in _WORLD_PART.finditer(text)})
-        self.meta.setdefault("world_line", sizes)
+        if self.world_sizes is None:
+            self.world_sizes = sizes
 
     def finish_meta(self) -> None:
-        layout: dict[str, Any] = dict(self.meta.pop("world_line", {}))
-        args = self.meta["args"]
+        layout: dict[str, Any] = dict(self.world_sizes or {})
+        args = self.args
         for key, name in _LAYOUT_ARGS.items():
             if key in args:
                 layout[name] = args[key]
@@ -487,4 +503,4 @@ class _Parser(LineParser):
                 layout[key] = None
         self.warnings.extend(clean([layout], f"{self.name} (arguments)",
                                    counts=[k for k, v in layout.items() if isinstance(v, int)]))
-        self.meta["layout"] = layout
+        self.layout = layout

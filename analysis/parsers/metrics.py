@@ -5,7 +5,7 @@ only stacks its records into a `Table`, one row per (rank, optimizer step). A ru
 leaves a cut last line: that line is skipped with a warning naming the file and line, and every
 finished step before it is kept.
 
-`Table.meta`: `ranks` ({rank: the rank's meta record as a dict, plus `file`}), `files`, and the
+`Table.meta` (MetricsMeta): `ranks` ({rank: the rank's meta record as a dict, plus `file`}), `files`, and the
 fields every rank agrees on (recipe, backend, world_size, tp, pp, dp, zero_stage, dtype,
 micro_batch_size, global_batch_size, seq_len, tokens_per_step, warmup_steps, flops_per_token,
 flops_formula, peak_flops_per_device, hardware_profile, device); a field the ranks disagree on is
@@ -19,7 +19,7 @@ import os
 import re
 from dataclasses import fields
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Iterable, NamedTuple
 
 from analysis.parsers._text import SNIFF_BYTES
 from analysis.table import Table
@@ -63,6 +63,35 @@ _SHARED_META = ("recipe", "backend", "world_size", "tp", "pp", "dp", "zero_stage
                 "flops_formula", "peak_flops_per_device", "hardware_profile", "device")
 _RANK_IN_NAME = re.compile(r"rank[-_]?(\d+)", re.IGNORECASE)
 _SNIFF_LINES = 5
+
+
+class MetricsMeta(NamedTuple):
+    """Table.meta of the `metrics` table (parse_metrics). The run facts (recipe ... device) are the meta record's
+    fields (launch.run.metrics.MetaRecord) that every rank agrees on; None where the ranks disagree (a warning
+    says on what) or no rank has a meta record."""
+
+    ranks: dict[Any, dict[str, Any]]  # {rank: that rank's meta record as a dict (less `kind`), plus `file`}
+    files: list[str]  # the metrics files read, as displayed
+    resumes: int  # meta records after each file's first: the times the run resumed
+    schema_version: int  # the metrics schema this reader knows (launch.run.metrics.SCHEMA_VERSION)
+    recipe: str | None = None  # the recipe name
+    backend: str | None = None  # deepspeed | megatron | ...
+    world_size: int | None = None  # ranks in the run
+    tp: int | None = None  # tensor-parallel size
+    pp: int | None = None  # pipeline-parallel size
+    dp: int | None = None  # data-parallel size
+    zero_stage: int | None = None  # ZeRO stage
+    dtype: str | None = None  # training dtype
+    micro_batch_size: int | None = None  # samples per micro-batch
+    global_batch_size: int | None = None  # samples per optimizer step
+    seq_len: int | None = None  # tokens per sample
+    tokens_per_step: int | None = None  # tokens per optimizer step
+    warmup_steps: int | None = None  # the steps the trainer marks warmup=true
+    flops_per_token: float | None = None  # model FLOPs per token (flops_formula)
+    flops_formula: str | None = None  # how flops_per_token was counted
+    peak_flops_per_device: float | None = None  # the hardware profile's peak FLOP/s for dtype (MFU's denominator)
+    hardware_profile: str | None = None  # the hardware profile's name
+    device: str | None = None  # "cuda" | "cpu"
 
 
 def sniff(path: str | os.PathLike[str]) -> str | None:
@@ -172,9 +201,9 @@ def parse_metrics(paths: str | os.PathLike[str] | Iterable[str | os.PathLike[str
         elif len(values) > 1:
             warnings.append(f"metrics: ranks disagree on {key} ({', '.join(sorted(values))}); left out of meta")
     rows.sort(key=lambda r: (r["rank"] is None, r["rank"] or 0, r["step"] or 0))
-    meta_out = {**shared, "ranks": ranks, "files": [_display(f, base) for f in files], "resumes": resumes,
-                "schema_version": SCHEMA_VERSION}
-    return Table.from_rows("metrics", COLUMNS, rows, source=", ".join(meta_out["files"]), warnings=warnings,
+    meta_out = MetricsMeta(**shared, ranks=ranks, files=[_display(f, base) for f in files], resumes=resumes,
+                           schema_version=SCHEMA_VERSION)
+    return Table.from_rows("metrics", COLUMNS, rows, source=", ".join(meta_out.files), warnings=warnings,
                            meta=meta_out)
 
 

@@ -21,7 +21,7 @@ import os
 import re
 from collections import defaultdict
 from dataclasses import dataclass
-from typing import Any, Iterable, Mapping
+from typing import Any, Iterable, Mapping, NamedTuple
 
 from analysis.parsers._text import line_start_pattern, read_source, split_lines  # noqa: F401 (re-exported)
 from analysis.table import Table
@@ -209,7 +209,8 @@ def parse_nccl_debug(path_or_text: str | os.PathLike[str], *, source: str = "") 
     if not seen_nccl:
         warnings.append(f"{name}: no NCCL log lines found (was NCCL_DEBUG=INFO set?)")
     state.finish()
-    return Table.from_rows("nccl_debug", COLUMNS, state.rows, source=name, warnings=warnings, meta=state.meta)
+    return Table.from_rows("nccl_debug", COLUMNS, state.rows, source=name, warnings=warnings,
+                           meta=NcclDebugMeta(**state.facts))
 
 
 def _row(log: LogLine, lineno: int, **fields: Any) -> dict[str, Any]:
@@ -232,12 +233,37 @@ def _connection_row(m: re.Match, log: LogLine, comm: str | None, lineno: int) ->
                 via_detail=via, kind=kind)
 
 
+class NcclDebugMeta(NamedTuple):
+    """Table.meta of an `nccl_debug` table (parse_nccl_debug): what the log says besides connections."""
+
+    nccl_version: str | None = None  # `NCCL version X` (VERSION or INFO line)
+    rccl_version: str | None = None  # `RCCL version X`
+    cuda_runtime: str | None = None  # `+cudaX` after the NCCL version
+    hip_runtime: str | None = None  # `+hipX` after the RCCL version
+    cuda_driver: str | None = None  # `cudaDriverVersion N` as X.Y
+    nranks: int | None = None  # ranks of the largest communicator (Init COMPLETE lines)
+    ranks: dict[int, dict[str, Any]] | None = None  # {rank: {host, pid, cuda_dev, nvml_dev, busid, nranks}} of it
+    comms: dict[str, dict[int, dict[str, Any]]] | None = None  # the same for every communicator, by commId
+    ranks_ambiguous: bool | None = None  # one rank of a communicator announced by two processes
+    hosts: list[str] | None = None  # the hosts that logged, sorted
+    nnodes: int | None = None  # the largest `nNodes N` printed
+    ib_devices: list[dict[str, Any]] | None = None  # [{device, port, link}] from `NET/IB : Using`
+    ib_no_device: bool | None = None  # `NET/IB : No device found` was printed
+    socket_interfaces: list[dict[str, str]] | None = None  # [{interface, address}] from `NET/Socket : Using`
+    net_plugins: list[str] | None = None  # the networks of `Using network X`, in order
+    env: Mapping[str, str] | None = None  # {variable: value} of the NCCL environment variables the log echoes
+    algo_proto: dict[str, str] | None = None  # NCCL_ALGO / NCCL_PROTO among them
+    rings: list[dict[str, Any]] | None = None  # [{channel, order, line}] of the `Ring NN : a b c` lines
+    channel_counts: dict[str, int] | None = None  # the first `N coll channels, ...` line's counts
+    nccl_warnings: list[str] | None = None  # the NCCL WARN lines, "line N: message"
+
+
 class _State:
     """What reading a log has gathered so far; `finish` derives what needs the whole log."""
 
     def __init__(self) -> None:
         self.rows: list[dict[str, Any]] = []
-        self.meta: dict[str, Any] = {
+        self.facts: dict[str, Any] = {  # NcclDebugMeta's fields, filled while reading
             "nccl_version": None, "cuda_runtime": None, "cuda_driver": None, "nranks": None, "ranks": {},
             "comms": {}, "ranks_ambiguous": False, "hosts": [], "nnodes": None, "ib_devices": [],
             "ib_no_device": False, "socket_interfaces": [], "net_plugins": [], "env": {}, "algo_proto": {},
@@ -253,14 +279,14 @@ class _State:
 
     def versions(self, text: str) -> None:
         for key, value in version_facts(text).items():
-            self.meta[key] = self.meta.get(key) or value
+            self.facts[key] = self.facts.get(key) or value
 
     def line(self, log: LogLine, lineno: int) -> bool:
         """Take one NCCL line; False when it looks like a connection line but cannot be read."""
-        msg, meta = log.message, self.meta
+        msg, facts = log.message, self.facts
         thread = (log.host, log.pid, log.tid) if log.host is not None else (None, None, log.cuda_dev)
         if log.level == "WARN":
-            meta["nccl_warnings"].append(f"line {lineno}: {msg}")
+            facts["nccl_warnings"].append(f"line {lineno}: {msg}")
             return True
         self.versions(msg)
         m = _CONN.match(msg)
@@ -283,8 +309,8 @@ class _State:
             return True
         m = _RING_ORDER.match(msg)
         if m:
-            meta["rings"].append({"channel": int(m["ch"]), "order": [int(x) for x in m["order"].split()],
-                                  "line": lineno})
+            facts["rings"].append({"channel": int(m["ch"]), "order": [int(x) for x in m["order"].split()],
+                                   "line": lineno})
             return True
         if _CONN_LIKE.match(msg):
             return False
@@ -302,7 +328,7 @@ class _State:
         self.pointer_rank[(log.host, log.pid, ptr)] = rank
 
     def fact(self, msg: str, log: LogLine, lineno: int, thread: tuple) -> None:
-        meta = self.meta
+        facts = self.facts
         m = _INIT.search(msg)
         if m:
             self.announce(log, m["ptr"], int(m["rank"]), msg)
@@ -320,44 +346,44 @@ class _State:
             self.thread_comm[thread] = m["ptr"]
             self.events[thread].append(("reset", None))
             if m["nnodes"]:
-                meta["nnodes"] = max(meta["nnodes"] or 0, int(m["nnodes"]))
+                facts["nnodes"] = max(facts["nnodes"] or 0, int(m["nnodes"]))
             return
         m = _IB_USING.match(msg)
         if m:
             for d in _IB_DEV.finditer(m["rest"]):
                 dev = {"device": d["dev"], "port": int(d["port"]), "link": d["link"]}
-                if dev not in meta["ib_devices"]:
-                    meta["ib_devices"].append(dev)
+                if dev not in facts["ib_devices"]:
+                    facts["ib_devices"].append(dev)
             return
         if msg.startswith("NET/IB : No device found"):
-            meta["ib_no_device"] = True
+            facts["ib_no_device"] = True
             return
         m = _SOCKET_USING.match(msg)
         if m:
             for d in _SOCKET_DEV.finditer(m["rest"]):
                 iface = {"interface": d["ifname"], "address": d["addr"]}
-                if iface not in meta["socket_interfaces"]:
-                    meta["socket_interfaces"].append(iface)
+                if iface not in facts["socket_interfaces"]:
+                    facts["socket_interfaces"].append(iface)
             return
         m = _USING_NETWORK.match(msg)
         if m:
-            if m["name"] not in meta["net_plugins"]:
-                meta["net_plugins"].append(m["name"])
+            if m["name"] not in facts["net_plugins"]:
+                facts["net_plugins"].append(m["name"])
             return
         m = _ENV.match(msg)
         if m:
-            meta["env"][m["name"]] = m["value"]
+            facts["env"][m["name"]] = m["value"]
             if m["name"] in ("NCCL_ALGO", "NCCL_PROTO"):
-                meta["algo_proto"][m["name"]] = m["value"]
+                facts["algo_proto"][m["name"]] = m["value"]
             return
         m = _CHANNEL_COUNTS.match(msg)
-        if m and meta["channel_counts"] is None:
-            meta["channel_counts"] = {k: int(v) for k, v in m.groupdict().items() if v is not None}
+        if m and facts["channel_counts"] is None:
+            facts["channel_counts"] = {k: int(v) for k, v in m.groupdict().items() if v is not None}
 
     def finish(self) -> None:
         _assign_kinds(self.rows, self.events)
-        _resolve_comms(self.rows, self.inits, self.pointer_comm_id, self.pointer_rank, self.meta)
-        self.meta["hosts"] = sorted({r["host"] for r in self.rows if r["host"]} |
+        _resolve_comms(self.rows, self.inits, self.pointer_comm_id, self.pointer_rank, self.facts)
+        self.facts["hosts"] = sorted({r["host"] for r in self.rows if r["host"]} |
                                     {i["host"] for i in self.inits if i["host"]})
 
 
@@ -380,8 +406,8 @@ def _assign_kinds(rows: list[dict[str, Any]], events: Mapping[tuple, list[tuple[
 
 
 def _resolve_comms(rows: list[dict[str, Any]], inits: list[dict[str, Any]], pointer_comm_id: Mapping[tuple, str],
-                   pointer_rank: Mapping[tuple, int], meta: dict[str, Any]) -> None:
-    """Name each row's communicator and fill peer_host and meta['ranks'] from the Init lines."""
+                   pointer_rank: Mapping[tuple, int], facts: dict[str, Any]) -> None:
+    """Name each row's communicator and fill peer_host and the ranks, nranks and comms facts from the Init lines."""
     comms: dict[str, dict[int, dict[str, Any]]] = defaultdict(dict)
     comm_of_pointer: dict[tuple, str] = {}
     ambiguous = False
@@ -416,10 +442,10 @@ def _resolve_comms(rows: list[dict[str, Any]], inits: list[dict[str, Any]], poin
             row["rank"] = row["peer_from"] = pointer_rank.get(pointer)
     if comms:
         world = max(comms, key=lambda k: (next(iter(comms[k].values()))["nranks"], len(comms[k])))
-        meta["ranks"] = dict(sorted(comms[world].items()))
-        meta["nranks"] = next(iter(comms[world].values()))["nranks"]
-        meta["comms"] = {k: dict(sorted(v.items())) for k, v in comms.items()}
-    meta["ranks_ambiguous"] = ambiguous
+        facts["ranks"] = dict(sorted(comms[world].items()))
+        facts["nranks"] = next(iter(comms[world].values()))["nranks"]
+        facts["comms"] = {k: dict(sorted(v.items())) for k, v in comms.items()}
+    facts["ranks_ambiguous"] = ambiguous
     only = next(iter(comms.values())) if len(comms) == 1 else None
     for row, key in zip(rows, comm_of_row):
         ranks = comms.get(key) or only
@@ -486,8 +512,8 @@ def verdict(table: Table, *, expect_net: str | None = None) -> list[Finding]:
     return _socket_findings(rows, table.meta, expect_net) + _shm_findings(rows, table.meta) + _gdr_findings(rows)
 
 
-def _socket_findings(rows: list[dict[str, Any]], meta: Mapping[str, Any], expect_net: str | None) -> list[Finding]:
-    ib_names = list(dict.fromkeys(d["device"] for d in meta.get("ib_devices", [])))
+def _socket_findings(rows: list[dict[str, Any]], meta: NcclDebugMeta, expect_net: str | None) -> list[Finding]:
+    ib_names = list(dict.fromkeys(d["device"] for d in meta.ib_devices))
     wants_ib = (expect_net or "").upper().removeprefix("NET/") in ("IB", "ROCE") or bool(ib_names)
     sockets = [r for r in rows if r["transport"] == "NET/Socket" and _is_inter_node(r)]
     findings = []
@@ -496,19 +522,19 @@ def _socket_findings(rows: list[dict[str, Any]], meta: Mapping[str, Any], expect
         talks = f"{who} {'talk' if plural else 'talks'} to {f'host {peer_host}' if peer_host else 'other nodes'}"
         if wants_ib:
             why = f"IB devices {', '.join(ib_names)} are listed" if ib_names else f"the profile expects {expect_net}"
-            if "Socket" in meta.get("net_plugins", []):
+            if "Socket" in meta.net_plugins:
                 why += "; 'Using network Socket' (NCCL_NET, NCCL_IB_DISABLE or a missing plugin?)"
             findings.append(Finding("warn", f"{talks} over NET/Socket: expected NET/IB ({why})", _evidence(group)))
         else:
-            why = "NET/IB found no device" if meta.get("ib_no_device") else "no IB devices are listed"
+            why = "NET/IB found no device" if meta.ib_no_device else "no IB devices are listed"
             findings.append(Finding("info", f"{talks} over NET/Socket ({why}); TCP is far slower than IB/RoCE "
                                             f"for inter-node collectives", _evidence(group)))
     return findings
 
 
-def _shm_findings(rows: list[dict[str, Any]], meta: Mapping[str, Any]) -> list[Finding]:
+def _shm_findings(rows: list[dict[str, Any]], meta: NcclDebugMeta) -> list[Finding]:
     intra = [r for r in rows if r["peer_to"] is not None and not r["transport"].startswith("NET/")]
-    p2p_disabled = meta.get("env", {}).get("NCCL_P2P_DISABLE") == "1"
+    p2p_disabled = meta.env.get("NCCL_P2P_DISABLE") == "1"
     findings = []
     for host, group in _grouped(intra, lambda r: r["host"]):
         shm = [r for r in group if r["transport"] == "SHM"]

@@ -19,7 +19,7 @@ import os
 import re
 import statistics
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any, Mapping, NamedTuple
 
 from analysis.parsers._text import GARBLED, read_source, split_lines
 from analysis.parsers.nccl_debug import find_log_line, strip_mpi_tag, version_facts
@@ -34,7 +34,7 @@ __all__ = ["COLUMNS", "OPS", "bus_factor", "format_nccl_tests", "large_message_b
            "parse_nccl_tests", "peak_busbw"]
 
 COLUMNS: dict[str, str] = {
-    "section": "index into meta['sections']: which run in the file the row comes from (files often "
+    "section": "index into meta.sections: which run in the file the row comes from (files often "
                "hold several runs concatenated)",
     "op": "collective: all_reduce, all_gather, reduce_scatter, alltoall, alltoallv, sendrecv, broadcast, "
           "reduce, gather, scatter, hypercube; from `# Collective test starting:`, a `*_perf` command "
@@ -112,6 +112,73 @@ def op_from_name(name: str) -> str | None:
     if not m:
         return None
     return next(op for op, value in m.groupdict().items() if value is not None)
+
+
+class NcclTestsSection(NamedTuple):
+    """The header and footer facts of one run (section) in an nccl-tests / rccl-tests output; None where the
+    output does not print it. Also what `commbench_table` (analysis.parsers.commbench) knows of a sweep."""
+
+    op: str  # the collective (COLUMNS["op"])
+    nranks: int | None = None  # ranks, from the device lines (`#  Rank  0 Group ...`)
+    nranks_inferred: int | None = None  # ranks implied by busbw/algbw when no device lines are printed
+    devices: list[dict[str, Any]] | None = None  # [{rank, group, pid, host, device, busid, name}] as printed
+    hosts: list[str] | None = None  # the devices' hosts, sorted
+    avg_busbw_GBps: float | None = None  # the `Avg bus bandwidth` footer; None when the run was cut short
+    out_of_bounds: int | None = None  # the `Out of bounds values` footer
+    nccl_version: str | None = None  # from `nccl-tests version ... nccl-library=` or an NCCL INFO line
+    rccl_version: str | None = None  # from an RCCL INFO line
+    cuda_runtime: str | None = None  # from an NCCL INFO version line (`+cuda12.4`)
+    hip_runtime: str | None = None  # from an RCCL INFO version line (`+hip6.2`)
+    cuda_driver: str | None = None  # from an NCCL INFO `cudaDriverVersion` line
+    nccl_tests_version: str | None = None  # `# nccl-tests version X`
+    rccl_tests_version: str | None = None  # `rccl-tests: Version X`
+    nthreads: int | None = None  # `# nThread N`
+    ngpus: int | None = None  # `nGpus N`
+    min_bytes: int | None = None  # `minBytes N`
+    max_bytes: int | None = None  # `maxBytes N`
+    step_factor: int | None = None  # `step: N(factor)`
+    step_bytes: int | None = None  # `step: N(bytes)`
+    warmup_iters: int | None = None  # `warmup iters: N`
+    iters: int | None = None  # `iters: N`
+    agg_iters: int | None = None  # `agg iters: N`
+    validation: int | None = None  # `validation: N` (0: #wrong is N/A)
+    graph: int | None = None  # `graph: N`
+    unalign: int | None = None  # `unalign: N` (2025+)
+
+
+class NcclTestsMeta(NamedTuple):
+    """Table.meta of an `nccl_tests` table: the facts of the first section that has rows (NcclTestsSection's
+    fields, with the file's version lines filling in what that section leaves unknown), the collectives and every
+    section's facts."""
+
+    ops: list[str]  # the collectives of the rows, sorted
+    sections: list[NcclTestsSection]  # each run in the file; rows point into it by `section`
+    op: str | None = None  # the collective of that section
+    nranks: int | None = None  # ranks, from the device lines (`#  Rank  0 Group ...`)
+    nranks_inferred: int | None = None  # ranks implied by busbw/algbw when no device lines are printed
+    devices: list[dict[str, Any]] | None = None  # [{rank, group, pid, host, device, busid, name}] as printed
+    hosts: list[str] | None = None  # the devices' hosts, sorted
+    avg_busbw_GBps: float | None = None  # the `Avg bus bandwidth` footer; None when the run was cut short
+    out_of_bounds: int | None = None  # the `Out of bounds values` footer
+    nccl_version: str | None = None  # from `nccl-tests version ... nccl-library=` or an NCCL INFO line
+    rccl_version: str | None = None  # from an RCCL INFO line
+    cuda_runtime: str | None = None  # from an NCCL INFO version line (`+cuda12.4`)
+    hip_runtime: str | None = None  # from an RCCL INFO version line (`+hip6.2`)
+    cuda_driver: str | None = None  # from an NCCL INFO `cudaDriverVersion` line
+    nccl_tests_version: str | None = None  # `# nccl-tests version X`
+    rccl_tests_version: str | None = None  # `rccl-tests: Version X`
+    nthreads: int | None = None  # `# nThread N`
+    ngpus: int | None = None  # `nGpus N`
+    min_bytes: int | None = None  # `minBytes N`
+    max_bytes: int | None = None  # `maxBytes N`
+    step_factor: int | None = None  # `step: N(factor)`
+    step_bytes: int | None = None  # `step: N(bytes)`
+    warmup_iters: int | None = None  # `warmup iters: N`
+    iters: int | None = None  # `iters: N`
+    agg_iters: int | None = None  # `agg iters: N`
+    validation: int | None = None  # `validation: N` (0: #wrong is N/A)
+    graph: int | None = None  # `graph: N`
+    unalign: int | None = None  # `unalign: N` (2025+)
 
 
 @dataclass
@@ -520,29 +587,23 @@ class _Parser:
         if not self.rows:
             self.warnings.append(f"{self.name}: no nccl-tests result rows found")
         with_rows = [m for m, s in zip(sections_meta, self.sections) if s.nrows]
-        meta = dict((with_rows or sections_meta)[0])
-        for key, value in self.file_facts.items():
-            meta.setdefault(key, value)
-            if meta[key] is None:
-                meta[key] = value
-        meta["ops"] = sorted({r["op"] for r in self.rows})
-        meta["sections"] = sections_meta
+        facts = (with_rows or sections_meta)[0]._asdict()
+        for key, value in self.file_facts.items():  # the file's version lines fill in what the section leaves unknown
+            if facts[key] is None:
+                facts[key] = value
+        meta = NcclTestsMeta(ops=sorted({r["op"] for r in self.rows}), sections=sections_meta, **facts)
         return Table.from_rows("nccl_tests", COLUMNS, self.rows, source=self.name, warnings=self.warnings,
                                meta=meta)
 
-    def section_meta(self, s: _Section) -> dict[str, Any]:
+    def section_meta(self, s: _Section) -> NcclTestsSection:
         rows = [r for r in self.rows if r["section"] == s.index]
-        meta: dict[str, Any] = {
-            "op": s.op, "nranks": s.nranks, "nranks_inferred": None, "devices": list(s.devices),
-            "hosts": sorted({d["host"] for d in s.devices}), "avg_busbw_GBps": None, "out_of_bounds": None,
-            "nccl_version": None, "cuda_runtime": None, "cuda_driver": None, "nccl_tests_version": None,
-            "rccl_tests_version": None,
-        }
-        meta.update(s.log_facts)
-        meta.update(s.facts)
+        facts: dict[str, Any] = {"op": s.op, "nranks": s.nranks, "devices": list(s.devices),
+                                 "hosts": sorted({d["host"] for d in s.devices})}
+        facts.update(s.log_facts)
+        facts.update(s.facts)
         if s.nranks is None and s.op in _FACTORS:
-            meta["nranks_inferred"] = _infer_nranks(s.op, rows)
-        return meta
+            facts["nranks_inferred"] = _infer_nranks(s.op, rows)
+        return NcclTestsSection(**facts)
 
 
 def _opt_int(text: str | None) -> int | None:
@@ -575,7 +636,7 @@ def _infer_nranks(op: str, rows: list[Mapping[str, Any]]) -> int | None:
 def parse_nccl_tests(path_or_text: str | os.PathLike[str], *, source: str = "") -> Table:
     """Parse nccl-tests or rccl-tests output (a path or the text) into the `nccl_tests` table.
 
-    One row per message size per placement. `meta` holds the header facts of the first run that has
+    One row per message size per placement. `meta` (NcclTestsMeta) holds the header facts of the first run that has
     rows (nranks, devices, hosts, nthreads, ngpus, min_bytes, max_bytes, step_factor|step_bytes,
     warmup_iters, iters, agg_iters, validation, graph, avg_busbw_GBps, out_of_bounds, nccl_version,
     cuda_runtime, cuda_driver, nccl_tests_version, rccl_tests_version, nranks_inferred), plus `ops`

@@ -36,7 +36,7 @@ import os
 import re
 import sqlite3
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Mapping, Sequence
+from typing import Any, Iterable, Iterator, Mapping, NamedTuple, Sequence
 
 from analysis.parsers import gpu_kernels
 from analysis.parsers.gpu_kernels import COLLECTIVES, base_name, nccl_kernel_info
@@ -45,7 +45,7 @@ from analysis.table import Table
 COLUMNS: dict[str, str] = {
     "rank": "rank given by the caller (`rank=` int for the whole file, or a {pid: rank} mapping for a "
             "report that captured several processes); None when not given",
-    "device": "GPU id of a kernel/memcpy/memset (CUPTI deviceId = TARGET_INFO_GPU.id; meta['devices'] "
+    "device": "GPU id of a kernel/memcpy/memset (CUPTI deviceId = TARGET_INFO_GPU.id; meta.devices "
               "names it); None for CPU rows",
     "stream": "CUDA stream id of a GPU row; None for CPU rows",
     "category": "'kernel', 'memcpy', 'memset', 'cuda_runtime' (runtime and driver API calls) or 'nvtx' "
@@ -82,7 +82,7 @@ COLUMNS: dict[str, str] = {
             "back to any thread of the process, then to the GPU start time when the launch is unknown); "
             "for NVTX and runtime rows, the range open at their own start. A process with no such ranges "
             "but with optimizer ranges gets steps counted from 0, each ending with an optimizer range "
-            "(meta['step_source'][pid] says 'named' or 'optimizer')",
+            "(meta.step_source[pid] says 'named' or 'optimizer')",
     "phase": "'forward', 'backward' or 'optimizer' from the innermost NVTX range so named (also fwd/bwd/"
              "optim, 'forward-compute', 'DeepSpeedEngine.backward', ...) open at the same moment as for step",
     "nvtx_domain": "nvtx rows: name of the NVTX domain (None for the default domain)",
@@ -169,6 +169,25 @@ def _connect(path: Path) -> sqlite3.Connection:
     return con
 
 
+class NsysMeta(NamedTuple):
+    """Table.meta of an `nsys` table (parse_nsys_sqlite). A field is None when the export does not hold it (a file
+    that SQLite cannot open has none but, maybe, tables)."""
+
+    tables: list[str] | None = None  # the export's tables and views, sorted
+    nsys_version: Any = None  # META_DATA_EXPORT / EXPORT_META_DATA EXPORT_PRODUCT_VERSION
+    schema_version: Any = None  # EXPORT_SCHEMA_VERSION
+    session_start_utc_ns: int | None = None  # TARGET_INFO_SESSION_START_TIME.utcEpochNs
+    duration_ns: int | None = None  # ANALYSIS_DETAILS.duration
+    devices: dict[int, Any] | None = None  # {GPU id: name} (TARGET_INFO_GPU, else TARGET_INFO_CUDA_GPU)
+    cuda_devices: list[dict[str, Any]] | None = None  # [{pid, cuda_id, gpu_id}] (TARGET_INFO_CUDA_DEVICE)
+    processes: dict[int, Any] | None = None  # {pid: name} (PROCESSES)
+    threads: dict[int, str | None] | None = None  # {tid: name} (ThreadNames)
+    backtrace_rows_skipped: int | None = None  # 'CUDA backtrace' copies of runtime calls dropped; None: none
+    step_source: dict[Any, str] | None = None  # {pid: 'named' | 'optimizer'}: how the process's steps were found
+    counts: dict[str, int] | None = None  # rows per category
+    missing_tables: list[str] | None = None  # the activity / NVTX tables the export lacks
+
+
 class _Export:
     """One pass over an nsys export; collects rows, meta and warnings, never raises on content."""
 
@@ -177,7 +196,7 @@ class _Export:
         self.name = name
         self.rank = rank
         self.warnings: list[str] = []
-        self.meta: dict[str, Any] = {}
+        self.facts: dict[str, Any] = {}  # NsysMeta's fields, as found
         self.con: sqlite3.Connection | None = None
         self.tables: set[str] = set()
         self.strings: dict[int, str] = {}
@@ -213,7 +232,7 @@ class _Export:
         except sqlite3.Error as exc:
             self.warn("open", f"SQLite cannot read the schema ({exc}); the file is corrupt or truncated")
             return False
-        self.meta["tables"] = sorted(self.tables)
+        self.facts["tables"] = sorted(self.tables)
         if not self.tables & set(_NSYS_TABLES):
             self.warn("open", "no Nsight Systems tables (CUPTI_ACTIVITY_KIND_*, NVTX_EVENTS, ...) in this "
                               "SQLite file")
@@ -284,13 +303,13 @@ class _Export:
         for table in ("META_DATA_EXPORT", "EXPORT_META_DATA"):
             for row in self.select(table, ["name", "value"]):
                 if row["name"] == "EXPORT_PRODUCT_VERSION":
-                    self.meta["nsys_version"] = row["value"]
+                    self.facts["nsys_version"] = row["value"]
                 elif row["name"] == "EXPORT_SCHEMA_VERSION":
-                    self.meta["schema_version"] = row["value"]
+                    self.facts["schema_version"] = row["value"]
         for row in self.select("TARGET_INFO_SESSION_START_TIME", ["utcEpochNs"]):
-            self.meta["session_start_utc_ns"] = row["utcEpochNs"]
+            self.facts["session_start_utc_ns"] = row["utcEpochNs"]
         for row in self.select("ANALYSIS_DETAILS", ["duration"]):
-            self.meta["duration_ns"] = row["duration"]
+            self.facts["duration_ns"] = row["duration"]
         devices: dict[int, str] = {}
         for row in self.select("TARGET_INFO_GPU", ["id", "name"]):
             if row["id"] is not None:
@@ -300,18 +319,18 @@ class _Export:
             for row in self.select("TARGET_INFO_CUDA_GPU", [key, "name"]):
                 if row[key] is not None:
                     devices.setdefault(row[key], row["name"])
-        self.meta["devices"] = devices
-        self.meta["cuda_devices"] = [
+        self.facts["devices"] = devices
+        self.facts["cuda_devices"] = [
             {"pid": r["pid"], "cuda_id": r["cudaId"], "gpu_id": r["gpuId"]}
             for r in self.select("TARGET_INFO_CUDA_DEVICE", ["pid", "cudaId", "gpuId"])]
-        self.meta["processes"] = {r["pid"]: r["name"] for r in self.select("PROCESSES", ["pid", "name"])
+        self.facts["processes"] = {r["pid"]: r["name"] for r in self.select("PROCESSES", ["pid", "name"])
                                   if r["pid"] is not None}
         threads: dict[int, str | None] = {}
         for row in self.select("ThreadNames", ["nameId", "globalTid"]):
             tid = split_global_id(row["globalTid"])[1]
             if tid is not None:
                 threads[tid] = self.text(row["nameId"])
-        self.meta["threads"] = threads
+        self.facts["threads"] = threads
 
     def memcpy_labels(self) -> dict[int, str]:
         labels = dict(_MEMCPY_LABELS)
@@ -350,7 +369,7 @@ class _Export:
             rows.append(self._row("cuda_runtime", r, name=_API_VERSION.sub("", name) if name else name,
                                   pid=pid, tid=tid))
         if skipped:
-            self.meta["backtrace_rows_skipped"] = skipped
+            self.facts["backtrace_rows_skipped"] = skipped
         return rows
 
     def kernel_rows(self) -> list[dict[str, Any]]:
@@ -440,7 +459,7 @@ class _Export:
         step_source = {pid: "named" for pid, _, _, _, step in named if step is not None}
         derived = _steps_from_optimizer(nvtx, exclude=set(step_source))
         step_source.update({pid: "optimizer" for pid, *_ in derived})
-        self.meta["step_source"] = step_source
+        self.facts["step_source"] = step_source
         steps = _RangeIndex(named + derived)
         phases = _RangeIndex((r["pid"], r["tid"], r["start_ns"], r["end_ns"], phase_of(r["name"])) for r in nvtx)
         for row in rows:
@@ -471,13 +490,14 @@ class _Export:
             counts: dict[str, int] = {}
             for r in rows:
                 counts[r["category"]] = counts.get(r["category"], 0) + 1
-            self.meta["counts"] = counts
-            self.meta["missing_tables"] = [t for t in ("CUPTI_ACTIVITY_KIND_KERNEL", "CUPTI_ACTIVITY_KIND_RUNTIME",
+            self.facts["counts"] = counts
+            self.facts["missing_tables"] = [t for t in ("CUPTI_ACTIVITY_KIND_KERNEL", "CUPTI_ACTIVITY_KIND_RUNTIME",
                                                        "CUPTI_ACTIVITY_KIND_MEMCPY", "CUPTI_ACTIVITY_KIND_MEMSET",
                                                        "NVTX_EVENTS") if t not in self.tables]
         if self.con is not None:
             self.con.close()
-        return Table.from_rows("nsys", COLUMNS, rows, source=self.name, warnings=self.warnings, meta=self.meta)
+        return Table.from_rows("nsys", COLUMNS, rows, source=self.name, warnings=self.warnings,
+                               meta=NsysMeta(**self.facts))
 
 
 def _steps_from_optimizer(nvtx: list[dict[str, Any]], exclude: set[Any]) -> list[tuple[Any, None, int, int, int]]:
@@ -550,7 +570,7 @@ def parse_nsys_sqlite(path: str | os.PathLike[str], *, source: str = "",
     """Read an `nsys export --type sqlite` file into the `nsys` table (columns in COLUMNS).
 
     `rank` labels the rows: an int for a one-process report, or {pid: rank} for a report that
-    captured several ranks. `meta` holds nsys_version, schema_version, devices {id: name},
+    captured several ranks. `meta` (NsysMeta) holds nsys_version, schema_version, devices {id: name},
     cuda_devices, processes {pid: name}, threads {tid: name}, session_start_utc_ns, duration_ns,
     tables, missing_tables and counts per category. A file that is not SQLite, is corrupt or is
     truncated gives the rows that could be read (possibly none) and warnings naming the file.

@@ -7,7 +7,7 @@ other names, so instead of a second implementation this module renames them:
 | Kineto column   | from the nsys row                                                               |
 |-----------------|---------------------------------------------------------------------------------|
 | rank            | the caller's rank for the file; else the process's position among the file's    |
-|                 | processes that launched GPU work, in pid order (stated in meta["rank_from"])    |
+|                 | processes that launched GPU work, in pid order (stated in meta.rank_from)       |
 | stream          | the CUDA stream of kernels / memcpy / memset; None for CPU rows                 |
 | category        | kernel, gpu_memcpy, gpu_memset (GPU); cuda_runtime; user_annotation (NVTX)      |
 | name            | as in nsys, except an NVTX range that names a step ('step 3', 'iteration 3',    |
@@ -29,6 +29,7 @@ from __future__ import annotations
 from typing import Any, Iterable, Mapping
 
 from analysis.parsers.kineto import COLUMNS as KINETO_COLUMNS
+from analysis.parsers.kineto import KinetoMeta, KinetoRanksMeta
 from analysis.parsers.nsys import step_number
 from analysis.table import Table
 
@@ -44,7 +45,7 @@ def as_kineto(tables: Iterable[Table], *, ranks: Mapping[str, int] | None = None
     """
     cols: dict[str, list[Any]] = {c: [] for c in KINETO_COLUMNS}
     warnings: list[str] = []
-    meta_ranks: dict[int, dict[str, Any]] = {}
+    meta_ranks: dict[int, KinetoMeta] = {}
     sources = []
     next_rank = 0
     for t in tables:
@@ -89,9 +90,10 @@ def as_kineto(tables: Iterable[Table], *, ranks: Mapping[str, int] | None = None
             }
             for k in cols:
                 cols[k].append(values[k])
-            meta_ranks.setdefault(rank, {"rank": rank, "ts_float": False, "source": t.source, "pid": pid,
-                                         "pg_config": [], "world_size": None})
+            if rank not in meta_ranks:
+                meta_ranks[rank] = KinetoMeta(rank=rank, ts_float=False, source=t.source, pid=pid, pg_config=[],
+                                              world_size=None)
     rank_from = ("given per file" if ranks else
                  "position of the process among those that ran GPU work, in file then pid order")
-    meta = {"ranks": meta_ranks, "world_size": None, "rank_from": rank_from, "adapted_from": "nsys"}
+    meta = KinetoRanksMeta(ranks=meta_ranks, world_size=None, rank_from=rank_from, adapted_from="nsys")
     return Table("kineto", cols, dict(KINETO_COLUMNS), ", ".join(sources), tuple(warnings), meta)

@@ -15,7 +15,7 @@ import csv
 import os
 import re
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, NamedTuple, Sequence
 
 from analysis.parsers._text import read_source, split_lines
 from analysis.parsers.gpu_kernels import nccl_kernel_info
@@ -25,7 +25,7 @@ from analysis.table import Table
 STATS_COLUMNS: dict[str, str] = {
     "report": "nsys report id (cuda_gpu_kern_sum, cuda_api_sum, nvtx_sum, cuda_gpu_mem_time_sum, "
               "cuda_gpu_mem_size_sum, osrt_sum, ...); older ids (gpukernsum, cudaapisum, nvtxppsum, ...) are "
-              "mapped to today's; guessed from the header when no banner names it (meta['guessed'])",
+              "mapped to today's; guessed from the header when no banner names it (meta.guessed)",
     "name": "kernel / API function / NVTX range / memory operation name as printed; nvtx_sum's "
             "default-domain prefix ':' is removed",
     "style": "nvtx ranges: 'PushPop' or 'StartEnd' as printed; None otherwise",
@@ -186,13 +186,21 @@ def _size_report_from_labels(labels: Sequence[str]) -> str | None:
     return None
 
 
+class NsysStatsMeta(NamedTuple):
+    """Table.meta of an `nsys_stats` table (parse_nsys_stats_csv)."""
+
+    reports: list[str]  # the reports read, in order (a report twice when it appears twice)
+    skipped: list[dict[str, Any]]  # [{report, why}]: reports nsys said it skipped, with its reason
+    guessed: list[dict[str, Any]]  # [{line, report}]: blocks whose report was inferred from the column header
+
+
 class _StatsParser:
     def __init__(self, text: str, name: str, warnings: list[str]) -> None:
         self.lines, self.cut = split_lines(text)
         self.name = name
         self.warnings = warnings
         self.rows: list[dict[str, Any]] = []
-        self.meta: dict[str, Any] = {"reports": [], "skipped": [], "guessed": []}
+        self.meta = NsysStatsMeta(reports=[], skipped=[], guessed=[])  # its lists filled while reading
         self.pending: str | None = None
         self.size_unit: str | None = None
 
@@ -230,7 +238,7 @@ class _StatsParser:
             return True
         m = _SKIPPED.match(line)
         if m:
-            self.meta["skipped"].append({"report": self.pending, "why": m["why"].strip()})
+            self.meta.skipped.append({"report": self.pending, "why": m["why"].strip()})
             return True
         for rx, report, unit_group in _OLD_TITLES:
             m = rx.match(stripped)
@@ -256,7 +264,7 @@ class _StatsParser:
     def _start_block(self, report: str | None) -> str | None:
         self.pending = None
         if report:
-            self.meta["reports"].append(report)
+            self.meta.reports.append(report)
         return report
 
     def _emit(self, report: str | None, cols: list[_Col], values: list[str], lineno: int) -> dict[str, Any]:
@@ -282,8 +290,8 @@ class _StatsParser:
         if report is None:
             report = _guess_report(labels, [r.get("name") or "" for r in rows])
             if report:
-                self.meta["guessed"].append({"line": start_line, "report": report})
-                self.meta["reports"].append(report)
+                self.meta.guessed.append({"line": start_line, "report": report})
+                self.meta.reports.append(report)
         for row in rows:
             row["report"] = report
             name = row.get("name")
@@ -310,7 +318,7 @@ class _StatsParser:
         guessed = None if self.pending else _size_report_from_labels(labels)
         report = self._start_block(self.pending or guessed)
         if guessed:
-            self.meta["guessed"].append({"line": i + 1, "report": guessed})
+            self.meta.guessed.append({"line": i + 1, "report": guessed})
         cols = _columns_for(labels, report, self.size_unit)
         name_last = bool(cols) and cols[-1].field == "name"
         rows, j, start = [], i + 1, i + 1
@@ -367,7 +375,7 @@ def parse_nsys_stats_csv(path_or_text: str | os.PathLike[str], *, source: str = 
     """Parse `nsys stats` output (a path or the text) into the `nsys_stats` table (STATS_COLUMNS).
 
     Several reports in one text are separated by their banners, `Processing [...]` or `Executing`
-    lines, old-style titles, or blank lines; each row says which report it came from. `meta` has
+    lines, old-style titles, or blank lines; each row says which report it came from. `meta` (NsysStatsMeta) has
     `reports` (in order), `skipped` (reports nsys skipped, with its reason) and `guessed` (blocks whose
     report was inferred from the header). Damaged text gives the rows that could be read and
     warnings naming the file and line; it never raises.

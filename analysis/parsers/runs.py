@@ -167,9 +167,9 @@ def load_run(rf: RunFiles, *, hardware: Any = None, hardware_source: str = "") -
     traces = rf.of("kineto_trace")
     if traces:
         t = parse_kineto_ranks(traces)
-        ranks = {r: {**m, "source": rel(m.get("source", ""))} for r, m in t.meta.get("ranks", {}).items()}
+        ranks = {r: m._replace(source=rel(m.source or "")) for r, m in t.meta.ranks.items()}
         run.trace = Table(t.name, t.columns, t.doc, ", ".join(rel(p) for p in traces),
-                          tuple(run.relabel(w) for w in t.warnings), {**t.meta, "ranks": ranks})
+                          tuple(run.relabel(w) for w in t.warnings), t.meta._replace(ranks=ranks))
         run.trace_from = "kineto"
     sqlite = rf.of("nsys_sqlite")
     if sqlite:
@@ -225,13 +225,14 @@ def _check_grid(run: Run, hardware: Any, hardware_source: str) -> None:
     said = {}
     if (par.tp, par.pp) != (g.tp, g.pp):
         said["its own recipe.parallel"] = f"tp={par.tp}, pp={par.pp}"
-    if run.trace is not None and run.trace.meta.get("world_size") not in (None, g.world):
-        said["the traces' distributedInfo"] = f"world_size {run.trace.meta['world_size']}"
-    m = run.metrics.meta if run.metrics is not None else {}
-    theirs = {k: m.get(k) for k in ("world_size", "tp", "pp", "dp") if m.get(k) is not None}
+    if run.trace is not None and run.trace.meta.world_size not in (None, g.world):
+        said["the traces' distributedInfo"] = f"world_size {run.trace.meta.world_size}"
+    m = run.metrics.meta if run.metrics is not None else None
+    stated = {"world_size": m.world_size, "tp": m.tp, "pp": m.pp, "dp": m.dp} if m is not None else {}
+    theirs = {k: v for k, v in stated.items() if v is not None}
     ours = {"world_size": g.world, "tp": g.tp, "pp": g.pp, "dp": g.dp}
     if any(theirs[k] != ours[k] for k in theirs):
-        said[f"the metrics' meta record ({m['files'][0] if m.get('files') else 'metrics'})"] = ", ".join(
+        said[f"the metrics' meta record ({m.files[0] if m is not None and m.files else 'metrics'})"] = ", ".join(
             f"{k}={v}" for k, v in theirs.items())
     if not said:
         return

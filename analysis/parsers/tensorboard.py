@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import os
 import struct
-from typing import Any, Iterator
+from typing import Any, Iterator, NamedTuple
 
 from analysis.table import Table
 from launch import sense
@@ -46,12 +46,18 @@ def sniff(path: str | os.PathLike[str]) -> str | None:
     return "tensorboard" if _looks_like_event_file(os.fspath(path)) else None
 
 
+class TensorBoardMeta(NamedTuple):
+    """Table.meta of a `tensorboard` table (parse_tensorboard)."""
+
+    files: list[dict[str, Any]]  # [{path, run, records}]: each event file read, its run folder and records read
+
+
 def parse_tensorboard(dir_or_file: str | os.PathLike[str], *, source: str = "") -> Table:
     """Scalars of one event file, or of every event file under a directory, as the `tensorboard` table.
 
     Files are recognised by content, not name. Never raises on content: a truncated or corrupt
     record ends that file's reading with a warning (file and byte offset); records that are not
-    Events are skipped with a warning. `meta` lists the files read and how many records each held.
+    Events are skipped with a warning. `meta` (TensorBoardMeta) lists the files read and how many records each held.
     """
     from tensorboard import data_compat, dataclass_compat
     from tensorboard.backend.event_processing.event_file_loader import (
@@ -64,7 +70,7 @@ def parse_tensorboard(dir_or_file: str | os.PathLike[str], *, source: str = "") 
     name = source or root
     warnings: list[str] = []
     rows: list[dict[str, Any]] = []
-    meta: dict[str, Any] = {"files": []}
+    meta = TensorBoardMeta(files=[])  # its list filled below
     if os.path.isdir(root):
         files = sorted(_event_files(root))
         if not files:
@@ -109,7 +115,7 @@ def parse_tensorboard(dir_or_file: str | os.PathLike[str], *, source: str = "") 
         if size is not None and offset < size:
             warnings.append(f"{label}: byte {offset}: the last {size - offset} bytes are not a complete record "
                             f"(file cut short while being written, or corrupt); kept the {records} records before")
-        meta["files"].append({"path": path, "run": run, "records": records})
+        meta.files.append({"path": path, "run": run, "records": records})
     warnings += sense.clean(rows, name, counts=("step",), figures=("value",))
     return Table.from_rows("tensorboard", COLUMNS, rows, source=name, warnings=warnings, meta=meta)
 

@@ -132,17 +132,16 @@ def layout_of(run: Run) -> dict[str, Any]:
                    global_batch_size=rc.batch.global_batch_size, seq_len=rc.batch.seq_len, dtype=rc.precision.dtype,
                    world_size=g.world, hardware=run.resolved.hardware.name, source=run.resolved_source)
         return out
-    if run.metrics is not None and run.metrics.meta.get("ranks"):
+    if run.metrics is not None and run.metrics.meta.ranks:
         m = run.metrics.meta
-        out.update(backend=m.get("backend"), tp=m.get("tp"), pp=m.get("pp"), dp=m.get("dp"),
-                   zero_stage=m.get("zero_stage"), micro_batch_size=m.get("micro_batch_size"),
-                   global_batch_size=m.get("global_batch_size"), seq_len=m.get("seq_len"), dtype=m.get("dtype"),
-                   world_size=m.get("world_size"), hardware=m.get("hardware_profile"),
-                   source=f"meta record of {m['files'][0]}" if m.get("files") else "metrics meta")
+        out.update(backend=m.backend, tp=m.tp, pp=m.pp, dp=m.dp, zero_stage=m.zero_stage,
+                   micro_batch_size=m.micro_batch_size, global_batch_size=m.global_batch_size, seq_len=m.seq_len,
+                   dtype=m.dtype, world_size=m.world_size, hardware=m.hardware_profile,
+                   source=f"meta record of {m.files[0]}" if m.files else "metrics meta")
         return out
     for log in _megatron_first(run):
         if _layout_records(log):
-            lay = log.meta.get("layout") or {}
+            lay = log.meta.layout or {}
             iters = [r for r in log.rows() if r["kind"] == "iteration"]
             gbs = lay.get("global_batch_size") or next((r["global_batch_size"] for r in iters if r["global_batch_size"]),
                                                        None)
@@ -161,7 +160,7 @@ def layout_of(run: Run) -> dict[str, Any]:
                            micro_batch_size=p["micro_batch_size"], source=f"{log.source}:{p['line']}")
                 break
     if out["world_size"] is None and run.trace is not None:
-        out["world_size"] = run.trace.meta.get("world_size")
+        out["world_size"] = run.trace.meta.world_size
         if out["source"] is None and out["world_size"]:
             out["source"] = "trace distributedInfo"
     if run.hardware is not None:
@@ -173,14 +172,14 @@ def _megatron_first(run: Run) -> list[Table]:
     """The run's Megatron logs, those with the arguments dump first: such a log states the layout
     (iteration lines give only batch and sequence), so layout, steps and memory come from one log
     when it has them all."""
-    return sorted(run.megatron, key=lambda t: not t.meta.get("layout"))
+    return sorted(run.megatron, key=lambda t: not t.meta.layout)
 
 
 def _layout_records(log: Table) -> list[Any]:
     """What a log tells of the layout: Megatron's arguments dump or iteration lines, DeepSpeed's Flops
     Profiler summaries; empty when it tells nothing."""
     if log.name == "megatron_log":
-        return [log.meta["layout"]] if log.meta.get("layout") else [r for r in log.rows() if r["kind"] == "iteration"]
+        return [log.meta.layout] if log.meta.layout else [r for r in log.rows() if r["kind"] == "iteration"]
     return [r for r in log.rows() if r["kind"] == "flops_profile"]
 
 
@@ -188,12 +187,12 @@ def _steps(run: Run, layout: dict[str, Any]) -> tuple[Table | None, str, str]:
     """(steps table, MFU formula, where the warm-up count came from) from the best source present."""
     if run.metrics is not None and len(run.metrics):
         m = run.metrics.meta
-        first = m["files"][0] if m.get("files") else "metrics"
-        peak, fpt = m.get("peak_flops_per_device"), m.get("flops_per_token")
-        formula = (f"MFU = tokens/s/device x {fpt:,.0f} FLOP/token / {peak / 1e12:g} TFLOP/s ({m.get('hardware_profile')} "
-                   f"{m.get('dtype')} peak, meta of {first}); FLOP/token: {m.get('flops_formula')}"
+        first = m.files[0] if m.files else "metrics"
+        peak, fpt = m.peak_flops_per_device, m.flops_per_token
+        formula = (f"MFU = tokens/s/device x {fpt:,.0f} FLOP/token / {peak / 1e12:g} TFLOP/s ({m.hardware_profile} "
+                   f"{m.dtype} peak, meta of {first}); FLOP/token: {m.flops_formula}"
                    if peak and fpt else "unknown: the meta record lacks flops_per_token or the peak")
-        return steps_from_metrics(run.metrics), formula, f"meta of {first}: warmup_steps={m.get('warmup_steps')}"
+        return steps_from_metrics(run.metrics), formula, f"meta of {first}: warmup_steps={m.warmup_steps}"
     peak, dtype_note = None, ""
     if run.hardware is not None:
         dtype = layout.get("dtype")
@@ -357,7 +356,7 @@ def analyze_run(run: Run, *, ceilings: Sequence[Table] | None = None, ceiling_so
                                                     expected_source=run.resolved_source or "resolved.json")
         if run.trace_from == "nsys":
             res.notes.append(f"time breakdown from Nsight Systems exports via analysis.parsers.nsys_adapter; ranks: "
-                             f"{tr.meta.get('rank_from')}")
+                             f"{tr.meta.rank_from}")
             # An nsys rank without GPU activity in the window would fall back to the CPU-op basis, which has
             # no meaning for CUDA API and NVTX rows: leave it out and say so.
             empty = [b["rank"] for b in res.breakdown.rows() if b["basis"] == "cpu_ops"]
@@ -369,7 +368,7 @@ def analyze_run(run: Run, *, ceilings: Sequence[Table] | None = None, ceiling_so
                                  f"of the nsys export; left out of the breakdown")
         if any(r["basis"] == "cpu_ops" for r in res.breakdown.rows()):
             res.notes.append("cpu_ops basis (CPU-only trace): " + CPU_BASIS)
-    measured = set(res.stats.meta.get("measured_steps", [])) if res.stats is not None else None
+    measured = set(res.stats.meta.measured_steps) if res.stats is not None else None
     for log in [*run.megatron, *run.deepspeed]:
         if any(r["kind"] == "timer" for r in log.rows()):
             own = res.steps is not None and res.steps.source == log.source

@@ -30,9 +30,9 @@ def check_op(root, op, n, participants=None):
     assert all(r["busbw_GBps"] == pytest.approx(r["algbw_GBps"] * factor, rel=1e-12) for r in rows)
     assert all(r["algbw_GBps"] == pytest.approx(r["size_bytes"] / r["time_us"] / 1e3, rel=1e-9) for r in rows)
     t = parse_nccl_tests(root / "commbench" / f"{op}.txt")
-    assert t.warnings == () and t.meta["nranks"] == n and t.meta["op"] == NCCL_TESTS_OP[op]
-    assert t.meta["out_of_bounds"] == 0
-    assert t.meta["avg_busbw_GBps"] == pytest.approx(result["avg_busbw_GBps"], rel=1e-5, abs=1e-6)
+    assert t.warnings == () and t.meta.nranks == n and t.meta.op == NCCL_TESTS_OP[op]
+    assert t.meta.out_of_bounds == 0
+    assert t.meta.avg_busbw_GBps == pytest.approx(result["avg_busbw_GBps"], rel=1e-5, abs=1e-6)
     for got, want in zip(t.rows(), rows, strict=True):
         assert (got["size_bytes"], got["count"], got["placement"], got["wrong"]) == \
                (want["size_bytes"], want["count"], want["placement"], want["wrong"])
@@ -47,7 +47,7 @@ def test_sweep_all_collectives_correct_and_read_back(shared_run, gpus, dtype):
     t = shared_run(*commbench(gpus, dtype))
     for op in OPS:
         result, table = check_op(t.root, op, gpus)
-        assert [d["rank"] for d in table.meta["devices"]] == list(range(gpus))
+        assert [d["rank"] for d in table.meta.devices] == list(range(gpus))
         assert len({d["pid"] for d in result["devices"]}) == gpus  # one process per rank
         assert result["backend"] == "gloo" and result["dtype"] == dtype
         assert {r["dtype"] for r in table.rows()} == {"float" if dtype == "float32" else "bfloat16"}
@@ -65,7 +65,7 @@ def test_dp_sub_group_of_a_tp2_layout_is_what_gets_measured(runs_root):
     for op in ("all_reduce", "all_gather", "send_recv"):
         result, table = check_op(t.root, op, 2, participants=4)  # a world-wide sum would make #wrong non-zero
         assert result["groups"] == [[0, 2], [1, 3]]
-        assert [d["rank"] for d in table.meta["devices"]] == [0, 2]
+        assert [d["rank"] for d in table.meta.devices] == [0, 2]
         text = (t.root / "commbench" / f"{op}.txt").read_text()
         assert "#  Rank  0 Group  0" in text and "#  Rank  2 Group  0" in text and "Rank  1 " not in text
     ar = read_result(t.root / "commbench" / "all_reduce.json")["rows"]

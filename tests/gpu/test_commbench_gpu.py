@@ -41,7 +41,7 @@ def test_all_reduce_busbw_within_10_percent_of_nccl_tests(tmp_path):
     assert ours["backend"] == "nccl" and ours["group_size"] == GPUS
     assert all(r["wrong"] == 0 for r in ours["rows"])
     theirs = parse_nccl_tests(root / "commbench" / "nccl-tests" / "all_reduce.txt")
-    assert theirs.meta["nranks"] == GPUS and theirs.meta["out_of_bounds"] == 0, theirs.warnings
+    assert theirs.meta.nranks == GPUS and theirs.meta.out_of_bounds == 0, theirs.warnings
     # In-place: torch's all_reduce works in place, so that is the placement without an extra copy on our side.
     ref = {r["size_bytes"]: r["busbw_GBps"] for r in theirs.rows() if r["placement"] == "in-place"}
     got = {r["size_bytes"]: r["busbw_GBps"] for r in ours["rows"] if r["placement"] == "in-place"}

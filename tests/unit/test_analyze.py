@@ -195,7 +195,7 @@ def test_nsys_export_goes_through_the_same_breakdown(tmp_path):
     calls = collective_calls(trace)
     assert {(c["rank"], c["collective"]) for c in calls.rows()} == {(0, "all_reduce"), (1, "reduce_scatter"),
                                                                   (1, "send_recv")}
-    assert trace.meta["ranks"][0]["source"].endswith("modern.sqlite")
+    assert trace.meta.ranks[0].source.endswith("modern.sqlite")
 
 
 # ------------------------------------------------------------------------------ collectives

@@ -45,11 +45,11 @@ def assert_reads_back(run: RunDir, result: dict) -> None:
     assert back == result
     t = parser.parse_nccl_tests(run.commbench_text(op))
     assert t.warnings == ()  # every busbw agrees with algbw × the bus factor of the group size
-    assert t.meta["op"] == NCCL_TESTS_OP[op] and t.meta["nranks"] == result["group_size"]
-    assert (t.meta["min_bytes"], t.meta["max_bytes"], t.meta["step_factor"]) == (8, 1 << 20, 2)
-    assert (t.meta["warmup_iters"], t.meta["iters"], t.meta["validation"]) == (1, 3, 1)
-    assert t.meta["out_of_bounds"] == result["out_of_bounds"]
-    assert t.meta["avg_busbw_GBps"] == pytest.approx(result["avg_busbw_GBps"], rel=1e-5, abs=1e-6)
+    assert t.meta.op == NCCL_TESTS_OP[op] and t.meta.nranks == result["group_size"]
+    assert (t.meta.min_bytes, t.meta.max_bytes, t.meta.step_factor) == (8, 1 << 20, 2)
+    assert (t.meta.warmup_iters, t.meta.iters, t.meta.validation) == (1, 3, 1)
+    assert t.meta.out_of_bounds == result["out_of_bounds"]
+    assert t.meta.avg_busbw_GBps == pytest.approx(result["avg_busbw_GBps"], rel=1e-5, abs=1e-6)
     parsed = list(t.rows())
     assert len(parsed) == len(result["rows"])
     for got, want in zip(parsed, result["rows"]):

@@ -90,7 +90,7 @@ def test_no_idle_device_from_a_truncated_trace(tmp_path):
     cut = tmp_path / "r0.json.gz"
     cut.write_bytes(GLOO[0].read_bytes()[:4000])
     trace = parse_kineto_ranks([cut, GLOO[1]])
-    assert trace.meta["ranks"][0]["truncated"]
+    assert trace.meta.ranks[0].truncated
     assert not D.idle_device("r", time_breakdown(trace))
 
 

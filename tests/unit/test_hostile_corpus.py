@@ -247,7 +247,7 @@ def test_an_infinite_loss_is_a_diverged_step_not_a_senseless_number(tmp_path):
     assert first
     for value, diverged, dropped in (("inf", 1, 0), ("nan", 1, 0), ("1E+300", 0, 1)):
         log = parse_megatron_log(text[:first.start(1)] + value + text[first.end(1):])
-        assert C.curves_from_megatron(log).meta["not_finite_loss"] == diverged, value
+        assert C.curves_from_megatron(log).meta.not_finite_loss == diverged, value
         assert sum("physically impossible" in w for w in log.warnings) == dropped, (value, log.warnings)
 
 

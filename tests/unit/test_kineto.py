@@ -76,10 +76,10 @@ def test_sampled_trace_counts_and_meta_match_the_json():
         cats[c] = cats.get(c, 0) + 1
     assert cats == {"cpu_op": 2329, "cuda_runtime": 1204, "kernel": 1154, "user_annotation": 73,
                     "gpu_memcpy": 40, "gpu_memset": 10}
-    assert t.meta["rank"] == 0 and t.meta["world_size"] == 128 and t.meta["backend"] == "nccl"
-    assert t.meta["events_total"] == len(raw) == 4855
-    assert t.meta["events_skipped"] == {"ph=M": 44, "profiler span": 1}
-    assert t.meta["ts_float"] is False
+    assert t.meta.rank == 0 and t.meta.world_size == 128 and t.meta.backend == "nccl"
+    assert t.meta.events_total == len(raw) == 4855
+    assert t.meta.events_skipped == {"ph=M": 44, "profiler span": 1}
+    assert t.meta.ts_float is False
     # every row carries the event's own start and duration
     got = sorted(zip(t.column("ts_us"), t.column("dur_us"), t.column("name")))
     assert got == sorted((e["ts"], e["dur"], e["name"]) for e in complete)
@@ -104,9 +104,9 @@ def test_known_kernel_read_from_the_json():
 def test_diff_trace(diff):
     assert diff.warnings == ()
     assert len(diff) == 68323
-    assert diff.meta["rank"] == 1 and diff.meta["world_size"] == 2
-    assert [p["name"] for p in diff.meta["device_properties"]] == ["Tesla V100-SXM2-16GB"] * 2
-    assert diff.meta["events_skipped"] == {"ph=f": 26815, "ph=s": 9984, "ph=M": 42, "ph=i": 2, "profiler span": 1}
+    assert diff.meta.rank == 1 and diff.meta.world_size == 2
+    assert [p["name"] for p in diff.meta.device_properties] == ["Tesla V100-SXM2-16GB"] * 2
+    assert diff.meta.events_skipped == {"ph=f": 26815, "ph=s": 9984, "ph=M": 42, "ph=i": 2, "profiler span": 1}
     names = diff.column("name")
     assert sum(n.startswith("ncclKernel_SendRecv") for n in names) == 43
     assert sum(n.startswith("ncclKernel_AllReduce") for n in names) == 21
@@ -130,10 +130,10 @@ def test_diff_trace(diff):
 
 def test_gloo_cpu_only_trace(gloo):
     assert gloo.warnings == ()
-    assert sorted(gloo.meta["ranks"]) == [0, 1]
-    m0 = gloo.meta["ranks"][0]
-    assert m0["backend"] == "gloo" and m0["world_size"] == 2 and m0["pg_config"][0]["pg_size"] == 2
-    assert m0["ts_float"] is True  # current Kineto writes ns-resolution timestamps
+    assert sorted(gloo.meta.ranks) == [0, 1]
+    m0 = gloo.meta.ranks[0]
+    assert m0.backend == "gloo" and m0.world_size == 2 and m0.pg_config[0]["pg_size"] == 2
+    assert m0.ts_float is True  # current Kineto writes ns-resolution timestamps
     assert "kernel" not in gloo.column("category")
     colls = {(r["name"], r["collective"]) for r in gloo.rows() if r["collective"]}
     assert {("gloo:all_reduce", "all_reduce"), ("c10d::allreduce_", "all_reduce"),
@@ -384,7 +384,7 @@ def _write(path: Path, doc, *, gz: bool = False) -> Path:
 
 def test_modern_format_fields(tmp_path):
     t = parse_kineto(_write(tmp_path / "t.json", _modern_trace(3)))
-    assert t.warnings == () and t.meta["rank"] == 3 and t.meta["events_skipped"] == {"ph=f": 3}
+    assert t.warnings == () and t.meta.rank == 3 and t.meta.events_skipped == {"ph=f": 3}
     k = [r for r in t.rows() if r["name"].startswith("ncclDevKernel") and r["step"] == 7][0]
     assert (k["kind"], k["collective"], k["message_bytes"], k["message_from"]) == \
         ("communication", "all_reduce", (1 << 20) * 2, "msg_nelems")
@@ -412,7 +412,7 @@ def test_hta_rounding_of_fractional_timestamps(tmp_path):
            "args": {"stream": 7, "correlation": k}}
           for k, (n, ts, dur) in enumerate([("gemm", 10.3, 5.5), ("ncclDevKernel_SendRecv", 14.2, 3.0)])]
     t = parse_kineto(_write(tmp_path / "ns.json", {"traceEvents": ev}))
-    assert t.meta["ts_float"] is True
+    assert t.meta.ts_float is True
     hta = _row(ta.temporal_breakdown(t), rank=None)
     assert (hta["compute_time_us"], hta["kernel_time_us"], hta["idle_time_us"]) == (4, 6, 0)
     exact = _row(ta.temporal_breakdown(t, hta_rounding=False), rank=None)
@@ -438,7 +438,7 @@ def test_parse_many_ranks_keeps_meta_and_warns_on_duplicates(tmp_path):
     a = _write(tmp_path / "a.json", _modern_trace(0))
     b = _write(tmp_path / "b.json.gz", _modern_trace(0), gz=True)
     t = parse_kineto_ranks([a, b])
-    assert len(t) == 2 * len(parse_kineto(a)) and list(t.meta["ranks"]) == [0]
+    assert len(t) == 2 * len(parse_kineto(a)) and list(t.meta.ranks) == [0]
     assert any("rank 0 was already read" in w for w in t.warnings)
 
 
@@ -507,9 +507,9 @@ def test_chunk_boundaries_nested_args_and_tricky_strings(tmp_path):
         assert t.warnings == ()
         assert len(t) == 6000 and t.column("name")[123] == events[246]["name"]
         assert t.column("correlation") == list(range(6000))
-        assert t.meta["events_skipped"] == {"ph=i": 6000}
+        assert t.meta.events_skipped == {"ph=i": 6000}
         # distributedInfo after the events: the rank is filled in afterwards
-        assert set(t.column("rank")) == {2} and t.meta["world_size"] == 4
+        assert set(t.column("rank")) == {2} and t.meta.world_size == 4
 
 
 def test_bare_array_multimember_gzip_and_missing_file(tmp_path):
@@ -565,11 +565,11 @@ def test_half_written_json_gives_prefix_and_warning(tmp_path, full_rank0, cut):
 def test_a_truncated_trace_measures_only_the_steps_it_holds(tmp_path, gloo):
     raw = gzip.decompress(GLOO[0].read_bytes())
     whole = parse_kineto(GLOO[0])
-    assert (whole.meta["truncated"], whole.meta["read_until_us"]) == (False, None)
+    assert (whole.meta.truncated, whole.meta.read_until_us) == (False, None)
     p = tmp_path / "r0.json"
     p.write_bytes(raw[:raw.find(b"ProfilerStep#3") + 5000])  # the training thread is cut inside step 3
     t = parse_kineto(p)
-    assert t.meta["truncated"] and t.meta["read_until_us"] == t.column("ts_us")[-1]
+    assert t.meta.truncated and t.meta.read_until_us == t.column("ts_us")[-1]
     assert any("steps that end after it (ProfilerStep #3)" in w for w in t.warnings)
     assert ta.window_steps(t) == {0: {2}} and ta.window_steps(gloo)[0] == {2, 3}
     step2 = _row(whole.where(name="ProfilerStep#2"), rank=0)["dur_us"]

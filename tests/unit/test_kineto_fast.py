@@ -309,8 +309,8 @@ def test_phase_counts_keep_first_seen_order_past_the_cache():
         p = Path(tmp) / "ph.json"
         p.write_text(json.dumps({"traceEvents": events}))
         fast, pure = parse_kineto(p), _pure(p)
-    assert list(fast.meta["events_skipped"].items()) == list(pure.meta["events_skipped"].items())
-    assert list(fast.meta["events_skipped"])[:3] == ["ph=p0", "ph=p1", "ph=p2"]
+    assert list(fast.meta.events_skipped.items()) == list(pure.meta.events_skipped.items())
+    assert list(fast.meta.events_skipped)[:3] == ["ph=p0", "ph=p1", "ph=p2"]
 
 
 @needs_fast
@@ -397,7 +397,7 @@ def test_an_int_start_too_large_for_a_float_is_dropped_not_raised(tmp_path):
     p.write_text('{"traceEvents": [' + event.format("a", 100, 1.5) + ", " + event.format("b", "1" + "0" * 400, 2.5)
                  + "]}")
     for t in (parse_kineto(p), _pure(p)):
-        assert t.columns["name"] == ["a"] and t.meta["ts_last_us"] == 101.5
+        assert t.columns["name"] == ["a"] and t.meta.ts_last_us == 101.5
         assert any("1 event(s) dropped" in w for w in t.warnings), t.warnings
 
 

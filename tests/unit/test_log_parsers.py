@@ -54,7 +54,7 @@ def test_deepspeed_alcf_real_steps_timers_throughput():
     t = parse_deepspeed_log(ALCF)
     # Only the comms logger's four overflowed (negative) totals are warned about (test_comm_tables reads them).
     assert len(t.warnings) == 4 and all("counter overflowed" in w for w in t.warnings)
-    assert t.meta["deepspeed_version"] == "0.17.5"
+    assert t.meta.deepspeed_version == "0.17.5"
     steps = rows(t, kind="step")
     assert [r["step"] for r in steps] == list(range(136005, 136012))
     first = steps[0]
@@ -99,7 +99,7 @@ def test_deepspeed_alcf_real_steps_timers_throughput():
 def test_deepspeed_2023_forward_names_gradient_accumulation_and_pdsh():
     t = parse_deepspeed_log(DS_2023)
     assert t.warnings == ()
-    assert t.meta["deepspeed_version"] == "0.9.0"
+    assert t.meta.deepspeed_version == "0.9.0"
     assert set(t.column("host")) == {"worker-0"}
     # Two micro-step lines per step (GAS 2); steps 1 and 3 print no `step=` and are counted.
     fwd_micro = rows(t, kind="timer", name="forward_microstep")
@@ -124,7 +124,7 @@ def test_deepspeed_2023_forward_names_gradient_accumulation_and_pdsh():
 def test_deepspeed_2020_bare_timers_memory_breakdown_and_old_throughput():
     t = parse_deepspeed_log(DS_2020)
     assert t.warnings == ()
-    assert t.meta["deepspeed_version"] == "0.3.0"
+    assert t.meta.deepspeed_version == "0.3.0"
     memory = rows(t, kind="memory")
     assert [m["step"] for m in memory] == [9, 10]
     assert memory[0]["allocated_bytes"] == round(3.25 * GIB) and memory[0]["max_reserved_bytes"] == 9 * GIB
@@ -216,18 +216,18 @@ def test_is_deepspeed_timer_line(line, expected):
 def test_megatron_bigscience_real_2021():
     t = parse_megatron_log(BIGSCIENCE)
     assert t.warnings == ()
-    layout = t.meta["layout"]
+    layout = t.meta.layout
     assert {k: layout[k] for k in ("world_size", "tp", "pp", "dp", "micro_batch_size", "global_batch_size",
                                    "seq_length", "hidden_size", "num_layers", "num_attention_heads",
                                    "ffn_hidden_size", "train_iters")} == {
         "world_size": 32, "tp": 4, "pp": 8, "dp": 1, "micro_batch_size": 1, "global_batch_size": 4,
         "seq_length": 1024, "hidden_size": 7168, "num_layers": 48, "num_attention_heads": 32,
         "ffn_hidden_size": 28672, "train_iters": 1000}
-    args = t.meta["args"]
+    args = t.meta.args
     assert len(args) == 138
     assert args["lr"] == 0.00015 and args["fp16"] is True and args["bert_load"] is None
     assert args["split"] == "949,50,1" and args["params_dtype"] == "torch.float16"
-    ranks = {(p["tp_rank"], p["pp_rank"]): p["params"] for p in t.meta["rank_parameters"]}
+    ranks = {(p["tp_rank"], p["pp_rank"]): p["params"] for p in t.meta.rank_parameters}
     assert len(ranks) == 32 and ranks[(0, 0)] == 1023350272 and ranks[(3, 7)] == 1016024576
 
     its = rows(t, kind="iteration")
@@ -285,17 +285,17 @@ def test_megatron_deepspeed_alcf_key_value_lines_and_minmax_timers():
     # `lm loss value=2.697780lm loss PPL=14.846734`: two fields glued together.
     assert (val["iteration"], val["lm_loss"], val["extra"]) == (137650, 2.69778, {"lm loss PPL": 14.846734})
     assert val["name"] == "on 122880-sample draw from validation set"
-    assert t.meta["rank_parameters"] == [{"tp_rank": 0, "pp_rank": 0, "params": 1986054144}]
+    assert t.meta.rank_parameters == [{"tp_rank": 0, "pp_rank": 0, "params": 1986054144}]
 
 
 def test_megatron_2025_minmax_moe_layout():
     t = parse_megatron_log(MEGATRON_2025)
     assert t.warnings == ()
-    layout = t.meta["layout"]
+    layout = t.meta.layout
     assert {k: layout[k] for k in ("world_size", "tp", "pp", "dp", "cp", "ep", "sp", "vpp", "zero_stage")
             if k in layout} == {"world_size": 16, "tp": 4, "pp": 2, "dp": 2, "cp": 1, "ep": 2, "sp": True,
                                 "vpp": None}
-    assert t.meta["theoretical_memory_bytes"] == {"weight_and_optimizer": round(14932.50 * MIB),
+    assert t.meta.theoretical_memory_bytes == {"weight_and_optimizer": round(14932.50 * MIB),
                                                   "activation": round(22118.75 * MIB),
                                                   "total": round(37051.25 * MIB)}
     setup = rows(t, kind="timer", name="model-and-optimizer-setup")[0]
@@ -334,7 +334,7 @@ def test_megatron_world_line_without_arguments_dump():
             "pipeline-model-parallel size: 2 \n"
             " iteration        1/      10 | consumed samples:            8 | elapsed time per iteration (ms): 10.0 |\n")
     t = parse_megatron_log(text, source="inline.log")
-    assert t.meta["layout"] == {"world_size": 8, "dp": 2, "tp": 2, "pp": 2}
+    assert t.meta.layout == {"world_size": 8, "dp": 2, "tp": 2, "pp": 2}
     assert t.source == "inline.log" and len(t) == 1
 
 
@@ -368,7 +368,7 @@ def test_megatron_cut_iteration_line_and_unterminated_arguments(tmp_path):
     args_cut = text[:text.index("  hidden_size ....") + 20]
     t = parse_megatron_log(args_cut, source="args.out")
     assert any("arguments dump has no end line" in w and w.startswith("args.out:") for w in t.warnings)
-    assert t.meta["layout"]["global_batch_size"] == 4 and "hidden_size" not in t.meta["args"]
+    assert t.meta.layout["global_batch_size"] == 4 and "hidden_size" not in t.meta.args
 
 
 def test_garbled_lines_are_skipped_with_a_warning_never_raised(tmp_path):
@@ -486,7 +486,7 @@ def test_tensorboard_reads_scalars_of_both_writer_styles(tmp_path):
         (0, 100.0, os.path.join("tf2", "train")), (1, 101.0, os.path.join("tf2", "train")),
         (2, 102.0, os.path.join("tf2", "train"))]
     assert not rows(t, tag="notes")
-    assert sorted(f["records"] for f in t.meta["files"]) == [4, 6]  # + the file_version event each
+    assert sorted(f["records"] for f in t.meta.files) == [4, 6]  # + the file_version event each
     assert tensorboard.sniff(tmp_path) == "tensorboard"
     assert tensorboard.sniff(_event_file(tmp_path / "megatron")) == "tensorboard"
     single = parse_tensorboard(_event_file(tmp_path / "megatron"), source="one")

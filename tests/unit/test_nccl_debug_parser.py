@@ -72,10 +72,10 @@ def test_real_socket_fallback_issue952():
 def test_real_ib_device_discovery_issue228():
     t = parse_nccl_debug(excerpt("c"))
     assert len(t) == 0 and t.warnings == ()
-    assert t.meta["ib_devices"] == [{"device": "mlx5_0", "port": 1, "link": "IB"},
+    assert t.meta.ib_devices == [{"device": "mlx5_0", "port": 1, "link": "IB"},
                                     {"device": "mlx5_2", "port": 1, "link": "IB"}]
-    assert t.meta["net_plugins"] == ["IB"]
-    assert t.meta["env"] == {"NCCL_IB_DISABLE": "0", "NCCL_IB_HCA": "mlx5_2:1,mlx5_0:1"}
+    assert t.meta.net_plugins == ["IB"]
+    assert t.meta.env == {"NCCL_IB_DISABLE": "0", "NCCL_IB_HCA": "mlx5_2:1,mlx5_0:1"}
     assert [f.severity for f in verdict(t)] == ["info"]
 
 
@@ -91,8 +91,8 @@ def test_real_ib_without_gdrdma_and_direct_pointer_issue1412():
 
 def test_real_legacy_ring_lines_without_host_issue392():
     t = parse_nccl_debug(excerpt("e"))
-    assert (t.meta["nccl_version"], t.meta["cuda_runtime"]) == ("2.5.7", "10.0")
-    assert t.meta["ib_devices"] == [{"device": "mlx5_0", "port": 1, "link": "RoCE"}]
+    assert (t.meta.nccl_version, t.meta.cuda_runtime) == ("2.5.7", "10.0")
+    assert t.meta.ib_devices == [{"device": "mlx5_0", "port": 1, "link": "RoCE"}]
     assert [(r["transport"], r["kind"], r["host"], r["rank"]) for r in t.rows()] == [
         ("NET/IB", "ring", None, 0), ("P2P/IPC", "ring", None, 0), ("SHM", "ring", None, 0)]
     assert rows(t, transport="SHM")[0]["via_detail"] == "direct shared memory"
@@ -112,14 +112,14 @@ def test_two_node_ib_gdrdma_log_kinds_ranks_and_meta():
     t = parse_nccl_debug(FIXTURES / "c_debug_v2_21_2node_ib_gdrdma.txt")
     assert t.warnings == ()
     m = t.meta
-    assert (m["nccl_version"], m["cuda_runtime"], m["cuda_driver"]) == ("2.21.5", "12.4", "12.4")
-    assert m["nranks"] == 8 and m["nnodes"] == 2 and m["hosts"] == ["gpu-a017", "gpu-a018"]
-    assert m["ranks"][5] == {"host": "gpu-a018", "pid": 52202, "cuda_dev": 1, "nvml_dev": 1, "busid": "2a000",
+    assert (m.nccl_version, m.cuda_runtime, m.cuda_driver) == ("2.21.5", "12.4", "12.4")
+    assert m.nranks == 8 and m.nnodes == 2 and m.hosts == ["gpu-a017", "gpu-a018"]
+    assert m.ranks[5] == {"host": "gpu-a018", "pid": 52202, "cuda_dev": 1, "nvml_dev": 1, "busid": "2a000",
                              "nranks": 8}
-    assert [d["device"] for d in m["ib_devices"]] == ["mlx5_0", "mlx5_1", "mlx5_2", "mlx5_3"]
-    assert m["net_plugins"] == ["IB"] and m["algo_proto"] == {"NCCL_ALGO": "Ring,Tree"}
-    assert m["rings"][1] == {"channel": 1, "order": [0, 1, 2, 3, 4, 5, 6, 7], "line": 60}
-    assert m["channel_counts"] == {"coll": 2, "collnet": 2, "nvls": 0, "p2p": 2, "per_peer": 2}
+    assert [d["device"] for d in m.ib_devices] == ["mlx5_0", "mlx5_1", "mlx5_2", "mlx5_3"]
+    assert m.net_plugins == ["IB"] and m.algo_proto == {"NCCL_ALGO": "Ring,Tree"}
+    assert m.rings[1] == {"channel": 1, "order": [0, 1, 2, 3, 4, 5, 6, 7], "line": 60}
+    assert m.channel_counts == {"coll": 2, "collnet": 2, "nvls": 0, "p2p": 2, "per_peer": 2}
     assert Counter(zip(t.column("transport"), t.column("kind"))) == {
         ("P2P/CUMEM", "ring"): 12, ("NET/IB/GDRDMA", "ring"): 8, ("P2P/CUMEM", "tree"): 6,
         ("NET/IB/GDRDMA", "tree"): 4, ("NET/IB/GDRDMA", "p2p"): 2, ("P2P/CUMEM", "p2p"): 2}
@@ -131,8 +131,8 @@ def test_two_node_ib_gdrdma_log_kinds_ranks_and_meta():
 
 def test_socket_between_nodes_with_ib_disabled():
     t = parse_nccl_debug(FIXTURES / "c_debug_v2_18_socket_ib_disabled.txt")
-    assert t.meta["env"]["NCCL_IB_DISABLE"] == "1" and t.meta["net_plugins"] == ["Socket"]
-    assert t.meta["socket_interfaces"][0] == {"interface": "eth0", "address": "192.168.10.11"}
+    assert t.meta.env["NCCL_IB_DISABLE"] == "1" and t.meta.net_plugins == ["Socket"]
+    assert t.meta.socket_interfaces[0] == {"interface": "eth0", "address": "192.168.10.11"}
     assert [f.severity for f in verdict(t)] == ["info", "info"]
     warn = verdict(t, expect_net="IB")
     assert [f.message.split(":")[0] for f in warn] == [
@@ -170,14 +170,14 @@ def test_mpirun_tags_timestamps_nvls_and_collnet():
                                                                        "COLLNET/SHARP/1/GDRDMA"}
     # NET connections made for the NVLS tree are closed by `Connected NVLS tree`.
     assert Counter(r["kind"] for r in rows(t, transport="NET/IB/GDRDMA")) == {"nvls": 8, "ring": 4}
-    assert t.meta["nccl_warnings"] == ["line 6: NET/IB : mlx5_3:1 Got async event : port error"]
-    assert t.meta["algo_proto"] == {"NCCL_PROTO": "Simple"}
-    assert t.meta["ranks"][3]["host"] == "dgx-b02"
+    assert t.meta.nccl_warnings == ["line 6: NET/IB : mlx5_3:1 Got async event : port error"]
+    assert t.meta.algo_proto == {"NCCL_PROTO": "Simple"}
+    assert t.meta.ranks[3]["host"] == "dgx-b02"
 
 
 def test_legacy_nccl_2_4_ring_lines():
     t = parse_nccl_debug(FIXTURES / "c_debug_v2_4_legacy_ring.txt")
-    assert t.meta["nccl_version"] == "2.4.8" and t.meta["rings"][0]["order"] == [0, 1, 2, 3]
+    assert t.meta.nccl_version == "2.4.8" and t.meta.rings[0]["order"] == [0, 1, 2, 3]
     assert [(r["peer_from"], r["peer_to"], r["rank"], r["transport"], r["kind"]) for r in t.rows()] == [
         (3, 0, 0, "NET/IB", "ring"), (0, 1, 0, "P2P/IPC", "ring"), (1, 2, 1, "NET/IB", "ring"),
         (1, 2, 2, "NET/IB", "ring"), (2, 3, 2, "P2P/IPC", "ring"), (3, 0, 3, "NET/IB", "ring")]

@@ -55,7 +55,7 @@ def test_real_h100_pcie_pair_issue194_values_and_interleaved_info_lines():
     assert (r["time_us"], r["busbw_GBps"]) == (18535.0, 115.86)
     assert r["line"] == 12
     # No device lines in the excerpt: the rank count comes from busbw/algbw (all_reduce: 2(n-1)/n = 1).
-    assert t.meta["nranks"] is None and t.meta["nranks_inferred"] == 2
+    assert t.meta.nranks is None and t.meta.nranks_inferred == 2
     assert peak_busbw(t) == 115.93
 
 
@@ -89,13 +89,13 @@ def test_classic_v2_13_header_devices_footer_and_bandwidth_summaries():
     assert t.warnings == ()  # every row agrees with busbw = algbw * 2(n-1)/n for n = 8
     assert len(t) == 62
     m = t.meta
-    assert m["nranks"] == 8 and m["hosts"] == ["dgx-h100-07"]
-    assert m["devices"][3] == {"rank": 3, "group": 0, "pid": 3814, "host": "dgx-h100-07", "device": 3,
+    assert m.nranks == 8 and m.hosts == ["dgx-h100-07"]
+    assert m.devices[3] == {"rank": 3, "group": 0, "pid": 3814, "host": "dgx-h100-07", "device": 3,
                                "busid": "0x5d", "name": "NVIDIA H100 80GB HBM3"}
-    assert (m["nthreads"], m["ngpus"], m["min_bytes"], m["max_bytes"]) == (1, 1, 8, 8589934592)
-    assert (m["step_factor"], m["warmup_iters"], m["iters"], m["agg_iters"], m["validation"], m["graph"]) == \
+    assert (m.nthreads, m.ngpus, m.min_bytes, m.max_bytes) == (1, 1, 8, 8589934592)
+    assert (m.step_factor, m.warmup_iters, m.iters, m.agg_iters, m.validation, m.graph) == \
         (2, 5, 20, 1, 1, 0)
-    assert m["avg_busbw_GBps"] == 140.191 and m["out_of_bounds"] == 0
+    assert m.avg_busbw_GBps == 140.191 and m.out_of_bounds == 0
     r = row(t, 8589934592, "out-of-place")
     assert (r["time_us"], r["algbw_GBps"], r["busbw_GBps"], r["line"]) == (41640.0, 206.29, 361.01, 46)
     assert row(t, 8589934592, "in-place")["busbw_GBps"] == 358.60
@@ -113,19 +113,19 @@ def test_v2_17_version_lines_redop_none_and_two_hosts():
     t = parse_nccl_tests(fixture("c_allgather_v2_17_2node_16gpu.txt"))
     assert t.warnings == ()
     m = t.meta
-    assert (m["nccl_tests_version"], m["nccl_version"]) == ("2.17.3", "2.28.3")
-    assert m["nranks"] == 16 and m["hosts"] == ["gpu-a017", "gpu-a018"]
-    assert m["devices"][8]["busid"] == "0000:18:00"
+    assert (m.nccl_tests_version, m.nccl_version) == ("2.17.3", "2.28.3")
+    assert m.nranks == 16 and m.hosts == ["gpu-a017", "gpu-a018"]
+    assert m.devices[8]["busid"] == "0000:18:00"
     assert set(t.column("op")) == {"all_gather"} and set(t.column("redop")) == {"none"}
     r = row(t, 4294967296, "in-place")
     assert (r["count"], r["time_us"], r["algbw_GBps"], r["busbw_GBps"]) == (67108864, 12341.5, 348.01, 326.26)
-    assert m["avg_busbw_GBps"] == 127.96
+    assert m.avg_busbw_GBps == 127.96
 
 
 def test_legacy_tables_without_redop_or_root_and_error_column():
     t = parse_nccl_tests(fixture("c_legacy_v2_11_allgather_then_broadcast.txt"))
     assert t.warnings == ()
-    assert [s["op"] for s in t.meta["sections"]] == ["all_gather", "broadcast"]
+    assert [s.op for s in t.meta.sections] == ["all_gather", "broadcast"]
     gather = t.where(op="all_gather")
     assert set(gather.column("redop")) == {None} and set(gather.column("root")) == {None}
     assert set(gather.column("wrong")) == {None} and set(gather.column("max_error")) == {0.0}
@@ -135,15 +135,15 @@ def test_legacy_tables_without_redop_or_root_and_error_column():
     assert set(bcast.column("root")) == {0} and set(bcast.column("redop")) == {None}
     r = row(t, 134217728, "in-place", section=1)
     assert (r["count"], r["time_us"], r["algbw_GBps"], r["busbw_GBps"]) == (33554432, 1133.4, 118.42, 118.42)
-    assert [s["avg_busbw_GBps"] for s in t.meta["sections"]] == [36.6565, 34.4446]
+    assert [s.avg_busbw_GBps for s in t.meta.sections] == [36.6565, 34.4446]
 
 
 def test_rccl_tests_na_wrong_and_device_lines_without_group():
     t = parse_nccl_tests(fixture("c_rccl_tests_allreduce_validation_off.txt"))
     assert t.warnings == ()
     assert set(t.column("wrong")) == {None}
-    assert t.meta["rccl_tests_version"] == "develop:ae3e635" and t.meta["validation"] == 0
-    assert t.meta["devices"][0] == {"rank": 0, "group": None, "pid": 80311, "host": "mi300x-n01", "device": 0,
+    assert t.meta.rccl_tests_version == "develop:ae3e635" and t.meta.validation == 0
+    assert t.meta.devices[0] == {"rank": 0, "group": None, "pid": 80311, "host": "mi300x-n01", "device": 0,
                                     "busid": "0000:05:00", "name": "AMD Instinct MI300X"}
     assert set(t.column("op")) == {"all_reduce"}  # from the file name
 
@@ -161,7 +161,7 @@ def test_mpirun_tag_prefixes_and_info_lines_between_rows():
     t = parse_nccl_tests(fixture("c_reduce_v2_13_mpirun_tagged.txt"))
     assert t.warnings == ()
     assert len(t) == 10 and set(t.column("op")) == {"reduce"} and set(t.column("root")) == {0}
-    assert t.meta["nranks"] == 4 and t.meta["hosts"] == ["cn041", "cn042"]
+    assert t.meta.nranks == 4 and t.meta.hosts == ["cn041", "cn042"]
     r = row(t, 16777216, "out-of-place")
     assert (r["time_us"], r["algbw_GBps"], r["busbw_GBps"], r["line"]) == (1503.5, 11.16, 11.16, 18)
 
@@ -169,9 +169,9 @@ def test_mpirun_tag_prefixes_and_info_lines_between_rows():
 def test_several_collectives_concatenated_with_prose_after():
     t = parse_nccl_tests(fixture("c_sweep_four_collectives_concatenated.txt"))
     assert t.warnings == ()
-    sections = t.meta["sections"]
-    assert [s["op"] for s in sections] == ["all_reduce", "reduce_scatter", "alltoall", "sendrecv"]
-    assert t.meta["ops"] == ["all_reduce", "alltoall", "reduce_scatter", "sendrecv"]
+    sections = t.meta.sections
+    assert [s.op for s in sections] == ["all_reduce", "reduce_scatter", "alltoall", "sendrecv"]
+    assert t.meta.ops == ["all_reduce", "alltoall", "reduce_scatter", "sendrecv"]
     for index in range(4):
         assert len(t.where(section=index)) == 18
     assert row(t, 0, "out-of-place", section=2)["time_us"] == 9.88
@@ -192,7 +192,7 @@ def test_info_lines_glued_into_rows_are_put_back():
     assert (r["time_us"], r["busbw_GBps"], r["wrong"]) == (13.90, 150.84, 0)
     assert row(t, 2097152, "in-place")["time_us"] == 14.03
     m = t.meta
-    assert (m["nccl_version"], m["cuda_runtime"], m["cuda_driver"]) == ("2.22.3", "12.6", "12.6")
+    assert (m.nccl_version, m.cuda_runtime, m.cuda_driver) == ("2.22.3", "12.6", "12.6")
 
 
 def test_output_cut_mid_row_keeps_complete_placements_and_warns():
@@ -206,14 +206,14 @@ def test_output_cut_mid_row_keeps_complete_placements_and_warns():
     assert str(path) in cut and ":39:" in cut
     # The truncated table reached 64 MiB of the 128 MiB its header asked for (`maxBytes 134217728`).
     assert "measured up to 67,108,864 B of the 134,217,728 B asked for" in footer
-    assert t.meta["avg_busbw_GBps"] is None
+    assert t.meta.avg_busbw_GBps is None
 
 
 def test_per_iteration_columns_and_timestamps():
     t = parse_nccl_tests(fixture("c_v2_19_per_iteration_and_timestamps.txt"))
     assert t.warnings == ()
-    assert [s["op"] for s in t.meta["sections"]] == ["all_reduce", "reduce_scatter"]
-    assert t.meta["nccl_version"] == "2.29.7" and t.meta["unalign"] == 0
+    assert [s.op for s in t.meta.sections] == ["all_reduce", "reduce_scatter"]
+    assert t.meta.nccl_version == "2.29.7" and t.meta.unalign == 0
     r = row(t, 16777216, "in-place", section=0)
     assert (r["time_us"], r["algbw_GBps"], r["busbw_GBps"]) == (81.56, 205.71, 308.56)
     r = row(t, 1073741824, "in-place", section=1)
@@ -225,7 +225,7 @@ def test_2017_layout_time_in_milliseconds():
     assert t.warnings == ()
     r = row(t, 1048576, "out-of-place")
     assert (r["time_us"], r["redop"], r["root"], r["max_error"], r["wrong"]) == (73.0, "sum", None, 0.0, None)
-    assert t.meta["nranks"] == 4 and t.meta["avg_busbw_GBps"] == 24.1108
+    assert t.meta.nranks == 4 and t.meta.avg_busbw_GBps == 24.1108
 
 
 def test_columns_are_documented_with_units():
@@ -263,9 +263,9 @@ def test_busbw_disagreeing_with_algbw_times_factor_is_reported():
 def test_every_fixture_row_agrees_with_the_bus_factor(path):
     t = parse_nccl_tests(path)
     assert not [w for w in t.warnings if "bus_factor" in w or "is not algbw" in w]
-    for s_index, section in enumerate(t.meta["sections"]):
-        n = section["nranks"] or section["nranks_inferred"]
-        if n is None or section["op"] == "unknown":
+    for s_index, section in enumerate(t.meta.sections):
+        n = section.nranks or section.nranks_inferred
+        if n is None or section.op == "unknown":
             continue
         for r in t.where(section=s_index).rows():
             if r["algbw_GBps"] >= 1.0:
@@ -336,19 +336,19 @@ def test_arbitrary_text_never_raises(text):
                                   "c_reduce_v2_13_mpirun_tagged.txt"])
 def test_writer_round_trip_of_parsed_files(name):
     t = parse_nccl_tests(fixture(name))
-    op = t.meta["op"]
-    text = format_nccl_tests(op, t.rows(), t.meta)
+    op = t.meta.op
+    text = format_nccl_tests(op, t.rows(), t.meta._asdict())
     back = parse_nccl_tests(text, source="sweep.txt")
     assert back.warnings == ()
     assert without_position(back.rows()) == without_position(t.rows())
     for key in ("op", "nranks", "devices", "hosts", "nthreads", "ngpus", "min_bytes", "max_bytes", "iters",
                 "warmup_iters", "validation", "avg_busbw_GBps"):
-        assert back.meta[key] == t.meta[key], key
+        assert getattr(back.meta, key) == getattr(t.meta, key), key
 
 
 def test_writer_emits_nccl_tests_own_layout():
     t = parse_nccl_tests(fixture("c_allgather_v2_17_2node_16gpu.txt"))
-    text = format_nccl_tests("all_gather", t.rows(), t.meta)
+    text = format_nccl_tests("all_gather", t.rows(), t.meta._asdict())
     lines = text.splitlines()
     original = fixture("c_allgather_v2_17_2node_16gpu.txt").read_text().splitlines()
     data = [line for line in original if line[:1] == " "]
@@ -370,7 +370,7 @@ def test_writer_prints_like_nccl_tests_when_values_overflow_the_column():
     line = next(line for line in text.splitlines() if line.startswith("  8589934592"))
     assert line.split()[5:9] == ["123457", "1816.2", "3178.3", "N/A"]
     back = parse_nccl_tests(text)
-    assert (back.meta["nccl_version"], back.meta["iters"]) == ("2.21.5", 20)  # None: nccl-tests' default
+    assert (back.meta.nccl_version, back.meta.iters) == ("2.21.5", 20)  # None: nccl-tests' default
     first = next(back.rows())
     assert (first["time_us"], first["algbw_GBps"], first["wrong"]) == (123457.0, 1816.2, None)
 
@@ -406,5 +406,5 @@ def test_writer_round_trip_property(op, sizes, values, nranks, validation):
                 "name": "GPU"} for r in range(nranks)]
     back = parse_nccl_tests(format_nccl_tests(op, rows, {"devices": devices}))
     assert without_position(back.rows()) == without_position(rows)
-    assert back.meta["nranks"] == nranks
+    assert back.meta.nranks == nranks
     assert not [w for w in back.warnings if "is not algbw" in w]

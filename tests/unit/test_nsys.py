@@ -58,7 +58,7 @@ def _one(table, **equals):
 def test_columns_are_documented_and_carry_units(modern):
     assert list(modern.columns) == list(COLUMNS)
     assert {"start_ns", "end_ns", "dur_ns", "launch_start_ns", "bytes"} <= set(modern.columns)
-    assert modern.meta["counts"] == {"nvtx": 9, "cuda_runtime": 10, "kernel": 7, "memcpy": 2, "memset": 1}
+    assert modern.meta.counts == {"nvtx": 9, "cuda_runtime": 10, "kernel": 7, "memcpy": 2, "memset": 1}
 
 
 def test_kernel_name_duration_and_launch_join(modern):
@@ -114,7 +114,7 @@ def test_runtime_rows_lose_version_suffix_and_backtrace_twins(modern):
     assert sorted(set(api.column("name"))) == ["cuLaunchKernel", "cudaLaunchKernel", "cudaMemcpyAsync",
                                                "cudaMemsetAsync", "cudaStreamSynchronize"]
     assert len(api.where(correlation=13, pid=4101)) == 1
-    assert modern.meta["backtrace_rows_skipped"] == 1
+    assert modern.meta.backtrace_rows_skipped == 1
     sync = _one(modern, name="cudaStreamSynchronize")
     assert (sync["dur_ns"], sync["step"], sync["kind"], sync["device"]) == (50_000, 2, None, None)
 
@@ -143,11 +143,11 @@ def test_gpu_activity_without_launch_call(modern):
 
 def test_meta(modern):
     meta = modern.meta
-    assert (meta["nsys_version"], meta["schema_version"]) == ("2024.6.2.225", "3.16.1")
-    assert meta["devices"] == {0: "NVIDIA H100 80GB HBM3", 1: "NVIDIA H100 80GB HBM3"}
-    assert meta["processes"] == {4101: "python3", 4102: "python3"}
-    assert meta["cuda_devices"] == [{"pid": 4101, "cuda_id": 0, "gpu_id": 0}, {"pid": 4102, "cuda_id": 1, "gpu_id": 1}]
-    assert meta["missing_tables"] == [] and meta["duration_ns"] == 4_000_000
+    assert (meta.nsys_version, meta.schema_version) == ("2024.6.2.225", "3.16.1")
+    assert meta.devices == {0: "NVIDIA H100 80GB HBM3", 1: "NVIDIA H100 80GB HBM3"}
+    assert meta.processes == {4101: "python3", 4102: "python3"}
+    assert meta.cuda_devices == [{"pid": 4101, "cuda_id": 0, "gpu_id": 0}, {"pid": 4102, "cuda_id": 1, "gpu_id": 1}]
+    assert meta.missing_tables == [] and meta.duration_ns == 4_000_000
 
 
 def test_rows_are_in_time_order_and_rank_can_be_one_int(exports):
@@ -164,7 +164,7 @@ def test_rows_are_in_time_order_and_rank_can_be_one_int(exports):
 def test_mid2022_schema_without_enum_tables(exports):
     t = parse_nsys_sqlite(exports["mid2022"], rank=0)
     assert t.warnings == ()
-    assert (t.meta["nsys_version"], t.meta["schema_version"]) == ("2022.2.1.31", "2.9.1")
+    assert (t.meta.nsys_version, t.meta.schema_version) == ("2022.2.1.31", "2.9.1")
     ar = _one(t, category="kernel")
     assert ar["name"] == "ncclKernel_AllReduce_RING_LL_Sum_float(ncclWorkElem)"
     assert (ar["collective"], ar["nccl_algo"], ar["kind"], ar["dur_ns"], ar["step"]) == (
@@ -178,8 +178,8 @@ def test_mid2022_schema_without_enum_tables(exports):
 def test_legacy_schema_inline_nvtx_text_and_cuda_gpu_table(exports):
     t = parse_nsys_sqlite(exports["legacy"])
     assert t.warnings == ()
-    assert t.meta["devices"] == {0: "Tesla V100-SXM2-16GB"}
-    assert "nsys_version" not in t.meta
+    assert t.meta.devices == {0: "Tesla V100-SXM2-16GB"}
+    assert t.meta.nsys_version is None
     gemm = _one(t, short_name="sgemm_largek_lds64")
     assert gemm["name"].startswith("void sgemm_largek_lds64<true, false, 5, 5, 4, 4, 4, 34>(")
     assert (gemm["dur_ns"], gemm["launch_api"], gemm["step"], gemm["phase"]) == (12_500, "cudaLaunchKernel", 0,
@@ -206,18 +206,18 @@ def test_steps_counted_from_optimizer_ranges_when_none_are_named(exports, tmp_pa
     con.commit()
     con.close()
     t = parse_nsys_sqlite(path)
-    assert t.meta["step_source"] == {2001: "optimizer"}
+    assert t.meta.step_source == {2001: "optimizer"}
     assert _one(t, short_name="sgemm_largek_lds64")["step"] == 0          # launched at 15 us, before optimizer #0 ends
     assert _one(t, short_name="ncclAllReduceRingLLKernel_sum_f32")["step"] == 1   # launched at 40 us, as it ends
     assert _one(t, category="memset")["step"] == 1
     assert _one(t, name="dataloader", start_ns=10_000)["step"] is None     # before the first phase range
-    assert parse_nsys_sqlite(exports["legacy"]).meta["step_source"] == {2001: "named"}
+    assert parse_nsys_sqlite(exports["legacy"]).meta.step_source == {2001: "named"}
 
 
 def test_missing_tables_are_not_errors(exports):
     t = parse_nsys_sqlite(exports["no_nvtx"])
     assert t.warnings == ()
-    assert t.meta["missing_tables"] == ["CUPTI_ACTIVITY_KIND_MEMCPY", "CUPTI_ACTIVITY_KIND_MEMSET", "NVTX_EVENTS"]
+    assert t.meta.missing_tables == ["CUPTI_ACTIVITY_KIND_MEMCPY", "CUPTI_ACTIVITY_KIND_MEMSET", "NVTX_EVENTS"]
     kernels = t.where(category="kernel")
     assert kernels.column("collective") == ["all_gather", "broadcast"]
     assert kernels.column("dur_ns") == [10_000, 1_000]
@@ -348,7 +348,7 @@ def test_stats_bundle_with_banners():
     t = parse_nsys_stats_csv(STATS / "bundle_banners_2024.csv")
     assert list(t.columns) == list(STATS_COLUMNS)
     assert t.warnings == ()
-    assert t.meta["reports"] == ["nvtx_sum", "cuda_api_sum", "cuda_gpu_kern_sum", "cuda_gpu_mem_time_sum",
+    assert t.meta.reports == ["nvtx_sum", "cuda_api_sum", "cuda_gpu_kern_sum", "cuda_gpu_mem_time_sum",
                                  "cuda_gpu_mem_size_sum"]
     k = _one(t, report="cuda_gpu_kern_sum")
     assert k["name"] == "vectorAdd(const float *, const float *, float *, int)"
@@ -363,7 +363,7 @@ def test_stats_bundle_with_banners():
 def test_stats_column_format_2024():
     t = parse_nsys_stats_csv(STATS / "profile_stats_column_2024.txt")
     assert t.warnings == ()
-    assert t.meta["reports"] == ["nvtx_sum", "osrt_sum", "cuda_api_sum", "cuda_gpu_kern_sum",
+    assert t.meta.reports == ["nvtx_sum", "osrt_sum", "cuda_api_sum", "cuda_gpu_kern_sum",
                                  "cuda_gpu_mem_time_sum", "cuda_gpu_mem_size_sum"]
     loop = _one(t, name="Profile_Loop")
     assert (loop["style"], loop["total_ns"], loop["avg_ns"], loop["line"]) == ("PushPop", 3_481_709, 3_481_709.0, 8)
@@ -378,7 +378,7 @@ def test_stats_column_format_2024():
 def test_stats_column_format_2020_old_titles_and_kib():
     t = parse_nsys_stats_csv(STATS / "column_2020_dli.txt")
     assert t.warnings == ()
-    assert t.meta["reports"] == ["cuda_api_sum", "cuda_gpu_kern_sum", "cuda_gpu_mem_time_sum",
+    assert t.meta.reports == ["cuda_api_sum", "cuda_gpu_kern_sum", "cuda_gpu_mem_time_sum",
                                  "cuda_gpu_mem_size_sum", "osrt_sum"]
     k = _one(t, report="cuda_gpu_kern_sum")
     assert (k["name"], k["total_ns"], k["avg_ns"], k["med_ns"], k["stddev_ns"]) == (
@@ -391,7 +391,7 @@ def test_stats_column_format_2020_old_titles_and_kib():
 
 def test_stats_legacy_csv_headers_without_banners():
     t = parse_nsys_stats_csv(STATS / "legacy_2020.csv")
-    assert [g["report"] for g in t.meta["guessed"]] == ["cuda_gpu_kern_sum", "cuda_gpu_mem_time_sum",
+    assert [g["report"] for g in t.meta.guessed] == ["cuda_gpu_kern_sum", "cuda_gpu_mem_time_sum",
                                                         "cuda_gpu_mem_size_sum", "cuda_api_sum"]
     k = _one(t, report="cuda_gpu_kern_sum")
     assert (k["name"], k["avg_ns"], k["min_ns"]) == ("addVectorsInto(float*, float*, float*, int)",
@@ -402,7 +402,7 @@ def test_stats_legacy_csv_headers_without_banners():
 
 def test_stats_real_nvtx_sum_csv():
     t = parse_nsys_stats_csv(STATS / "nvtx_sum_2024.csv")
-    assert t.meta["reports"] == ["nvtx_sum"] and t.warnings == ()
+    assert t.meta.reports == ["nvtx_sum"] and t.warnings == ()
     assert t.column("name")[:3] == ["step_0", "data_load", "backward"]
     bwd = _one(t, name="backward")
     assert (bwd["instances"], bwd["total_ns"], bwd["med_ns"], bwd["max_ns"]) == (50, 694_057_698, 1_392_122.5,
@@ -411,7 +411,7 @@ def test_stats_real_nvtx_sum_csv():
 
 def test_stats_trace_csv_without_banner():
     t = parse_nsys_stats_csv(STATS / "nvtx_pushpop_trace_2022_pipit.csv")
-    assert t.meta["reports"] == ["nvtx_pushpop_trace"]
+    assert t.meta.reports == ["nvtx_pushpop_trace"]
     first = next(t.rows())
     assert (first["name"], first["start_ns"], first["dur_ns"]) == ("main", 982_845_927, 1_005_098_329)
     assert first["extra"]["End (ns)"] == "1987944256" and first["extra"]["PID"] == "3086332"
@@ -419,8 +419,8 @@ def test_stats_trace_csv_without_banner():
 
 def test_stats_variants_aliases_units_skips_and_damage():
     t = parse_nsys_stats_csv(STATS / "variants.csv")
-    assert t.meta["reports"] == ["cuda_gpu_kern_sum", "cuda_api_sum", "cuda_gpu_kern_sum"]
-    assert t.meta["skipped"] == [{"report": "nvtx_sum",
+    assert t.meta.reports == ["cuda_gpu_kern_sum", "cuda_api_sum", "cuda_gpu_kern_sum"]
+    assert t.meta.skipped == [{"report": "nvtx_sum",
                                   "why": "rank0.sqlite does not contain NV Tools Extension (NVTX) data."}]
     ar = _one(t, collective="all_reduce")
     assert (ar["total_ns"], ar["instances"], ar["kind"], ar["time_pct"]) == (8_000_000, 20, "communication", 61.5)

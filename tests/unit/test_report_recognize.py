@@ -185,8 +185,8 @@ def test_metrics_table_stacks_all_ranks_with_file_and_line(tmp_path):
     raw = json.loads((run / "metrics" / "rank0.jsonl").read_text().splitlines()[1])
     assert first["step_time_s"] == raw["step_time_s"] and first["warmup"] is True
     m = t.meta
-    assert m["world_size"] == 2 and m["warmup_steps"] == 5 and m["global_batch_size"] == 8
-    assert "torchtitan" in m["flops_formula"] and set(m["ranks"]) == {0, 1}
+    assert m.world_size == 2 and m.warmup_steps == 5 and m.global_batch_size == 8
+    assert "torchtitan" in m.flops_formula and set(m.ranks) == {0, 1}
     assert not t.warnings
 
 

@@ -46,7 +46,7 @@ def test_overrides_are_typed_and_recorded():
     ("precision.dtype=fp8", "precision.dtype", '"bf16" | "fp16" | "fp32"'),
     ("parallel.offload_optimizer=disk", "parallel.offload_optimizer", '"none" | "cpu" | "nvme"'),
     ("parallel.tpp=2", "parallel.tpp", "did you mean parallel.tp?"),
-    ("bogus.key=1", "bogus", "is not a known key"),
+    ("bogus.key=1", "bogus.key", "is not a known key"),  # the key as written, not {"key": 1}
 ])
 def test_type_and_unknown_key_errors(override, field, words):
     e = err(FLAGSHIP, [override])
