@@ -72,7 +72,7 @@ def render(resolved: Resolved, plan: Plan, cmd: launcher.LaunchCommand, console,
 
     unit, per = table_unit(max(rp.memory[rp.implementation].total for rp in plan.ranks))
     t = Table(title=f"memory per rank ({unit}, {plan.worst().implementation} accounting)", title_justify="left",
-              box=box.SIMPLE_HEAD, pad_edge=False)
+              box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False)
     t.add_column("ranks")
     for col in ("weights", "grads", "optim", "acts", "buffers", "allow", "total", "host"):
         t.add_column(col, justify="right", no_wrap=True)
@@ -89,9 +89,9 @@ def render(resolved: Resolved, plan: Plan, cmd: launcher.LaunchCommand, console,
                   f"{others}; usable device memory {human_bytes(worst.usable_bytes)} of "
                   f"{human_bytes(worst.device_memory_bytes)} (headroom {r.plan.headroom:.0%})")
 
-    c = Table(title="communication per step (per rank)", title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
-    for col in ("parallelism", "collective", "link", "group", "calls", "message", "sent/rank", "busbw GB/s", "time ms"):
-        c.add_column(col, justify="right" if col not in ("parallelism", "collective", "link") else "left")
+    c = Table(title="communication per step (per rank)", title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False)
+    for col in ("par", "collective", "link", "group", "calls", "message", "sent/rank", "busbw GB/s", "time ms"):
+        c.add_column(col, justify="right" if col not in ("par", "collective", "link") else "left", no_wrap=True)
     for item in plan.comm:
         c.add_row(item.parallelism, item.collective, item.link, str(item.group_size), str(item.calls_per_step),
                   human_bytes(item.message_bytes), human_bytes(item.bytes_per_rank), f"{item.busbw_GBps:.3g}", f"{item.time_s * 1e3:.2f}")
@@ -198,7 +198,7 @@ def layouts_table(rows, title: str, console) -> None:
     rows, best = ordered(rows)
     unit, per = table_unit(max(r.plan.worst().memory[r.plan.worst().implementation].total for r in rows))
     t = Table(title=f"{title}\n(memory per GPU in {unit}; fits: best = the fastest that fits at its GPU count)",
-              title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
+              title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False)
     for col in ("GPUs", "layout", "states", "acts", "total", "fits", "step ms", "tok/s/GPU", "timing"):
         t.add_column(col, justify="left" if col in ("layout", "timing") else "right", no_wrap=True)
     for r in rows:
