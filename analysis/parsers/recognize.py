@@ -31,6 +31,7 @@ from analysis.parsers._text import (
     looks_like_text,
 )
 from analysis.parsers.nccl_debug import LOG_LINE_START
+from launch.run.rundir import NOT_EVIDENCE
 
 KINDS: dict[str, str] = {
     "resolved": "our resolved config (resolved.json): marks its folder as a run directory",
@@ -70,6 +71,7 @@ class Recognized:
     path: Path
     kinds: tuple[str, ...]  # empty when skipped
     reason: str = ""  # why a file was skipped, or a note on a recognised one
+    ours: bool = False  # one of our run directory's own files that is no evidence (rundir.NOT_EVIDENCE), not damage
 
 
 @dataclass(frozen=True)
@@ -228,6 +230,17 @@ def classify(path: str | os.PathLike[str]) -> Recognized:
                              "NCCL_DEBUG, nsys stats, our metrics)")
 
 
+def _ours(r: Recognized, run_dirs: list[Path]) -> Recognized | None:
+    """`r` as one of our own files that holds no evidence, when it sits where our run directory layout puts one."""
+    for rd in run_dirs:
+        if rd in r.path.parents:
+            rel = r.path.relative_to(rd)
+            for pattern, what in NOT_EVIDENCE.items():
+                if rel.match(pattern) and len(rel.parts) == len(Path(pattern).parts):
+                    return Recognized(r.path, (), f"ours: {what}", ours=True)
+    return None
+
+
 def recognize(path: str | os.PathLike[str]) -> Inventory:
     """Classify every file under `path` (a file or a folder, searched recursively) by content."""
     root = Path(path)
@@ -249,12 +262,14 @@ def recognize(path: str | os.PathLike[str]) -> Inventory:
             if count > _MAX_FILES:
                 warnings.append(f"{root}: more than {_MAX_FILES} files; the rest were not examined")
                 break
-            r = classify(d / name)
-            (here if r.kinds else skipped).append(r)
+            here.append(classify(d / name))
         is_run = any("resolved" in r.kinds for r in here)
         if is_run:
             run_dirs.append(d)
-        found.extend(here)
+        for r in here:
+            if not r.kinds:
+                skipped.append(_ours(r, run_dirs) or r)
+        found.extend(r for r in here if r.kinds)
         if count > _MAX_FILES:
             break
         keep = []
@@ -266,7 +281,7 @@ def recognize(path: str | os.PathLike[str]) -> Inventory:
                                                         "elsewhere): give its target as an input of its own"))
             elif is_run and name == "checkpoints":
                 # The run directory's layout (launch/run/rundir.py) puts model state here: large, not evidence.
-                skipped.append(Recognized(d / name, (), "checkpoints of the run (model state, not analysed)"))
+                skipped.append(Recognized(d / name, (), "ours: checkpoints of the run (model state)", ours=True))
             else:
                 keep.append(name)
         dirnames[:] = keep

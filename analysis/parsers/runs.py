@@ -51,6 +51,7 @@ class Run:
     nccl_tests: list[Table] = field(default_factory=list)
     nccl_debug: list[Table] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
+    ours: list[tuple[str, str]] = field(default_factory=list)  # (path, what): our files that hold no evidence
 
     def rel(self, path: str | os.PathLike[str]) -> str:
         try:
@@ -102,7 +103,8 @@ def load_run(rf: RunFiles, *, hardware: Any = None, hardware_source: str = "") -
     """Parse every recognised file of one run. `hardware` (a HardwareProfile) stands in for runs
     without a resolved.json of their own."""
     run = Run(rf.label, rf.root, rf.run_dir, [(rf.rel(f.path), f.kinds) for f in rf.files],
-              [(rf.rel(s.path), s.reason) for s in rf.skipped], warnings=list(rf.warnings))
+              [(rf.rel(s.path), s.reason) for s in rf.skipped if not s.ours], warnings=list(rf.warnings),
+              ours=[(rf.rel(s.path), s.reason.removeprefix("ours: ")) for s in rf.skipped if s.ours])
     rel = rf.rel
     for p in rf.of("resolved")[:1]:
         from launch.config.resolve import Resolved

@@ -78,9 +78,10 @@ def _runs_blocks(rep: Report) -> list[Block]:
         out.append(Block("list", "Inputs not found", items=rep.inputs_missing))
     for r in rep.runs:
         items = [f"{p} — {', '.join(k)}" for p, k in r.run.files]
+        ours = [f"{p} — ours, not evidence: {what}" for p, what in r.run.ours]
         skipped = [f"{p} — skipped: {why}" for p, why in r.run.skipped]
-        out.append(Block("details", f"{r.label}: {len(items)} file(s) used, {len(skipped)} skipped",
-                         items=items + skipped))
+        out.append(Block("details", f"{r.label}: {len(items)} file(s) used, {len(ours)} of ours not analysed, "
+                                    f"{len(skipped)} skipped", items=items + ours + skipped))
     pooled = [f"{r.label}: {r.run.relabel(b)}" for r in rep.runs for b in r.boundaries]
     if pooled:
         out.append(Block("list", "Several runs in one file (split the file to compare them)", items=pooled))

@@ -15,6 +15,18 @@ from dataclasses import dataclass
 from pathlib import Path
 
 SUBDIRS = ("metrics", "logs", "traces", "nccl", "commbench", "tensorboard", "checkpoints")
+# Files of a run directory that are ours but no evidence for a report (glob relative to the root -> what it is): the
+# analysis lists them as ours instead of as files it could not read.
+NOT_EVIDENCE = {
+    "launch_cmd.txt": "the launch command", "launch_cmd_node*.txt": "a node's launch command",
+    "env_node*.json": "a node's environment record", "deepspeed_env": "DeepSpeed's launcher environment",
+    "logs/rank*.out": "a rank's stdout", "logs/rank*.err": "a rank's stderr",
+    "logs/failure_rank*.json": "why a rank ended early", "logs/layout_rank*.json": "what a rank's backend built",
+    "logs/state_bytes_rank*.json": "a rank's model-state bytes", "logs/stall_rank*.json": "where a stalled rank was",
+    "logs/export.err": "the libraries' warnings during export", "ds_config.json": "the DeepSpeed config (accelerate)",
+    "accelerate_config.yaml": "the Accelerate config", "report.md": "a report of this run",
+    "report.html": "a report of this run",
+}
 
 
 def runs_root() -> Path:

@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from analysis.__main__ import main, parse_args
-from analysis.report import build_report, write_report
+from analysis.report import build_report, render_markdown, write_report
 from tests.unit.report_support import (
     ALCF,
     ALLREDUCE_8XH100,
@@ -119,8 +119,8 @@ def test_our_run_directory_with_plan_and_traces(tmp_path):
     assert any("cpu_ops basis" in n for n in r.notes)
     assert r.vs_layout is not None and {v["collective"] for v in r.vs_layout.rows()} >= {"all_reduce"}
     assert {p["quantity"] for p in r.prediction} >= {"step time", "tokens/s/device", "MFU"}
-    skipped = dict(r.run.skipped)
-    assert "checkpoints" in skipped and "launch_cmd.txt" in skipped
+    ours = dict(r.run.ours)  # our own files that are no evidence: listed as ours, not as skipped (issue 34)
+    assert "checkpoints" in ours and "launch_cmd.txt" in ours and not r.run.skipped
 
 
 def test_prediction_compares_the_gradient_reduction_either_way_it_runs(tmp_path):
@@ -364,3 +364,21 @@ def test_step_times_without_physical_sense_are_dropped_with_a_warning(tmp_path):
     assert len(warned) == 12 * 2  # every record of both ranks
     (speed,) = [b for b in report_blocks(rep) if "p10–p90, ms" in b.headers]
     assert speed.rows[0][2] == "–"
+
+
+def test_our_own_non_evidence_files_are_listed_as_ours_not_skipped(tmp_path):
+    """logs/rank*.err, state_bytes_*, layout_*, an earlier report inside the run: ours, so not 'skipped'."""
+    d = make_run_dir(tmp_path, traces=False)
+    (d / "logs").mkdir(exist_ok=True)
+    for name in ("rank0.err", "rank0.out", "state_bytes_rank0.json", "layout_rank0.json"):
+        (d / "logs" / name).write_text("{}\n" if name.endswith(".json") else "warning: something\n")
+    (d / "report.md").write_text("# layoutlab report\n")
+    (d / "notes.txt").write_text("my own notes\n")  # not ours: still skipped, with its reason
+    rep = build_report([("run", d)])
+    run = rep.runs[0].run
+    assert {p for p, _ in run.ours} >= {"logs/rank0.err", "logs/rank0.out", "logs/state_bytes_rank0.json",
+                                        "logs/layout_rank0.json", "report.md", "launch_cmd.txt", "checkpoints"}
+    assert [p for p, _ in run.skipped] == ["notes.txt"]
+    render_markdown(rep, tmp_path / "r.md")
+    md = (tmp_path / "r.md").read_text()
+    assert "logs/rank0.err — ours, not evidence: a rank's stderr" in md and "notes.txt — skipped" in md
