@@ -178,11 +178,15 @@ def compare(a: Table, b: Table) -> CurveComparison:
     return CurveComparison(len(common), worst, rel, at, sum(d for d, _ in diffs) / len(diffs))
 
 
+AGREE_WHEN_SAME = ("global_batch_size", "seq_len", "steps", "lr_schedule", "seed")
+
+
 def comparable(layout_a: Mapping[str, Any], layout_b: Mapping[str, Any]) -> str:
-    """Why two runs' curves should not be expected to agree ('' when they should: same global batch and sequence
-    length, as far as the layouts say)."""
+    """Why two runs' curves should not be expected to agree ('' when they should: the same global batch, sequence
+    length, step count (the schedule's length), learning-rate schedule and seed, as far as the layouts say; a fact
+    one of them does not state is a reason too)."""
     why = []
-    for key in ("global_batch_size", "seq_len"):
+    for key in AGREE_WHEN_SAME:
         x, y = layout_a.get(key), layout_b.get(key)
         if x is None or y is None:
             why.append(f"{key} unknown")

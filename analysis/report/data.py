@@ -86,7 +86,7 @@ class CurvePair:
 
     first: str
     other: str
-    not_comparable: str  # why the curves need not agree ('' : same global batch and sequence length)
+    not_comparable: str  # why the curves need not agree ('': same global batch, sequence, steps, schedule, seed)
     comparison: C.CurveComparison
     sources: str  # the two curves' files
 
@@ -122,7 +122,7 @@ def _dtype(text: Any) -> str | None:
 def layout_of(run: Run) -> dict[str, Any]:
     """The run's layout facts and where they came from (resolved.json, metrics meta, or the logs)."""
     keys = ("backend", "tp", "pp", "dp", "zero_stage", "sp", "micro_batch_size", "global_batch_size", "seq_len",
-            "dtype", "world_size", "hardware")
+            "dtype", "world_size", "hardware", "steps", "lr_schedule", "seed")
     out: dict[str, Any] = dict.fromkeys(keys)
     out["source"] = None
     if run.resolved is not None:
@@ -130,7 +130,8 @@ def layout_of(run: Run) -> dict[str, Any]:
         out.update(backend=rc.backend, tp=g.tp, pp=g.pp, dp=g.dp, zero_stage=rc.parallel.zero_stage,
                    sp=rc.parallel.sp, micro_batch_size=rc.batch.micro_batch_size,
                    global_batch_size=rc.batch.global_batch_size, seq_len=rc.batch.seq_len, dtype=rc.precision.dtype,
-                   world_size=g.world, hardware=run.resolved.hardware.name, source=run.resolved_source)
+                   world_size=g.world, hardware=run.resolved.hardware.name, steps=rc.train.steps,
+                   lr_schedule=rc.train.lr_schedule, seed=rc.train.seed, source=run.resolved_source)
         return out
     if run.metrics is not None and run.metrics.meta.ranks:
         m = run.metrics.meta
@@ -150,6 +151,8 @@ def layout_of(run: Run) -> dict[str, Any]:
                        zero_stage=lay.get("zero_stage"), sp=lay.get("sp"),
                        micro_batch_size=lay.get("micro_batch_size"), global_batch_size=gbs, seq_len=seq,
                        dtype=_dtype(lay.get("params_dtype")), world_size=lay.get("world_size"), source=log.source)
+            args = log.meta.args or {}
+            out.update(steps=args.get("train_iters"), lr_schedule=args.get("lr_decay_style"), seed=args.get("seed"))
             break
     if out["source"] is None:
         for log in run.deepspeed:

@@ -56,7 +56,7 @@ def test_two_of_our_runs_overlay_and_the_gap_is_the_largest_loss_difference(tmp_
     assert pair.comparison.common_steps == 10 and pair.not_comparable == ""
     assert pair.comparison.max_abs_diff == pytest.approx(max(diffs), rel=1e-12) == pytest.approx(0.125)
     assert pair.comparison.at_step == 7  # the bump was put on the seventh step (s = 6)
-    assert "## Training curves" in md and "yes: same global batch and sequence length" in md
+    assert "## Training curves" in md and "yes: same global batch, sequence length, steps, schedule and seed" in md
     assert "0.125" in md and "figure" in md
 
 
@@ -67,6 +67,19 @@ def test_runs_with_another_global_batch_are_compared_but_not_expected_to_agree(t
     (pair,) = rep.curve_pairs
     assert pair.not_comparable == "global_batch_size 8 vs 16"
     assert "no: global_batch_size 8 vs 16" in md
+
+
+@pytest.mark.parametrize("override, why", [("train.steps=8", "steps 6 vs 8"), ("train.seed=7", "seed 1234 vs 7"),
+                                           ("train.lr_schedule=constant", "lr_schedule cosine vs constant")])
+def test_runs_with_another_length_schedule_or_seed_are_not_expected_to_agree(tmp_path, override, why):
+    """Two runs agree step by step only when they see the same data with the same schedule: not so across step
+    counts (a cosine schedule's length), schedules or seeds."""
+    a = make_run_dir(tmp_path / "a", "20260101-000000", steps=6)
+    steps = 8 if override == "train.steps=8" else 6
+    b = make_run_dir(tmp_path / "b", "20260101-000001", steps=steps, overrides=[override])
+    rep, md = _report(tmp_path, a, b)
+    (pair,) = rep.curve_pairs
+    assert pair.not_comparable == why and f"no: {why}" in md
 
 
 def test_a_nan_loss_is_left_out_of_the_curve_and_counted(tmp_path):
