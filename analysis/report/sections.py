@@ -12,6 +12,10 @@ from analysis.analyzers.collectives import NCCL_TESTS_OP
 from analysis.report import plots
 from analysis.report.data import CPU_BASIS, MAX_WARNINGS_SHOWN, Report, bar_segments
 
+# What an empty trace section tells the user to do about it.
+FILL_TRACE = ("To fill it: run with run.profile=torch (a Kineto trace per rank of run.profile_active_steps steps) or "
+              "run.profile=nsys, or pass the ranks' traces (Kineto JSON, nsys SQLite exports) as inputs.")
+
 
 def nice_bytes(n: Any) -> str:
     if n is None:
@@ -279,7 +283,7 @@ def _time_blocks(rep: Report) -> list[Block]:
         if notes:
             out.append(Block("list", "Basis of the numbers", items=notes))
     else:
-        out.append(Block("p", "No profiler trace (Kineto or nsys export) in any run: no timeline breakdown."))
+        out.append(Block("p", "No profiler trace (Kineto or nsys export) in any run: no timeline breakdown. " + FILL_TRACE))
     for r in rep.runs:
         for t in r.timers:
             out.append(Block("h3", f"{r.label}: framework timers ({r.run.relabel(t.source)})"))
@@ -324,7 +328,7 @@ def _collective_blocks(rep: Report) -> list[Block]:
                                            "group size", "busbw, GB/s", "busbw ≥1 MiB, GB/s", "nccl-tests ceiling, GB/s",
                                            "% of ceiling", "ceiling source", "counted from", "source"], rows=rows))
     else:
-        out.append(Block("p", "No collective calls found (no profiler trace)."))
+        out.append(Block("p", "No collective calls found (no profiler trace). " + FILL_TRACE))
     out.append(Block("p", rep.ceiling_note + "; ceiling = the sweep's busbw at the calls' mean message size (those "
                                              "of at least 1 MiB where any), interpolated in log size; the ceiling "
                                              "source says when the sweep ran on another rank count. The table below "
@@ -356,7 +360,8 @@ def _collective_blocks(rep: Report) -> list[Block]:
         out.append(Block("table", headers=["run", "collective", "observed/step", "layout explains/step", "layers",
                                            "observed/layer", "excess/layer", "why", "source"], rows=lay_rows))
     else:
-        out.append(Block("p", "No run has both a trace and a resolved layout; foreign runs have no expectation."))
+        out.append(Block("p", "No run has both a trace and a resolved layout; foreign runs have no expectation. "
+                              + FILL_TRACE))
     return out
 
 
@@ -409,7 +414,7 @@ def _straggler_blocks(rep: Report) -> list[Block]:
                               f"with the median of the other ranks; slower steps, or less time waiting in collectives "
                               f"than the others (it arrives last), mark it."))
     else:
-        out.append(Block("p", "No per-rank traces."))
+        out.append(Block("p", "No per-rank traces. " + FILL_TRACE))
     return out
 
 

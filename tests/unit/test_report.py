@@ -382,3 +382,12 @@ def test_our_own_non_evidence_files_are_listed_as_ours_not_skipped(tmp_path):
     render_markdown(rep, tmp_path / "r.md")
     md = (tmp_path / "r.md").read_text()
     assert "logs/rank0.err — ours, not evidence: a rank's stderr" in md and "notes.txt — skipped" in md
+
+
+def test_empty_trace_sections_say_how_to_fill_them(tmp_path):
+    d = make_run_dir(tmp_path, traces=False)
+    rep = build_report([("run", d)])
+    render_markdown(rep, tmp_path / "r.md")
+    md = (tmp_path / "r.md").read_text()
+    said = [line for line in md.splitlines() if "run with run.profile=torch" in line]
+    assert len(said) >= 3 and all(line.startswith("No ") for line in said), said
