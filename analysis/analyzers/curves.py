@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Iterable, Mapping, NamedTuple
+from typing import Any, Iterable, Mapping, NamedTuple, Sequence
 
 from analysis.analyzers._numbers import finite
 from analysis.table import Table
@@ -193,3 +193,18 @@ def comparable(layout_a: Mapping[str, Any], layout_b: Mapping[str, Any]) -> str:
         elif x != y:
             why.append(f"{key} {x} vs {y}")
     return "; ".join(why)
+
+
+SEGMENT_GAP_MIN = 100  # steps: a jump shorter than this is a logging interval, not another run
+
+
+def segments(steps: Sequence[int]) -> list[tuple[int, int]]:
+    """[start, end) index ranges of `steps` that read as one run each: a new one starts where the step falls back or
+    jumps by more than ten times the usual interval (and SEGMENT_GAP_MIN), e.g. a log holding steps 10-200 and then
+    136,004-136,010 of another job, which one axis would squeeze into two dots."""
+    gaps = sorted(b - a for a, b in zip(steps, steps[1:]) if b > a)
+    usual = gaps[len(gaps) // 2] if gaps else 1
+    cuts = [i for i in range(1, len(steps))
+            if steps[i] <= steps[i - 1] or steps[i] - steps[i - 1] > max(SEGMENT_GAP_MIN, 10 * usual)]
+    edges = [0, *cuts, len(steps)]
+    return [(a, b) for a, b in zip(edges, edges[1:]) if b > a]

@@ -14,6 +14,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 from analysis.analyzers.ceilings import Panel
+from analysis.analyzers.curves import segments
 
 _COLORS = ("#4C72B0", "#DD8452", "#55A868", "#C44E52", "#8172B3", "#937860", "#DA8BC3", "#8C8C8C", "#CCB974",
            "#64B5CD")
@@ -147,20 +148,30 @@ def busbw_vs_size(points: Sequence[tuple[str, Sequence[tuple[float, float]]]],
 
 
 def training_curves(series: Sequence[tuple[str, Sequence[int], Mapping[str, Sequence[float | None]]]]) -> bytes:
-    """Three panels side by side — loss, gradient norm, learning rate — against the step, one line per run;
-    a missing value leaves a gap."""
+    """Three panels side by side — loss, gradient norm, learning rate — against the step, one line per run; a
+    missing value leaves a gap. A run whose steps fall back or jump far (another job in the same file:
+    analyzers.curves.segments) gets a row of panels per segment, each on its own step axis."""
     panels = [("loss", "loss"), ("grad_norm", "gradient norm"), ("lr", "learning rate")]
-    fig = Figure(figsize=(11, 3.2))
-    axes = fig.subplots(1, 3)
-    for ax, (key, title) in zip(axes, panels, strict=True):
-        for i, (label, steps, values) in enumerate(series):
-            ys = [float("nan") if v is None else v for v in values[key]]
-            if any(v == v for v in ys):
-                ax.plot(steps, ys, label=plain_text(label), color=_COLORS[i % len(_COLORS)], linewidth=1.2)
-        ax.set_title(title)
-        ax.set_xlabel("step")
-        ax.grid(alpha=0.3)
-    axes[0].legend(fontsize=7)
+    rows: list[list[tuple[int, str, Sequence[int], Mapping[str, Sequence[float | None]]]]] = []
+    for i, (label, steps, values) in enumerate(series):
+        parts = segments(steps)
+        for k, (a, b) in enumerate(parts):
+            while len(rows) <= k:
+                rows.append([])
+            rows[k].append((i, f"{label} #{k + 1}" if len(parts) > 1 else label, steps[a:b],
+                            {key: vals[a:b] for key, vals in values.items()}))
+    fig = Figure(figsize=(11, 3.2 * len(rows)))
+    grid = fig.subplots(len(rows), 3, squeeze=False)
+    for k, (axes, row) in enumerate(zip(grid, rows, strict=True)):
+        for ax, (key, title) in zip(axes, panels, strict=True):
+            for i, label, steps, values in row:
+                ys = [float("nan") if v is None else v for v in values[key]]
+                if any(v == v for v in ys):
+                    ax.plot(steps, ys, label=plain_text(label), color=_COLORS[i % len(_COLORS)], linewidth=1.2)
+            ax.set_title(title if len(rows) == 1 else f"{title} (segment {k + 1})")
+            ax.set_xlabel("step")
+            ax.grid(alpha=0.3)
+        axes[0].legend(fontsize=7)
     return _png(fig)
 
 

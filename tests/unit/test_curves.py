@@ -249,3 +249,17 @@ def test_a_run_without_a_curve_gets_a_row_as_wide_as_the_table(tmp_path):
     widths = [line.count("|") for line in table]
     assert len(table) == 4 and len(set(widths)) == 1, table  # header, rule, two runs
     assert "no loss per step" in table[-1]
+
+
+def test_steps_of_another_run_in_the_same_file_get_their_own_axes():
+    """A foreign log holding steps 10-200 and then 136,004-136,010: two segments, drawn as two rows of panels."""
+    from analysis.report.plots import training_curves
+
+    steps = [*range(10, 201, 10), *range(136_004, 136_011)]
+    assert C.segments(steps) == [(0, 20), (20, 27)]
+    assert C.segments([*range(1, 6), *range(1, 4)]) == [(0, 5), (5, 8)]  # the step falls back: a restart
+    assert C.segments([*range(0, 1000, 50)]) == [(0, 20)]  # a coarse logging interval is one run
+    values = {"loss": [5.0] * len(steps), "grad_norm": [None] * len(steps), "lr": [1e-3] * len(steps)}
+    one, two = (training_curves([("run", s, {k: v[:len(s)] for k, v in values.items()})]) for s in (steps[:20], steps))
+    height = [int.from_bytes(png[20:24], "big") for png in (one, two)]  # PNG IHDR height
+    assert height[1] > 1.6 * height[0]  # a second row of panels (the saved figure is cropped to its content)
