@@ -158,6 +158,6 @@ def test_another_layout_of_the_recipe_is_not_resumed_by_itself(runs_root, interr
     refusing the earlier checkpoint (run.resume=auto resumes only its own configuration)."""
     runs = runs_root / "identity_layout"
     interrupted(runs, 2)
-    other = train(runs, *CKPT, "train.steps=2", "parallel.zero_stage=3")
+    other = train(runs, *CKPT, "train.steps=4", "parallel.zero_stage=3")
     assert other.metrics().meta.start_step == 0 and other.metrics().meta.resumed_from is None
     assert "differs in zero_stage" in other.proc.stdout and "starting fresh" in other.proc.stdout
