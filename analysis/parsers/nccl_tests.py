@@ -146,39 +146,14 @@ class NcclTestsSection(NamedTuple):
     unalign: int | None = None  # `unalign: N` (2025+)
 
 
-class NcclTestsMeta(NamedTuple):
-    """Table.meta of an `nccl_tests` table: the facts of the first section that has rows (NcclTestsSection's
-    fields, with the file's version lines filling in what that section leaves unknown), the collectives and every
-    section's facts."""
-
-    ops: list[str]  # the collectives of the rows, sorted
-    sections: list[NcclTestsSection]  # each run in the file; rows point into it by `section`
-    op: str | None = None  # the collective of that section
-    nranks: int | None = None  # ranks, from the device lines (`#  Rank  0 Group ...`)
-    nranks_inferred: int | None = None  # ranks implied by busbw/algbw when no device lines are printed
-    devices: list[dict[str, Any]] | None = None  # [{rank, group, pid, host, device, busid, name}] as printed
-    hosts: list[str] | None = None  # the devices' hosts, sorted
-    avg_busbw_GBps: float | None = None  # the `Avg bus bandwidth` footer; None when the run was cut short
-    out_of_bounds: int | None = None  # the `Out of bounds values` footer
-    nccl_version: str | None = None  # from `nccl-tests version ... nccl-library=` or an NCCL INFO line
-    rccl_version: str | None = None  # from an RCCL INFO line
-    cuda_runtime: str | None = None  # from an NCCL INFO version line (`+cuda12.4`)
-    hip_runtime: str | None = None  # from an RCCL INFO version line (`+hip6.2`)
-    cuda_driver: str | None = None  # from an NCCL INFO `cudaDriverVersion` line
-    nccl_tests_version: str | None = None  # `# nccl-tests version X`
-    rccl_tests_version: str | None = None  # `rccl-tests: Version X`
-    nthreads: int | None = None  # `# nThread N`
-    ngpus: int | None = None  # `nGpus N`
-    min_bytes: int | None = None  # `minBytes N`
-    max_bytes: int | None = None  # `maxBytes N`
-    step_factor: int | None = None  # `step: N(factor)`
-    step_bytes: int | None = None  # `step: N(bytes)`
-    warmup_iters: int | None = None  # `warmup iters: N`
-    iters: int | None = None  # `iters: N`
-    agg_iters: int | None = None  # `agg iters: N`
-    validation: int | None = None  # `validation: N` (0: #wrong is N/A)
-    graph: int | None = None  # `graph: N`
-    unalign: int | None = None  # `unalign: N` (2025+)
+# Table.meta of an `nccl_tests` table: the collectives of the rows (sorted), every section's facts (rows point into
+# `sections` by their `section` column), then the facts of the first section that has rows, NcclTestsSection's own
+# fields (the one place they are listed and documented), with the file's version lines filling in what that section
+# leaves unknown; `op` is None when no section has rows.
+NcclTestsMeta = NamedTuple("NcclTestsMeta", [  # noqa: UP014 - the fields are NcclTestsSection's, not typed again
+    ("ops", list[str]), ("sections", list[NcclTestsSection]),
+    *((name, NcclTestsSection.__annotations__[name]) for name in NcclTestsSection._fields)])
+NcclTestsMeta.__new__.__defaults__ = (None, *NcclTestsSection.__new__.__defaults__)
 
 
 @dataclass
