@@ -11,6 +11,7 @@ from typing import Any, Iterable
 from analysis.report.data import Report
 from analysis.report.sections import report_blocks
 from launch.errors import printable
+from launch.pages import CSP_META
 
 # ---- Markdown
 
@@ -77,7 +78,7 @@ def render_html(rep: Report, out_path: str | os.PathLike[str]) -> list[Path]:
     """Write one self-contained HTML file: inline CSS, figures as base64 PNG, no scripts, no links out."""
     # One-letter escaper keeps the markup readable; control characters (ANSI escapes read from logs) as escapes.
     e = lambda s: html.escape(printable(str(s), keep="\n\t"), quote=True)  # noqa: E731
-    parts = ["<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>",
+    parts = ["<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>", CSP_META,
              "<meta name='viewport' content='width=device-width, initial-scale=1'>",
              "<title>layoutlab report</title><style>", _CSS, "</style></head><body><h1>layoutlab report</h1>"]
     for b in report_blocks(rep):

@@ -6,6 +6,7 @@ import base64
 import html
 import io
 
+from launch.pages import CSP_META
 from launch.units import GiB
 
 
@@ -81,7 +82,7 @@ def render_html(rows, png: bytes, title: str) -> str:
             f"<td>{mem.model_states / GiB:.1f}</td><td>{mem.activations / GiB:.1f}</td><td>{mem.total / GiB:.1f}</td>"
             f"<td>{'yes' if r.plan.fits else 'no'}</td><td>{r.plan.step.total_s * 1e3:.0f}</td>"
             f"<td>{r.plan.step.tokens_per_s_per_device:,.0f}</td><td>{r.plan.step.mfu:.1%}</td></tr>")
-    return f"""<!doctype html><html><head><meta charset="utf-8"><title>{html.escape(title)}</title>
+    return f"""<!doctype html><html><head><meta charset="utf-8">{CSP_META}<title>{html.escape(title)}</title>
 <style>body{{font-family:sans-serif;margin:2em}}table{{border-collapse:collapse}}td,th{{border:1px solid #ccc;padding:3px 8px;text-align:right}}
 tr.ok td:nth-child(6){{color:#2ca02c}}tr.oom td:nth-child(6){{color:#d62728;font-weight:bold}}</style></head><body>
 <h1>{html.escape(title)}</h1>

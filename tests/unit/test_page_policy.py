@@ -1,0 +1,62 @@
+"""Every HTML page a command writes carries a Content-Security-Policy that runs no script: checked in headless
+Chromium on a report whose escaping is deliberately broken, so that a payload reaches the markup as markup."""
+import html
+import re
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from analysis.report import build_report, write_report
+from launch.pages import CSP_META
+from tests.unit.report_support import make_run_dir
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+RAN = re.compile(r"<body[^>]*data-pwned=")  # what a payload that ran leaves on the body element
+PAYLOADS = ("<script>document.body.setAttribute('data-pwned','script')</script>",
+            "<img src=x onerror=\"document.body.setAttribute('data-pwned','onerror')\">",
+            "<iframe src=\"https://example.com/\"></iframe>")
+
+
+def _dom(page) -> str:
+    """The page's DOM after Chromium loaded it (and ran whatever it was allowed to run)."""
+    assert CHROMIUM, "headless Chromium is needed for this test: apt-get install chromium (.ci/run does)"
+    p = subprocess.run([CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                        "--disable-component-update", "--disable-sync", "--no-first-run", "--virtual-time-budget=2000",
+                        f"--user-data-dir={page.parent / 'profile'}", "--dump-dom", page.as_uri()],
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr[-2000:]
+    return p.stdout
+
+
+@pytest.fixture
+def broken_report(tmp_path, monkeypatch):
+    """A report whose run label is a script, written with html.escape made to do nothing."""
+    d = make_run_dir(tmp_path, traces=False)
+    rep = build_report([("".join(PAYLOADS), d)])
+    monkeypatch.setattr(html, "escape", lambda s, quote=True: s)
+    (page,) = write_report(rep, [tmp_path / "r.html"])
+    monkeypatch.undo()
+    text = page.read_text()
+    assert all(p in text for p in PAYLOADS)  # the escaping really is broken: the markup is there
+    return page
+
+
+def test_a_report_with_broken_escaping_runs_no_script(broken_report):
+    dom = _dom(broken_report)
+    assert "<body" in dom and not RAN.search(dom), dom[:3000]
+
+
+def test_without_the_policy_the_same_page_would_run_it(broken_report):
+    """The oracle that the check can fail: the same page with its policy removed runs the payload."""
+    open_page = broken_report.with_name("open.html")
+    open_page.write_text(broken_report.read_text().replace(CSP_META, ""))
+    assert RAN.search(_dom(open_page))
+
+
+def test_every_page_we_write_carries_the_policy(tmp_path):
+    p = subprocess.run([sys.executable, "-m", "launch", "plan", "world_size=4", f"out={tmp_path / 'p'}"],
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    assert CSP_META in (tmp_path / "p.html").read_text()
