@@ -178,13 +178,14 @@ def compare(a: Table, b: Table) -> CurveComparison:
     return CurveComparison(len(common), worst, rel, at, sum(d for d, _ in diffs) / len(diffs))
 
 
-AGREE_WHEN_SAME = ("global_batch_size", "seq_len", "steps", "lr_schedule", "seed")
+AGREE_WHEN_SAME = ("model", "dtype", "global_batch_size", "seq_len", "steps", "lr", "lr_warmup_steps", "lr_schedule",
+                   "seed")
 
 
 def comparable(layout_a: Mapping[str, Any], layout_b: Mapping[str, Any]) -> str:
-    """Why two runs' curves should not be expected to agree ('' when they should: the same global batch, sequence
-    length, step count (the schedule's length), learning-rate schedule and seed, as far as the layouts say; a fact
-    one of them does not state is a reason too)."""
+    """Why two runs' curves should not be expected to agree ('' when they should: the same model, precision, global
+    batch, sequence length, step count (the schedule's length), learning rate, warm-up, schedule and seed, as far as
+    the layouts say; a fact one of them does not state is a reason too)."""
     why = []
     for key in AGREE_WHEN_SAME:
         x, y = layout_a.get(key), layout_b.get(key)
@@ -196,15 +197,19 @@ def comparable(layout_a: Mapping[str, Any], layout_b: Mapping[str, Any]) -> str:
 
 
 SEGMENT_GAP_MIN = 100  # steps: a jump shorter than this is a logging interval, not another run
+MAX_SEGMENTS = 4  # more than this reads as a noisy log, not as runs: drawn on one axis
 
 
 def segments(steps: Sequence[int]) -> list[tuple[int, int]]:
     """[start, end) index ranges of `steps` that read as one run each: a new one starts where the step falls back or
     jumps by more than ten times the usual interval (and SEGMENT_GAP_MIN), e.g. a log holding steps 10-200 and then
-    136,004-136,010 of another job, which one axis would squeeze into two dots."""
+    136,004-136,010 of another job, which one axis would squeeze into two dots. A repeated step (a restarted job's
+    records sorted beside the first's) is no cut; more than MAX_SEGMENTS cuts give one segment."""
     gaps = sorted(b - a for a, b in zip(steps, steps[1:]) if b > a)
     usual = gaps[len(gaps) // 2] if gaps else 1
     cuts = [i for i in range(1, len(steps))
-            if steps[i] <= steps[i - 1] or steps[i] - steps[i - 1] > max(SEGMENT_GAP_MIN, 10 * usual)]
+            if steps[i] < steps[i - 1] or steps[i] - steps[i - 1] > max(SEGMENT_GAP_MIN, 10 * usual)]
+    if len(cuts) >= MAX_SEGMENTS:
+        cuts = []
     edges = [0, *cuts, len(steps)]
     return [(a, b) for a, b in zip(edges, edges[1:]) if b > a]

@@ -27,6 +27,7 @@ from launch.run.metrics import (
     SCHEMA_VERSION,
     MetricsError,
     StepRecord,
+    current,
     iter_records,
     validate,
 )
@@ -119,7 +120,7 @@ def sniff(path: str | os.PathLike[str]) -> str | None:
         if not isinstance(rec, dict):
             return None
         try:
-            validate(rec)
+            validate(current(rec))  # an earlier schema version is ours too (launch.run.metrics reads it)
         except MetricsError:
             return None
         return "metrics_jsonl"

@@ -122,7 +122,7 @@ def _dtype(text: Any) -> str | None:
 def layout_of(run: Run) -> dict[str, Any]:
     """The run's layout facts and where they came from (resolved.json, metrics meta, or the logs)."""
     keys = ("backend", "tp", "pp", "dp", "zero_stage", "sp", "micro_batch_size", "global_batch_size", "seq_len",
-            "dtype", "world_size", "hardware", "steps", "lr_schedule", "seed")
+            "dtype", "world_size", "hardware", "model", "steps", "lr", "lr_warmup_steps", "lr_schedule", "seed")
     out: dict[str, Any] = dict.fromkeys(keys)
     out["source"] = None
     if run.resolved is not None:
@@ -130,7 +130,8 @@ def layout_of(run: Run) -> dict[str, Any]:
         out.update(backend=rc.backend, tp=g.tp, pp=g.pp, dp=g.dp, zero_stage=rc.parallel.zero_stage,
                    sp=rc.parallel.sp, micro_batch_size=rc.batch.micro_batch_size,
                    global_batch_size=rc.batch.global_batch_size, seq_len=rc.batch.seq_len, dtype=rc.precision.dtype,
-                   world_size=g.world, hardware=run.resolved.hardware.name, steps=rc.train.steps,
+                   world_size=g.world, hardware=run.resolved.hardware.name, model=run.resolved.model.name,
+                   steps=rc.train.steps, lr=rc.train.lr, lr_warmup_steps=rc.train.lr_warmup_steps,
                    lr_schedule=rc.train.lr_schedule, seed=rc.train.seed, source=run.resolved_source)
         return out
     if run.metrics is not None and run.metrics.meta.ranks:
@@ -152,7 +153,8 @@ def layout_of(run: Run) -> dict[str, Any]:
                        micro_batch_size=lay.get("micro_batch_size"), global_batch_size=gbs, seq_len=seq,
                        dtype=_dtype(lay.get("params_dtype")), world_size=lay.get("world_size"), source=log.source)
             args = log.meta.args or {}
-            out.update(steps=args.get("train_iters"), lr_schedule=args.get("lr_decay_style"), seed=args.get("seed"))
+            out.update(steps=args.get("train_iters"), lr=args.get("lr"), lr_warmup_steps=args.get("lr_warmup_iters"),
+                       lr_schedule=args.get("lr_decay_style"), seed=args.get("seed"))
             break
     if out["source"] is None:
         for log in run.deepspeed:

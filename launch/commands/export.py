@@ -5,6 +5,7 @@ This side checks the arguments; the consolidation needs torch and the backend's 
 """
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from typing import Sequence
@@ -24,4 +25,5 @@ def cmd_export(args: Sequence[str]) -> int:
     if not RunDir.is_run_dir(run_dir):
         raise ConfigError(run_dir, "run_dir", run_dir, "is not a run directory (no resolved.json)", "pass runs/<recipe>/<stamp>")
     cmd = [sys.executable, "-m", "launch.ranks.export", run_dir, "-" if step is None else str(step), out or "-"]
-    return subprocess.run(cmd, check=False).returncode
+    # weights-only for every load of the process, whatever the caller asks (launch.ranks.untrusted guards it too)
+    return subprocess.run(cmd, check=False, env={**os.environ, "TORCH_FORCE_WEIGHTS_ONLY_LOAD": "1"}).returncode

@@ -197,7 +197,7 @@ def layouts_table(rows, title: str, console) -> None:
 
     rows, best = ordered(rows)
     unit, per = table_unit(max(r.plan.worst().memory[r.plan.worst().implementation].total for r in rows))
-    t = Table(title=f"{title}\n(memory per GPU in {unit}; fits: best = the fastest that fits at its GPU count)",
+    t = Table(title=f"{safe(title)}\n(memory per GPU in {unit}; fits: best = the fastest that fits at its GPU count)",
               title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False)
     for col in ("GPUs", "layout", "states", "acts", "total", "fits", "step ms", "tok/s/GPU", "timing"):
         t.add_column(col, justify="left" if col in ("layout", "timing") else "right", no_wrap=True)
@@ -205,7 +205,7 @@ def layouts_table(rows, title: str, console) -> None:
         w = r.plan.worst()
         mem = w.memory[w.implementation]
         fits = "best" if id(r) in best else "yes" if r.plan.fits else "[red]no[/red]"
-        t.add_row(str(r.world_size), r.label, f"{mem.model_states / per:.3g}", f"{mem.activations / per:.3g}",
+        t.add_row(str(r.world_size), safe(r.label), f"{mem.model_states / per:.3g}", f"{mem.activations / per:.3g}",
                   f"{mem.total / per:.3g}", fits, f"{r.plan.step.total_s * 1e3:,.0f}",
                   f"{r.plan.step.tokens_per_s_per_device:,.0f}", r.plan.step.timing)
     console.print(t)
@@ -249,11 +249,11 @@ def sweep_table(rows: Sequence[dict], title: str, console) -> None:
     """A sweep's members as commands.sweep.plan_rows computes them (predicted figures)."""
     from rich.table import Table
 
-    t = Table(title=title, title_justify="left")
+    t = Table(title=safe(title), title_justify="left")
     # predicted, per rank: memory of the worst rank, step and communication time, tokens/s per device
     for col in ("run", "fits", "memory GiB", "step ms", "comm ms", "tokens/s/dev", "timing"):
         t.add_column(col, justify="left" if col in ("run", "timing") else "right", no_wrap=col == "run")
     for r in rows:
-        t.add_row(r["label"], "yes" if r["fits"] else "NO", f"{r['memory_GiB']:.2f}", f"{r['step_ms']:.1f}",
+        t.add_row(safe(r["label"]), "yes" if r["fits"] else "NO", f"{r['memory_GiB']:.2f}", f"{r['step_ms']:.1f}",
                   f"{r['comm_ms']:.1f}", f"{r['tokens_per_s_per_device']:,.0f}", r["timing"])
     console.print(t)

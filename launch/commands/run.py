@@ -61,15 +61,17 @@ def cmd_run(args: Sequence[str]) -> int:
                           f"exceeds the usable {gib(worst.usable_bytes)} GiB on {worst.kind}",
                           "lower memory (zero_stage, tp, activation_checkpointing, micro_batch_size) or set plan.ignore_fit=true")
     launcher.preflight(resolved)
+    resumed = None
     if not bench and resolved.recipe.run.resume != "never":
-        done = _check_resume(resolved)
-        if done is not None and done.step >= resolved.recipe.train.steps:
-            print(f"nothing to do: {done.dir} already holds step {done.step} of train.steps="
+        resumed = _check_resume(resolved)
+        if resumed is not None and resumed.step >= resolved.recipe.train.steps:
+            print(f"nothing to do: {resumed.dir} already holds step {resumed.step} of train.steps="
                   f"{resolved.recipe.train.steps}; set run.resume=never to train again from scratch, or raise train.steps")
             return 0
     joined = shared_run_dir(resolved, os.environ)
     run = RunDir.join(joined) if joined else RunDir.create(resolved.recipe_name)
-    cmd = launcher.build(resolved, str(run.root))
+    # the checkpoint checked above is the one the ranks load (a concurrent run's newer one is not picked up)
+    cmd = launcher.build(resolved, str(run.root), resume="" if bench or resumed is None else str(resumed.dir))
     if joined and run.resolved.is_file():
         if Resolved.load(run.resolved).to_json() != resolved.to_json():
             raise ConfigError(str(run.resolved), "LAYOUTLAB_RUN_DIR", joined, "was resolved differently on node 0",
@@ -103,8 +105,10 @@ def untrusted_files(path: Path) -> str | None:
     """What launch.ranks.untrusted says of the checkpoint files under `path` (None: nothing that would run code). A
     process of its own: it needs torch, which the CLI never imports."""
     p = subprocess.run([sys.executable, "-m", "launch.ranks.untrusted", str(path)], capture_output=True, text=True)
-    return p.stderr.strip().removeprefix("error: ") or f"the check of {path} failed (exit {p.returncode})" \
-        if p.returncode else None
+    if p.returncode == 0:
+        return None
+    said = p.stderr.strip().splitlines()  # one line: the check's own, or the last of whatever ended it
+    return said[-1].removeprefix("error: ") if said else f"the check of {path} failed (exit {p.returncode})"
 
 
 def _check_resume(resolved: Resolved):

@@ -55,7 +55,7 @@ class Measured:
     member: Member
     run_dir: Path
     rc: int
-    step_time_s: float | None  # median after warm-up on rank 0; None when the run recorded no measured step
+    step_time_s: float | None  # median measured step (its slowest rank), as the report; None when none was recorded
     noise_s: float = 0.0  # the median's standard error: 1.2533 · sd / √n over those steps
 
 

@@ -112,7 +112,7 @@ def resolve(loaded: LoadedRecipe, world_size: int | None = None) -> Resolved:
             paths[dotted] = str(loaded.path_of(dotted, value))
     resume = r.run.resume
     if resume not in ("auto", "never"):  # a run directory or checkpoint to continue, named
-        if not resume.strip() or "\0" in resume:
+        if resume.strip().lower() in ("auto", "never") or not resume.strip() or "\0" in resume:
             raise ConfigError(w("run.resume"), "run.resume", resume, "is neither auto, never nor a path",
                               "set run.resume=auto, never, or the run directory to continue")
         resume = str(loaded.path_of("run.resume", resume))

@@ -59,9 +59,15 @@ def export(run_dir: str | Path, step: int | None = None, out: str | Path | None 
 
 def warnings_to(path: Path) -> None:
     """Python warnings of the libraries (torch deprecations, Megatron's Apex/TE fallbacks) into a log file, not the
-    terminal: the user asked for an export, not for their advice; errors still reach the terminal."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    log = open(path, "a", encoding="utf-8")  # noqa: SIM115 - open for the life of the process
+    terminal: the user asked for an export, not for their advice; errors still reach the terminal. A run directory
+    we may not write (a colleague's) keeps them in a temporary file instead."""
+    import tempfile
+
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        log = open(path, "a", encoding="utf-8")  # noqa: SIM115 - open for the life of the process
+    except OSError:
+        log = tempfile.NamedTemporaryFile("a", prefix="layoutlab-export-", suffix=".err", delete=False)  # noqa: SIM115
 
     def show(message, category, filename, lineno, file=None, line=None):
         log.write(warnings.formatwarning(message, category, filename, lineno, line))

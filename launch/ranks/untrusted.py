@@ -1,5 +1,6 @@
 """Untrusted files never run code: every pickle a rank loads is read with `weights_only=True`, and the few
-non-tensor objects DeepSpeed and Megatron store in their checkpoints are allowed one by one.
+non-tensor objects DeepSpeed stores in checkpoints (of both backends: Megatron's are saved through its engine) are
+allowed one by one.
 
 Run directories and checkpoints travel (a colleague's run to export, a downloaded checkpoint to resume), and a
 pickle executes whatever its globals name on load. torch's weights-only unpickler rebuilds tensors and plain

@@ -9,6 +9,7 @@ loop on the ranks, and `launch export`.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -51,7 +52,7 @@ def check_resume_compatible(ckpt: Checkpoint, resolved: Resolved) -> bool:
     if info.get("model") != resolved.model.name:
         raise ResumeError(f"{ckpt.dir}: checkpoint holds model {info.get('model')!r}, this run trains "
                           f"{resolved.model.name!r}; set run.resume=never to start fresh")
-    z_old, z_new = info["zero_stage"], par.zero_stage
+    z_old, z_new = info["zero_stage"], par.zero_stage  # complete_checkpoints checked the marker's fields
     if z_old != z_new and not {z_old, z_new} <= {1, 2}:
         raise ResumeError(
             f"{ckpt.dir}: checkpoint was saved with parallel.zero_stage={z_old}; this run has zero_stage={z_new}. "
@@ -98,9 +99,10 @@ def to_universal(ckpt: Checkpoint) -> Path:
            "--output_folder", str(out)]
     if ckpt.info["zero_stage"] in (1, 2):
         cmd.append("--inject_missing_state")  # ZeRO-1/2 shards lack what the universal loader expects
-    p = subprocess.run(cmd, capture_output=True, text=True)
+    p = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "TORCH_FORCE_WEIGHTS_ONLY_LOAD": "1"})
     if p.returncode != 0:
-        raise ResumeError(f"{ckpt.dir}: ds_to_universal failed ({p.returncode}): {p.stderr.strip()[-2000:]}")
+        said = (p.stderr.strip().splitlines() or ["no message"])[-1]
+        raise ResumeError(f"{ckpt.dir}: ds_to_universal failed ({p.returncode}): {said}")
     done.write_text("ok")
     return out
 
@@ -130,9 +132,16 @@ def run_identity(resolved: Resolved) -> dict[str, Any]:
             "offload_params": par.offload_params, "micro_batch_size": resolved.recipe.batch.micro_batch_size}
 
 
-def _differs(want: dict[str, Any], have: Any) -> list[str]:
-    have = have if isinstance(have, dict) else {}
-    return sorted(k for k in set(want) | set(have) if want.get(k) != have.get(k))
+def _differs(want: dict[str, Any], have: dict[str, Any]) -> list[str]:
+    """The identity keys two runs differ in; a key the checkpoint's marker does not record (one written before that
+    key was part of a run's identity) is named as such."""
+    return sorted(k if k in have else f"{k} (not recorded)" for k in set(want) | set(have) if want.get(k) != have.get(k))
+
+
+def _identity_of(ckpt: Checkpoint) -> dict[str, Any]:
+    """The run identity a marker records; for a marker written before the identity held the layout, its top-level
+    backend and layout fields stand in (offload and micro-batch size it never recorded)."""
+    return {**{k: ckpt.info[k] for k in ("backend", *LAYOUT_KEYS, "zero_stage")}, **ckpt.info.get("identity", {})}
 
 
 @dataclass(frozen=True)
@@ -175,7 +184,7 @@ def explicit_resume(path: Path, resolved: Resolved) -> Checkpoint:
                           f"{MARKER}, or one such step folder); name one that does, or set run.resume=auto or never")
     ckpt = found[-1]
     want = json.loads(json.dumps(training_identity(resolved)))
-    diff = _differs(want, {k: ckpt.info.get("identity", {}).get(k) for k in want})
+    diff = _differs(want, {k: v for k, v in ckpt.info.get("identity", {}).items() if k in want})
     if diff:
         raise ResumeError(f"{ckpt.dir}: trains a different configuration (differs in {', '.join(diff)}); resume it "
                           "with the recipe and overrides that wrote it, or set run.resume=never")
@@ -191,10 +200,13 @@ def find_resume(runs_dir: Path, resolved: Resolved) -> tuple[Checkpoint | None, 
     want = json.loads(json.dumps(run_identity(resolved)))
     # Newest first by when each run last completed a checkpoint: folder names do not sort by time once SLURM's
     # `slurm-<job id>` folders sit beside UTC stamps.
-    latest = [(found[-1], d) for d in runs_dir.iterdir() if (found := complete_checkpoints(d / "checkpoints"))]
+    damaged: list[str] = []
+    latest = [(found[-1], d) for d in runs_dir.iterdir()
+              if (found := complete_checkpoints(d / "checkpoints", damaged))]
+    notes += damaged
     latest.sort(key=lambda cd: (_marker_mtime(cd[0]), cd[1].name), reverse=True)
     for newest, _ in latest:
-        diff = _differs(want, newest.info.get("identity"))
+        diff = _differs(want, _identity_of(newest))
         if not diff:
             return newest, notes
         notes.append(f"{newest.dir}: not resumed, it trains a different configuration (differs in {', '.join(diff)})")
@@ -212,14 +224,37 @@ def write_marker(ckpt_root: Path, tag: str, info: dict[str, Any]) -> None:
     write_text_atomic(ckpt_root / tag / MARKER, json.dumps(info, indent=2))
 
 
-def complete_checkpoints(root: Path) -> list[Checkpoint]:
+def complete_checkpoints(root: Path, damaged: list[str] | None = None) -> list[Checkpoint]:
+    """The checkpoints under `root` whose completion marker is whole and sane, by step; a marker that is not (a run
+    directory from elsewhere, a file cut short or edited) makes its checkpoint incomplete, and is named in `damaged`
+    when given."""
     out = []
     if root.is_dir():
         for d in root.iterdir():
             marker = d / MARKER
             if marker.is_file():
-                try:
-                    out.append(Checkpoint(root, d.name, json.loads(marker.read_text())))
-                except (json.JSONDecodeError, OSError):
+                info = _marker(marker)
+                if isinstance(info, str):
+                    if damaged is not None:
+                        damaged.append(f"{marker}: {info}; that checkpoint is not resumed")
                     continue
+                out.append(Checkpoint(root, d.name, info))
     return sorted(out, key=lambda c: c.step)
+
+
+def _marker(path: Path) -> dict[str, Any] | str:
+    """A completion marker as marker_info wrote it, or what is wrong with it."""
+    try:
+        info = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:  # unreadable, not UTF-8, not JSON, a number past the parser's limit
+        return f"cannot be read ({type(e).__name__})"
+    if not isinstance(info, dict):
+        return "is not a JSON object"
+    info = {"pp": 1, "vpp": 1, **info}  # markers written before pipelines held no pp / vpp
+    for key, low in (("step", 0), ("zero_stage", 0), ("tp", 1), ("pp", 1), ("vpp", 1), ("dp", 1)):
+        v = info.get(key)
+        if not isinstance(v, int) or isinstance(v, bool) or not low <= v < 2**63:
+            return f"{key}={v!r} is not a whole number from {low}"
+    if not isinstance(info.get("backend"), str) or not isinstance(info.get("identity", {}), dict):
+        return "names no backend, or its identity is not an object"
+    return info

@@ -17,7 +17,9 @@ from launch.run.rundir import RunDir
 
 TRAIN_MODULE = "launch.ranks.train"
 
-RESUME_SHOWN = "LAYOUTLAB_RESUME_SHOWN"  # set by the launcher: the CLI printed the resume choice
+# The checkpoint run.sh chose (and checked, and told the user of) for the ranks to continue; empty: start fresh.
+# Unset (a launch by hand: accelerate), rank 0 chooses itself and says so.
+RESUME_PINNED = "LAYOUTLAB_RESUME"
 
 
 @dataclass(frozen=True)
@@ -53,14 +55,17 @@ def cpu_threads(ranks_per_node: int, cores: int | None = None) -> int:
     return max(1, (cores or os.cpu_count() or 1) // max(1, ranks_per_node))
 
 
-def rank_env(resolved, run_dir: str, environ: Mapping[str, str]) -> dict[str, str]:
-    """What every rank needs in its environment, whichever launcher starts it."""
+def rank_env(resolved, run_dir: str, environ: Mapping[str, str], resume: str | None = None) -> dict[str, str]:
+    """What every rank needs in its environment, whichever launcher starts it; `resume`: the checkpoint the CLI
+    chose for it (RESUME_PINNED), None where nobody chose yet."""
     from launch.run.extensions import extensions_dir
 
-    # RESUME_SHOWN: run.sh has told the user which checkpoint the run continues; a launch by hand (accelerate)
-    # hears it from rank 0 instead.
+    # Every torch.load weights-only, whatever the caller asks (torch honours it over weights_only=False): a second
+    # wall behind launch.ranks.untrusted's guard, for loads that do not go through torch.load's attribute.
     env: dict[str, str] = {"LAYOUTLAB_RUN_DIR": run_dir, "TORCH_EXTENSIONS_DIR": str(extensions_dir()),
-                           RESUME_SHOWN: "1"}
+                           "TORCH_FORCE_WEIGHTS_ONLY_LOAD": "1"}
+    if resume is not None:
+        env[RESUME_PINNED] = resume
     if resolved.hardware.name == "cpu":
         env["DS_ACCELERATOR"] = "cpu"
         env["OMP_NUM_THREADS"] = str(cpu_threads(resolved.recipe.hardware.gpus_per_node))
@@ -83,13 +88,14 @@ def _rendezvous(resolved, environ: Mapping[str, str]) -> tuple[nodes.Placement, 
     return p, addr, port
 
 
-def build(resolved, run_dir: str, *, environ: Mapping[str, str] | None = None, module: str = TRAIN_MODULE) -> LaunchCommand:
+def build(resolved, run_dir: str, *, environ: Mapping[str, str] | None = None, module: str = TRAIN_MODULE,
+          resume: str | None = None) -> LaunchCommand:
     """The command that starts `module` (a rank program taking RUN_DIR) on every rank of the recipe: on this node
     (torchrun), or on every host from the first one (DeepSpeed's runner with a hostfile)."""
     environ = os.environ if environ is None else environ
     r = resolved.recipe
     hw = r.hardware
-    env = rank_env(resolved, run_dir, environ)
+    env = rank_env(resolved, run_dir, environ, resume)
     p, master_addr, master_port = _rendezvous(resolved, environ)
     files: dict[str, str] = {}
     py = sys.executable

@@ -121,7 +121,7 @@ _NON_NEGATIVE = {"step": ("tokens_per_s", "tokens_per_s_per_device", "tflops_per
 _FIGURES = {"step": ("loss", "lr", "grad_norm"), "meta": ()}
 
 
-def _current(record: Any) -> Any:
+def current(record: Any) -> Any:
     """A meta record of an earlier schema version in this version's names (in place); anything else as it is."""
     if isinstance(record, dict) and record.get("kind") == "meta" and record.get("schema_version") in _RENAMED_SINCE:
         for old, new in _RENAMED_SINCE[record["schema_version"]].items():
@@ -202,7 +202,7 @@ def iter_records(path: Path) -> Iterator[tuple[int, dict[str, Any] | None, str |
                 yield n, None, f"{path}:{n}: not a record ({type(e).__name__}: {str(e)[:80]})"
                 continue
             try:
-                validate(_current(rec))
+                validate(current(rec))
             except MetricsError as e:
                 yield n, None, f"{path}:{n}: {e}"
                 continue

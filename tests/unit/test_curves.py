@@ -56,7 +56,7 @@ def test_two_of_our_runs_overlay_and_the_gap_is_the_largest_loss_difference(tmp_
     assert pair.comparison.common_steps == 10 and pair.not_comparable == ""
     assert pair.comparison.max_abs_diff == pytest.approx(max(diffs), rel=1e-12) == pytest.approx(0.125)
     assert pair.comparison.at_step == 7  # the bump was put on the seventh step (s = 6)
-    assert "## Training curves" in md and "yes: same global batch, sequence length, steps, schedule and seed" in md
+    assert "## Training curves" in md and "yes: same model, precision, batch, sequence, steps, schedule and seed" in md
     assert "0.125" in md and "figure" in md
 
 
@@ -259,6 +259,8 @@ def test_steps_of_another_run_in_the_same_file_get_their_own_axes():
     assert C.segments(steps) == [(0, 20), (20, 27)]
     assert C.segments([*range(1, 6), *range(1, 4)]) == [(0, 5), (5, 8)]  # the step falls back: a restart
     assert C.segments([*range(0, 1000, 50)]) == [(0, 20)]  # a coarse logging interval is one run
+    assert C.segments(sorted([*range(1, 301), *range(1, 301)])) == [(0, 600)]  # a restart, sorted: no cut per step
+    assert C.segments([1, 2] * 5) == [(0, 10)]  # four fall-backs: a noisy log, drawn on one axis
     values = {"loss": [5.0] * len(steps), "grad_norm": [None] * len(steps), "lr": [1e-3] * len(steps)}
     one, two = (training_curves([("run", s, {k: v[:len(s)] for k, v in values.items()})]) for s in (steps[:20], steps))
     height = [int.from_bytes(png[20:24], "big") for png in (one, two)]  # PNG IHDR height

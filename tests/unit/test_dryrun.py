@@ -89,7 +89,7 @@ def test_plan_command_writes_chart(tmp_path):
     png = (tmp_path / "p.png").read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n"
     page = (tmp_path / "p.html").read_text()
-    assert "data:image/png;base64," in page and "http" not in page.split("data:image")[0].lower().replace("charset", "")
+    assert "data:image/png;base64," in page and "http" not in page.split("data:image")[0].lower().replace("charset", "").replace("http-equiv", "")
     import json
 
     rows = json.loads((tmp_path / "p.json").read_text())

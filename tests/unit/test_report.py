@@ -391,3 +391,21 @@ def test_empty_trace_sections_say_how_to_fill_them(tmp_path):
     md = (tmp_path / "r.md").read_text()
     said = [line for line in md.splitlines() if "run with run.profile=torch" in line]
     assert len(said) >= 3 and all(line.startswith("No ") for line in said), said
+
+
+def test_a_run_written_before_the_world_size_rename_is_still_read(tmp_path):
+    """Metrics of schema version 1 (world, not world_size) are ours: recognised, read, their layout shown."""
+    import json
+
+    d = make_run_dir(tmp_path, traces=False)
+    for f in (d / "metrics").glob("rank*.jsonl"):
+        lines = [json.loads(x) for x in f.read_text().splitlines()]
+        for r in lines:
+            if r["kind"] == "meta":
+                r["schema_version"], r["world"] = 1, r.pop("world_size")
+        f.write_text("".join(json.dumps(r) + "\n" for r in lines))
+    (d / "resolved.json").unlink()  # the layout must come from the metrics' meta record
+    rep = build_report([("run", d)])
+    run = rep.runs[0]
+    assert "metrics/rank0.jsonl" in {p for p, _ in run.run.files} and run.run.metrics is not None
+    assert run.layout["world_size"] == 2 and run.stats is not None

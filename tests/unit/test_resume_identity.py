@@ -73,3 +73,40 @@ def test_a_named_run_of_another_training_or_without_checkpoints_is_refused(tmp_p
 def test_a_relative_resume_path_is_made_absolute_at_resolution(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     assert resolve_path(TINY, ["run.resume=runs/x/1"]).recipe.run.resume == str(tmp_path / "runs" / "x" / "1")
+
+
+@pytest.mark.parametrize("marker", [b"[1,2]", b"{}", b'{"step": 1e400, "backend": "deepspeed"}', "{'step': 5}".encode(),
+                                    "{\"step\": 5, \"backend\": \"d\u00e9\"}".encode("latin-1"), b'{"step": true}',
+                                    b'{"step": 5, "backend": "deepspeed", "zero_stage": 2, "tp": 1, "dp": 2, "identity": null}'])
+def test_a_damaged_marker_is_passed_over_with_a_note_never_a_traceback(tmp_path, marker):
+    root = _run_with_checkpoint(tmp_path, "20261201-000000", [])
+    (root / "checkpoints" / "step5" / "layoutlab_checkpoint.json").write_bytes(marker)
+    choice = choose_resume(resolve_path(TINY, []), tmp_path / "tiny_zero2")
+    assert choice.checkpoint is None
+    assert any("layoutlab_checkpoint.json: " in line and "not resumed" in line for line in choice.lines), choice.lines
+    with pytest.raises(ResumeError, match="holds no complete checkpoint"):  # named: refused in one line
+        choose_resume(resolve_path(TINY, [f"run.resume={root}"]), tmp_path)
+
+
+def test_a_marker_from_before_the_layout_was_part_of_the_identity_says_what_it_did_not_record(tmp_path):
+    import json
+
+    root = _run_with_checkpoint(tmp_path, "20261201-000000", [])
+    path = root / "checkpoints" / "step5" / "layoutlab_checkpoint.json"
+    info = json.loads(path.read_text())
+    for key in ("backend", "tp", "pp", "vpp", "dp", "zero_stage", "offload_optimizer", "offload_params",
+                "micro_batch_size"):
+        info["identity"].pop(key)  # what markers held before: the training only, the layout beside it
+    path.write_text(json.dumps(info))
+    choice = choose_resume(resolve_path(TINY, []), tmp_path / "tiny_zero2")
+    assert choice.checkpoint is None
+    note = choice.lines[0].split("differs in ")[1]
+    assert "micro_batch_size (not recorded)" in note and "backend" not in note and "zero_stage" not in note
+
+
+@pytest.mark.parametrize("value", ["Auto", "NEVER", ""])
+def test_a_misspelt_resume_mode_is_refused_not_taken_as_a_path(value):
+    from launch.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="is neither auto, never nor a path"):
+        resolve_path(TINY, [f"run.resume={value}"])

@@ -48,6 +48,7 @@ def run_rank(run_dir: str, body: Callable[..., int]) -> int:
     watchdog, and on failure name the rank and the step (on its stderr and rank 0's terminal) before torchrun
     stops the others. `body(run, resolved, env, terminal, cuda, watchdog)` does the work; `terminal` is rank 0's
     terminal stream and None elsewhere. A ResumeError is the user's: one line, exit 2."""
+    from launch.ranks.untrusted import UntrustedFileError
     from launch.run.checkpoints import ResumeError
 
     run = RunDir.open(run_dir)
@@ -66,7 +67,7 @@ def run_rank(run_dir: str, body: Callable[..., int]) -> int:
                         blame=not cuda)
     try:
         return body(run, resolved, env, terminal if env.rank == 0 else None, cuda, watchdog)
-    except ResumeError as e:
+    except (ResumeError, UntrustedFileError) as e:  # the user's to mend: one line, exit 2
         record_failure(run, env.rank, watchdog.step, watchdog.phase, "resume", f"layoutlab: {e}")
         print(f"layoutlab: {e}", file=sys.stderr)
         if env.rank == 0:

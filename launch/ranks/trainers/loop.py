@@ -15,6 +15,7 @@ import os
 import sys
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from launch.config.backends import traits
@@ -25,7 +26,7 @@ from launch.ranks.trainers import common
 from launch.ranks.trainers.protocol import BuildContext, Trainer
 from launch.run import checkpoints
 from launch.run import metrics as M
-from launch.run.launcher import RESUME_SHOWN
+from launch.run.launcher import RESUME_PINNED
 from launch.run.rundir import RunDir
 
 
@@ -56,6 +57,21 @@ class _Finished:
     memory: dict[str, int | None]
 
 
+def _resume_choice(run: RunDir, resolved: Resolved, terminal) -> checkpoints.Checkpoint | None:
+    """On rank 0: this run's own newest checkpoint (torchrun restarted the group), else the one run.sh chose and
+    checked (RESUME_PINNED), else, launched by hand, the one run.resume names now, said on the terminal."""
+    own = checkpoints.complete_checkpoints(run.checkpoints)
+    if own:
+        return own[-1]
+    pinned = os.environ.get(RESUME_PINNED)
+    if pinned is not None:
+        return checkpoints.explicit_resume(Path(pinned), resolved) if pinned else None
+    chosen = checkpoints.choose_resume(resolved, run.root.parent)
+    for line in chosen.lines:
+        print(line, file=terminal, flush=True)
+    return chosen.checkpoint
+
+
 def _train(run: RunDir, resolved: Resolved, env: common.RankEnv, terminal, cuda: bool, watchdog) -> int:
     import torch
     import torch.distributed as dist
@@ -72,11 +88,7 @@ def _train(run: RunDir, resolved: Resolved, env: common.RankEnv, terminal, cuda:
 
     # Rank 0 decides which checkpoint to continue and tells the others: ranks reading a shared file system
     # on their own could disagree (attribute caches) and then hang or diverge.
-    chosen = checkpoints.choose_resume(resolved, run.root.parent) if env.rank == 0 else None
-    if chosen is not None and not os.environ.get(RESUME_SHOWN):  # started by hand: run.sh did not say it
-        for line in chosen.lines:
-            print(line, file=terminal, flush=True)
-    choice = [chosen.checkpoint if chosen is not None else None]
+    choice = [_resume_choice(run, resolved, terminal) if env.rank == 0 else None]
     dist.broadcast_object_list(choice, src=0)
     resume_from = choice[0]
     universal = False
