@@ -324,3 +324,14 @@ def test_plan_times_a_world_size_with_this_machines_calibration(tmp_path, capsys
     assert main([*args, "world_size=4"]) == 0  # measured on 2 ranks: a world of 4 stays nominal
     assert "timed with" not in capsys.readouterr().out
     assert all(r["plan"]["step"]["timing"] == "nominal" for r in json.loads((tmp_path / "p.json").read_text()))
+
+
+def test_sweeps_and_verifications_run_in_folders_of_their_own(tmp_path, monkeypatch):
+    """Their members never land in runs/<recipe>/, where run.resume=auto of a later run.sh would look."""
+    from launch.commands.sweep import sweep_folder
+
+    monkeypatch.setenv("LAYOUTLAB_RUNS", str(tmp_path / "runs"))
+    a, b = sweep_folder("sweep"), sweep_folder("recommend")
+    assert a.parent == b.parent == tmp_path / "runs" / "sweeps" and a != b
+    assert a.name.startswith("sweep-") and b.name.startswith("recommend-")
+    assert sweep_folder("sweep") != a  # claimed, never joined
