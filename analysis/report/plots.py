@@ -171,7 +171,8 @@ def training_curves(series: Sequence[tuple[str, Sequence[int], Mapping[str, Sequ
             ax.set_title(title if len(rows) == 1 else f"{title} (segment {k + 1})")
             ax.set_xlabel("step")
             ax.grid(alpha=0.3)
-        axes[0].legend(fontsize=7)
+        if axes[0].get_legend_handles_labels()[0]:
+            axes[0].legend(fontsize=7)
     return _png(fig)
 
 

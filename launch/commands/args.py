@@ -137,7 +137,8 @@ def read(args: Sequence[str], *, command: str, usage: str, options: Sequence[Opt
         elif overrides and ("." in key or key in TOP_LEVEL_KEYS):
             dotted.append(a)
         else:
-            close = difflib.get_close_matches(key, list(known), n=1, cutoff=0.6)
+            names = [*known, *(TOP_LEVEL_KEYS if overrides else ())]  # backedn= is the recipe's backend
+            close = difflib.get_close_matches(key, names, n=1, cutoff=0.6)
             hint = f"did you mean {close[0]}=? " if close else ""
             what = (f"options: {', '.join(known)}" if known else "no options") + \
                 (", and the recipe's dotted keys (e.g. parallel.tp=2)" if overrides else "")

@@ -16,7 +16,7 @@ from launch.commands import render
 from launch.commands.args import Option, choice, choice_list, read, text, whole, whole_list
 from launch.commands.plan_figure import chart_png, render_html
 from launch.commands.render import make_console
-from launch.config.backends import traits
+from launch.config.backends import BACKENDS, traits
 from launch.config.calibration import newest_for
 from launch.config.grid import RankGrid
 from launch.config.hardware import is_profile_path, load_profile
@@ -34,7 +34,8 @@ OPTIONS = (
     Option("world_size", "GPU counts (world sizes), comma separated (default 4)", whole_list(1, 1_000_000), (4,)),
     Option("hardware", "hardware profile (default h100-sxm)", text, "h100-sxm"),
     Option("gpus_per_node", "devices per node (default 8, or the GPU count when smaller)", whole(1, 1_000_000)),
-    Option("backend", "deepspeed | megatron (default deepspeed; megatron adds sequence parallel)", text, "deepspeed"),
+    Option("backend", "deepspeed | megatron (default deepspeed; megatron adds sequence parallel)",
+           choice(*BACKENDS), "deepspeed"),
     Option("dtype", "bf16 | fp16 | fp32 (default bf16)", choice("bf16", "fp16", "fp32"), "bf16"),
     Option("seq_len", "tokens per sequence (default 4096)", whole(1, 1 << 24), 4096),
     Option("micro_batch_size", "default 1", whole(1, 1 << 20), 1),

@@ -111,3 +111,8 @@ def test_run_sh_answers_h():
 def test_export_refuses_a_unicode_digit_before_any_process_starts(capsys):
     assert main(["export", str(REPO), "step=¹"]) == 2
     assert 'step="¹"' in capsys.readouterr().err
+
+
+def test_a_misspelt_top_level_recipe_key_gets_its_name(capsys):
+    assert main(["run", str(REPO / "recipes/tiny_zero2"), "backedn=megatron", "--dry-run"]) == 2
+    assert "did you mean backend=?" in capsys.readouterr().err
