@@ -168,7 +168,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
-REPORT_MARKERS = ("# layoutlab report", "<title>layoutlab report</title>")  # what render_markdown / render_html begin with
 
 
 def _check_outputs(outputs: Sequence[str], inputs: Sequence[str]) -> list[Path]:
@@ -187,7 +186,9 @@ def _check_outputs(outputs: Sequence[str], inputs: Sequence[str]) -> list[Path]:
         targets = [out] + ([out.with_name(out.stem + "_plots")] if out.suffix.lower() in (".md", ".markdown") else [])
         for target in targets:
             for src in read:
-                if target == src or src in target.parents:
+                # a report inside one of our run directories is where users keep it: later reports list it as ours
+                inside_our_run = src in target.parents and (src / "resolved.json").is_file() and target.parent == src
+                if (target == src or src in target.parents) and not inside_our_run:
                     what = "is" if target == src else "is inside"
                     raise UsageError(f"-o {o}: {target} {what} an input the report reads ({src}); write the report "
                                      "elsewhere", show_usage=False)
@@ -213,12 +214,16 @@ def _check_outputs(outputs: Sequence[str], inputs: Sequence[str]) -> list[Path]:
 
 
 def _is_our_report(path: Path) -> bool:
+    """Whether `path` begins exactly as a report we wrote (analysis.report.render's MD_HEAD / HTML_HEAD): only such a
+    file is replaced; a user's notes that mention a report are not."""
+    from analysis.report.render import HTML_HEAD, MD_HEAD
+
     try:
         with open(path, "rb") as fh:
-            head = fh.read(4096).decode("utf-8", "replace")
+            head = fh.read(len(HTML_HEAD.encode()) + len(MD_HEAD.encode())).decode("utf-8", "replace")
     except OSError:
         return False
-    return any(m in head for m in REPORT_MARKERS)
+    return head.startswith((MD_HEAD, HTML_HEAD))
 
 
 def _require_paths(paths: Iterable[str]) -> None:

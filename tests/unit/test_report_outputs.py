@@ -64,3 +64,29 @@ def test_an_earlier_report_is_replaced_and_said(inputs, tmp_path, capsys):
     assert "replacing" not in first and out.read_text().startswith("# layoutlab report")
     assert main(["report", str(inputs), "-o", str(out)]) == 0
     assert f"replacing the earlier report {out}" in capsys.readouterr().out
+
+
+def test_a_file_that_only_mentions_a_report_is_never_replaced(inputs, tmp_path, capsys):
+    """Recognised by the exact head our renderer writes, not by a search of the first 4 KiB."""
+    notes = tmp_path / "notes.md"
+    notes.write_text("my notes\n\nsee the old output:\n# layoutlab report\n<title>layoutlab report</title>\n")
+    heading = tmp_path / "mine.md"
+    heading.write_text("# layoutlab report\nmy own page with the same title\n")
+    for f in (notes, heading):
+        before = f.read_bytes()
+        assert "is not a layoutlab report" in refused(capsys, inputs, "-o", f)
+        assert f.read_bytes() == before
+
+
+def test_a_new_report_inside_the_run_it_describes_is_accepted_and_ignored_by_the_next(tmp_path, capsys):
+    from analysis.report import build_report
+    from tests.unit.report_support import make_run_dir
+
+    run = make_run_dir(tmp_path, traces=False)
+    for _ in range(2):  # the second time it replaces its own earlier report there
+        assert main(["report", str(run), "-o", str(run / "report.md"), "-o", str(run / "report.html")]) == 0
+    capsys.readouterr()
+    rep = build_report([("run", run)])
+    ours = {p for p, _ in rep.runs[0].run.ours}
+    assert {"report.md", "report.html"} <= ours and not rep.runs[0].run.skipped
+    assert any(p.startswith("report_plots/figure") for p in ours) or not (run / "report_plots").exists()
