@@ -8,11 +8,12 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from pathlib import Path
 from typing import Sequence
 
 from launch.commands.args import Option, read, text, whole
 from launch.errors import ConfigError
-from launch.run.rundir import RunDir
+from launch.run.rundir import RunDir, export_target_problem
 
 USAGE = "usage: python -m launch export RUN_DIR [step=N] [out=DIR]"
 OPTIONS = (Option("step", "the checkpoint's step (default: the newest complete one)", whole()),
@@ -24,6 +25,9 @@ def cmd_export(args: Sequence[str]) -> int:
     run_dir, step, out = a.positional[0], a.options["step"], a.options["out"]
     if not RunDir.is_run_dir(run_dir):
         raise ConfigError(run_dir, "run_dir", run_dir, "is not a run directory (no resolved.json)", "pass runs/<recipe>/<stamp>")
+    problem = export_target_problem(Path(out)) if out else None
+    if problem:  # before the export starts: nothing of the user's is touched
+        raise ConfigError("command line", "out", out, problem, "name a new folder, or an earlier export's")
     cmd = [sys.executable, "-m", "launch.ranks.export", run_dir, "-" if step is None else str(step), out or "-"]
     # weights-only for every load of the process, whatever the caller asks (launch.ranks.untrusted guards it too)
     return subprocess.run(cmd, check=False, env={**os.environ, "TORCH_FORCE_WEIGHTS_ONLY_LOAD": "1"}).returncode

@@ -7,6 +7,9 @@ writes the folder.
 """
 from __future__ import annotations
 
+import json
+import os
+import shutil
 import sys
 import warnings
 from pathlib import Path
@@ -16,7 +19,7 @@ from launch.config.resolve import Resolved
 from launch.errors import ConfigError
 from launch.ranks import untrusted
 from launch.run.checkpoints import complete_checkpoints
-from launch.run.rundir import RunDir
+from launch.run.rundir import EXPORT_MARKER, RunDir, export_target_problem
 
 
 def consolidated_state_dict(run: RunDir, resolved: Resolved, step: int | None = None):
@@ -53,7 +56,22 @@ def export(run_dir: str | Path, step: int | None = None, out: str | Path | None 
         raise ConfigError(str(ckpt.dir), "parameters", sorted(set(missing) - tied)[:5] or sorted(unexpected)[:5],
                           "do not match the model in resolved.json", "export a checkpoint of this run's own model")
     target = Path(out) if out else run.root / "export" / ckpt.tag
-    model.save_pretrained(target, safe_serialization=True)
+    problem = export_target_problem(target)
+    if problem:
+        raise ConfigError("command line", "out", str(target), problem, "name a new folder, or an earlier export's")
+    # Written whole beside the target, marked, then swapped in: an earlier export of ours is replaced only once the
+    # new one is complete, and save_pretrained never sees a folder with anyone's files in it.
+    staging = target.parent / f".{target.name}.export-{os.getpid()}"
+    target.parent.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(staging, safe_serialization=True)
+    (staging / EXPORT_MARKER).write_text(json.dumps({"run": str(run.root), "checkpoint": str(ckpt.dir)}) + "\n")
+    old = None
+    if target.exists():
+        old = target.parent / f".{target.name}.replaced-{os.getpid()}"
+        target.rename(old)
+    staging.rename(target)
+    if old is not None:
+        shutil.rmtree(old)
     return target
 
 

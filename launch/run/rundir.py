@@ -188,3 +188,21 @@ class RunDir:
 
     def write_text_atomic(self, path: Path, text: str) -> None:
         write_text_atomic(path, text)
+
+
+EXPORT_MARKER = "layoutlab_export.json"  # written last into every folder `python -m launch export` fills
+
+
+def export_target_problem(out: Path) -> str | None:
+    """Why `out` may not receive an export (None: it may): a file, a dangling link, or a folder holding anything but
+    an earlier export of ours. transformers' save_pretrained deletes the shard files it finds in its target, so a
+    folder of someone else's files is never handed to it."""
+    if out.is_symlink() and not out.exists():
+        return "is a symlink to nothing"
+    if out.exists() and not out.is_dir():
+        return "is a file; name a folder (it is created)"
+    if out.is_dir() and any(out.iterdir()) and not (out / EXPORT_MARKER).is_file():
+        first = sorted(p.name for p in out.iterdir())[0]
+        return (f"holds files that are not an export of ours ({first}, ...): an export never replaces or deletes "
+                "them")
+    return None

@@ -1,0 +1,44 @@
+"""`python -m launch export out=` never replaces or deletes what it did not write: a folder of someone else's files
+(transformers' save_pretrained deletes the shards it finds there), a file, a dangling link; refused in one line, exit
+2, before the export starts (issue 29, in part)."""
+import os
+
+import pytest
+
+from launch.commands.cli import main
+from launch.run.rundir import EXPORT_MARKER, export_target_problem
+from tests.unit.report_support import make_run_dir
+
+
+@pytest.mark.parametrize("kind", ["shards", "file", "dangling"])
+def test_an_out_that_holds_the_users_files_is_refused_untouched(tmp_path, capsys, kind):
+    run = make_run_dir(tmp_path / "runs", traces=False)
+    out = tmp_path / "out"
+    if kind == "shards":
+        out.mkdir()
+        for name in ("config.json", "model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"):
+            (out / name).write_text(name)
+    elif kind == "file":
+        out.write_text("a file of mine")
+    else:
+        out.symlink_to(tmp_path / "nowhere")
+    before = sorted((p.name, p.read_text()) for p in out.iterdir()) if out.is_dir() else os.readlink(out) \
+        if out.is_symlink() else out.read_text()
+    assert main(["export", str(run), f"out={out}"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and 'out="' in err
+    after = sorted((p.name, p.read_text()) for p in out.iterdir()) if out.is_dir() else os.readlink(out) \
+        if out.is_symlink() else out.read_text()
+    assert after == before
+
+
+def test_an_empty_folder_or_an_earlier_export_of_ours_may_receive_one(tmp_path):
+    assert export_target_problem(tmp_path / "new") is None
+    (tmp_path / "empty").mkdir()
+    assert export_target_problem(tmp_path / "empty") is None
+    ours = tmp_path / "ours"
+    ours.mkdir()
+    (ours / "model.safetensors").write_text("x")
+    assert "not an export of ours" in export_target_problem(ours)
+    (ours / EXPORT_MARKER).write_text("{}")
+    assert export_target_problem(ours) is None
