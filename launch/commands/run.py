@@ -69,6 +69,13 @@ def cmd_run(args: Sequence[str]) -> int:
                   f"{resolved.recipe.train.steps}; set run.resume=never to train again from scratch, or raise train.steps")
             return 0
     joined = shared_run_dir(resolved, os.environ)
+    node_rank = nodes.placement(os.environ, resolved.recipe.hardware.nodes).node_rank
+    if joined and node_rank == 0 and os.environ.get("LAYOUTLAB_RUN_DIR") and RunDir.is_run_dir(joined):
+        # Node 0 starts a run; only the other nodes join one. A LAYOUTLAB_RUN_DIR left in the shell from an earlier
+        # launch would otherwise append this run's steps to that run's records and replace its launch command.
+        raise ConfigError("environment", "LAYOUTLAB_RUN_DIR", joined, "names a run that already started (it holds "
+                          "resolved.json); node 0 never joins one", "unset LAYOUTLAB_RUN_DIR (it is for nodes > 0 of a "
+                          "multi-node job, which join the directory node 0 printed)")
     run = RunDir.join(joined) if joined else RunDir.create(resolved.recipe_name)
     # the checkpoint checked above is the one the ranks load (a concurrent run's newer one is not picked up)
     cmd = launcher.build(resolved, str(run.root), resume="" if bench or resumed is None else str(resumed.dir))

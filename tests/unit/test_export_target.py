@@ -42,3 +42,17 @@ def test_an_empty_folder_or_an_earlier_export_of_ours_may_receive_one(tmp_path):
     assert "not an export of ours" in export_target_problem(ours)
     (ours / EXPORT_MARKER).write_text("{}")
     assert export_target_problem(ours) is None
+
+
+def test_a_stale_run_dir_in_the_environment_never_joins_an_earlier_run(tmp_path, capsys, monkeypatch):
+    """LAYOUTLAB_RUN_DIR left in the shell from an earlier launch: node 0 refuses to append to that run (issue 29)."""
+    from tests.conftest import RECIPES
+
+    earlier = make_run_dir(tmp_path / "runs", traces=False)
+    before = {p: p.read_bytes() for p in earlier.rglob("*") if p.is_file()}
+    monkeypatch.setenv("LAYOUTLAB_RUN_DIR", str(earlier))
+    monkeypatch.setenv("LAYOUTLAB_RUNS", str(tmp_path / "runs"))
+    assert main(["run", str(RECIPES / "tiny_zero2"), "train.steps=12"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "LAYOUTLAB_RUN_DIR" in err and "node 0 never joins one" in err
+    assert {p: p.read_bytes() for p in earlier.rglob("*") if p.is_file()} == before
