@@ -14,7 +14,7 @@ from typing import Any, Mapping, Sequence
 
 from launch.commands import render
 from launch.commands.args import Option, choice, choice_list, read, text, whole, whole_list
-from launch.commands.plan_figure import chart_png, render_html
+from launch.commands.plan_figure import chart_png, not_ours, render_html
 from launch.commands.render import make_console
 from launch.config.backends import BACKENDS, traits
 from launch.config.calibration import newest_for
@@ -25,7 +25,7 @@ from launch.errors import ConfigError
 from launch.plan.build import make_plan
 from launch.plan.layout import Layout, Plan
 from launch.run import envinfo
-from launch.run.rundir import runs_root
+from launch.run.rundir import runs_root, write_bytes_atomic, write_text_atomic
 
 USAGE = "usage: python -m launch plan [key=value ...]  (e.g. model=llama-2-7b world_size=4,8 hardware=h100-sxm)"
 AC_POLICIES = ("none", "selective", "full")
@@ -130,11 +130,16 @@ def cmd_plan(args: Sequence[str]) -> int:
     # The whole model name: a suffix swap would cut llama-3.1-8b at its dot.
     stem = opts["out"] or str(runs_root() / "plans" / f"{first.model.name}_{first.hardware.name}")
     png_path, html_path, json_path = (Path(f"{stem}.{ext}") for ext in ("png", "html", "json"))
+    for path in (png_path, html_path, json_path):  # all three checked before any is written
+        problem = not_ours(path)
+        if problem:
+            raise ConfigError("command line", "out", opts["out"] or stem, f"{path} {problem}",
+                              "choose another out= (.png, .html and .json are added to it)")
     png_path.parent.mkdir(parents=True, exist_ok=True)
     png = chart_png(rows, title)
-    png_path.write_bytes(png)
-    html_path.write_text(render_html(rows, png, title))
-    json_path.write_text(json.dumps(
+    write_bytes_atomic(png_path, png)
+    write_text_atomic(html_path, render_html(rows, png, title))
+    write_text_atomic(json_path, json.dumps(
         [{"world_size": r.world_size, "layout": r.label, "plan": json.loads(r.plan.to_json())} for r in rows], indent=1))
     console = make_console()
     render.layouts_table(rows, title, console)

@@ -5,9 +5,38 @@ from __future__ import annotations
 import base64
 import html
 import io
+import json
+from pathlib import Path
 
 from launch.pages import CSP_META
 from launch.units import GiB
+
+GENERATOR = "layoutlab plan"  # how the page, the PNG and the JSON of `python -m launch plan` say they are ours
+HTML_HEAD = f'<!doctype html><html><head><meta charset="utf-8"><meta name="generator" content="{GENERATOR}">'
+PLAN_ROW_KEYS = {"world_size", "layout", "plan"}
+
+
+def not_ours(path: Path) -> str | None:
+    """Why `plan` may not write `path` (None: it does not exist, or plan wrote it): a folder, a dangling link, or a
+    file it did not write, recognised by the marks it writes itself (never by a search of the text)."""
+    if path.is_symlink() and not path.exists():
+        return "is a symlink to nothing"
+    if not path.exists():
+        return None
+    if not path.is_file():
+        return "is not a file"
+    head = path.read_bytes()[:4096]
+    if path.suffix == ".png":
+        ours = head.startswith(b"\x89PNG") and GENERATOR.encode() in head
+    elif path.suffix == ".html":
+        ours = head.startswith(HTML_HEAD.encode())
+    else:
+        try:
+            rows = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            rows = None
+        ours = isinstance(rows, list) and all(isinstance(r, dict) and set(r) == PLAN_ROW_KEYS for r in rows)
+    return None if ours else "exists and was not written by `python -m launch plan`; it is never overwritten"
 
 
 def ordered(rows):
@@ -64,7 +93,7 @@ def chart_png(rows, title: str) -> bytes:
               frameon=False)
     fig.tight_layout()
     buf = io.BytesIO()
-    fig.savefig(buf, format="png")
+    fig.savefig(buf, format="png", metadata={"Software": GENERATOR})
     plt.close(fig)
     return buf.getvalue()
 
@@ -82,7 +111,7 @@ def render_html(rows, png: bytes, title: str) -> str:
             f"<td>{mem.model_states / GiB:.1f}</td><td>{mem.activations / GiB:.1f}</td><td>{mem.total / GiB:.1f}</td>"
             f"<td>{'yes' if r.plan.fits else 'no'}</td><td>{r.plan.step.total_s * 1e3:.0f}</td>"
             f"<td>{r.plan.step.tokens_per_s_per_device:,.0f}</td><td>{r.plan.step.mfu:.1%}</td></tr>")
-    return f"""<!doctype html><html><head><meta charset="utf-8">{CSP_META}<title>{html.escape(title)}</title>
+    return f"""{HTML_HEAD}{CSP_META}<title>{html.escape(title)}</title>
 <style>body{{font-family:sans-serif;margin:2em}}table{{border-collapse:collapse}}td,th{{border:1px solid #ccc;padding:3px 8px;text-align:right}}
 tr.ok td:nth-child(6){{color:#2ca02c}}tr.oom td:nth-child(6){{color:#d62728;font-weight:bold}}</style></head><body>
 <h1>{html.escape(title)}</h1>

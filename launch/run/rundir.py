@@ -51,7 +51,12 @@ def claim_folder(parent: Path, prefix: str = "", *, now: _dt.datetime | None = N
 
 
 def write_text_atomic(path: Path, text: str) -> None:
-    """Replace `path` with `text` at once: readers see the old file or the new one, never a part.
+    """Replace `path` with `text` at once: readers see the old file or the new one, never a part."""
+    write_bytes_atomic(path, text.encode("utf-8"))
+
+
+def write_bytes_atomic(path: Path, data: bytes) -> None:
+    """Replace `path` with `data` at once: readers see the old file or the new one, never a part.
 
     The temporary name is this writer's own (host, process and thread): the nodes of a job write their shared run
     directory at the same moment, and with one name for all, one node's os.replace moved the file the other had
@@ -59,7 +64,7 @@ def write_text_atomic(path: Path, text: str) -> None:
     """
     tmp = path.with_name(f"{path.name}.{socket.gethostname()}.{os.getpid()}.{threading.get_ident()}.tmp")
     try:
-        tmp.write_text(text)
+        tmp.write_bytes(data)
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)

@@ -154,3 +154,19 @@ def test_plan_figure_is_sorted_marks_the_best_and_is_named_from_the_whole_model_
     order = sorted(rows, key=lambda r: (not r["plan"]["fits"], -r["plan"]["step"]["tokens_per_s_per_device"]
                                         if r["plan"]["fits"] else r["plan"]["ranks"][0]["memory"]["deepspeed"]["total"]))
     assert labels == [r["layout"] for r in order]
+
+
+@pytest.mark.parametrize("theirs", ["resolved.json", "notes.html", "photo.png"])
+def test_plan_out_never_overwrites_a_file_it_did_not_write(tmp_path, theirs):
+    """`plan out=RUN/resolved` replaced a run's resolved.json with a plan list (issue 29); its own files it replaces."""
+    stem, ext = theirs.rsplit(".", 1)
+    mine = tmp_path / theirs
+    mine.write_bytes(b"\x89PNG\r\n\x1a\n not ours" if ext == "png" else b'{"recipe_name": "x"}')
+    argv = [sys.executable, "-m", "launch", "plan", "world_size=4", f"out={tmp_path / stem}"]
+    p = subprocess.run(argv, cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 2 and p.stderr.count("\n") == 1 and "never overwritten" in p.stderr, p.stderr
+    assert mine.read_bytes().endswith((b"not ours", b'"x"}')) and not any(
+        (tmp_path / f"{stem}.{e}").exists() for e in ("png", "html", "json") if e != ext)
+    ours = [sys.executable, "-m", "launch", "plan", "world_size=4", f"out={tmp_path / 'p'}"]
+    for _ in range(2):  # the second time it replaces its own three files
+        assert subprocess.run(ours, cwd=tmp_path, capture_output=True, timeout=120).returncode == 0
