@@ -129,6 +129,9 @@ def cmd_plan(args: Sequence[str]) -> int:
              f"(seq {first.seq_len}, micro-batch {first.micro_batch_size}, {first.dtype}, {first.backend})")
     # The whole model name: a suffix swap would cut llama-3.1-8b at its dot.
     stem = opts["out"] or str(runs_root() / "plans" / f"{first.model.name}_{first.hardware.name}")
+    if Path(stem).is_dir() or stem.endswith(("/", ".")):
+        raise ConfigError("command line", "out", stem, "names a folder, not a file name",
+                          f"give a name in it, e.g. out={Path(stem) / 'plan'} (.png, .html and .json are added)")
     png_path, html_path, json_path = (Path(f"{stem}.{ext}") for ext in ("png", "html", "json"))
     for path in (png_path, html_path, json_path):  # all three checked before any is written
         problem = not_ours(path)

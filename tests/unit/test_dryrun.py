@@ -170,3 +170,12 @@ def test_plan_out_never_overwrites_a_file_it_did_not_write(tmp_path, theirs):
     ours = [sys.executable, "-m", "launch", "plan", "world_size=4", f"out={tmp_path / 'p'}"]
     for _ in range(2):  # the second time it replaces its own three files
         assert subprocess.run(ours, cwd=tmp_path, capture_output=True, timeout=120).returncode == 0
+
+
+@pytest.mark.parametrize("out", ["/", ".", "..", "{tmp}/"])
+def test_plan_out_naming_a_folder_is_refused(tmp_path, out):
+    out = out.format(tmp=tmp_path)
+    p = subprocess.run([sys.executable, "-m", "launch", "plan", "world_size=4", f"out={out}"], cwd=tmp_path,
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 2 and "names a folder" in p.stderr and p.stderr.count("\n") == 1, p.stderr
+    assert not list(tmp_path.glob(".*.png")) and not list(tmp_path.parent.glob(".png"))
