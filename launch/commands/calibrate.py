@@ -44,11 +44,12 @@ from launch.config.calibration import (
     Pass,
     fit_alpha_beta,
 )
+from launch.config.backends import traits
 from launch.config.commbench import groups_of
 from launch.config.grid import divisors
 from launch.config.resolve import Resolved, resolve_path
 from launch.errors import ConfigError
-from launch.plan.search import MAX_MICRO_BATCH, ZERO_STAGES
+from launch.plan.search import MAX_MICRO_BATCH
 from launch.run import envinfo, launcher
 from launch.run.rundir import RunDir
 
@@ -318,8 +319,6 @@ def _in_situ(recipe: str, overrides: list[str], resolved: Resolved, root: Path, 
     """Per backend and TP degree, on every rank of one node at once (launch/ranks/calibrate_pass.py): forward and backward
     of the backend's own model per micro-batch, TP collectives included; and at tp = 1 whole train_steps per ZeRO
     stage (STEP_VARIANTS), from which `_engine_costs` takes the engine's own cost."""
-    from launch.config.backends import traits
-
     gpn = resolved.recipe.hardware.gpus_per_node
     passes, samples = [], []
     for name in backends:
@@ -331,7 +330,10 @@ def _in_situ(recipe: str, overrides: list[str], resolved: Resolved, root: Path, 
                     "parallel.dp=auto", "hardware.nodes=1", "batch.micro_batch_size=1",
                     "parallel.offload_optimizer=none", "parallel.offload_params=none", "run.resume=never",
                     "run.profile=none"]
-            one = [f"batch.global_batch_size={gpn // tp}", "parallel.zero_stage=0"]
+            # The passes time the model alone: ZeRO-0 where the backend builds it with this TP degree, else its lowest
+            # stage that does (torch: FSDP2, whose gathers over dp = 1 within a node are local copies).
+            lowest = min(bt.tp_zero_stages) if tp > 1 else min(bt.zero_stages)
+            one = [f"batch.global_batch_size={gpn // tp}", f"parallel.zero_stage={lowest}"]
             variants = {}
             for ac, sp in modes:  # each on its own: one mode the resolver refuses leaves the others measured
                 try:
@@ -344,7 +346,7 @@ def _in_situ(recipe: str, overrides: list[str], resolved: Resolved, root: Path, 
                 continue
             modes = list(variants)
             steps = {}
-            for z in ZERO_STAGES if tp == 1 else ():
+            for z in bt.zero_stages if tp == 1 else ():
                 try:
                     for ga, ac in STEP_VARIANTS:
                         steps[(z, ga, ac)] = resolve_path(recipe, [*base, "parallel.sp=false", f"parallel.zero_stage={z}",
@@ -463,7 +465,8 @@ def _compute(recipe: str, overrides: list[str], resolved: Resolved, root: Path, 
     docs = [json.loads(cal.compute_file(root, i).read_text()) for i in range(gpn)]
     passes, samples = _in_situ(recipe, overrides, resolved, root, backends, mbs, iters, notes)
     compute = Compute(model=m.name, dtype=r.precision.dtype, seq_len=r.batch.seq_len, threads_per_rank=docs[0]["threads"],
-                      passes=passes, engine=tuple(EngineCost(b, z, 0.0, 0.0, 0.0) for b in backends for z in ZERO_STAGES),
+                      passes=passes, engine=tuple(EngineCost(b, z, 0.0, 0.0, 0.0) for b in backends
+                                   for z in traits(b).zero_stages),
                       adam_alpha_s=statistics.fmean(d["adam_alpha_s"] for d in docs),
                       adam_s_per_param=statistics.fmean(d["adam_s_per_param"] for d in docs),
                       data_s={b: statistics.fmean(d["data_s"][b] for d in docs) for b in docs[0]["data_s"]},

@@ -50,19 +50,30 @@ class BackendTraits:
     hf_modules: bool  # trains Hugging Face modules: unfused RMSNorm (fp32 saves), eager attention on CPU ranks
     autotp: bool  # DeepSpeed applies tensor parallelism itself (AutoTP) rather than the model's own layers
     offload: bool  # ZeRO's CPU/NVMe offload of optimizer state and parameters
+    offload_optimizer_alone: bool  # the optimizer state offloads without the parameters (FSDP2 moves all together)
+    zero_stages: tuple[int, ...]  # the parallel.zero_stage values it builds
     dtypes: tuple[str, ...]  # precision.dtype values the backend trains correctly
     tp: TpCollectives
     tp_sp: TpCollectives | None  # with sequence parallelism (None: the backend has none)
     step: StepCollectives
-    features: frozenset[str]  # of "pp", "sp", "vpp", "selective", "hpz" (ZeRO++ hierarchical partitioning)
+    features: frozenset[str]  # of "pp", "sp", "vpp", "selective", "hpz" (ZeRO++ hierarchical partitioning), "compile"
+    # What train.activation_checkpointing="selective" recomputes: "core_attention" (Megatron: the attention
+    # scores, dropped from the saved activations) or "every_other_block" (torchtitan's layer policy with
+    # n = SELECTIVE_EVERY: those blocks recompute fully, the others save everything).
+    selective: str
     pp_zero_stages: tuple[int, ...]  # ZeRO stages that combine with pipeline parallelism
     sp_zero_stages: tuple[int, ...]  # ZeRO stages that combine with sequence parallelism
+    tp_zero_stages: tuple[int, ...]  # ZeRO stages that combine with tensor parallelism
     pp_tied_embeddings: bool  # pipeline parallelism for a model whose output layer shares the embedding
-    reshard_on_resume: bool  # a checkpoint resumes onto another tp/dp degree (DeepSpeed's universal format)
+    reshard_on_resume: bool  # a checkpoint resumes onto another tp/dp degree (DeepSpeed's universal format, or DCP)
+    checkpoint_format: str  # "deepspeed" (the engine's files) or "dcp" (torch.distributed.checkpoint)
     requires: tuple[str, ...]  # packages the trainer imports, checked before launch without importing them
     # The DeepSpeed config fields this backend decides beyond the recipe's: (owned, recipe) -> owned, where
-    # owned maps a dotted DeepSpeed key to (value, the recipe field it comes from).
-    compose_ds_config: Callable[[dict[str, tuple[Any, str]], Any], dict[str, tuple[Any, str]]]
+    # owned maps a dotted DeepSpeed key to (value, the recipe field it comes from). None: no DeepSpeed at all.
+    compose_ds_config: Callable[[dict[str, tuple[Any, str]], Any], dict[str, tuple[Any, str]]] | None
+    # The backend's own refusals, after the resolver's shared checks: (where, recipe, model) raises ConfigError,
+    # where(dotted) naming the file that set a field.
+    check: Callable[[Callable[[str], str], Any, Any], None] | None = None
 
     def missing_packages(self) -> list[str]:
         import importlib.util
@@ -72,6 +83,32 @@ class BackendTraits:
     def rank_module(self) -> ModuleType:
         """The rank-side implementation: import only on a rank (launch.ranks.train) or to export."""
         return importlib.import_module(self.trainer)
+
+
+SELECTIVE_EVERY = 2  # torch backend, selective: every second decoder block recomputes (torchtitan's default n)
+
+
+def _torch_check(w: Callable[[str], str], recipe, model) -> None:
+    """What DDP and FSDP2 cannot build here, each refused with the nearest layout that they can."""
+    par = recipe.parallel
+    if par.zero_stage not in BACKENDS["torch"].zero_stages:
+        raise ConfigError(w("parallel.zero_stage"), "parallel.zero_stage", par.zero_stage,
+                          'has no torch equivalent (FSDP2 shards gradients with the optimizer state) on backend "torch"',
+                          "set parallel.zero_stage=2 (FSDP2, parameters kept gathered), 0 (DDP) or 3 (full sharding)")
+    if par.offload_optimizer != par.offload_params and not BACKENDS["torch"].offload_optimizer_alone:
+        # CPUOffloadPolicy moves parameters, gradients and the optimizer step to the host together.
+        raise ConfigError(w("parallel.offload_optimizer"), "parallel.offload_optimizer", par.offload_optimizer,
+                          f'differs from parallel.offload_params="{par.offload_params}"; FSDP2 offloads parameters, '
+                          "gradients and the optimizer step together",
+                          'set both to "cpu" with parallel.zero_stage=3, or both to "none"')
+    if par.offload_params == "nvme":
+        raise ConfigError(w("parallel.offload_params"), "parallel.offload_params", "nvme",
+                          'is not offered by FSDP2 (backend "torch" offloads to host memory only)',
+                          'set parallel.offload_params="cpu" and parallel.offload_optimizer="cpu", or backend = "deepspeed"')
+    if recipe.deepspeed.config is not None:
+        raise ConfigError(w("deepspeed.config"), "deepspeed.config", recipe.deepspeed.config,
+                          'is not used by backend "torch" (no DeepSpeed engine)',
+                          'remove deepspeed.config, or set backend = "deepspeed"')
 
 
 def _deepspeed_owned(owned: dict[str, tuple[Any, str]], recipe) -> dict[str, tuple[Any, str]]:
@@ -111,11 +148,12 @@ BACKENDS: dict[str, BackendTraits] = {
         # AutoTP (DeepSpeed 0.19.8 module_inject/layers.py): the row-parallel o_proj and down_proj all-reduce
         # their output in forward; the five column-parallel q, k, v, gate, up all-reduce their input gradient in
         # backward; lm_head is column-parallel (its input gradient all-reduced) and gathers the logits.
-        vocab_parallel=False, hf_modules=True, autotp=True, offload=True, dtypes=("bf16", "fp16", "fp32"),
+        vocab_parallel=False, hf_modules=True, autotp=True, offload=True, offload_optimizer_alone=True,
+        zero_stages=(0, 1, 2, 3), dtypes=("bf16", "fp16", "fp32"),
         tp=TpCollectives({"all_reduce": 2}, {"all_reduce": 5}, {}, {"all_reduce": 1}, logits_all_gathers=1), tp_sp=None,
         step=StepCollectives(),  # DeepSpeed clips and reduces; its gradient norm is the planner's data-parallel call
-        features=frozenset({"hpz"}), pp_zero_stages=(), sp_zero_stages=(), pp_tied_embeddings=False,
-        reshard_on_resume=True,
+        features=frozenset({"hpz"}), selective="", pp_zero_stages=(), sp_zero_stages=(), tp_zero_stages=(0, 1, 2, 3),
+        pp_tied_embeddings=False, reshard_on_resume=True, checkpoint_format="deepspeed",
         requires=("deepspeed", "transformers"), compose_ds_config=_deepspeed_owned),
     "megatron": BackendTraits(
         name="megatron", trainer="launch.ranks.trainers.megatron_backend",
@@ -131,7 +169,7 @@ BACKENDS: dict[str, BackendTraits] = {
         vocab_parallel=True, hf_modules=False, autotp=False,
         # Offload is untested with Megatron's layers; fp16 needs the loss scale applied inside Megatron's schedule
         # (its grad_scale_func), which is not wired to DeepSpeed's scaler yet.
-        offload=False, dtypes=("bf16", "fp32"),
+        offload=False, offload_optimizer_alone=False, zero_stages=(0, 1, 2, 3), dtypes=("bf16", "fp32"),
         tp=TpCollectives({"all_reduce": 2}, {"all_reduce": 2}, {"all_reduce": 1}, {"all_reduce": 1}, loss_all_reduces=3),
         # SP: the embedding reduce-scatters its output (all-gather in backward); the output layer gathers its
         # input, gathers it again for the weight gradient and reduce-scatters the input gradient.
@@ -141,19 +179,41 @@ BACKENDS: dict[str, BackendTraits] = {
         # launch/ranks/trainers/megatron_backend.py _schedule_step: the SP norm-gradient sum, its own clipping at ZeRO-0
         # (DeepSpeed's drops later pipeline stages' norms there), the loss broadcast from the last stage.
         step=StepCollectives(sp_norm_grads=True, clip_zero_stages=(0,), pp_loss_broadcast=True),
-        features=frozenset({"pp", "sp", "vpp", "selective"}),
+        features=frozenset({"pp", "sp", "vpp", "selective"}), selective="core_attention",
         # DeepSpeed partitions gradients (ZeRO-2) and parameters (ZeRO-3) in hooks inside its own backward,
         # which Megatron's pipeline schedules bypass; DeepSpeed's own pipeline engine has the same limit.
         pp_zero_stages=(0, 1),
         # Sequence-parallel norm gradients are summed over the TP group before DeepSpeed reduces them; under
         # ZeRO-2/3 DeepSpeed partitions them inside the backward, before that can happen.
-        sp_zero_stages=(0, 1),
+        sp_zero_stages=(0, 1), tp_zero_stages=(0, 1, 2, 3),
         # The last stage's copy of a tied embedding needs its gradient summed with the first stage's and kept
         # out of the gradient norm once; not built yet.
         pp_tied_embeddings=False,
         # Megatron's fused QKV and [gate; up] shards do not reshard by DeepSpeed's universal format.
-        reshard_on_resume=False, requires=("megatron.core", "deepspeed", "transformers"),
+        reshard_on_resume=False, checkpoint_format="deepspeed", requires=("megatron.core", "deepspeed", "transformers"),
         compose_ds_config=_megatron_owned),
+    "torch": BackendTraits(
+        name="torch", trainer="launch.ranks.trainers.torch_backend", accounting="torch",
+        # torchtitan's plan (launch/ranks/trainers/torch_backend.py _apply_tp): the embedding is row-parallel over the
+        # vocabulary, every Linear column- or row-parallel, lm_head column-parallel with its logits left split and
+        # the loss computed in loss_parallel. Counts per micro-batch measured from profiler traces
+        # (tests/dist/test_torch_collectives.py).
+        vocab_parallel=True, hf_modules=True, autotp=False, offload=True, offload_optimizer_alone=False,
+        # 0 DDP, 2 FSDP2 keeping parameters gathered from forward to backward, 3 full sharding. FSDP2 has no stage
+        # that shards the optimizer state alone (ZeRO-1).
+        zero_stages=(0, 2, 3), dtypes=("bf16", "fp16", "fp32"),
+        tp=TpCollectives({"all_reduce": 2}, {"all_reduce": 5}, {"all_reduce": 1}, {"all_reduce": 1}, loss_all_reduces=3),
+        tp_sp=TpCollectives({"all_gather": 2, "reduce_scatter": 2}, {"all_gather": 2, "reduce_scatter": 2},
+                            {"reduce_scatter": 1}, {"all_gather": 1}, loss_all_reduces=3),
+        step=StepCollectives(),  # the gradient norm: launch/plan/collectives.py counts it with the data-parallel traffic
+        features=frozenset({"sp", "selective", "compile"}), selective="every_other_block",
+        # torch.distributed.pipelining runs on gloo (probes/torch_pipelining_probe.py) but is not wired to this
+        # backend yet: parallel.pp is refused for it before launch.
+        pp_zero_stages=(), sp_zero_stages=(2, 3),
+        tp_zero_stages=(2, 3),  # torch DDP takes no DTensor parameters: TP composes with FSDP2 only
+        pp_tied_embeddings=False,
+        reshard_on_resume=True, checkpoint_format="dcp", requires=("transformers",),
+        compose_ds_config=None, check=_torch_check),
 }
 
 

@@ -212,7 +212,8 @@ def resolve(loaded: LoadedRecipe, world_size: int | None = None) -> Resolved:
                           f"is not divisible by parallel.tp={par.tp}; sequence parallelism splits the sequence over tp",
                           f"set batch.seq_len to a multiple of {par.tp}")
     bt = traits(r.backend, where=w("backend"))
-    with_feature = {f: sorted(n for n, b in BACKENDS.items() if f in b.features) for f in ("pp", "sp", "vpp", "selective", "hpz")}
+    with_feature = {f: sorted(n for n, b in BACKENDS.items() if f in b.features)
+                    for f in ("pp", "sp", "vpp", "selective", "hpz", "compile")}
     ac = train.activation_checkpointing
     for dotted, value, feature, used, off in [("parallel.pp", par.pp, "pp", par.pp > 1, "1"),
                                               ("parallel.sp", par.sp, "sp", par.sp, "false"),
@@ -220,7 +221,8 @@ def resolve(loaded: LoadedRecipe, world_size: int | None = None) -> Resolved:
                                               ("train.activation_checkpointing", ac, "selective", ac == "selective",
                                                '"full"'),
                                               ("parallel.zero_hpz_partition_size", par.zero_hpz_partition_size, "hpz",
-                                               par.zero_hpz_partition_size > 1, "1")]:
+                                               par.zero_hpz_partition_size > 1, "1"),
+                                              ("train.compile", train.compile, "compile", train.compile, "false")]:
         if used and feature not in bt.features:
             others = " or ".join(f'backend = "{n}"' for n in with_feature[feature])
             raise ConfigError(w(dotted), dotted, value, f'needs {others} (got "{r.backend}")',
@@ -305,19 +307,20 @@ def resolve(loaded: LoadedRecipe, world_size: int | None = None) -> Resolved:
         raise ConfigError(w("parallel.pp"), "parallel.pp", par.pp,
                           f"needs untied embeddings on backend \"{r.backend}\"; {model.name} ties its output layer "
                           "to the embedding", "set parallel.pp=1 (use tp or ZeRO), or a model with untied embeddings")
-    for dotted, used, stages in (("parallel.pp", par.pp > 1, bt.pp_zero_stages), ("parallel.sp", par.sp, bt.sp_zero_stages)):
+    for dotted, used, stages, value, off in (("parallel.pp", par.pp > 1, bt.pp_zero_stages, par.pp, "1"),
+                                             ("parallel.sp", par.sp, bt.sp_zero_stages, "true", "false"),
+                                             ("parallel.tp", par.tp > 1, bt.tp_zero_stages, par.tp, "1")):
         if used and par.zero_stage not in stages:
-            value = par.pp if dotted == "parallel.pp" else True
             raise ConfigError(w("parallel.zero_stage"), "parallel.zero_stage", par.zero_stage,
-                              f"cannot combine with {dotted}={str(value).lower()} on backend \"{r.backend}\" "
+                              f"cannot combine with {dotted}={value} on backend \"{r.backend}\" "
                               f"(supported: zero_stage {', '.join(map(str, stages))})",
-                              f"set parallel.zero_stage={max(stages)}, or {dotted}={'1' if dotted == 'parallel.pp' else 'false'}")
+                              f"set parallel.zero_stage={max(stages)}, or {dotted}={off}")
 
     # Precision vs hardware.
     if not hw.supports(r.precision.dtype):
         raise ConfigError(w("precision.dtype"), "precision.dtype", r.precision.dtype,
                           f"is not supported by {hw.device}", "set precision.dtype=\"fp16\" (with loss scaling)")
-    if hw.name == "cpu" and r.precision.dtype == "fp16":
+    if hw.name == "cpu" and r.precision.dtype == "fp16" and bt.compose_ds_config is not None:
         raise ConfigError(w("precision.dtype"), "precision.dtype", "fp16",
                           "is not supported by DeepSpeed on CPU ranks", 'set precision.dtype="fp32" or "bf16"')
     if r.run.profile == "nsys" and hw.name == "cpu":
@@ -343,6 +346,9 @@ def resolve(loaded: LoadedRecipe, world_size: int | None = None) -> Resolved:
         warnings.append("AutoTP with ZeRO-3 goes beyond DeepSpeed's documented AutoTP training support (ZeRO 0-2); "
                         "layoutlab's parity tests cover it")
 
+    if bt.check is not None:
+        bt.check(w, r, model)
+
     grid = RankGrid(par.tp, par.pp, dp, hw_s.gpus_per_node, hw_s.nodes)
     commbench_s = dataclasses.replace(r.commbench,
                                       max_bytes=r.commbench.max_bytes or commbench_spec.default_max_bytes(hw.name))
@@ -354,8 +360,8 @@ def resolve(loaded: LoadedRecipe, world_size: int | None = None) -> Resolved:
         data=dataclasses.replace(r.data, path=paths.get("data.path")),
         deepspeed=dataclasses.replace(r.deepspeed, config=paths.get("deepspeed.config")),
         run=dataclasses.replace(r.run, resume=resume))
-    # Both backends train through a DeepSpeed engine (ZeRO over the data-parallel group).
-    ds_config, ds_base = _deepspeed_config(loaded, recipe, grad_accum, hw)
+    # The deepspeed and megatron backends train through a DeepSpeed engine (ZeRO over the data-parallel group).
+    ds_config, ds_base = _deepspeed_config(loaded, recipe, grad_accum, hw) if bt.compose_ds_config else ({}, "")
     return Resolved(
         recipe_name=loaded.name, recipe_path=str(loaded.path), chain=loaded.chain, overrides=loaded.overrides,
         recipe=recipe, model=model, hardware=hw, grid=grid, grad_accum=grad_accum, ds_config=ds_config,

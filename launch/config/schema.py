@@ -75,6 +75,7 @@ class TrainSection:
     adam_beta2: float = 0.95
     grad_clip: float = 1.0  # 0 disables clipping
     activation_checkpointing: Literal["none", "full", "selective"] = "none"
+    compile: bool = False  # torch.compile each decoder block (backend "torch" only)
     checkpoint_every: int = 0  # 0: only at the end
     seed: int = 1234
 

@@ -63,7 +63,8 @@ def make_plan(layout: Layout, recipe_name: str = "", machine: Machine | None = N
     notes = [
         "zero_paper: Rajbhandari et al. 2020 (2 + 2 + 12 B/param, 16-bit); deepspeed: DeepSpeed 0.19.8's "
         "implementation and estimators; megatron: Megatron-Core 0.16.1's distributed optimizer (fp32 main grads), for "
-        "reference: both backends train through DeepSpeed's ZeRO",
+        "reference: the deepspeed and megatron backends train through DeepSpeed's ZeRO; torch: PyTorch's DDP and "
+        "FSDP2 (fp32 master parameters, gathered units in the compute dtype)",
         f"activations: Llama-family layer ({layout.model.architecture}), fused attention (no s×s scores kept), "
         f"activation_checkpointing={layout.activation_checkpointing}, sp={layout.sp}",
         f"allowance: {allowance_fixed / GiB:.1f} GiB runtime + {FRAGMENTATION:.0%} fragmentation",

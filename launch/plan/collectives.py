@@ -86,7 +86,9 @@ def communication(layout: Layout, timing: Timing = Timing(), stage: int = 0) -> 
     params, layers = stage_params(layout, stage)
     act = layout.seq_len * layout.micro_batch_size * m.hidden_size * e
     first = g.rank(0, 0, stage)  # the stage's groups are those of its first rank
-    if g.dp > 1:
+    if g.dp > 1 and traits(layout.backend).accounting == "torch":
+        out.extend(_torch_dp_traffic(layout, timing, g.dp_group(first), stage))
+    elif g.dp > 1:
         grp = g.dp_group(first)
         z = layout.zero_stage
         if z == 0:
@@ -164,6 +166,54 @@ def _step_collectives(layout: Layout, timing: Timing, stage: int, first: int, la
     return out
 
 
+
+
+# torch DDP's bucket caps (torch/nn/parallel/distributed.py): the first bucket is small so that the first all-reduce
+# starts early in the backward; later ones hold bucket_cap_mb=25 MiB of gradients.
+DDP_FIRST_BUCKET_BYTES = 1024 * 1024
+DDP_BUCKET_BYTES = 25 * 1024 * 1024
+
+
+def ddp_buckets(tensors: list[int], elem_bytes: int = 4) -> list[int]:
+    """Bytes of each DDP reduce bucket: gradients taken in reverse parameter order (the order the backward makes them),
+    a bucket closing once it reaches its cap (torch's _compute_bucket_assignment_by_size)."""
+    out, size = [], 0
+    for n in reversed(tensors):
+        size += n * elem_bytes
+        if size >= (DDP_FIRST_BUCKET_BYTES if not out else DDP_BUCKET_BYTES):
+            out.append(size)
+            size = 0
+    return out + ([size] if size else [])
+
+
+def _torch_dp_traffic(layout: Layout, timing: Timing, grp: tuple[int, ...], stage: int) -> list[Comm]:
+    """The torch backend over the data-parallel group. DDP: one all-reduce per bucket of fp32 gradients at the last
+    micro-batch (the others run under no_sync). FSDP2, every micro-batch: one all-gather per unit (each decoder
+    block, then the root) before its forward, again before a block's backward at stage 3 (the root stays gathered),
+    and one fp32 reduce-scatter per unit after its backward. Then the gradient norm (one fp32 all-reduce of the
+    sharded gradients' squares; DDP's are whole) and the loop's loss mean."""
+    e, mbs, layers = layout.elem_bytes, layout.grad_accum, layout.model.num_layers // layout.grid.pp
+    tensors = rank_parameters(layout, stage)
+    params = sum(tensors)
+    out = []
+    if layout.zero_stage == 0:
+        sizes = ddp_buckets(tensors)
+        out.append(_comm(layout, timing, "dp", "all_reduce", grp, len(sizes), sum(sizes) / len(sizes),
+                         f"DDP: fp32 gradients, {len(sizes)} bucket(s) at the last micro-batch, overlapping the backward"))
+    else:
+        units = layers + 1
+        gathers = units + (layers if layout.zero_stage == 3 else 0)
+        out.append(_comm(layout, timing, "dp", "all_gather", grp, mbs * gathers, e * params / units,
+                         f"FSDP2: each of {layers} blocks and the root before its forward"
+                         + (", each block again before its backward" if layout.zero_stage == 3 else "")
+                         + " every micro-batch"))
+        out.append(_comm(layout, timing, "dp", "reduce_scatter", grp, mbs * units, 4 * params / units,
+                         "FSDP2: fp32 gradients, one call per unit after its backward, every micro-batch"))
+    norm = layout.zero_stage != 0
+    out.append(_comm(layout, timing, "dp", "all_reduce", grp, 1 + norm, 4,
+                     "one fp32 each: the logged loss mean (the loop)" + (" and the sharded gradient norm" if norm else ""),
+                     after_step=True))
+    return out
 
 
 def _zero3_traffic(layout: Layout, timing: Timing, grp: tuple[int, ...], reduce_calls: int, stage: int) -> list[Comm]:

@@ -9,10 +9,15 @@ Accountings of model-state memory (all three are computed; the fit check uses th
                     a partition of 16-bit and fp32 grads, fp32 master, m and v (2 + 18/N B); ZeRO-1 keeps the
                     16-bit grads whole; ZeRO-3 keeps 18/N B plus the largest layer gathered (4 B × its
                     params); ZeRO-0 keeps fp32 master and fp32 grads beside the 16-bit copies (20 B).
-  * "megatron"    — for reference (both backends train through DeepSpeed's ZeRO, so their fit check uses
-                    "deepspeed"): Megatron-Core 0.16.1: bf16 weights 2 B, fp32 main grads 4 B (bf16 training accumulates
-                    gradients in fp32), optimizer 12 B; with the distributed optimizer (zero_stage >= 1) the
+  * "megatron"    — for reference (the deepspeed and megatron backends train through DeepSpeed's ZeRO, so their fit
+                    check uses "deepspeed"): Megatron-Core 0.16.1: bf16 weights 2 B, fp32 main grads 4 B (bf16 training
+                    accumulates gradients in fp32), optimizer 12 B; with the distributed optimizer (zero_stage >= 1) the
                     12 B are split over the data-parallel group (6 + 12/d, as its docs state).
+  * "torch"       — PyTorch 2.13's DDP and FSDP2 (the torch backend): fp32 parameters are the master copy and Adam's
+                    m and v are fp32, so DDP holds 4 + 4 + 8 = 16 B/param (gradients as views of its reduce buckets),
+                    plus under autocast the 16-bit weight copies saved from forward to backward; FSDP2 shards the
+                    16 B over the data-parallel group and gathers units in the compute dtype while they run
+                    (`fsdp_gathered`).
 
 Activations are derived per layer from the architecture (see `activation_terms`): the Llama family
 (SwiGLU, GQA, RMSNorm, no dropout, fused attention that keeps no s×s scores) or the GPT layer of
@@ -23,11 +28,11 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from launch.config.backends import traits
+from launch.config.backends import SELECTIVE_EVERY, traits
 from launch.plan.layout import Layout, RankPlan, bucket, int_or, persistence_threshold
 from launch.units import GiB
 
-ACCOUNTINGS = ("zero_paper", "deepspeed", "megatron")
+ACCOUNTINGS = ("zero_paper", "deepspeed", "megatron", "torch")
 # A fixed runtime allowance (CUDA context, NCCL channels, cuBLAS workspace) plus allocator
 # fragmentation as a fraction of everything else; both are stated in plan.json.
 RUNTIME_ALLOWANCE_GPU = 1 * GiB
@@ -113,6 +118,31 @@ def largest_layer_params(layout: Layout) -> int:
     return big // layout.grid.tp if traits(layout.backend).vocab_parallel else big
 
 
+def fsdp_units(layout: Layout, stage: int = 0) -> tuple[int, int]:
+    """(the root unit's parameters, one decoder block's) on one rank before sharding: the torch backend's FSDP2 shards
+    each decoder block as a unit and the rest (embedding, final norm, output layer) in the root."""
+    m = layout.model
+    t = layout.grid.tp
+    root = block = 0
+    for info in m.parameters():
+        n = info.numel // t if _tp_split(layout, info.split) else info.numel
+        if info.layer in (-1, m.num_layers):
+            root += n
+        elif info.layer == 0:
+            block += n
+    return root, block
+
+
+def fsdp_gathered(layout: Layout, params: int) -> int:
+    """Parameters FSDP2 holds gathered at its peak: the root (FSDP2 keeps the root gathered from forward to backward)
+    and two blocks at stage 3 (the one computing and the next, prefetched); every unit at stage 2
+    (reshard_after_forward=False keeps each block gathered until its backward)."""
+    if layout.zero_stage == 2:
+        return params
+    root, block = fsdp_units(layout)
+    return min(params, root + 2 * block)
+
+
 # --------------------------------------------------------------------------- model states
 
 
@@ -177,6 +207,22 @@ def model_states(layout: Layout, params: int, accounting: str) -> tuple[int, int
         o = math.ceil(opt / d) if z >= 1 else opt
         if z >= 3:
             w, g = math.ceil(w / d), math.ceil(g / d)
+    elif accounting == "torch":
+        # fp32 parameters (the master copy), fp32 gradients (FSDP2 reduces in fp32) and AdamW's fp32 m and v.
+        if z == 0:
+            # DDP: everything whole; gradients are views of the reduce buckets. Under autocast the 16-bit copies of
+            # the weights are saved for the backward.
+            w, g, o = 4 * params + (e * params if mixed else 0), 4 * params, 8 * params
+        else:
+            # FSDP2: the 16 B sharded over dp (each tensor padded to a multiple of dp rows, ignored here), plus the
+            # gathered units in the compute dtype, and one block's and the root's unsharded gradients in the backward.
+            root, block = fsdp_units(layout)
+            gathered = e * fsdp_gathered(layout, params)
+            shard = -(-params // d)
+            w, g, o = 4 * shard + gathered, 4 * shard + e * min(params, root + block), 8 * shard
+            if off_par:  # CPUOffloadPolicy: sharded parameters, gradients and the optimizer step live on the host
+                host += 16 * shard
+                w, g, o = gathered, e * min(params, root + block), 0
     else:
         raise ValueError(f"unknown accounting {accounting}")
     if accounting == "zero_paper" and off_opt:
@@ -281,9 +327,16 @@ def stage_activations(layout: Layout, stage: int) -> int:
     b = layout.micro_batch_size
     terms = _model_terms(layout, b)
     layers = m.num_layers // p
-    per_layer = layer_activation_bytes(terms, t=t, sp=layout.sp, activation_checkpointing=layout.activation_checkpointing)
-    stored = layers * per_layer
-    if layout.activation_checkpointing == "full":
+    ac = layout.activation_checkpointing
+    if ac == "selective" and traits(layout.backend).selective == "every_other_block":
+        # Blocks 0, n, 2n, ... recompute fully (launch.config.backends.SELECTIVE_EVERY); the others save everything.
+        full = -(-layers // SELECTIVE_EVERY)
+        stored = (full * layer_activation_bytes(terms, t=t, sp=layout.sp, activation_checkpointing="full")
+                  + (layers - full) * layer_activation_bytes(terms, t=t, sp=layout.sp))
+        ac = "full"  # one recomputed block's activations are alive at once, as below
+    else:
+        stored = layers * layer_activation_bytes(terms, t=t, sp=layout.sp, activation_checkpointing=ac)
+    if ac == "full":
         # While one layer is recomputed, its full activation set is alive once.
         stored += layer_activation_bytes(terms, t=t, sp=layout.sp, activation_checkpointing="none")
     if stage == p - 1:
@@ -299,8 +352,10 @@ def stage_activations(layout: Layout, stage: int) -> int:
 
 
 def buffers(layout: Layout, params: int) -> int:
-    """Communication buffers DeepSpeed allocates (elements × element size), capped by the rank's parameters."""
-    if layout.grid.dp == 1 and layout.zero_stage == 0:
+    """Communication buffers DeepSpeed allocates (elements × element size), capped by the rank's parameters. The
+    torch backend has none beyond its model states: DDP's buckets are its gradients, FSDP2 gathers into the units'
+    parameters."""
+    if layout.grid.dp == 1 and layout.zero_stage == 0 or traits(layout.backend).accounting == "torch":
         return 0
     z, e, zo = layout.zero_stage, layout.elem_bytes, layout.ds_zero
     reduce = min(bucket(layout, "reduce_bucket_size"), params)

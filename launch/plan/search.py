@@ -16,7 +16,6 @@ from launch.plan.layout import Plan
 from launch.units import GiB
 
 MAX_MICRO_BATCH = 16  # the largest micro-batch tried (and calibrated)
-ZERO_STAGES = (0, 1, 2, 3)
 
 
 @dataclass(frozen=True)
@@ -54,7 +53,7 @@ def layouts(resolved: Resolved) -> list[tuple[str, tuple[str, ...]]]:
                     continue
                 dp = world // (tp * pp)
                 for sp in (False, True) if tp > 1 and "sp" in bt.features else (False,):
-                    for zero in ZERO_STAGES:
+                    for zero in bt.zero_stages:
                         for ac in ("none", "selective", "full") if "selective" in bt.features else ("none", "full"):
                             for mb in [b for b in divisors(gbs // dp) if b <= MAX_MICRO_BATCH] if gbs % dp == 0 else []:
                                 label = (f"{backend} tp{tp} pp{pp} dp{dp} z{zero}" + (" sp" if sp else "")
@@ -66,8 +65,9 @@ def layouts(resolved: Resolved) -> list[tuple[str, tuple[str, ...]]]:
                                 out.append((label, ov))
                                 if cpu or not bt.offload or zero == 0:
                                     continue
-                                out.append((label + " off=opt", ov[:-2] + ("parallel.offload_optimizer=cpu",
-                                                                            "parallel.offload_params=none")))
+                                if bt.offload_optimizer_alone:
+                                    out.append((label + " off=opt", ov[:-2] + ("parallel.offload_optimizer=cpu",
+                                                                                "parallel.offload_params=none")))
                                 if zero == 3:
                                     out.append((label + " off=opt+params", ov[:-2] + ("parallel.offload_optimizer=cpu",
                                                                                        "parallel.offload_params=cpu")))

@@ -1,7 +1,8 @@
 """Checkpoint bookkeeping, torch-free: which checkpoints are complete, which one a run continues, whether
 its layout can load it, and DeepSpeed's universal conversion for a new layout.
 
-Both backends save through a DeepSpeed engine into `checkpoints/step{N}/`; rank 0 writes the marker
+The deepspeed and megatron backends save through a DeepSpeed engine into `checkpoints/step{N}/`, the torch backend
+a torch.distributed.checkpoint folder there; rank 0 writes the marker
 (`layoutlab_checkpoint.json`) last, after every rank finished, so a save killed half-way is never resumed.
 The CLI uses this before any rank starts (to refuse an impossible resume in one line), the training
 loop on the ranks, and `launch export`.
@@ -52,6 +53,8 @@ def check_resume_compatible(ckpt: Checkpoint, resolved: Resolved) -> bool:
     if info.get("model") != resolved.model.name:
         raise ResumeError(f"{ckpt.dir}: checkpoint holds model {info.get('model')!r}, this run trains "
                           f"{resolved.model.name!r}; set run.resume=never to start fresh")
+    if traits(resolved.recipe.backend).checkpoint_format == "dcp":
+        return False  # torch.distributed.checkpoint reshards onto any tp, dp and zero stage as it loads
     z_old, z_new = info["zero_stage"], par.zero_stage  # complete_checkpoints checked the marker's fields
     if z_old != z_new and not {z_old, z_new} <= {1, 2}:
         raise ResumeError(

@@ -51,8 +51,9 @@ MB4 = ("batch.micro_batch_size=4",)
 def _calibration(**changes) -> Calibration:
     # Of each forward: 0.2 ms before the first decoder layer, 4 ms × b / tp inside the layers, the rest (0.8 ms) after.
     passes = tuple(Pass(backend, tp, sp, b, ac, 0.004 * b / tp + 0.001, 0.006 * b / tp + 0.002, 0.0002, 0.004 * b / tp)
-                   for backend, modes in (("deepspeed", ("none", "full")), ("megatron", ("none", "full", "selective")))
-                   for tp in (1, 2) for sp in ((False, True) if tp > 1 and backend == "megatron" else (False,))
+                   for backend, modes in (("deepspeed", ("none", "full")), ("megatron", ("none", "full", "selective")),
+                                          ("torch", ("none", "full", "selective")))
+                   for tp in (1, 2) for sp in ((False, True) if tp > 1 and backend != "deepspeed" else (False,))
                    for b in (1, 2, 4, 8) for ac in modes)
     fields = dict(
         created="2026-12-01T00:00:00+00:00", machine_kind=envinfo.machine_kind(),
@@ -62,7 +63,7 @@ def _calibration(**changes) -> Calibration:
                           for op in ("all_reduce", "all_gather", "reduce_scatter", "send_recv", "broadcast")),
         compute=Compute(model="tiny-llama", dtype="fp32", seq_len=64, threads_per_rank=1,
                         passes=passes, engine=tuple(EngineCost(b, z, 0.0005 + 0.001 * (z + 1), 0.002, 0.0003 * z)
-                                                    for b in ("deepspeed", "megatron") for z in range(4)),
+                                                    for b in ("deepspeed", "megatron", "torch") for z in range(4)),
                         adam_alpha_s=1e-4, adam_s_per_param=1e-8, how="test"))
     fields.update(changes)
     return Calibration(**fields)

@@ -39,8 +39,13 @@ def test_folder_name_agrees_with_fields(path):
             seen["ac"] = "full" if tok == "ac" else "selective"
         elif tok in ("offload", "nvme"):
             seen["offload"] = tok
+        elif tok in ("ddp", "fsdp2"):  # the torch backend's data parallelism: DDP is stage 0, FSDP2 full sharding 3
+            seen["backend"] = "torch"
+            seen.setdefault("zero", 0 if tok == "ddp" else 3)
         else:
             pytest.fail(f"{path.name}: unknown name token {tok!r}")
+    if "backend" in seen:
+        assert r.recipe.backend == seen["backend"]
     assert seen.get("tp", 1) == par.tp
     assert seen.get("pp", 1) == par.pp
     assert seen.get("vpp", 1) == par.vpp

@@ -31,7 +31,9 @@ def test_ranking_holds_only_what_fits_and_what_the_resolver_builds():
     fit = ranked(cands)
     assert fit and all(c.fits for c in fit) and len(fit) == sum(c.fits for c in cands)
     refused = [c for c in cands if c.plan is None]
-    assert len(refused) == 48 and all("zero_stage" in c.refused for c in refused)  # Megatron's PP/SP × ZeRO-2/3
+    # Megatron's PP/SP × ZeRO-2/3 (48); torch DDP with TP 2, with and without SP: 2 × 3 checkpointing modes × micro-
+    # batches 1, 2, 4, 8 (24).
+    assert len(refused) == 48 + 24 and all("zero_stage" in c.refused for c in refused)
     # The nominal cpu profile: every extra all-reduce costs its nominal latency, so of two layouts differing only
     # in stage, ZeRO-0 (one gradient all-reduce) ranks above ZeRO-3 (a gather per persistent parameter).
     order = [c.label for c in fit]
@@ -48,13 +50,14 @@ def test_calibrated_layouts_are_ranked_apart_from_nominal_ones(tmp_path):
         calib.compute, passes=tuple(p for p in calib.compute.passes if p.backend == "deepspeed")))
     cands = candidates(str(RECIPES / "tiny_zero2"), [f"hardware.profile={_write(tmp_path, ds_only, 'ds.json')}"], envinfo.machine())
     fit = ranked(cands)
-    # Without Megatron passes only the deepspeed backend's layouts are timed: Megatron's stay out of the ranking.
+    # Without Megatron's and torch's passes only the deepspeed backend's layouts are timed: theirs stay out.
     assert fit and {c.plan.step.timing for c in fit} == {"calibrated"}
     assert all(c.label.startswith("deepspeed") for c in fit)
     assert any(c.fits and c.label.startswith("megatron") for c in cands)
-    # With them, both backends' layouts are ranked together.
+    assert any(c.fits and c.label.startswith("torch") for c in cands)
+    # With them, every backend's layouts are ranked together.
     both = ranked(candidates(str(RECIPES / "tiny_zero2"), [f"hardware.profile={_write(tmp_path, calib)}"], envinfo.machine()))
-    assert {c.label.split()[0] for c in both} == {"deepspeed", "megatron"}
+    assert {c.label.split()[0] for c in both} == {"deepspeed", "megatron", "torch"}
 
 
 def test_offload_is_tried_only_where_the_layout_does_not_fit_without_it():
@@ -139,9 +142,9 @@ def test_every_candidate_is_either_ranked_or_dropped_with_a_counted_reason(tmp_p
     rec = recommend(cands)
     assert rec.tried == len(cands) == len(rec.ranked) + sum(n for _, n in rec.dropped)
     reasons = dict(rec.dropped)
-    # 48 Megatron PP/SP × ZeRO-2/3 layouts cannot be built; every fitting layout, pipelines included (a
-    # calibration times their stages), is ranked on the calibration.
-    assert sum(n for why, n in reasons.items() if why.startswith("parallel.zero_stage")) == 48
+    # 48 Megatron PP/SP × ZeRO-2/3 layouts and 24 torch DDP × TP ones cannot be built; every fitting layout, pipelines
+    # included (a calibration times their stages), is ranked on the calibration.
+    assert sum(n for why, n in reasons.items() if why.startswith("parallel.zero_stage")) == 48 + 24
     pipelined_fit = sum(c.fits and " pp1 " not in c.label for c in cands)
     assert sum(" pp1 " not in c.label for c in rec.ranked) == pipelined_fit > 0
     assert not [why for why in reasons if why.startswith("not ranked")]

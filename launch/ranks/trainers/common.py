@@ -83,8 +83,9 @@ def run_rank(run_dir: str, body: Callable[..., int]) -> int:
         watchdog.stop()
 
 
-def init_process_group(cuda: bool, timeout_s: float) -> None:
-    """The default process group, then DeepSpeed's communication layer on top of it (it adopts a group that exists).
+def init_process_group(cuda: bool, timeout_s: float, *, deepspeed_comm: bool = True) -> None:
+    """The default process group, then (`deepspeed_comm`) DeepSpeed's communication layer on top of it (it adopts a
+    group that exists); the torch backend starts no DeepSpeed.
 
     Keys in the rendezvous store are prefixed with torchrun's restart count: a group that torchrun restarts
     (run.max_restarts) meets in the same store, and without the prefix a restarted rank read the dead group's gloo
@@ -92,7 +93,6 @@ def init_process_group(cuda: bool, timeout_s: float) -> None:
     """
     import datetime as dt
 
-    import deepspeed
     import torch.distributed as dist
 
     timeout = dt.timedelta(seconds=timeout_s)
@@ -101,7 +101,10 @@ def init_process_group(cuda: bool, timeout_s: float) -> None:
         store, rank, world_size = next(dist.rendezvous("env://", timeout=timeout))
         store = dist.PrefixStore(f"layoutlab/attempt{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}", store)
         dist.init_process_group(backend, store=store, rank=rank, world_size=world_size, timeout=timeout)
-    deepspeed.init_distributed(dist_backend=backend, timeout=timeout)
+    if deepspeed_comm:
+        import deepspeed
+
+        deepspeed.init_distributed(dist_backend=backend, timeout=timeout)
 
 
 def die_with_parent() -> None:
@@ -274,8 +277,7 @@ def build_model(resolved: Resolved, device_is_cuda: bool):
     from transformers import AutoModelForCausalLM
 
     config = hf_config(resolved.model)
-    # Eager attention on CPU ranks keeps the parity tests' numerics exactly reproducible; GPUs use SDPA (fused).
-    attn = "sdpa" if device_is_cuda else "eager"
+    attn = attention_implementation(device_is_cuda)
     weights = resolved.recipe.model.weights
     if weights:
         path = Path(resolved.recipe_path).parent / weights
@@ -286,6 +288,11 @@ def build_model(resolved: Resolved, device_is_cuda: bool):
         torch.manual_seed(resolved.recipe.train.seed)  # identical weights on every rank
         model = AutoModelForCausalLM.from_config(config, dtype=torch.float32, attn_implementation=attn)
     return model
+
+
+def attention_implementation(device_is_cuda: bool) -> str:
+    # Eager attention on CPU ranks keeps the parity tests' numerics exactly reproducible; GPUs use SDPA (fused).
+    return "sdpa" if device_is_cuda else "eager"
 
 
 def data_source(resolved: Resolved):

@@ -1,0 +1,353 @@
+"""Torch-native backend: PyTorch's own DDP, FSDP2 (`fully_shard`) and DTensor tensor + sequence parallelism on a
+Hugging Face causal LM, composed the way torchtitan's `parallelize_llama` composes them. No DeepSpeed.
+
+Parallelism is applied one function per dimension, in this order, from the rank grid in resolved.json:
+  1. `_mesh`: the device mesh ("dp", "tp"), laid out in the grid's rank order (tp fastest), so the loop's
+     data-parallel coordinates hold;
+  2. `_apply_tp`: tensor (+ sequence) parallelism, torchtitan's Llama plan through `parallelize_module`; the output
+     layer keeps its logits split over the vocabulary and the loss is computed in `loss_parallel`;
+  3. `_apply_ac`: activation checkpointing, `full` (every block) or `selective` (every second block: torchtitan's
+     layer policy with n = 2, SELECTIVE_EVERY), each chosen block wrapped in `checkpoint_wrapper`;
+  4. `_apply_compile`: every block compiled in place (`Module.compile`), so parameter names, and with them
+     checkpoints, are the eager model's;
+  5. `_apply_dp`: zero_stage 0 torch DDP (bucketed all-reduce overlapped with the backward), 2 FSDP2 keeping the
+     gathered parameters from forward to backward (`reshard_after_forward=False`), 3 FSDP2 full sharding.
+
+Steps 2-5 (DDP excepted) apply to a skeleton on the meta device. Each rank then allocates only its own shards and
+receives them from rank 0, which alone builds the whole fp32 model (the recipe's weights, or the seeded random init
+every backend starts from): no other rank ever holds the whole model.
+
+Checkpoints are `torch.distributed.checkpoint` folders of the sharded model and AdamW state: they load onto any
+tp, dp or zero stage of this backend (DCP reshards), every tensor's shape checked first.
+"""
+from __future__ import annotations
+
+import contextlib
+from pathlib import Path
+from typing import Callable
+
+import torch
+import torch.distributed as dist
+
+from launch.config.backends import SELECTIVE_EVERY
+from launch.config.resolve import Resolved
+from launch.ranks.hf import hf_config
+from launch.ranks.trainers import common
+from launch.ranks.trainers.protocol import BuildContext, StepOutput
+from launch.run.checkpoints import Checkpoint, ResumeError
+
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+
+
+def init_distributed(resolved: Resolved, cuda: bool) -> None:
+    common.init_process_group(cuda, resolved.recipe.run.timeout_s, deepspeed_comm=False)
+
+
+def _mesh(resolved: Resolved, cuda: bool):
+    """The grid as a DeviceMesh: row-major over (dp, tp) is the grid's tp-fastest order (launch/config/grid.py)."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    g = resolved.grid
+    return init_device_mesh("cuda" if cuda else "cpu", (g.dp, g.tp), mesh_dim_names=("dp", "tp"))
+
+
+def _apply_tp(model, tp_mesh, sp: bool) -> None:
+    """torchtitan's Llama plan on Hugging Face module names. With SP the residual stream between blocks is split
+    along the sequence (Shard(1)), the norms run on their shard, and attention and MLP gather it on entry."""
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        PrepareModuleInput,
+        RowwiseParallel,
+        SequenceParallel,
+        parallelize_module,
+    )
+
+    between = Shard(1) if sp else Replicate()
+    top = {"model.embed_tokens": RowwiseParallel(input_layouts=Replicate(), output_layouts=between),
+           # logits stay split over the vocabulary: the loss runs in loss_parallel (TorchTrainer._loss)
+           "lm_head": ColwiseParallel(input_layouts=between, output_layouts=Shard(-1), use_local_output=False)}
+    if sp:
+        top["model.norm"] = SequenceParallel()
+    parallelize_module(model, tp_mesh, top)
+    for layer in model.model.layers:
+        plan = {"self_attn.q_proj": ColwiseParallel(), "self_attn.k_proj": ColwiseParallel(),
+                "self_attn.v_proj": ColwiseParallel(), "self_attn.o_proj": RowwiseParallel(output_layouts=between),
+                "mlp.gate_proj": ColwiseParallel(), "mlp.up_proj": ColwiseParallel(),
+                "mlp.down_proj": RowwiseParallel(output_layouts=between)}
+        if sp:
+            plan.update({
+                "input_layernorm": SequenceParallel(), "post_attention_layernorm": SequenceParallel(),
+                # Hugging Face's decoder layer passes the attention input by keyword, the MLP's by position.
+                "self_attn": PrepareModuleInput(input_kwarg_layouts={"hidden_states": Shard(1)},
+                                                desired_input_kwarg_layouts={"hidden_states": Replicate()}),
+                "mlp": PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),))})
+        parallelize_module(layer, tp_mesh, plan)
+    if model.config.tie_word_embeddings:
+        # parallelize_module replaced each module's parameter on its own; both are Shard(0) over the vocabulary.
+        model.lm_head.weight = model.model.embed_tokens.weight
+
+
+def _apply_ac(model, mode: str) -> None:
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+
+    if mode == "none":
+        return
+    every = 1 if mode == "full" else SELECTIVE_EVERY
+    layers = model.model.layers
+    for i, layer in enumerate(layers):
+        if i % every == 0:
+            layers[i] = checkpoint_wrapper(layer, preserve_rng_state=False)
+
+
+def _apply_compile(model, on: bool) -> None:
+    if on:
+        for layer in model.model.layers:
+            layer.compile()
+
+
+def _apply_dp(model, mesh, resolved: Resolved, cuda: bool):
+    """FSDP2 over the data-parallel mesh (each block, then the root); DDP is applied after loading (`_wrap_ddp`)."""
+    from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
+
+    par, dtype = resolved.recipe.parallel, DTYPES[resolved.recipe.precision.dtype]
+    if par.zero_stage == 0:
+        return model
+    kw = {"mesh": mesh["dp"], "reshard_after_forward": par.zero_stage == 3}
+    if dtype != torch.float32:
+        kw["mp_policy"] = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32)
+    if par.offload_params != "none":
+        kw["offload_policy"] = CPUOffloadPolicy(pin_memory=cuda)
+    for layer in model.model.layers:
+        fully_shard(layer, **kw)
+    fully_shard(model, **kw)
+    return model
+
+
+def _wrap_ddp(model, mesh, cuda: bool, local_rank: int):
+    from torch.nn.parallel import DistributedDataParallel
+
+    # Gradients as views of the reduce buckets: one copy of them, not two.
+    return DistributedDataParallel(model, process_group=mesh["dp"].get_group(), gradient_as_bucket_view=True,
+                                   device_ids=[local_rank] if cuda else None)
+
+
+def _skeleton(resolved: Resolved, cuda: bool):
+    from transformers import AutoModelForCausalLM
+
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(hf_config(resolved.model), dtype=torch.float32,
+                                                 attn_implementation=common.attention_implementation(cuda))
+    model.config.use_cache = False
+    return model
+
+
+def _materialise(model, resolved: Resolved, device) -> None:
+    """Allocate this rank's shards and fill them from rank 0's full model; recompute the non-persistent buffers (the
+    rotary frequencies), which no state dict carries."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+    model.to_empty(device=device)
+    rotary = model.model.rotary_emb
+    with torch.device("cpu"):
+        fresh = type(rotary)(model.config)
+    for name, buf in fresh.named_buffers():
+        rotary.get_buffer(name).copy_(buf)
+    full = common.build_model(resolved, device.type == "cuda").state_dict() if dist.get_rank() == 0 else {}
+    set_model_state_dict(model, full, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))
+
+
+class TorchTrainer:
+    def __init__(self, ctx: BuildContext) -> None:
+        resolved, par, train = ctx.resolved, ctx.resolved.recipe.parallel, ctx.resolved.recipe.train
+        self.resolved, self.cuda, self.device = resolved, ctx.cuda, ctx.device
+        self.dtype = DTYPES[resolved.recipe.precision.dtype]
+        self.mesh = _mesh(resolved, ctx.cuda)
+        self.tp = par.tp
+        model = _skeleton(resolved, ctx.cuda)
+        if par.tp > 1:
+            _apply_tp(model, self.mesh["tp"], par.sp)
+        self.layer_calls = common.count_layer_calls(model)
+        _apply_ac(model, train.activation_checkpointing)
+        _apply_compile(model, train.compile)
+        _apply_dp(model, self.mesh, resolved, ctx.cuda)
+        _materialise(model, resolved, torch.device("cpu") if par.offload_params != "none" else ctx.device)
+        model.train()  # transformers builds models in eval mode
+        self.inner = model
+        self.decoder_layers = list(model.model.layers)
+        self.ddp = par.zero_stage == 0 and resolved.grid.dp > 1
+        self.model = _wrap_ddp(model, self.mesh, ctx.cuda, ctx.env.local_rank) if self.ddp else model
+        dp_mesh = self.mesh["dp"]
+        self.dp_rank, self.dp_world = dp_mesh.get_local_rank(), dp_mesh.size()
+        self.dp_group = dp_mesh.get_group() if self.dp_world > 1 else None
+        self.param_numel_local = sum(_local(p).numel() for p in model.parameters())
+        self.optimizer = torch.optim.AdamW(model.parameters(), lr=train.lr, betas=(train.adam_beta1, train.adam_beta2),
+                                           eps=1e-8, weight_decay=train.weight_decay, foreach=True)
+        self.scaler = None
+        if self.dtype == torch.float16:  # the T4 has no bf16: loss scaling, sharded where the gradients are
+            from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
+
+            device_type = ctx.device.type
+            self.scaler = (torch.amp.GradScaler(device_type) if par.zero_stage == 0
+                           else ShardedGradScaler(device_type, process_group=dp_mesh.get_group()))
+        seq = resolved.recipe.batch.seq_len
+        self.positions = torch.arange(seq, device=ctx.device).unsqueeze(0)
+        # Eager attention (CPU ranks) takes a materialised causal mask, which Hugging Face sizes from the embedding's
+        # output: under SP that is the local sequence shard, while attention runs on the whole sequence. A 4-D mask
+        # of the whole sequence is used as given. SDPA (GPUs) needs none: it runs causal on what it sees.
+        self.mask = None
+        if common.attention_implementation(ctx.cuda) == "eager":
+            self.mask = torch.full((seq, seq), torch.finfo(torch.float32).min, device=ctx.device).triu(1)[None, None]
+
+    def set_lr(self, lr: float) -> None:
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+
+    def _autocast(self):
+        # FSDP2 casts the parameters itself (MixedPrecisionPolicy); DDP trains fp32 parameters under autocast.
+        if self.dtype != torch.float32 and self.resolved.recipe.parallel.zero_stage == 0:
+            return torch.autocast(self.device.type, dtype=self.dtype)
+        return contextlib.nullcontext()
+
+    def _loss(self, model, rows):
+        """Next-token cross entropy over positions 0..s-2 (Hugging Face's shift), on vocabulary-split logits under TP.
+        Positions are passed explicitly: under SP the model would take them from its local sequence shard."""
+        from torch.distributed.tensor.parallel import loss_parallel
+
+        with self._autocast():
+            logits = model(input_ids=rows, position_ids=self.positions, attention_mask=self.mask).logits
+        flat = logits[:, :-1].flatten(0, 1).float()
+        with loss_parallel() if self.tp > 1 else contextlib.nullcontext():
+            return torch.nn.functional.cross_entropy(flat, rows[:, 1:].flatten())
+
+    def train_step(self, micro_batch: Callable) -> StepOutput:
+        from torch.distributed.tensor.parallel import loss_parallel
+
+        ga, cuda = self.resolved.grad_accum, self.cuda
+        losses = []
+        for micro in range(ga):
+            rows = micro_batch(micro)
+            last = micro == ga - 1
+            sync = self.model.no_sync() if self.ddp and not last else contextlib.nullcontext()
+            with sync:
+                with common.region("forward", cuda):
+                    loss = self._loss(self.model, rows)
+                with common.region("backward", cuda), loss_parallel() if self.tp > 1 else contextlib.nullcontext():
+                    scaled = loss / ga
+                    (self.scaler.scale(scaled) if self.scaler is not None else scaled).backward()
+            losses.append(_local(loss.detach()).float())  # a replicated DTensor under loss_parallel
+        with common.region("optimizer", cuda):
+            if self.scaler is not None:
+                self.scaler.unscale_(self.optimizer)
+            norm = self._clip()
+            if self.scaler is not None:
+                self.scaler.step(self.optimizer)
+                self.scaler.update()
+            else:
+                self.optimizer.step()
+            # DDP keeps its gradients as views of the reduce buckets, which live on whatever is done here.
+            self.optimizer.zero_grad(set_to_none=not self.ddp)
+        return StepOutput(torch.stack(losses).mean(), norm)
+
+    def _clip(self) -> float:
+        """The whole gradient's L2 norm (DTensor shards reduced over their mesh), then clipping to train.grad_clip."""
+        from torch.distributed.tensor import DTensor
+
+        params = [p for p in self.inner.parameters() if p.grad is not None]
+        norm = torch.nn.utils.get_total_norm([p.grad for p in params], norm_type=2.0, foreach=True)
+        if isinstance(norm, DTensor):
+            norm = norm.full_tensor()
+        clip = self.resolved.recipe.train.grad_clip
+        if clip > 0:
+            torch.nn.utils.clip_grads_with_norm_(params, clip, norm, foreach=True)
+        return float(norm)
+
+    def loss(self, rows):
+        return self._loss(self.inner, rows)
+
+    def _state(self) -> dict:
+        from torch.distributed.checkpoint.state_dict import get_state_dict
+
+        model_sd, optim_sd = get_state_dict(self.model, self.optimizer)
+        return {"model": model_sd, "optim": optim_sd}
+
+    def save(self, checkpoints: Path, tag: str, step: int) -> None:
+        import torch.distributed.checkpoint as dcp
+
+        dcp.save(self._state(), checkpoint_id=str(checkpoints / tag))
+
+    def load(self, ckpt: Checkpoint) -> int:
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import set_state_dict
+
+        state = self._state()
+        _check_shapes(ckpt, state["model"])
+        dcp.load(state, checkpoint_id=str(ckpt.dir))
+        set_state_dict(self.model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+        return ckpt.step
+
+    def state_bytes(self) -> dict[str, int]:
+        """Bytes held between steps, each storage once: the (sharded) fp32 parameters, the gradients (DDP's reduce
+        buckets; FSDP2 frees its sharded gradients in zero_grad), and AdamW's state."""
+        seen: set[int] = set()
+
+        def count(tensors) -> int:
+            total = 0
+            for t in tensors:
+                if t is None:
+                    continue
+                s = _local(t).untyped_storage()
+                if s.nbytes() and s.data_ptr() not in seen:
+                    seen.add(s.data_ptr())
+                    total += s.nbytes()
+            return total
+
+        params = list(self.inner.parameters())
+        weights = count(params)
+        grads = count(p.grad for p in params)
+        optimizer = count(v for st in self.optimizer.state.values() for v in st.values() if torch.is_tensor(v))
+        return {"weights": weights, "grads": grads, "optimizer": optimizer}
+
+
+def _local(t):
+    from torch.distributed.tensor import DTensor
+
+    return t.to_local() if isinstance(t, DTensor) else t
+
+
+def _check_shapes(ckpt: Checkpoint, model_sd: dict) -> None:
+    """Every tensor this model loads must exist in the checkpoint with the same global shape: DCP would otherwise load
+    a slice of a different model, or fail deep inside its planner."""
+    import torch.distributed.checkpoint as dcp
+
+    try:
+        saved = dcp.FileSystemReader(str(ckpt.dir)).read_metadata().state_dict_metadata
+    except (OSError, ValueError, RuntimeError) as e:
+        raise ResumeError(f"{ckpt.dir}: not a readable torch.distributed.checkpoint folder ({e})") from None
+    wrong = []
+    for name, tensor in model_sd.items():
+        meta = saved.get(f"model.{name}")
+        have = tuple(getattr(meta, "size", ())) if meta is not None else None
+        if have != tuple(tensor.shape):
+            wrong.append(f"{name}: checkpoint {have if have is not None else 'missing'}, model {tuple(tensor.shape)}")
+    if wrong:
+        more = f" (and {len(wrong) - 3} more)" if len(wrong) > 3 else ""
+        raise ResumeError(f"{ckpt.dir}: checkpoint does not fit this model: {'; '.join(wrong[:3])}{more}; "
+                          "set run.resume=never to start fresh")
+
+
+def build(ctx: BuildContext) -> TorchTrainer:
+    return TorchTrainer(ctx)
+
+
+def export_hf_state(resolved: Resolved, ckpt: Checkpoint) -> dict:
+    """The model half of a DCP checkpoint, every tensor whole in fp32, read without a process group."""
+    import torch.distributed.checkpoint as dcp
+
+    reader = dcp.FileSystemReader(str(ckpt.dir))
+    state = {}
+    for key, meta in reader.read_metadata().state_dict_metadata.items():
+        if key.startswith("model.") and hasattr(meta, "size"):
+            state[key] = torch.empty(tuple(meta.size), dtype=meta.properties.dtype)
+    dcp.load(state, storage_reader=reader, no_dist=True)
+    return {k.removeprefix("model."): v.float() for k, v in state.items()}
