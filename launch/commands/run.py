@@ -17,7 +17,7 @@ from launch.config.resolve import Resolved, resolve_path
 from launch.errors import ConfigError
 from launch.plan.build import plan_resolved
 from launch.run import envinfo, launcher, nodes
-from launch.run.failures import failure_summary
+from launch.run.failures import failure_summary, users_to_mend
 from launch.run.nodes import shared_run_dir
 from launch.run.rundir import RunDir, runs_root
 from launch.run.timesource import time_source
@@ -105,6 +105,8 @@ def cmd_run(args: Sequence[str]) -> int:
     if rc != 0:
         for line in failure_summary(run, resolved.world_size):
             print(line, file=sys.stderr)
+        if users_to_mend(run, resolved.world_size):
+            return 2
     return rc
 
 

@@ -29,6 +29,9 @@ class TpCollectives:
     output: Mapping[str, int]  # activation-sized, at the output layer (last pipeline stage)
     loss_all_reduces: int = 0  # one fp32 value per token: a vocab-parallel cross entropy (last stage)
     logits_all_gathers: int = 0  # the full-vocabulary logits (AutoTP's lm_head)
+    # per norm (two per decoder layer, the final norm on the last stage): its weight's gradient, summed over TP in
+    # the backward (DTensor's SequenceParallel norms; Megatron sums them once per step: StepCollectives.sp_norm_grads)
+    norm_grad_all_reduces: int = 0
 
 
 @dataclass(frozen=True)
@@ -203,9 +206,13 @@ BACKENDS: dict[str, BackendTraits] = {
         # that shards the optimizer state alone (ZeRO-1).
         zero_stages=(0, 2, 3), dtypes=("bf16", "fp16", "fp32"),
         tp=TpCollectives({"all_reduce": 2}, {"all_reduce": 5}, {"all_reduce": 1}, {"all_reduce": 1}, loss_all_reduces=3),
+        # With SP the row-parallel outputs reduce-scatter and the column-parallel inputs all-gather, each mirrored in
+        # the backward; the embedding reduce-scatters its output, lm_head gathers its input.
         tp_sp=TpCollectives({"all_gather": 2, "reduce_scatter": 2}, {"all_gather": 2, "reduce_scatter": 2},
-                            {"reduce_scatter": 1}, {"all_gather": 1}, loss_all_reduces=3),
-        step=StepCollectives(),  # the gradient norm: launch/plan/collectives.py counts it with the data-parallel traffic
+                            {"reduce_scatter": 1, "all_gather": 1}, {"all_gather": 1, "reduce_scatter": 1},
+                            loss_all_reduces=3, norm_grad_all_reduces=1),
+        # The gradient norm is reduced per mesh (launch/plan/collectives.py _torch_norm_calls).
+        step=StepCollectives(),
         features=frozenset({"sp", "selective", "compile"}), selective="every_other_block",
         # torch.distributed.pipelining runs on gloo (probes/torch_pipelining_probe.py) but is not wired to this
         # backend yet: parallel.pp is refused for it before launch.

@@ -49,6 +49,7 @@ class TpCalls:
     head: int  # activation-sized, around the embedding and the output layer
     loss: int  # one fp32 value per token (a vocab-parallel cross entropy)
     logits: int  # full-vocabulary logits gathered
+    norms: int = 0  # one norm weight's gradient each (hidden_size values)
 
 
 def tp_calls(backend: str, *, sp: bool, layers: int, micro_batches: int, activation_checkpointing: str, first_stage: bool = True,
@@ -65,13 +66,15 @@ def tp_calls(backend: str, *, sp: bool, layers: int, micro_batches: int, activat
     head = Counter(tc.embedding if first_stage else {}) + Counter(tc.output if last_stage else {})
     loss = tc.loss_all_reduces if last_stage else 0
     logits = tc.logits_all_gathers if last_stage else 0
+    norms = tc.norm_grad_all_reduces * (2 * layers + last_stage)
     out = []
-    for coll in sorted(set(tc.layer_forward) | set(tc.layer_backward) | set(head) | ({"all_reduce"} if loss else set())
-                       | ({"all_gather"} if logits else set())):
+    for coll in sorted(set(tc.layer_forward) | set(tc.layer_backward) | set(head)
+                       | ({"all_reduce"} if loss or norms else set()) | ({"all_gather"} if logits else set())):
         per_layer = tc.layer_forward.get(coll, 0) * forwards + tc.layer_backward.get(coll, 0)
         out.append(TpCalls(coll, per_layer * layers * micro_batches, head.get(coll, 0) * micro_batches,
                            (loss if coll == "all_reduce" else 0) * micro_batches,
-                           (logits if coll == "all_gather" else 0) * micro_batches))
+                           (logits if coll == "all_gather" else 0) * micro_batches,
+                           (norms if coll == "all_reduce" else 0) * micro_batches))
     return out
 
 
@@ -129,6 +132,10 @@ def communication(layout: Layout, timing: Timing = Timing(), stage: int = 0) -> 
             if c.logits:
                 out.append(_comm(layout, timing, "tp", c.collective, grp, c.logits, sb * m.vocab_size * e,
                                  "AutoTP lm_head gathers the full-vocabulary logits every micro-batch"))
+            if c.norms:
+                out.append(_comm(layout, timing, par, c.collective, grp, c.norms, 4 * m.hidden_size,
+                                 "sequence-parallel norm weights' gradients, one call per norm every micro-batch"))
+        out.extend(_torch_norm_calls(layout, timing, first, "tp"))
     if g.pp > 1:
         grp = (g.pp_group(0)[0], g.pp_group(0)[1])  # every boundary moves the same activations
         msg = act / g.tp if layout.sp else act
@@ -187,12 +194,12 @@ def ddp_buckets(tensors: list[int], elem_bytes: int = 4) -> list[int]:
 
 
 def _torch_dp_traffic(layout: Layout, timing: Timing, grp: tuple[int, ...], stage: int) -> list[Comm]:
-    """The torch backend over the data-parallel group. DDP: one all-reduce per bucket of fp32 gradients at the last
-    micro-batch (the others run under no_sync). FSDP2, every micro-batch: one all-gather per unit (each decoder
-    block, then the root) before its forward, again before a block's backward at stage 3 (the root stays gathered),
-    and one fp32 reduce-scatter per unit after its backward. Then the gradient norm (one fp32 all-reduce of the
-    sharded gradients' squares; DDP's are whole) and the loop's loss mean."""
-    e, mbs, layers = layout.elem_bytes, layout.grad_accum, layout.model.num_layers // layout.grid.pp
+    """The torch backend over the data-parallel group (counted in traces: tests/dist/test_torch_collectives.py). DDP:
+    one all-reduce per bucket of fp32 gradients at the last micro-batch (the others run under no_sync). FSDP2, every
+    micro-batch: one all-gather per unit (each decoder block and the root) before its forward, again before its
+    backward at stage 3, and one fp32 reduce-scatter per unit after its backward. Then the loop's loss mean and the
+    gradient norm's reductions (`_torch_norm_calls`)."""
+    g, e, mbs, layers = layout.grid, layout.elem_bytes, layout.grad_accum, layout.model.num_layers // layout.grid.pp
     tensors = rank_parameters(layout, stage)
     params = sum(tensors)
     out = []
@@ -202,18 +209,32 @@ def _torch_dp_traffic(layout: Layout, timing: Timing, grp: tuple[int, ...], stag
                          f"DDP: fp32 gradients, {len(sizes)} bucket(s) at the last micro-batch, overlapping the backward"))
     else:
         units = layers + 1
-        gathers = units + (layers if layout.zero_stage == 3 else 0)
+        gathers = units * (2 if layout.zero_stage == 3 else 1)
         out.append(_comm(layout, timing, "dp", "all_gather", grp, mbs * gathers, e * params / units,
                          f"FSDP2: each of {layers} blocks and the root before its forward"
-                         + (", each block again before its backward" if layout.zero_stage == 3 else "")
+                         + (", each again before its backward" if layout.zero_stage == 3 else "")
                          + " every micro-batch"))
         out.append(_comm(layout, timing, "dp", "reduce_scatter", grp, mbs * units, 4 * params / units,
                          "FSDP2: fp32 gradients, one call per unit after its backward, every micro-batch"))
-    norm = layout.zero_stage != 0
-    out.append(_comm(layout, timing, "dp", "all_reduce", grp, 1 + norm, 4,
-                     "one fp32 each: the logged loss mean (the loop)" + (" and the sharded gradient norm" if norm else ""),
+    out.append(_comm(layout, timing, "dp", "all_reduce", grp, 1, 4, "one fp32: the logged loss mean (the loop)",
                      after_step=True))
-    return out
+    return out + _torch_norm_calls(layout, timing, g.rank(0, 0, stage), "dp")
+
+
+def _torch_norm_calls(layout: Layout, timing: Timing, first: int, over: str) -> list[Comm]:
+    """The torch backend's gradient norm: each mesh's partial norm reduced over each of its sharded dimensions
+    (DTensor.full_tensor, one fp32 call per dimension). FSDP2 shards over dp; TP puts every TP'd parameter on the
+    dp × tp mesh, and without SP the norms stay on the dp mesh alone, a second call over dp. DDP's are whole."""
+    g = layout.grid
+    if traits(layout.backend).accounting != "torch" or layout.zero_stage == 0:
+        return []
+    if over == "tp":
+        return [_comm(layout, timing, "tp", "all_reduce", g.tp_group(first), 1, 4,
+                      "the gradient norm's partial sum over TP", after_step=True)] if g.tp > 1 else []
+    calls = 1 + (g.tp > 1 and not layout.sp)
+    return [_comm(layout, timing, "dp", "all_reduce", g.dp_group(first), calls, 4,
+                  "the gradient norm's partial sums over dp" + (", one per mesh" if calls > 1 else ""),
+                  after_step=True)] if g.dp > 1 else []
 
 
 def _zero3_traffic(layout: Layout, timing: Timing, grp: tuple[int, ...], reduce_calls: int, stage: int) -> list[Comm]:

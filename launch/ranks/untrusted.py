@@ -25,6 +25,15 @@ ALLOWED = {
     "deepspeed.runtime.zero.config.ZeroStageEnum": "DeepSpeed 0.19.8 optimizer states (ZeRO 1-3)",
 }
 CHECKPOINT_SUFFIXES = (".pt", ".pth", ".bin", ".ckpt")
+# torch.distributed.checkpoint (the torch backend's checkpoints) writes `.metadata` with pickle and its own reader
+# loads it with a bare pickle.load: here it is read by an unpickler that builds these objects and torch dtypes only.
+DCP_METADATA = ".metadata"
+DCP_METADATA_GLOBALS = {
+    ("torch.distributed.checkpoint.metadata", name) for name in (
+        "Metadata", "TensorStorageMetadata", "BytesStorageMetadata", "ChunkStorageMetadata", "TensorProperties",
+        "MetadataIndex", "StorageMeta", "_MEM_FORMAT_ENCODING")
+} | {("torch.distributed.checkpoint.filesystem", "_StorageInfo"), ("torch", "Size"),
+     ("torch.serialization", "_get_layout"), ("pathlib", "PosixPath")}
 
 
 class UntrustedFileError(RuntimeError):
@@ -72,12 +81,57 @@ def guard() -> None:
     torch.load = load
 
 
+def read_dcp_metadata(path: Path):
+    """A torch.distributed.checkpoint `.metadata` file, unpickled with only DCP_METADATA_GLOBALS (and torch dtypes)
+    constructible: anything else it names raises UntrustedFileError before it is built."""
+    import pickle
+
+    import torch
+
+    class Restricted(pickle.Unpickler):
+        def find_class(self, module, name):
+            if (module, name) in DCP_METADATA_GLOBALS or (
+                    module == "torch" and isinstance(getattr(torch, name, None), torch.dtype)):
+                return super().find_class(module, name)
+            raise UntrustedFileError(f"{path}: names {module}.{name}, which torch.distributed.checkpoint does not write "
+                                     "into its metadata; refused, never unpickled (a pickle runs what it names)")
+
+    try:
+        with open(path, "rb") as f:
+            return Restricted(f).load()
+    except UntrustedFileError:
+        raise
+    except Exception as e:  # truncated, or not a pickle at all
+        raise UntrustedFileError(f"{path}: not readable as checkpoint metadata ({_first_line(e)})") from None
+
+
+def dcp_reader(folder: Path):
+    """torch.distributed.checkpoint's FileSystemReader for `folder`, reading its metadata through read_dcp_metadata.
+    The tensors themselves it reads as raw bytes, and other saved objects with torch.load (weights-only: guard())."""
+    from torch.distributed.checkpoint import FileSystemReader
+    from torch.distributed.checkpoint.metadata import StorageMeta
+
+    class Reader(FileSystemReader):
+        def read_metadata(self, *args, **kwargs):
+            metadata = read_dcp_metadata(Path(folder) / DCP_METADATA)
+            if getattr(metadata, "storage_meta", None) is None:
+                metadata.storage_meta = StorageMeta()
+            metadata.storage_meta.load_id = self.load_id
+            return metadata
+
+    return Reader(str(folder))
+
+
 def check(paths: list[Path]) -> None:
     """Raise UntrustedFileError for the first checkpoint file under `paths` (files or folders) that names an object
-    outside torch's weights-only set and ALLOWED. Reads the pickles' opcodes only; unpickles nothing."""
+    outside torch's weights-only set and ALLOWED, or a DCP metadata file that names one outside DCP_METADATA_GLOBALS.
+    Reads the pickles' opcodes only (the metadata through the restricted unpickler); runs nothing they name."""
     import torch
 
     for path in paths:
+        if path.is_dir():
+            for meta in sorted(path.rglob(DCP_METADATA)):
+                read_dcp_metadata(meta)
         files = sorted(p for p in path.rglob("*") if p.suffix in CHECKPOINT_SUFFIXES) if path.is_dir() else [path]
         for f in files:
             try:

@@ -26,3 +26,16 @@ def failure_summary(run: RunDir, world_size: int) -> list[str]:
         lines.append(f"  rank {rank}: " + "; ".join(x for x in (step, said) if x) if (step or said) else
                      f"  rank {rank}: no failure recorded (killed, or stopped by torchrun); see {run.stderr(rank)}")
     return lines
+
+
+def users_to_mend(run: RunDir, world_size: int) -> bool:
+    """Whether a rank ended on what the user must change (its failure record's kind "resume": a checkpoint that cannot
+    load, a file refused as untrusted), which the run then reports with exit 2 like any bad input."""
+    for rank in range(world_size):
+        try:
+            record = json.loads(run.failure(rank).read_text())
+        except (OSError, ValueError):
+            continue
+        if isinstance(record, dict) and record.get("kind") == "resume":
+            return True
+    return False

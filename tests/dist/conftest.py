@@ -61,6 +61,31 @@ MEGATRON_LAYOUTS = {
 }
 
 
+# The torch backend (DDP, FSDP2, DTensor TP/SP) on TORCH, each the whole global batch of SHORT. fsdp2_z3 and tp2_dp2
+# carry checkpoints for the torch checkpoint tests; the profiled ones serve the collective tests.
+TORCH = "recipes/tiny_fsdp2"
+TORCH_LAYOUTS = {
+    "ddp": ("hardware.gpus_per_node=2", "parallel.zero_stage=0", "batch.micro_batch_size=2", *PROFILE_ONE_STEP),
+    "fsdp2_z2": ("hardware.gpus_per_node=2", "parallel.zero_stage=2", "batch.micro_batch_size=2", *PROFILE_ONE_STEP),
+    "fsdp2_z3": ("hardware.gpus_per_node=2", "parallel.zero_stage=3", "batch.micro_batch_size=2", *PROFILE_ONE_STEP,
+                 *EVERY_5),
+    "tp2": ("hardware.gpus_per_node=2", "parallel.tp=2", "parallel.zero_stage=3", "batch.micro_batch_size=4",
+            *PROFILE_ONE_STEP),
+    "tp2_sp": ("hardware.gpus_per_node=2", "parallel.tp=2", "parallel.sp=true", "parallel.zero_stage=3",
+               "batch.micro_batch_size=4", *PROFILE_ONE_STEP),
+    "tp2_dp2": ("hardware.gpus_per_node=4", "parallel.tp=2", "parallel.zero_stage=3", "batch.micro_batch_size=2",
+                *PROFILE_ONE_STEP, *EVERY_5),
+    "tp2_dp2_sp": ("hardware.gpus_per_node=4", "parallel.tp=2", "parallel.sp=true", "parallel.zero_stage=3",
+                   "batch.micro_batch_size=2", *PROFILE_ONE_STEP),
+    "ac_full": ("hardware.gpus_per_node=2", "parallel.zero_stage=3", "batch.micro_batch_size=2",
+                "train.activation_checkpointing=full"),
+    "ac_selective": ("hardware.gpus_per_node=2", "parallel.zero_stage=3", "batch.micro_batch_size=2",
+                     "train.activation_checkpointing=selective"),
+    "compile_ac_full": ("hardware.gpus_per_node=2", "parallel.zero_stage=3", "batch.micro_batch_size=2",
+                        "train.activation_checkpointing=full", "train.compile=true"),
+}
+
+
 # A small collective sweep (8 B .. 16 KiB): read back by the commbench tests; on 2 ranks, the report test's ceiling.
 BENCH = ("run.mode=commbench", "commbench.max_bytes=16384", "commbench.warmup_iters=1", "commbench.iters=2")
 

@@ -116,3 +116,34 @@ def test_model_weights_must_be_safetensors_without_custom_code(tmp_path):
     p = subprocess.run(["bash", "launch/run.sh", str(TINY), f"model.weights={weights}"], cwd=REPO, env=env,
                        capture_output=True, text=True, timeout=300)
     assert p.returncode == 2 and "auto_map" in p.stderr and not (tmp_path / "runs").exists(), p.stderr
+
+
+def test_dcp_metadata_is_read_with_its_own_objects_only(tmp_path):
+    """torch.distributed.checkpoint (the torch backend's checkpoints) unpickles `.metadata` with a bare pickle.load;
+    ours reads it with DCP's own classes only. A real one loads; a crafted one is refused and never runs."""
+    import pickle
+
+    import torch.distributed.checkpoint as dcp
+
+    real = tmp_path / "real"
+    dcp.save({"model": {"w": torch.arange(6.0).reshape(2, 3)}, "step": 5}, checkpoint_id=str(real), no_dist=True)
+    meta = untrusted.read_dcp_metadata(real / ".metadata")
+    assert tuple(meta.state_dict_metadata["model.w"].size) == (2, 3)
+    untrusted.check([real])
+    back = {"model": {"w": torch.zeros(2, 3)}}
+    dcp.load(back, storage_reader=untrusted.dcp_reader(real), no_dist=True)
+    assert back["model"]["w"].tolist() == [[0.0, 1.0, 2.0], [3.0, 4.0, 5.0]]
+
+    marker = tmp_path / "MARKER"
+    crafted = tmp_path / "crafted"
+    crafted.mkdir()
+    (crafted / ".metadata").write_bytes(pickle.dumps(Boom(marker)))
+    with pytest.raises(untrusted.UntrustedFileError, match=r"\.metadata: names (posix|os)\.system"):
+        untrusted.check([crafted])
+    # DCP wraps what its reader raises in its own CheckpointException; the refusal is what it says
+    with pytest.raises(Exception, match=r"\.metadata: names (posix|os)\.system"):
+        dcp.load({"w": torch.zeros(1)}, storage_reader=untrusted.dcp_reader(crafted), no_dist=True)
+    assert not marker.exists()
+    (crafted / ".metadata").write_bytes(pickle.dumps(meta)[:40])  # truncated
+    with pytest.raises(untrusted.UntrustedFileError, match="not readable"):
+        untrusted.check([crafted])

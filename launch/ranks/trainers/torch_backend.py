@@ -34,6 +34,7 @@ from launch.config.resolve import Resolved
 from launch.ranks.hf import hf_config
 from launch.ranks.trainers import common
 from launch.ranks.trainers.protocol import BuildContext, StepOutput
+from launch.ranks.untrusted import DCP_METADATA, dcp_reader, read_dcp_metadata
 from launch.run.checkpoints import Checkpoint, ResumeError
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
@@ -128,8 +129,9 @@ def _wrap_ddp(model, mesh, cuda: bool, local_rank: int):
     from torch.nn.parallel import DistributedDataParallel
 
     # Gradients as views of the reduce buckets: one copy of them, not two.
+    # No buffer broadcast before every forward: the only buffers are the rotary frequencies, equal on every rank.
     return DistributedDataParallel(model, process_group=mesh["dp"].get_group(), gradient_as_bucket_view=True,
-                                   device_ids=[local_rank] if cuda else None)
+                                   broadcast_buffers=False, device_ids=[local_rank] if cuda else None)
 
 
 def _skeleton(resolved: Resolved, cuda: bool):
@@ -167,7 +169,8 @@ class TorchTrainer:
         model = _skeleton(resolved, ctx.cuda)
         if par.tp > 1:
             _apply_tp(model, self.mesh["tp"], par.sp)
-        self.layer_calls = common.count_layer_calls(model)
+        # Counting is a Python side effect inside each block: compiled, it would break the graphs of checkpointed blocks.
+        self.layer_calls = [] if train.compile else common.count_layer_calls(model)
         _apply_ac(model, train.activation_checkpointing)
         _apply_compile(model, train.compile)
         _apply_dp(model, self.mesh, resolved, ctx.cuda)
@@ -192,6 +195,7 @@ class TorchTrainer:
                            else ShardedGradScaler(device_type, process_group=dp_mesh.get_group()))
         seq = resolved.recipe.batch.seq_len
         self.positions = torch.arange(seq, device=ctx.device).unsqueeze(0)
+        self.compile_pending = train.compile
         # Eager attention (CPU ranks) takes a materialised causal mask, which Hugging Face sizes from the embedding's
         # output: under SP that is the local sequence shard, while attention runs on the whole sequence. A 4-D mask
         # of the whole sequence is used as given. SDPA (GPUs) needs none: it runs causal on what it sees.
@@ -247,19 +251,34 @@ class TorchTrainer:
                 self.optimizer.step()
             # DDP keeps its gradients as views of the reduce buckets, which live on whatever is done here.
             self.optimizer.zero_grad(set_to_none=not self.ddp)
+        if self.compile_pending:  # after the first step has compiled every block: say what was compiled, in the rank log
+            from torch._dynamo.utils import counters
+
+            self.compile_pending = False
+            breaks = counters["graph_break"]
+            print(f"torch.compile: {counters['stats']['unique_graphs']} graphs, {sum(breaks.values())} graph breaks"
+                  + "".join(f"\n  graph break ×{n}: {why}" for why, n in breaks.items()), flush=True)
         return StepOutput(torch.stack(losses).mean(), norm)
 
     def _clip(self) -> float:
-        """The whole gradient's L2 norm (DTensor shards reduced over their mesh), then clipping to train.grad_clip."""
+        """The whole gradient's L2 norm, then clipping to train.grad_clip. Gradients live on different meshes (with TP
+        but no SP the norms' are sharded over dp alone, the rest over dp × tp): each mesh's norm is reduced over it,
+        then the parts are combined."""
         from torch.distributed.tensor import DTensor
 
-        params = [p for p in self.inner.parameters() if p.grad is not None]
-        norm = torch.nn.utils.get_total_norm([p.grad for p in params], norm_type=2.0, foreach=True)
-        if isinstance(norm, DTensor):
-            norm = norm.full_tensor()
+        by_mesh: dict = {}
+        for p in self.inner.parameters():
+            if p.grad is not None:
+                by_mesh.setdefault(p.grad.device_mesh if isinstance(p.grad, DTensor) else None, []).append(p)
+        parts = []
+        for params in by_mesh.values():
+            part = torch.nn.utils.get_total_norm([p.grad for p in params], norm_type=2.0, foreach=True)
+            parts.append(part.full_tensor() if isinstance(part, DTensor) else part)
+        norm = torch.linalg.vector_norm(torch.stack(parts))
         clip = self.resolved.recipe.train.grad_clip
         if clip > 0:
-            torch.nn.utils.clip_grads_with_norm_(params, clip, norm, foreach=True)
+            for params in by_mesh.values():  # foreach kernels take one mesh at a time
+                torch.nn.utils.clip_grads_with_norm_(params, clip, norm, foreach=True)
         return float(norm)
 
     def loss(self, rows):
@@ -282,7 +301,7 @@ class TorchTrainer:
 
         state = self._state()
         _check_shapes(ckpt, state["model"])
-        dcp.load(state, checkpoint_id=str(ckpt.dir))
+        dcp.load(state, storage_reader=dcp_reader(ckpt.dir))
         set_state_dict(self.model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
         return ckpt.step
 
@@ -318,11 +337,9 @@ def _local(t):
 def _check_shapes(ckpt: Checkpoint, model_sd: dict) -> None:
     """Every tensor this model loads must exist in the checkpoint with the same global shape: DCP would otherwise load
     a slice of a different model, or fail deep inside its planner."""
-    import torch.distributed.checkpoint as dcp
-
     try:
-        saved = dcp.FileSystemReader(str(ckpt.dir)).read_metadata().state_dict_metadata
-    except (OSError, ValueError, RuntimeError) as e:
+        saved = read_dcp_metadata(ckpt.dir / DCP_METADATA).state_dict_metadata
+    except OSError as e:
         raise ResumeError(f"{ckpt.dir}: not a readable torch.distributed.checkpoint folder ({e})") from None
     wrong = []
     for name, tensor in model_sd.items():
@@ -344,7 +361,7 @@ def export_hf_state(resolved: Resolved, ckpt: Checkpoint) -> dict:
     """The model half of a DCP checkpoint, every tensor whole in fp32, read without a process group."""
     import torch.distributed.checkpoint as dcp
 
-    reader = dcp.FileSystemReader(str(ckpt.dir))
+    reader = dcp_reader(ckpt.dir)
     state = {}
     for key, meta in reader.read_metadata().state_dict_metadata.items():
         if key.startswith("model.") and hasattr(meta, "size"):

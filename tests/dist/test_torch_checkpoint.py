@@ -1,0 +1,102 @@
+"""torch backend checkpoints (torch.distributed.checkpoint): resume bit-identical, reshard onto another tp, dp or zero
+stage, refuse a checkpoint of another model in one line, export a Hugging Face folder that reproduces the logged loss.
+
+Resharded resumes continue the uninterrupted curve within 1e-5 (test_torch_parity.py says why that tolerance): the
+layouts already agree with each other to that level, and DCP restores every fp32 parameter and AdamW moment exactly.
+"""
+import json
+import os
+import subprocess
+
+import numpy as np
+import pytest
+
+from launch.ranks.data import Synthetic, global_batch_indices
+from tests.conftest import REPO
+from tests.dist.conftest import EVERY_5, SHORT, TORCH, TORCH_LAYOUTS, interrupted_copy, train
+
+pytestmark = [pytest.mark.dist, pytest.mark.slow]
+TOL = 1e-5
+CKPT = (*SHORT, *EVERY_5)
+
+
+def worst(a: list[float], b: list[float]) -> float:
+    return max(abs(x - y) for x, y in zip(a, b, strict=True))
+
+
+@pytest.fixture(scope="module")
+def interrupted(shared_run):
+    """`interrupted(runs, name)`: a copy of the shared torch run of that layout whose step-10 save never completed."""
+    return lambda runs, name: interrupted_copy(shared_run(*SHORT, *TORCH_LAYOUTS[name], recipe=TORCH), runs)
+
+
+def test_resume_same_layout_is_bit_identical(runs_root, interrupted):
+    runs = runs_root / "torch_resume"
+    full = interrupted(runs, "fsdp2_z3")
+    resumed = train(runs, *CKPT, *TORCH_LAYOUTS["fsdp2_z3"], recipe=TORCH)
+    meta = resumed.metrics().meta
+    assert meta.start_step == 5 and meta.resumed_from == str(full.root / "checkpoints" / "step5")
+    assert [s.step for s in resumed.metrics().steps] == [6, 7, 8, 9, 10]
+    assert resumed.losses() == full.losses()[5:]  # exactly: same layout, fp32 state restored as saved
+
+
+@pytest.mark.parametrize("source, target", [
+    ("tp2_dp2", ("hardware.gpus_per_node=4", "parallel.tp=1", "parallel.zero_stage=3", "batch.micro_batch_size=2")),
+    ("fsdp2_z3", ("hardware.gpus_per_node=2", "parallel.zero_stage=0", "batch.micro_batch_size=2")),
+], ids=["tp2xdp2_to_dp4", "fsdp2_to_ddp"])
+def test_resharded_resume_continues_the_curve(runs_root, interrupted, source, target):
+    runs = runs_root / f"torch_reshard_{source}"
+    full = interrupted(runs, source)
+    moved = train(runs, *CKPT, *target, f"run.resume={full.root}", recipe=TORCH)
+    meta = moved.metrics().meta
+    assert meta.start_step == 5
+    assert (meta.tp, meta.dp, meta.zero_stage) != (full.metrics().meta.tp, full.metrics().meta.dp,
+                                                   full.metrics().meta.zero_stage)
+    assert worst(moved.losses(), full.losses()[5:]) <= TOL
+
+
+def test_checkpoint_of_another_model_is_refused_in_one_line(runs_root, interrupted):
+    """Every tensor's shape is checked before DCP loads: a checkpoint whose model differs is refused before launch by its
+    marker, and where the marker does not say so (edited here to claim this run's identity, as a folder copied
+    between runs by hand could) by the shapes on the ranks: one line, exit 2, not a load of slices of the wrong
+    tensors."""
+    from launch.config.resolve import resolve_path
+    from launch.run.checkpoints import training_identity
+
+    runs = runs_root / "torch_wrong_model"
+    full = interrupted(runs, "fsdp2_z3")
+    p = subprocess.run(["bash", "launch/run.sh", TORCH, *CKPT, *TORCH_LAYOUTS["fsdp2_z3"], "model.name=tiny-qwen2",
+                        "run.resume=" + str(full.root)], cwd=REPO, capture_output=True, text=True, timeout=300,
+                       env={**os.environ, "LAYOUTLAB_RUNS": str(runs)})
+    assert p.returncode == 2, p.stderr[-2000:]
+    assert "differs in hf_config, model" in p.stderr and "run.resume=never" in p.stderr
+    marker = full.root / "checkpoints" / "step5" / "layoutlab_checkpoint.json"
+    info = json.loads(marker.read_text())
+    overrides = [*CKPT, *TORCH_LAYOUTS["fsdp2_z3"], "model.name=tiny-qwen2"]
+    claimed = training_identity(resolve_path(REPO / TORCH, overrides))
+    marker.write_text(json.dumps({**info, "model": "tiny-qwen2", "identity": {**info["identity"], **claimed}}))
+    p = subprocess.run(["bash", "launch/run.sh", TORCH, *overrides, "run.resume=" + str(full.root)], cwd=REPO, capture_output=True, text=True, timeout=300,
+                       env={**os.environ, "LAYOUTLAB_RUNS": str(runs)})
+    assert p.returncode == 2, p.stdout[-2000:] + p.stderr[-2000:]
+    said = [line for line in (p.stdout + p.stderr).splitlines() if "does not fit this model" in line]
+    # tiny-qwen2 has tiny-llama's sizes but biases on q, k and v, which the checkpoint lacks
+    assert said and "q_proj.bias: checkpoint missing" in said[0] and "run.resume=never" in said[0], said
+
+
+def test_export_loads_in_transformers_and_reproduces_the_loss(runs_root, interrupted):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    full = interrupted(runs_root / "torch_export", "tp2_dp2")
+    out = runs_root / "torch_exported"
+    p = subprocess.run(["python", "-m", "launch", "export", str(full.root), "step=5", f"out={out}"], cwd=REPO,
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-3000:]
+    model = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32, attn_implementation="eager")
+    model.eval()
+    meta = full.metrics().meta
+    src = Synthetic(512, meta.seq_len, 1234)
+    rows = torch.from_numpy(np.stack([src.sample(i) for i in global_batch_indices(5, meta.global_batch_size, None)]))
+    with torch.no_grad():
+        loss = model(input_ids=rows, labels=rows).loss.item()
+    assert loss == pytest.approx(full.losses()[5], abs=TOL)  # step 6 ran forward on the step-5 weights

@@ -1,0 +1,74 @@
+"""The torch backend's collectives per step, counted in a real profiler trace of one step, against the planner's model
+(launch.plan.collectives.communication, which the plan times and the report compares with).
+
+Counted here with json (not with the project's parser), by the c10d operator each collective enters through:
+DDP's bucket all-reduce and the plain reductions are `c10d::allreduce_`; FSDP2 gathers with `c10d::_allgather_base_`
+and reduce-scatters with `c10d::_reduce_scatter_base_`; DTensor's TP/SP collectives are
+`c10d::allgather_into_tensor_coalesced_`, `c10d::reduce_scatter_tensor_coalesced_` and `c10d::allreduce_`. The
+whole step is the `step N` range (forward, backward and optimizer of every micro-batch); the loop's loss mean comes
+one step later, after it.
+
+Hand-counted expectations for tiny-llama (4 decoder layers), per micro-batch unless said:
+  * FSDP2 units: 4 blocks + the root = 5; all-gathers 5 before the forwards and, at stage 3, 5 again before the
+    backwards; reduce-scatters 5. After the micro-batches the gradient norm: one all-reduce per sharded mesh
+    dimension (dp; and tp), plus one over dp for the norms' own mesh when TP runs without SP.
+  * DDP: the whole model's gradients (854 KiB) in one bucket, reduced at the last micro-batch only.
+  * TP: per layer 2 all-reduces forward (o_proj, down_proj), 5 backward (q, k, v, gate, up input gradients); the
+    embedding 1 and lm_head 1; the vocabulary-parallel loss 3 (max, sum of exponentials, target logit).
+  * TP + SP: per layer 2 reduce-scatters and 2 all-gathers forward, mirrored backward; the embedding and lm_head one
+    of each; the loss 3; 9 norm-weight gradient all-reduces (2 per layer + the final norm).
+"""
+import json
+from collections import Counter
+
+import pytest
+
+from launch.config.resolve import Resolved
+from launch.plan.collectives import communication
+from launch.plan.layout import Layout
+from tests.dist.conftest import SHORT, TORCH, TORCH_LAYOUTS
+
+pytestmark = [pytest.mark.dist, pytest.mark.slow]
+OPS = {"c10d::allreduce_": "all_reduce", "c10d::_allgather_base_": "all_gather",
+       "c10d::_reduce_scatter_base_": "reduce_scatter", "c10d::allgather_into_tensor_coalesced_": "all_gather",
+       "c10d::reduce_scatter_tensor_coalesced_": "reduce_scatter"}
+
+
+def counted(trace_path) -> Counter:
+    events = [e for e in json.loads(trace_path.read_text())["traceEvents"] if e.get("ph") == "X"]
+    (window,) = [e for e in events if e["name"].startswith("step ")]
+    inside = [e for e in events if window["ts"] <= e["ts"] <= window["ts"] + window["dur"]]
+    return Counter(OPS[e["name"]] for e in inside if e["name"] in OPS)
+
+
+def planned(t) -> Counter:
+    """The planner's calls per step on rank 0, without the loop's loss mean (it runs after the traced step)."""
+    layout = Layout.from_resolved(Resolved.load(t.root / "resolved.json"))
+    out = Counter()
+    for c in communication(layout):
+        out[c.collective] += c.calls_per_step - ("loss mean" in c.note)
+    return +out
+
+
+# (layout, hand-counted calls per step): 2 micro-batches per step on 2 data-parallel ranks, 1 on one (TP 2 alone).
+HAND = {
+    "ddp": {"all_reduce": 1},
+    "fsdp2_z2": {"all_gather": 2 * 5, "reduce_scatter": 2 * 5, "all_reduce": 1},
+    "fsdp2_z3": {"all_gather": 2 * 10, "reduce_scatter": 2 * 5, "all_reduce": 1},
+    "tp2": {"all_reduce": 2 * (4 * 2 + 1 + 3) + 2 * (4 * 5 + 1) + 1},
+    "tp2_sp": {"all_gather": 2 * 2 * (4 * 2 + 1), "reduce_scatter": 2 * 2 * (4 * 2 + 1), "all_reduce": 2 * (3 + 9) + 1},
+    "tp2_dp2": {"all_gather": 2 * 10, "reduce_scatter": 2 * 5,
+                "all_reduce": 2 * (4 * 2 + 1 + 3) + 2 * (4 * 5 + 1) + 3},
+    "tp2_dp2_sp": {"all_gather": 2 * 10 + 2 * 2 * (4 * 2 + 1), "reduce_scatter": 2 * 5 + 2 * 2 * (4 * 2 + 1),
+                   "all_reduce": 2 * (3 + 9) + 2},
+}
+
+
+@pytest.mark.parametrize("name", list(HAND))
+def test_trace_counts_equal_the_plan(shared_run, name):
+    t = shared_run(*SHORT, *TORCH_LAYOUTS[name], recipe=TORCH)
+    world = t.metrics().meta.world_size
+    plan = planned(t)
+    assert plan == Counter(HAND[name]), plan
+    for rank in range(world):
+        assert counted(t.root / "traces" / f"rank{rank}.json") == plan, rank
