@@ -376,19 +376,21 @@ def host_bytes_per_node(layout: Layout, ranks: list[RankPlan]) -> int:
     """Host memory of the busiest node, as DeepSpeed's estimate_zero2/zero3_model_states_mem_needs count it without
     zero.Init (neither backend builds the model under it): every local process first builds its fp32 parameters
     on the host (4 B each), and offloaded optimizer state (and ZeRO-3 parameters) lives there afterwards; the node
-    needs the larger of the two, times the estimators' buffer factor. Both backends build the whole model on every
-    rank (trainers/common.build_model; Megatron from the canonical HF state) whatever its TP/PP shard. With one node
+    needs the larger of the two, times the estimators' buffer factor. The deepspeed and megatron backends build the
+    whole model on every rank (trainers/common.build_model; Megatron from the canonical HF state) whatever its TP/PP
+    shard; the torch backend on rank 0 alone (BackendTraits.meta_init). With one node
     and tp = pp = 1 this is their
     CPU column exactly; across nodes their ZeRO-2 offload figure counts every GPU's model copy as if on one node
     (max(4 · total GPUs, 16) B/param), which this does not."""
     g = layout.grid
-    whole = 4 * layout.model.param_counts().total  # every process builds the whole fp32 model before sharding it
+    whole = 4 * layout.model.param_counts().total  # a process that builds the whole fp32 model before sharding it
+    meta_init = traits(layout.backend).meta_init  # the torch backend: rank 0 alone builds it
     load: dict[int, int] = {}
     offloaded: dict[int, int] = {}
     for rp in ranks:
         for rank in rp.ranks:
             node = g.node(rank)
-            load[node] = load.get(node, 0) + whole
+            load[node] = load.get(node, 0) + (whole if rank == 0 or not meta_init else 0)
             offloaded[node] = offloaded.get(node, 0) + rp.memory[rp.implementation].host_bytes
     return max((int(HOST_BUFFER_FACTOR * max(load[n], offloaded[n])) for n in load), default=0)
 

@@ -21,9 +21,9 @@ import pytest
 
 from launch.plan.layout import Layout
 
-from launch.plan.memory import largest_layer_params, rank_parameters
+from launch.plan.memory import fsdp_gathered, largest_layer_params, rank_parameters
 from launch.config.resolve import Resolved
-from tests.dist.conftest import DS_DP2, MEGATRON, MEGATRON_LAYOUTS, SHORT, TINY
+from tests.dist.conftest import DS_DP2, MEGATRON, MEGATRON_LAYOUTS, SHORT, TINY, TORCH, TORCH_LAYOUTS
 
 pytestmark = [pytest.mark.dist, pytest.mark.slow]
 
@@ -34,12 +34,17 @@ RUNS = {
     "megatron_dp2_zero1": (MEGATRON, (*SHORT, *MEGATRON_LAYOUTS["dp2_zero1"])),
     "megatron_tp2_dp2_zero3": (MEGATRON, (*SHORT, *MEGATRON_LAYOUTS["tp2_dp2_zero3"])),
     "deepspeed_dp2_zero2": (TINY, DS_DP2[2]),
+    "torch_ddp": (TORCH, (*SHORT, *TORCH_LAYOUTS["ddp"])),
+    "torch_fsdp2_z3": (TORCH, (*SHORT, *TORCH_LAYOUTS["fsdp2_z3"])),
+    "torch_tp2_dp2_sp": (TORCH, (*SHORT, *TORCH_LAYOUTS["tp2_dp2_sp"])),
 }
 
 
 def between_steps(memory: dict, layout: Layout, params: int) -> dict[str, int]:
     """The plan's model states as DeepSpeed holds them between steps (the terms in the module docstring)."""
     want = {k: memory[k] for k in CATEGORIES}
+    if layout.backend == "torch":
+        return torch_between_steps(want, layout, params)
     if layout.zero_stage <= 2:
         want["grads"] = 0
         return want
@@ -71,3 +76,12 @@ def test_state_bytes_match_plan(shared_run, name):
                 if abs(have[k] - want[k]) > 0.02 * want[k]:
                     bad.append(rows[-1])
     assert not bad, "\n".join(bad + ["all:"] + rows)
+
+
+def torch_between_steps(want: dict[str, int], layout: Layout, params: int) -> dict[str, int]:
+    """The torch accounting as PyTorch holds it between steps. DDP: as planned (fp32 parameters, the reduce buckets its
+    gradients are views of, AdamW's m and v; these runs are fp32, so no autocast copies). FSDP2: the plan's gathered
+    units (`fsdp_gathered`, alive only while they compute) are resharded, and zero_grad frees the sharded gradients."""
+    if layout.zero_stage == 0:
+        return want
+    return {**want, "weights": want["weights"] - layout.elem_bytes * fsdp_gathered(layout, params), "grads": 0}

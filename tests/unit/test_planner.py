@@ -287,3 +287,37 @@ def test_after_the_step_the_loss_mean_and_deepspeed_s_gradient_norm_cross_the_da
 
     assert after(0) == [2] and after(1) == [2] and after(3) == [2]
     assert after(0, "megatron") == [1] and after(1, "megatron") == [2]
+
+
+TINY_PARAMS = 213_568  # tiny-llama: 2 × 512 × 64 (embedding, lm_head) + 64 (final norm) + 4 blocks of 36,992
+TINY_ROOT, TINY_BLOCK = 2 * 512 * 64 + 64, 36_992
+
+
+@pytest.mark.parametrize("dtype, zero, want", [
+    # DDP: fp32 parameters, fp32 gradients (bucket views), Adam m and v: 4 + 4 + 8 B; under autocast the 16-bit
+    # weight copies saved for the backward add 2 B.
+    ("fp32", 0, (4 * TINY_PARAMS, 4 * TINY_PARAMS, 8 * TINY_PARAMS)),
+    ("bf16", 0, (6 * TINY_PARAMS, 4 * TINY_PARAMS, 8 * TINY_PARAMS)),
+    # FSDP2 stage 3 over 2 ranks, bf16: 16 B sharded, plus the root and two blocks gathered (2 B each), and the
+    # root's and one block's unsharded gradients (2 B each).
+    ("bf16", 3, (4 * TINY_PARAMS // 2 + 2 * (TINY_ROOT + 2 * TINY_BLOCK), 4 * TINY_PARAMS // 2 + 2 * (TINY_ROOT + TINY_BLOCK),
+                 8 * TINY_PARAMS // 2)),
+    # stage 2 keeps every unit gathered from forward to backward
+    ("bf16", 2, (4 * TINY_PARAMS // 2 + 2 * TINY_PARAMS, 4 * TINY_PARAMS // 2 + 2 * (TINY_ROOT + TINY_BLOCK),
+                 8 * TINY_PARAMS // 2)),
+])
+def test_torch_accounting_by_hand(dtype, zero, want):
+    r = resolve_path(RECIPES / "tiny_fsdp2", [f"precision.dtype={dtype}", f"parallel.zero_stage={zero}"])
+    lay = Layout.from_resolved(r)
+    params, _ = stage_params(lay, 0)
+    assert params == TINY_PARAMS
+    w, g, o, host = model_states(lay, params, "torch")
+    assert (w, g, o, host) == (*want, 0)
+
+
+def test_torch_backend_builds_the_whole_model_on_rank_0_only():
+    """The host check counts one fp32 model per node for the torch backend (rank 0's), one per rank otherwise."""
+    torch_plan = plan_resolved(resolve_path(RECIPES / "tiny_fsdp2", []))
+    ds_plan = plan_resolved(resolve_path(RECIPES / "tiny_zero2", ["parallel.zero_stage=3"]))
+    assert torch_plan.host_bytes_per_node == int(1.5 * 4 * TINY_PARAMS)
+    assert ds_plan.host_bytes_per_node == int(1.5 * 2 * 4 * TINY_PARAMS)

@@ -8,7 +8,7 @@ from tests.conftest import RECIPES
 
 SHIPPED = sorted(p.parent for p in RECIPES.glob("*/recipe.toml"))
 SIZE = {"7b": ("llama-2-7b", "qwen2.5-7b"), "8b": ("llama-3.1-8b",), "0.5b": ("qwen2.5-0.5b",),
-        "1.1b": ("tinyllama-1.1b",), "tiny": ("tiny-llama", "tiny-qwen2")}
+        "1.1b": ("tinyllama-1.1b",), "1b": ("tinyllama-1.1b",), "tiny": ("tiny-llama", "tiny-qwen2")}
 
 
 def test_there_are_recipes():
@@ -39,6 +39,8 @@ def test_folder_name_agrees_with_fields(path):
             seen["ac"] = "full" if tok == "ac" else "selective"
         elif tok in ("offload", "nvme"):
             seen["offload"] = tok
+        elif tok == "t4":
+            assert r.recipe.hardware.profile == "t4", f"{path.name}: names the T4"
         elif tok in ("ddp", "fsdp2"):  # the torch backend's data parallelism: DDP is stage 0, FSDP2 full sharding 3
             seen["backend"] = "torch"
             seen.setdefault("zero", 0 if tok == "ddp" else 3)

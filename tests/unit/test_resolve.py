@@ -280,3 +280,35 @@ def test_vpp_without_pp_and_layers_not_divisible():
     assert e.field == "parallel.pp" and "× parallel.vpp=3 = 3 does not divide the 4 layers" in str(e)
     e = err(MC, ["parallel.vpp=2", "parallel.pp=1"])
     assert e.field == "parallel.vpp" and "needs parallel.pp > 1" in str(e)
+
+
+TORCH = RECIPES / "tiny_fsdp2"
+
+
+@pytest.mark.parametrize("overrides, field, said, fix", [
+    (["parallel.zero_stage=1"], "parallel.zero_stage", "has no torch equivalent", "set parallel.zero_stage=2"),
+    (["parallel.zero_stage=0", "parallel.tp=2"], "parallel.zero_stage",
+     'cannot combine with parallel.tp=2 on backend "torch" (supported: zero_stage 2, 3)',
+     "set parallel.zero_stage=3, or parallel.tp=1"),
+    (["parallel.pp=2"], "parallel.pp", 'needs backend = "megatron"', "set parallel.pp=1"),
+    (["parallel.offload_optimizer=cpu"], "parallel.offload_optimizer", "FSDP2 offloads parameters, gradients and",
+     'set both to "cpu"'),
+    (["hardware.profile=h100-sxm", "parallel.offload_optimizer=nvme", "parallel.offload_params=nvme"],
+     "parallel.offload_params", "is not offered by FSDP2", 'parallel.offload_params="cpu"'),
+    (['deepspeed.config="zero3.json"'], "deepspeed.config", 'is not used by backend "torch"', "remove deepspeed.config"),
+    (["parallel.tp=3", "hardware.gpus_per_node=3"], "parallel.tp", "does not divide the 4 attention heads", "choose tp"),
+])
+def test_torch_backend_refuses_what_it_cannot_build(overrides, field, said, fix):
+    e = err(TORCH, overrides)
+    assert e.field == field and said in e.problem and fix in e.fix, str(e)
+    assert "\n" not in str(e)
+
+
+def test_compile_needs_the_torch_backend():
+    e = err(RECIPES / "tiny_zero2", ["train.compile=true"])
+    assert e.field == "train.compile" and 'needs backend = "torch"' in str(e) and "train.compile=false" in e.fix
+
+
+def test_torch_backend_composes_no_deepspeed_config():
+    r = resolve_path(TORCH, ["precision.dtype=fp16"])  # fp16 on CPU ranks: torch's scaler runs there
+    assert r.ds_config == {} and r.ds_base == "" and r.recipe.parallel.zero_stage == 3
