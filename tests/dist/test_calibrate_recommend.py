@@ -56,17 +56,17 @@ def test_calibrate_then_recommend_verify(tmp_path):
     passes = {(x["backend"], x["tp"], x["sp"], x["micro_batch_size"], x["activation_checkpointing"])
               for x in doc["compute"]["passes"]}
     # Every backend at every TP degree of 2 ranks, micro-batch sizes dividing the global batch of 4, each backend's
-    # checkpointing modes (Megatron's selective too) and Megatron's sequence parallelism at tp=2.
+    # checkpointing modes (Megatron's and torch's selective too) and their sequence parallelism at tp=2.
     want = {("deepspeed", tp, False, b, ac) for tp in (1, 2) for b in (1, 2, 4) for ac in ("none", "full")}
-    want |= {("megatron", tp, sp, b, ac) for tp, sp in ((1, False), (2, False), (2, True)) for b in (1, 2, 4)
-             for ac in ("none", "full", "selective")}
+    want |= {(backend, tp, sp, b, ac) for backend in ("megatron", "torch")
+             for tp, sp in ((1, False), (2, False), (2, True)) for b in (1, 2, 4) for ac in ("none", "full", "selective")}
     assert passes == want
     assert all(x["forward_s"] > 0 and x["backward_s"] > 0 for x in doc["compute"]["passes"])
     # Where the forward went: some of it before the first decoder layer, most inside the layers, some after.
     assert all(0 < x["embedding_forward_s"] < x["layers_forward_s"] < x["forward_s"] - x["embedding_forward_s"]
                for x in doc["compute"]["passes"])
     assert [(e["backend"], e["zero_stage"]) for e in doc["compute"]["engine"]] == [
-        (b, z) for b in ("deepspeed", "megatron") for z in (0, 1, 2, 3)]
+        (b, z) for b in ("deepspeed", "megatron") for z in (0, 1, 2, 3)] + [("torch", z) for z in (0, 2, 3)]
     # What calibrate prints is what it wrote (it once printed the zeros the engine costs were fitted from).
     printed = re.findall(r"(\w+) engine ZeRO-(\d): \+([\d.]+) ms per micro-step, \+([\d.]+) ms per step, "
                          r"\+([\d.]+) ms per micro-step under full", p.stdout)

@@ -165,7 +165,6 @@ class TorchTrainer:
         self.resolved, self.cuda, self.device = resolved, ctx.cuda, ctx.device
         self.dtype = DTYPES[resolved.recipe.precision.dtype]
         self.mesh = _mesh(resolved, ctx.cuda)
-        self.tp = par.tp
         model = _skeleton(resolved, ctx.cuda)
         if par.tp > 1:
             _apply_tp(model, self.mesh["tp"], par.sp)
@@ -196,6 +195,14 @@ class TorchTrainer:
         seq = resolved.recipe.batch.seq_len
         self.positions = torch.arange(seq, device=ctx.device).unsqueeze(0)
         self.compile_pending = train.compile
+        # The vocabulary-split cross entropy's forward and backward run DTensor's loss_parallel handlers; they are
+        # installed for the trainer's life (they apply to DTensor log-softmax and NLL only, which nothing else here
+        # calls), so that the backward of `loss()` works wherever its caller runs it (launch calibrate).
+        self._contexts = contextlib.ExitStack()
+        if par.tp > 1:
+            from torch.distributed.tensor.parallel import loss_parallel
+
+            self._contexts.enter_context(loss_parallel())
         # Eager attention (CPU ranks) takes a materialised causal mask, which Hugging Face sizes from the embedding's
         # output: under SP that is the local sequence shard, while attention runs on the whole sequence. A 4-D mask
         # of the whole sequence is used as given. SDPA (GPUs) needs none: it runs causal on what it sees.
@@ -216,17 +223,11 @@ class TorchTrainer:
     def _loss(self, model, rows):
         """Next-token cross entropy over positions 0..s-2 (Hugging Face's shift), on vocabulary-split logits under TP.
         Positions are passed explicitly: under SP the model would take them from its local sequence shard."""
-        from torch.distributed.tensor.parallel import loss_parallel
-
         with self._autocast():
             logits = model(input_ids=rows, position_ids=self.positions, attention_mask=self.mask).logits
-        flat = logits[:, :-1].flatten(0, 1).float()
-        with loss_parallel() if self.tp > 1 else contextlib.nullcontext():
-            return torch.nn.functional.cross_entropy(flat, rows[:, 1:].flatten())
+        return torch.nn.functional.cross_entropy(logits[:, :-1].flatten(0, 1).float(), rows[:, 1:].flatten())
 
     def train_step(self, micro_batch: Callable) -> StepOutput:
-        from torch.distributed.tensor.parallel import loss_parallel
-
         ga, cuda = self.resolved.grad_accum, self.cuda
         losses = []
         for micro in range(ga):
@@ -236,7 +237,7 @@ class TorchTrainer:
             with sync:
                 with common.region("forward", cuda):
                     loss = self._loss(self.model, rows)
-                with common.region("backward", cuda), loss_parallel() if self.tp > 1 else contextlib.nullcontext():
+                with common.region("backward", cuda):
                     scaled = loss / ga
                     (self.scaler.scale(scaled) if self.scaler is not None else scaled).backward()
             losses.append(_local(loss.detach()).float())  # a replicated DTensor under loss_parallel
