@@ -1,0 +1,36 @@
+"""The shipped torch recipes train as written (steps shortened), and README's FSDP2-against-ZeRO-3 sweep gives one
+report whose loss table says the two curves agree."""
+import os
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO
+from tests.dist.conftest import train
+
+pytestmark = [pytest.mark.dist, pytest.mark.slow]
+QUICK = ("train.steps=12", "train.warmup_steps=2")
+SWEEP = "bash launch/sweep.sh recipes/tiny_fsdp2 recipes/tiny_zero2 parallel.zero_stage=3"
+
+
+@pytest.mark.parametrize("recipe", ["recipes/tiny_ddp", "recipes/tiny_tp2_fsdp2_sp"])
+def test_shipped_torch_recipe_trains(runs_root, recipe):
+    t = train(runs_root / "torch_recipes", *QUICK, recipe=recipe)
+    losses = t.losses()
+    assert len(losses) == 12 and sum(losses[-3:]) / 3 < sum(losses[:3]) / 3 - 0.2, losses
+    meta = t.metrics().meta
+    assert meta.backend == "torch" and meta.world_size == (4 if "tp2" in recipe else 2)
+
+
+def test_fsdp2_against_zero3_sweep_reports_equal_curves(tmp_path):
+    assert SWEEP in (REPO / "README.md").read_text()
+    p = subprocess.run([*SWEEP.split(), "train.steps=12", "train.warmup_steps=2"], cwd=REPO, capture_output=True,
+                       text=True, timeout=600, env={**os.environ, "LAYOUTLAB_RUNS": str(tmp_path / "runs")})
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    report = Path(re.search(r"^report: (\S+)$", p.stdout, re.M).group(1)).read_text()
+    # | run | against | steps compared | max |Δ loss| | ... | expected to agree | source |
+    row = re.search(r"^\| tiny_zero2 \| tiny_fsdp2 \| (\d+) \| ([0-9.e+-]+) \|.*\| (yes[^|]*)\|", report, re.M)
+    assert row, report
+    assert int(row.group(1)) == 12 and float(row.group(2)) <= 1e-5 and row.group(3).startswith("yes")
