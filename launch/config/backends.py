@@ -215,11 +215,13 @@ BACKENDS: dict[str, BackendTraits] = {
                             {"reduce_scatter": 1, "all_gather": 1}, {"all_gather": 1, "reduce_scatter": 1},
                             loss_all_reduces=3, norm_grad_all_reduces=1),
         # The gradient norm is reduced per mesh (launch/plan/collectives.py _torch_norm_calls).
-        step=StepCollectives(),
-        features=frozenset({"sp", "selective", "compile"}), selective="every_other_block",
-        # torch.distributed.pipelining runs on gloo (probes/torch_pipelining_probe.py) but is not wired to this
-        # backend yet: parallel.pp is refused for it before launch.
-        pp_zero_stages=(), sp_zero_stages=(2, 3),
+        # With pipelining the last stage broadcasts the logged loss to its pipeline group.
+        step=StepCollectives(pp_loss_broadcast=True),
+        features=frozenset({"pp", "vpp", "sp", "selective", "compile"}), selective="every_other_block",
+        # torch.distributed.pipelining drives FSDP2 chunks (its stages reduce at the last micro-batch); DDP under a
+        # pipeline would need autocast around the schedule's forwards alone: not built. Tied embeddings with PP: the
+        # two copies of the matrix would live on different stages (pp_tied_embeddings).
+        pp_zero_stages=(2, 3), sp_zero_stages=(2, 3),
         tp_zero_stages=(2, 3),  # torch DDP takes no DTensor parameters: TP composes with FSDP2 only
         pp_tied_embeddings=False,
         reshard_on_resume=True, checkpoint_format="dcp", requires=("transformers",),

@@ -47,7 +47,7 @@ def make_plan(layout: Layout, recipe_name: str = "", machine: Machine | None = N
         buf = buffers(layout, params)
         mem = {}
         for acc in ACCOUNTINGS:
-            w, gr, o, host = model_states(layout, params, acc)
+            w, gr, o, host = model_states(layout, params, acc, st)
             body = w + gr + o + acts + buf
             mem[acc] = Memory(w, gr, o, acts, buf, allowance_fixed + int(FRAGMENTATION * body), host)
         members = tuple(r for r in range(g.world) if g.coords(r)[2] == st)

@@ -143,6 +143,7 @@ def communication(layout: Layout, timing: Timing = Timing(), stage: int = 0) -> 
         # stages next to it: per micro-batch and boundary one call forward (activations), one backward (gradients).
         virtual = g.pp * layout.vpp
         ends = sum((k > 0) + (k < virtual - 1) for k in (v * g.pp + stage for v in range(layout.vpp)))
+        out.extend(_torch_norm_calls(layout, timing, first, "pp"))
         out.append(_comm(layout, timing, "pp", "send_recv", grp, 2 * mbs * ends, msg,
                          f"activations forward and gradients backward per micro-batch at {ends} chunk boundaries"
                          + ("; under 1F1B a send and a receive posted together wait once (the step's pp time)"
@@ -208,14 +209,28 @@ def _torch_dp_traffic(layout: Layout, timing: Timing, grp: tuple[int, ...], stag
         out.append(_comm(layout, timing, "dp", "all_reduce", grp, len(sizes), sum(sizes) / len(sizes),
                          f"DDP: fp32 gradients, {len(sizes)} bucket(s) at the last micro-batch, overlapping the backward"))
     else:
-        units = layers + 1
-        gathers = units * (2 if layout.zero_stage == 3 else 1)
-        out.append(_comm(layout, timing, "dp", "all_gather", grp, mbs * gathers, e * params / units,
-                         f"FSDP2: each of {layers} blocks and the root before its forward"
-                         + (", each again before its backward" if layout.zero_stage == 3 else "")
-                         + " every micro-batch"))
-        out.append(_comm(layout, timing, "dp", "reduce_scatter", grp, mbs * units, 4 * params / units,
-                         "FSDP2: fp32 gradients, one call per unit after its backward, every micro-batch"))
+        # Roots with parameters: one without a pipeline; with one, the parts of this stage that hold the embedding
+        # (virtual stage 0) or the output layer (the last virtual stage).
+        virtual = [v * g.pp + stage for v in range(layout.vpp)]
+        roots = 1 if g.pp == 1 else sum(k in (0, g.pp * layout.vpp - 1) for k in virtual)
+        units = layers + roots
+        z3 = layout.zero_stage == 3
+        if g.pp == 1:
+            gathers, scatters = mbs * units * (2 if z3 else 1), mbs * units
+            how = (f"FSDP2: each of {layers} blocks and the root before its forward"
+                   + (", each again before its backward" if z3 else "") + " every micro-batch")
+            reduced = "every micro-batch"
+        else:
+            # torch.distributed.pipelining keeps gradients unreduced and parameters gathered from the first backward
+            # to the last (set_requires_gradient_sync, set_reshard_after_backward).
+            gathers, scatters = units * (mbs + 1 if z3 else 1), units
+            how = (f"FSDP2 under the pipeline: each of {units} units before each micro-batch's forward and once more "
+                   "for the backwards" if z3 else f"FSDP2 under the pipeline: each of {units} units once, at the first "
+                   "forward")
+            reduced = "at the last micro-batch"
+        out.append(_comm(layout, timing, "dp", "all_gather", grp, gathers, e * params / units, how))
+        out.append(_comm(layout, timing, "dp", "reduce_scatter", grp, scatters, 4 * params / units,
+                         f"FSDP2: fp32 gradients, one call per unit after its backward, {reduced}"))
     out.append(_comm(layout, timing, "dp", "all_reduce", grp, 1, 4, "one fp32: the logged loss mean (the loop)",
                      after_step=True))
     return out + _torch_norm_calls(layout, timing, g.rank(0, 0, stage), "dp")
@@ -231,6 +246,9 @@ def _torch_norm_calls(layout: Layout, timing: Timing, first: int, over: str) -> 
     if over == "tp":
         return [_comm(layout, timing, "tp", "all_reduce", g.tp_group(first), 1, 4,
                       "the gradient norm's partial sum over TP", after_step=True)] if g.tp > 1 else []
+    if over == "pp":
+        return [_comm(layout, timing, "pp", "all_reduce", g.pp_group(first), 1, 4,
+                      "the gradient norm's squares summed over the pipeline stages", after_step=True)] if g.pp > 1 else []
     calls = 1 + (g.tp > 1 and not layout.sp)
     return [_comm(layout, timing, "dp", "all_reduce", g.dp_group(first), calls, 4,
                   "the gradient norm's partial sums over dp" + (", one per mesh" if calls > 1 else ""),

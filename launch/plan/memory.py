@@ -119,35 +119,37 @@ def largest_layer_params(layout: Layout) -> int:
 
 
 def fsdp_units(layout: Layout, stage: int = 0) -> tuple[int, int]:
-    """(the root unit's parameters, one decoder block's) on one rank before sharding: the torch backend's FSDP2 shards
-    each decoder block as a unit and the rest (embedding, final norm, output layer) in the root."""
-    m = layout.model
-    t = layout.grid.tp
+    """(the root units' parameters, one decoder block's) on one rank of pipeline stage `stage` before sharding: the
+    torch backend's FSDP2 shards each decoder block as a unit and the rest of each model part (the embedding on the
+    first stage; final norm and output layer on the last) in that part's root."""
+    m, g = layout.model, layout.grid
     root = block = 0
     for info in m.parameters():
-        n = info.numel // t if _tp_split(layout, info.split) else info.numel
-        if info.layer in (-1, m.num_layers):
+        n = info.numel // g.tp if _tp_split(layout, info.split) else info.numel
+        if (info.layer == -1 and stage == 0) or (info.layer == m.num_layers and stage == g.pp - 1):
             root += n
         elif info.layer == 0:
             block += n
     return root, block
 
 
-def fsdp_gathered(layout: Layout, params: int) -> int:
+def fsdp_gathered(layout: Layout, params: int, stage: int = 0) -> int:
     """Parameters FSDP2 holds gathered at its peak: the root (FSDP2 keeps the root gathered from forward to backward)
     and two blocks at stage 3 (the one computing and the next, prefetched); every unit at stage 2
-    (reshard_after_forward=False keeps each block gathered until its backward)."""
-    if layout.zero_stage == 2:
+    (reshard_after_forward=False keeps each block gathered until its backward), and under a pipeline at either stage
+    (its stages keep the parameters gathered from the first backward to the last: reshard_after_backward=False)."""
+    if layout.zero_stage == 2 or layout.grid.pp > 1:
         return params
-    root, block = fsdp_units(layout)
+    root, block = fsdp_units(layout, stage)
     return min(params, root + 2 * block)
 
 
 # --------------------------------------------------------------------------- model states
 
 
-def model_states(layout: Layout, params: int, accounting: str) -> tuple[int, int, int, int]:
-    """(weights, grads, optimizer, host) bytes on one rank holding `params` parameters before ZeRO."""
+def model_states(layout: Layout, params: int, accounting: str, stage: int = 0) -> tuple[int, int, int, int]:
+    """(weights, grads, optimizer, host) bytes on one rank of pipeline stage `stage` holding `params` parameters
+    before ZeRO."""
     z, d, e = layout.zero_stage, layout.grid.dp, layout.elem_bytes
     mixed = layout.dtype != "fp32"
     off_opt = layout.offload_optimizer != "none"
@@ -216,8 +218,8 @@ def model_states(layout: Layout, params: int, accounting: str) -> tuple[int, int
         else:
             # FSDP2: the 16 B sharded over dp (each tensor padded to a multiple of dp rows, ignored here), plus the
             # gathered units in the compute dtype, and one block's and the root's unsharded gradients in the backward.
-            root, block = fsdp_units(layout)
-            gathered = e * fsdp_gathered(layout, params)
+            root, block = fsdp_units(layout, stage)
+            gathered = e * fsdp_gathered(layout, params, stage)
             shard = -(-params // d)
             w, g, o = 4 * shard + gathered, 4 * shard + e * min(params, root + block), 8 * shard
             if off_par:  # CPUOffloadPolicy: sharded parameters, gradients and the optimizer step live on the host

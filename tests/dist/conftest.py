@@ -61,8 +61,8 @@ MEGATRON_LAYOUTS = {
 }
 
 
-# The torch backend (DDP, FSDP2, DTensor TP/SP) on TORCH, each the whole global batch of SHORT. fsdp2_z3 and tp2_dp2
-# carry checkpoints for the torch checkpoint tests; the profiled ones serve the collective tests.
+# The torch backend (DDP, FSDP2, DTensor TP/SP, pipelining) on TORCH, each the whole global batch of SHORT. fsdp2_z3,
+# tp2_dp2 and pp2_dp2_z2 carry checkpoints for the torch checkpoint tests; the profiled ones serve the collective tests.
 TORCH = "recipes/tiny_fsdp2"
 TORCH_LAYOUTS = {
     "ddp": ("hardware.gpus_per_node=2", "parallel.zero_stage=0", "batch.micro_batch_size=2", *PROFILE_ONE_STEP),
@@ -79,6 +79,12 @@ TORCH_LAYOUTS = {
                    "batch.micro_batch_size=2", *PROFILE_ONE_STEP),
     "ac_full": ("hardware.gpus_per_node=2", "parallel.zero_stage=3", "batch.micro_batch_size=2",
                 "train.activation_checkpointing=full"),
+    "pp2_vpp2": ("hardware.gpus_per_node=2", "parallel.pp=2", "parallel.vpp=2", "parallel.zero_stage=3",
+                 "batch.micro_batch_size=2", *PROFILE_ONE_STEP),
+    "tp2_pp2_sp": ("hardware.gpus_per_node=4", "parallel.tp=2", "parallel.pp=2", "parallel.sp=true",
+                   "parallel.zero_stage=3", "batch.micro_batch_size=4"),
+    "pp2_dp2_z2": ("hardware.gpus_per_node=4", "parallel.pp=2", "parallel.zero_stage=2", "batch.micro_batch_size=2",
+                   *PROFILE_ONE_STEP, *EVERY_5),
     "ac_selective": ("hardware.gpus_per_node=2", "parallel.zero_stage=3", "batch.micro_batch_size=2",
                      "train.activation_checkpointing=selective"),
     "compile_ac_full": ("hardware.gpus_per_node=2", "parallel.zero_stage=3", "batch.micro_batch_size=2",

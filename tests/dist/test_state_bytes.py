@@ -37,14 +37,15 @@ RUNS = {
     "torch_ddp": (TORCH, (*SHORT, *TORCH_LAYOUTS["ddp"])),
     "torch_fsdp2_z3": (TORCH, (*SHORT, *TORCH_LAYOUTS["fsdp2_z3"])),
     "torch_tp2_dp2_sp": (TORCH, (*SHORT, *TORCH_LAYOUTS["tp2_dp2_sp"])),
+    "torch_pp2_dp2_z2": (TORCH, (*SHORT, *TORCH_LAYOUTS["pp2_dp2_z2"])),
 }
 
 
-def between_steps(memory: dict, layout: Layout, params: int) -> dict[str, int]:
+def between_steps(memory: dict, layout: Layout, params: int, stage: int) -> dict[str, int]:
     """The plan's model states as DeepSpeed holds them between steps (the terms in the module docstring)."""
     want = {k: memory[k] for k in CATEGORIES}
     if layout.backend == "torch":
-        return torch_between_steps(want, layout, params)
+        return torch_between_steps(want, layout, params, stage)
     if layout.zero_stage <= 2:
         want["grads"] = 0
         return want
@@ -67,7 +68,7 @@ def test_state_bytes_match_plan(shared_run, name):
     rows, bad = [], []
     for rp in plan["ranks"]:
         memory = rp["memory"][rp["implementation"]]
-        want = between_steps(memory, layout, rp["params"])
+        want = between_steps(memory, layout, rp["params"], rp["pp_stage"])
         for rank in rp["ranks"]:
             have = json.loads((run.root / "logs" / f"state_bytes_rank{rank}.json").read_text())
             assert have["after_step"] == 1
@@ -78,10 +79,10 @@ def test_state_bytes_match_plan(shared_run, name):
     assert not bad, "\n".join(bad + ["all:"] + rows)
 
 
-def torch_between_steps(want: dict[str, int], layout: Layout, params: int) -> dict[str, int]:
+def torch_between_steps(want: dict[str, int], layout: Layout, params: int, stage: int) -> dict[str, int]:
     """The torch accounting as PyTorch holds it between steps. DDP: as planned (fp32 parameters, the reduce buckets its
     gradients are views of, AdamW's m and v; these runs are fp32, so no autocast copies). FSDP2: the plan's gathered
     units (`fsdp_gathered`, alive only while they compute) are resharded, and zero_grad frees the sharded gradients."""
     if layout.zero_stage == 0:
         return want
-    return {**want, "weights": want["weights"] - layout.elem_bytes * fsdp_gathered(layout, params), "grads": 0}
+    return {**want, "weights": want["weights"] - layout.elem_bytes * fsdp_gathered(layout, params, stage), "grads": 0}

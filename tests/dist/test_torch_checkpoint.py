@@ -43,7 +43,9 @@ def test_resume_same_layout_is_bit_identical(runs_root, interrupted):
 @pytest.mark.parametrize("source, target", [
     ("tp2_dp2", ("hardware.gpus_per_node=4", "parallel.tp=1", "parallel.zero_stage=3", "batch.micro_batch_size=2")),
     ("fsdp2_z3", ("hardware.gpus_per_node=2", "parallel.zero_stage=0", "batch.micro_batch_size=2")),
-], ids=["tp2xdp2_to_dp4", "fsdp2_to_ddp"])
+    ("pp2_dp2_z2", ("hardware.gpus_per_node=2", "parallel.tp=2", "parallel.sp=true", "parallel.zero_stage=3",
+                    "batch.micro_batch_size=4")),
+], ids=["tp2xdp2_to_dp4", "fsdp2_to_ddp", "pp2xdp2_zero2_to_tp2_sp_zero3"])
 def test_resharded_resume_continues_the_curve(runs_root, interrupted, source, target):
     runs = runs_root / f"torch_reshard_{source}"
     full = interrupted(runs, source)

@@ -2,23 +2,26 @@
 Hugging Face causal LM, composed the way torchtitan's `parallelize_llama` composes them. No DeepSpeed.
 
 Parallelism is applied one function per dimension, in this order, from the rank grid in resolved.json:
-  1. `_mesh`: the device mesh ("dp", "tp"), laid out in the grid's rank order (tp fastest), so the loop's
+  1. `_mesh`: the device mesh ("pp", "dp", "tp"), laid out in the grid's rank order (tp fastest), so the loop's
      data-parallel coordinates hold;
-  2. `_apply_tp`: tensor (+ sequence) parallelism, torchtitan's Llama plan through `parallelize_module`; the output
+  2. `_split_pp`: with pipelining, this rank's chunks (one per virtual stage) under the model's own parameter names;
+     each chunk then takes the dimensions below as a whole model would, and `_pipeline` runs them with
+     torch.distributed.pipelining (1F1B, interleaved 1F1B with parallel.vpp > 1);
+  3. `_apply_tp`: tensor (+ sequence) parallelism, torchtitan's Llama plan through `parallelize_module`; the output
      layer keeps its logits split over the vocabulary and the loss is computed in `loss_parallel`;
-  3. `_apply_ac`: activation checkpointing, `full` (every block) or `selective` (every second block: torchtitan's
+  4. `_apply_ac`: activation checkpointing, `full` (every block) or `selective` (every second block: torchtitan's
      layer policy with n = 2, SELECTIVE_EVERY), each chosen block wrapped in `checkpoint_wrapper`;
-  4. `_apply_compile`: every block compiled in place (`Module.compile`), so parameter names, and with them
+  5. `_apply_compile`: every block compiled in place (`Module.compile`), so parameter names, and with them
      checkpoints, are the eager model's;
-  5. `_apply_dp`: zero_stage 0 torch DDP (bucketed all-reduce overlapped with the backward), 2 FSDP2 keeping the
+  6. `_apply_dp`: zero_stage 0 torch DDP (bucketed all-reduce overlapped with the backward), 2 FSDP2 keeping the
      gathered parameters from forward to backward (`reshard_after_forward=False`), 3 FSDP2 full sharding.
 
-Steps 2-5 (DDP excepted) apply to a skeleton on the meta device. Each rank then allocates only its own shards and
+Steps 2-6 (DDP excepted) apply to a skeleton on the meta device. Each rank then allocates only its own shards and
 receives them from rank 0, which alone builds the whole fp32 model (the recipe's weights, or the seeded random init
 every backend starts from): no other rank ever holds the whole model.
 
 Checkpoints are `torch.distributed.checkpoint` folders of the sharded model and AdamW state: they load onto any
-tp, dp or zero stage of this backend (DCP reshards), every tensor's shape checked first.
+tp, pp, dp or zero stage of this backend (DCP reshards), every tensor's shape checked first.
 """
 from __future__ import annotations
 
@@ -31,6 +34,7 @@ import torch.distributed as dist
 
 from launch.config.backends import SELECTIVE_EVERY
 from launch.config.resolve import Resolved
+from launch.plan.memory import chunk_layers
 from launch.ranks.hf import hf_config
 from launch.ranks.trainers import common
 from launch.ranks.trainers.protocol import BuildContext, StepOutput
@@ -45,16 +49,64 @@ def init_distributed(resolved: Resolved, cuda: bool) -> None:
 
 
 def _mesh(resolved: Resolved, cuda: bool):
-    """The grid as a DeviceMesh: row-major over (dp, tp) is the grid's tp-fastest order (launch/config/grid.py)."""
+    """The grid as a DeviceMesh: row-major over (pp, dp, tp) is the grid's tp-fastest order (launch/config/grid.py)."""
     from torch.distributed.device_mesh import init_device_mesh
 
     g = resolved.grid
-    return init_device_mesh("cuda" if cuda else "cpu", (g.dp, g.tp), mesh_dim_names=("dp", "tp"))
+    return init_device_mesh("cuda" if cuda else "cpu", (g.pp, g.dp, g.tp), mesh_dim_names=("pp", "dp", "tp"))
 
 
-def _apply_tp(model, tp_mesh, sp: bool) -> None:
+def _layers(part) -> dict:
+    """A model part's decoder blocks by their index in the whole model: the Hugging Face model's ModuleList, or a
+    pipeline chunk's ModuleDict (keyed by that index, so that parameter names stay the model's)."""
+    layers = part.model.layers
+    return {int(k): v for k, v in layers.items()} if isinstance(layers, torch.nn.ModuleDict) else dict(enumerate(layers))
+
+
+def _set_layer(part, index: int, module) -> None:
+    layers = part.model.layers
+    layers[str(index) if isinstance(layers, torch.nn.ModuleDict) else index] = module
+
+
+class _Chunk(torch.nn.Module):
+    """One pipeline chunk of a Hugging Face causal LM under the model's own parameter names (model.embed_tokens,
+    model.layers.<i>, model.norm, lm_head: checkpoints of every pipeline layout are interchangeable), as torchtitan
+    splits its models: the first chunk keeps the embedding, the last the final norm and the output layer."""
+
+    def __init__(self, model, layers: range, first: bool, last: bool) -> None:
+        super().__init__()
+        inner = torch.nn.Module()
+        inner.embed_tokens = model.model.embed_tokens if first else None
+        inner.layers = torch.nn.ModuleDict({str(i): model.model.layers[i] for i in layers})
+        inner.norm = model.model.norm if last else None
+        inner.rotary_emb = model.model.rotary_emb
+        self.model = inner
+        self.lm_head = model.lm_head if last else None
+        self.config = model.config
+        self.positions = self.mask = None  # set by the trainer once they exist on the device
+
+    def forward(self, x):
+        h = self.model.embed_tokens(x) if self.model.embed_tokens is not None else x
+        rope = self.model.rotary_emb(h, self.positions)
+        for layer in self.model.layers.values():
+            out = layer(h, attention_mask=self.mask, position_ids=self.positions, position_embeddings=rope)
+            h = out[0] if isinstance(out, tuple) else out
+        return self.lm_head(self.model.norm(h)) if self.lm_head is not None else h
+
+
+def _split_pp(model, resolved: Resolved, pp_rank: int) -> list:
+    """This rank's chunks: one per virtual stage v·pp + pp_rank, each holding that virtual stage's blocks (the
+    planner's launch.plan.memory.chunk_layers, Megatron's interleaved assignment)."""
+    par = resolved.recipe.parallel
+    virtual = par.pp * par.vpp
+    return [_Chunk(model, layers, first=v * par.pp + pp_rank == 0, last=v * par.pp + pp_rank == virtual - 1)
+            for v, layers in enumerate(chunk_layers(resolved.model.num_layers, par.pp, par.vpp, pp_rank))]
+
+
+def _apply_tp(part, tp_mesh, sp: bool) -> None:
     """torchtitan's Llama plan on Hugging Face module names. With SP the residual stream between blocks is split
-    along the sequence (Shard(1)), the norms run on their shard, and attention and MLP gather it on entry."""
+    along the sequence (Shard(1)), the norms run on their shard, and attention and MLP gather it on entry. The output
+    layer leaves its logits split over the vocabulary (as a local shard: TorchTrainer._cross_entropy wraps it)."""
     from torch.distributed.tensor import Replicate, Shard
     from torch.distributed.tensor.parallel import (
         ColwiseParallel,
@@ -65,13 +117,16 @@ def _apply_tp(model, tp_mesh, sp: bool) -> None:
     )
 
     between = Shard(1) if sp else Replicate()
-    top = {"model.embed_tokens": RowwiseParallel(input_layouts=Replicate(), output_layouts=between),
-           # logits stay split over the vocabulary: the loss runs in loss_parallel (TorchTrainer._loss)
-           "lm_head": ColwiseParallel(input_layouts=between, output_layouts=Shard(-1), use_local_output=False)}
-    if sp:
-        top["model.norm"] = SequenceParallel()
-    parallelize_module(model, tp_mesh, top)
-    for layer in model.model.layers:
+    top = {}
+    if part.model.embed_tokens is not None:
+        top["model.embed_tokens"] = RowwiseParallel(input_layouts=Replicate(), output_layouts=between)
+    if part.lm_head is not None:
+        top["lm_head"] = ColwiseParallel(input_layouts=between, output_layouts=Shard(-1))
+        if sp:
+            top["model.norm"] = SequenceParallel()
+    if top:
+        parallelize_module(part, tp_mesh, top)
+    for layer in _layers(part).values():
         plan = {"self_attn.q_proj": ColwiseParallel(), "self_attn.k_proj": ColwiseParallel(),
                 "self_attn.v_proj": ColwiseParallel(), "self_attn.o_proj": RowwiseParallel(output_layouts=between),
                 "mlp.gate_proj": ColwiseParallel(), "mlp.up_proj": ColwiseParallel(),
@@ -84,45 +139,43 @@ def _apply_tp(model, tp_mesh, sp: bool) -> None:
                                                 desired_input_kwarg_layouts={"hidden_states": Replicate()}),
                 "mlp": PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),))})
         parallelize_module(layer, tp_mesh, plan)
-    if model.config.tie_word_embeddings:
+    if part.config.tie_word_embeddings and part.lm_head is not None and part.model.embed_tokens is not None:
         # parallelize_module replaced each module's parameter on its own; both are Shard(0) over the vocabulary.
-        model.lm_head.weight = model.model.embed_tokens.weight
+        part.lm_head.weight = part.model.embed_tokens.weight
 
 
-def _apply_ac(model, mode: str) -> None:
+def _apply_ac(part, mode: str) -> None:
     from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
 
     if mode == "none":
         return
     every = 1 if mode == "full" else SELECTIVE_EVERY
-    layers = model.model.layers
-    for i, layer in enumerate(layers):
+    for i, layer in _layers(part).items():
         if i % every == 0:
-            layers[i] = checkpoint_wrapper(layer, preserve_rng_state=False)
+            _set_layer(part, i, checkpoint_wrapper(layer, preserve_rng_state=False))
 
 
-def _apply_compile(model, on: bool) -> None:
+def _apply_compile(part, on: bool) -> None:
     if on:
-        for layer in model.model.layers:
+        for layer in _layers(part).values():
             layer.compile()
 
 
-def _apply_dp(model, mesh, resolved: Resolved, cuda: bool):
-    """FSDP2 over the data-parallel mesh (each block, then the root); DDP is applied after loading (`_wrap_ddp`)."""
+def _apply_dp(part, mesh, resolved: Resolved, cuda: bool) -> None:
+    """FSDP2 over the data-parallel mesh (each block, then the part); DDP is applied after loading (`_wrap_ddp`)."""
     from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
 
     par, dtype = resolved.recipe.parallel, DTYPES[resolved.recipe.precision.dtype]
     if par.zero_stage == 0:
-        return model
+        return
     kw = {"mesh": mesh["dp"], "reshard_after_forward": par.zero_stage == 3}
     if dtype != torch.float32:
         kw["mp_policy"] = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32)
     if par.offload_params != "none":
         kw["offload_policy"] = CPUOffloadPolicy(pin_memory=cuda)
-    for layer in model.model.layers:
+    for layer in _layers(part).values():
         fully_shard(layer, **kw)
-    fully_shard(model, **kw)
-    return model
+    fully_shard(part, **kw)
 
 
 def _wrap_ddp(model, mesh, cuda: bool, local_rank: int):
@@ -144,19 +197,22 @@ def _skeleton(resolved: Resolved, cuda: bool):
     return model
 
 
-def _materialise(model, resolved: Resolved, device) -> None:
-    """Allocate this rank's shards and fill them from rank 0's full model; recompute the non-persistent buffers (the
-    rotary frequencies), which no state dict carries."""
+def _materialise(parts: list, resolved: Resolved, device) -> None:
+    """Allocate this rank's shards and fill them from rank 0's full model (each part takes the tensors it names);
+    recompute the non-persistent buffers (the rotary frequencies), which no state dict carries."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 
-    model.to_empty(device=device)
-    rotary = model.model.rotary_emb
-    with torch.device("cpu"):
-        fresh = type(rotary)(model.config)
-    for name, buf in fresh.named_buffers():
-        rotary.get_buffer(name).copy_(buf)
     full = common.build_model(resolved, device.type == "cuda").state_dict() if dist.get_rank() == 0 else {}
-    set_model_state_dict(model, full, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))
+    for part in parts:  # every rank holds vpp parts: the broadcasts pair up
+        part.to_empty(device=device)
+        rotary = part.model.rotary_emb
+        with torch.device("cpu"):
+            fresh = type(rotary)(part.config)
+        for name, buf in fresh.named_buffers():
+            rotary.get_buffer(name).copy_(buf)
+        # a copy each time: set_model_state_dict writes the part's DTensors back into the dict it is given
+        set_model_state_dict(part, dict(full), options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True,
+                                                                  strict=len(parts) == 1 and resolved.grid.pp == 1))
 
 
 class TorchTrainer:
@@ -165,26 +221,32 @@ class TorchTrainer:
         self.resolved, self.cuda, self.device = resolved, ctx.cuda, ctx.device
         self.dtype = DTYPES[resolved.recipe.precision.dtype]
         self.mesh = _mesh(resolved, ctx.cuda)
+        pp_rank = self.mesh["pp"].get_local_rank()
         model = _skeleton(resolved, ctx.cuda)
-        if par.tp > 1:
-            _apply_tp(model, self.mesh["tp"], par.sp)
         # Counting is a Python side effect inside each block: compiled, it would break the graphs of checkpointed blocks.
         self.layer_calls = [] if train.compile else common.count_layer_calls(model)
-        _apply_ac(model, train.activation_checkpointing)
-        _apply_compile(model, train.compile)
-        _apply_dp(model, self.mesh, resolved, ctx.cuda)
-        _materialise(model, resolved, torch.device("cpu") if par.offload_params != "none" else ctx.device)
-        model.train()  # transformers builds models in eval mode
-        self.inner = model
-        self.decoder_layers = list(model.model.layers)
-        self.ddp = par.zero_stage == 0 and resolved.grid.dp > 1
-        self.model = _wrap_ddp(model, self.mesh, ctx.cuda, ctx.env.local_rank) if self.ddp else model
+        # The pipeline split comes first: each of this rank's chunks then takes the dimensions below as a model would.
+        parts = _split_pp(model, resolved, pp_rank) if par.pp > 1 else [model]
+        for part in parts:
+            if par.tp > 1:
+                _apply_tp(part, self.mesh["tp"], par.sp)
+            _apply_ac(part, train.activation_checkpointing)
+            _apply_compile(part, train.compile)
+            _apply_dp(part, self.mesh, resolved, ctx.cuda)
+        _materialise(parts, resolved, torch.device("cpu") if par.offload_params != "none" else ctx.device)
+        for part in parts:
+            part.train()  # transformers builds models in eval mode
+        self.parts = parts
+        self.decoder_layers = [layer for part in parts for layer in _layers(part).values()]
+        self.ddp = par.zero_stage == 0 and resolved.grid.dp > 1  # the resolver refuses DDP with TP or PP
+        self.model = _wrap_ddp(parts[0], self.mesh, ctx.cuda, ctx.env.local_rank) if self.ddp else parts[0]
         dp_mesh = self.mesh["dp"]
         self.dp_rank, self.dp_world = dp_mesh.get_local_rank(), dp_mesh.size()
         self.dp_group = dp_mesh.get_group() if self.dp_world > 1 else None
-        self.param_numel_local = sum(_local(p).numel() for p in model.parameters())
-        self.optimizer = torch.optim.AdamW(model.parameters(), lr=train.lr, betas=(train.adam_beta1, train.adam_beta2),
-                                           eps=1e-8, weight_decay=train.weight_decay, foreach=True)
+        self.param_numel_local = sum(_local(p).numel() for part in parts for p in part.parameters())
+        # One AdamW per part (torchtitan's): each part's state dict names its own parameters.
+        self.optimizers = [torch.optim.AdamW(part.parameters(), lr=train.lr, betas=(train.adam_beta1, train.adam_beta2),
+                                             eps=1e-8, weight_decay=train.weight_decay, foreach=True) for part in parts]
         self.scaler = None
         if self.dtype == torch.float16:  # the T4 has no bf16: loss scaling, sharded where the gradients are
             from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
@@ -209,10 +271,31 @@ class TorchTrainer:
         self.mask = None
         if common.attention_implementation(ctx.cuda) == "eager":
             self.mask = torch.full((seq, seq), torch.finfo(torch.float32).min, device=ctx.device).triu(1)[None, None]
+        self.schedule = self._pipeline(pp_rank) if par.pp > 1 else None
+
+    def _pipeline(self, pp_rank: int):
+        """torch.distributed.pipelining over this rank's chunks: 1F1B, interleaved 1F1B with parallel.vpp > 1. The
+        schedule splits the step's rows into grad_accum micro-batches, the ones the loop would give one by one, and
+        scales each micro-batch's gradients by 1/grad_accum."""
+        from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleInterleaved1F1B
+
+        par = self.resolved.recipe.parallel
+        group = self.mesh["pp"].get_group()
+        stages = []
+        for v, part in enumerate(self.parts):
+            part.positions, part.mask = self.positions, self.mask
+            stages.append(PipelineStage(part, v * par.pp + pp_rank, par.pp * par.vpp, self.device, group=group))
+        self.first = any(stage.is_first for stage in stages)
+        self.last = any(stage.is_last for stage in stages)
+        ga = self.resolved.grad_accum
+        if par.vpp > 1:
+            return ScheduleInterleaved1F1B(stages, n_microbatches=ga, loss_fn=self._cross_entropy)
+        return Schedule1F1B(stages[0], n_microbatches=ga, loss_fn=self._cross_entropy)
 
     def set_lr(self, lr: float) -> None:
-        for group in self.optimizer.param_groups:
-            group["lr"] = lr
+        for optimizer in self.optimizers:
+            for group in optimizer.param_groups:
+                group["lr"] = lr
 
     def _autocast(self):
         # FSDP2 casts the parameters itself (MixedPrecisionPolicy); DDP trains fp32 parameters under autocast.
@@ -220,38 +303,38 @@ class TorchTrainer:
             return torch.autocast(self.device.type, dtype=self.dtype)
         return contextlib.nullcontext()
 
-    def _loss(self, model, rows):
-        """Next-token cross entropy over positions 0..s-2 (Hugging Face's shift), on vocabulary-split logits under TP.
-        Positions are passed explicitly: under SP the model would take them from its local sequence shard."""
-        with self._autocast():
-            logits = model(input_ids=rows, position_ids=self.positions, attention_mask=self.mask).logits
+    def _cross_entropy(self, logits, rows):
+        """Next-token cross entropy over positions 0..s-2 (Hugging Face's shift). Under TP the logits are this rank's
+        vocabulary shard, wrapped as a DTensor for loss_parallel."""
+        if self.resolved.grid.tp > 1:
+            from torch.distributed.tensor import DTensor, Shard
+
+            logits = DTensor.from_local(logits, self.mesh["tp"], [Shard(-1)])
         return torch.nn.functional.cross_entropy(logits[:, :-1].flatten(0, 1).float(), rows[:, 1:].flatten())
 
+    def _loss(self, model, rows):
+        """Positions are passed explicitly: under SP the model would take them from its local sequence shard."""
+        with self._autocast():
+            logits = model(input_ids=rows, position_ids=self.positions, attention_mask=self.mask).logits
+        return self._cross_entropy(logits, rows)
+
     def train_step(self, micro_batch: Callable) -> StepOutput:
-        ga, cuda = self.resolved.grad_accum, self.cuda
-        losses = []
-        for micro in range(ga):
-            rows = micro_batch(micro)
-            last = micro == ga - 1
-            sync = self.model.no_sync() if self.ddp and not last else contextlib.nullcontext()
-            with sync:
-                with common.region("forward", cuda):
-                    loss = self._loss(self.model, rows)
-                with common.region("backward", cuda):
-                    scaled = loss / ga
-                    (self.scaler.scale(scaled) if self.scaler is not None else scaled).backward()
-            losses.append(_local(loss.detach()).float())  # a replicated DTensor under loss_parallel
+        cuda = self.cuda
+        losses = self._pipelined(micro_batch) if self.schedule is not None else self._accumulated(micro_batch)
         with common.region("optimizer", cuda):
             if self.scaler is not None:
-                self.scaler.unscale_(self.optimizer)
+                for optimizer in self.optimizers:
+                    self.scaler.unscale_(optimizer)
             norm = self._clip()
+            for optimizer in self.optimizers:
+                if self.scaler is not None:
+                    self.scaler.step(optimizer)
+                else:
+                    optimizer.step()
+                # DDP keeps its gradients as views of the reduce buckets, which live on whatever is done here.
+                optimizer.zero_grad(set_to_none=not self.ddp)
             if self.scaler is not None:
-                self.scaler.step(self.optimizer)
                 self.scaler.update()
-            else:
-                self.optimizer.step()
-            # DDP keeps its gradients as views of the reduce buckets, which live on whatever is done here.
-            self.optimizer.zero_grad(set_to_none=not self.ddp)
         if self.compile_pending:  # after the first step has compiled every block: say what was compiled, in the rank log
             from torch._dynamo.utils import counters
 
@@ -261,21 +344,56 @@ class TorchTrainer:
                   + "".join(f"\n  graph break ×{n}: {why}" for why, n in breaks.items()), flush=True)
         return StepOutput(torch.stack(losses).mean(), norm)
 
+    def _accumulated(self, micro_batch: Callable) -> list:
+        """Without pipelining: forward and backward of each micro-batch in turn (DDP reduces at the last)."""
+        ga, cuda = self.resolved.grad_accum, self.cuda
+        losses = []
+        for micro in range(ga):
+            rows = micro_batch(micro)
+            sync = self.model.no_sync() if self.ddp and micro < ga - 1 else contextlib.nullcontext()
+            with sync:
+                with common.region("forward", cuda):
+                    loss = self._loss(self.model, rows)
+                with common.region("backward", cuda):
+                    scaled = loss / ga
+                    (self.scaler.scale(scaled) if self.scaler is not None else scaled).backward()
+            losses.append(_local(loss.detach()).float())  # a replicated DTensor under loss_parallel
+        return losses
+
+    def _pipelined(self, micro_batch: Callable) -> list:
+        """The step's micro-batches through the schedule; the last stage's mean loss goes to every stage (the loop
+        logs it on every rank)."""
+        rows = torch.cat([micro_batch(i) for i in range(self.resolved.grad_accum)])
+        losses: list = []
+        with common.region("forward-backward", self.cuda):
+            self.schedule.step(*((rows,) if self.first else ()),
+                               **({"target": rows, "losses": losses} if self.last else {}))
+        pp = self.mesh["pp"]
+        loss = torch.stack([_local(x.detach()).float() for x in losses]).mean() if self.last else torch.zeros(())
+        dist.broadcast(loss.to(self.device), group=pp.get_group(), group_src=pp.size() - 1)
+        return [loss]
+
+    def _params(self):
+        return [p for part in self.parts for p in part.parameters()]
+
     def _clip(self) -> float:
         """The whole gradient's L2 norm, then clipping to train.grad_clip. Gradients live on different meshes (with TP
         but no SP the norms' are sharded over dp alone, the rest over dp × tp): each mesh's norm is reduced over it,
-        then the parts are combined."""
+        the parts are combined, and with pipelining the stages' squares are summed over pp."""
         from torch.distributed.tensor import DTensor
 
         by_mesh: dict = {}
-        for p in self.inner.parameters():
+        for p in self._params():
             if p.grad is not None:
                 by_mesh.setdefault(p.grad.device_mesh if isinstance(p.grad, DTensor) else None, []).append(p)
         parts = []
         for params in by_mesh.values():
             part = torch.nn.utils.get_total_norm([p.grad for p in params], norm_type=2.0, foreach=True)
             parts.append(part.full_tensor() if isinstance(part, DTensor) else part)
-        norm = torch.linalg.vector_norm(torch.stack(parts))
+        squares = torch.stack(parts).float().pow(2).sum() if parts else torch.zeros((), device=self.device)
+        if self.schedule is not None:
+            dist.all_reduce(squares, group=self.mesh["pp"].get_group())
+        norm = squares.sqrt()
         clip = self.resolved.recipe.train.grad_clip
         if clip > 0:
             for params in by_mesh.values():  # foreach kernels take one mesh at a time
@@ -283,13 +401,22 @@ class TorchTrainer:
         return float(norm)
 
     def loss(self, rows):
-        return self._loss(self.inner, rows)
+        return self._loss(self.parts[0], rows)  # launch calibrate runs it at pp = 1: the whole model
 
     def _state(self) -> dict:
-        from torch.distributed.checkpoint.state_dict import get_state_dict
+        """Every part's model and optimizer state under the model's own parameter names (the optimizer's flattened by
+        name, torchtitan's way), so that checkpoints of every layout are interchangeable."""
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
 
-        model_sd, optim_sd = get_state_dict(self.model, self.optimizer)
+        model_sd, optim_sd = {}, {}
+        for part, optimizer in zip(self._wrapped(), self.optimizers, strict=True):
+            m, o = get_state_dict(part, optimizer, options=StateDictOptions(flatten_optimizer_state_dict=True))
+            model_sd.update(m)
+            optim_sd.update(o)
         return {"model": model_sd, "optim": optim_sd}
+
+    def _wrapped(self) -> list:
+        return [self.model] if self.ddp else self.parts
 
     def save(self, checkpoints: Path, tag: str, step: int) -> None:
         import torch.distributed.checkpoint as dcp
@@ -298,12 +425,15 @@ class TorchTrainer:
 
     def load(self, ckpt: Checkpoint) -> int:
         import torch.distributed.checkpoint as dcp
-        from torch.distributed.checkpoint.state_dict import set_state_dict
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
 
         state = self._state()
         _check_shapes(ckpt, state["model"])
         dcp.load(state, storage_reader=dcp_reader(ckpt.dir))
-        set_state_dict(self.model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+        options = StateDictOptions(flatten_optimizer_state_dict=True, strict=len(self.parts) == 1)
+        for part, optimizer in zip(self._wrapped(), self.optimizers, strict=True):
+            set_state_dict(part, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"],
+                           options=options)
         return ckpt.step
 
     def state_bytes(self) -> dict[str, int]:
@@ -322,10 +452,11 @@ class TorchTrainer:
                     total += s.nbytes()
             return total
 
-        params = list(self.inner.parameters())
+        params = self._params()
         weights = count(params)
         grads = count(p.grad for p in params)
-        optimizer = count(v for st in self.optimizer.state.values() for v in st.values() if torch.is_tensor(v))
+        optimizer = count(v for opt in self.optimizers for st in opt.state.values() for v in st.values()
+                          if torch.is_tensor(v))
         return {"weights": weights, "grads": grads, "optimizer": optimizer}
 
 
