@@ -217,7 +217,9 @@ BACKENDS: dict[str, BackendTraits] = {
         # The gradient norm is reduced per mesh (launch/plan/collectives.py _torch_norm_calls).
         # With pipelining the last stage broadcasts the logged loss to its pipeline group.
         step=StepCollectives(pp_loss_broadcast=True),
-        features=frozenset({"pp", "vpp", "sp", "selective", "compile"}), selective="every_other_block",
+        # "hpz": parallel.zero_hpz_partition_size is FSDP2's hybrid sharding here (shard within the group, replicate
+        # across groups), not ZeRO++'s secondary partition.
+        features=frozenset({"pp", "vpp", "sp", "selective", "compile", "hpz"}), selective="every_other_block",
         # torch.distributed.pipelining drives FSDP2 chunks (its stages reduce at the last micro-batch); DDP under a
         # pipeline would need autocast around the schedule's forwards alone: not built. Tied embeddings with PP: the
         # two copies of the matrix would live on different stages (pp_tied_embeddings).

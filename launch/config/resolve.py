@@ -230,12 +230,14 @@ def resolve(loaded: LoadedRecipe, world_size: int | None = None) -> Resolved:
     hpz = par.zero_hpz_partition_size
     if hpz > 1:
         # DeepSpeed forms the secondary groups of `hpz` consecutive global ranks (groups._create_zero_param_parallel_
-        # group): they are data-parallel peers only without tensor or pipeline parallelism.
+        # group): they are data-parallel peers only without tensor or pipeline parallelism. The torch backend's hybrid
+        # sharding groups data-parallel peers on its mesh, whatever tp and pp are.
         for ok, problem, fix in [
             (par.zero_stage == 3, f"needs parallel.zero_stage=3 (got {par.zero_stage}); hpZ partitions ZeRO-3's "
                                   "parameters", "set parallel.zero_stage=3 or parallel.zero_hpz_partition_size=1"),
-            (par.tp == 1 and par.pp == 1, f"needs tp = pp = 1 (got tp={par.tp}, pp={par.pp}): DeepSpeed groups "
-                                          "consecutive ranks", "set parallel.zero_hpz_partition_size=1 with tp or pp"),
+            (par.tp == 1 and par.pp == 1 or bt.compose_ds_config is None,
+             f"needs tp = pp = 1 (got tp={par.tp}, pp={par.pp}): DeepSpeed groups consecutive ranks",
+             "set parallel.zero_hpz_partition_size=1 with tp or pp, or backend = \"torch\" (FSDP2's hybrid sharding)"),
             (dp % hpz == 0, f"does not divide the data-parallel size {dp}",
              f"set parallel.zero_hpz_partition_size to a divisor of {dp}, normally hardware.gpus_per_node"),
         ]:

@@ -43,7 +43,8 @@ class ParallelSection:
     vpp: int = 1  # virtual pipeline stages per rank (interleaved 1F1B)
     zero_stage: int = 0
     # ZeRO++ hpZ: ZeRO-3 also keeps a secondary partition of the 16-bit parameters over groups of this many
-    # consecutive ranks (one node), so that backward re-gathers stay inside the node. 1: off.
+    # consecutive ranks (one node), so that backward re-gathers stay inside the node. Backend "torch": FSDP2's hybrid
+    # sharding, parameters sharded within groups of this many data-parallel ranks and replicated across them. 1: off.
     zero_hpz_partition_size: int = 1
     offload_optimizer: OFFLOAD = "none"
     offload_params: OFFLOAD = "none"

@@ -228,9 +228,15 @@ def _torch_dp_traffic(layout: Layout, timing: Timing, grp: tuple[int, ...], stag
                    "for the backwards" if z3 else f"FSDP2 under the pipeline: each of {units} units once, at the first "
                    "forward")
             reduced = "at the last micro-batch"
-        out.append(_comm(layout, timing, "dp", "all_gather", grp, gathers, e * params / units, how))
-        out.append(_comm(layout, timing, "dp", "reduce_scatter", grp, scatters, 4 * params / units,
+        hybrid = layout.hpz
+        shard_grp = grp[:hybrid] if hybrid > 1 else grp  # the data-parallel group's first shard group
+        out.append(_comm(layout, timing, "dp", "all_gather", shard_grp, gathers, e * params / units, how))
+        out.append(_comm(layout, timing, "dp", "reduce_scatter", shard_grp, scatters, 4 * params / units,
                          f"FSDP2: fp32 gradients, one call per unit after its backward, {reduced}"))
+        if hybrid > 1:
+            out.append(_comm(layout, timing, "dp", "all_reduce", grp[::hybrid], scatters, 4 * params / units / hybrid,
+                             f"hybrid sharding: each reduced shard all-reduced across the {len(grp) // hybrid} "
+                             f"replicas, {reduced}"))
     out.append(_comm(layout, timing, "dp", "all_reduce", grp, 1, 4, "one fp32: the logged loss mean (the loop)",
                      after_step=True))
     return out + _torch_norm_calls(layout, timing, g.rank(0, 0, stage), "dp")
@@ -250,7 +256,8 @@ def _torch_norm_calls(layout: Layout, timing: Timing, first: int, over: str) -> 
         return [_comm(layout, timing, "pp", "all_reduce", g.pp_group(first), 1, 4,
                       "the gradient norm's squares summed over the pipeline stages", after_step=True)] if g.pp > 1 else []
     calls = 1 + (g.tp > 1 and not layout.sp)
-    return [_comm(layout, timing, "dp", "all_reduce", g.dp_group(first), calls, 4,
+    grp = g.dp_group(first)[:layout.hpz] if layout.hpz > 1 else g.dp_group(first)  # hybrid: the shard group's only
+    return [_comm(layout, timing, "dp", "all_reduce", grp, calls, 4,
                   "the gradient norm's partial sums over dp" + (", one per mesh" if calls > 1 else ""),
                   after_step=True)] if g.dp > 1 else []
 

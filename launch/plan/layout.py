@@ -39,6 +39,7 @@ class Layout:
     offload_params: str = "none"
     ds_zero: Mapping[str, Any] = field(default_factory=dict)  # the composed zero_optimization section
     headroom: float = 0.10
+    zero_hpz_partition_size: int = 1  # the recipe's; DeepSpeed's composed section (ds_zero) overrides it
 
     @property
     def grad_accum(self) -> int:
@@ -50,8 +51,10 @@ class Layout:
 
     @property
     def hpz(self) -> int:
-        """ZeRO++ hpZ's secondary partition group size (1: off); ZeRO-3 only, as DeepSpeed applies it."""
-        return int_or(self.ds_zero.get("zero_hpz_partition_size"), 1, low=1) if self.zero_stage == 3 else 1
+        """ZeRO++ hpZ's secondary partition group size (DeepSpeed), or the torch backend's hybrid-sharding group
+        (FSDP2 shards within it, replicates across); 1: off. ZeRO-3 only, as both apply it."""
+        return (int_or(self.ds_zero.get("zero_hpz_partition_size"), self.zero_hpz_partition_size, low=1)
+                if self.zero_stage == 3 else 1)
 
     @classmethod
     def from_resolved(cls, r) -> "Layout":
@@ -64,6 +67,7 @@ class Layout:
             vpp=rc.parallel.vpp, offload_optimizer=rc.parallel.offload_optimizer,
             offload_params=rc.parallel.offload_params,
             ds_zero=dict(r.ds_config.get("zero_optimization", {})), headroom=rc.plan.headroom,
+            zero_hpz_partition_size=rc.parallel.zero_hpz_partition_size,
         )
 
 

@@ -220,7 +220,7 @@ def model_states(layout: Layout, params: int, accounting: str, stage: int = 0) -
             # gathered units in the compute dtype, and one block's and the root's unsharded gradients in the backward.
             root, block = fsdp_units(layout, stage)
             gathered = e * fsdp_gathered(layout, params, stage)
-            shard = -(-params // d)
+            shard = -(-params // (layout.hpz if layout.hpz > 1 else d))  # hybrid sharding: within its groups
             w, g, o = 4 * shard + gathered, 4 * shard + e * min(params, root + block), 8 * shard
             if off_par:  # CPUOffloadPolicy: sharded parameters, gradients and the optimizer step live on the host
                 host += 16 * shard

@@ -38,6 +38,7 @@ RUNS = {
     "torch_fsdp2_z3": (TORCH, (*SHORT, *TORCH_LAYOUTS["fsdp2_z3"])),
     "torch_tp2_dp2_sp": (TORCH, (*SHORT, *TORCH_LAYOUTS["tp2_dp2_sp"])),
     "torch_pp2_dp2_z2": (TORCH, (*SHORT, *TORCH_LAYOUTS["pp2_dp2_z2"])),
+    "torch_hsdp": (TORCH, (*SHORT, *TORCH_LAYOUTS["hsdp"])),
 }
 
 

@@ -102,3 +102,12 @@ def test_export_loads_in_transformers_and_reproduces_the_loss(runs_root, interru
     with torch.no_grad():
         loss = model(input_ids=rows, labels=rows).loss.item()
     assert loss == pytest.approx(full.losses()[5], abs=TOL)  # step 6 ran forward on the step-5 weights
+
+    # and a torch run starts from those weights when the recipe names the folder (model.weights): rank 0 reads them,
+    # every rank receives its shards
+    rows0 = torch.from_numpy(np.stack([src.sample(i) for i in global_batch_indices(0, meta.global_batch_size, None)]))
+    with torch.no_grad():
+        first = model(input_ids=rows0, labels=rows0).loss.item()
+    warm = train(runs_root / "torch_from_weights", *SHORT, *TORCH_LAYOUTS["tp2_dp2"][:4], "train.steps=2",
+                 "train.warmup_steps=1", f'model.weights="{out}"', "run.resume=never", recipe=TORCH)
+    assert warm.losses()[0] == pytest.approx(first, abs=TOL)

@@ -71,6 +71,9 @@ HAND = {
     # micro-batch.
     "pp2_vpp2": {"send_recv": 2 * 4 * 3, "broadcast": 1, "all_reduce": 1},
     "pp2_dp2_z2": {"send_recv": 2 * 2 * 1, "broadcast": 1, "all_reduce": 2, "all_gather": 3, "reduce_scatter": 3},
+    # Hybrid sharding, DP 4 in shard groups of 2 (one micro-batch): gathers and reduce-scatters within the group as
+    # at DP 2, then each reduced shard all-reduced across the 2 replicas, one call per unit; the norm in the group.
+    "hsdp": {"all_gather": 10, "reduce_scatter": 5, "all_reduce": 5 + 1},
 }
 
 

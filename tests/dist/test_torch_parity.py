@@ -79,3 +79,13 @@ def test_compile_compiled_every_block_without_breaks(runs):
         graphs, breaks = map(int, said.groups())
         # identical blocks may share one graph (their parameters are its inputs); none may fall back to eager
         assert graphs >= 1 and breaks == 0
+
+
+def test_fp16_with_the_sharded_scaler_follows_fp32(shared_run, one_rank_reference):
+    """fp16 FSDP2 (the T4's precision) with torch's ShardedGradScaler: the same curve as fp32 within fp16's rounding.
+    Tolerance 2e-2: fp16 keeps 11 significant bits (~5e-4 relative per rounding), and the parameters are gathered
+    and the activations computed in fp16 while the master weights and the reduction stay fp32; a skipped or
+    mis-scaled step moves the loss by far more (the learning rate is 3e-3 on losses falling ~0.03 a step)."""
+    t = shared_run(*SHORT, *TORCH_LAYOUTS["fsdp2_z3"][:3], "precision.dtype=fp16", recipe=TORCH)
+    assert t.metrics().meta.dtype == "fp16"
+    assert worst(t.losses(), one_rank_reference.losses()) <= 2e-2, (t.losses(), one_rank_reference.losses())

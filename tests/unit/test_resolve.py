@@ -307,6 +307,16 @@ def test_torch_backend_refuses_what_it_cannot_build(overrides, field, said, fix)
     assert "\n" not in str(e)
 
 
+def test_hybrid_sharding_on_the_torch_backend_takes_tp():
+    """parallel.zero_hpz_partition_size is FSDP2's hybrid sharding on the torch backend: its groups live on the mesh,
+    so TP may come with it (DeepSpeed's hpZ groups consecutive ranks and refuses TP)."""
+    r = resolve_path(TORCH, ["hardware.gpus_per_node=8", "parallel.tp=2", "parallel.zero_hpz_partition_size=2"])
+    assert (r.grid.tp, r.grid.dp, r.recipe.parallel.zero_hpz_partition_size) == (2, 4, 2)
+    e = err(RECIPES / "tiny_zero2", ["hardware.gpus_per_node=8", "parallel.tp=2", "parallel.zero_stage=3",
+                                     "parallel.zero_hpz_partition_size=2"])
+    assert e.field == "parallel.zero_hpz_partition_size" and 'backend = "torch"' in e.fix
+
+
 def test_compile_needs_the_torch_backend():
     e = err(RECIPES / "tiny_zero2", ["train.compile=true"])
     assert e.field == "train.compile" and 'needs backend = "torch"' in str(e) and "train.compile=false" in e.fix

@@ -14,7 +14,8 @@ Parallelism is applied one function per dimension, in this order, from the rank 
   5. `_apply_compile`: every block compiled in place (`Module.compile`), so parameter names, and with them
      checkpoints, are the eager model's;
   6. `_apply_dp`: zero_stage 0 torch DDP (bucketed all-reduce overlapped with the backward), 2 FSDP2 keeping the
-     gathered parameters from forward to backward (`reshard_after_forward=False`), 3 FSDP2 full sharding.
+     gathered parameters from forward to backward (`reshard_after_forward=False`), 3 FSDP2 full sharding, or with
+     parallel.zero_hpz_partition_size > 1 hybrid sharding (shard within groups of that many, replicate across).
 
 Steps 2-6 (DDP excepted) apply to a skeleton on the meta device. Each rank then allocates only its own shards and
 receives them from rank 0, which alone builds the whole fp32 model (the recipe's weights, or the seeded random init
@@ -49,11 +50,19 @@ def init_distributed(resolved: Resolved, cuda: bool) -> None:
 
 
 def _mesh(resolved: Resolved, cuda: bool):
-    """The grid as a DeviceMesh: row-major over (pp, dp, tp) is the grid's tp-fastest order (launch/config/grid.py)."""
+    """The grid as a DeviceMesh: row-major over (pp, dp, tp) is the grid's tp-fastest order (launch/config/grid.py).
+    Hybrid sharding splits dp into ("dp_replicate", "dp_shard"), the shard groups of consecutive data-parallel ranks,
+    and names their product "dp" again."""
     from torch.distributed.device_mesh import init_device_mesh
 
-    g = resolved.grid
-    return init_device_mesh("cuda" if cuda else "cpu", (g.pp, g.dp, g.tp), mesh_dim_names=("pp", "dp", "tp"))
+    g, hybrid = resolved.grid, resolved.recipe.parallel.zero_hpz_partition_size
+    device = "cuda" if cuda else "cpu"
+    if hybrid == 1:
+        return init_device_mesh(device, (g.pp, g.dp, g.tp), mesh_dim_names=("pp", "dp", "tp"))
+    mesh = init_device_mesh(device, (g.pp, g.dp // hybrid, hybrid, g.tp),
+                            mesh_dim_names=("pp", "dp_replicate", "dp_shard", "tp"))
+    mesh["dp_replicate", "dp_shard"]._flatten("dp")
+    return mesh
 
 
 def _layers(part) -> dict:
@@ -168,7 +177,9 @@ def _apply_dp(part, mesh, resolved: Resolved, cuda: bool) -> None:
     par, dtype = resolved.recipe.parallel, DTYPES[resolved.recipe.precision.dtype]
     if par.zero_stage == 0:
         return
-    kw = {"mesh": mesh["dp"], "reshard_after_forward": par.zero_stage == 3}
+    # hybrid sharding: a 2-D mesh, FSDP2 shards over its second dimension and replicates over its first
+    dp_mesh = mesh["dp_replicate", "dp_shard"] if par.zero_hpz_partition_size > 1 else mesh["dp"]
+    kw = {"mesh": dp_mesh, "reshard_after_forward": par.zero_stage == 3}
     if dtype != torch.float32:
         kw["mp_policy"] = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32)
     if par.offload_params != "none":
