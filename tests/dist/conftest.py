@@ -102,6 +102,27 @@ def commbench(gpus: int, dtype: str) -> tuple[str, ...]:
     return (*BENCH, f"hardware.gpus_per_node={gpus}", "batch.global_batch_size=16", f'commbench.dtype="{dtype}"')
 
 
+def exported_losses(folder: Path, meta, steps: tuple[int, ...]) -> list[float]:
+    """The loss an exported Hugging Face folder gives, loaded by `transformers` itself, on the global batch of each
+    0-based step of a run (`meta`: its metrics' meta record; the Synthetic data every tiny recipe trains on). The run
+    logs the mean of per-micro-batch means; with equal-length rows that is the batch mean."""
+    import numpy as np
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from launch.ranks.data import Synthetic, global_batch_indices
+
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32, attn_implementation="eager")
+    model.eval()
+    src = Synthetic(512, meta.seq_len, 1234)
+    out = []
+    for step in steps:
+        rows = torch.from_numpy(np.stack([src.sample(i) for i in global_batch_indices(step, meta.global_batch_size, None)]))
+        with torch.no_grad():
+            out.append(model(input_ids=rows, labels=rows).loss.item())
+    return out
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

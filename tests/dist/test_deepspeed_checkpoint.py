@@ -4,14 +4,12 @@ import signal
 import subprocess
 import time
 
-import numpy as np
 import pytest
 
-from launch.ranks.data import Synthetic, global_batch_indices
 from launch.run.metrics import read_metrics
 from launch.run.checkpoints import complete_checkpoints
 from tests.conftest import REPO
-from tests.dist.conftest import DS_DP2, EVERY_5, SHORT, ds_autotp, free_port, interrupted_copy, train
+from tests.dist.conftest import DS_DP2, EVERY_5, SHORT, ds_autotp, exported_losses, free_port, interrupted_copy, train
 
 pytestmark = [pytest.mark.dist, pytest.mark.slow]
 CKPT = (*SHORT, *EVERY_5)
@@ -70,30 +68,16 @@ def test_stage_change_2_to_3_is_refused_before_launch(runs_root, interrupted):
 
 
 def test_export_loads_in_transformers_and_reproduces_the_loss(runs_root, interrupted):
-    import torch
-    from transformers import AutoModelForCausalLM
-
     full = interrupted(runs_root / "export", 3)
     out = runs_root / "exported"
     p = subprocess.run(["python", "-m", "launch", "export", str(full.root), "step=5", f"out={out}"], cwd=REPO,
                        capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stderr[-3000:]
     assert (out / "model.safetensors").is_file() and (out / "config.json").is_file()
-    model = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32, attn_implementation="eager")
-    model.eval()
-    meta = full.metrics().meta
-    src = Synthetic(512, meta.seq_len, 1234)
-    rows = np.stack([src.sample(i) for i in global_batch_indices(5, meta.global_batch_size, None)])
-    x = torch.from_numpy(rows)
-    with torch.no_grad():
-        # the run logs the mean of per-micro-batch means; with equal-length rows that is the batch mean
-        loss = model(input_ids=x, labels=x).loss.item()
-    assert loss == pytest.approx(full.losses()[5], abs=TOL)  # step 6 ran forward on the step-5 weights
-
+    # step 6 ran forward on the step-5 weights; and step 0's batch is what a run from those weights sees first
+    at_step_6, first = exported_losses(out, full.metrics().meta, (5, 0))
+    assert at_step_6 == pytest.approx(full.losses()[5], abs=TOL)
     # and a new run starts from those weights when the recipe names the folder (model.weights)
-    rows0 = torch.from_numpy(np.stack([src.sample(i) for i in global_batch_indices(0, meta.global_batch_size, None)]))
-    with torch.no_grad():
-        first = model(input_ids=rows0, labels=rows0).loss.item()
     warm = train(runs_root / "from_weights", *SHORT, "train.steps=2", "train.warmup_steps=1", f'model.weights="{out}"', "run.resume=never")
     assert warm.losses()[0] == pytest.approx(first, abs=TOL)
 

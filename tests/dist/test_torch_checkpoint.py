@@ -8,12 +8,10 @@ import json
 import os
 import subprocess
 
-import numpy as np
 import pytest
 
-from launch.ranks.data import Synthetic, global_batch_indices
 from tests.conftest import REPO
-from tests.dist.conftest import EVERY_5, SHORT, TORCH, TORCH_LAYOUTS, interrupted_copy, train
+from tests.dist.conftest import EVERY_5, SHORT, TORCH, TORCH_LAYOUTS, exported_losses, interrupted_copy, train
 
 pytestmark = [pytest.mark.dist, pytest.mark.slow]
 TOL = 1e-5
@@ -86,28 +84,16 @@ def test_checkpoint_of_another_model_is_refused_in_one_line(runs_root, interrupt
 
 
 def test_export_loads_in_transformers_and_reproduces_the_loss(runs_root, interrupted):
-    import torch
-    from transformers import AutoModelForCausalLM
-
     full = interrupted(runs_root / "torch_export", "tp2_dp2")
     out = runs_root / "torch_exported"
     p = subprocess.run(["python", "-m", "launch", "export", str(full.root), "step=5", f"out={out}"], cwd=REPO,
                        capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stderr[-3000:]
-    model = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32, attn_implementation="eager")
-    model.eval()
-    meta = full.metrics().meta
-    src = Synthetic(512, meta.seq_len, 1234)
-    rows = torch.from_numpy(np.stack([src.sample(i) for i in global_batch_indices(5, meta.global_batch_size, None)]))
-    with torch.no_grad():
-        loss = model(input_ids=rows, labels=rows).loss.item()
-    assert loss == pytest.approx(full.losses()[5], abs=TOL)  # step 6 ran forward on the step-5 weights
-
-    # and a torch run starts from those weights when the recipe names the folder (model.weights): rank 0 reads them,
+    # step 6 ran forward on the step-5 weights; and step 0's batch is what a run from those weights sees first
+    at_step_6, first = exported_losses(out, full.metrics().meta, (5, 0))
+    assert at_step_6 == pytest.approx(full.losses()[5], abs=TOL)
+    # a torch run starts from those weights when the recipe names the folder (model.weights): rank 0 reads them,
     # every rank receives its shards
-    rows0 = torch.from_numpy(np.stack([src.sample(i) for i in global_batch_indices(0, meta.global_batch_size, None)]))
-    with torch.no_grad():
-        first = model(input_ids=rows0, labels=rows0).loss.item()
     warm = train(runs_root / "torch_from_weights", *SHORT, *TORCH_LAYOUTS["tp2_dp2"][:4], "train.steps=2",
                  "train.warmup_steps=1", f'model.weights="{out}"', "run.resume=never", recipe=TORCH)
     assert warm.losses()[0] == pytest.approx(first, abs=TOL)

@@ -463,15 +463,7 @@ def model_state_bytes(engine) -> dict[str, int]:
     seen: set[int] = set()
 
     def count(tensors) -> int:
-        total = 0
-        for t in tensors:
-            if t is None:
-                continue
-            s = t.untyped_storage()
-            if s.nbytes() and s.data_ptr() not in seen:
-                seen.add(s.data_ptr())
-                total += s.nbytes()
-        return total
+        return storage_bytes(tensors, seen)
 
     weights = count([p.data for p in params] + [getattr(p, "ds_tensor", None) for p in params]
                     + [getattr(p, "ds_secondary_tensor", None) for p in params])
@@ -479,3 +471,19 @@ def model_state_bytes(engine) -> dict[str, int]:
                   + [getattr(opt, "grad_partitions_flat_buffer", None)] + list(getattr(opt, "fp32_groups_gradients_flat", ())))
     optimizer = count(masters + [v for st in torch_opt.state.values() for v in st.values() if torch.is_tensor(v)])
     return {"weights": weights, "grads": grads, "optimizer": optimizer}
+
+
+def storage_bytes(tensors, seen: set[int]) -> int:
+    """Bytes of the storages behind `tensors` (None entries skipped) not counted yet: a view counts its whole storage,
+    once (`seen` holds the storages' addresses and is updated); a DTensor counts its local shard's."""
+    from torch.distributed.tensor import DTensor
+
+    total = 0
+    for t in tensors:
+        if t is None:
+            continue
+        s = (t.to_local() if isinstance(t, DTensor) else t).untyped_storage()
+        if s.nbytes() and s.data_ptr() not in seen:
+            seen.add(s.data_ptr())
+            total += s.nbytes()
+    return total

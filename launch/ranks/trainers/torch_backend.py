@@ -451,23 +451,11 @@ class TorchTrainer:
         """Bytes held between steps, each storage once: the (sharded) fp32 parameters, the gradients (DDP's reduce
         buckets; FSDP2 frees its sharded gradients in zero_grad), and AdamW's state."""
         seen: set[int] = set()
-
-        def count(tensors) -> int:
-            total = 0
-            for t in tensors:
-                if t is None:
-                    continue
-                s = _local(t).untyped_storage()
-                if s.nbytes() and s.data_ptr() not in seen:
-                    seen.add(s.data_ptr())
-                    total += s.nbytes()
-            return total
-
         params = self._params()
-        weights = count(params)
-        grads = count(p.grad for p in params)
-        optimizer = count(v for opt in self.optimizers for st in opt.state.values() for v in st.values()
-                          if torch.is_tensor(v))
+        weights = common.storage_bytes(params, seen)
+        grads = common.storage_bytes((p.grad for p in params), seen)
+        optimizer = common.storage_bytes((v for opt in self.optimizers for st in opt.state.values() for v in st.values()
+                                          if torch.is_tensor(v)), seen)
         return {"weights": weights, "grads": grads, "optimizer": optimizer}
 
 
