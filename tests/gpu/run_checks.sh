@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU checks as one prepared script, for a machine with NVIDIA GPUs: calibrate + recommend verify on one GPU,
-# then DeepSpeed ZeRO-2/3 and Megatron-Core TP1 with each recompute policy on the 0.5B model, and commbench vs
-# nccl-tests. The device tool's H200 has torch but neither deepspeed nor megatron-core, and a Python (3.12) that
+# then DeepSpeed ZeRO-2/3 and Megatron-Core TP1 with each recompute policy on the 0.5B model, the torch backend's
+# FSDP2 on the 1.1B model (eager and compiled, full and selective checkpointing), and commbench vs nccl-tests. The device tool's H200 has torch but neither deepspeed nor megatron-core, and a Python (3.12) that
 # pyproject's requires-python refuses: carry the wheels (`pip wheel --no-deps deepspeed==0.19.8`, plus
 # megatron-core, msgspec, hjson, pydantic and transformers for cp312) and the tree runs from PYTHONPATH.
 #   bash tests/gpu/run_checks.sh [wheel_dir]
