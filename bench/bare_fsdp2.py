@@ -20,6 +20,7 @@ from torch.distributed.fsdp import fully_shard
 from transformers import AutoModelForCausalLM
 
 from launch.config.resolve import Resolved
+from launch.config.schema import ADAM_EPS
 from launch.ranks.data import Synthetic, micro_batch
 from launch.ranks.hf import hf_config
 from launch.ranks.schedule import lr_at
@@ -38,7 +39,7 @@ for layer in model.model.layers:
     fully_shard(layer, mesh=mesh, reshard_after_forward=r.parallel.zero_stage == 3)
 fully_shard(model, mesh=mesh, reshard_after_forward=r.parallel.zero_stage == 3)
 model.train()
-opt = torch.optim.AdamW(model.parameters(), lr=t.lr, betas=(t.adam_beta1, t.adam_beta2), eps=1e-8,
+opt = torch.optim.AdamW(model.parameters(), lr=t.lr, betas=(t.adam_beta1, t.adam_beta2), eps=ADAM_EPS,
                         weight_decay=t.weight_decay, foreach=True)
 src = Synthetic(resolved.model.vocab_size, r.batch.seq_len, t.seed)
 positions = torch.arange(r.batch.seq_len).unsqueeze(0)

@@ -77,9 +77,14 @@ class BackendTraits:
     # The DeepSpeed config fields this backend decides beyond the recipe's: (owned, recipe) -> owned, where
     # owned maps a dotted DeepSpeed key to (value, the recipe field it comes from). None: no DeepSpeed at all.
     compose_ds_config: Callable[[dict[str, tuple[Any, str]], Any], dict[str, tuple[Any, str]]] | None
-    # The backend's own refusals, after the resolver's shared checks: (where, recipe, model) raises ConfigError,
-    # where(dotted) naming the file that set a field.
-    check: Callable[[Callable[[str], str], Any, Any], None] | None = None
+    # The backend's own refusals, after the resolver's shared checks: (where, recipe, model, grad_accum) raises
+    # ConfigError, where(dotted) naming the file that set a field.
+    check: Callable[[Callable[[str], str], Any, Any, int], None] | None = None
+
+    @property
+    def uses_deepspeed(self) -> bool:
+        """Trains through a DeepSpeed engine (the deepspeed and megatron backends), whose config the resolver composes."""
+        return self.compose_ds_config is not None
 
     def missing_packages(self) -> list[str]:
         import importlib.util
@@ -94,9 +99,27 @@ class BackendTraits:
 SELECTIVE_EVERY = 2  # torch backend, selective: every second decoder block recomputes (torchtitan's default n)
 
 
-def _torch_check(w: Callable[[str], str], recipe, model) -> None:
-    """What DDP and FSDP2 cannot build here, each refused with the nearest layout that they can."""
+def _torch_check(w: Callable[[str], str], recipe, model, grad_accum: int) -> None:
+    """What DDP, FSDP2 and the pipeline schedules cannot build here, each refused with the nearest layout that they
+    can."""
     par = recipe.parallel
+    if par.tp > 1 and model.vocab_size % par.tp:
+        # the output layer's logits are split evenly over TP (DTensor shards of equal size)
+        raise ConfigError(w("parallel.tp"), "parallel.tp", par.tp,
+                          f"does not divide the vocabulary of {model.name} ({model.vocab_size}) on backend \"torch\"",
+                          "choose tp dividing the vocabulary size")
+    if par.pp > 1 and grad_accum < par.pp:
+        # torch.distributed.pipelining's 1F1B schedules need a micro-batch in flight on every stage
+        raise ConfigError(w("batch.global_batch_size"), "batch.global_batch_size", recipe.batch.global_batch_size,
+                          f"gives {grad_accum} micro-batch(es) per step, fewer than parallel.pp={par.pp} pipeline "
+                          "stages on backend \"torch\"",
+                          f"set batch.global_batch_size to at least {par.pp} × micro_batch_size × dp, or a smaller "
+                          "batch.micro_batch_size")
+    if par.pp > 1 and recipe.precision.dtype == "fp16":
+        # the schedule computes the loss inside its steps, where the gradient scaler never scales it
+        raise ConfigError(w("precision.dtype"), "precision.dtype", "fp16",
+                          'with a pipeline has no loss-scaling path on backend "torch"',
+                          'set precision.dtype="bf16", or parallel.pp=1 (FSDP2 and TP scale fp16 losses)')
     if par.zero_stage not in BACKENDS["torch"].zero_stages:
         raise ConfigError(w("parallel.zero_stage"), "parallel.zero_stage", par.zero_stage,
                           'has no torch equivalent (FSDP2 shards gradients with the optimizer state) on backend "torch"',

@@ -19,7 +19,7 @@ from launch.config.backends import BACKENDS, traits
 from launch.config.grid import RankGrid, divisors
 from launch.config.hardware import HardwareProfile, is_profile_path, load_profile
 from launch.config.models import ModelSpec, load_model
-from launch.config.schema import LoadedRecipe, Recipe, from_dict, load_recipe, to_dict
+from launch.config.schema import ADAM_EPS, LoadedRecipe, Recipe, from_dict, load_recipe, to_dict
 from launch.errors import ConfigError
 
 SCHEMA_VERSION = 1
@@ -235,7 +235,7 @@ def resolve(loaded: LoadedRecipe, world_size: int | None = None) -> Resolved:
         for ok, problem, fix in [
             (par.zero_stage == 3, f"needs parallel.zero_stage=3 (got {par.zero_stage}); hpZ partitions ZeRO-3's "
                                   "parameters", "set parallel.zero_stage=3 or parallel.zero_hpz_partition_size=1"),
-            (par.tp == 1 and par.pp == 1 or bt.compose_ds_config is None,
+            (par.tp == 1 and par.pp == 1 or not bt.uses_deepspeed,
              f"needs tp = pp = 1 (got tp={par.tp}, pp={par.pp}): DeepSpeed groups consecutive ranks",
              "set parallel.zero_hpz_partition_size=1 with tp or pp, or backend = \"torch\" (FSDP2's hybrid sharding)"),
             (dp % hpz == 0, f"does not divide the data-parallel size {dp}",
@@ -322,7 +322,7 @@ def resolve(loaded: LoadedRecipe, world_size: int | None = None) -> Resolved:
     if not hw.supports(r.precision.dtype):
         raise ConfigError(w("precision.dtype"), "precision.dtype", r.precision.dtype,
                           f"is not supported by {hw.device}", "set precision.dtype=\"fp16\" (with loss scaling)")
-    if hw.name == "cpu" and r.precision.dtype == "fp16" and bt.compose_ds_config is not None:
+    if hw.name == "cpu" and r.precision.dtype == "fp16" and bt.uses_deepspeed:
         raise ConfigError(w("precision.dtype"), "precision.dtype", "fp16",
                           "is not supported by DeepSpeed on CPU ranks", 'set precision.dtype="fp32" or "bf16"')
     if r.run.profile == "nsys" and hw.name == "cpu":
@@ -349,7 +349,7 @@ def resolve(loaded: LoadedRecipe, world_size: int | None = None) -> Resolved:
                         "layoutlab's parity tests cover it")
 
     if bt.check is not None:
-        bt.check(w, r, model)
+        bt.check(w, r, model, grad_accum)
 
     grid = RankGrid(par.tp, par.pp, dp, hw_s.gpus_per_node, hw_s.nodes)
     commbench_s = dataclasses.replace(r.commbench,
@@ -363,7 +363,7 @@ def resolve(loaded: LoadedRecipe, world_size: int | None = None) -> Resolved:
         deepspeed=dataclasses.replace(r.deepspeed, config=paths.get("deepspeed.config")),
         run=dataclasses.replace(r.run, resume=resume))
     # The deepspeed and megatron backends train through a DeepSpeed engine (ZeRO over the data-parallel group).
-    ds_config, ds_base = _deepspeed_config(loaded, recipe, grad_accum, hw) if bt.compose_ds_config else ({}, "")
+    ds_config, ds_base = _deepspeed_config(loaded, recipe, grad_accum, hw) if bt.uses_deepspeed else ({}, "")
     return Resolved(
         recipe_name=loaded.name, recipe_path=str(loaded.path), chain=loaded.chain, overrides=loaded.overrides,
         recipe=recipe, model=model, hardware=hw, grid=grid, grad_accum=grad_accum, ds_config=ds_config,
@@ -398,7 +398,7 @@ def _deepspeed_config(loaded: LoadedRecipe, r: Recipe, grad_accum: int, hw: Hard
         "optimizer.type": ("AdamW", "train (AdamW)"),
         "optimizer.params.lr": (t.lr, "train.lr"),
         "optimizer.params.betas": ([t.adam_beta1, t.adam_beta2], "train.adam_beta1/adam_beta2"),
-        "optimizer.params.eps": (1e-8, "train (AdamW eps)"),
+        "optimizer.params.eps": (ADAM_EPS, "train (AdamW eps)"),
         "optimizer.params.weight_decay": (t.weight_decay, "train.weight_decay"),
         "optimizer.params.torch_adam": (not offloaded, "parallel.offload_optimizer"),
     }

@@ -63,6 +63,9 @@ class BatchSection:
     seq_len: int
 
 
+ADAM_EPS = 1e-8  # AdamW's epsilon in every backend (not a recipe field)
+
+
 @dataclass(frozen=True)
 class TrainSection:
     steps: int = 100

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass
 
-from launch.config.backends import traits
+from launch.config.backends import SELECTIVE_EVERY, traits
 from launch.plan.layout import (
     ZERO0_BUCKET_ELEMENTS,
     ZERO3_MAX_REUSE_DISTANCE,
@@ -62,7 +62,14 @@ def tp_calls(backend: str, *, sp: bool, layers: int, micro_batches: int, activat
     tc = bt.tp_sp if sp else bt.tp
     if tc is None:
         raise ValueError(f'backend "{backend}" has no sequence parallelism')
-    forwards = 2 if activation_checkpointing == "full" else 1  # a full recompute runs every layer's forward collectives again
+    # A recomputed layer runs its forward collectives again: every layer under full recompute; under the torch
+    # backend's selective policy every SELECTIVE_EVERY-th block (Megatron's selective recomputes no collective).
+    if activation_checkpointing == "full":
+        recomputed = layers
+    elif activation_checkpointing == "selective" and bt.selective == "every_other_block":
+        recomputed = -(-layers // SELECTIVE_EVERY)
+    else:
+        recomputed = 0
     head = Counter(tc.embedding if first_stage else {}) + Counter(tc.output if last_stage else {})
     loss = tc.loss_all_reduces if last_stage else 0
     logits = tc.logits_all_gathers if last_stage else 0
@@ -70,8 +77,8 @@ def tp_calls(backend: str, *, sp: bool, layers: int, micro_batches: int, activat
     out = []
     for coll in sorted(set(tc.layer_forward) | set(tc.layer_backward) | set(head)
                        | ({"all_reduce"} if loss or norms else set()) | ({"all_gather"} if logits else set())):
-        per_layer = tc.layer_forward.get(coll, 0) * forwards + tc.layer_backward.get(coll, 0)
-        out.append(TpCalls(coll, per_layer * layers * micro_batches, head.get(coll, 0) * micro_batches,
+        in_layers = tc.layer_forward.get(coll, 0) * (layers + recomputed) + tc.layer_backward.get(coll, 0) * layers
+        out.append(TpCalls(coll, in_layers * micro_batches, head.get(coll, 0) * micro_batches,
                            (loss if coll == "all_reduce" else 0) * micro_batches,
                            (logits if coll == "all_gather" else 0) * micro_batches,
                            (norms if coll == "all_reduce" else 0) * micro_batches))

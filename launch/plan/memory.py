@@ -221,10 +221,13 @@ def model_states(layout: Layout, params: int, accounting: str, stage: int = 0) -
             root, block = fsdp_units(layout, stage)
             gathered = e * fsdp_gathered(layout, params, stage)
             shard = -(-params // (layout.hpz if layout.hpz > 1 else d))  # hybrid sharding: within its groups
-            w, g, o = 4 * shard + gathered, 4 * shard + e * min(params, root + block), 8 * shard
+            # The unsharded gradients of the unit in its backward; under a pipeline every unit's, accumulated in
+            # fp32 until the last micro-batch (torch.distributed.pipelining defers FSDP2's reduce-scatter there).
+            unsharded = 4 * params if layout.grid.pp > 1 else e * min(params, root + block)
+            w, g, o = 4 * shard + gathered, 4 * shard + unsharded, 8 * shard
             if off_par:  # CPUOffloadPolicy: sharded parameters, gradients and the optimizer step live on the host
                 host += 16 * shard
-                w, g, o = gathered, e * min(params, root + block), 0
+                w, g, o = gathered, unsharded, 0
     else:
         raise ValueError(f"unknown accounting {accounting}")
     if accounting == "zero_paper" and off_opt:

@@ -98,16 +98,24 @@ def read_dcp_metadata(path: Path):
 
     try:
         with open(path, "rb") as f:
-            return Restricted(f).load()
+            metadata = Restricted(f).load()
+        storage = getattr(metadata, "storage_data", None) or {}
+        files = {getattr(info, "relative_path", None) for info in storage.values()}
     except UntrustedFileError:
         raise
     except Exception as e:  # truncated, or not a pickle at all
         raise UntrustedFileError(f"{path}: not readable as checkpoint metadata ({_first_line(e)})") from None
+    # DCP reads each tensor from the file its metadata names: only files of this folder
+    outside = sorted(str(f) for f in files if not isinstance(f, str) or not f or "/" in f or "\\" in f or f in (".", ".."))
+    if outside:
+        raise UntrustedFileError(f"{path}: names {outside[0]!r} as a data file, which is not a file of this checkpoint "
+                                 "folder; refused")
+    return metadata
 
 
 def dcp_reader(folder: Path):
     """torch.distributed.checkpoint's FileSystemReader for `folder`, reading its metadata through read_dcp_metadata.
-    The tensors themselves it reads as raw bytes, and other saved objects with torch.load (weights-only: guard())."""
+    The tensors and other saved objects in its data files it reads with torch.load, weights-only (guard())."""
     from torch.distributed.checkpoint import FileSystemReader
     from torch.distributed.checkpoint.metadata import StorageMeta
 

@@ -87,8 +87,8 @@ TORCH_LAYOUTS = {
                    *PROFILE_ONE_STEP, *EVERY_5),
     "hsdp": ("hardware.gpus_per_node=4", "parallel.zero_hpz_partition_size=2", "parallel.zero_stage=3",
              "batch.micro_batch_size=2", *PROFILE_ONE_STEP),
-    "ac_selective": ("hardware.gpus_per_node=2", "parallel.zero_stage=3", "batch.micro_batch_size=2",
-                     "train.activation_checkpointing=selective"),
+    "tp2_sp_selective": ("hardware.gpus_per_node=2", "parallel.tp=2", "parallel.sp=true", "parallel.zero_stage=3",
+                         "batch.micro_batch_size=4", "train.activation_checkpointing=selective", *PROFILE_ONE_STEP),
     "compile_ac_full": ("hardware.gpus_per_node=2", "parallel.zero_stage=3", "batch.micro_batch_size=2",
                         "train.activation_checkpointing=full", "train.compile=true"),
 }

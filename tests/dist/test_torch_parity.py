@@ -63,10 +63,10 @@ def _layer_calls(t, rank: int = 0) -> list[int]:
 def test_checkpointing_recomputes_the_blocks_it_names(runs):
     """Same losses (test_layout_matches_one_rank), more forward calls: full runs every block twice per micro-batch,
     selective every second block (blocks 0 and 2 of 4), the others once."""
-    forwards = 10 * 2  # steps × micro-batches per rank
+    forwards = 10 * 2  # steps × micro-batches per rank (2 on each of the data-parallel pair, 2 at TP 2 alone)
     assert _layer_calls(runs("fsdp2_z3")) == [forwards] * 4
     assert _layer_calls(runs("ac_full")) == [2 * forwards] * 4
-    assert _layer_calls(runs("ac_selective")) == [2 * forwards, forwards, 2 * forwards, forwards]
+    assert _layer_calls(runs("tp2_sp_selective")) == [2 * forwards, forwards, 2 * forwards, forwards]
 
 
 def test_compile_compiled_every_block_without_breaks(runs):
@@ -89,3 +89,14 @@ def test_fp16_with_the_sharded_scaler_follows_fp32(shared_run, one_rank_referenc
     t = shared_run(*SHORT, *TORCH_LAYOUTS["fsdp2_z3"][:3], "precision.dtype=fp16", recipe=TORCH)
     assert t.metrics().meta.dtype == "fp16"
     assert worst(t.losses(), one_rank_reference.losses()) <= 2e-2, (t.losses(), one_rank_reference.losses())
+
+
+def test_tied_embeddings_stay_tied_under_ddp(shared_run):
+    """A model whose output layer is its embedding (tiny-qwen2) trains the same under torch DDP as under DeepSpeed
+    (ZeRO-0, the same 2 ranks and batches): DDP builds on the meta device and would otherwise come out with two
+    matrices, trained apart."""
+    qwen = ("model.name=tiny-qwen2", "hardware.gpus_per_node=2", "parallel.zero_stage=0", "batch.micro_batch_size=2")
+    ddp, ds = shared_run(*SHORT, *qwen, recipe=TORCH), shared_run(*SHORT, *qwen)
+    assert (ddp.metrics().meta.backend, ds.metrics().meta.backend) == ("torch", "deepspeed")
+    assert ddp.metrics().meta.param_numel_local == ds.metrics().meta.param_numel_local  # the matrix counted once
+    assert worst(ddp.losses(), ds.losses()) <= TOL

@@ -290,6 +290,13 @@ def build_model(resolved: Resolved, device_is_cuda: bool):
     return model
 
 
+def torch_dtype(precision: str):
+    """A precision.dtype value as the torch dtype."""
+    import torch
+
+    return {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[precision]
+
+
 def attention_implementation(device_is_cuda: bool) -> str:
     # Eager attention on CPU ranks keeps the parity tests' numerics exactly reproducible; GPUs use SDPA (fused).
     return "sdpa" if device_is_cuda else "eager"

@@ -52,11 +52,11 @@ from torch import Tensor
 from launch.config.models import ModelSpec
 from launch.ranks.hf import hf_config
 from launch.ranks.trainers import cpu_compat
+from launch.ranks.trainers.common import torch_dtype
 
 Checkpointing = Literal["none", "full", "selective"]
 Dtype = Literal["fp32", "bf16", "fp16"]
 
-_DTYPES: Mapping[str, torch.dtype] = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 _SUPPORTED = ("LlamaForCausalLM", "Qwen2ForCausalLM")
 # Megatron's llama3 RoPE scaling hard-codes these three (RotaryEmbedding._apply_scaling); only `factor` is free.
 _LLAMA3_FIXED = {"low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
@@ -159,8 +159,8 @@ def transformer_config(spec: ModelSpec, *, tp: int, pp: int, vpp: int, sp: bool,
                        activation_checkpointing: Checkpointing, dtype: Dtype) -> TransformerConfig:
     """The Megatron TransformerConfig of `spec` at this layout (vpp = model chunks per pipeline rank, 1 = none)."""
     _check_supported(spec)
-    if dtype not in _DTYPES:
-        raise ValueError(f"dtype={dtype!r}; use one of {', '.join(_DTYPES)}")
+    if dtype not in ("fp32", "bf16", "fp16"):
+        raise ValueError(f"dtype={dtype!r}; use one of fp32, bf16, fp16")
     if activation_checkpointing not in ("none", "full", "selective"):
         raise ValueError(f"activation_checkpointing={activation_checkpointing!r}; use none, full or selective")
     if sp and tp < 2:
@@ -173,7 +173,7 @@ def transformer_config(spec: ModelSpec, *, tp: int, pp: int, vpp: int, sp: bool,
     if spec.num_layers % (pp * vpp):
         raise ValueError(f"{spec.name}: num_layers={spec.num_layers} is not divisible by pp*vpp={pp * vpp}")
 
-    torch_dtype = _DTYPES[dtype]
+    params_dtype = torch_dtype(dtype)
     recompute: dict[str, Any] = {}
     if activation_checkpointing == "full":
         recompute = {"recompute_granularity": "full", "recompute_method": "uniform", "recompute_num_layers": 1}
@@ -208,8 +208,8 @@ def transformer_config(spec: ModelSpec, *, tp: int, pp: int, vpp: int, sp: bool,
         # activation and gradient, equal shapes) in an order the peer does not receive them in: measured on
         # gloo, losses of micro-batches past the first group changed. Per-op p2p orders even and odd ranks.
         batch_p2p_comm=False,
-        params_dtype=torch_dtype,
-        pipeline_dtype=torch_dtype,
+        params_dtype=params_dtype,
+        pipeline_dtype=params_dtype,
         bf16=dtype == "bf16",
         fp16=dtype == "fp16",
         use_cpu_initialization=not torch.cuda.is_available(),

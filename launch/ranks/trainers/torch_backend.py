@@ -17,7 +17,7 @@ Parallelism is applied one function per dimension, in this order, from the rank 
      gathered parameters from forward to backward (`reshard_after_forward=False`), 3 FSDP2 full sharding, or with
      parallel.zero_hpz_partition_size > 1 hybrid sharding (shard within groups of that many, replicate across).
 
-Steps 2-6 (DDP excepted) apply to a skeleton on the meta device. Each rank then allocates only its own shards and
+Steps 2-6 apply to a skeleton on the meta device (DDP wraps the materialised model afterwards). Each rank then allocates only its own shards and
 receives them from rank 0, which alone builds the whole fp32 model (the recipe's weights, or the seeded random init
 every backend starts from): no other rank ever holds the whole model.
 
@@ -35,14 +35,13 @@ import torch.distributed as dist
 
 from launch.config.backends import SELECTIVE_EVERY
 from launch.config.resolve import Resolved
+from launch.config.schema import ADAM_EPS
 from launch.plan.memory import chunk_layers
 from launch.ranks.hf import hf_config
 from launch.ranks.trainers import common
 from launch.ranks.trainers.protocol import BuildContext, StepOutput
-from launch.ranks.untrusted import DCP_METADATA, dcp_reader, read_dcp_metadata
+from launch.ranks.untrusted import DCP_METADATA, UntrustedFileError, dcp_reader, read_dcp_metadata
 from launch.run.checkpoints import Checkpoint, ResumeError
-
-DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
 
 def init_distributed(resolved: Resolved, cuda: bool) -> None:
@@ -174,7 +173,7 @@ def _apply_dp(part, mesh, resolved: Resolved, cuda: bool) -> None:
     """FSDP2 over the data-parallel mesh (each block, then the part); DDP is applied after loading (`_wrap_ddp`)."""
     from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
 
-    par, dtype = resolved.recipe.parallel, DTYPES[resolved.recipe.precision.dtype]
+    par, dtype = resolved.recipe.parallel, common.torch_dtype(resolved.recipe.precision.dtype)
     if par.zero_stage == 0:
         return
     # hybrid sharding: a 2-D mesh, FSDP2 shards over its second dimension and replicates over its first
@@ -212,10 +211,15 @@ def _materialise(parts: list, resolved: Resolved, device) -> None:
     """Allocate this rank's shards and fill them from rank 0's full model (each part takes the tensors it names);
     recompute the non-persistent buffers (the rotary frequencies), which no state dict carries."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+    from torch.distributed.fsdp import FSDPModule
 
     full = common.build_model(resolved, device.type == "cuda").state_dict() if dist.get_rank() == 0 else {}
     for part in parts:  # every rank holds vpp parts: the broadcasts pair up
         part.to_empty(device=device)
+        if part.config.tie_word_embeddings and not isinstance(part, FSDPModule):
+            # to_empty gives plain (not FSDP2-managed) tied parameters two storages: tie them again. This part is the
+            # whole Hugging Face model: the resolver refuses tied embeddings with a pipeline.
+            part.tie_weights()
         rotary = part.model.rotary_emb
         with torch.device("cpu"):
             fresh = type(rotary)(part.config)
@@ -230,7 +234,7 @@ class TorchTrainer:
     def __init__(self, ctx: BuildContext) -> None:
         resolved, par, train = ctx.resolved, ctx.resolved.recipe.parallel, ctx.resolved.recipe.train
         self.resolved, self.cuda, self.device = resolved, ctx.cuda, ctx.device
-        self.dtype = DTYPES[resolved.recipe.precision.dtype]
+        self.dtype = common.torch_dtype(resolved.recipe.precision.dtype)
         self.mesh = _mesh(resolved, ctx.cuda)
         pp_rank = self.mesh["pp"].get_local_rank()
         model = _skeleton(resolved, ctx.cuda)
@@ -257,7 +261,8 @@ class TorchTrainer:
         self.param_numel_local = sum(_local(p).numel() for part in parts for p in part.parameters())
         # One AdamW per part (torchtitan's): each part's state dict names its own parameters.
         self.optimizers = [torch.optim.AdamW(part.parameters(), lr=train.lr, betas=(train.adam_beta1, train.adam_beta2),
-                                             eps=1e-8, weight_decay=train.weight_decay, foreach=True) for part in parts]
+                                             eps=ADAM_EPS, weight_decay=train.weight_decay, foreach=True)
+                           for part in parts]
         self.scaler = None
         if self.dtype == torch.float16:  # the T4 has no bf16: loss scaling, sharded where the gradients are
             from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
@@ -283,6 +288,7 @@ class TorchTrainer:
         if common.attention_implementation(ctx.cuda) == "eager":
             self.mask = torch.full((seq, seq), torch.finfo(torch.float32).min, device=ctx.device).triu(1)[None, None]
         self.schedule = self._pipeline(pp_rank) if par.pp > 1 else None
+        self._alone = False  # loss() has set FSDP2 to compute without data-parallel traffic
 
     def _pipeline(self, pp_rank: int):
         """torch.distributed.pipelining over this rank's chunks: 1F1B, interleaved 1F1B with parallel.vpp > 1. The
@@ -380,8 +386,9 @@ class TorchTrainer:
             self.schedule.step(*((rows,) if self.first else ()),
                                **({"target": rows, "losses": losses} if self.last else {}))
         pp = self.mesh["pp"]
-        loss = torch.stack([_local(x.detach()).float() for x in losses]).mean() if self.last else torch.zeros(())
-        dist.broadcast(loss.to(self.device), group=pp.get_group(), group_src=pp.size() - 1)
+        loss = (torch.stack([_local(x.detach()).float() for x in losses]).mean() if self.last
+                else torch.zeros((), device=self.device))
+        dist.broadcast(loss, group=pp.get_group(), group_src=pp.size() - 1)
         return [loss]
 
     def _params(self):
@@ -412,7 +419,17 @@ class TorchTrainer:
         return float(norm)
 
     def loss(self, rows):
-        return self._loss(self.parts[0], rows)  # launch calibrate runs it at pp = 1: the whole model
+        """The protocol's model alone (launch calibrate, pp = 1): FSDP2 keeps its parameters gathered and its gradients
+        unreduced from the first call on, so the timed passes carry no data-parallel traffic."""
+        from torch.distributed.fsdp import FSDPModule
+
+        part = self.parts[0]
+        if isinstance(part, FSDPModule) and not self._alone:
+            self._alone = True
+            part.set_reshard_after_forward(False)
+            part.set_reshard_after_backward(False)
+            part.set_requires_gradient_sync(False)
+        return self._loss(part, rows)
 
     def _state(self) -> dict:
         """Every part's model and optimizer state under the model's own parameter names (the optimizer's flattened by
@@ -424,7 +441,10 @@ class TorchTrainer:
             m, o = get_state_dict(part, optimizer, options=StateDictOptions(flatten_optimizer_state_dict=True))
             model_sd.update(m)
             optim_sd.update(o)
-        return {"model": model_sd, "optim": optim_sd}
+        state = {"model": model_sd, "optim": optim_sd}
+        if self.scaler is not None:  # fp16: the loss scale and its growth tracker resume too
+            state["scaler"] = self.scaler.state_dict()
+        return state
 
     def _wrapped(self) -> list:
         return [self.model] if self.ddp else self.parts
@@ -438,9 +458,21 @@ class TorchTrainer:
         import torch.distributed.checkpoint as dcp
         from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
 
+        from torch.distributed.checkpoint.api import CheckpointException
+
         state = self._state()
         _check_shapes(ckpt, state["model"])
-        dcp.load(state, storage_reader=dcp_reader(ckpt.dir))
+        try:
+            dcp.load(state, storage_reader=dcp_reader(ckpt.dir))
+        except CheckpointException as e:  # DCP wraps what its reader raised, per rank: say that, in one line
+            cause = next(iter(e.failures.values()), None)
+            cause = getattr(cause, "exc", cause)
+            if isinstance(cause, UntrustedFileError):
+                raise cause from None
+            raise ResumeError(f"{ckpt.dir}: torch.distributed.checkpoint could not load it "
+                              f"({type(cause).__name__}: {str(cause).strip().splitlines()[0] if str(cause) else ''})") from None
+        if self.scaler is not None and "scaler" in state:
+            self.scaler.load_state_dict(state["scaler"])
         options = StateDictOptions(flatten_optimizer_state_dict=True, strict=len(self.parts) == 1)
         for part, optimizer in zip(self._wrapped(), self.optimizers, strict=True):
             set_state_dict(part, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"],
@@ -468,10 +500,7 @@ def _local(t):
 def _check_shapes(ckpt: Checkpoint, model_sd: dict) -> None:
     """Every tensor this model loads must exist in the checkpoint with the same global shape: DCP would otherwise load
     a slice of a different model, or fail deep inside its planner."""
-    try:
-        saved = read_dcp_metadata(ckpt.dir / DCP_METADATA).state_dict_metadata
-    except OSError as e:
-        raise ResumeError(f"{ckpt.dir}: not a readable torch.distributed.checkpoint folder ({e})") from None
+    saved = read_dcp_metadata(ckpt.dir / DCP_METADATA).state_dict_metadata  # damage: UntrustedFileError, one line
     wrong = []
     for name, tensor in model_sd.items():
         meta = saved.get(f"model.{name}")
@@ -493,9 +522,18 @@ def export_hf_state(resolved: Resolved, ckpt: Checkpoint) -> dict:
     import torch.distributed.checkpoint as dcp
 
     reader = dcp_reader(ckpt.dir)
+    want = {p.name: p.numel for p in resolved.model.parameters()}
+    if resolved.model.tie_word_embeddings:  # the state dict names the tied matrix twice
+        want["lm_head.weight"] = want["model.embed_tokens.weight"]
     state = {}
     for key, meta in reader.read_metadata().state_dict_metadata.items():
         if key.startswith("model.") and hasattr(meta, "size"):
+            numel = 1
+            for n in meta.size:
+                numel *= n
+            if want.get(key.removeprefix("model.")) != numel:  # before allocating what the metadata claims
+                raise ResumeError(f"{ckpt.dir}: holds {key.removeprefix('model.')} of shape {tuple(meta.size)}, which "
+                                  f"{resolved.model.name} does not have; export the run that wrote it")
             state[key] = torch.empty(tuple(meta.size), dtype=meta.properties.dtype)
     dcp.load(state, storage_reader=reader, no_dist=True)
     return {k.removeprefix("model."): v.float() for k, v in state.items()}
