@@ -32,6 +32,10 @@ class TpCollectives:
     # per norm (two per decoder layer, the final norm on the last stage): its weight's gradient, summed over TP in
     # the backward (DTensor's SequenceParallel norms; Megatron sums them once per step: StepCollectives.sp_norm_grads)
     norm_grad_all_reduces: int = 0
+    # per decoder layer, what its recompute runs again (None: all of layer_forward). torch.utils.checkpoint's
+    # non-reentrant recompute stops once it has every tensor the backward needs: the block's last row-parallel output
+    # collective (down_proj's) feeds none of them, so it is not rerun.
+    recompute_forward: Mapping[str, int] | None = None
 
 
 @dataclass(frozen=True)
@@ -231,12 +235,14 @@ BACKENDS: dict[str, BackendTraits] = {
         # 0 DDP, 2 FSDP2 keeping parameters gathered from forward to backward, 3 full sharding. FSDP2 has no stage
         # that shards the optimizer state alone (ZeRO-1).
         zero_stages=(0, 2, 3), dtypes=("bf16", "fp16", "fp32"),
-        tp=TpCollectives({"all_reduce": 2}, {"all_reduce": 5}, {"all_reduce": 1}, {"all_reduce": 1}, loss_all_reduces=3),
+        tp=TpCollectives({"all_reduce": 2}, {"all_reduce": 5}, {"all_reduce": 1}, {"all_reduce": 1}, loss_all_reduces=3,
+                         recompute_forward={"all_reduce": 1}),
         # With SP the row-parallel outputs reduce-scatter and the column-parallel inputs all-gather, each mirrored in
         # the backward; the embedding reduce-scatters its output, lm_head gathers its input.
         tp_sp=TpCollectives({"all_gather": 2, "reduce_scatter": 2}, {"all_gather": 2, "reduce_scatter": 2},
                             {"reduce_scatter": 1, "all_gather": 1}, {"all_gather": 1, "reduce_scatter": 1},
-                            loss_all_reduces=3, norm_grad_all_reduces=1),
+                            loss_all_reduces=3, norm_grad_all_reduces=1,
+                            recompute_forward={"all_gather": 2, "reduce_scatter": 1}),
         # The gradient norm is reduced per mesh (launch/plan/collectives.py _torch_norm_calls).
         # With pipelining the last stage broadcasts the logged loss to its pipeline group.
         step=StepCollectives(pp_loss_broadcast=True),

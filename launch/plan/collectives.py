@@ -77,7 +77,8 @@ def tp_calls(backend: str, *, sp: bool, layers: int, micro_batches: int, activat
     out = []
     for coll in sorted(set(tc.layer_forward) | set(tc.layer_backward) | set(head)
                        | ({"all_reduce"} if loss or norms else set()) | ({"all_gather"} if logits else set())):
-        in_layers = tc.layer_forward.get(coll, 0) * (layers + recomputed) + tc.layer_backward.get(coll, 0) * layers
+        again = (tc.layer_forward if tc.recompute_forward is None else tc.recompute_forward).get(coll, 0)
+        in_layers = tc.layer_forward.get(coll, 0) * layers + again * recomputed + tc.layer_backward.get(coll, 0) * layers
         out.append(TpCalls(coll, in_layers * micro_batches, head.get(coll, 0) * micro_batches,
                            (loss if coll == "all_reduce" else 0) * micro_batches,
                            (logits if coll == "all_gather" else 0) * micro_batches,

@@ -74,8 +74,9 @@ HAND = {
     # Hybrid sharding, DP 4 in shard groups of 2 (one micro-batch): gathers and reduce-scatters within the group as
     # at DP 2, then each reduced shard all-reduced across the 2 replicas, one call per unit; the norm in the group.
     "hsdp": {"all_gather": 10, "reduce_scatter": 5, "all_reduce": 5 + 1},
-    # Selective checkpointing recomputes blocks 0 and 2: their forward collectives run again (6 of 4 layers).
-    "tp2_sp_selective": {"all_gather": 2 * (2 * (4 + 2) + 1 + 2 * 4 + 1), "reduce_scatter": 2 * (2 * (4 + 2) + 1 + 2 * 4 + 1),
+    # Selective checkpointing recomputes blocks 0 and 2: their forward collectives run again up to the last one the
+    # backward needs (the two input gathers and o_proj's reduce-scatter; not down_proj's).
+    "tp2_sp_selective": {"all_gather": 2 * (2 * 4 + 2 * 2 + 1 + 2 * 4 + 1), "reduce_scatter": 2 * (2 * 4 + 1 * 2 + 1 + 2 * 4 + 1),
                          "all_reduce": 2 * (3 + 9) + 1},
 }
 
