@@ -85,6 +85,8 @@ TORCH_LAYOUTS = {
                    "parallel.zero_stage=3", "batch.micro_batch_size=4"),
     "pp2_dp2_z2": ("hardware.gpus_per_node=4", "parallel.pp=2", "parallel.zero_stage=2", "batch.micro_batch_size=2",
                    *PROFILE_ONE_STEP, *EVERY_5),
+    "fsdp2_offload": ("hardware.gpus_per_node=2", "parallel.zero_stage=3", "batch.micro_batch_size=2",
+                      "parallel.offload_params=cpu", "parallel.offload_optimizer=cpu"),
     "hsdp": ("hardware.gpus_per_node=4", "parallel.zero_hpz_partition_size=2", "parallel.zero_stage=3",
              "batch.micro_batch_size=2", *PROFILE_ONE_STEP),
     "tp2_sp_selective": ("hardware.gpus_per_node=2", "parallel.tp=2", "parallel.sp=true", "parallel.zero_stage=3",
