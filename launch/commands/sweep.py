@@ -60,9 +60,11 @@ class Measured:
 
 
 def member(label: str, recipe: str, overrides: Sequence[str]) -> Member:
-    """One run of the set, timed as run.sh would time it (launch/run/timesource.py): its overrides then carry the
-    calibration, so that the run and the table name the same figures."""
+    """One run of the set, without a final checkpoint unless the overrides ask for one (run.save_final: a benchmark
+    run's would be its largest write), timed as run.sh would time it (launch/run/timesource.py): its overrides then
+    carry the calibration, so that the run and the table name the same figures."""
     machine = envinfo.machine()
+    overrides = ["run.save_final=false", *overrides]  # the user's own run.save_final comes later and wins
     resolved = resolve_path(recipe, [*overrides, "run.resume=never"])
     source = time_source(resolved, overrides, machine)
     if source.calibration:

@@ -105,6 +105,8 @@ class RunSection:
     # torchrun restarts the whole group this many times after a worker fails; it resumes from the last checkpoint.
     max_restarts: int = 0
     log_every: int = 1  # TensorBoard and progress line every N steps (metrics JSONL: every step)
+    # the last step writes a checkpoint; false for benchmark runs (a 7B model's is ~80 GB): sweeps default to false
+    save_final: bool = True
 
 
 @dataclass(frozen=True)

@@ -128,7 +128,9 @@ def build(resolved, run_dir: str, *, environ: Mapping[str, str] | None = None, m
         # One report per node (it covers every rank on the node), exported to SQLite when profiling
         # ends so that the analysis reads it without nsys installed.
         env["NODE_RANK"] = str(p.node_rank)
+        # It records only the profiled steps: the ranks open and close the capture range (cudaProfilerStart/Stop).
         argv = ["nsys", "profile", "--trace", "cuda,nvtx,osrt", "--sample", "none", "--force-overwrite", "true",
+                "--capture-range", "cudaProfilerApi", "--capture-range-end", "stop",
                 "--export", "sqlite", "--output", f"{run_dir}/traces/nsys_node%q{{NODE_RANK}}", *argv]
     return LaunchCommand(tuple(argv), env, files)
 

@@ -34,3 +34,6 @@ def test_fsdp2_against_zero3_sweep_reports_equal_curves(tmp_path):
     row = re.search(r"^\| tiny_zero2 \| tiny_fsdp2 \| (\d+) \| ([0-9.e+-]+) \|.*\| (yes[^|]*)\|", report, re.M)
     assert row, report
     assert int(row.group(1)) == 12 and float(row.group(2)) <= 1e-5 and row.group(3).startswith("yes")
+    # a sweep's runs are benchmarks: no final checkpoint unless asked (run.save_final)
+    runs = [d for d in (tmp_path / "runs" / "sweeps").glob("*/tiny_*/*") if (d / "resolved.json").is_file()]
+    assert len(runs) == 2 and not [c for d in runs for c in (d / "checkpoints").glob("step*")]

@@ -105,6 +105,25 @@ def test_nsys_profile_wraps_the_launch_and_exports_sqlite():
     cmd = p.stdout.split("launch command")[1]
     assert "nsys profile" in cmd and "--export sqlite" in cmd and "traces/nsys_node%q{NODE_RANK}" in cmd
     assert cmd.index("nsys profile") < cmd.index("torch.distributed.run")
+    # only the profiled steps: the ranks open and close the capture range
+    assert "--capture-range cudaProfilerApi --capture-range-end stop" in cmd
+
+
+@pytest.mark.parametrize("steps, warmup, active, start, want", [
+    (10, 2, 1, 0, range(3, 4)),  # the dist tests' SHORT runs: step 4 (1-based) is traced
+    (50, 10, 3, 0, range(11, 14)),  # after 10 warm-up steps and the profiler's own warm-up step
+    # resumed at step 5: cold again; of the 5 steps left, 1 skipped (warm-up shortened so that all 3 fit), 1 for the
+    # profiler's own warm-up, 3 traced
+    (10, 2, 3, 5, range(7, 10)),
+    (2, 1, 3, 0, range(1, 2)),  # too short for warm-up: one step still traced
+])
+def test_profiled_steps_by_hand(steps, warmup, active, start, want):
+    from launch.config.resolve import resolve_path
+    from launch.ranks.trainers.common import profiled_steps
+
+    r = resolve_path(REPO / "recipes/tiny_zero2", [f"train.steps={steps}", f"train.warmup_steps={min(warmup, steps - 1)}",
+                                                  f"run.profile_active_steps={active}"])
+    assert profiled_steps(r, start) == want
 
 
 def test_preflight_refuses_nsys_missing_and_multinode_deepspeed_without_hostfile(monkeypatch):

@@ -341,3 +341,12 @@ def test_sweeps_and_verifications_run_in_folders_of_their_own(tmp_path, monkeypa
     assert a.parent == b.parent == tmp_path / "runs" / "sweeps" and a != b
     assert a.name.startswith("sweep-") and b.name.startswith("recommend-")
     assert sweep_folder("sweep") != a  # claimed, never joined
+
+
+def test_sweep_members_write_no_final_checkpoint_unless_asked():
+    from launch.commands.sweep import member
+
+    default = member("a", str(RECIPES / "tiny_zero2"), [])
+    asked = member("b", str(RECIPES / "tiny_zero2"), ["run.save_final=true"])
+    assert default.resolved.recipe.run.save_final is False and asked.resolved.recipe.run.save_final is True
+    assert resolve_path(RECIPES / "tiny_zero2", []).recipe.run.save_final is True  # a run's own default

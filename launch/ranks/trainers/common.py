@@ -340,18 +340,27 @@ def region(name: str, cuda: bool) -> Iterator[None]:
             torch.cuda.nvtx.range_pop()
 
 
+def profiled_steps(resolved: Resolved, start_step: int) -> range:
+    """The 0-based steps a profiler records: `profile_active_steps` of them after the warm-up steps and one more
+    (torch.profiler's own warm-up step), counted from this run's first step (a resumed run is cold again); shortened
+    when the run is too short for all of that, so that a trace is always written."""
+    r = resolved.recipe
+    remaining = r.train.steps - start_step
+    active = max(1, min(r.run.profile_active_steps, remaining - 1))
+    skip = max(0, min(r.train.warmup_steps, remaining - active - 1))
+    first = start_step + skip + 1
+    return range(first, first + active)
+
+
 def make_profiler(resolved: Resolved, run: RunDir, rank: int, cuda: bool, start_step: int):
-    """torch.profiler that skips the warm-up steps and records `profile_active_steps` steps, one trace per rank."""
+    """torch.profiler that records `profiled_steps`, one trace per rank."""
     r = resolved.recipe
     if r.run.profile != "torch":
         return None
     from torch.profiler import ProfilerActivity, profile, schedule
 
-    # Counted from this run's first step (a resumed run is cold again); shortened when the run is too short
-    # for warm-up + one schedule warm-up step + the active steps, so that a trace is always written.
-    remaining = r.train.steps - start_step
-    active = max(1, min(r.run.profile_active_steps, remaining - 1))
-    skip = max(0, min(r.train.warmup_steps, remaining - active - 1))
+    steps = profiled_steps(resolved, start_step)
+    skip, active = steps.start - 1 - start_step, len(steps)
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
 
     def ready(p) -> None:

@@ -136,6 +136,9 @@ def _train(run: RunDir, resolved: Resolved, env: common.RankEnv, terminal, cuda:
     prof = common.make_profiler(resolved, run, env.rank, cuda, start_step)
     if prof is not None:
         prof.start()
+    # Nsight Systems records only between cudaProfilerStart and Stop (launch/run/launcher.py: its capture range): the
+    # steps the torch profiler would record, not start-up and every step after.
+    nsys = common.profiled_steps(resolved, start_step) if r.run.profile == "nsys" and cuda else range(0)
     progress = common.ProgressLine(terminal, r.train.steps, start_step, resolved.recipe_name)
     tokens = resolved.tokens_per_step
     pending: _Finished | None = None
@@ -177,12 +180,16 @@ def _train(run: RunDir, resolved: Resolved, env: common.RankEnv, terminal, cuda:
 
             if cuda:
                 torch.cuda.synchronize()
+                if nsys and step == nsys.start:
+                    torch.cuda.profiler.start()
             t0 = time.perf_counter()
             with common.region(f"step {step + 1}", cuda):
                 out = trainer.train_step(micro_batch)
             if cuda:
                 torch.cuda.synchronize()
             seconds = time.perf_counter() - t0
+            if nsys and step == nsys.stop - 1:
+                torch.cuda.profiler.stop()
             if prof is not None:
                 prof.step()
             if step == start_step:
@@ -197,7 +204,7 @@ def _train(run: RunDir, resolved: Resolved, env: common.RankEnv, terminal, cuda:
             emit(pending)
             pending = _Finished(step, lr, seconds, out.grad_norm, loss, work, common.memory_fields(cuda))
             every = r.train.checkpoint_every
-            if (every and (step + 1) % every == 0) or step + 1 == r.train.steps:
+            if (every and (step + 1) % every == 0) or (step + 1 == r.train.steps and r.run.save_final):
                 emit(pending)  # a checkpoint never runs ahead of the metrics on disk
                 pending = None
                 watchdog.beat(step + 1, "checkpoint save")
