@@ -64,12 +64,13 @@ DTYPES: dict[str, DType] = {
 }
 
 
-def backend_of(profile_name: str) -> str:
-    return "gloo" if profile_name == "cpu" else "nccl"
+def backend_of(device_type: str) -> str:
+    """The collective backend of ranks computing on `device_type` (HardwareProfile.device_type)."""
+    return "gloo" if device_type == "cpu" else "nccl"
 
 
-def default_max_bytes(profile_name: str) -> int:
-    return DEFAULT_MAX_BYTES_CPU if profile_name == "cpu" else DEFAULT_MAX_BYTES_GPU
+def default_max_bytes(device_type: str) -> int:
+    return DEFAULT_MAX_BYTES_CPU if device_type == "cpu" else DEFAULT_MAX_BYTES_GPU
 
 
 def unsupported(backend: str, op: str, dtype: str) -> str | None:

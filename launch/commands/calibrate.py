@@ -439,7 +439,7 @@ def _compute(recipe: str, overrides: list[str], resolved: Resolved, root: Path, 
     gpn = r.hardware.gpus_per_node
     mbs = [b for b in divisors(r.batch.global_batch_size) if b <= max(MAX_MICRO_BATCH, r.batch.micro_batch_size)]
     total = m.param_counts().total
-    cuda = resolved.hardware.name != "cpu"
+    cuda = resolved.hardware.device_type == "cuda"
     spec = {"resolved": str(root / "resolved.json"), "micro_batch_sizes": mbs,
             "adam_numels": [max(1, total // d) for d in (1, 2, 4, 8)], "warmup_iters": WARMUP_ITERS, "iters": iters}
     (root / "resolved.json").write_text(resolved.to_json() + "\n")

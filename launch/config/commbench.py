@@ -80,7 +80,7 @@ def check(where: Callable[[str], str], cb: CommbenchSection, max_bytes_set: int,
                           f"gives groups of 1 rank ({'as listed' if cb.ranks else why}): a collective needs 2 or more",
                           "choose a group with at least 2 ranks, e.g. commbench.group=\"world\" on 2+ ranks")
     dtype = DTYPES[cb.dtype]
-    backend = backend_of(hw.name)
+    backend = backend_of(hw.device_type)
     sizes = sweep_sizes(cb.min_bytes, cb.max_bytes, cb.step_factor)
     for op in cb.ops:
         reason = unsupported(backend, op, cb.dtype)

@@ -41,6 +41,13 @@ class HardwareProfile:
     def peak_flops(self, dtype: str) -> float:
         return self.peak_tflops.get(dtype, self.peak_tflops.get("fp32", 0.0)) * 1e12
 
+    @property
+    def device_type(self) -> str:
+        """Where a rank computes: "cpu" on the CPU profile (gloo ranks), "cuda" on every GPU profile (NCCL). The one
+        decision, made from the resolved recipe (never from what the machine happens to have): the ranks, the
+        launcher, Megatron's CPU redirects and the planner all ask it."""
+        return "cpu" if self.name == "cpu" else "cuda"
+
     def supports(self, dtype: str) -> bool:
         return dtype in self.peak_tflops
 

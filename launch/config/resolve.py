@@ -289,7 +289,7 @@ def resolve(loaded: LoadedRecipe, world_size: int | None = None) -> Resolved:
             raise ConfigError(w("parallel.zero_stage"), "parallel.zero_stage", par.zero_stage,
                               f"must be 3 for NVMe offload ({nvme_field}=\"nvme\", ZeRO-Infinity)",
                               "set parallel.zero_stage=3")
-        if hw.name == "cpu":
+        if hw.device_type == "cpu":
             raise ConfigError(w(nvme_field), nvme_field, "nvme",
                               "needs a GPU machine; DeepSpeed's async I/O swaps to GPU memory",
                               f'use hardware.profile for your GPU or {nvme_field}="cpu"')
@@ -322,10 +322,10 @@ def resolve(loaded: LoadedRecipe, world_size: int | None = None) -> Resolved:
     if not hw.supports(r.precision.dtype):
         raise ConfigError(w("precision.dtype"), "precision.dtype", r.precision.dtype,
                           f"is not supported by {hw.device}", "set precision.dtype=\"fp16\" (with loss scaling)")
-    if hw.name == "cpu" and r.precision.dtype == "fp16" and bt.uses_deepspeed:
+    if hw.device_type == "cpu" and r.precision.dtype == "fp16" and bt.uses_deepspeed:
         raise ConfigError(w("precision.dtype"), "precision.dtype", "fp16",
                           "is not supported by DeepSpeed on CPU ranks", 'set precision.dtype="fp32" or "bf16"')
-    if r.run.profile == "nsys" and hw.name == "cpu":
+    if r.run.profile == "nsys" and hw.device_type == "cpu":
         raise ConfigError(w("run.profile"), "run.profile", "nsys", "needs NVIDIA GPUs (Nsight Systems traces CUDA)",
                           'set run.profile="torch" on CPU ranks')
     if r.data.source == "text":
@@ -353,7 +353,7 @@ def resolve(loaded: LoadedRecipe, world_size: int | None = None) -> Resolved:
 
     grid = RankGrid(par.tp, par.pp, dp, hw_s.gpus_per_node, hw_s.nodes)
     commbench_s = dataclasses.replace(r.commbench,
-                                      max_bytes=r.commbench.max_bytes or commbench_spec.default_max_bytes(hw.name))
+                                      max_bytes=r.commbench.max_bytes or commbench_spec.default_max_bytes(hw.device_type))
     if r.run.mode == "commbench":
         commbench.check(w, commbench_s, r.commbench.max_bytes, grid, hw)
     recipe = dataclasses.replace(

@@ -37,7 +37,7 @@ def make_plan(layout: Layout, recipe_name: str = "", machine: Machine | None = N
     """The plan of `layout`; `machine` (launch.config.calibration.Machine) is where it will run, needed only to use a
     calibration (hardware.profile naming a calibration file)."""
     g, hw = layout.grid, layout.hardware
-    allowance_fixed = RUNTIME_ALLOWANCE_CPU if hw.name == "cpu" else RUNTIME_ALLOWANCE_GPU
+    allowance_fixed = RUNTIME_ALLOWANCE_CPU if hw.device_type == "cpu" else RUNTIME_ALLOWANCE_GPU
     usable = int(hw.memory_bytes * (1 - layout.headroom))
     stages = range(g.pp)
     ranks: list[RankPlan] = []

@@ -313,7 +313,7 @@ def _model_terms(layout: Layout, b: int) -> list[ActTerm]:
     hf = traits(layout.backend).hf_modules
     return activation_terms("llama", layout.seq_len, b, m.hidden_size, m.num_heads, ffn=m.intermediate_size,
                             kv_heads=m.num_kv_heads, head_dim=m.head_dim, e=layout.elem_bytes, hf_norm=hf,
-                            eager_attention=hf and layout.hardware.name == "cpu")
+                            eager_attention=hf and layout.hardware.device_type == "cpu")
 
 
 def in_flight(layout: Layout, stage: int) -> float:

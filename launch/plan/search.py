@@ -41,7 +41,7 @@ def layouts(resolved: Resolved) -> list[tuple[str, tuple[str, ...]]]:
     """(label, overrides) of every combination to try, before the resolver and the planner judge them."""
     r = resolved.recipe
     gpn, world, gbs = r.hardware.gpus_per_node, resolved.world_size, r.batch.global_batch_size
-    cpu = resolved.hardware.name == "cpu"
+    cpu = resolved.hardware.device_type == "cpu"
     out = []
     for backend in BACKENDS:
         bt = traits(backend)

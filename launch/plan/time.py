@@ -103,10 +103,10 @@ def step_time(layout: Layout, comm: list[Comm], timing: Timing = Timing()) -> St
                          else 1.0) for c in comm if c.parallelism == "pp")
     dp = sum(c.time_s for c in comm if c.parallelism == "dp")
     dp_c = [c for c in comm if c.parallelism == "dp"]
-    overlaps = OVERLAPS[backend_of(hw.name)]
+    overlaps = OVERLAPS[backend_of(hw.device_type)]
     if not overlaps:
         dp_exposed = dp
-        overlap_how = f"{backend_of(hw.name)} runs collectives on the training thread: nothing overlaps"
+        overlap_how = f"{backend_of(hw.device_type)} runs collectives on the training thread: nothing overlaps"
     else:
         dp_exposed = _dp_exposed(layout, dp_c, compute, ga)
         overlap_how = ("TP/SP and PP traffic on the critical path; DP traffic issued every micro-step overlaps the "

@@ -69,7 +69,7 @@ def main(argv: list[str]) -> int:
     calib_dir, index = Path(argv[0]), int(argv[1])
     spec = json.loads((calib_dir / RANK_SPEC_FILE).read_text())
     resolved = Resolved.load(spec["resolved"])
-    cuda = resolved.hardware.name != "cpu"
+    cuda = resolved.hardware.device_type == "cuda"
     import torch
 
     if cuda:

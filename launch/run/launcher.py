@@ -66,7 +66,7 @@ def rank_env(resolved, run_dir: str, environ: Mapping[str, str], resume: str | N
                            "TORCH_FORCE_WEIGHTS_ONLY_LOAD": "1"}
     if resume is not None:
         env[RESUME_PINNED] = resume
-    if resolved.hardware.name == "cpu":
+    if resolved.hardware.device_type == "cpu":
         env["DS_ACCELERATOR"] = "cpu"
         env["OMP_NUM_THREADS"] = str(cpu_threads(resolved.recipe.hardware.gpus_per_node))
     else:
@@ -215,7 +215,7 @@ def preflight(resolved, *, which=None, gpus: int | None = None, environ: Mapping
     which = which or shutil.which
     r = resolved.recipe
     gpus = local_gpu_count() if gpus is None else gpus
-    if resolved.hardware.name != "cpu" and r.run.mode == "train" and gpus < r.hardware.gpus_per_node:
+    if resolved.hardware.device_type == "cuda" and r.run.mode == "train" and gpus < r.hardware.gpus_per_node:
         # Without this, every rank would build the full-size model in host memory before failing.
         raise ConfigError(resolved.recipe_path, "hardware.profile", r.hardware.profile,
                           f"needs {r.hardware.gpus_per_node} GPU(s) per node; this machine has {gpus}",

@@ -57,7 +57,7 @@ def invocations(resolved, run: RunDir, *, launch_env: Mapping[str, str], environ
                 which: Callable[[str], str | None]) -> tuple[list[Invocation], list[str]]:
     """What to run for this recipe, and the lines to print about what will not run (pure)."""
     cb, grid = resolved.recipe.commbench, resolved.grid
-    if resolved.hardware.name == "cpu":
+    if resolved.hardware.device_type == "cpu":
         return [], ["commbench: nccl-tests skipped: the CPU profile runs gloo ranks, and nccl-tests need NVIDIA GPUs"]
     if not cb.nccl_tests:
         return [], []

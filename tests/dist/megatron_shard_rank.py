@@ -55,7 +55,7 @@ def tied_pp2_without_compat() -> dict[str, Any]:
 
     parallel_state.initialize_model_parallel(pipeline_model_parallel_size=2)
     spec = load_model(name="tiny-qwen2")
-    config = transformer_config(spec, tp=1, pp=2, vpp=1, sp=False, activation_checkpointing="none", dtype="fp32")
+    config = transformer_config(spec, cuda=False, tp=1, pp=2, vpp=1, sp=False, activation_checkpointing="none", dtype="fp32")
     try:
         GPTModel(config, get_gpt_layer_local_spec(normalization="RMSNorm"), vocab_size=spec.vocab_size,
                  max_sequence_length=SEQ, pre_process=parallel_state.is_pipeline_first_stage(),
@@ -178,7 +178,7 @@ def gpt_case(name: str, layout: Layout) -> dict[str, Any]:
         tensor_model_parallel_size=layout.tp, pipeline_model_parallel_size=layout.pp,
         virtual_pipeline_model_parallel_size=layout.vpp if layout.vpp > 1 else None)
     spec = _spec(name)
-    config = transformer_config(spec, tp=layout.tp, pp=layout.pp, vpp=layout.vpp, sp=layout.sp,
+    config = transformer_config(spec, cuda=False, tp=layout.tp, pp=layout.pp, vpp=layout.vpp, sp=layout.sp,
                                 activation_checkpointing="none", dtype="fp32")
     chunks = build_chunks(spec, config, seed=0)
     out: dict[str, Any] = {"chunks": len(chunks), "layers": [len(c.decoder.layers) for c in chunks]}
@@ -251,7 +251,7 @@ def main() -> None:
     results: dict[str, Any] = {"tied_pp2_without_compat": tied_pp2_without_compat()}  # first: nothing redirected yet
     from launch.ranks.trainers import cpu_compat
 
-    results["redirects"] = cpu_compat.apply()
+    results["redirects"] = cpu_compat.apply(cuda=False)
     results["mlp_tp2"] = mlp_tp2()
     for layout in LAYOUTS:
         for name in MODELS:

@@ -49,7 +49,7 @@ def redirected() -> list[str]:
     from launch.ranks.trainers import cpu_compat
 
     _init_one_rank()
-    names = cpu_compat.apply()
+    names = cpu_compat.apply(cuda=False)
     yield names
     _teardown_one_rank()
 
@@ -222,7 +222,7 @@ def test_apply_is_idempotent(redirected):
 
     before = (torch.cuda.current_device, mrandom.torch, mrandom._set_cuda_rng_state, schedules.torch,
               WrappedTorchNorm.__new__)
-    assert cpu_compat.apply() == redirected
+    assert cpu_compat.apply(cuda=False) == redirected
     after = (torch.cuda.current_device, mrandom.torch, mrandom._set_cuda_rng_state, schedules.torch,
              WrappedTorchNorm.__new__)
     assert all(a is b for a, b in zip(before, after, strict=True))
@@ -231,11 +231,30 @@ def test_apply_is_idempotent(redirected):
     assert not getattr(WrappedTorchNorm.__new__.__wrapped__, "_layoutlab_cpu_compat", False)
 
 
-def test_apply_with_cuda_installs_only_the_sp_norm(redirected, monkeypatch):
+def test_the_run_decides_not_the_machine(redirected, monkeypatch):
+    """The redirects follow the run's one device decision (HardwareProfile.device_type), whatever torch.cuda says:
+    a run on GPUs gets only the SP norm patch (the norm refuses SP on GPUs too, without Apex/TE), a run on CPU ranks
+    on a machine with CUDA every redirect, and the Megatron weights go where the run computes."""
+    from launch.config.models import load_model
     from launch.ranks.trainers import cpu_compat
+    from launch.ranks.trainers.megatron_model import transformer_config
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    assert cpu_compat.apply() == ["torch_norm_sp"]  # the norm refuses SP on GPUs too, without Apex/TE
+    assert cpu_compat.apply(cuda=True) == ["torch_norm_sp"]
+    assert cpu_compat.apply(cuda=False) == redirected
+    spec = load_model(name="tiny-llama")
+    kw = dict(tp=1, pp=1, vpp=1, sp=False, activation_checkpointing="none", dtype="fp32")
+    assert transformer_config(spec, cuda=False, **kw).use_cpu_initialization is True
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert transformer_config(spec, cuda=True, **kw).use_cpu_initialization is False
+
+
+def test_every_module_asks_the_profile_where_a_rank_computes():
+    """One decision: the CPU profile's ranks compute on CPUs, every other profile's on GPUs."""
+    from launch.config.hardware import load_profile, profile_names
+
+    assert {name: load_profile(name).device_type for name in profile_names()} == {
+        name: "cpu" if name == "cpu" else "cuda" for name in profile_names()}
 
 
 def test_current_device_rotary_embedding(redirected):

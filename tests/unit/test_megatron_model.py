@@ -40,7 +40,7 @@ def one_rank():
 def _config(spec, activation_checkpointing="none"):
     from launch.ranks.trainers.megatron_model import transformer_config
 
-    return transformer_config(spec, tp=1, pp=1, vpp=1, sp=False, activation_checkpointing=activation_checkpointing,
+    return transformer_config(spec, cuda=False, tp=1, pp=1, vpp=1, sp=False, activation_checkpointing=activation_checkpointing,
                               dtype="fp32")
 
 
@@ -241,7 +241,7 @@ def test_transformer_config_maps_the_hf_config():
     from launch.ranks.trainers.megatron_model import transformer_config
 
     spec = load_model(name="tiny-qwen2")
-    c = transformer_config(spec, tp=2, pp=2, vpp=2, sp=True, activation_checkpointing="full", dtype="bf16")
+    c = transformer_config(spec, cuda=False, tp=2, pp=2, vpp=2, sp=True, activation_checkpointing="full", dtype="bf16")
     assert (c.num_layers, c.hidden_size, c.ffn_hidden_size, c.num_attention_heads, c.num_query_groups,
             c.kv_channels) == (4, 64, 128, 4, 2, 16)
     assert (c.normalization, c.layernorm_epsilon, c.gated_linear_unit, c.activation_func) == (
@@ -255,10 +255,10 @@ def test_transformer_config_maps_the_hf_config():
     assert c.init_method_std == 0.02 and c.gradient_accumulation_fusion is False
     assert c.use_cpu_initialization is (not torch.cuda.is_available())
 
-    sel = transformer_config(spec, tp=1, pp=1, vpp=1, sp=False, activation_checkpointing="selective", dtype="fp32")
+    sel = transformer_config(spec, cuda=False, tp=1, pp=1, vpp=1, sp=False, activation_checkpointing="selective", dtype="fp32")
     assert (sel.recompute_granularity, sel.recompute_modules, sel.virtual_pipeline_model_parallel_size) == (
         "selective", ["core_attn"], None)
-    llama = transformer_config(load_model(name="tiny-llama"), tp=1, pp=1, vpp=1, sp=False,
+    llama = transformer_config(load_model(name="tiny-llama"), cuda=False, tp=1, pp=1, vpp=1, sp=False,
                                activation_checkpointing="none", dtype="fp32")
     assert (llama.add_qkv_bias, llama.recompute_granularity, llama.params_dtype) == (False, None, torch.float32)
 
@@ -275,7 +275,7 @@ def test_transformer_config_refuses_layouts_megatron_cannot_build(layout, messag
 
     args = {"tp": 1, "pp": 1, "vpp": 1, "sp": False, **layout}
     with pytest.raises(ValueError, match=message):
-        transformer_config(load_model(name="tiny-llama"), activation_checkpointing="none", dtype="fp32", **args)
+        transformer_config(load_model(name="tiny-llama"), cuda=False, activation_checkpointing="none", dtype="fp32", **args)
 
 
 @pytest.mark.parametrize("name", catalogue_names())
@@ -299,7 +299,7 @@ def test_build_chunks_refuses_a_parallel_state_that_disagrees(one_rank):
     from launch.ranks.trainers.megatron_model import build_chunks, transformer_config
 
     spec = load_model(name="tiny-llama")
-    config = transformer_config(spec, tp=2, pp=1, vpp=1, sp=False, activation_checkpointing="none", dtype="fp32")
+    config = transformer_config(spec, cuda=False, tp=2, pp=1, vpp=1, sp=False, activation_checkpointing="none", dtype="fp32")
     with pytest.raises(ValueError, match=r"parallel_state has \(tp, pp, vpp\)=\(1, 1, None\).*\(2, 1, None\)"):
         build_chunks(spec, config, seed=0)
 

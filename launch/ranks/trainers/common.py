@@ -58,7 +58,7 @@ def run_rank(run_dir: str, body: Callable[..., int]) -> int:
     for stale in (run.failure(env.rank), run.logs / f"stall_rank{env.rank}.json"):
         with contextlib.suppress(OSError):  # an earlier attempt's (torchrun restart, SLURM requeue): not this one's
             stale.unlink()
-    cuda = resolved.hardware.name != "cpu"
+    cuda = resolved.hardware.device_type == "cuda"
     if cuda:
         os.environ.setdefault("NCCL_DEBUG_FILE", str(run.nccl_log(env.rank)))
     # On GPUs a rank waits for its peers in a CUDA synchronisation, not inside the torch.distributed call (NCCL

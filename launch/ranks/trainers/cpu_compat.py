@@ -295,13 +295,14 @@ REDIRECTS: tuple[Redirect, ...] = (
 )
 
 
-def apply() -> list[str]:
-    """Install every redirect this machine needs and that is not yet in place; return the names of those in
-    effect (with CUDA only the `everywhere` ones).
+def apply(*, cuda: bool) -> list[str]:
+    """Install every redirect a run on CPU ranks needs (`cuda`: the run computes on GPUs, HardwareProfile.device_type;
+    never whether this machine happens to have one) and that is not yet in place; return the names of those in
+    effect (on GPUs only the `everywhere` ones).
 
     Call it before building a Megatron model or running a schedule; calling it again changes nothing.
     """
-    wanted = [r for r in REDIRECTS if r.everywhere or not torch.cuda.is_available()]
+    wanted = [r for r in REDIRECTS if r.everywhere or not cuda]
     for redirect in wanted:
         if not redirect.installed():
             redirect.install()

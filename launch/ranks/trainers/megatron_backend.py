@@ -69,7 +69,7 @@ def init_distributed(resolved: Resolved, cuda: bool) -> None:
         import_megatron_eager()
     from launch.ranks.trainers.cpu_compat import apply as cpu_compat
 
-    cpu_compat()  # on GPUs only the SP-norm patch: no CUDA call is redirected there
+    cpu_compat(cuda=cuda)  # on GPUs only the SP-norm patch: no CUDA call is redirected there
     common.no_jit_comm_op()
     from megatron.core import parallel_state as ps
 
@@ -172,8 +172,8 @@ class MegatronTrainer:
         self.dp_rank, self.dp_world = ps.get_data_parallel_rank(), ps.get_data_parallel_world_size()
         self.dp_group = ps.get_data_parallel_group()
         # 2 + 3. tensor/sequence parallel layers, the pipeline split and recompute, then the canonical weights
-        self.config = mm.transformer_config(resolved.model, tp=par.tp, pp=par.pp, vpp=par.vpp, sp=par.sp,
-                                            activation_checkpointing=r.train.activation_checkpointing,
+        self.config = mm.transformer_config(resolved.model, cuda=ctx.cuda, tp=par.tp, pp=par.pp, vpp=par.vpp,
+                                            sp=par.sp, activation_checkpointing=r.train.activation_checkpointing,
                                             dtype=r.precision.dtype)
         self.chunks = mm.build_chunks(resolved.model, self.config, seed=r.train.seed)
         mm.load_hf_state(self.chunks, _initial_hf_state(resolved), resolved.model)

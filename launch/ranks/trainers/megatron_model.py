@@ -24,7 +24,7 @@ at TP2 / TP2+SP / PP2, in tests/dist/test_megatron_sharding.py):
   would have to all-reduce the two copies' grads over the same group (Megatron's finalize_model_grads does,
   for Megatron DDP); the megatron backend does not, so the resolver refuses tied embeddings under PP.
 
-Calling the forward on CPU (after `cpu_compat.apply()`, which `build_chunks` calls):
+Calling the forward on CPU (after `cpu_compat.apply(cuda=False)`, which `build_chunks` calls):
     loss = chunk(input_ids, position_ids, attention_mask=None, labels=labels)
 input_ids, position_ids and labels are int64 [b, s]; attention_mask=None gives the causal mask of the
 local spec (an explicit bool [1, 1, s, s] mask with True above the diagonal is equivalent). With labels the
@@ -155,9 +155,10 @@ def _check_supported(spec: ModelSpec) -> None:
     _rope(spec)
 
 
-def transformer_config(spec: ModelSpec, *, tp: int, pp: int, vpp: int, sp: bool,
+def transformer_config(spec: ModelSpec, *, cuda: bool, tp: int, pp: int, vpp: int, sp: bool,
                        activation_checkpointing: Checkpointing, dtype: Dtype) -> TransformerConfig:
-    """The Megatron TransformerConfig of `spec` at this layout (vpp = model chunks per pipeline rank, 1 = none)."""
+    """The Megatron TransformerConfig of `spec` at this layout (vpp = model chunks per pipeline rank, 1 = none), for a
+    run on GPUs (`cuda`) or on CPU ranks (HardwareProfile.device_type decides, not this machine's torch.cuda)."""
     _check_supported(spec)
     if dtype not in ("fp32", "bf16", "fp16"):
         raise ValueError(f"dtype={dtype!r}; use one of fp32, bf16, fp16")
@@ -212,7 +213,7 @@ def transformer_config(spec: ModelSpec, *, tp: int, pp: int, vpp: int, sp: bool,
         pipeline_dtype=params_dtype,
         bf16=dtype == "bf16",
         fp16=dtype == "fp16",
-        use_cpu_initialization=not torch.cuda.is_available(),
+        use_cpu_initialization=not cuda,
         **recompute,
     )
 
@@ -237,7 +238,7 @@ def build_chunks(spec: ModelSpec, config: TransformerConfig, *, seed: int) -> li
     post_process on the last of the last; RNG seeded as its _set_random_seed does (seed + 100 * pp rank;
     model_parallel_cuda_manual_seed for the TP streams of dropout and GPU init).
     """
-    cpu_compat.apply()
+    cpu_compat.apply(cuda=not config.use_cpu_initialization)  # the run's one device decision, as the config holds it
     _check_parallel_state(config)
     rope = _rope(spec)
     stage_seed = seed + 100 * parallel_state.get_pipeline_model_parallel_rank()
@@ -426,8 +427,8 @@ def gather_hf_state(local_states: Mapping[Place, Mapping[str, Any]], spec: Model
     gathered from all ranks. Needs no process group. ValueError names a missing or unknown place or key,
     a replicated tensor whose TP copies differ, or a tied output_layer copy that drifted from the embedding.
     """
-    config = transformer_config(spec, tp=tp, pp=pp, vpp=vpp, sp=False, activation_checkpointing="none",
-                                dtype="fp32")
+    config = transformer_config(spec, cuda=False, tp=tp, pp=pp, vpp=vpp, sp=False, activation_checkpointing="none",
+                                dtype="fp32")  # only its parameter layout is read: where it would compute is moot
     places = [Place(p, v, t) for p in range(pp) for v in range(vpp) for t in range(tp)]
     unknown = sorted(set(local_states) - set(places), key=str)
     if unknown:
