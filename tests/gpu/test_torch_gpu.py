@@ -1,12 +1,10 @@
 """GPU check: the 1.1B catalogue model on one GPU with the torch backend (FSDP2, world 1), eager and compiled, full and
 selective checkpointing, 30 steps each; tokens/s/GPU, MFU and peak memory from our metrics, with the planner's
 predicted memory (torch accounting) beside them."""
-import json
-
 import pytest
 
-from launch.run.metrics import read_metrics
 from tests.dist.conftest import train
+from tests.gpu.conftest import figures
 
 pytestmark = pytest.mark.gpu
 
@@ -22,15 +20,7 @@ def test_one_billion_fsdp2_on_one_gpu(tmp_path, compile_, checkpointing):
               'model.name="tinyllama-1.1b"', "parallel.zero_stage=3", "batch.micro_batch_size=4",
               "batch.global_batch_size=16", "batch.seq_len=2048", f"train.activation_checkpointing={checkpointing}",
               f"train.compile={str(compile_).lower()}", recipe="recipes/tiny_fsdp2", timeout=1800)
-    m = read_metrics(t.root / "metrics" / "rank0.jsonl")
-    measured = [s for s in m.steps if not s.warmup]
-    plan = json.loads((t.root / "plan.json").read_text())
-    predicted = plan["ranks"][0]["memory"]["torch"]["total"]
-    peak = max(s.mem_max_allocated_bytes for s in measured)
-    tps = sorted(s.tokens_per_s_per_device for s in measured)[len(measured) // 2]
-    mfu = sorted(s.mfu for s in measured)[len(measured) // 2]
-    print(f"\nFSDP2 {'compiled' if compile_ else 'eager'}, {checkpointing} checkpointing: {tps:,.0f} tokens/s/GPU, "
-          f"MFU {mfu:.1%}, peak allocated {peak / 2**30:.2f} GiB, predicted {predicted / 2**30:.2f} GiB "
-          f"(torch accounting), predicted step {plan['step']['total_s'] * 1e3:.0f} ms")
-    assert measured[-1].loss < m.steps[0].loss
-    assert 0.3 < peak / predicted < 3.0  # the plan is in the right range; the ratio is reported above
+    f = figures(t.root)
+    print(f.line(f"FSDP2 {'compiled' if compile_ else 'eager'}, {checkpointing} checkpointing"))
+    assert f.loss_fell
+    assert 0.3 < f.peak_bytes / f.predicted_bytes < 3.0  # the plan is in the right range; the ratio is reported above
