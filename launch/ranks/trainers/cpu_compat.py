@@ -3,7 +3,8 @@
 Megatron-Core assumes CUDA in a handful of places that a CPU rank reaches. `apply()` redirects exactly
 those, each one found by running the Megatron call without it and watching it fail
 (tests/unit/test_cpu_compat.py runs every such call in a fresh interpreter to prove that each redirect
-is still needed, and in-process to prove that it now works). With CUDA present `apply()` installs only
+is still needed, and in-process to prove that it now works). For a run on GPUs (`apply(cuda=True)`: the run's
+device decision, HardwareProfile.device_type, not whether this machine has CUDA) it installs only
 the one patch that is not about CUDA (`torch_norm_sp`: the local spec's norm refuses sequence parallelism
 wherever Apex and Transformer Engine are absent, GPUs included).
 
