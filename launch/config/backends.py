@@ -11,7 +11,7 @@ The rank-side half of a backend is a module under `launch/ranks/trainers/` imple
 from __future__ import annotations
 
 import importlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any, Callable, Mapping
 
@@ -81,6 +81,8 @@ class BackendTraits:
     # The DeepSpeed config fields this backend decides beyond the recipe's: (owned, recipe) -> owned, where
     # owned maps a dotted DeepSpeed key to (value, the recipe field it comes from). None: no DeepSpeed at all.
     compose_ds_config: Callable[[dict[str, tuple[Any, str]], Any], dict[str, tuple[Any, str]]] | None
+    # Environment its ranks need on GPUs when parallel.tp > 1 (a value the user's environment sets is kept).
+    tp_gpu_env: Mapping[str, str] = field(default_factory=dict)
     # The backend's own refusals, after the resolver's shared checks: (where, recipe, model, grad_accum) raises
     # ConfigError, where(dotted) naming the file that set a field.
     check: Callable[[Callable[[str], str], Any, Any, int], None] | None = None
@@ -224,6 +226,9 @@ BACKENDS: dict[str, BackendTraits] = {
         pp_tied_embeddings=False,
         # Megatron's fused QKV and [gate; up] shards do not reshard by DeepSpeed's universal format.
         reshard_on_resume=False, checkpoint_format="deepspeed", requires=("megatron.core", "deepspeed", "transformers"),
+        # One hardware queue per GPU, as Megatron-Core's own launch scripts set: the TP/SP collectives are then issued
+        # ahead of the GEMMs that wait for them instead of queueing behind, which is what overlaps them.
+        tp_gpu_env={"CUDA_DEVICE_MAX_CONNECTIONS": "1"},
         compose_ds_config=_megatron_owned),
     "torch": BackendTraits(
         name="torch", trainer="launch.ranks.trainers.torch_backend", accounting="torch",

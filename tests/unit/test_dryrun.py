@@ -198,3 +198,20 @@ def test_plan_out_naming_a_folder_is_refused(tmp_path, out):
                        capture_output=True, text=True, timeout=120)
     assert p.returncode == 2 and "names a folder" in p.stderr and p.stderr.count("\n") == 1, p.stderr
     assert not list(tmp_path.glob(".*.png")) and not list(tmp_path.parent.glob(".png"))
+
+
+@pytest.mark.parametrize("recipe, overrides, want", [
+    ("recipes/7b_tp2_zero3", (), "1"),  # Megatron TP on GPUs: one hardware queue, so its collectives overlap
+    ("recipes/7b_tp2_zero3", ("parallel.tp=1",), None),  # no TP
+    ("recipes/7b_zero3_ac", ("parallel.tp=2",), None),  # DeepSpeed AutoTP: not Megatron's requirement
+    ("recipes/tiny_tp2_sp", (), None),  # CPU ranks
+])
+def test_megatron_tp_on_gpus_gets_one_device_connection(recipe, overrides, want):
+    from launch.config.resolve import resolve_path
+    from launch.run.launcher import rank_env
+
+    env = rank_env(resolve_path(REPO / recipe, list(overrides)), "runs/x", environ={})
+    assert env.get("CUDA_DEVICE_MAX_CONNECTIONS") == want
+    if want:  # the user's own setting is kept
+        kept = rank_env(resolve_path(REPO / recipe, list(overrides)), "runs/x", environ={"CUDA_DEVICE_MAX_CONNECTIONS": "8"})
+        assert kept["CUDA_DEVICE_MAX_CONNECTIONS"] == "8"
