@@ -134,8 +134,8 @@ def fsdp_units(layout: Layout, stage: int = 0) -> tuple[int, int]:
 
 
 def fsdp_gathered(layout: Layout, params: int, stage: int = 0) -> int:
-    """Parameters FSDP2 holds gathered at its peak: the root (FSDP2 keeps the root gathered from forward to backward)
-    and two blocks at stage 3 (the one computing and the next, prefetched); every unit at stage 2
+    """Parameters FSDP2 holds gathered at its peak: at stage 3 the root (the output layer and loss run while it is
+    gathered, and its backward gathers it again first) and two blocks (the one computing and the next, prefetched); every unit at stage 2
     (reshard_after_forward=False keeps each block gathered until its backward), and under a pipeline at either stage
     (its stages keep the parameters gathered from the first backward to the last: reshard_after_backward=False)."""
     if layout.zero_stage == 2 or layout.grid.pp > 1:
