@@ -88,7 +88,8 @@ def tp_calls(backend: str, *, sp: bool, layers: int, micro_batches: int, activat
 
 def communication(layout: Layout, timing: Timing = Timing(), stage: int = 0) -> list[Comm]:
     """Every collective one rank of pipeline stage `stage` calls per optimizer step, with its count, message and
-    time: DeepSpeed's ZeRO over the data-parallel group (both backends train through it), the TP/SP calls of
+    time: the data-parallel traffic (DeepSpeed's ZeRO under the deepspeed and megatron backends; DDP or FSDP2 under the
+    torch backend), the TP/SP calls of
     `tp_calls`, and pipeline sends. The one model of collectives: the plan times the first stage's, the analysis
     compares every stage's with the traces (analysis.analyzers.collective_calls.expected_collectives)."""
     g, m, e = layout.grid, layout.model, layout.elem_bytes

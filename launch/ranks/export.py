@@ -18,7 +18,7 @@ from launch.config.backends import traits
 from launch.config.resolve import Resolved
 from launch.errors import ConfigError
 from launch.ranks import untrusted
-from launch.run.checkpoints import complete_checkpoints
+from launch.run.checkpoints import ResumeError, complete_checkpoints
 from launch.run.rundir import EXPORT_MARKER, RunDir, export_target_problem
 
 
@@ -100,7 +100,7 @@ def main(argv: list[str]) -> int:
     untrusted.guard()
     try:
         print(export(run_dir, None if step == "-" else int(step), None if out == "-" else out))
-    except (ConfigError, untrusted.UntrustedFileError) as e:
+    except (ConfigError, untrusted.UntrustedFileError, ResumeError) as e:  # the user's to mend: one line
         print(f"error: {e}", file=sys.stderr)
         return 2
     return 0

@@ -147,3 +147,43 @@ def test_dcp_metadata_is_read_with_its_own_objects_only(tmp_path):
     (crafted / ".metadata").write_bytes(pickle.dumps(meta)[:40])  # truncated
     with pytest.raises(untrusted.UntrustedFileError, match="not readable"):
         untrusted.check([crafted])
+
+
+def _torch_run_with_checkpoint(root):
+    """A torch-backend run directory as ours looks, whose step-5 DCP checkpoint holds the seeded tiny model."""
+    import torch.distributed.checkpoint as dcp
+    from transformers import AutoModelForCausalLM
+
+    from launch.ranks.hf import hf_config
+
+    resolved = resolve_path(RECIPES / "tiny_fsdp2", [])
+    run = root / "tiny_fsdp2" / "20261201-000000"
+    (run / "checkpoints").mkdir(parents=True)
+    (run / "resolved.json").write_text(resolved.to_json())
+    torch.manual_seed(0)
+    state = AutoModelForCausalLM.from_config(hf_config(resolved.model)).state_dict()
+    dcp.save({"model": state}, checkpoint_id=str(run / "checkpoints" / "step5"), no_dist=True)
+    write_marker(run / "checkpoints", "step5", marker_info(resolved, 5))
+    return run, state
+
+
+def test_export_of_a_damaged_dcp_checkpoint_is_one_line(tmp_path):
+    """A whole DCP checkpoint exports the tensors it holds; the same with a truncated data file is one line, exit 2,
+    and writes nothing."""
+    from safetensors.torch import load_file
+
+    run, state = _torch_run_with_checkpoint(tmp_path / "runs")
+    good = tmp_path / "good"
+    p = subprocess.run([sys.executable, "-m", "launch", "export", str(run), f"out={good}"], cwd=REPO,
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-3000:]
+    back = load_file(good / "model.safetensors")
+    assert set(back) == set(state) and all(torch.equal(back[k], v) for k, v in state.items())
+    (data,) = sorted((run / "checkpoints" / "step5").glob("*.distcp"))
+    data.write_bytes(data.read_bytes()[:100])
+    bad = tmp_path / "bad"
+    p = subprocess.run([sys.executable, "-m", "launch", "export", str(run), f"out={bad}"], cwd=REPO,
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 2 and p.stderr.count("\n") == 1, p.stderr[-3000:]
+    assert "step5: torch.distributed.checkpoint could not read it (EOFError)" in p.stderr
+    assert not bad.exists()

@@ -27,6 +27,7 @@ tp, pp, dp or zero stage of this backend (DCP reshards), every tensor's shape ch
 from __future__ import annotations
 
 import contextlib
+import math
 from pathlib import Path
 from typing import Callable
 
@@ -455,22 +456,11 @@ class TorchTrainer:
         dcp.save(self._state(), checkpoint_id=str(checkpoints / tag))
 
     def load(self, ckpt: Checkpoint) -> int:
-        import torch.distributed.checkpoint as dcp
         from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
-
-        from torch.distributed.checkpoint.api import CheckpointException
 
         state = self._state()
         _check_shapes(ckpt, state["model"])
-        try:
-            dcp.load(state, storage_reader=dcp_reader(ckpt.dir))
-        except CheckpointException as e:  # DCP wraps what its reader raised, per rank: say that, in one line
-            cause = next(iter(e.failures.values()), None)
-            cause = getattr(cause, "exc", cause)
-            if isinstance(cause, UntrustedFileError):
-                raise cause from None
-            raise ResumeError(f"{ckpt.dir}: torch.distributed.checkpoint could not load it "
-                              f"({type(cause).__name__}: {str(cause).strip().splitlines()[0] if str(cause) else ''})") from None
+        _dcp_load(state, ckpt)
         if self.scaler is not None and "scaler" in state:
             self.scaler.load_state_dict(state["scaler"])
         options = StateDictOptions(flatten_optimizer_state_dict=True, strict=len(self.parts) == 1)
@@ -497,6 +487,25 @@ def _local(t):
     return t.to_local() if isinstance(t, DTensor) else t
 
 
+def _dcp_load(state: dict, ckpt: Checkpoint, **kwargs) -> None:
+    """dcp.load through the guarded reader. A damaged data file or a refused object is one line (ResumeError or
+    UntrustedFileError): DCP itself wraps what its reader raised, per rank, in a CheckpointException."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    try:
+        dcp.load(state, storage_reader=dcp_reader(ckpt.dir), **kwargs)
+    except CheckpointException as e:
+        cause = next(iter(e.failures.values()), None)  # per rank: (the exception, its stack)
+        cause = cause[0] if isinstance(cause, tuple) else cause
+        if isinstance(cause, UntrustedFileError):
+            raise cause from None
+        said = (str(cause).strip().splitlines() or [""])[0]
+        raise ResumeError(f"{ckpt.dir}: torch.distributed.checkpoint could not read it ({type(cause).__name__}"
+                          f"{': ' + said if said else ''}); the checkpoint is damaged: resume or export an earlier "
+                          "one, or set run.resume=never") from None
+
+
 def _check_shapes(ckpt: Checkpoint, model_sd: dict) -> None:
     """Every tensor this model loads must exist in the checkpoint with the same global shape: DCP would otherwise load
     a slice of a different model, or fail deep inside its planner."""
@@ -519,21 +528,15 @@ def build(ctx: BuildContext) -> TorchTrainer:
 
 def export_hf_state(resolved: Resolved, ckpt: Checkpoint) -> dict:
     """The model half of a DCP checkpoint, every tensor whole in fp32, read without a process group."""
-    import torch.distributed.checkpoint as dcp
-
-    reader = dcp_reader(ckpt.dir)
     want = {p.name: p.numel for p in resolved.model.parameters()}
     if resolved.model.tie_word_embeddings:  # the state dict names the tied matrix twice
         want["lm_head.weight"] = want["model.embed_tokens.weight"]
     state = {}
-    for key, meta in reader.read_metadata().state_dict_metadata.items():
+    for key, meta in read_dcp_metadata(ckpt.dir / DCP_METADATA).state_dict_metadata.items():
         if key.startswith("model.") and hasattr(meta, "size"):
-            numel = 1
-            for n in meta.size:
-                numel *= n
-            if want.get(key.removeprefix("model.")) != numel:  # before allocating what the metadata claims
+            if want.get(key.removeprefix("model.")) != math.prod(meta.size):  # before allocating what the metadata claims
                 raise ResumeError(f"{ckpt.dir}: holds {key.removeprefix('model.')} of shape {tuple(meta.size)}, which "
                                   f"{resolved.model.name} does not have; export the run that wrote it")
             state[key] = torch.empty(tuple(meta.size), dtype=meta.properties.dtype)
-    dcp.load(state, storage_reader=reader, no_dist=True)
+    _dcp_load(state, ckpt, no_dist=True)
     return {k.removeprefix("model."): v.float() for k, v in state.items()}
