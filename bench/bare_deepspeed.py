@@ -16,7 +16,7 @@ import torch  # noqa: E402
 from transformers import AutoModelForCausalLM  # noqa: E402
 
 from launch.config.resolve import Resolved  # noqa: E402
-from launch.ranks.data import Synthetic, micro_batch  # noqa: E402
+from launch.data.rows import Synthetic, micro_batch  # noqa: E402
 from launch.ranks.hf import hf_config  # noqa: E402
 
 run_dir, out = sys.argv[1], sys.argv[2]

@@ -21,7 +21,7 @@ from transformers import AutoModelForCausalLM
 
 from launch.config.resolve import Resolved
 from launch.config.schema import ADAM_EPS
-from launch.ranks.data import Synthetic, micro_batch
+from launch.data.rows import Synthetic, micro_batch
 from launch.ranks.hf import hf_config
 from launch.ranks.schedule import lr_at
 

@@ -30,11 +30,11 @@ from megatron.core.tensor_parallel import param_is_not_tensor_parallel_duplicate
 from megatron.core.transformer.module import param_is_not_shared
 
 from launch.config.resolve import Resolved
-from launch.ranks.data import micro_batch
+from launch.data.rows import micro_batch
 from launch.ranks.schedule import lr_at
 from launch.ranks.trainers import cpu_compat
 from launch.ranks.trainers import megatron_model as mm
-from launch.ranks.trainers.common import data_source
+from launch.ranks.data import sources
 
 cpu_compat.apply()  # Megatron-Core on CPU ranks, as the trainer runs it (a no-op with CUDA)
 
@@ -63,7 +63,7 @@ opt = torch.optim.AdamW(params, **hyper)
 grads_for_norm = [p for p in params if param_is_not_shared(p) and param_is_not_tensor_parallel_duplicate(p)]
 
 dp, dp_rank = ps.get_data_parallel_world_size(), ps.get_data_parallel_rank()
-source = data_source(resolved)
+source = sources(resolved).train
 S, MB, GA = r.batch.seq_len, r.batch.micro_batch_size, resolved.grad_accum
 
 

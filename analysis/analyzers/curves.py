@@ -27,13 +27,16 @@ CURVE_COLUMNS = {
     "grad_norm": "gradient norm before clipping (None where the source has none)",
     "lr": "learning rate",
     "loss_scale": "fp16 loss scale (None where the source has none)",
+    "valid_loss": "validation loss on evaluation steps (ours: data.valid_fraction / data.valid_path; Megatron's "
+                  "TensorBoard `lm loss validation`), else None",
     "skipped": "iterations skipped in the logging interval (Megatron), else None",
     "source": "file:line (or TensorBoard run/file) of the record",
 }
 
 # TensorBoard tags (ours and Megatron's) and the column each holds.
 TB_TAGS = {"train/loss": "loss", "lm loss": "loss", "train/lr": "lr", "learning-rate": "lr",
-           "train/grad_norm": "grad_norm", "grad-norm": "grad_norm", "loss-scale": "loss_scale"}
+           "train/grad_norm": "grad_norm", "grad-norm": "grad_norm", "loss-scale": "loss_scale",
+           "valid/loss": "valid_loss", "lm loss validation": "valid_loss"}
 
 
 class CurvesMeta(NamedTuple):
@@ -67,7 +70,8 @@ def curves_from_metrics(metrics: Table) -> Table:
     """Our metrics: one row per step from the lowest rank (every rank records the same data-parallel mean)."""
     rows = list(metrics.rows())
     low = min((r["rank"] for r in rows if isinstance(r["rank"], int)), default=None)
-    return _table((_row(r["step"], f"{r['file']}:{r['line']}", loss=r["loss"], grad_norm=r["grad_norm"], lr=r["lr"])
+    return _table((_row(r["step"], f"{r['file']}:{r['line']}", loss=r["loss"], grad_norm=r["grad_norm"], lr=r["lr"],
+                        valid_loss=r["valid_loss"])
                    for r in rows if r["rank"] == low), metrics.source, metrics.warnings)
 
 

@@ -49,6 +49,9 @@ _DOCS: dict[str, str] = {
     "mem_max_allocated_bytes": "GPU ranks: torch.cuda.max_memory_allocated() so far, bytes; None on CPU",
     "mem_max_reserved_bytes": "GPU ranks: torch.cuda.max_memory_reserved() so far, bytes; None on CPU",
     "rss_max_bytes": "CPU ranks: peak resident set size of the rank's process so far, bytes; None on GPU",
+    "tokens": "tokens the step trained on over all data-parallel ranks (packed rows, no padding); None in older runs",
+    "data_time_s": "this rank's seconds making its micro-batches, inside step_time_s; None in older runs",
+    "valid_loss": "mean loss over the validation rows on evaluation steps (train.eval_every), else None",
     "file": "the JSONL file the row came from",
     "line": "1-based line of the record in that file",
 }

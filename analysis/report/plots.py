@@ -149,7 +149,8 @@ def busbw_vs_size(points: Sequence[tuple[str, Sequence[tuple[float, float]]]],
 
 def training_curves(series: Sequence[tuple[str, Sequence[int], Mapping[str, Sequence[float | None]]]]) -> bytes:
     """Three panels side by side — loss, gradient norm, learning rate — against the step, one line per run; a
-    missing value leaves a gap. A run whose steps fall back or jump far (another job in the same file:
+    missing value leaves a gap. A run's validation loss (`valid_loss`, where it has one) is drawn on the loss panel in
+    the run's colour, dashed with markers. A run whose steps fall back or jump far (another job in the same file:
     analyzers.curves.segments) gets a row of panels per segment, each on its own step axis."""
     panels = [("loss", "loss"), ("grad_norm", "gradient norm"), ("lr", "learning rate")]
     rows: list[list[tuple[int, str, Sequence[int], Mapping[str, Sequence[float | None]]]]] = []
@@ -168,6 +169,10 @@ def training_curves(series: Sequence[tuple[str, Sequence[int], Mapping[str, Sequ
                 ys = [float("nan") if v is None else v for v in values[key]]
                 if any(v == v for v in ys):
                     ax.plot(steps, ys, label=plain_text(label), color=_COLORS[i % len(_COLORS)], linewidth=1.2)
+                if key == "loss" and any(v is not None for v in values.get("valid_loss", ())):
+                    points = [(s, v) for s, v in zip(steps, values["valid_loss"], strict=True) if v is not None]
+                    ax.plot([s for s, _ in points], [v for _, v in points], label=plain_text(f"{label} (validation)"),
+                            color=_COLORS[i % len(_COLORS)], linestyle="--", marker="o", markersize=3, linewidth=1)
             ax.set_title(title if len(rows) == 1 else f"{title} (segment {k + 1})")
             ax.set_xlabel("step")
             ax.grid(alpha=0.3)

@@ -174,25 +174,32 @@ def _sci(x: Any) -> str:
     return "–" if x is None else f"{x:.3g}"
 
 
+def _last_validation(curves) -> str:
+    points = [(s, v) for s, v in zip(curves.columns["step"], curves.columns["valid_loss"], strict=True) if v is not None]
+    return f"{_num(points[-1][1], 4)} (step {points[-1][0]}, {len(points)} evaluations)" if points else "–"
+
+
 def _curve_blocks(rep: Report) -> list[Block]:
     out = [Block("h2", "Training curves")]
     rows, series = [], []
     for r in rep.runs:
         if r.curves is None:
-            rows.append([r.label, "0"] + ["–"] * 5 + ["no loss per step (metrics, Megatron, TensorBoard or DeepSpeed "
+            rows.append([r.label, "0"] + ["–"] * 6 + ["no loss per step (metrics, Megatron, TensorBoard or DeepSpeed "
                                                       "pipeline lines)"])
             continue
         c = C.summarise(r.curves)
         rows.append([r.label, f"{c.steps} ({c.first_step}–{c.last_step})",
                      f"{_num(c.loss_first, 4)} → {_num(c.loss_last, 4)} (min {_num(c.loss_min, 4)})"
                      + (f"; {c.not_finite} not finite" if c.not_finite else ""),
+                     _last_validation(r.curves),
                      f"{_num(c.grad_norm_last)} (max {_num(c.grad_norm_max)})" if c.grad_norm_last is not None else "–",
                      f"{_sci(c.lr_first)} → {_sci(c.lr_last)} (max {_sci(c.lr_max)})" if c.lr_first is not None else "–",
                      _num(c.loss_scale_last) if c.loss_scale_last is not None else "–",
                      str(c.skipped) if c.skipped is not None else "–", r.run.relabel(r.curves.source) or "–"])
         series.append((r.label, list(r.curves.columns["step"]),
-                       {k: list(r.curves.columns[k]) for k in ("loss", "grad_norm", "lr")}))
-    out.append(Block("table", headers=["run", "steps logged", "loss first → last", "grad norm last", "lr first → last",
+                       {k: list(r.curves.columns[k]) for k in ("loss", "valid_loss", "grad_norm", "lr")}))
+    out.append(Block("table", headers=["run", "steps logged", "loss first → last", "validation loss last",
+                                       "grad norm last", "lr first → last",
                                        "loss scale last", "skipped iterations", "source"], rows=rows))
     if rep.curve_pairs:
         out.append(Block("h3", "Loss against the first run"))

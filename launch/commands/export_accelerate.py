@@ -16,6 +16,7 @@ from typing import Sequence
 
 from launch.commands.args import Option, read, text
 from launch.config.resolve import Resolved, resolve_path
+from launch.data.check import check as check_data
 from launch.errors import ConfigError
 from launch.plan.build import plan_resolved
 from launch.run import envinfo, launcher, nodes
@@ -62,6 +63,7 @@ def export_accelerate(resolved: Resolved, out: Path | None, environ) -> tuple[Ru
     if resolved.recipe.hardware.nodes > 1 and not place.master_addr:
         raise ConfigError("environment", "MASTER_ADDR", None, f"is needed for {resolved.recipe.hardware.nodes} nodes "
                           "(accelerate's main_process_ip)", "export MASTER_ADDR=<node 0's address>")
+    data = check_data(resolved)  # before the folder exists: bad data is one line, and nothing is written
     if out is not None:
         if out.exists():
             raise ConfigError("command line", "out", str(out), "already exists (nothing is overwritten)",
@@ -74,6 +76,8 @@ def export_accelerate(resolved: Resolved, out: Path | None, environ) -> tuple[Ru
     run.write_text_atomic(ds_path, json.dumps(resolved.ds_config, indent=2) + "\n")
     run.write_text_atomic(run.resolved, resolved.to_json() + "\n")
     run.write_text_atomic(run.plan, plan_resolved(resolved, envinfo.machine()).to_json() + "\n")
+    if data is not None:
+        data.save(run.data)
     config = accelerate_config(resolved, str(ds_path), place)
     header = ("# Written by `python -m launch export-accelerate` for recipe "
               f"{resolved.recipe_name}: {resolved.world_size} process(es) on {resolved.recipe.hardware.nodes} machine(s).\n"

@@ -26,6 +26,9 @@ ABOUT = {
                "python -m launch export runs/tiny_zero2/<stamp> step=10 out=exported/"),
     "export-accelerate": ("a run directory and the command for `accelerate launch`",
                           "python -m launch export-accelerate recipes/tiny_zero2"),
+    "prepare-data": ("tokenize a corpus once into Megatron's indexed format (data.source=megatron)",
+                     "python -m launch prepare-data tests/fixtures/text/corpus.jsonl out=data/corpus "
+                     "data.tokenizer=tests/fixtures/tokenizer"),
     "docs": ("write the generated parts of docs/ from the schema", "python -m launch docs check=true"),
 }
 TAKES_A_RECIPE = ("run", "sweep", "recommend", "calibrate", "export-accelerate")

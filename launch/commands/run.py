@@ -14,6 +14,7 @@ from launch.commands.render import gib, make_console, render, summary
 from launch.config.backends import traits
 from launch.config.grid import shown_nodes
 from launch.config.resolve import Resolved, resolve_path
+from launch.data.check import check as check_data
 from launch.errors import ConfigError
 from launch.plan.build import plan_resolved
 from launch.run import envinfo, launcher, nodes
@@ -37,6 +38,9 @@ def cmd_run(args: Sequence[str]) -> int:
         print(line)
     plan = plan_resolved(resolved, machine)
     console = make_console()
+    data = None if resolved.recipe.run.mode == "commbench" else check_data(resolved)
+    for line in data.lines if data else ():
+        print(line)
     if dry:
         run_dir = str(runs_root() / resolved.recipe_name / "<UTC yyyymmdd-hhmmss>")  # where the real run would go
         cmd = launcher.build(resolved, run_dir)
@@ -86,6 +90,8 @@ def cmd_run(args: Sequence[str]) -> int:
     else:
         run.write_text_atomic(run.resolved, resolved.to_json() + "\n")
         run.write_text_atomic(run.plan, plan.to_json() + "\n")
+    if data is not None:
+        data.save(run.data)  # on every node: a node without the shared folder still finds its copy
     node = nodes.placement(os.environ, resolved.recipe.hardware.nodes).node_rank
     run.write_text_atomic(run.env if node == 0 else run.root / f"env_node{node}.json",
                           json.dumps(envinfo.capture(), indent=2) + "\n")

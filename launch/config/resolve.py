@@ -105,7 +105,9 @@ def resolve(loaded: LoadedRecipe, world_size: int | None = None) -> Resolved:
     # Path fields are made absolute here, so that resolved.json means the same from any directory.
     paths = {}
     for dotted, value in (("model.config", r.model.config), ("model.weights", r.model.weights),
-                          ("data.path", r.data.path), ("deepspeed.config", r.deepspeed.config)):
+                          ("data.path", r.data.path), ("data.valid_path", r.data.valid_path),
+                          ("data.tokenizer", None if r.data.tokenizer in ("byte", "model") else r.data.tokenizer),
+                          ("deepspeed.config", r.deepspeed.config)):
         if value is not None and not value.strip():
             raise ConfigError(w(dotted), dotted, value, "is an empty path", f"give a path, or leave {dotted} unset")
         if value:
@@ -328,14 +330,7 @@ def resolve(loaded: LoadedRecipe, world_size: int | None = None) -> Resolved:
     if r.run.profile == "nsys" and hw.device_type == "cpu":
         raise ConfigError(w("run.profile"), "run.profile", "nsys", "needs NVIDIA GPUs (Nsight Systems traces CUDA)",
                           'set run.profile="torch" on CPU ranks')
-    if r.data.source == "text":
-        if not r.data.path:
-            raise ConfigError(w("data.source"), "data.source", "text", "needs data.path",
-                              "set data.path to a .txt/.jsonl file or folder (relative to the recipe)")
-        if not Path(paths["data.path"]).exists():
-            raise ConfigError(w("data.path"), "data.path", r.data.path, f"does not exist ({paths['data.path']})",
-                              "give a .txt/.jsonl file or folder, relative to the recipe (or to the working "
-                              "directory for an override) or absolute")
+    _check_data(r, w, paths)
 
     if r.run.max_restarts > 0 and train.checkpoint_every == 0:
         warnings.append(f"run.max_restarts={r.run.max_restarts} with train.checkpoint_every=0: a restarted group trains "
@@ -359,7 +354,8 @@ def resolve(loaded: LoadedRecipe, world_size: int | None = None) -> Resolved:
     recipe = dataclasses.replace(
         r, parallel=dataclasses.replace(par, dp=dp), commbench=commbench_s,
         model=dataclasses.replace(r.model, config=paths.get("model.config"), weights=paths.get("model.weights")),
-        data=dataclasses.replace(r.data, path=paths.get("data.path")),
+        data=dataclasses.replace(r.data, path=paths.get("data.path"), valid_path=paths.get("data.valid_path"),
+                                 tokenizer=paths.get("data.tokenizer", r.data.tokenizer)),
         deepspeed=dataclasses.replace(r.deepspeed, config=paths.get("deepspeed.config")),
         run=dataclasses.replace(r.run, resume=resume))
     # The deepspeed and megatron backends train through a DeepSpeed engine (ZeRO over the data-parallel group).
@@ -433,3 +429,41 @@ def _deepspeed_config(loaded: LoadedRecipe, r: Recipe, grad_accum: int, hw: Hard
 
 def _divisors(n: int) -> list[int]:
     return [d for d in divisors(n) if d <= 64]  # an error message lists the small ones
+
+
+_DATA_FILES = {"text": "a .txt/.jsonl file, folder or glob", "parquet": "a .parquet file, folder or glob",
+               "megatron": "an indexed-dataset prefix (PREFIX.bin + PREFIX.idx) or a folder of them"}
+
+
+def _check_data(r, w, paths: dict[str, str]) -> None:
+    """The data fields' sense; the files themselves are opened by launch/data/check.py before launch."""
+    d, t = r.data, r.train
+    for dotted, value, low in (("train.eval_every", t.eval_every, 0), ("train.eval_batches", t.eval_batches, 1)):
+        if value < low:
+            raise ConfigError(w(dotted), dotted, value, f"is below {low}", f"set {dotted} >= {low}")
+    if not (0.0 <= d.valid_fraction <= 0.5):
+        raise ConfigError(w("data.valid_fraction"), "data.valid_fraction", d.valid_fraction, "is not within 0 to 0.5",
+                          "hold out a fraction such as 0.05 (0: none)")
+    if d.valid_fraction and d.valid_path:
+        raise ConfigError(w("data.valid_path"), "data.valid_path", d.valid_path, "and data.valid_fraction are both set",
+                          "hold out rows one way: set data.valid_fraction=0 or unset data.valid_path")
+    if not d.text_field.strip():
+        raise ConfigError(w("data.text_field"), "data.text_field", d.text_field, "is empty",
+                          "name the JSONL field or Parquet column that holds the text (default \"text\")")
+    if d.source == "synthetic":
+        for dotted, value in (("data.path", d.path), ("data.valid_path", d.valid_path)):
+            if value:
+                raise ConfigError(w(dotted), dotted, value, "is set but data.source=\"synthetic\" reads no files",
+                                  "set data.source to text, parquet or megatron, or unset it")
+        return
+    if not d.path:
+        raise ConfigError(w("data.source"), "data.source", d.source, "needs data.path",
+                          f"set data.path to {_DATA_FILES[d.source]} (relative to the recipe)")
+    for dotted in ("data.path", "data.valid_path"):
+        full = paths.get(dotted)
+        if full is None or set("*?[") & set(full) or d.source == "megatron":
+            continue  # globs and prefixes are expanded by the data check
+        if not Path(full).exists():
+            raise ConfigError(w(dotted), dotted, getattr(d, dotted.split(".")[1]), f"does not exist ({full})",
+                              f"give {_DATA_FILES[d.source]}, relative to the recipe (or to the working directory "
+                              "for an override) or absolute")

@@ -81,14 +81,25 @@ class TrainSection:
     activation_checkpointing: Literal["none", "full", "selective"] = "none"
     compile: bool = False  # torch.compile each decoder block (backend "torch" only)
     checkpoint_every: int = 0  # 0: only at the end
+    eval_every: int = 0  # validation loss every N steps and at the last (needs data.valid_fraction or data.valid_path)
+    eval_batches: int = 2  # global batches of validation rows per evaluation (the same rows every time)
     seed: int = 1234
 
 
 @dataclass(frozen=True)
 class DataSection:
-    source: Literal["synthetic", "text"] = "synthetic"
-    path: str | None = None  # text: a .txt/.jsonl file or folder, relative to the recipe
-    tokenizer: Literal["byte"] = "byte"
+    # synthetic: a learnable bigram walk (no files); text: .txt / .jsonl; parquet: a column of .parquet files;
+    # megatron: an indexed dataset (PREFIX.bin + PREFIX.idx, `python -m launch prepare-data` writes one)
+    source: Literal["synthetic", "text", "parquet", "megatron"] = "synthetic"
+    # a file, a folder (its files of the source's kind, recursively) or a glob, relative to the recipe; megatron: a
+    # prefix, or a folder of prefixes
+    path: str | None = None
+    # "byte" (256 byte ids + a separator), "model" (the tokenizer files in model.weights) or a local Hugging Face
+    # tokenizer folder (its tokenizer.json)
+    tokenizer: str = "byte"
+    text_field: str = "text"  # the JSONL field or Parquet column that holds each document
+    valid_fraction: float = 0.0  # the corpus's last rows held out for the validation loss (0: none)
+    valid_path: str | None = None  # or a separate corpus of the same source kind for it
 
 
 @dataclass(frozen=True)

@@ -30,10 +30,10 @@ def _data(resolved, spec: dict) -> dict[str, float]:
     """Seconds to make one micro-batch of each size the way the training loop does (the recipe's data source)."""
     import torch
 
-    from launch.ranks.data import micro_batch
-    from launch.ranks.trainers.common import data_source
+    from launch.data.rows import micro_batch
+    from launch.ranks.data import sources
 
-    source = data_source(resolved)
+    source = sources(resolved).train
     out = {}
     for b in spec["micro_batch_sizes"]:
         times = []

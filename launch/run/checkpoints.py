@@ -121,7 +121,9 @@ def training_identity(resolved: Resolved) -> dict[str, Any]:
         "global_batch_size": r.batch.global_batch_size, "seq_len": r.batch.seq_len,
         "optimizer": [t.lr, t.min_lr, t.lr_schedule, t.lr_warmup_steps, t.weight_decay, t.adam_beta1, t.adam_beta2,
                       t.grad_clip, t.seed],
-        "data": [r.data.source, r.data.path, r.data.tokenizer],
+        # the fields that choose the rows (synthetic data has none of them, so its older markers still match)
+        "data": [r.data.source, r.data.path, r.data.tokenizer]
+        + ([] if r.data.source == "synthetic" else [r.data.text_field, r.data.valid_fraction, r.data.valid_path]),
     }
 
 

@@ -63,6 +63,9 @@ class StepRecord:
     mem_max_allocated_bytes: int | None = None  # GPU
     mem_max_reserved_bytes: int | None = None  # GPU
     rss_max_bytes: int | None = None  # CPU ranks: peak resident set of the process
+    tokens: int | None = None  # tokens the step trained on, over all data-parallel ranks (packed rows: no padding)
+    data_time_s: float | None = None  # this rank's time making its micro-batches, inside step_time_s
+    valid_loss: float | None = None  # mean loss over the validation rows, on evaluation steps (train.eval_every)
     kind: str = "step"
 
 
@@ -114,11 +117,11 @@ _STEP_TYPES = _field_types(StepRecord)
 _POSITIVE = {"step": ("step", "step_time_s"), "meta": ("world_size", "tp", "dp", "tokens_per_step", "micro_batch_size",
                                                      "global_batch_size", "seq_len")}
 _NON_NEGATIVE = {"step": ("tokens_per_s", "tokens_per_s_per_device", "tflops_per_device", "mfu",
-                          "mem_max_allocated_bytes", "mem_max_reserved_bytes", "rss_max_bytes"),
+                          "mem_max_allocated_bytes", "mem_max_reserved_bytes", "rss_max_bytes", "tokens", "data_time_s"),
                  "meta": ("rank", "pp", "start_step", "warmup_steps", "zero_stage", "param_numel_local",
                           "peak_flops_per_device", "flops_per_token")}
 
-_FIGURES = {"step": ("loss", "lr", "grad_norm"), "meta": ()}
+_FIGURES = {"step": ("loss", "lr", "grad_norm", "valid_loss"), "meta": ()}
 
 
 def current(record: Any) -> Any:

@@ -96,6 +96,11 @@ class RunDir:
         return self.root / "deepspeed_env"
 
     @property
+    def data(self) -> Path:
+        """The token streams the launch's data check wrote for the ranks (launch/data/check.py)."""
+        return self.root / "data"
+
+    @property
     def metrics_dir(self) -> Path:
         return self.root / "metrics"
 

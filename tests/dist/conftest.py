@@ -112,7 +112,7 @@ def exported_losses(folder: Path, meta, steps: tuple[int, ...]) -> list[float]:
     import torch
     from transformers import AutoModelForCausalLM
 
-    from launch.ranks.data import Synthetic, global_batch_indices
+    from launch.data.rows import Synthetic, global_batch_indices
 
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32, attn_implementation="eager")
     model.eval()

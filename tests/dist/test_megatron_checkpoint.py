@@ -23,10 +23,10 @@ import numpy as np
 import pytest
 import torch
 
-from launch.ranks.data import global_batch_indices
+from launch.data.rows import global_batch_indices
 from launch.run.metrics import read_metrics
 from launch.config.resolve import Resolved
-from launch.ranks.trainers.common import data_source
+from launch.ranks.data import sources
 from tests.conftest import REPO
 from tests.dist.conftest import MEGATRON, MEGATRON_LAYOUTS, SHORT, interrupted_copy, train
 
@@ -79,7 +79,7 @@ def hf_loss(folder, run_root, step: int) -> float:
     from transformers import AutoModelForCausalLM
 
     resolved = Resolved.load(run_root / "resolved.json")
-    src = data_source(resolved)
+    src = sources(resolved).train
     idx = global_batch_indices(step, resolved.recipe.batch.global_batch_size, src.samples_per_epoch())
     x = torch.from_numpy(np.stack([src.sample(i) for i in idx]))
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32, attn_implementation="eager")

@@ -18,7 +18,6 @@ from typing import Callable, Iterator, TextIO
 
 from launch import PACKAGE
 from launch.config.resolve import Resolved
-from launch.ranks.data import ByteText, Synthetic
 from launch.ranks.hf import hf_config
 from launch.run.rundir import RunDir
 
@@ -302,14 +301,6 @@ def attention_implementation(device_is_cuda: bool) -> str:
     return "sdpa" if device_is_cuda else "eager"
 
 
-def data_source(resolved: Resolved):
-    r = resolved.recipe
-    if r.data.source == "text":
-        path = Path(resolved.recipe_path).parent / r.data.path  # an absolute data.path stays as it is
-        return ByteText.from_path(path, r.batch.seq_len, r.train.seed, resolved.model.vocab_size)
-    return Synthetic(resolved.model.vocab_size, r.batch.seq_len, r.train.seed)
-
-
 # --------------------------------------------------------------------------- measurement
 
 
@@ -407,7 +398,7 @@ class ProgressLine:
 def micro_batch_tensor(source, step: int, resolved: Resolved, dp_rank: int, micro: int, device):
     import torch
 
-    from launch.ranks.data import micro_batch
+    from launch.data.rows import micro_batch
 
     r = resolved.recipe
     rows = micro_batch(source, step, global_batch=r.batch.global_batch_size, micro=r.batch.micro_batch_size,

@@ -75,6 +75,13 @@ class DeepSpeedTrainer:
         gn = engine.get_global_grad_norm()
         return StepOutput(torch.stack(losses).mean(), own_norm if gn is None else float(gn))
 
+    def evaluate(self, micro_batch: Callable, count: int):
+        import torch
+
+        with torch.no_grad():
+            losses = [self.engine(input_ids=b, labels=b).loss.detach().float() for b in map(micro_batch, range(count))]
+        return torch.stack(losses).mean()
+
     def loss(self, rows):
         # engine.module: the AutoTP-sharded model without the engine's forward (its ZeRO hooks stay out).
         return self.engine.module(input_ids=rows, labels=rows).loss

@@ -21,6 +21,8 @@ from typing import Any
 from launch.config.backends import traits
 from launch.config.resolve import Resolved
 from launch.plan.time import model_flops_per_token
+from launch.data.rows import micro_batch as rows_of
+from launch.ranks.data import sources
 from launch.ranks.schedule import lr_at
 from launch.ranks.trainers import common
 from launch.ranks.trainers.protocol import BuildContext, Trainer
@@ -55,6 +57,9 @@ class _Finished:
     loss: Any  # tensor, summed over the data-parallel group once `work` completes
     work: Any  # the async all-reduce, or None
     memory: dict[str, int | None]
+    tokens: int  # trained on, over the data-parallel ranks
+    data_seconds: float  # this rank's time making micro-batches
+    valid_loss: float | None
 
 
 def _resume_choice(run: RunDir, resolved: Resolved, terminal) -> checkpoints.Checkpoint | None:
@@ -114,7 +119,7 @@ def _train(run: RunDir, resolved: Resolved, env: common.RankEnv, terminal, cuda:
             print(f"resumed from {resume_from.dir} at step {start_step}" + (" (universal)" if universal else ""),
                   flush=True)
 
-    source = common.data_source(resolved)
+    data = sources(resolved, run.data)
     flops_per_token = model_flops_per_token(resolved.model, r.batch.seq_len)
     peak = resolved.hardware.peak_flops(r.precision.dtype)
     par = r.parallel
@@ -155,7 +160,8 @@ def _train(run: RunDir, resolved: Resolved, env: common.RankEnv, terminal, cuda:
             step=f.step + 1, warmup=f.step < start_step + r.train.warmup_steps, loss=loss, lr=f.lr,
             grad_norm=f.grad_norm, step_time_s=f.seconds, tokens_per_s=tokens / f.seconds,
             tokens_per_s_per_device=tokens / f.seconds / resolved.world_size, tflops_per_device=tflops,
-            mfu=tflops * 1e12 / peak if peak else 0.0, **f.memory)
+            mfu=tflops * 1e12 / peak if peak else 0.0, **f.memory, tokens=f.tokens, data_time_s=f.data_seconds,
+            valid_loss=f.valid_loss)
         writer.step(rec)  # every step; TensorBoard and the progress line every run.log_every steps
         if rec.step % r.run.log_every and rec.step != r.train.steps:
             return
@@ -164,7 +170,10 @@ def _train(run: RunDir, resolved: Resolved, env: common.RankEnv, terminal, cuda:
                 v = getattr(rec, k)
                 if v is not None and math.isfinite(v):
                     tb.add_scalar(f"train/{k}", v, rec.step)
-        progress.update(f.step + 1, f"loss {rec.loss:.4f}  {rec.step_time_s * 1e3:.0f} ms/step  "
+            if rec.valid_loss is not None and math.isfinite(rec.valid_loss):
+                tb.add_scalar("valid/loss", rec.valid_loss, rec.step)
+        progress.update(f.step + 1, f"loss {rec.loss:.4f}  " + ("" if f.valid_loss is None else
+                                    f"valid {f.valid_loss:.4f}  ") + f"{rec.step_time_s * 1e3:.0f} ms/step  "
                                     f"{rec.tokens_per_s_per_device:,.0f} tok/s/dev")
 
     try:
@@ -175,8 +184,14 @@ def _train(run: RunDir, resolved: Resolved, env: common.RankEnv, terminal, cuda:
                        total=r.train.steps, schedule=r.train.lr_schedule)
             trainer.set_lr(lr)
 
-            def micro_batch(micro: int, _step: int = step):
-                return common.micro_batch_tensor(source, _step, resolved, trainer.dp_rank, micro, device)
+            fed = {"rows": 0, "seconds": 0.0}
+
+            def micro_batch(micro: int, _step: int = step, _fed: dict = fed):
+                t = time.perf_counter()
+                rows = common.micro_batch_tensor(data.train, _step, resolved, trainer.dp_rank, micro, device)
+                _fed["rows"] += rows.numel()
+                _fed["seconds"] += time.perf_counter() - t
+                return rows
 
             if cuda:
                 torch.cuda.synchronize()
@@ -201,8 +216,15 @@ def _train(run: RunDir, resolved: Resolved, env: common.RankEnv, terminal, cuda:
             # the collective overlaps the next step's compute instead of sitting on every step's critical path.
             loss = out.loss.detach().float().reshape(())
             work = dist.all_reduce(loss, group=trainer.dp_group, async_op=True) if trainer.dp_world > 1 else None
+            valid_loss = None
+            if data.valid is not None and r.train.eval_every and ((step + 1) % r.train.eval_every == 0
+                                                                 or step + 1 == r.train.steps):
+                watchdog.beat(step + 1, "evaluation")
+                with common.region("evaluation", cuda):
+                    valid_loss = _evaluate(trainer, data.valid, resolved, device)
             emit(pending)
-            pending = _Finished(step, lr, seconds, out.grad_norm, loss, work, common.memory_fields(cuda))
+            pending = _Finished(step, lr, seconds, out.grad_norm, loss, work, common.memory_fields(cuda),
+                                fed["rows"] * trainer.dp_world, fed["seconds"], valid_loss)
             every = r.train.checkpoint_every
             if (every and (step + 1) % every == 0) or (step + 1 == r.train.steps and r.run.save_final):
                 emit(pending)  # a checkpoint never runs ahead of the metrics on disk
@@ -231,6 +253,29 @@ def _train(run: RunDir, resolved: Resolved, env: common.RankEnv, terminal, cuda:
     if env.rank == 0:
         print(f"done: {r.train.steps} steps; run directory {run.root}", file=terminal, flush=True)
     return 0
+
+
+def _evaluate(trainer: Trainer, valid, resolved: Resolved, device) -> float:
+    """The mean loss over the first train.eval_batches global batches of the validation rows (the same rows at every
+    evaluation, each data-parallel rank its share as in training), averaged over data-parallel ranks."""
+    import torch
+    import torch.distributed as dist
+
+    r = resolved.recipe
+    ga, gb = resolved.grad_accum, r.batch.global_batch_size
+    batches = min(r.train.eval_batches, valid.samples_per_epoch() // gb)
+
+    def micro_batch(k: int):
+        rows = rows_of(valid, k // ga, global_batch=gb, micro=r.batch.micro_batch_size, dp=resolved.grid.dp,
+                       dp_rank=trainer.dp_rank, micro_step=k % ga)
+        return torch.from_numpy(rows).to(device)
+
+    counted = list(trainer.layer_calls)  # the layer-call counts are training's (they show recomputation)
+    loss = trainer.evaluate(micro_batch, batches * ga).detach().float().reshape(())
+    trainer.layer_calls[:] = counted
+    if trainer.dp_world > 1:
+        dist.all_reduce(loss, group=trainer.dp_group)
+    return float(loss) / trainer.dp_world
 
 
 def _save(trainer: Trainer, run: RunDir, resolved: Resolved, step: int) -> None:

@@ -214,6 +214,30 @@ class MegatronTrainer:
         tokens, position_ids, labels, mask = self._inputs(rows)
         return self._loss(mask, self.chunks[0](tokens, position_ids, None, labels=labels))[0]
 
+    def evaluate(self, micro_batch: Callable, count: int):
+        """Forward only, under no_grad as Megatron's own evaluate(): through the schedule (the pipeline's stages, the
+        last stage's loss sent to the others) or the engine (ZeRO 2/3)."""
+        import torch.distributed as dist
+        from megatron.core import parallel_state as ps
+        from megatron.core.pipeline_parallel import get_forward_backward_func
+
+        batches = [self._inputs(micro_batch(i)) for i in range(count)]
+        with torch.no_grad():
+            if not self.schedule_path:
+                return torch.stack([self._loss(mask, self.engine(tokens, position_ids, None, labels=labels))[0].float()
+                                    for tokens, position_ids, labels, mask in batches]).mean()
+            iters = [iter(batches) for _ in self.chunks] if len(self.chunks) > 1 else iter(batches)
+            stored = get_forward_backward_func()(
+                forward_step_func=self._forward_step, data_iterator=iters,
+                model=self.chunks if len(self.chunks) > 1 else self.chunks[0], num_microbatches=count,
+                seq_length=self.seq_len, micro_batch_size=self.resolved.recipe.batch.micro_batch_size,
+                forward_only=True)
+        loss = torch.stack([d["loss"] for d in stored]).float().mean() if stored else torch.zeros((), device=self.device)
+        if ps.get_pipeline_model_parallel_world_size() > 1:
+            group = ps.get_pipeline_model_parallel_group()
+            dist.broadcast(loss, src=dist.get_process_group_ranks(group)[-1], group=group)
+        return loss
+
     def train_step(self, micro_batch: Callable) -> StepOutput:
         if self.schedule_path:
             return self._schedule_step(micro_batch)

@@ -62,6 +62,10 @@ class Trainer(Protocol):
         """One optimizer step over the step's micro-batches; `micro_batch(i)` gives this rank's i-th
         [micro_batch_size, seq_len] token rows (inputs; the labels are the same rows shifted by one)."""
 
+    def evaluate(self, micro_batch: Callable[[int], "torch.Tensor"], count: int) -> "torch.Tensor":
+        """The mean loss of `count` micro-batches, forward only (no gradient, no optimizer): the validation loss,
+        the same on every rank of a model replica (the loop averages it over data-parallel ranks)."""
+
     def loss(self, rows: "torch.Tensor") -> "torch.Tensor":
         """The loss of one micro-batch of rows through this rank's parallel model alone: no gradient reduction,
         optimizer or engine hooks. `launch calibrate` times it and its backward in situ, where the model's own

@@ -419,6 +419,23 @@ class TorchTrainer:
                 torch.nn.utils.clip_grads_with_norm_(params, clip, norm, foreach=True)
         return float(norm)
 
+    def evaluate(self, micro_batch: Callable, count: int):
+        """Forward only under no_grad; with pipelining, the schedule's eval() one global batch (its grad_accum
+        micro-batches, the shapes its stages were built for) at a time."""
+        with torch.no_grad():
+            if self.schedule is None:
+                return torch.stack([_local(self._loss(self.model, micro_batch(i))).float() for i in range(count)]).mean()
+            ga, losses = self.resolved.grad_accum, []
+            for first in range(0, count, ga):
+                rows = torch.cat([micro_batch(first + i) for i in range(ga)])
+                self.schedule.eval(*((rows,) if self.first else ()),
+                                   **({"target": rows, "losses": losses} if self.last else {}))
+        pp = self.mesh["pp"]
+        loss = (torch.stack([_local(x.detach()).float() for x in losses]).mean() if self.last
+                else torch.zeros((), device=self.device))
+        dist.broadcast(loss, group=pp.get_group(), group_src=pp.size() - 1)
+        return loss
+
     def loss(self, rows):
         """The protocol's model alone (launch calibrate, pp = 1): FSDP2 keeps its parameters gathered and its gradients
         unreduced from the first call on, so the timed passes carry no data-parallel traffic."""

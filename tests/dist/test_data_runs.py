@@ -1,0 +1,81 @@
+"""A real corpus through every source and backend: the same text as .jsonl (DeepSpeed, 2 ranks), as Parquet (torch
+FSDP2, 2 ranks) and as a prepared Megatron prefix (Megatron-Core, 2 pipeline stages) trains on the same rows, so the
+three runs' training and validation losses agree; a resumed run continues at the exact next row."""
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from launch.run.checkpoints import MARKER, complete_checkpoints
+from tests.conftest import REPO
+from tests.dist.conftest import SHORT, TORCH, train
+
+pytestmark = [pytest.mark.dist, pytest.mark.slow]
+CORPUS = REPO / "tests" / "fixtures" / "text" / "corpus.jsonl"
+TOKENIZER = REPO / "tests" / "fixtures" / "tokenizer"
+REAL = (*SHORT, "train.steps=12", "train.checkpoint_every=6", "train.eval_every=4", "data.valid_fraction=0.15",
+        f"data.tokenizer={TOKENIZER}")
+EVALUATED = [4, 8, 12]
+
+
+@pytest.fixture(scope="module")
+def sources(tmp_path_factory):
+    import json
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    d = tmp_path_factory.mktemp("corpus")
+    texts = [json.loads(line)["text"] for line in CORPUS.read_text().splitlines() if line.strip()]
+    pq.write_table(pa.table({"text": texts}), d / "corpus.parquet")
+    p = subprocess.run([sys.executable, "-m", "launch", "prepare-data", str(CORPUS), f"out={d / 'corpus'}",
+                        f"data.tokenizer={TOKENIZER}"], cwd=REPO, capture_output=True, text=True)
+    assert p.returncode == 0, p.stderr
+    return {"text": CORPUS, "parquet": d / "corpus.parquet", "megatron": d / "corpus"}
+
+
+@pytest.fixture(scope="module")
+def runs(sources, runs_root):
+    recipes = {"text": "recipes/tiny_zero2", "parquet": TORCH, "megatron": "recipes/tiny_pp2"}
+    return {s: train(runs_root / f"data_{s}", *REAL, f"data.source={s}", f"data.path={sources[s]}", recipe=recipes[s])
+            for s in recipes}
+
+
+def test_each_source_trains_with_a_validation_loss(runs):
+    for source, t in runs.items():
+        steps = t.metrics().steps
+        losses = [s.loss for s in steps]
+        assert sum(losses[-3:]) / 3 < sum(losses[:3]) / 3 - 0.3, (source, losses)
+        assert [s.step for s in steps if s.valid_loss is not None] == EVALUATED, source
+        assert all(s.tokens == 8 * 32 and 0 < s.data_time_s < s.step_time_s for s in steps), source
+        assert "data: text" in t.proc.stdout or source != "text"
+
+
+def test_the_three_sources_train_on_the_same_rows(runs):
+    """Three backends, three readers of one corpus: equal losses mean equal rows in equal order (fp32, to 1e-4)."""
+    ref = runs["text"].metrics().steps
+    for source in ("parquet", "megatron"):
+        steps = runs[source].metrics().steps
+        for a, b in zip(ref, steps, strict=True):
+            assert abs(a.loss - b.loss) <= 1e-4, (source, a.step, a.loss, b.loss)
+            assert (a.valid_loss is None) == (b.valid_loss is None)
+            if a.valid_loss is not None:
+                assert abs(a.valid_loss - b.valid_loss) <= 1e-4, (source, a.step)
+
+
+def test_resume_reads_exactly_the_rows_the_uninterrupted_run_read(runs, runs_root):
+    whole = runs["text"]
+    copy = runs_root / "data_cut" / whole.root.parent.name / whole.root.name
+    shutil.copytree(whole.root, copy)
+    (copy / "checkpoints" / "step12" / MARKER).unlink()  # as if killed while saving the last step
+    assert [c.step for c in complete_checkpoints(copy / "checkpoints")] == [6]
+    resumed = train(runs_root / "data_resumed", *REAL, "data.source=text", f"data.path={CORPUS}",
+                    f"run.resume={copy}")
+    after = resumed.metrics().steps
+    assert [s.step for s in after] == list(range(7, 13))
+    for a, b in zip(whole.metrics().steps[6:], after, strict=True):
+        assert abs(a.loss - b.loss) <= 1e-5, (a.step, a.loss, b.loss)
+        assert (a.valid_loss is None) == (b.valid_loss is None)
+        if a.valid_loss is not None:
+            assert abs(a.valid_loss - b.valid_loss) <= 1e-5
