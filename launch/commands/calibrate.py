@@ -48,6 +48,7 @@ from launch.config.backends import traits
 from launch.config.commbench import groups_of
 from launch.config.grid import divisors
 from launch.config.resolve import Resolved, resolve_path
+from launch.data.check import check as check_data
 from launch.errors import ConfigError
 from launch.plan.search import MAX_MICRO_BATCH
 from launch.run import envinfo, launcher
@@ -114,6 +115,7 @@ def cmd_calibrate(args: Sequence[str]) -> int:
     if out is not None and not out.parent.is_dir():
         raise ConfigError("command line", "out", out_arg, f"is in a folder that does not exist ({out.parent})",
                           "create the folder first or choose another path")
+    check_data(resolved)  # its ranks read the recipe's rows: bad data is one line here, not a traceback there
     root = RunDir.create(RUNS_FOLDER).root  # only once the arguments are known good
     out = out or root / FILE_NAME
     started = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")

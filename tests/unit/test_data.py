@@ -295,3 +295,15 @@ def test_a_prefix_beyond_the_embedding_or_of_another_tokenizer_is_refused(prepar
     assert "holds id 600, beyond the model's embedding of 512 ids" in line
     line = _refused(capsys, "data.source=megatron", f"data.path={prepared[0]}")  # data.tokenizer left at byte
     assert f"the prefix was prepared with {TOKENIZER} (384 ids)" in line
+
+
+def test_calibrate_and_export_accelerate_check_the_data_first(tmp_path, capsys, monkeypatch):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"text": "a"}\n{"text": 5}\n')
+    runs = tmp_path / "runs"
+    monkeypatch.setenv("LAYOUTLAB_RUNS", str(runs))
+    for command in (["calibrate", TINY], ["export-accelerate", TINY]):
+        assert main([*command, "data.source=text", f"data.path={bad}"]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and "line 2 has a \"text\" of type int" in err[0], err
+    assert not runs.exists()  # refused before any run folder was made
