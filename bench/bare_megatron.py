@@ -53,7 +53,7 @@ ps.initialize_model_parallel(tensor_model_parallel_size=par.tp, pipeline_model_p
                              virtual_pipeline_model_parallel_size=par.vpp if par.vpp > 1 else None, order="tp-dp-pp")
 config = mm.transformer_config(resolved.model, tp=par.tp, pp=par.pp, vpp=par.vpp, sp=par.sp,
                                activation_checkpointing=t.activation_checkpointing, dtype=r.precision.dtype)
-chunks = mm.build_chunks(resolved.model, config, seed=t.seed)
+chunks = mm.build_chunks(resolved.model, config, seed=t.seed, attention=resolved.recipe.train.attention)
 mm.load_hf_state(chunks, mm.hf_reference_state(resolved.model, t.seed), resolved.model)
 model = [DistributedDataParallel(config=config, ddp_config=DistributedDataParallelConfig(), module=c) for c in chunks]
 config.finalize_model_grads_func = finalize_model_grads

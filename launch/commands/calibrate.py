@@ -52,7 +52,7 @@ from launch.data.check import check as check_data
 from launch.errors import ConfigError
 from launch.plan.search import MAX_MICRO_BATCH
 from launch.run import envinfo, launcher
-from launch.run.rundir import RunDir
+from launch.run.rundir import RunDir, write_atomic
 
 DEFAULT_RECIPE = REPO_ROOT / "recipes" / "tiny_zero2"
 INTERLEAVE_US = 500.0  # compute between calls: about one decoder layer's forward of a small model on a CPU rank
@@ -115,8 +115,10 @@ def cmd_calibrate(args: Sequence[str]) -> int:
     if out is not None and not out.parent.is_dir():
         raise ConfigError("command line", "out", out_arg, f"is in a folder that does not exist ({out.parent})",
                           "create the folder first or choose another path")
-    check_data(resolved)  # its ranks read the recipe's rows: bad data is one line here, not a traceback there
+    data = check_data(resolved)  # its ranks read the recipe's rows: bad data is one line here, not a traceback there
     root = RunDir.create(RUNS_FOLDER).root  # only once the arguments are known good
+    if data is not None:
+        data.save(RunDir(root).data, write_atomic)  # every pass maps the one tokenized corpus
     out = out or root / FILE_NAME
     started = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
     print(f"calibrate: {resolved.recipe_name} ({resolved.model.name}, {resolved.recipe.precision.dtype}, seq_len "
@@ -362,7 +364,7 @@ def _in_situ(recipe: str, overrides: list[str], resolved: Resolved, root: Path, 
             first = variants[modes[0]]
             run.write_text_atomic(run.resolved, first.to_json() + "\n")
             spec = {"variants": [], "steps": [], "micro_batch_sizes": mbs, "warmup_iters": WARMUP_ITERS, "iters": iters,
-                    "step_iters": int(iters * STEP_ITERS_FACTOR)}
+                    "step_iters": int(iters * STEP_ITERS_FACTOR), "data": str(RunDir(root).data)}
             for (ac, sp), r in variants.items():
                 path = run.root / f"resolved_{ac}_sp{int(sp)}.json"
                 run.write_text_atomic(path, r.to_json() + "\n")
@@ -442,7 +444,7 @@ def _compute(recipe: str, overrides: list[str], resolved: Resolved, root: Path, 
     mbs = [b for b in divisors(r.batch.global_batch_size) if b <= max(MAX_MICRO_BATCH, r.batch.micro_batch_size)]
     total = m.param_counts().total
     cuda = resolved.hardware.device_type == "cuda"
-    spec = {"resolved": str(root / "resolved.json"), "micro_batch_sizes": mbs,
+    spec = {"resolved": str(root / "resolved.json"), "micro_batch_sizes": mbs, "data": str(RunDir(root).data),
             "adam_numels": [max(1, total // d) for d in (1, 2, 4, 8)], "warmup_iters": WARMUP_ITERS, "iters": iters}
     (root / "resolved.json").write_text(resolved.to_json() + "\n")
     (root / cal.RANK_SPEC_FILE).write_text(json.dumps(spec, indent=2) + "\n")

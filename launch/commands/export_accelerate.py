@@ -10,6 +10,7 @@ refuses a `mixed_precision` key next to a `deepspeed_config_file`.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 from typing import Sequence
@@ -20,7 +21,7 @@ from launch.data.check import check as check_data
 from launch.errors import ConfigError
 from launch.plan.build import plan_resolved
 from launch.run import envinfo, launcher, nodes
-from launch.run.rundir import RunDir
+from launch.run.rundir import RunDir, write_atomic
 
 CONFIG_NAME = "accelerate_config.yaml"
 DS_CONFIG_NAME = "ds_config.json"
@@ -64,6 +65,8 @@ def export_accelerate(resolved: Resolved, out: Path | None, environ) -> tuple[Ru
         raise ConfigError("environment", "MASTER_ADDR", None, f"is needed for {resolved.recipe.hardware.nodes} nodes "
                           "(accelerate's main_process_ip)", "export MASTER_ADDR=<node 0's address>")
     data = check_data(resolved)  # before the folder exists: bad data is one line, and nothing is written
+    if data is not None:
+        resolved = dataclasses.replace(resolved, data_fingerprint=data.fingerprint)
     if out is not None:
         if out.exists():
             raise ConfigError("command line", "out", str(out), "already exists (nothing is overwritten)",
@@ -77,7 +80,7 @@ def export_accelerate(resolved: Resolved, out: Path | None, environ) -> tuple[Ru
     run.write_text_atomic(run.resolved, resolved.to_json() + "\n")
     run.write_text_atomic(run.plan, plan_resolved(resolved, envinfo.machine()).to_json() + "\n")
     if data is not None:
-        data.save(run.data)
+        data.save(run.data, write_atomic)
     config = accelerate_config(resolved, str(ds_path), place)
     header = ("# Written by `python -m launch export-accelerate` for recipe "
               f"{resolved.recipe_name}: {resolved.world_size} process(es) on {resolved.recipe.hardware.nodes} machine(s).\n"

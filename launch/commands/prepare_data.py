@@ -15,6 +15,8 @@ from pathlib import Path
 from typing import Sequence
 
 from launch.commands.args import Option, choice, read, text
+from launch.config.schema import TOKENIZER_NAMES
+from launch.data.check import INDEXED_MODULE
 from launch.data.corpus import PREPARED, SUFFIXES, CorpusError, corpus_files
 from launch.data.tokenizer import load_tokenizer
 from launch.errors import ConfigError
@@ -29,39 +31,64 @@ OPTIONS = (Option("out", "the prefix to write: PREFIX.bin and PREFIX.idx (never 
            Option("model.weights", "the model folder whose tokenizer data.tokenizer=model uses", text))
 
 
+def _source(given: Sequence[str]) -> str:
+    """parquet when the inputs are .parquet files or folders holding only those, else text."""
+    def parquet(p: str) -> bool:
+        if Path(p).is_dir():
+            found = {f.suffix for f in Path(p).rglob("*") if f.suffix in SUFFIXES["parquet"] + SUFFIXES["text"]}
+            return found == set(SUFFIXES["parquet"])
+        return p.endswith(SUFFIXES["parquet"])
+    return "parquet" if all(parquet(p) for p in given) else "text"
+
+
+def _prefix(out: str) -> str:
+    """The absolute prefix `out=` names, or one line saying why it names none."""
+    fix = "give a new prefix such as out=data/corpus (writes data/corpus.bin and data/corpus.idx)"
+    path = Path(out).expanduser()
+    if out.endswith(("/", os.sep)) or path.is_dir():
+        raise ConfigError("command line", "out", out, "names a folder, not a prefix", fix)
+    if path.suffix in (".bin", ".idx"):
+        raise ConfigError("command line", "out", out, f"ends in {path.suffix}; the prefix is the name without it", fix)
+    prefix = str(path.resolve())
+    for suffix in (".bin", ".idx", PREPARED):
+        if os.path.lexists(prefix + suffix):  # a dangling link too: never written through
+            raise ConfigError("command line", "out", out, f"would replace {prefix + suffix}",
+                              "name a new prefix (prepare-data never overwrites one)")
+    try:
+        Path(prefix).parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ConfigError("command line", "out", out, f"cannot be made ({e.strerror})", fix) from None
+    if not os.access(Path(prefix).parent, os.W_OK):
+        raise ConfigError("command line", "out", out, f"is in a folder this user cannot write ({Path(prefix).parent})",
+                          fix)
+    return prefix
+
+
 def cmd_prepare_data(args: Sequence[str]) -> int:
     a = read(args, command="prepare-data", usage=USAGE, options=OPTIONS, positional=(1, 10_000))
     o = a.options
     if o["out"] is None:
         raise ConfigError("command line", "out", None, "is missing", USAGE)
-    source = o["data.source"] or ("parquet" if all(p.endswith(SUFFIXES["parquet"]) for p in a.positional) else "text")
+    source = o["data.source"] or _source(a.positional)
     files: list[Path] = []
     try:
         for given in a.positional:
-            files += corpus_files(given, source)
+            files += [f for f in corpus_files(given, source) if f not in files]  # a file named twice is read once
     except CorpusError as e:
         raise ConfigError(e.file, "argument", e.file, e.problem, e.fix) from None
     for f in files:
         if not f.is_file():
             raise ConfigError("command line", "argument", str(f), "does not exist", "give the corpus files to tokenize")
     tok = o["data.tokenizer"]
-    load_tokenizer(tok if tok in ("byte", "model") else str(Path(tok).resolve()), o["model.weights"], "command line")
-    if o["out"].endswith(("/", os.sep)) or Path(o["out"]).is_dir():
-        raise ConfigError("command line", "out", o["out"], "names a folder, not a prefix",
-                          f"give a name inside it: out={Path(o['out']) / 'corpus'} writes corpus.bin and corpus.idx there")
-    prefix = str(Path(o["out"]).resolve())
-    for suffix in (".bin", ".idx", PREPARED):
-        if Path(prefix + suffix).exists():
-            raise ConfigError("command line", "out", o["out"], f"would replace {prefix + suffix}",
-                              "name a new prefix (prepare-data never overwrites one)")
-    Path(prefix).parent.mkdir(parents=True, exist_ok=True)
+    tok = tok if tok in TOKENIZER_NAMES else str(Path(tok).expanduser().resolve())
+    load_tokenizer(tok, o["model.weights"], "command line")
+    prefix = _prefix(o["out"])
     spec = {"out": prefix, "files": [str(f) for f in files], "source": source, "text_field": o["data.text_field"],
-            "tokenizer": tok if tok in ("byte", "model") else str(Path(tok).resolve()),
-            "model_weights": str(Path(o["model.weights"]).resolve()) if o["model.weights"] else None}
+            "tokenizer": tok, "model_weights": str(Path(o["model.weights"]).resolve()) if o["model.weights"] else None}
     with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
         json.dump(spec, f)
     try:
-        return subprocess.run([sys.executable, "-m", "launch.ranks.indexed", "build", f.name], check=False,
+        return subprocess.run([sys.executable, "-m", INDEXED_MODULE, "build", f.name], check=False,
                               env=os.environ).returncode
     finally:
         os.unlink(f.name)

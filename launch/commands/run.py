@@ -2,6 +2,7 @@
 input, create the run directory and start the ranks."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -20,7 +21,7 @@ from launch.plan.build import plan_resolved
 from launch.run import envinfo, launcher, nodes
 from launch.run.failures import failure_summary, users_to_mend
 from launch.run.nodes import shared_run_dir
-from launch.run.rundir import RunDir, runs_root
+from launch.run.rundir import RunDir, runs_root, write_atomic
 from launch.run.timesource import time_source
 
 USAGE = "usage: bash launch/run.sh recipes/NAME [dotted.key=value ...] [--dry-run]"
@@ -41,6 +42,8 @@ def cmd_run(args: Sequence[str]) -> int:
     data = None if resolved.recipe.run.mode == "commbench" else check_data(resolved)
     for line in data.lines if data else ():
         print(line)
+    if data is not None:
+        resolved = dataclasses.replace(resolved, data_fingerprint=data.fingerprint)
     if dry:
         run_dir = str(runs_root() / resolved.recipe_name / "<UTC yyyymmdd-hhmmss>")  # where the real run would go
         cmd = launcher.build(resolved, run_dir)
@@ -91,7 +94,7 @@ def cmd_run(args: Sequence[str]) -> int:
         run.write_text_atomic(run.resolved, resolved.to_json() + "\n")
         run.write_text_atomic(run.plan, plan.to_json() + "\n")
     if data is not None:
-        data.save(run.data)  # on every node: a node without the shared folder still finds its copy
+        data.save(run.data, write_atomic)  # on every node: a node without the shared folder still finds its copy
     node = nodes.placement(os.environ, resolved.recipe.hardware.nodes).node_rank
     run.write_text_atomic(run.env if node == 0 else run.root / f"env_node{node}.json",
                           json.dumps(envinfo.capture(), indent=2) + "\n")

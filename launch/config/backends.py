@@ -159,18 +159,27 @@ def _deepspeed_owned(owned: dict[str, tuple[Any, str]], recipe) -> dict[str, tup
 
 def _megatron_owned(owned: dict[str, tuple[Any, str]], recipe) -> dict[str, tuple[Any, str]]:
     out = dict(owned)
-    if recipe.parallel.zero_stage <= 1:
+    par = recipe.parallel
+    if par.zero_stage <= 1:
         # Megatron's schedule runs every micro-batch of the step, then the engine reduces and steps once
-        # (launch/ranks/trainers/megatron_backend.py): DeepSpeed sees one batch per step, and must not reduce in
-        # gradient hooks during it (overlap_comm: ZeRO-1 would reduce each micro-batch's gradient "twice"),
-        # nor into the contiguous buffer that only its own backward prologue allocates.
+        # (launch/ranks/trainers/megatron_backend.py): DeepSpeed sees one batch per step.
         micro, ga = owned["train_micro_batch_size_per_gpu"][0], owned["gradient_accumulation_steps"][0]
         why = "parallel.zero_stage (<= 1: the megatron backend's schedule accumulates)"
         out["train_micro_batch_size_per_gpu"] = (micro * ga, why)
         out["gradient_accumulation_steps"] = (1, why)
-        out["zero_optimization.overlap_comm"] = (False, why)
-        out["zero_optimization.contiguous_gradients"] = (False, why)
-    if recipe.parallel.zero_stage == 0:
+        if par.zero_stage == 1 and (ga > 1 or par.sp):
+            # DeepSpeed 0.19.8's ZeRO-1 with overlap_comm queues each gradient for reduction in a hook after every
+            # backward (zero/stage_1_and_2.py:2290-2295). The schedule bypasses engine.backward, so ZeRO's "last
+            # micro-batch of the step" flag stays True (base_optimizer.py:258; engine.py:3463 with one accumulation
+            # step): with 2+ micro-batches every parameter is queued once per micro-batch and the reduce asserts
+            # "has already been reduced. Gradient computed twice" (stage_1_and_2.py:2256; :1436 when a bucket fills
+            # in the backward). With SP, a bucket reduced during the backward leaves gradients pointing into
+            # DeepSpeed's reduce buffer, and the backend's sum of the SP norm gradients over TP then writes into the
+            # next, unreduced bucket. Measured on gloo: one micro-batch without SP matches overlap off exactly (tp, pp,
+            # recompute, bf16); contiguous_gradients alone is correct at any count (the hook allocates its buffer).
+            out["zero_optimization.overlap_comm"] = (False, "parallel.zero_stage=1 with grad_accum > 1 or "
+                                                            "parallel.sp (the megatron backend's schedule)")
+    if par.zero_stage == 0:
         # Without ZeRO, DeepSpeed's clipping counts a replicated parameter only on model-parallel rank 0,
         # which drops the norms of later pipeline stages; the backend clips over TP × PP itself.
         out["gradient_clipping"] = (0.0, "parallel.zero_stage (0: the megatron backend clips train.grad_clip itself)")

@@ -19,7 +19,7 @@ from launch.config.backends import BACKENDS, traits
 from launch.config.grid import RankGrid, divisors
 from launch.config.hardware import HardwareProfile, is_profile_path, load_profile
 from launch.config.models import ModelSpec, load_model
-from launch.config.schema import ADAM_EPS, LoadedRecipe, Recipe, from_dict, load_recipe, to_dict
+from launch.config.schema import ADAM_EPS, TOKENIZER_NAMES, LoadedRecipe, Recipe, from_dict, load_recipe, to_dict
 from launch.errors import ConfigError
 
 SCHEMA_VERSION = 1
@@ -40,6 +40,9 @@ class Resolved:
     ds_base: str
     warnings: tuple[str, ...]
     schema_version: int = SCHEMA_VERSION
+    # sha256 of the corpus the data check read (launch/data/check.py), set before launch; None for synthetic data.
+    # A checkpoint continues only a run that reads the same rows: the path alone would not see the file change.
+    data_fingerprint: str | None = None
 
     @property
     def world_size(self) -> int:
@@ -65,6 +68,7 @@ class Resolved:
             "ds_config": self.ds_config,
             "ds_base": self.ds_base,
             "warnings": list(self.warnings),
+            "data_fingerprint": self.data_fingerprint,
         }, indent=2)
 
     @classmethod
@@ -80,6 +84,7 @@ class Resolved:
             model=ModelSpec.from_dict(d["model"]), hardware=HardwareProfile.from_dict(d["hardware"]),
             grid=RankGrid.from_dict(d["grid"]), grad_accum=d["grad_accum"], ds_config=d["ds_config"],
             ds_base=d["ds_base"], warnings=tuple(d["warnings"]), schema_version=d["schema_version"],
+            data_fingerprint=d.get("data_fingerprint"),
         )
 
     @classmethod
@@ -106,7 +111,7 @@ def resolve(loaded: LoadedRecipe, world_size: int | None = None) -> Resolved:
     paths = {}
     for dotted, value in (("model.config", r.model.config), ("model.weights", r.model.weights),
                           ("data.path", r.data.path), ("data.valid_path", r.data.valid_path),
-                          ("data.tokenizer", None if r.data.tokenizer in ("byte", "model") else r.data.tokenizer),
+                          ("data.tokenizer", None if r.data.tokenizer in TOKENIZER_NAMES else r.data.tokenizer),
                           ("deepspeed.config", r.deepspeed.config)):
         if value is not None and not value.strip():
             raise ConfigError(w(dotted), dotted, value, "is an empty path", f"give a path, or leave {dotted} unset")
@@ -330,7 +335,7 @@ def resolve(loaded: LoadedRecipe, world_size: int | None = None) -> Resolved:
     if r.run.profile == "nsys" and hw.device_type == "cpu":
         raise ConfigError(w("run.profile"), "run.profile", "nsys", "needs NVIDIA GPUs (Nsight Systems traces CUDA)",
                           'set run.profile="torch" on CPU ranks')
-    _check_data(r, w, paths)
+    _check_data(r, w)
 
     if r.run.max_restarts > 0 and train.checkpoint_every == 0:
         warnings.append(f"run.max_restarts={r.run.max_restarts} with train.checkpoint_every=0: a restarted group trains "
@@ -435,7 +440,7 @@ _DATA_FILES = {"text": "a .txt/.jsonl file, folder or glob", "parquet": "a .parq
                "megatron": "an indexed-dataset prefix (PREFIX.bin + PREFIX.idx) or a folder of them"}
 
 
-def _check_data(r, w, paths: dict[str, str]) -> None:
+def _check_data(r, w) -> None:
     """The data fields' sense; the files themselves are opened by launch/data/check.py before launch."""
     d, t = r.data, r.train
     for dotted, value, low in (("train.eval_every", t.eval_every, 0), ("train.eval_batches", t.eval_batches, 1)):
@@ -451,19 +456,14 @@ def _check_data(r, w, paths: dict[str, str]) -> None:
         raise ConfigError(w("data.text_field"), "data.text_field", d.text_field, "is empty",
                           "name the JSONL field or Parquet column that holds the text (default \"text\")")
     if d.source == "synthetic":
-        for dotted, value in (("data.path", d.path), ("data.valid_path", d.valid_path)):
+        for dotted, value in (("data.path", d.path), ("data.valid_path", d.valid_path),
+                              ("data.valid_fraction", d.valid_fraction),
+                              ("data.tokenizer", None if d.tokenizer == "byte" else d.tokenizer)):
             if value:
-                raise ConfigError(w(dotted), dotted, value, "is set but data.source=\"synthetic\" reads no files",
+                raise ConfigError(w(dotted), dotted, value, "is set but data.source=\"synthetic\" reads no corpus",
                                   "set data.source to text, parquet or megatron, or unset it")
         return
     if not d.path:
         raise ConfigError(w("data.source"), "data.source", d.source, "needs data.path",
                           f"set data.path to {_DATA_FILES[d.source]} (relative to the recipe)")
-    for dotted in ("data.path", "data.valid_path"):
-        full = paths.get(dotted)
-        if full is None or set("*?[") & set(full) or d.source == "megatron":
-            continue  # globs and prefixes are expanded by the data check
-        if not Path(full).exists():
-            raise ConfigError(w(dotted), dotted, getattr(d, dotted.split(".")[1]), f"does not exist ({full})",
-                              f"give {_DATA_FILES[d.source]}, relative to the recipe (or to the working directory "
-                              "for an override) or absolute")
+    # The files themselves (globs and prefixes expanded) are opened by the data check before launch.

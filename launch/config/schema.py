@@ -80,10 +80,17 @@ class TrainSection:
     grad_clip: float = 1.0  # 0 disables clipping
     activation_checkpointing: Literal["none", "full", "selective"] = "none"
     compile: bool = False  # torch.compile each decoder block (backend "torch" only)
+    # sdpa: fused attention through torch's scaled_dot_product_attention on every backend (flash / memory-efficient
+    # kernels on GPUs), keeping no s × s scores; eager: the scores materialised (Hugging Face's eager attention,
+    # Megatron-Core's DotProductAttention), for comparison
+    attention: Literal["sdpa", "eager"] = "sdpa"
     checkpoint_every: int = 0  # 0: only at the end
     eval_every: int = 0  # validation loss every N steps and at the last (needs data.valid_fraction or data.valid_path)
     eval_batches: int = 2  # global batches of validation rows per evaluation (the same rows every time)
     seed: int = 1234
+
+
+TOKENIZER_NAMES = ("byte", "model")  # data.tokenizer values that are not a folder
 
 
 @dataclass(frozen=True)

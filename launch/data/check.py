@@ -5,12 +5,13 @@ reader in a child process (launch/ranks/indexed.py: only rank programs import Me
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, BinaryIO, Callable
 
 import numpy as np
 
@@ -35,6 +36,7 @@ class Corpus:
     tokens: int
     damaged: str | None  # the warning about skipped records, if any
     ids: np.ndarray | None  # text and Parquet: the token stream; megatron: None (the ranks read the prefixes)
+    sha256: str  # of the token stream, or of the prefixes' indexes: what a resumed run must read again
 
 
 @dataclass(frozen=True)
@@ -43,16 +45,15 @@ class DataCheck:
     valid_rows: int
     lines: tuple[str, ...]  # a summary and warnings, for the terminal
     streams: dict[str, np.ndarray]  # text and Parquet: CACHE key -> the token stream the ranks will read
+    fingerprint: str  # the training and validation corpora's digest (Resolved.data_fingerprint)
 
-    def save(self, folder: Path) -> None:
-        """The token streams, for the ranks to map instead of tokenizing the corpus again on every rank."""
+    def save(self, folder: Path, write_atomic: Callable[[Path, Callable[[BinaryIO], object]], None]) -> None:
+        """The token streams, for the ranks to map instead of tokenizing the corpus again on every rank, through the
+        run directory's atomic writer (every node of a job writes them into the shared folder at once)."""
         if self.streams:
             folder.mkdir(parents=True, exist_ok=True)
         for key, ids in self.streams.items():
-            tmp = folder / f".{CACHE[key]}.tmp"
-            with open(tmp, "wb") as f:
-                np.save(f, ids)
-            tmp.replace(folder / CACHE[key])  # every node's launch writes the same bytes (multi-node runs)
+            write_atomic(folder / CACHE[key], lambda f, ids=ids: np.save(f, ids))
 
 
 def check(resolved: "Resolved") -> DataCheck | None:
@@ -101,7 +102,8 @@ def check(resolved: "Resolved") -> DataCheck | None:
     lines.append(f"data: {train_rows:,} training rows of {seq} tokens ({train_rows // gb:,} steps an epoch)"
                  + (f", {valid_rows:,} validation rows" if valid_rows else ""))
     streams = {key: c.ids for key, c in (("train", train), ("valid", valid)) if c is not None and c.ids is not None}
-    return DataCheck(train_rows, valid_rows, tuple(lines), streams)
+    fingerprint = hashlib.sha256(f"{train.sha256} {valid.sha256 if valid else ''}".encode()).hexdigest()
+    return DataCheck(train_rows, valid_rows, tuple(lines), streams, fingerprint)
 
 
 def corpus_ids(source: str, path: str, text_field: str, tok: Tokenizer) -> tuple[np.ndarray, int, int, str | None]:
@@ -115,29 +117,30 @@ def _corpus(resolved: "Resolved", tok: Tokenizer, path: str, field: str) -> Corp
     d = resolved.recipe.data
     try:
         if d.source == "megatron":
-            return _indexed(resolved, tok, megatron_prefixes(path), field)
+            return _indexed(resolved, tok, megatron_prefixes(path), field, path)
         ids, files, documents, damaged = corpus_ids(d.source, path, d.text_field, tok)
     except CorpusError as e:
         raise ConfigError(e.file, field, path, f"{e.where} {e.problem}" if e.where else e.problem, e.fix) from None
-    return Corpus(files, documents, len(ids), damaged, ids)
+    return Corpus(files, documents, len(ids), damaged, ids, hashlib.sha256(ids.tobytes()).hexdigest())
 
 
-def _indexed(resolved: "Resolved", tok: Tokenizer, prefixes: list[str], field: str) -> Corpus:
+def _indexed(resolved: "Resolved", tok: Tokenizer, prefixes: list[str], field: str, path: str) -> Corpus:
     p = subprocess.run([sys.executable, "-m", INDEXED_MODULE, "check", *prefixes], capture_output=True, text=True)
     if p.returncode != 0:
         lines = (p.stderr.strip() or p.stdout.strip() or f"exit {p.returncode}").splitlines()
         line = next((x for x in lines if x.startswith("error: ")), lines[-1])
-        raise ConfigError(resolved.recipe_path, field, resolved.recipe.data.path, line.removeprefix("error: "),
+        raise ConfigError(resolved.recipe_path, field, path, line.removeprefix("error: "),
                           "prepare it again with `python -m launch prepare-data`") from None
     found = [json.loads(x) for x in p.stdout.splitlines() if x.startswith("{")]
     vocab = resolved.model.vocab_size
     for f in found:
         if f["max_id"] is not None and f["max_id"] >= vocab:
-            raise ConfigError(f["prefix"], field, resolved.recipe.data.path, f"holds id {f['max_id']:,}, beyond the "
+            raise ConfigError(f["prefix"], field, path, f"holds id {f['max_id']:,}, beyond the "
                               f"model's embedding of {vocab:,} ids", "prepare it with the model's own tokenizer")
         made = f.get("prepared_with")
-        if made and made["vocab_size"] != tok.vocab_size:
+        if made and made["tokenizer_sha256"] != tok.sha256:
             raise ConfigError(f["prefix"], "data.tokenizer", resolved.recipe.data.tokenizer,
-                              f"has {tok.vocab_size:,} ids; the prefix was prepared with {made['tokenizer']} "
-                              f"({made['vocab_size']:,} ids)", "name the tokenizer the prefix was prepared with")
-    return Corpus(len(found), sum(f["documents"] for f in found), sum(f["tokens"] for f in found), None, None)
+                              f"is not the tokenizer the prefix was prepared with ({made['tokenizer']}, "
+                              f"{made['vocab_size']:,} ids)", "name the tokenizer the prefix was prepared with")
+    digest = hashlib.sha256(" ".join(f["idx_sha256"] for f in found).encode()).hexdigest()
+    return Corpus(len(found), sum(f["documents"] for f in found), sum(f["tokens"] for f in found), None, None, digest)

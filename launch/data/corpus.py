@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import glob
 import json
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator
@@ -55,7 +56,7 @@ def corpus_files(path: str, source: str) -> list[Path]:
     """The files `path` names for `source`: the file itself, a folder's files of the source's kind (recursively), or
     a glob's matches, in sorted order (the order of the documents)."""
     suffixes = SUFFIXES[source]
-    if _GLOB & set(path):
+    if is_glob(path):
         files = sorted(Path(p) for p in glob.glob(path, recursive=True) if Path(p).is_file())
         files = [p for p in files if p.suffix in suffixes]
         what = "matches no"
@@ -68,6 +69,11 @@ def corpus_files(path: str, source: str) -> list[Path]:
         raise CorpusError(path, "", f"{what} {' or '.join(suffixes)} files",
                           f"give a file, folder or glob of {' or '.join(suffixes)} files (data.source={source})")
     return files
+
+
+def is_glob(path: str) -> bool:
+    """A pattern to expand: glob characters in a path that names nothing as it is (data[1].jsonl is a file)."""
+    return bool(_GLOB & set(path)) and not os.path.lexists(path)
 
 
 def read_documents(files: list[Path], source: str, text_field: str) -> Documents:
@@ -112,7 +118,7 @@ def _text(f: Path, text_field: str) -> Iterator[tuple[str, str, str | None]]:
     try:
         with open(f, "rb") as stream:
             if f.suffix == ".jsonl":
-                yield from _jsonl(stream, text_field)  # line by line: a large file is never held whole
+                yield from _jsonl(stream, text_field)  # line by line: the file's bytes are never held whole
                 return
             data = stream.read()
     except OSError as e:
@@ -120,7 +126,7 @@ def _text(f: Path, text_field: str) -> Iterator[tuple[str, str, str | None]]:
     if not data.strip():
         raise CorpusError(f, "", "is empty", "remove it or give the file you meant")
     try:
-        yield "", data.decode("utf-8"), None
+        yield "", data.decode("utf-8-sig"), None  # a byte-order mark is not text
     except UnicodeDecodeError as e:
         raise CorpusError(f, f"byte {e.start}", "is not UTF-8", _fix(f, "text", text_field)) from None
 
@@ -131,11 +137,11 @@ def _jsonl(stream, text_field: str) -> Iterator[tuple[str, str, str | None]]:
             continue
         where = f"line {n}"
         try:
-            rec = json.loads(raw.decode("utf-8"))
+            rec = json.loads(raw.decode("utf-8-sig" if n == 1 else "utf-8"))  # a byte-order mark opens some files
         except UnicodeDecodeError:
             yield where, "", "is not UTF-8"
             continue
-        except (json.JSONDecodeError, RecursionError):
+        except (ValueError, RecursionError):  # JSONDecodeError, an integer past Python's 4,300 digits, deep nesting
             yield where, "", "is not JSON"
             continue
         if not isinstance(rec, dict):
@@ -144,8 +150,18 @@ def _jsonl(stream, text_field: str) -> Iterator[tuple[str, str, str | None]]:
             yield where, "", f"has no \"{text_field}\" field"
         elif not isinstance(rec[text_field], str):
             yield where, "", f"has a \"{text_field}\" of type {type(rec[text_field]).__name__}, not a string"
+        elif not _encodable(rec[text_field]):
+            yield where, "", f"has a \"{text_field}\" with an unpaired surrogate escape (not UTF-8 text)"
         else:
             yield where, rec[text_field], None
+
+
+def _encodable(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+        return True
+    except UnicodeEncodeError:
+        return False
 
 
 def _parquet(f: Path, column: str) -> Iterator[tuple[str, str, str | None]]:
@@ -162,9 +178,11 @@ def _parquet(f: Path, column: str) -> Iterator[tuple[str, str, str | None]]:
     if column not in names:
         raise CorpusError(f, "", f"has no column \"{column}\" (columns: {', '.join(names[:8])})",
                           "set data.text_field to the column that holds the text")
-    if not (pa.types.is_string(pf.schema_arrow.field(column).type)
-            or pa.types.is_large_string(pf.schema_arrow.field(column).type)):
-        raise CorpusError(f, "", f"column \"{column}\" holds {pf.schema_arrow.field(column).type}, not text",
+    kind = pf.schema_arrow.field(column).type
+    if pa.types.is_dictionary(kind):  # pandas categoricals: the values are what counts
+        kind = kind.value_type
+    if not (pa.types.is_string(kind) or pa.types.is_large_string(kind)):
+        raise CorpusError(f, "", f"column \"{column}\" holds {kind}, not text",
                           "set data.text_field to the column that holds the text")
     n = 0
     try:
@@ -173,6 +191,8 @@ def _parquet(f: Path, column: str) -> Iterator[tuple[str, str, str | None]]:
                 n += 1
                 if value is None:
                     yield f"row {n}", "", "is null"
+                elif not _encodable(value):
+                    yield f"row {n}", "", "holds an unpaired surrogate (not UTF-8 text)"
                 else:
                     yield f"row {n}", value, None
     except (pa.ArrowException, OSError) as e:
@@ -183,11 +203,15 @@ def _parquet(f: Path, column: str) -> Iterator[tuple[str, str, str | None]]:
 def megatron_prefixes(path: str) -> list[str]:
     """The indexed datasets `path` names: a prefix (PREFIX.bin + PREFIX.idx; a path ending in .bin or .idx names its
     prefix), a folder's or a glob's .idx files, in sorted order."""
-    if _GLOB & set(path) or Path(path).is_dir():
-        pattern = path if _GLOB & set(path) else str(Path(path) / "*.idx")
+    if path.endswith((".bin", ".idx")):
+        path = path[:-4]
+    if os.path.lexists(path + ".idx") or os.path.lexists(path + ".bin"):
+        return [path]
+    if is_glob(path) or Path(path).is_dir():
+        pattern = path if is_glob(path) else str(Path(path) / "*.idx")
         found = sorted(str(Path(p).with_suffix("")) for p in glob.glob(pattern, recursive=True) if p.endswith(".idx"))
         if not found:
             raise CorpusError(path, "", "holds no .idx files (Megatron indexed datasets)",
                               "give a prefix written by `python -m launch prepare-data` or Megatron's preprocess_data.py")
         return found
-    return [path[:-4] if path.endswith((".bin", ".idx")) else path]
+    return [path]

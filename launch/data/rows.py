@@ -12,14 +12,11 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from fractions import Fraction
 from functools import lru_cache
 from typing import Protocol
 
 import numpy as np
-
-
-class DataError(ValueError):
-    pass
 
 
 class TokenStream(Protocol):
@@ -53,7 +50,7 @@ class Synthetic:
     def successor(self) -> np.ndarray:
         return np.random.default_rng((self.seed, 0x5EED)).permutation(self.vocab)
 
-    def sample(self, index: int) -> np.ndarray:
+    def row(self, index: int) -> np.ndarray:
         succ = self.successor()
         out = np.empty(self.seq_len, dtype=np.int64)
         out[0] = np.random.default_rng((self.seed, index)).integers(0, self.vocab)
@@ -61,7 +58,7 @@ class Synthetic:
             out[i] = succ[out[i - 1]]
         return out
 
-    def samples_per_epoch(self) -> int | None:
+    def rows_per_epoch(self) -> int | None:
         return None
 
 
@@ -77,10 +74,10 @@ class TokenRows:
     count: int
     shuffle: bool = True
 
-    def samples_per_epoch(self) -> int:
+    def rows_per_epoch(self) -> int:
         return self.count
 
-    def sample(self, index: int) -> np.ndarray:
+    def row(self, index: int) -> np.ndarray:
         epoch, i = divmod(index, self.count)
         j = int(_order(self.seed, epoch, self.count)[i]) if self.shuffle else i
         start = (self.first + j) * self.seq_len
@@ -101,18 +98,19 @@ class Split:
 def split_rows(tokens: int, seq_len: int, valid_fraction: float) -> Split:
     """How many whole rows the stream holds, and how many of the last are held out."""
     rows = tokens // seq_len
-    valid = math.ceil(rows * valid_fraction) if valid_fraction > 0 else 0
+    # exact decimal arithmetic: in floats 100 rows × 0.07 is 7.000000000000001, and ceil would hold out 8
+    valid = math.ceil(rows * Fraction(repr(valid_fraction))) if valid_fraction > 0 else 0
     return Split(rows - valid, valid)
 
 
 def global_batch_indices(step: int, global_batch: int, per_epoch: int | None) -> range:
-    """Sample indices of optimizer step `step`. An uneven last batch of an epoch is dropped, never padded:
-    every rank must run the same number of collectives."""
+    """Row indices of optimizer step `step`. An uneven last batch of an epoch is dropped, never padded:
+    every rank must run the same number of collectives. The data check refuses a corpus of fewer rows than a batch."""
     if per_epoch is None:
         return range(step * global_batch, (step + 1) * global_batch)
     steps_per_epoch = per_epoch // global_batch
     if steps_per_epoch == 0:
-        raise DataError(f"the corpus has {per_epoch} sequences, fewer than one global batch of {global_batch}")
+        raise ValueError(f"the corpus has {per_epoch} rows, fewer than one global batch of {global_batch}")
     epoch, k = divmod(step, steps_per_epoch)
     start = epoch * per_epoch + k * global_batch
     return range(start, start + global_batch)
@@ -120,6 +118,6 @@ def global_batch_indices(step: int, global_batch: int, per_epoch: int | None) ->
 
 def micro_batch(source, step: int, *, global_batch: int, micro: int, dp: int, dp_rank: int, micro_step: int) -> np.ndarray:
     """Rows of the step's global batch that (dp_rank, micro_step) trains on: shape (micro, seq_len)."""
-    idx = global_batch_indices(step, global_batch, source.samples_per_epoch())
+    idx = global_batch_indices(step, global_batch, source.rows_per_epoch())
     lo = (micro_step * dp + dp_rank) * micro
-    return np.stack([source.sample(i) for i in idx[lo:lo + micro]])
+    return np.stack([source.row(i) for i in idx[lo:lo + micro]])

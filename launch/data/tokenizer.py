@@ -6,6 +6,7 @@ writes them; the tokenizer's own template applies first (a Llama tokenizer's lea
 """
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,6 +26,7 @@ class Tokenizer:
     name: str  # "byte" or the folder
     vocab_size: int  # ids are below this
     eos_id: int
+    sha256: str  # of tokenizer.json ("byte" for bytes): two tokenizers of one size are told apart by it
     backend: Any = None  # a tokenizers.Tokenizer; None for bytes
 
     def encode(self, texts: list[str]) -> list[np.ndarray]:
@@ -40,7 +42,7 @@ class Tokenizer:
         return out
 
 
-BYTE = Tokenizer("byte", EOS_BYTE + 1, EOS_BYTE)
+BYTE = Tokenizer("byte", EOS_BYTE + 1, EOS_BYTE, "byte")
 
 
 def tokenizer_folder(spec: str, model_weights: str | None, context: str) -> Path | None:
@@ -70,12 +72,14 @@ def load_tokenizer(spec: str, model_weights: str | None, context: str) -> Tokeni
         raise ConfigError(context, "data.tokenizer", spec, f"{missing} ({folder})", fix)
     from tokenizers import Tokenizer as HFTokenizer
 
+    text = inputs.read_text(path, context=context, field="data.tokenizer", fix=fix)
     try:
-        backend = HFTokenizer.from_str(inputs.read_text(path, context=context, field="data.tokenizer", fix=fix))
+        backend = HFTokenizer.from_str(text)
     except Exception as e:  # noqa: BLE001 - the library raises a bare Exception for a malformed file
         raise ConfigError(str(path), "data.tokenizer", spec, f"is not a tokenizers file ({str(e)[:120]})", fix) from None
     eos = _eos_id(path.parent, backend, context, spec)
-    return Tokenizer(str(path.parent), backend.get_vocab_size(with_added_tokens=True), eos, backend)
+    return Tokenizer(str(path.parent), backend.get_vocab_size(with_added_tokens=True), eos,
+                     hashlib.sha256(text.encode("utf-8")).hexdigest(), backend)
 
 
 def _eos_id(folder: Path, backend, context: str, spec: str) -> int:

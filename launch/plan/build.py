@@ -65,7 +65,7 @@ def make_plan(layout: Layout, recipe_name: str = "", machine: Machine | None = N
         "implementation and estimators; megatron: Megatron-Core 0.16.1's distributed optimizer (fp32 main grads), for "
         "reference: the deepspeed and megatron backends train through DeepSpeed's ZeRO; torch: PyTorch's DDP and "
         "FSDP2 (fp32 master parameters, gathered units in the compute dtype)",
-        f"activations: Llama-family layer ({layout.model.architecture}), fused attention (no s×s scores kept), "
+        f"activations: {layer_name(layout)}, {ATTENTION_NOTE[layout.attention]}, "
         f"activation_checkpointing={layout.activation_checkpointing}, sp={layout.sp}",
         f"allowance: {allowance_fixed / GiB:.1f} GiB runtime + {FRAGMENTATION:.0%} fragmentation",
         f"fit check: {implementation_accounting(layout.backend)} accounting against {hw.memory_bytes / GiB:.1f} GiB "
@@ -111,6 +111,18 @@ def placement_notes(layout: Layout, timing: Timing, comm: list[Comm]) -> list[st
             f"{inside * 1e3:.1f} ms inside one node ({across / inside if inside else float('inf'):.1f}×); keep "
             f"parallel.tp <= hardware.gpus_per_node={g.gpus_per_node}"]
 
+
+
+ATTENTION_NOTE = {"sdpa": "fused attention (train.attention=sdpa: scaled_dot_product_attention, no s×s scores kept)",
+                  "eager": "unfused attention (train.attention=eager: the s×s softmax kept, fp32 and its cast)"}
+
+
+def layer_name(layout: Layout) -> str:
+    """The decoder layer the backend trains, whose saved tensors the activation terms count."""
+    arch = layout.model.architecture
+    if traits(layout.backend).hf_modules:
+        return f"Hugging Face {arch} decoder layer (unfused RMSNorm)"
+    return f"Megatron-Core GPT layer, local spec ({arch}'s weights)"
 
 
 def _merge_identical(ranks: list[RankPlan]) -> list[RankPlan]:

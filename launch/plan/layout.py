@@ -33,6 +33,7 @@ class Layout:
     global_batch_size: int
     seq_len: int
     activation_checkpointing: str = "none"  # none | selective | full
+    attention: str = "sdpa"  # sdpa (fused: no s×s scores kept) | eager (the softmax materialised)
     sp: bool = False
     vpp: int = 1
     offload_optimizer: str = "none"
@@ -63,7 +64,8 @@ class Layout:
             backend=rc.backend, model=r.model, hardware=r.hardware, grid=r.grid,
             zero_stage=rc.parallel.zero_stage, dtype=rc.precision.dtype,
             micro_batch_size=rc.batch.micro_batch_size, global_batch_size=rc.batch.global_batch_size,
-            seq_len=rc.batch.seq_len, activation_checkpointing=rc.train.activation_checkpointing, sp=rc.parallel.sp,
+            seq_len=rc.batch.seq_len, activation_checkpointing=rc.train.activation_checkpointing,
+            attention=rc.train.attention, sp=rc.parallel.sp,
             vpp=rc.parallel.vpp, offload_optimizer=rc.parallel.offload_optimizer,
             offload_params=rc.parallel.offload_params,
             ds_zero=dict(r.ds_config.get("zero_optimization", {})), headroom=rc.plan.headroom,

@@ -247,16 +247,23 @@ class ActTerm:
 
 
 def activation_terms(arch: str, s: int, b: int, h: int, a: int, *, ffn: int = 0, kv_heads: int = 0,
-                     head_dim: int = 0, e: int = 2, hf_norm: bool = False, eager_attention: bool = False) -> list[ActTerm]:
+                     head_dim: int = 0, e: int = 2, hf_norm: bool = False, attention: str = "sdpa",
+                     fused_qkv: bool = False) -> list[ActTerm]:
     """Bytes saved for backward by one transformer layer.
 
     "gpt": Korthikanti et al. 2022, §4.1 (16-bit activations, 1-byte dropout masks, 4h MLP):
            sbh(34 + 5as/h) without parallelism.
-    "llama": RMSNorm (saves its input), q/k/v after RoPE, fused attention (output + fp32 log-sum-exp,
-           no s×s scores), SwiGLU saving gate, up, silu(gate) and their product; no dropout.
+    "llama": RMSNorm (saves its input), SwiGLU saving gate, up, silu(gate) and their product; no dropout.
            hf_norm: Hugging Face's RMSNorm instead of a fused one: it saves an fp32 copy of its input and the
-           normalized tensor. eager_attention: the s×s softmax is materialised (fp32, plus its cast to the
-           model dtype), as Hugging Face's eager attention on CPU ranks does.
+           normalized tensor.
+           The attention block (terms named attn_*, measured per implementation in tests/unit/test_attention_memory.py):
+           its input (the q/k/v projections'), q and k after RoPE and v, then
+           attention="sdpa": scaled_dot_product_attention's output and fp32 log-sum-exp, no s×s scores;
+           attention="eager" (Hugging Face's eager attention, Megatron-Core's DotProductAttention): k and v repeated
+           to every query head (grouped-query attention), the s×s softmax (fp32, plus its cast to the model dtype)
+           and the output's reshaped copy that the output projection keeps.
+           fused_qkv (Megatron-Core): v is a view of the fused q/k/v projection's output, which it keeps whole
+           (q and k before RoPE too) wherever v itself is saved.
     """
     sbh = s * b * h
     if arch == "gpt":
@@ -274,19 +281,23 @@ def activation_terms(arch: str, s: int, b: int, h: int, a: int, *, ffn: int = 0,
         kv = s * b * kv_heads * head_dim
         sbf = s * b * ffn
         norm_in = 4 * sbh if hf_norm else e * sbh
-        terms = [
-            ActTerm("norm1_input", norm_in, "replicated"), ActTerm("qkv_input", e * sbh, "replicated"),
-            ActTerm("q_rope", e * s * b * a * head_dim, "tp"), ActTerm("k_rope_v", 2 * e * kv, "tp"),
-            ActTerm("attn_out", e * s * b * a * head_dim, "tp"), ActTerm("attn_lse", 4 * b * a * s, "tp"),
-            ActTerm("norm2_input", norm_in, "replicated"), ActTerm("mlp_input", e * sbh, "replicated"),
-            ActTerm("gate_out", e * sbf, "tp"), ActTerm("up_out", e * sbf, "tp"),
-            ActTerm("silu_out", e * sbf, "tp"), ActTerm("down_input", e * sbf, "tp"),
-        ]
+        q = e * s * b * a * head_dim
+        terms = [ActTerm("norm1_input", norm_in, "replicated"), ActTerm("attn_input", e * sbh, "replicated"),
+                 ActTerm("attn_q", q, "tp"), ActTerm("attn_out", q, "tp")]
+        if attention == "sdpa":
+            terms += [ActTerm("attn_k_v", 2 * e * kv, "tp"), ActTerm("attn_lse", 4 * b * a * s, "tp")]
+        elif attention == "eager":
+            probs = (4 + (e if e != 4 else 0)) * a * s * s * b
+            terms += [ActTerm("attn_k_v", 2 * q, "tp"), ActTerm("attn_probs", probs, "tp", scores=True)]
+        else:
+            raise ValueError(f"unknown attention {attention!r}")
+        if fused_qkv and (attention == "sdpa" or kv_heads == a):
+            terms.append(ActTerm("attn_qkv_kept", q + e * kv, "tp"))  # the fused output's q and k parts, before RoPE
+        terms += [ActTerm("norm2_input", norm_in, "replicated"), ActTerm("mlp_input", e * sbh, "replicated"),
+                  ActTerm("gate_out", e * sbf, "tp"), ActTerm("up_out", e * sbf, "tp"),
+                  ActTerm("silu_out", e * sbf, "tp"), ActTerm("down_input", e * sbf, "tp")]
         if hf_norm and e != 4:
             terms += [ActTerm("norm1_normalized", e * sbh, "replicated"), ActTerm("norm2_normalized", e * sbh, "replicated")]
-        if eager_attention:
-            probs = (4 + (e if e != 4 else 0)) * a * s * s * b
-            terms.append(ActTerm("attn_probs", probs, "tp", scores=True))
         return terms
     raise ValueError(f"unknown layer arch {arch!r}")
 
@@ -309,11 +320,12 @@ def layer_activation_bytes(terms: list[ActTerm], *, t: int = 1, sp: bool = False
 
 def _model_terms(layout: Layout, b: int) -> list[ActTerm]:
     m = layout.model
-    # A backend training Hugging Face modules has unfused RMSNorm, and eager attention on CPU ranks.
+    # A backend training Hugging Face modules has unfused RMSNorm; Megatron-Core's layers fuse q/k/v in one projection;
+    # every backend runs the attention the recipe names.
     hf = traits(layout.backend).hf_modules
     return activation_terms("llama", layout.seq_len, b, m.hidden_size, m.num_heads, ffn=m.intermediate_size,
                             kv_heads=m.num_kv_heads, head_dim=m.head_dim, e=layout.elem_bytes, hf_norm=hf,
-                            eager_attention=hf and layout.hardware.device_type == "cpu")
+                            attention=layout.attention, fused_qkv=not hf)
 
 
 def in_flight(layout: Layout, stage: int) -> float:

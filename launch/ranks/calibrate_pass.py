@@ -177,7 +177,7 @@ def _steps(backend, items: list[dict], run, env, cuda: bool, device, watchdog, s
         variant = Resolved.load(Path(item["resolved"]))
         watchdog.beat(0, f"building the engine at zero_stage={item['zero_stage']}")
         trainer = backend.build(BuildContext(run, variant, env, cuda, device, watchdog, None, False))
-        built.append((trainer, variant, sources(variant).train, trainer.dp_rank))
+        built.append((trainer, variant, sources(variant, Path(spec["data"])).train, trainer.dp_rank))
     times: list[list[float]] = [[] for _ in built]
     dist.barrier()
     for it in range(spec["warmup_iters"] + spec["step_iters"]):

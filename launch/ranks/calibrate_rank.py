@@ -33,7 +33,7 @@ def _data(resolved, spec: dict) -> dict[str, float]:
     from launch.data.rows import micro_batch
     from launch.ranks.data import sources
 
-    source = sources(resolved).train
+    source = sources(resolved, Path(spec["data"])).train  # the corpus the training loop maps, as it maps it
     out = {}
     for b in spec["micro_batch_sizes"]:
         times = []

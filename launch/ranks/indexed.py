@@ -10,6 +10,7 @@ prepared corpus gives exactly the rows its text gives (each document ends in the
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import sys
@@ -44,13 +45,17 @@ def open_prefix(prefix: str):
             raise ValueError(f"{p} is empty")
     try:
         ds = ix.IndexedDataset(prefix)
-    except (AssertionError, ValueError, OSError, KeyError, TypeError) as e:
+    except Exception as e:  # noqa: BLE001 - Megatron's reader asserts, unpacks and maps; any failure is a damaged file
         raise ValueError(f"{idx} is not a readable Megatron index ({str(e) or type(e).__name__})") from None
     if len(ds) == 0:
         raise ValueError(f"{idx} holds no sequences")
-    end = int(ds.index.sequence_pointers[-1]) + int(ds.sequence_lengths[-1]) * ds.index.dtype().itemsize
-    if bin_.stat().st_size < end:
-        raise ValueError(f"{bin_} is truncated: {bin_.stat().st_size:,} bytes, the index needs {end:,}")
+    itemsize = ds.index.dtype().itemsize
+    end = int(ds.index.sequence_pointers[-1]) + int(ds.sequence_lengths[-1]) * itemsize
+    size = bin_.stat().st_size
+    if size < end:
+        raise ValueError(f"{bin_} is truncated: {size:,} bytes, the index needs {end:,}")
+    if size % itemsize:
+        raise ValueError(f"{bin_} is {size:,} bytes, not a whole number of {itemsize}-byte ids")
     return ds
 
 
@@ -86,6 +91,7 @@ class IndexedStream:
 
 
 def check(prefixes: list[str]) -> int:
+    scanned = 0  # bytes of ids read for the largest id, over all prefixes
     for prefix in prefixes:
         try:
             ds = open_prefix(prefix)
@@ -94,19 +100,22 @@ def check(prefixes: list[str]) -> int:
             return 2
         bin_size = Path(prefix + ".bin").stat().st_size
         max_id = None
-        if bin_size <= MAX_SCAN_BYTES:
-            ids = np.memmap(prefix + ".bin", dtype=ds.index.dtype, mode="r")
-            max_id = int(ids.max())
+        if scanned + bin_size <= MAX_SCAN_BYTES:
+            scanned += bin_size
+            max_id = int(np.memmap(prefix + ".bin", dtype=ds.index.dtype, mode="r").max())
         sidecar = Path(prefix + PREPARED)
         made = None
         if sidecar.is_file():
             try:
                 made = json.loads(sidecar.read_text(encoding="utf-8"))
-                made = {"tokenizer": str(made["tokenizer"]), "vocab_size": int(made["vocab_size"])}
+                made = {"tokenizer": str(made["tokenizer"]), "vocab_size": int(made["vocab_size"]),
+                        "tokenizer_sha256": str(made["tokenizer_sha256"])}
             except (ValueError, KeyError, TypeError):
                 made = None  # a damaged sidecar only loses the tokenizer comparison
         print(json.dumps({"prefix": prefix, "tokens": int(ds.sequence_lengths.sum(dtype=np.int64)),
-                          "documents": len(ds.document_indices) - 1, "max_id": max_id, "prepared_with": made}))
+                          "documents": len(ds.document_indices) - 1, "max_id": max_id, "prepared_with": made,
+                          # what resume compares: the index holds every document's length and place
+                          "idx_sha256": hashlib.sha256(Path(prefix + ".idx").read_bytes()).hexdigest()}))
     return 0
 
 
@@ -129,7 +138,11 @@ def build(spec_path: str) -> int:
         return 2
     dtype = ix.DType.optimal_dtype(tok.vocab_size)
     tmp = f"{prefix}.tmp{os.getpid()}"
-    builder = ix.IndexedDatasetBuilder(tmp + ".bin", dtype=dtype)
+    try:
+        builder = ix.IndexedDatasetBuilder(tmp + ".bin", dtype=dtype)
+    except OSError as e:
+        print(f"error: {tmp}.bin cannot be written ({e.strerror})", file=sys.stderr)
+        return 2
     documents = tokens = 0
     damaged: list[str] = []
     t0 = time.perf_counter()
@@ -156,6 +169,7 @@ def build(spec_path: str) -> int:
         builder.finalize(tmp + ".idx")
         seconds = time.perf_counter() - t0
         Path(tmp + PREPARED).write_text(json.dumps({"tokenizer": tok.name, "vocab_size": tok.vocab_size,
+                                                   "tokenizer_sha256": tok.sha256,
                                                    "eos_id": tok.eos_id, "documents": documents, "tokens": tokens,
                                                    "files": [str(f) for f in files]}, indent=1) + "\n")
         linked: list[str] = []

@@ -123,7 +123,8 @@ def training_identity(resolved: Resolved) -> dict[str, Any]:
                       t.grad_clip, t.seed],
         # the fields that choose the rows (synthetic data has none of them, so its older markers still match)
         "data": [r.data.source, r.data.path, r.data.tokenizer]
-        + ([] if r.data.source == "synthetic" else [r.data.text_field, r.data.valid_fraction, r.data.valid_path]),
+        + ([] if r.data.source == "synthetic" else [r.data.text_field, r.data.valid_fraction, r.data.valid_path,
+                                                    resolved.data_fingerprint]),
     }
 
 

@@ -13,6 +13,7 @@ import socket
 import threading
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO, Callable
 
 SUBDIRS = ("metrics", "logs", "traces", "nccl", "commbench", "tensorboard", "checkpoints")
 # Files of a run directory that are ours but no evidence for a report (glob relative to the root -> what it is): the
@@ -56,7 +57,13 @@ def write_text_atomic(path: Path, text: str) -> None:
 
 
 def write_bytes_atomic(path: Path, data: bytes) -> None:
-    """Replace `path` with `data` at once: readers see the old file or the new one, never a part.
+    """Replace `path` with `data` at once: readers see the old file or the new one, never a part."""
+    write_atomic(path, lambda f: f.write(data))
+
+
+def write_atomic(path: Path, write: Callable[[BinaryIO], object]) -> None:
+    """Replace `path` with what `write` writes to the open file, at once: readers see the old file or the new one,
+    never a part.
 
     The temporary name is this writer's own (host, process and thread): the nodes of a job write their shared run
     directory at the same moment, and with one name for all, one node's os.replace moved the file the other had
@@ -64,7 +71,8 @@ def write_bytes_atomic(path: Path, data: bytes) -> None:
     """
     tmp = path.with_name(f"{path.name}.{socket.gethostname()}.{os.getpid()}.{threading.get_ident()}.tmp")
     try:
-        tmp.write_bytes(data)
+        with open(tmp, "wb") as f:
+            write(f)
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)

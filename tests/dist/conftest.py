@@ -119,7 +119,7 @@ def exported_losses(folder: Path, meta, steps: tuple[int, ...]) -> list[float]:
     src = Synthetic(512, meta.seq_len, 1234)
     out = []
     for step in steps:
-        rows = torch.from_numpy(np.stack([src.sample(i) for i in global_batch_indices(step, meta.global_batch_size, None)]))
+        rows = torch.from_numpy(np.stack([src.row(i) for i in global_batch_indices(step, meta.global_batch_size, None)]))
         with torch.no_grad():
             out.append(model(input_ids=rows, labels=rows).loss.item())
     return out

@@ -180,7 +180,7 @@ def gpt_case(name: str, layout: Layout) -> dict[str, Any]:
     spec = _spec(name)
     config = transformer_config(spec, cuda=False, tp=layout.tp, pp=layout.pp, vpp=layout.vpp, sp=layout.sp,
                                 activation_checkpointing="none", dtype="fp32")
-    chunks = build_chunks(spec, config, seed=0)
+    chunks = build_chunks(spec, config, seed=0, attention="eager")
     out: dict[str, Any] = {"chunks": len(chunks), "layers": [len(c.decoder.layers) for c in chunks]}
 
     # Megatron's own start-up sync of a tied embedding: the last stage's copy equals the first stage's.

@@ -1,6 +1,6 @@
-"""A real corpus through every source and backend: the same text as .jsonl (DeepSpeed, 2 ranks), as Parquet (torch
-FSDP2, 2 ranks) and as a prepared Megatron prefix (Megatron-Core, 2 pipeline stages) trains on the same rows, so the
-three runs' training and validation losses agree; a resumed run continues at the exact next row."""
+"""A real corpus through every source and backend: the same text as .jsonl (DeepSpeed, 2 ranks; torch, 2 pipeline
+stages), as Parquet (torch FSDP2, 2 ranks) and as a prepared Megatron prefix (Megatron-Core, 2 pipeline stages) trains
+on the same rows, so the runs' training and validation losses agree; a resumed run continues at the exact next row."""
 import shutil
 import subprocess
 import sys
@@ -38,8 +38,12 @@ def sources(tmp_path_factory):
 @pytest.fixture(scope="module")
 def runs(sources, runs_root):
     recipes = {"text": "recipes/tiny_zero2", "parquet": TORCH, "megatron": "recipes/tiny_pp2"}
-    return {s: train(runs_root / f"data_{s}", *REAL, f"data.source={s}", f"data.path={sources[s]}", recipe=recipes[s])
-            for s in recipes}
+    out = {s: train(runs_root / f"data_{s}", *REAL, f"data.source={s}", f"data.path={sources[s]}", recipe=recipes[s])
+           for s in recipes}
+    # the torch backend's pipeline evaluates through its schedule's eval(), one global batch per call
+    out["torch_pp"] = train(runs_root / "data_torch_pp", *REAL, "data.source=text", f"data.path={CORPUS}",
+                            "parallel.pp=2", recipe=TORCH)
+    return out
 
 
 def test_each_source_trains_with_a_validation_loss(runs):
@@ -53,9 +57,10 @@ def test_each_source_trains_with_a_validation_loss(runs):
 
 
 def test_the_three_sources_train_on_the_same_rows(runs):
-    """Three backends, three readers of one corpus: equal losses mean equal rows in equal order (fp32, to 1e-4)."""
+    """Three backends, three readers of one corpus: equal losses mean equal rows in equal order (fp32, to 1e-4); the
+    validation losses average the same train.eval_batches (2) global batches everywhere."""
     ref = runs["text"].metrics().steps
-    for source in ("parquet", "megatron"):
+    for source in ("parquet", "megatron", "torch_pp"):
         steps = runs[source].metrics().steps
         for a, b in zip(ref, steps, strict=True):
             assert abs(a.loss - b.loss) <= 1e-4, (source, a.step, a.loss, b.loss)

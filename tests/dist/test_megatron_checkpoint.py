@@ -80,8 +80,8 @@ def hf_loss(folder, run_root, step: int) -> float:
 
     resolved = Resolved.load(run_root / "resolved.json")
     src = sources(resolved).train
-    idx = global_batch_indices(step, resolved.recipe.batch.global_batch_size, src.samples_per_epoch())
-    x = torch.from_numpy(np.stack([src.sample(i) for i in idx]))
+    idx = global_batch_indices(step, resolved.recipe.batch.global_batch_size, src.rows_per_epoch())
+    x = torch.from_numpy(np.stack([src.row(i) for i in idx]))
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32, attn_implementation="eager")
     model.eval()
     with torch.no_grad():

@@ -46,7 +46,8 @@ def default_step_times(steps: int, warmup: int) -> list[float]:
 
 def make_run_dir(root: Path, name: str = "20260101-000000", *, overrides: Sequence[str] = (), steps: int = 12,
                  step_times: Sequence[float] | None = None, rss_bytes: int = 600 * 2**20, traces: bool = True,
-                 plan: bool = True, cut_last_line: bool = False, losses: Sequence[float] | None = None) -> Path:
+                 plan: bool = True, cut_last_line: bool = False, losses: Sequence[float] | None = None,
+                 valid_losses: dict[int, float] | None = None) -> Path:
     """runs/tiny_zero2/<name>/ as our trainer leaves it: resolved.json, plan.json, metrics/rank{0,1}.jsonl
     (written by MetricsWriter), traces/ (the committed gloo traces) and an empty checkpoints/."""
     resolved = resolve_path(REPO / "recipes" / "tiny_zero2", [f"train.steps={steps}", *overrides])
@@ -78,7 +79,8 @@ def make_run_dir(root: Path, name: str = "20260101-000000", *, overrides: Sequen
                               lr=1e-3, grad_norm=1.0,
                               step_time_s=t, tokens_per_s=tokens / t,
                               tokens_per_s_per_device=tokens / t / resolved.world_size, tflops_per_device=tflops,
-                              mfu=tflops * 1e12 / peak, rss_max_bytes=rss_bytes + rank * 2**20 + s * 1024))
+                              mfu=tflops * 1e12 / peak, rss_max_bytes=rss_bytes + rank * 2**20 + s * 1024,
+                              valid_loss=(valid_losses or {}).get(s + 1)))
         w.close()
         if cut_last_line:
             f = d / "metrics" / f"rank{rank}.jsonl"

@@ -265,3 +265,27 @@ def test_steps_of_another_run_in_the_same_file_get_their_own_axes():
     one, two = (training_curves([("run", s, {k: v[:len(s)] for k, v in values.items()})]) for s in (steps[:20], steps))
     height = [int.from_bytes(png[20:24], "big") for png in (one, two)]  # PNG IHDR height
     assert height[1] > 1.6 * height[0]  # a second row of panels (the saved figure is cropped to its content)
+
+
+def test_the_validation_loss_is_listed_and_drawn_beside_the_training_loss(tmp_path):
+    d = make_run_dir(tmp_path / "a", steps=6, valid_losses={3: 5.25, 6: 5.125})
+    curve = C.curves_from_metrics(parse_metrics(d / "metrics"))
+    assert curve.columns["valid_loss"] == [None, None, 5.25, None, None, 5.125]
+    rep, md = _report(tmp_path, d)
+    row = next(line for line in md.split("## Training curves")[1].splitlines() if line.startswith("| tiny_zero2/"))
+    assert "| 5.125 (step 6, 2 evaluations) |" in row, row
+    from analysis.report.plots import training_curves
+
+    steps = curve.columns["step"]
+    plain, both = (training_curves([("run", steps, {"loss": curve.columns["loss"], "valid_loss": v,
+                                                    "grad_norm": curve.columns["grad_norm"], "lr": curve.columns["lr"]})])
+                   for v in ([None] * 6, curve.columns["valid_loss"]))
+    assert plain != both  # the validation points are drawn
+
+
+def test_tensorboard_validation_tags_fill_the_validation_column():
+    from analysis.table import Table
+
+    rows = [{"run": "r", "file": "f", "tag": tag, "step": 4, "value": 3.5} for tag in ("valid/loss", "lm loss validation")]
+    tb = Table.from_rows("tensorboard", {"run": "", "file": "", "tag": "", "step": "", "value": ""}, rows, source="tb")
+    assert C.curves_from_tensorboard(tb).columns["valid_loss"] == [3.5]

@@ -72,9 +72,9 @@ def test_text_rows_are_the_same_for_dp_1_2_4_at_every_step():
 def test_synthetic_is_a_learnable_bigram_walk():
     src = Synthetic(512, 32, 1)
     succ = src.successor()
-    s = src.sample(11)
+    s = src.row(11)
     assert all(s[i + 1] == succ[s[i]] for i in range(31))
-    assert not np.array_equal(src.sample(11), src.sample(12)) and np.array_equal(src.sample(11), s)
+    assert not np.array_equal(src.row(11), src.row(12)) and np.array_equal(src.row(11), s)
 
 
 def test_byte_rows_are_the_corpus_bytes_reshuffled_each_epoch():
@@ -88,8 +88,8 @@ def test_byte_rows_are_the_corpus_bytes_reshuffled_each_epoch():
     rows = TokenRows(ArrayStream(ids), 64, 5, 0, n)
     last, next_epoch = global_batch_indices(n // 16 - 1, 16, n), global_batch_indices(n // 16, 16, n)
     assert last.stop <= n and next_epoch.start == n  # the uneven tail of the epoch is dropped
-    e0 = [tuple(rows.sample(i)) for i in range(n)]
-    e1 = [tuple(rows.sample(n + i)) for i in range(n)]
+    e0 = [tuple(rows.row(i)) for i in range(n)]
+    e1 = [tuple(rows.row(n + i)) for i in range(n)]
     assert sorted(e0) == sorted(e1) and e0 != e1
     assert sorted(e0) == sorted(tuple(ids[j * 64:(j + 1) * 64]) for j in range(n))
 
@@ -100,9 +100,9 @@ def test_validation_rows_are_the_last_and_never_trained_on():
     assert (s.train_rows, s.valid_rows) == (85, 15)  # 100 rows: ceil(15.0) held out
     train = TokenRows(ArrayStream(ids), 10, 0, 0, s.train_rows)
     valid = TokenRows(ArrayStream(ids), 10, 0, s.train_rows, s.valid_rows, shuffle=False)
-    seen = {int(train.sample(i)[0]) for i in range(3 * s.train_rows)}
+    seen = {int(train.row(i)[0]) for i in range(3 * s.train_rows)}
     assert seen == set(range(0, 850, 10))
-    assert [int(valid.sample(i)[0]) for i in range(15)] == list(range(850, 1000, 10))
+    assert [int(valid.row(i)[0]) for i in range(15)] == list(range(850, 1000, 10))
 
 
 # --------------------------------------------------------------------------- the three sources
@@ -127,8 +127,8 @@ def test_text_parquet_and_megatron_give_identical_rows(tmp_path, prepared):
         n = len(want) // seq
         for s in streams[1:]:
             for i in range(n):
-                a = TokenRows(streams[0], seq, 3, 0, n).sample(i)
-                assert np.array_equal(TokenRows(s, seq, 3, 0, n).sample(i), a)
+                a = TokenRows(streams[0], seq, 3, 0, n).row(i)
+                assert np.array_equal(TokenRows(s, seq, 3, 0, n).row(i), a)
 
 
 def test_prepare_data_writes_megatrons_format_and_never_overwrites(prepared, tmp_path):
@@ -294,7 +294,7 @@ def test_a_prefix_beyond_the_embedding_or_of_another_tokenizer_is_refused(prepar
     line = _refused(capsys, "data.source=megatron", f"data.path={tmp_path / 'wide'}")
     assert "holds id 600, beyond the model's embedding of 512 ids" in line
     line = _refused(capsys, "data.source=megatron", f"data.path={prepared[0]}")  # data.tokenizer left at byte
-    assert f"the prefix was prepared with {TOKENIZER} (384 ids)" in line
+    assert f"is not the tokenizer the prefix was prepared with ({TOKENIZER}, 384 ids)" in line
 
 
 def test_calibrate_and_export_accelerate_check_the_data_first(tmp_path, capsys, monkeypatch):
@@ -307,3 +307,80 @@ def test_calibrate_and_export_accelerate_check_the_data_first(tmp_path, capsys, 
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and "line 2 has a \"text\" of type int" in err[0], err
     assert not runs.exists()  # refused before any run folder was made
+
+
+def test_a_fraction_holds_out_its_exact_share():
+    # 100 rows × 0.07 is 7.000000000000001 in floats: ceil would hold out 8
+    assert [split_rows(1000, 10, f).valid_rows for f in (0.07, 0.15, 0.5, 0.001)] == [7, 15, 50, 1]
+
+
+def test_records_python_or_utf8_cannot_take_are_damaged_not_tracebacks(tmp_path):
+    f = tmp_path / "odd.jsonl"
+    lines = [json.dumps({"text": f"fine {i}"}) for i in range(300)]
+    lines[10] = '{"text": ' + "9" * 5000 + "}"  # past Python's 4,300-digit integer limit
+    lines[20] = '{"text": "\\ud800 lone"}'  # an unpaired surrogate escape: valid JSON, not UTF-8 text
+    f.write_text("\ufeff" + "\n".join(lines) + "\n")  # and a byte-order mark before line 1
+    docs = read_documents([f], "text", "text")
+    assert [(d.where, d.why) for d in docs.damaged] == [
+        ("line 11", "is not JSON"), ("line 21", 'has a "text" with an unpaired surrogate escape (not UTF-8 text)')]
+    assert docs.texts[0] == "fine 0" and len(docs.texts) == 298
+    assert len(BYTE.encode(docs.texts)) == 298
+
+
+def test_an_existing_name_with_glob_characters_is_a_file_not_a_pattern(tmp_path):
+    f = tmp_path / "data[1].jsonl"
+    f.write_text('{"text": "one"}\n')
+    assert corpus_files(str(f), "text") == [f]
+
+
+def test_a_dictionary_encoded_parquet_column_is_text(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    column = pa.array(["a b", "c d", "a b"]).dictionary_encode()
+    pq.write_table(pa.table({"text": column}), tmp_path / "cat.parquet")
+    assert read_documents([tmp_path / "cat.parquet"], "parquet", "text").texts == ["a b", "c d", "a b"]
+
+
+def test_damaged_indexes_are_one_line(prepared, tmp_path, capsys):
+    idx, bin_ = prepared[0].with_suffix(".idx").read_bytes(), prepared[0].with_suffix(".bin").read_bytes()
+    cases = {"short_idx": (idx[:12], bin_, "is not a readable Megatron index"),
+             "odd_bin": (idx, bin_ + b"\0", "not a whole number of 2-byte ids")}
+    for name, (i, b, problem) in cases.items():
+        (tmp_path / f"{name}.idx").write_bytes(i)
+        (tmp_path / f"{name}.bin").write_bytes(b)
+        line = _refused(capsys, "data.source=megatron", f"data.path={tmp_path / name}", f"data.tokenizer={TOKENIZER}")
+        assert problem in line and f"data.path=\"{tmp_path / name}\"" in line, line
+
+
+def test_prepare_data_refuses_outs_that_name_no_new_prefix(tmp_path, monkeypatch):
+    (tmp_path / "file").write_text("mine")
+    (tmp_path / "gone.bin").symlink_to(tmp_path / "nowhere")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    cases = {str(tmp_path / "file" / "x"): "cannot be made", str(tmp_path / "c.bin"): "ends in .bin",
+             str(tmp_path / "gone"): "would replace"}
+    for out, problem in cases.items():
+        p = subprocess.run([sys.executable, "-m", "launch", "prepare-data", str(CORPUS), f"out={out}"], cwd=REPO,
+                           capture_output=True, text=True)
+        assert p.returncode == 2 and problem in p.stderr and len(p.stderr.strip().splitlines()) == 1, p.stderr
+    p = subprocess.run([sys.executable, "-m", "launch", "prepare-data", str(CORPUS), "out=~/c"], cwd=tmp_path,
+                       capture_output=True, text=True)
+    assert p.returncode == 0, p.stderr
+    assert (tmp_path / "home" / "c.bin").is_file() and not (tmp_path / "~").exists()
+    assert sorted(f.name for f in tmp_path.iterdir()) == ["file", "gone.bin", "home"]
+
+
+def test_the_corpus_digest_changes_with_its_text(tmp_path):
+    f = tmp_path / "c.jsonl"
+    f.write_text(CORPUS.read_text())
+    r = resolve_path(TINY, ["data.source=text", f"data.path={f}"])
+    before = check(r).fingerprint
+    assert check(r).fingerprint == before
+    f.write_text(CORPUS.read_text() + json.dumps({"text": "one more document"}) + "\n")
+    assert check(r).fingerprint != before  # run.resume=auto then refuses the old checkpoints (training_identity)
+
+
+def test_synthetic_data_refuses_corpus_settings(capsys):
+    for setting in ("data.valid_fraction=0.1", f"data.tokenizer={TOKENIZER}"):
+        line = _refused(capsys, setting)
+        assert 'data.source="synthetic" reads no corpus' in line, line

@@ -77,10 +77,10 @@ def _hf_per_token_loss(model, tokens, labels):
     return flat.view(labels.shape)
 
 
-def _built(spec, state, activation_checkpointing="none"):
+def _built(spec, state, activation_checkpointing="none", attention="eager"):
     from launch.ranks.trainers.megatron_model import build_chunks, load_hf_state
 
-    chunks = build_chunks(spec, _config(spec, activation_checkpointing), seed=0)
+    chunks = build_chunks(spec, _config(spec, activation_checkpointing), seed=0, attention=attention)
     load_hf_state(chunks, state, spec)
     return chunks
 
@@ -99,7 +99,7 @@ def test_parameter_count_matches_transformers(one_rank, name):
     spec = load_model(name=name)
     # The meta device keeps the 7-8B models to shapes only.
     with torch.device("meta"):
-        chunks = build_chunks(spec, _config(spec), seed=0)
+        chunks = build_chunks(spec, _config(spec), seed=0, attention="sdpa")
         hf = AutoModelForCausalLM.from_config(hf_config(spec))
     assert len(chunks) == 1
     assert {p.device.type for p in chunks[0].parameters()} == {"meta"}
@@ -180,7 +180,7 @@ def test_load_accepts_hf_state_dict_with_tied_alias(one_rank):
 
     spec = load_model(name="tiny-qwen2")
     state = _perturbed_reference(spec)
-    chunks = build_chunks(spec, _config(spec), seed=0)
+    chunks = build_chunks(spec, _config(spec), seed=0, attention="sdpa")
     load_hf_state(chunks, {**state, "lm_head.weight": state["model.embed_tokens.weight"]}, spec)
     assert torch.equal(chunks[0].embedding.word_embeddings.weight, state["model.embed_tokens.weight"])
     with pytest.raises(ValueError, match="lm_head.weight differs"):
@@ -192,7 +192,7 @@ def test_load_is_strict_about_hf_keys_and_shapes(one_rank):
 
     spec = load_model(name="tiny-llama")
     state = _perturbed_reference(spec)
-    chunks = build_chunks(spec, _config(spec), seed=0)
+    chunks = build_chunks(spec, _config(spec), seed=0, attention="sdpa")
     before = {k: v.clone() for k, v in chunks[0].state_dict().items() if isinstance(v, torch.Tensor)}
 
     missing = {k: v for k, v in state.items() if k != "model.layers.2.mlp.up_proj.weight"}
@@ -213,7 +213,7 @@ def test_chunk_of_another_model_is_refused(one_rank):
     from launch.ranks.trainers.megatron_model import build_chunks, hf_state_to_chunk
 
     llama, qwen = load_model(name="tiny-llama"), load_model(name="tiny-qwen2")
-    chunk = build_chunks(qwen, _config(qwen), seed=0)[0]
+    chunk = build_chunks(qwen, _config(qwen), seed=0, attention="sdpa")[0]
     # Same shapes except Qwen2's q/k/v biases and its tied head: the chunk's bias keys have no HF source.
     with pytest.raises(ValueError, match="'decoder.layers.0.self_attention.linear_qkv.bias' has no HF source"):
         hf_state_to_chunk(_perturbed_reference(llama), llama, chunk)
@@ -291,7 +291,7 @@ def test_rope_frequencies_match_transformers(one_rank, name):
     rotary = {"LlamaForCausalLM": LlamaRotaryEmbedding, "Qwen2ForCausalLM": Qwen2RotaryEmbedding}[spec.architecture]
     want = rotary(config=hf_config(spec)).inv_freq
     with torch.device("meta"):
-        chunk = build_chunks(spec, _config(spec), seed=0)[0]
+        chunk = build_chunks(spec, _config(spec), seed=0, attention="sdpa")[0]
     torch.testing.assert_close(chunk.rotary_pos_emb.inv_freq, want, rtol=1e-6, atol=0)
 
 
@@ -301,7 +301,7 @@ def test_build_chunks_refuses_a_parallel_state_that_disagrees(one_rank):
     spec = load_model(name="tiny-llama")
     config = transformer_config(spec, cuda=False, tp=2, pp=1, vpp=1, sp=False, activation_checkpointing="none", dtype="fp32")
     with pytest.raises(ValueError, match=r"parallel_state has \(tp, pp, vpp\)=\(1, 1, None\).*\(2, 1, None\)"):
-        build_chunks(spec, config, seed=0)
+        build_chunks(spec, config, seed=0, attention="sdpa")
 
 
 _IMPORT_PROBE = ("import sys, torch; real = torch.compile; {before}import megatron.core.jit as j; "

@@ -329,3 +329,19 @@ def test_compile_needs_the_torch_backend():
 def test_torch_backend_composes_no_deepspeed_config():
     r = resolve_path(TORCH, ["precision.dtype=fp16"])  # fp16 on CPU ranks: torch's scaler runs there
     assert r.ds_config == {} and r.ds_base == "" and r.recipe.parallel.zero_stage == 3
+
+
+def test_megatron_zero1_overlaps_its_reduction_only_where_deepspeed_reduces_once():
+    """DeepSpeed's ZeRO-1 hook queues every gradient after each backward the Megatron schedule runs (it bypasses
+    engine.backward): correct with one micro-batch per step and no SP, an assertion ('reduced twice') with more."""
+    base = ["parallel.tp=1", "parallel.sp=false", "parallel.zero_stage=1", "hardware.gpus_per_node=2"]
+    one = resolve_path(RECIPES / "tiny_tp2_sp", [*base, "batch.micro_batch_size=4"])
+    two = resolve_path(RECIPES / "tiny_tp2_sp", [*base, "batch.micro_batch_size=2"])
+    sp = resolve_path(RECIPES / "tiny_tp2_sp", ["parallel.zero_stage=1", "batch.micro_batch_size=8",
+                                                 "hardware.gpus_per_node=2"])
+    assert (one.grad_accum, two.grad_accum, sp.grad_accum) == (1, 2, 1)
+    assert one.ds_config["zero_optimization"]["overlap_comm"] is True  # the shipped zero1.json's
+    assert two.ds_config["zero_optimization"]["overlap_comm"] is False
+    assert sp.ds_config["zero_optimization"]["overlap_comm"] is False
+    # contiguous_gradients alone is correct at any count: the base's value stays
+    assert {r.ds_config["zero_optimization"]["contiguous_gradients"] for r in (one, two, sp)} == {True}

@@ -270,13 +270,13 @@ def fail_message(rank: int, step: int, exc: BaseException) -> str:
 # --------------------------------------------------------------------------- model and data
 
 
-def build_model(resolved: Resolved, device_is_cuda: bool):
+def build_model(resolved: Resolved):
     """A Hugging Face causal LM from the catalogue config: random init, or local weights when given."""
     import torch
     from transformers import AutoModelForCausalLM
 
     config = hf_config(resolved.model)
-    attn = attention_implementation(device_is_cuda)
+    attn = resolved.recipe.train.attention  # Hugging Face's own names: "sdpa" | "eager"
     weights = resolved.recipe.model.weights
     if weights:
         path = Path(resolved.recipe_path).parent / weights
@@ -296,11 +296,6 @@ def torch_dtype(precision: str):
     return {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[precision]
 
 
-def attention_implementation(device_is_cuda: bool) -> str:
-    # Eager attention on CPU ranks keeps the parity tests' numerics exactly reproducible; GPUs use SDPA (fused).
-    return "sdpa" if device_is_cuda else "eager"
-
-
 # --------------------------------------------------------------------------- measurement
 
 
@@ -314,6 +309,19 @@ def memory_fields(device_is_cuda: bool) -> dict[str, int | None]:
 
     return {"mem_max_allocated_bytes": None, "mem_max_reserved_bytes": None,
             "rss_max_bytes": int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024}
+
+
+@contextlib.contextmanager
+def evaluating(modules) -> Iterator[None]:
+    """Modules in eval mode (a model.config with dropout evaluates without it), back in training mode after."""
+    modules = list(modules)
+    for m in modules:
+        m.eval()
+    try:
+        yield
+    finally:
+        for m in modules:
+            m.train()
 
 
 @contextlib.contextmanager

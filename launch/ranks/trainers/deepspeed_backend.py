@@ -34,7 +34,7 @@ class DeepSpeedTrainer:
         ds_config = json.loads(json.dumps(resolved.ds_config))
         if ctx.universal:
             ds_config.setdefault("checkpoint", {})["load_universal"] = True
-        model = common.build_model(resolved, ctx.cuda)
+        model = common.build_model(resolved)
         if resolved.recipe.train.activation_checkpointing == "full":
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         model.config.use_cache = False
@@ -78,7 +78,7 @@ class DeepSpeedTrainer:
     def evaluate(self, micro_batch: Callable, count: int):
         import torch
 
-        with torch.no_grad():
+        with torch.no_grad(), common.evaluating([self.engine]):
             losses = [self.engine(input_ids=b, labels=b).loss.detach().float() for b in map(micro_batch, range(count))]
         return torch.stack(losses).mean()
 

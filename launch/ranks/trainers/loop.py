@@ -162,16 +162,16 @@ def _train(run: RunDir, resolved: Resolved, env: common.RankEnv, terminal, cuda:
             tokens_per_s_per_device=tokens / f.seconds / resolved.world_size, tflops_per_device=tflops,
             mfu=tflops * 1e12 / peak if peak else 0.0, **f.memory, tokens=f.tokens, data_time_s=f.data_seconds,
             valid_loss=f.valid_loss)
-        writer.step(rec)  # every step; TensorBoard and the progress line every run.log_every steps
-        if rec.step % r.run.log_every and rec.step != r.train.steps:
+        writer.step(rec)  # every step; TensorBoard and the progress line every run.log_every steps (evaluations: each)
+        if tb is not None and rec.valid_loss is not None and math.isfinite(rec.valid_loss):
+            tb.add_scalar("valid/loss", rec.valid_loss, rec.step)
+        if rec.step % r.run.log_every and rec.step != r.train.steps and rec.valid_loss is None:
             return
         if tb is not None:
             for k in ("loss", "lr", "grad_norm", "step_time_s", "tokens_per_s_per_device", "mfu"):
                 v = getattr(rec, k)
                 if v is not None and math.isfinite(v):
                     tb.add_scalar(f"train/{k}", v, rec.step)
-            if rec.valid_loss is not None and math.isfinite(rec.valid_loss):
-                tb.add_scalar("valid/loss", rec.valid_loss, rec.step)
         progress.update(f.step + 1, f"loss {rec.loss:.4f}  " + ("" if f.valid_loss is None else
                                     f"valid {f.valid_loss:.4f}  ") + f"{rec.step_time_s * 1e3:.0f} ms/step  "
                                     f"{rec.tokens_per_s_per_device:,.0f} tok/s/dev")
@@ -263,7 +263,7 @@ def _evaluate(trainer: Trainer, valid, resolved: Resolved, device) -> float:
 
     r = resolved.recipe
     ga, gb = resolved.grad_accum, r.batch.global_batch_size
-    batches = min(r.train.eval_batches, valid.samples_per_epoch() // gb)
+    batches = min(r.train.eval_batches, valid.rows_per_epoch() // gb)
 
     def micro_batch(k: int):
         rows = rows_of(valid, k // ga, global_batch=gb, micro=r.batch.micro_batch_size, dp=resolved.grid.dp,

@@ -175,7 +175,7 @@ class MegatronTrainer:
         self.config = mm.transformer_config(resolved.model, cuda=ctx.cuda, tp=par.tp, pp=par.pp, vpp=par.vpp,
                                             sp=par.sp, activation_checkpointing=r.train.activation_checkpointing,
                                             dtype=r.precision.dtype)
-        self.chunks = mm.build_chunks(resolved.model, self.config, seed=r.train.seed)
+        self.chunks = mm.build_chunks(resolved.model, self.config, seed=r.train.seed, attention=r.train.attention)
         mm.load_hf_state(self.chunks, _initial_hf_state(resolved), resolved.model)
         if ctx.cuda:
             for c in self.chunks:
@@ -222,7 +222,7 @@ class MegatronTrainer:
         from megatron.core.pipeline_parallel import get_forward_backward_func
 
         batches = [self._inputs(micro_batch(i)) for i in range(count)]
-        with torch.no_grad():
+        with torch.no_grad(), common.evaluating(self.chunks):
             if not self.schedule_path:
                 return torch.stack([self._loss(mask, self.engine(tokens, position_ids, None, labels=labels))[0].float()
                                     for tokens, position_ids, labels, mask in batches]).mean()

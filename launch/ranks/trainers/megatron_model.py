@@ -42,6 +42,8 @@ import torch
 import torch.nn.functional as F
 from megatron.core import parallel_state, tensor_parallel
 from megatron.core.enums import ModelType
+from megatron.core.transformer.enums import AttnMaskType
+from megatron.core.transformer.module import MegatronModule
 from megatron.core.models.gpt import GPTModel
 from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 from megatron.core.transformer import TransformerConfig
@@ -230,7 +232,52 @@ def _check_parallel_state(config: TransformerConfig) -> None:
                          "virtual_pipeline_model_parallel_size=vpp or None) before build_chunks")
 
 
-def build_chunks(spec: ModelSpec, config: TransformerConfig, *, seed: int) -> list[GPTModel]:
+class SDPAttention(MegatronModule):
+    """Megatron's core attention as one `scaled_dot_product_attention` call: the fused kernels (flash /
+    memory-efficient on GPUs) keep no s × s scores for backward, where the local spec's DotProductAttention keeps
+    an fp32 softmax and its 16-bit cast. A drop-in for the local spec's core_attention (same arguments, [sq, b, np,
+    hn] in, [sq, b, np * hn] out); grouped-query attention without repeating K and V; no dropout (our models have
+    none), no context parallelism, no packed sequences."""
+
+    def __init__(self, config: TransformerConfig, layer_number: int, attn_mask_type: AttnMaskType, attention_type: str,
+                 attention_dropout: float | None = None, softmax_scale: float | None = None,
+                 cp_comm_type: str | None = None, pg_collection=None):
+        super().__init__(config=config)
+        if config.context_parallel_size != 1:
+            raise ValueError("SDPAttention does not support context parallelism")
+        tp = parallel_state.get_tensor_model_parallel_world_size()
+        self.heads = config.num_attention_heads // tp
+        self.groups = config.num_query_groups // tp
+        self.attn_mask_type = attn_mask_type
+        self.softmax_scale = softmax_scale  # None: 1 / sqrt(head_dim), SDPA's own default
+        if config.apply_query_key_layer_scaling:
+            raise ValueError("SDPAttention does not apply query-key layer scaling")
+
+    def forward(self, query: Tensor, key: Tensor, value: Tensor, attention_mask: Tensor | None,
+                attn_mask_type: AttnMaskType | None = None, attention_bias: Tensor | None = None,
+                packed_seq_params=None) -> Tensor:
+        if attention_bias is not None or packed_seq_params is not None:
+            raise ValueError("SDPAttention takes no attention bias or packed sequences")
+        sq, b = query.shape[:2]
+        q, k, v = (x.permute(1, 2, 0, 3) for x in (query, key, value))  # [s, b, n, d] -> [b, n, s, d]
+        causal = (attn_mask_type or self.attn_mask_type) == AttnMaskType.causal and attention_mask is None
+        # Megatron's masks are True where attention is forbidden; SDPA's boolean masks are True where it is allowed.
+        mask = None if attention_mask is None else ~attention_mask
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal, scale=self.softmax_scale,
+                                             enable_gqa=self.heads != self.groups)
+        return out.permute(2, 0, 1, 3).reshape(sq, b, -1)
+
+
+def layer_spec(attention: str):
+    """The local spec's GPT layer, its core attention `SDPAttention` for attention="sdpa" (Megatron-Core's
+    DotProductAttention for "eager")."""
+    spec = get_gpt_layer_local_spec(normalization="RMSNorm")
+    if attention == "sdpa":
+        spec.submodules.self_attention.submodules.core_attention = SDPAttention
+    return spec
+
+
+def build_chunks(spec: ModelSpec, config: TransformerConfig, *, seed: int, attention: str) -> list[GPTModel]:
     """This rank's GPTModel chunks: one, or one per virtual stage with vpp > 1 (the interleaved schedule
     takes the list). Needs parallel_state initialised at the config's tp/pp/vpp.
 
@@ -249,7 +296,7 @@ def build_chunks(spec: ModelSpec, config: TransformerConfig, *, seed: int) -> li
     for vp_stage in range(vpp) if vpp else (None,):
         chunk = GPTModel(
             config=config,
-            transformer_layer_spec=get_gpt_layer_local_spec(normalization="RMSNorm"),
+            transformer_layer_spec=layer_spec(attention),
             vocab_size=spec.vocab_size,
             max_sequence_length=spec.max_position_embeddings,
             pre_process=parallel_state.is_pipeline_first_stage(ignore_virtual=False, vp_stage=vp_stage),

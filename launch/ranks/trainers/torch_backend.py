@@ -198,12 +198,12 @@ def _wrap_ddp(model, mesh, cuda: bool, local_rank: int):
                                    broadcast_buffers=False, device_ids=[local_rank] if cuda else None)
 
 
-def _skeleton(resolved: Resolved, cuda: bool):
+def _skeleton(resolved: Resolved):
     from transformers import AutoModelForCausalLM
 
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(hf_config(resolved.model), dtype=torch.float32,
-                                                 attn_implementation=common.attention_implementation(cuda))
+                                                 attn_implementation=resolved.recipe.train.attention)
     model.config.use_cache = False
     return model
 
@@ -214,7 +214,7 @@ def _materialise(parts: list, resolved: Resolved, device) -> None:
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
     from torch.distributed.fsdp import FSDPModule
 
-    full = common.build_model(resolved, device.type == "cuda").state_dict() if dist.get_rank() == 0 else {}
+    full = common.build_model(resolved).state_dict() if dist.get_rank() == 0 else {}
     for part in parts:  # every rank holds vpp parts: the broadcasts pair up
         part.to_empty(device=device)
         if part.config.tie_word_embeddings and not isinstance(part, FSDPModule):
@@ -238,7 +238,7 @@ class TorchTrainer:
         self.dtype = common.torch_dtype(resolved.recipe.precision.dtype)
         self.mesh = _mesh(resolved, ctx.cuda)
         pp_rank = self.mesh["pp"].get_local_rank()
-        model = _skeleton(resolved, ctx.cuda)
+        model = _skeleton(resolved)
         # Counting is a Python side effect inside each block: compiled, it would break the graphs of checkpointed blocks.
         self.layer_calls = [] if train.compile else common.count_layer_calls(model)
         # The pipeline split comes first: each of this rank's chunks then takes the dimensions below as a model would.
@@ -282,11 +282,11 @@ class TorchTrainer:
             from torch.distributed.tensor.parallel import loss_parallel
 
             self._contexts.enter_context(loss_parallel())
-        # Eager attention (CPU ranks) takes a materialised causal mask, which Hugging Face sizes from the embedding's
-        # output: under SP that is the local sequence shard, while attention runs on the whole sequence. A 4-D mask
-        # of the whole sequence is used as given. SDPA (GPUs) needs none: it runs causal on what it sees.
+        # Eager attention takes a materialised causal mask, which Hugging Face sizes from the embedding's output: under
+        # SP that is the local sequence shard, while attention runs on the whole sequence. A 4-D mask of the whole
+        # sequence is used as given. SDPA needs none: it runs causal on what it sees.
         self.mask = None
-        if common.attention_implementation(ctx.cuda) == "eager":
+        if train.attention == "eager":
             self.mask = torch.full((seq, seq), torch.finfo(torch.float32).min, device=ctx.device).triu(1)[None, None]
         self.schedule = self._pipeline(pp_rank) if par.pp > 1 else None
         self._alone = False  # loss() has set FSDP2 to compute without data-parallel traffic
@@ -422,14 +422,16 @@ class TorchTrainer:
     def evaluate(self, micro_batch: Callable, count: int):
         """Forward only under no_grad; with pipelining, the schedule's eval() one global batch (its grad_accum
         micro-batches, the shapes its stages were built for) at a time."""
-        with torch.no_grad():
+        with torch.no_grad(), common.evaluating(self.parts):
             if self.schedule is None:
                 return torch.stack([_local(self._loss(self.model, micro_batch(i))).float() for i in range(count)]).mean()
             ga, losses = self.resolved.grad_accum, []
             for first in range(0, count, ga):
                 rows = torch.cat([micro_batch(first + i) for i in range(ga)])
+                batch: list = []  # the schedule clears the list it is given at every call
                 self.schedule.eval(*((rows,) if self.first else ()),
-                                   **({"target": rows, "losses": losses} if self.last else {}))
+                                   **({"target": rows, "losses": batch} if self.last else {}))
+                losses += batch
         pp = self.mesh["pp"]
         loss = (torch.stack([_local(x.detach()).float() for x in losses]).mean() if self.last
                 else torch.zeros((), device=self.device))
