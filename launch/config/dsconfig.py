@@ -94,6 +94,27 @@ def compose(base: dict[str, Any], base_file: str, owned: dict[str, tuple[Any, st
     return out
 
 
+# ZeRO-3 sizes a base may leave "auto" (as Hugging Face's DeepSpeed integration reads the word), filled from the
+# model: the reduce and prefetch buckets hold one decoder layer of this rank (its TP shard), so the next layer's
+# parameters are gathered while one computes and one layer's gradients leave in one reduce; parameters below ten
+# hidden sizes (norms, biases) stay whole, as Hugging Face's "auto" keeps them.
+AUTO_FIELDS = ("reduce_bucket_size", "stage3_prefetch_bucket_size", "stage3_param_persistence_threshold")
+
+
+def fill_auto(cfg: dict[str, Any], model, tp: int, base_file: str) -> None:
+    """Replace "auto" in `cfg`'s zero_optimization with numbers derived from `model` at tensor parallelism `tp`."""
+    zo = cfg.get("zero_optimization", {})
+    layer = -(-model.param_counts().per_layer // tp)
+    values = {"reduce_bucket_size": layer, "stage3_prefetch_bucket_size": layer,
+              "stage3_param_persistence_threshold": 10 * model.hidden_size}
+    for key, value in zo.items():
+        if value == "auto":
+            if key not in values:
+                raise ConfigError(base_file, f"zero_optimization.{key}", value, "has no automatic value here",
+                                  f"give a number (\"auto\" is understood for {', '.join(AUTO_FIELDS)})")
+            zo[key] = values[key]
+
+
 def merge_fragment(base: dict[str, Any], fragment: dict[str, Any]) -> dict[str, Any]:
     out = json.loads(json.dumps(base))
     for k, v in fragment.items():

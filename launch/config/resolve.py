@@ -232,7 +232,8 @@ def resolve(loaded: LoadedRecipe, world_size: int | None = None) -> Resolved:
                                               ("train.compile", train.compile, "compile", train.compile, "false")]:
         if used and feature not in bt.features:
             others = " or ".join(f'backend = "{n}"' for n in with_feature[feature])
-            raise ConfigError(w(dotted), dotted, value, f'needs {others} (got "{r.backend}")',
+            why = f": {bt.why_not[feature]}" if feature in bt.why_not else ""
+            raise ConfigError(w(dotted), dotted, value, f'needs {others} (got "{r.backend}"{why})',
                               f"set {dotted}={off} or {others}")
     hpz = par.zero_hpz_partition_size
     if hpz > 1:
@@ -364,7 +365,7 @@ def resolve(loaded: LoadedRecipe, world_size: int | None = None) -> Resolved:
         deepspeed=dataclasses.replace(r.deepspeed, config=paths.get("deepspeed.config")),
         run=dataclasses.replace(r.run, resume=resume))
     # The deepspeed and megatron backends train through a DeepSpeed engine (ZeRO over the data-parallel group).
-    ds_config, ds_base = _deepspeed_config(loaded, recipe, grad_accum, hw) if bt.uses_deepspeed else ({}, "")
+    ds_config, ds_base = _deepspeed_config(loaded, recipe, grad_accum, hw, model) if bt.uses_deepspeed else ({}, "")
     return Resolved(
         recipe_name=loaded.name, recipe_path=str(loaded.path), chain=loaded.chain, overrides=loaded.overrides,
         recipe=recipe, model=model, hardware=hw, grid=grid, grad_accum=grad_accum, ds_config=ds_config,
@@ -372,7 +373,8 @@ def resolve(loaded: LoadedRecipe, world_size: int | None = None) -> Resolved:
     )
 
 
-def _deepspeed_config(loaded: LoadedRecipe, r: Recipe, grad_accum: int, hw: HardwareProfile) -> tuple[dict, str]:
+def _deepspeed_config(loaded: LoadedRecipe, r: Recipe, grad_accum: int, hw: HardwareProfile,
+                      model: ModelSpec) -> tuple[dict, str]:
     par = r.parallel
     if r.deepspeed.config:
         base_path = Path(r.deepspeed.config)  # already absolute (resolve)
@@ -403,6 +405,10 @@ def _deepspeed_config(loaded: LoadedRecipe, r: Recipe, grad_accum: int, hw: Hard
         "optimizer.params.weight_decay": (t.weight_decay, "train.weight_decay"),
         "optimizer.params.torch_adam": (not offloaded, "parallel.offload_optimizer"),
     }
+    if hw.device_type == "cuda" and not offloaded:
+        # torch's AdamW (torch_adam) with its fused kernel on GPUs: one launch per parameter group, where DeepSpeed's own
+        # FusedAdam would be a JIT build
+        owned["optimizer.params.fused"] = (True, "hardware.profile (a GPU: torch's fused AdamW)")
     if par.zero_hpz_partition_size > 1:
         owned["zero_optimization.zero_hpz_partition_size"] = (par.zero_hpz_partition_size,
                                                               "parallel.zero_hpz_partition_size")
@@ -429,6 +435,7 @@ def _deepspeed_config(loaded: LoadedRecipe, r: Recipe, grad_accum: int, hw: Hard
     if "nvme" in (par.offload_optimizer, par.offload_params):
         base.setdefault("aio", dict(dsconfig.AIO_DEFAULTS))
     cfg = dsconfig.compose(base, base_file, owned, shipped=base_path.parent == dsconfig.DS_CONFIGS)
+    dsconfig.fill_auto(cfg, model, par.tp, base_file)
     return cfg, base_file
 
 

@@ -15,6 +15,7 @@ PLAN_SCHEMA_VERSION = 1
 # DeepSpeed ZeRO-3 defaults (stage3 config) that decide how many gathers a step makes.
 ZERO3_PERSISTENCE_THRESHOLD = 100_000
 ZERO3_MAX_REUSE_DISTANCE = 1_000_000_000
+ZERO3_PREFETCH_BUCKET = 50_000_000  # stage3_prefetch_bucket_size (elements)
 ZERO_BUCKET_DEFAULT = 500_000_000  # reduce_bucket_size / allgather_bucket_size defaults (elements)
 ZERO0_BUCKET_ELEMENTS = 500_000_000  # engine.allreduce_gradients' fixed bucket without ZeRO
 
@@ -205,6 +206,10 @@ def int_or(value: Any, default: int, low: int = 0) -> int:
     a number >= low (DeepSpeed itself replaces or refuses those)."""
     ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value >= low
     return int(value) if ok else default
+
+
+def prefetch_bucket(layout: Layout) -> int:
+    return int_or(layout.ds_zero.get("stage3_prefetch_bucket_size"), ZERO3_PREFETCH_BUCKET)
 
 
 def bucket(layout: Layout, key: str) -> int:

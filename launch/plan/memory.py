@@ -29,7 +29,7 @@ import math
 from dataclasses import dataclass
 
 from launch.config.backends import SELECTIVE_EVERY, traits
-from launch.plan.layout import Layout, RankPlan, bucket, int_or, persistence_threshold
+from launch.plan.layout import Layout, RankPlan, bucket, int_or, persistence_threshold, prefetch_bucket
 from launch.units import GiB
 
 ACCOUNTINGS = ("zero_paper", "deepspeed", "megatron", "torch")
@@ -381,7 +381,7 @@ def buffers(layout: Layout, params: int) -> int:
         copies = 2 if zo.get("overlap_comm") else 1  # overlap_comm double-buffers the gradient bucket
         return e * (copies * reduce + gather)
     if z == 3:
-        prefetch = int_or(zo.get("stage3_prefetch_bucket_size"), 50_000_000)
+        prefetch = prefetch_bucket(layout)
         live = min(int_or(zo.get("stage3_max_live_parameters"), 1_000_000_000), prefetch + largest_layer_params(layout),
                    params)
         return e * (reduce + live)

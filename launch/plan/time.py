@@ -6,9 +6,10 @@ from statistics import NormalDist
 
 from launch.comm.commbench_spec import backend_of
 from launch.config import calibration as cal
+from launch.config.backends import traits
 from launch.config.models import ModelSpec
 from launch.plan.collectives import communication, pipeline_exchanges
-from launch.plan.layout import Comm, Layout, StepTime
+from launch.plan.layout import Comm, Layout, StepTime, prefetch_bucket
 from launch.plan.memory import chunk_layers, rank_parameters, stage_params
 from launch.plan.timing import Timing
 
@@ -143,14 +144,31 @@ def _dp_exposed(layout: Layout, dp_c: list[Comm], compute: float, ga: int) -> fl
     forward_win, backward_win = compute / 3, compute * 2 / 3
     after = sum(c.time_s for c in dp_c if c.after_step)  # e.g. the post-step parameter all-gather: never hidden
     if layout.zero_stage == 3:
-        fwd_gather = sum(c.time_s for c in dp_c if c.collective == "all_gather" and not c.after_step) / 2
-        rest = sum(c.time_s for c in dp_c if not c.after_step) - fwd_gather
-        return max(0.0, fwd_gather - forward_win) + max(0.0, rest - backward_win) + after
+        gathers = sum(c.time_s for c in dp_c if c.collective == "all_gather" and not c.after_step)
+        reduces = sum(c.time_s for c in dp_c if not c.after_step) - gathers
+        ahead = _prefetched_share(layout)
+        # Half the gathers come in the forward, half again in the backward; only the prefetched share of each layer's
+        # gather overlaps the layer before it, the rest waits on the critical path. Without overlap_comm the
+        # reduce-scatters wait too.
+        overlap = not traits(layout.backend).uses_deepspeed or layout.ds_zero.get("overlap_comm", True) is not False
+        hidden_reduces = reduces if overlap else 0.0
+        return ((1 - ahead) * gathers + max(0.0, ahead * gathers / 2 - forward_win)
+                + max(0.0, ahead * gathers / 2 + hidden_reduces - backward_win) + (reduces - hidden_reduces) + after)
     # Collectives issued every micro-step can hide behind every backward; one issued at the accumulation
     # boundary only behind the last micro-batch's backward.
     per_micro = sum(c.time_s for c in dp_c if not c.after_step and c.calls_per_step > 1)
     boundary = sum(c.time_s for c in dp_c if not c.after_step and c.calls_per_step <= 1)
     return max(0.0, per_micro - backward_win) + max(0.0, boundary - backward_win / ga) + after
+
+
+def _prefetched_share(layout: Layout) -> float:
+    """The share of a decoder layer's parameters gathered ahead while the layer before it computes: DeepSpeed's
+    stage3_prefetch_bucket_size against one layer on this rank (a smaller bucket leaves the rest of each gather on the
+    critical path); FSDP2 prefetches the next block whole."""
+    if not traits(layout.backend).uses_deepspeed:
+        return 1.0
+    layer = layout.model.param_counts().per_layer / layout.grid.tp
+    return min(1.0, prefetch_bucket(layout) / layer)
 
 
 def layout_timing(layout: Layout, machine: cal.Machine | None) -> Timing:

@@ -88,3 +88,13 @@ def test_deepspeed_launcher_gives_the_same_run(runs_root, shared_run):
     b = train(runs_root / "launch_ds", *DS_DP2[2], "run.launcher=deepspeed")
     assert "deepspeed.launcher.runner" in (b.root / "launch_cmd.txt").read_text()
     assert b.losses(0) == pytest.approx(a.losses(0), abs=1e-6) and b.losses(1) == b.losses(0)
+
+
+def test_compiled_engine_trains_the_same_and_attention_implementations_agree(runs_root, shared_run):
+    """train.compile on the DeepSpeed backend is DeepSpeed's engine.compile(); train.attention=eager is Hugging Face's
+    unfused attention. Both must leave the losses of the shared ZeRO-2 run (SDPA, eager mode) as they are."""
+    ref = shared_run(*DS_DP2[2]).losses()
+    compiled = train(runs_root / "ds_compile", *DS_DP2[2], "train.compile=true").losses()
+    eager = train(runs_root / "ds_eager", *DS_DP2[2], "train.attention=eager").losses()
+    for a, b, c in zip(ref, compiled, eager, strict=True):
+        assert abs(a - b) <= 1e-5 and abs(a - c) <= 1e-5, (ref, compiled, eager)

@@ -1,13 +1,17 @@
 #!/usr/bin/env bash
-# The GPU checks as one prepared script, for a machine with NVIDIA GPUs: calibrate + recommend verify on one GPU,
-# then DeepSpeed ZeRO-2/3 and Megatron-Core TP1 with each recompute policy on the 0.5B model, the torch backend's
-# FSDP2 on the 1.1B model (eager and compiled, full and selective checkpointing), and commbench vs nccl-tests. The device tool's H200 has torch but neither deepspeed nor megatron-core, and a Python (3.12) that
+# The GPU checks as one prepared script, for a machine with NVIDIA GPUs.
+#   bash tests/gpu/run_checks.sh [wheel_dir]          the part that fits 10 minutes of a lend: the 1.1B model on one GPU
+#                                                     through each backend, side by side (tests/gpu/test_side_by_side.py),
+#                                                     figures to $OUT/gpu_side_by_side.txt for bench/results/
+#   FULL=1 bash tests/gpu/run_checks.sh [wheel_dir]   then calibrate + recommend verify on one GPU, DeepSpeed ZeRO-2/3 and
+#                                                     Megatron-Core TP1 with each recompute policy on the 0.5B model, the
+#                                                     torch backend's FSDP2 on the 1.1B model, and commbench vs nccl-tests
+# The device tool's H200 has torch but neither deepspeed nor megatron-core, and a Python (3.12) that
 # pyproject's requires-python refuses: carry the wheels (`pip wheel --no-deps deepspeed==0.19.8`, plus
-# megatron-core, msgspec, hjson, pydantic and transformers for cp312) and the tree runs from PYTHONPATH.
-#   bash tests/gpu/run_checks.sh [wheel_dir]
-# Each part has its own time limit (CALIBRATE_SECONDS, default 900: on one H200 calibrate took 6.6 min and
-# recommend verify 2.4 min; TRAINING_SECONDS, default 1800), so that a slow calibration still leaves time for the
-# rest; logs go to $OUT (else /tmp). Exit status: 1 if any part failed or ran out of time.
+# megatron-core, msgspec, hjson, pydantic, transformers, tokenizers and pyarrow for cp312) and the tree runs from
+# PYTHONPATH. Each part has its own time limit (SIDE_BY_SIDE_SECONDS, default 480; with FULL: CALIBRATE_SECONDS, default
+# 900: on one H200 calibrate took 6.6 min and recommend verify 2.4 min; TRAINING_SECONDS, default 1800); logs go to
+# $OUT (else /tmp). Exit status: 1 if any part failed or ran out of time.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 out="${OUT:-/tmp}"
@@ -26,7 +30,11 @@ check() {  # name seconds pytest-args...; a part out of time is killed whole (-k
     | tee "$out/$name.log"
 }
 rc=0
-check calibrate "${CALIBRATE_SECONDS:-900}" tests/gpu/test_calibrate_gpu.py || rc=1
-cp /tmp/gpu_calibrate/*/cal*.json "$out/" 2>/dev/null
-check training "${TRAINING_SECONDS:-1800}" tests/gpu --ignore tests/gpu/test_calibrate_gpu.py || rc=1
+check side_by_side "${SIDE_BY_SIDE_SECONDS:-480}" tests/gpu/test_side_by_side.py || rc=1
+if [ -n "${FULL:-}" ]; then
+  check calibrate "${CALIBRATE_SECONDS:-900}" tests/gpu/test_calibrate_gpu.py || rc=1
+  cp /tmp/gpu_calibrate/*/cal*.json "$out/" 2>/dev/null
+  check training "${TRAINING_SECONDS:-1800}" tests/gpu --ignore tests/gpu/test_calibrate_gpu.py \
+    --ignore tests/gpu/test_side_by_side.py || rc=1
+fi
 exit $rc

@@ -321,9 +321,12 @@ def test_hybrid_sharding_on_the_torch_backend_takes_tp():
     assert e.field == "parallel.zero_hpz_partition_size" and 'backend = "torch"' in e.fix
 
 
-def test_compile_needs_the_torch_backend():
-    e = err(RECIPES / "tiny_zero2", ["train.compile=true"])
-    assert e.field == "train.compile" and 'needs backend = "torch"' in str(e) and "train.compile=false" in e.fix
+def test_compile_is_refused_with_its_reason_where_the_library_cannot():
+    assert resolve_path(RECIPES / "tiny_zero2", ["train.compile=true"]).recipe.train.compile  # DeepSpeed ZeRO-2
+    e = err(RECIPES / "tiny_tp2_sp", ["train.compile=true"])
+    assert e.field == "train.compile" and "does not torch.compile GPTModel" in str(e) and "train.compile=false" in e.fix
+    e = err(RECIPES / "tiny_zero2", ["train.compile=true", "parallel.zero_stage=3"])
+    assert e.field == "train.compile" and "recompiles per submodule under ZeRO-3" in str(e)
 
 
 def test_torch_backend_composes_no_deepspeed_config():

@@ -39,9 +39,12 @@ class DeepSpeedTrainer:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         model.config.use_cache = False
         model.train()  # transformers builds models in eval mode, where it silently skips gradient checkpointing
-        self.layer_calls = common.count_layer_calls(model)
+        # Counting is a Python side effect inside each layer: compiled, it would break the graph.
+        self.layer_calls = [] if resolved.recipe.train.compile else common.count_layer_calls(model)
         self.decoder_layers = list(model.model.layers)
         self.engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=ds_config)
+        if resolved.recipe.train.compile:
+            self.engine.compile()  # DeepSpeed's own entry: torch.compile of the module, its ZeRO hooks kept eager
         if par.tp > 1:
             self.dp_rank, self.dp_world = groups.get_data_parallel_rank(), groups.get_data_parallel_world_size()
             self.dp_group = groups.get_data_parallel_group()

@@ -260,9 +260,12 @@ class TorchTrainer:
         self.dp_rank, self.dp_world = dp_mesh.get_local_rank(), dp_mesh.size()
         self.dp_group = dp_mesh.get_group() if self.dp_world > 1 else None
         self.param_numel_local = sum(_local(p).numel() for part in parts for p in part.parameters())
-        # One AdamW per part (torchtitan's): each part's state dict names its own parameters.
+        # One AdamW per part (torchtitan's): each part's state dict names its own parameters. On GPUs the fused kernel
+        # (one launch for all of a part's parameters, torchtitan's default); on CPU ranks and offloaded, foreach.
+        fused = ctx.cuda and par.offload_params == "none"
         self.optimizers = [torch.optim.AdamW(part.parameters(), lr=train.lr, betas=(train.adam_beta1, train.adam_beta2),
-                                             eps=ADAM_EPS, weight_decay=train.weight_decay, foreach=True)
+                                             eps=ADAM_EPS, weight_decay=train.weight_decay,
+                                             **({"fused": True} if fused else {"foreach": True}))
                            for part in parts]
         self.scaler = None
         if self.dtype == torch.float16:  # the T4 has no bf16: loss scaling, sharded where the gradients are
