@@ -54,10 +54,11 @@ class BackendTraits:
     trainer: str  # module implementing launch/ranks/trainers/protocol.py
     accounting: str  # the planner's model-state accounting the fit check uses
     vocab_parallel: bool  # TP splits the embedding and the output layer over the vocabulary
-    hf_modules: bool  # trains Hugging Face modules: unfused RMSNorm (fp32 saves), eager attention on CPU ranks
-    # builds the model on the meta device and sends each rank its shards from rank 0, the only process that holds the
-    # whole fp32 model on its host (False: every rank builds the whole model there first)
-    meta_init: bool
+    hf_modules: bool  # trains Hugging Face modules: unfused RMSNorm (fp32 saves)
+    # Who holds the whole fp32 model on the host at start-up: "rank0" (it reads or seeds the weights and sends each
+    # rank its shards as they are cut), "zero3" (DeepSpeed: every rank below ZeRO-3; at ZeRO-3 zero.Init builds each
+    # rank's partition, rank 0 reading local weights whole) or "every_rank".
+    host_build: str
     autotp: bool  # DeepSpeed applies tensor parallelism itself (AutoTP) rather than the model's own layers
     offload: bool  # ZeRO's CPU/NVMe offload of optimizer state and parameters
     offload_optimizer_alone: bool  # the optimizer state offloads without the parameters (FSDP2 moves all together)
@@ -205,7 +206,7 @@ BACKENDS: dict[str, BackendTraits] = {
         # AutoTP (DeepSpeed 0.19.8 module_inject/layers.py): the row-parallel o_proj and down_proj all-reduce
         # their output in forward; the five column-parallel q, k, v, gate, up all-reduce their input gradient in
         # backward; lm_head is column-parallel (its input gradient all-reduced) and gathers the logits.
-        vocab_parallel=False, hf_modules=True, meta_init=False, autotp=True, offload=True, offload_optimizer_alone=True,
+        vocab_parallel=False, hf_modules=True, host_build="zero3", autotp=True, offload=True, offload_optimizer_alone=True,
         zero_stages=(0, 1, 2, 3), dtypes=("bf16", "fp16", "fp32"),
         tp=TpCollectives({"all_reduce": 2}, {"all_reduce": 5}, {}, {"all_reduce": 1}, logits_all_gathers=1), tp_sp=None,
         step=StepCollectives(),  # DeepSpeed clips and reduces; its gradient norm is the planner's data-parallel call
@@ -224,7 +225,7 @@ BACKENDS: dict[str, BackendTraits] = {
         # a reduce-scatter (row-parallel forward, column-parallel input gradient) or an all-gather (column-parallel
         # forward, row-parallel output gradient), and the column-parallel backward gathers its input again for
         # the weight gradient: per layer 2 + 4 all-gathers and 2 + 2 reduce-scatters.
-        vocab_parallel=True, hf_modules=False, meta_init=False, autotp=False,
+        vocab_parallel=True, hf_modules=False, host_build="rank0", autotp=False,
         # Offload is untested with Megatron's layers; fp16 needs the loss scale applied inside Megatron's schedule
         # (its grad_scale_func), which is not wired to DeepSpeed's scaler yet.
         offload=False, offload_optimizer_alone=False, zero_stages=(0, 1, 2, 3), dtypes=("bf16", "fp32"),
@@ -261,7 +262,7 @@ BACKENDS: dict[str, BackendTraits] = {
         # vocabulary, every Linear column- or row-parallel, lm_head column-parallel with its logits left split and
         # the loss computed in loss_parallel. Counts per micro-batch measured from profiler traces
         # (tests/dist/test_torch_collectives.py).
-        vocab_parallel=True, hf_modules=True, meta_init=True, autotp=False, offload=True, offload_optimizer_alone=False,
+        vocab_parallel=True, hf_modules=True, host_build="rank0", autotp=False, offload=True, offload_optimizer_alone=False,
         # 0 DDP, 2 FSDP2 keeping parameters gathered from forward to backward, 3 full sharding. FSDP2 has no stage
         # that shards the optimizer state alone (ZeRO-1).
         zero_stages=(0, 2, 3), dtypes=("bf16", "fp16", "fp32"),

@@ -85,8 +85,10 @@ def make_plan(layout: Layout, recipe_name: str = "", machine: Machine | None = N
                      "the embedding stays replicated")
     notes += placement_notes(layout, timing, comm)
     host = host_bytes_per_node(layout, ranks)
-    builders = "rank 0's fp32 model built on the host (the others start on the meta device)" \
-        if traits(layout.backend).meta_init else "each local rank's fp32 model built on the host"
+    build = traits(layout.backend).host_build
+    builders = ("each local rank's largest module at a time (zero.Init)" if build == "zero3" and layout.zero_stage == 3
+                else "rank 0's fp32 model built on the host (the others receive their shards)" if build == "rank0"
+                else "each local rank's fp32 model built on the host")
     notes.append(f"host check: {host / GiB:.1f} GiB per node = {HOST_BUFFER_FACTOR} × the larger of {builders} and the "
                  f"node's offloaded state (DeepSpeed's estimators, zero_init off), against "
                  f"{hw.host_memory_bytes / GiB:.0f} GiB × (1 - headroom)")

@@ -393,21 +393,25 @@ def host_bytes_per_node(layout: Layout, ranks: list[RankPlan]) -> int:
     """Host memory of the busiest node, as DeepSpeed's estimate_zero2/zero3_model_states_mem_needs count it without
     zero.Init (neither backend builds the model under it): every local process first builds its fp32 parameters
     on the host (4 B each), and offloaded optimizer state (and ZeRO-3 parameters) lives there afterwards; the node
-    needs the larger of the two, times the estimators' buffer factor. The deepspeed and megatron backends build the
-    whole model on every rank (trainers/common.build_model; Megatron from the canonical HF state) whatever its TP/PP
-    shard; the torch backend on rank 0 alone (BackendTraits.meta_init). With one node
-    and tp = pp = 1 this is their
-    CPU column exactly; across nodes their ZeRO-2 offload figure counts every GPU's model copy as if on one node
-    (max(4 · total GPUs, 16) B/param), which this does not."""
+    needs the larger of the two, times the estimators' buffer factor. Who builds what there is the backend's
+    BackendTraits.host_build: rank 0 alone the whole model (torch, megatron: it sends the others their shards), or
+    every rank (deepspeed below ZeRO-3, where every rank keeps every parameter; at ZeRO-3 zero.Init, where each rank
+    holds one module whole at a time, DeepSpeed's estimator with zero_init). With one node, tp = pp = 1 and DeepSpeed,
+    this is DeepSpeed's CPU column exactly; across nodes their ZeRO-2 offload figure counts every GPU's model copy as if
+    on one node (max(4 · total GPUs, 16) B/param), which this does not. Local weights read under zero.Init pass through
+    rank 0's page cache, which this does not count."""
     g = layout.grid
-    whole = 4 * layout.model.param_counts().total  # a process that builds the whole fp32 model before sharding it
-    meta_init = traits(layout.backend).meta_init  # the torch backend: rank 0 alone builds it
+    counts = layout.model.param_counts()
+    whole = 4 * counts.total  # a process that builds the whole fp32 model before sharding it
+    build = traits(layout.backend).host_build
+    partitioned = build == "zero3" and layout.zero_stage == 3
     load: dict[int, int] = {}
     offloaded: dict[int, int] = {}
     for rp in ranks:
         for rank in rp.ranks:
             node = g.node(rank)
-            load[node] = load.get(node, 0) + (whole if rank == 0 or not meta_init else 0)
+            built = 4 * counts.largest_layer if partitioned else whole if rank == 0 or build != "rank0" else 0
+            load[node] = load.get(node, 0) + built
             offloaded[node] = offloaded.get(node, 0) + rp.memory[rp.implementation].host_bytes
     return max((int(HOST_BUFFER_FACTOR * max(load[n], offloaded[n])) for n in load), default=0)
 

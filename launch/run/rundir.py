@@ -134,6 +134,10 @@ class RunDir:
         """What a rank's backend built: process groups, model chunks and their layers, seeds (JSON)."""
         return self.logs / f"layout_rank{rank}.json"
 
+    def build_memory(self, rank: int) -> Path:
+        """How much the rank's peak host memory grew while it built its part of the model (JSON)."""
+        return self.logs / f"build_memory_rank{rank}.json"
+
     def state_bytes(self, rank: int) -> Path:
         """Model-state bytes the rank held after its first optimizer step (weights, grads, optimizer)."""
         return self.logs / f"state_bytes_rank{rank}.json"

@@ -70,7 +70,8 @@ def test_matches_deepspeed_estimators_7b_on_4_gpus(zero, off_opt, off_par):
     (2, "none", "none", 4, 2), (3, "none", "none", 4, 1), (3, "cpu", "none", 4, 1), (3, "cpu", "cpu", 4, 1),
     (3, "cpu", "none", 4, 2), (3, "cpu", "cpu", 4, 2), (3, "none", "none", 8, 2)])
 def test_host_memory_matches_deepspeed_estimators_cpu_column(zero, off_opt, off_par, gpn, nodes):
-    """The CPU column of DeepSpeed's own estimators (zero_init off: neither backend builds under zero.Init), ±2%."""
+    """The CPU column of DeepSpeed's own estimators (ZeRO-3 with zero_init: the deepspeed backend builds under zero.Init),
+    ±2%."""
     from deepspeed.runtime.zero.stage3 import estimate_zero3_model_states_mem_needs
     from deepspeed.runtime.zero.stage_1_and_2 import (
         estimate_zero2_model_states_mem_needs,
@@ -83,7 +84,7 @@ def test_host_memory_matches_deepspeed_estimators_cpu_column(zero, off_opt, off_
         cpu, _ = estimate_zero2_model_states_mem_needs(pc.total, gpn, nodes, cpu_offload=off_opt != "none")
     else:
         cpu = estimate_zero3_model_states_mem_needs(pc.total, pc.largest_layer, gpn, nodes, cpu_offload=off_opt != "none",
-                                                    cpu_offload_params=off_par != "none", zero_init=False)[0]
+                                                    cpu_offload_params=off_par != "none", zero_init=True)[0]
     assert plan.host_bytes_per_node == pytest.approx(cpu, rel=0.02)
 
 
@@ -315,12 +316,16 @@ def test_torch_accounting_by_hand(dtype, zero, want):
     assert (w, g, o, host) == (*want, 0)
 
 
-def test_torch_backend_builds_the_whole_model_on_rank_0_only():
-    """The host check counts one fp32 model per node for the torch backend (rank 0's), one per rank otherwise."""
-    torch_plan = plan_resolved(resolve_path(RECIPES / "tiny_fsdp2", []))
-    ds_plan = plan_resolved(resolve_path(RECIPES / "tiny_zero2", ["parallel.zero_stage=3"]))
-    assert torch_plan.host_bytes_per_node == int(1.5 * 4 * TINY_PARAMS)
-    assert ds_plan.host_bytes_per_node == int(1.5 * 2 * 4 * TINY_PARAMS)
+def test_who_builds_the_whole_model_on_the_host():
+    """The host check counts one fp32 model per node where rank 0 alone builds it and sends the shards (torch,
+    megatron), one per rank where every rank does (deepspeed below ZeRO-3), and one largest module per rank under
+    zero.Init (deepspeed at ZeRO-3)."""
+    largest = load_model("tiny-llama").param_counts().largest_layer
+    plans = {name: plan_resolved(resolve_path(RECIPES / recipe, overrides)).host_bytes_per_node
+             for name, recipe, overrides in (("torch", "tiny_fsdp2", []), ("megatron", "tiny_tp2_sp", []),
+                                             ("ds2", "tiny_zero2", []), ("ds3", "tiny_zero2", ["parallel.zero_stage=3"]))}
+    assert plans == {"torch": int(1.5 * 4 * TINY_PARAMS), "megatron": int(1.5 * 4 * TINY_PARAMS),
+                     "ds2": int(1.5 * 2 * 4 * TINY_PARAMS), "ds3": int(1.5 * 2 * 4 * largest)}
 
 
 def test_zero3_sizes_come_from_the_model_and_a_small_prefetch_bucket_exposes_the_gathers(tmp_path):

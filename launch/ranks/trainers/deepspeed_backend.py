@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Callable
 
 from launch.config.resolve import Resolved
+from launch.ranks.hf import hf_config
 from launch.ranks.trainers import common
 from launch.ranks.trainers.protocol import BuildContext, StepOutput
 from launch.run.checkpoints import Checkpoint, ResumeError, to_universal
@@ -34,7 +35,16 @@ class DeepSpeedTrainer:
         ds_config = json.loads(json.dumps(resolved.ds_config))
         if ctx.universal:
             ds_config.setdefault("checkpoint", {})["load_universal"] = True
-        model = common.build_model(resolved)
+        # ZeRO-3 builds the model partitioned; below it every rank holds the whole model anyway (ZeRO 0-2 replicate
+        # the parameters), so the plain build costs nothing extra.
+        # The model's module is imported first: its import is no part of the build's memory, and under zero.Init, which
+        # replaces torch.Tensor.__new__, torch._dynamo's tensor polyfill imported for the first time fails ("Signature
+        # mismatch between ...new_tensor and tensor_pynew").
+        from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
+
+        MODEL_FOR_CAUSAL_LM_MAPPING[type(hf_config(resolved.model))]
+        with common.model_build(ctx.run, ctx.env.rank):
+            model = _partitioned_model(resolved, ds_config) if par.zero_stage == 3 else common.build_model(resolved)
         if resolved.recipe.train.activation_checkpointing == "full":
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         model.config.use_cache = False
@@ -102,6 +112,73 @@ class DeepSpeedTrainer:
 
     def state_bytes(self) -> dict[str, int]:
         return common.model_state_bytes(self.engine)
+
+
+def _partitioned_model(resolved: Resolved, ds_config: dict):
+    """The model built under ZeRO-3's partitioning (DeepSpeed's zero.Init): each rank materialises only its partition
+    and the module being initialised, not the whole fp32 model. Local weights load through transformers' own ZeRO-3
+    path (rank 0 reads the files, each tensor is scattered as it is loaded). The seeded init must equal the plain
+    build's bit for bit (the parity tests compare every layout with one rank): transformers' ZeRO-3 path skips
+    torch's own parameter init and so draws other numbers, and a bare zero.Init leaves Hugging Face's init running on
+    empty partitions; so, during construction, Hugging Face's init walk gathers one module at a time while it runs,
+    on every rank, keeping every draw at its place in the random stream (measured: identical weights, Llama and
+    Qwen2, tied or not; identical ZeRO-3 losses)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+    from transformers.integrations.deepspeed import HfDeepSpeedConfig, prevent_arange_dtype_change
+    from transformers.modeling_utils import PreTrainedModel
+
+    import deepspeed
+
+    config = hf_config(resolved.model)
+    attn = resolved.recipe.train.attention
+    weights = resolved.recipe.model.weights
+    if weights:
+        keep = HfDeepSpeedConfig(ds_config)  # transformers reads ZeRO-3 from this object while it lives
+        model = AutoModelForCausalLM.from_pretrained(Path(resolved.recipe_path).parent / weights, config=config,
+                                                     local_files_only=True, use_safetensors=True,
+                                                     trust_remote_code=False, dtype=torch.float32,
+                                                     attn_implementation=attn)
+        del keep  # later transformers calls in this process must not think ZeRO-3 is on
+        return model
+    torch.manual_seed(resolved.recipe.train.seed)
+    original = PreTrainedModel.initialize_weights
+    PreTrainedModel.initialize_weights = _gathered_initialize_weights  # what every post_init calls
+    try:
+        # RoPE's int64 arange must not take a bf16/fp16 default dtype: entered before zero.Init, as transformers does
+        with prevent_arange_dtype_change(), deepspeed.zero.Init(config_dict_or_path=ds_config):
+            return AutoModelForCausalLM.from_config(config, dtype=torch.float32, attn_implementation=attn)
+    finally:
+        PreTrainedModel.initialize_weights = original
+
+
+def _gathered_initialize_weights(self) -> None:
+    """PreTrainedModel.initialize_weights (transformers 5.24.0) for a model under construction in zero.Init: the same
+    post-order walk, each module's own parameters and its direct children's gathered (modifier_rank=0) while its
+    _init_weights runs; every rank runs it, so every rank's generator advances as in the plain build."""
+    import torch
+    from transformers import initialization as hf_init
+    from transformers.modeling_utils import PreTrainedModel
+
+    import deepspeed
+
+    is_custom = self.is_custom_code()
+
+    def walk(module, init):
+        for child in module.children():
+            walk(child, child._initialize_weights if isinstance(child, PreTrainedModel) else init)
+        if getattr(module, "_is_hf_initialized", False):
+            return  # an inner model's post_init did it already
+        params = [*module.parameters(recurse=False), *(p for c in module.children() for p in c.parameters(recurse=False))]
+        params = [p for p in {id(p): p for p in params}.values() if hasattr(p, "ds_id")]
+        if params:
+            with deepspeed.zero.GatheredParameters(params, modifier_rank=0):
+                init(module, is_custom)
+        else:
+            init(module, is_custom)
+
+    with torch.no_grad(), hf_init.guard_torch_init_functions():
+        walk(self, self._initialize_weights)
 
 
 def build(ctx: BuildContext) -> DeepSpeedTrainer:

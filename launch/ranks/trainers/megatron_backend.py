@@ -175,8 +175,9 @@ class MegatronTrainer:
         self.config = mm.transformer_config(resolved.model, cuda=ctx.cuda, tp=par.tp, pp=par.pp, vpp=par.vpp,
                                             sp=par.sp, activation_checkpointing=r.train.activation_checkpointing,
                                             dtype=r.precision.dtype)
-        self.chunks = mm.build_chunks(resolved.model, self.config, seed=r.train.seed, attention=r.train.attention)
-        mm.load_hf_state(self.chunks, _initial_hf_state(resolved), resolved.model)
+        with common.model_build(ctx.run, ctx.env.rank):
+            self.chunks = mm.build_chunks(resolved.model, self.config, seed=r.train.seed, attention=r.train.attention)
+            _scatter_initial_state(resolved, self.chunks, ctx.device)
         if ctx.cuda:
             for c in self.chunks:
                 c.cuda(ctx.device)
@@ -414,6 +415,38 @@ def _layout_record(rank: int, chunks) -> dict:
         "chunk_layers": [[layer.layer_number - 1 for layer in c.decoder.layers] for c in chunks],
         "seeds": {"default": torch.initial_seed(), "rng_tracker": sorted(get_cuda_rng_tracker().seeds_)},
     }
+
+
+def _scatter_initial_state(resolved: Resolved, chunks, device) -> None:
+    """Rank 0 alone holds the canonical starting weights whole (as the torch backend's rank 0 does) and sends them one
+    tensor at a time; each rank cuts its shards as they arrive (megatron_model.load_hf_streamed), so no other rank
+    materialises the whole model. Rank 0 first checks the whole state against the model, and every rank raises the
+    same error rather than waiting on a send that never comes."""
+    import torch.distributed as dist
+
+    from launch.ranks.trainers import megatron_model as mm
+
+    spec = resolved.model
+    state: dict = {}
+    problem = [None]
+    if dist.get_rank() == 0:
+        state = _initial_hf_state(resolved)
+        try:
+            state = dict(mm.checked_hf_state(state, spec))
+        except ValueError as e:
+            problem = [str(e)]
+    dist.broadcast_object_list(problem, src=0)
+    if problem[0]:
+        raise ValueError(problem[0])
+    # NCCL moves device tensors only; gloo moves host tensors
+    where = device if device.type == "cuda" else torch.device("cpu")
+
+    def fetch(name: str, shape: tuple[int, ...]):
+        t = state.pop(name).float().to(where).contiguous() if dist.get_rank() == 0 else torch.empty(shape, device=where)
+        dist.broadcast(t, src=0)
+        return t
+
+    mm.load_hf_streamed(chunks, spec, fetch)
 
 
 def _initial_hf_state(resolved: Resolved) -> dict:

@@ -36,7 +36,7 @@ reads the tensor given to `chunk.set_input_tensor(...)` (the pipeline schedules 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Literal, Mapping
+from typing import Any, Callable, Literal, Mapping
 
 import torch
 import torch.nn.functional as F
@@ -103,7 +103,7 @@ def _hf_shapes(spec: ModelSpec) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
-def _checked_hf_state(hf_state: Mapping[str, Tensor], spec: ModelSpec) -> Mapping[str, Tensor]:
+def checked_hf_state(hf_state: Mapping[str, Tensor], spec: ModelSpec) -> Mapping[str, Tensor]:
     """Every key of `spec.parameters()` with its shape, nothing else; a tied lm_head.weight may come along
     (HF's own state_dict() lists it) if it equals the embedding."""
     shapes = _hf_shapes(spec)
@@ -216,6 +216,9 @@ def transformer_config(spec: ModelSpec, *, cuda: bool, tp: int, pp: int, vpp: in
         bf16=dtype == "bf16",
         fp16=dtype == "fp16",
         use_cpu_initialization=not cuda,
+        # Every weight is then loaded from the canonical state (load_hf_state / load_hf_streamed): Megatron's own init
+        # would only cost time and, on CPU, a full-size master copy of each TP-split weight.
+        perform_initialization=False,
         **recompute,
     )
 
@@ -445,7 +448,7 @@ def hf_state_to_chunk(hf_state: Mapping[str, Tensor], spec: ModelSpec, chunk: GP
     """The tensors of one local chunk (this rank's TP rank, pipeline rank and virtual stage) from a full HF
     state dict, keyed and shaped as chunk.state_dict(), in the chunk's dtypes. ValueError names any key
     that is missing, unexpected or mis-shaped, on either side."""
-    hf_state = _checked_hf_state(hf_state, spec)
+    hf_state = checked_hf_state(hf_state, spec)
     place = place_of(chunk)
     if (chunk.pre_process, chunk.post_process) != _ends(chunk.config, place):
         raise ValueError(f"chunk at {place} has pre_process={chunk.pre_process}, post_process={chunk.post_process}, "
@@ -465,6 +468,46 @@ def load_hf_state(chunks: list[GPTModel], hf_state: Mapping[str, Tensor], spec: 
     for chunk, state in zip(chunks, states, strict=True):
         state.update({k: v for k, v in chunk.state_dict().items() if not isinstance(v, Tensor)})
         chunk.load_state_dict(state, strict=True)
+
+
+def load_hf_streamed(chunks: list[GPTModel], spec: ModelSpec, fetch: Callable[[str, tuple[int, ...]], Tensor]) -> None:
+    """Load this rank's chunks from HF tensors that arrive one at a time: `fetch(name, shape)` is called for every
+    tensor of `spec.parameters()`, in that order, on every rank (a collective: rank 0 sends, the others receive), and
+    each shard is cut as soon as its HF tensors are all there, which are then dropped. A rank so holds its own shards
+    plus the full tensors of about one layer, never the whole model; the result equals load_hf_state's."""
+    shapes = _hf_shapes(spec)
+    waiting: list[tuple[int, _Slot]] = [(i, s) for i, c in enumerate(chunks) for s in _place_slots(spec, c.config,
+                                                                                                     place_of(c))]
+    wanted = {h for _, s in waiting for h in s.hf}
+    # the chunks' own tensors (state_dict entries share their storage): each shard is copied in as it is cut
+    targets = [_tensor_entries(c.state_dict()) for c in chunks]
+    for i, s in waiting:
+        if s.key not in targets[i]:
+            raise ValueError(f"{spec.name} chunk {place_of(chunks[i])}: the mapping gives {s.key!r}, which it lacks")
+    filled: list[set[str]] = [set() for _ in chunks]
+    held: dict[str, Tensor] = {}
+    for info in spec.parameters():
+        tensor = fetch(info.name, shapes[info.name])
+        if info.name not in wanted:
+            continue
+        held[info.name] = tensor
+        for i, s in [(i, s) for i, s in waiting if all(h in held for h in s.hf)]:
+            c, target = chunks[i], targets[i][s.key]
+            shard = _shard(s, [held[h] for h in s.hf], spec, c.config.tensor_model_parallel_size, place_of(c).tp_rank)
+            if tuple(shard.shape) != tuple(target.shape):
+                raise ValueError(f"{spec.name} chunk {place_of(c)}: {s.key!r} is {tuple(shard.shape)} from the HF "
+                                 f"state, {tuple(target.shape)} in the chunk")
+            with torch.no_grad():
+                target.copy_(shard)
+            filled[i].add(s.key)
+            waiting.remove((i, s))
+        still = {h for _, s in waiting for h in s.hf}
+        for name in [n for n in held if n not in still]:
+            del held[name]
+    for chunk, target, done in zip(chunks, targets, filled, strict=True):
+        missing = sorted(set(target) - done)
+        if missing:
+            raise ValueError(f"{spec.name} chunk {place_of(chunk)}: nothing in the HF state gives {missing[0]!r}")
 
 
 def gather_hf_state(local_states: Mapping[Place, Mapping[str, Any]], spec: ModelSpec, *,

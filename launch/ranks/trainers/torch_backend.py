@@ -249,7 +249,8 @@ class TorchTrainer:
             _apply_ac(part, train.activation_checkpointing)
             _apply_compile(part, train.compile)
             _apply_dp(part, self.mesh, resolved, ctx.cuda)
-        _materialise(parts, resolved, torch.device("cpu") if par.offload_params != "none" else ctx.device)
+        with common.model_build(ctx.run, ctx.env.rank):  # the meta skeleton costs nothing; this is where memory comes
+            _materialise(parts, resolved, torch.device("cpu") if par.offload_params != "none" else ctx.device)
         for part in parts:
             part.train()  # transformers builds models in eval mode
         self.parts = parts
