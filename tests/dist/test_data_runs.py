@@ -12,7 +12,7 @@ from tests.conftest import REPO
 from tests.dist.conftest import SHORT, TORCH, train
 
 pytestmark = [pytest.mark.dist, pytest.mark.slow]
-CORPUS = REPO / "tests" / "fixtures" / "text" / "corpus.jsonl"
+CORPUS = REPO / "tests" / "fixtures" / "text" / "genesis.jsonl"  # public domain (its README)
 TOKENIZER = REPO / "tests" / "fixtures" / "tokenizer"
 REAL = (*SHORT, "train.steps=12", "train.checkpoint_every=6", "train.eval_every=4", "data.valid_fraction=0.15",
         f"data.tokenizer={TOKENIZER}")

@@ -108,6 +108,22 @@ def test_validation_rows_are_the_last_and_never_trained_on():
 # --------------------------------------------------------------------------- the three sources
 
 
+def test_public_domain_text_reads_the_same_through_text_and_parquet(tmp_path):
+    """The KJV Genesis fixture: its own chapters, as the tokenizers library encodes them, through both readers."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    genesis = REPO / "tests" / "fixtures" / "text" / "genesis.jsonl"
+    chapters = [json.loads(line)["text"] for line in genesis.read_text().splitlines()]
+    assert len(chapters) == 8 and chapters[0].startswith("In the beginning God created the heaven and the earth.")
+    tok = load_tokenizer(str(TOKENIZER), None, "test")
+    hf = HFTokenizer.from_file(str(TOKENIZER / "tokenizer.json"))
+    want = np.concatenate([np.array(hf.encode(c).ids + [0]) for c in chapters])
+    pq.write_table(pa.table({"text": chapters}), tmp_path / "genesis.parquet")
+    for source, path in (("text", genesis), ("parquet", tmp_path / "genesis.parquet")):
+        assert np.array_equal(corpus_ids(source, str(path), "text", tok)[0], want), source
+
+
 def test_text_parquet_and_megatron_give_identical_rows(tmp_path, prepared):
     import pyarrow as pa
     import pyarrow.parquet as pq
