@@ -56,8 +56,8 @@ class BackendTraits:
     vocab_parallel: bool  # TP splits the embedding and the output layer over the vocabulary
     hf_modules: bool  # trains Hugging Face modules: unfused RMSNorm (fp32 saves)
     # Who holds the whole fp32 model on the host at start-up: "rank0" (it reads or seeds the weights and sends each
-    # rank its shards as they are cut), "zero3" (DeepSpeed: every rank below ZeRO-3; at ZeRO-3 zero.Init builds each
-    # rank's partition, rank 0 reading local weights whole) or "every_rank".
+    # rank its shards as they are cut) or "zero3" (DeepSpeed: every rank, except at ZeRO-3 without AutoTP, where
+    # zero.Init builds each rank's partition; AutoTP shards whole modules, so it needs them built whole).
     host_build: str
     autotp: bool  # DeepSpeed applies tensor parallelism itself (AutoTP) rather than the model's own layers
     offload: bool  # ZeRO's CPU/NVMe offload of optimizer state and parameters
@@ -89,6 +89,10 @@ class BackendTraits:
     # The backend's own refusals, after the resolver's shared checks: (where, recipe, model, grad_accum) raises
     # ConfigError, where(dotted) naming the file that set a field.
     check: Callable[[Callable[[str], str], Any, Any, int], None] | None = None
+
+    def builds_partitioned(self, zero_stage: int, tp: int) -> bool:
+        """Each rank builds only its ZeRO-3 partition (DeepSpeed's zero.Init), never the whole model."""
+        return self.host_build == "zero3" and zero_stage == 3 and tp == 1
 
     @property
     def uses_deepspeed(self) -> bool:

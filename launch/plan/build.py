@@ -85,9 +85,10 @@ def make_plan(layout: Layout, recipe_name: str = "", machine: Machine | None = N
                      "the embedding stays replicated")
     notes += placement_notes(layout, timing, comm)
     host = host_bytes_per_node(layout, ranks)
-    build = traits(layout.backend).host_build
-    builders = ("each local rank's largest module at a time (zero.Init)" if build == "zero3" and layout.zero_stage == 3
-                else "rank 0's fp32 model built on the host (the others receive their shards)" if build == "rank0"
+    bt = traits(layout.backend)
+    builders = ("each local rank's largest module at a time (zero.Init)"
+                if bt.builds_partitioned(layout.zero_stage, layout.grid.tp)
+                else "rank 0's fp32 model built on the host (the others receive their shards)" if bt.host_build == "rank0"
                 else "each local rank's fp32 model built on the host")
     notes.append(f"host check: {host / GiB:.1f} GiB per node = {HOST_BUFFER_FACTOR} × the larger of {builders} and the "
                  f"node's offloaded state (DeepSpeed's estimators, zero_init off), against "

@@ -395,16 +395,16 @@ def host_bytes_per_node(layout: Layout, ranks: list[RankPlan]) -> int:
     on the host (4 B each), and offloaded optimizer state (and ZeRO-3 parameters) lives there afterwards; the node
     needs the larger of the two, times the estimators' buffer factor. Who builds what there is the backend's
     BackendTraits.host_build: rank 0 alone the whole model (torch, megatron: it sends the others their shards), or
-    every rank (deepspeed below ZeRO-3, where every rank keeps every parameter; at ZeRO-3 zero.Init, where each rank
-    holds one module whole at a time, DeepSpeed's estimator with zero_init). With one node, tp = pp = 1 and DeepSpeed,
+    every rank (deepspeed below ZeRO-3, where every rank keeps every parameter, and with AutoTP; at ZeRO-3 zero.Init,
+    where each rank holds one module whole at a time, DeepSpeed's estimator with zero_init). With one node, tp = pp = 1 and DeepSpeed,
     this is DeepSpeed's CPU column exactly; across nodes their ZeRO-2 offload figure counts every GPU's model copy as if
     on one node (max(4 · total GPUs, 16) B/param), which this does not. Local weights read under zero.Init pass through
     rank 0's page cache, which this does not count."""
     g = layout.grid
     counts = layout.model.param_counts()
     whole = 4 * counts.total  # a process that builds the whole fp32 model before sharding it
-    build = traits(layout.backend).host_build
-    partitioned = build == "zero3" and layout.zero_stage == 3
+    bt = traits(layout.backend)
+    build, partitioned = bt.host_build, bt.builds_partitioned(layout.zero_stage, g.tp)
     load: dict[int, int] = {}
     offloaded: dict[int, int] = {}
     for rp in ranks:

@@ -12,6 +12,7 @@ import json
 from pathlib import Path
 from typing import Callable
 
+from launch.config.backends import traits
 from launch.config.resolve import Resolved
 from launch.ranks.hf import hf_config
 from launch.ranks.trainers import common
@@ -36,7 +37,9 @@ class DeepSpeedTrainer:
         if ctx.universal:
             ds_config.setdefault("checkpoint", {})["load_universal"] = True
         # ZeRO-3 builds the model partitioned; below it every rank holds the whole model anyway (ZeRO 0-2 replicate
-        # the parameters), so the plain build costs nothing extra.
+        # the parameters), so the plain build costs nothing extra, and AutoTP shards whole modules (measured: with a
+        # partitioned build its ZeRO-3 partitions are not the planner's, which the partition test compares).
+        partitioned = traits(resolved.recipe.backend).builds_partitioned(par.zero_stage, par.tp)
         # The model's module is imported first: its import is no part of the build's memory, and under zero.Init, which
         # replaces torch.Tensor.__new__, torch._dynamo's tensor polyfill imported for the first time fails ("Signature
         # mismatch between ...new_tensor and tensor_pynew").
@@ -44,7 +47,7 @@ class DeepSpeedTrainer:
 
         MODEL_FOR_CAUSAL_LM_MAPPING[type(hf_config(resolved.model))]
         with common.model_build(ctx.run, ctx.env.rank):
-            model = _partitioned_model(resolved, ds_config) if par.zero_stage == 3 else common.build_model(resolved)
+            model = _partitioned_model(resolved, ds_config) if partitioned else common.build_model(resolved)
         if resolved.recipe.train.activation_checkpointing == "full":
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         model.config.use_cache = False
