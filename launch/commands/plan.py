@@ -92,7 +92,7 @@ def layouts(opts: Mapping[str, Any]) -> list[Row]:
                     lay = Layout(backend=backend, model=model, hardware=hw_ws, grid=RankGrid(tp, 1, dp, gpn, gpus // gpn),
                                  zero_stage=z, dtype=dtype, micro_batch_size=micro, global_batch_size=gbs, seq_len=seq,
                                  activation_checkpointing=rc, sp=sp,
-                                 ds_zero=_ds_zero(z))
+                                 ds_zero=_ds_zero(z, model, tp))
                     name = ("DP" if z == 0 and tp == 1 else f"ZeRO-{z}" if tp == 1 else
                             f"TP{tp}" if dp == 1 else f"TP{tp}×" + ("DP" if z == 0 else f"ZeRO-{z}") + f" (dp{dp})")
                     if rc != "none":
@@ -112,10 +112,15 @@ def _newest_calibration(nominal, machine, world_size: int, gpus_per_node: int, m
     return newest.path
 
 
-def _ds_zero(stage: int) -> dict:
-    from launch.config.dsconfig import default_base, read_json
+def _ds_zero(stage: int, model, tp: int) -> dict:
+    """The shipped base's zero_optimization for `stage`, its "auto" sizes filled for this model and TP degree as the
+    resolver fills them for a run."""
+    from launch.config.dsconfig import default_base, fill_auto, read_json
 
-    return read_json(default_base(stage, "none", "none"), context="ds_configs", field="zero").get("zero_optimization", {})
+    base = default_base(stage, "none", "none")
+    cfg = read_json(base, context="ds_configs", field="zero")
+    fill_auto(cfg, model, tp, str(base))
+    return cfg.get("zero_optimization", {})
 
 
 def cmd_plan(args: Sequence[str]) -> int:

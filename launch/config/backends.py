@@ -13,7 +13,7 @@ from __future__ import annotations
 import importlib
 from dataclasses import dataclass, field
 from types import ModuleType
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Literal, Mapping
 
 from launch.errors import ConfigError
 
@@ -58,7 +58,7 @@ class BackendTraits:
     # Who holds the whole fp32 model on the host at start-up: "rank0" (it reads or seeds the weights and sends each
     # rank its shards as they are cut) or "zero3" (DeepSpeed: every rank, except at ZeRO-3 without AutoTP, where
     # zero.Init builds each rank's partition; AutoTP shards whole modules, so it needs them built whole).
-    host_build: str
+    host_build: Literal["rank0", "zero3"]
     autotp: bool  # DeepSpeed applies tensor parallelism itself (AutoTP) rather than the model's own layers
     offload: bool  # ZeRO's CPU/NVMe offload of optimizer state and parameters
     offload_optimizer_alone: bool  # the optimizer state offloads without the parameters (FSDP2 moves all together)
@@ -86,6 +86,8 @@ class BackendTraits:
     tp_gpu_env: Mapping[str, str] = field(default_factory=dict)
     # Why a feature it lacks is not built (feature -> reason), said in the refusal.
     why_not: Mapping[str, str] = field(default_factory=dict)
+    # ZeRO stages at which it reduces the data-parallel gradients only after the whole backward (nothing to hide behind)
+    reduces_after_backward: tuple[int, ...] = ()
     # The backend's own refusals, after the resolver's shared checks: (where, recipe, model, grad_accum) raises
     # ConfigError, where(dotted) naming the file that set a field.
     check: Callable[[Callable[[str], str], Any, Any, int], None] | None = None
@@ -259,6 +261,8 @@ BACKENDS: dict[str, BackendTraits] = {
         tp_gpu_env={"CUDA_DEVICE_MAX_CONNECTIONS": "1"},
         why_not={"compile": "Megatron-Core 0.16.1 does not torch.compile GPTModel (Megatron-LM trains it eager; its "
                             "speed comes from fused kernels, Transformer Engine's on GPUs)"},
+        # its schedule runs every micro-batch, then engine.allreduce_gradients (megatron_backend._schedule_step)
+        reduces_after_backward=(0, 1),
         compose_ds_config=_megatron_owned),
     "torch": BackendTraits(
         name="torch", trainer="launch.ranks.trainers.torch_backend", accounting="torch",

@@ -97,16 +97,23 @@ def compose(base: dict[str, Any], base_file: str, owned: dict[str, tuple[Any, st
 # ZeRO-3 sizes a base may leave "auto" (as Hugging Face's DeepSpeed integration reads the word), filled from the
 # model: the reduce and prefetch buckets hold one decoder layer of this rank (its TP shard), so the next layer's
 # parameters are gathered while one computes and one layer's gradients leave in one reduce; parameters below ten
-# hidden sizes (norms, biases) stay whole, as Hugging Face's "auto" keeps them.
+# hidden sizes (norms, biases) stay whole, as Hugging Face's "auto" keeps them, and never fewer than DeepSpeed's own
+# default keeps (below it, a small model's every tensor would be gathered one call at a time).
+ZERO3_PERSISTENCE_THRESHOLD = 100_000  # DeepSpeed's stage3_param_persistence_threshold default
 AUTO_FIELDS = ("reduce_bucket_size", "stage3_prefetch_bucket_size", "stage3_param_persistence_threshold")
+
+
+def layer_params_per_rank(model, tp: int) -> int:
+    """One decoder layer's parameters on one rank of a TP group (rounded up)."""
+    return -(-model.param_counts().per_layer // tp)
 
 
 def fill_auto(cfg: dict[str, Any], model, tp: int, base_file: str) -> None:
     """Replace "auto" in `cfg`'s zero_optimization with numbers derived from `model` at tensor parallelism `tp`."""
     zo = cfg.get("zero_optimization", {})
-    layer = -(-model.param_counts().per_layer // tp)
+    layer = layer_params_per_rank(model, tp)
     values = {"reduce_bucket_size": layer, "stage3_prefetch_bucket_size": layer,
-              "stage3_param_persistence_threshold": 10 * model.hidden_size}
+              "stage3_param_persistence_threshold": max(10 * model.hidden_size, ZERO3_PERSISTENCE_THRESHOLD)}
     for key, value in zo.items():
         if value == "auto":
             if key not in values:

@@ -79,7 +79,7 @@ class TrainSection:
     adam_beta2: float = 0.95
     grad_clip: float = 1.0  # 0 disables clipping
     activation_checkpointing: Literal["none", "full", "selective"] = "none"
-    compile: bool = False  # torch.compile each decoder block (backend "torch" only)
+    compile: bool = False  # torch: each decoder block compiled; deepspeed: engine.compile() (ZeRO 0-2)
     # sdpa: fused attention through torch's scaled_dot_product_attention on every backend (flash / memory-efficient
     # kernels on GPUs), keeping no s × s scores; eager: the scores materialised (Hugging Face's eager attention,
     # Megatron-Core's DotProductAttention), for comparison

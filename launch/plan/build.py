@@ -91,7 +91,7 @@ def make_plan(layout: Layout, recipe_name: str = "", machine: Machine | None = N
                 else "rank 0's fp32 model built on the host (the others receive their shards)" if bt.host_build == "rank0"
                 else "each local rank's fp32 model built on the host")
     notes.append(f"host check: {host / GiB:.1f} GiB per node = {HOST_BUFFER_FACTOR} × the larger of {builders} and the "
-                 f"node's offloaded state (DeepSpeed's estimators, zero_init off), against "
+                 f"node's offloaded state (DeepSpeed's estimators), against "
                  f"{hw.host_memory_bytes / GiB:.0f} GiB × (1 - headroom)")
     return Plan(recipe_name, layout.backend, hw.name, g.to_dict(), tuple(ranks), tuple(comm),
                 step_time(layout, comm, timing), tuple(notes), host, int(hw.host_memory_bytes * (1 - layout.headroom)))

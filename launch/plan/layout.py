@@ -10,10 +10,10 @@ from typing import Any, Mapping
 from launch.config.grid import RankGrid
 from launch.config.hardware import HardwareProfile
 from launch.config.models import ModelSpec
+from launch.config.dsconfig import ZERO3_PERSISTENCE_THRESHOLD
 
 PLAN_SCHEMA_VERSION = 1
 # DeepSpeed ZeRO-3 defaults (stage3 config) that decide how many gathers a step makes.
-ZERO3_PERSISTENCE_THRESHOLD = 100_000
 ZERO3_MAX_REUSE_DISTANCE = 1_000_000_000
 ZERO3_PREFETCH_BUCKET = 50_000_000  # stage3_prefetch_bucket_size (elements)
 ZERO_BUCKET_DEFAULT = 500_000_000  # reduce_bucket_size / allgather_bucket_size defaults (elements)

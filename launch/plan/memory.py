@@ -390,13 +390,13 @@ def buffers(layout: Layout, params: int) -> int:
 
 
 def host_bytes_per_node(layout: Layout, ranks: list[RankPlan]) -> int:
-    """Host memory of the busiest node, as DeepSpeed's estimate_zero2/zero3_model_states_mem_needs count it without
-    zero.Init (neither backend builds the model under it): every local process first builds its fp32 parameters
-    on the host (4 B each), and offloaded optimizer state (and ZeRO-3 parameters) lives there afterwards; the node
-    needs the larger of the two, times the estimators' buffer factor. Who builds what there is the backend's
+    """Host memory of the busiest node, as DeepSpeed's estimate_zero2/zero3_model_states_mem_needs count it: the model
+    as it is built on the host (fp32, 4 B per parameter), and offloaded optimizer state (and ZeRO-3 parameters) there
+    afterwards; the node needs the larger of the two, times the estimators' buffer factor. Who builds what there is the backend's
     BackendTraits.host_build: rank 0 alone the whole model (torch, megatron: it sends the others their shards), or
     every rank (deepspeed below ZeRO-3, where every rank keeps every parameter, and with AutoTP; at ZeRO-3 zero.Init,
-    where each rank holds one module whole at a time, DeepSpeed's estimator with zero_init). With one node, tp = pp = 1 and DeepSpeed,
+    where each rank holds one module whole at a time, DeepSpeed's estimator with zero_init). With one node,
+    tp = pp = 1 and DeepSpeed,
     this is DeepSpeed's CPU column exactly; across nodes their ZeRO-2 offload figure counts every GPU's model copy as if
     on one node (max(4 · total GPUs, 16) B/param), which this does not. Local weights read under zero.Init pass through
     rank 0's page cache, which this does not count."""

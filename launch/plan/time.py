@@ -7,6 +7,7 @@ from statistics import NormalDist
 from launch.comm.commbench_spec import backend_of
 from launch.config import calibration as cal
 from launch.config.backends import traits
+from launch.config.dsconfig import layer_params_per_rank
 from launch.config.models import ModelSpec
 from launch.plan.collectives import communication, pipeline_exchanges
 from launch.plan.layout import Comm, Layout, StepTime, prefetch_bucket
@@ -147,9 +148,9 @@ def _dp_exposed(layout: Layout, dp_c: list[Comm], compute: float, ga: int) -> fl
         gathers = sum(c.time_s for c in dp_c if c.collective == "all_gather" and not c.after_step)
         reduces = sum(c.time_s for c in dp_c if not c.after_step) - gathers
         ahead = _prefetched_share(layout)
-        # Half the gathers come in the forward, half again in the backward; only the prefetched share of each layer's
-        # gather overlaps the layer before it, the rest waits on the critical path. Without overlap_comm the
-        # reduce-scatters wait too.
+        # The gathers are split between the forward and the backward (whose re-gathers the communication plan counts);
+        # only the prefetched share of each layer's gather overlaps the layer before it, the rest waits on the
+        # critical path. Without overlap_comm the reduce-scatters wait too.
         overlap = not traits(layout.backend).uses_deepspeed or layout.ds_zero.get("overlap_comm", True) is not False
         hidden_reduces = reduces if overlap else 0.0
         return ((1 - ahead) * gathers + max(0.0, ahead * gathers / 2 - forward_win)
@@ -158,6 +159,8 @@ def _dp_exposed(layout: Layout, dp_c: list[Comm], compute: float, ga: int) -> fl
     # boundary only behind the last micro-batch's backward.
     per_micro = sum(c.time_s for c in dp_c if not c.after_step and c.calls_per_step > 1)
     boundary = sum(c.time_s for c in dp_c if not c.after_step and c.calls_per_step <= 1)
+    if layout.zero_stage in traits(layout.backend).reduces_after_backward:
+        return per_micro + boundary + after
     return max(0.0, per_micro - backward_win) + max(0.0, boundary - backward_win / ga) + after
 
 
@@ -167,8 +170,7 @@ def _prefetched_share(layout: Layout) -> float:
     critical path); FSDP2 prefetches the next block whole."""
     if not traits(layout.backend).uses_deepspeed:
         return 1.0
-    layer = layout.model.param_counts().per_layer / layout.grid.tp
-    return min(1.0, prefetch_bucket(layout) / layer)
+    return min(1.0, prefetch_bucket(layout) / layer_params_per_rank(layout.model, layout.grid.tp))
 
 
 def layout_timing(layout: Layout, machine: cal.Machine | None) -> Timing:

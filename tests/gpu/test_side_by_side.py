@@ -1,6 +1,6 @@
 """The GPU check that fits a short lend (tests/gpu/run_checks.sh's default part): the 1.1B catalogue model on one GPU
-through each backend the way its authors run it (SDPA attention; the torch backend compiled; DeepSpeed ZeRO-2
-compiled; Megatron-Core's schedule at ZeRO-1, whose reduction overlaps), 30 steps each, bf16, the same batch. Each
+through each backend the way its authors run it (SDPA attention, fused AdamW; the torch backend compiled; DeepSpeed
+ZeRO-2 compiled; Megatron-Core's own schedule), 30 steps each, bf16, the same batch. Each
 run's tokens/s/GPU, MFU and peak memory beside its plan, side by side, written to $OUT/gpu_side_by_side.txt (the
 lend's results, copied into bench/results/ with the date and device)."""
 import os

@@ -337,7 +337,7 @@ def test_zero3_sizes_come_from_the_model_and_a_small_prefetch_bucket_exposes_the
     layer = -(-m.param_counts().per_layer // 2)  # tp = 2
     zo = flagship.ds_config["zero_optimization"]
     assert (zo["reduce_bucket_size"], zo["stage3_prefetch_bucket_size"]) == (layer, layer)
-    assert zo["stage3_param_persistence_threshold"] == 10 * m.hidden_size == 40960
+    assert zo["stage3_param_persistence_threshold"] == max(10 * m.hidden_size, 100_000) == 100_000
     base = json.loads((RECIPES.parent / "ds_configs" / "zero3.json").read_text())
     base["zero_optimization"].update(reduce_bucket_size=layer, stage3_prefetch_bucket_size=layer // 4,
                                      stage3_param_persistence_threshold=40960)
@@ -347,3 +347,31 @@ def test_zero3_sizes_come_from_the_model_and_a_small_prefetch_bucket_exposes_the
     gathers = sum(c.time_s for c in plan_resolved(small).comm
                   if c.parallelism == "dp" and c.collective == "all_gather" and not c.after_step)
     assert small_t.dp_exposed_s >= 0.75 * gathers * 0.999 > auto_t.dp_exposed_s
+
+
+def test_the_plan_command_fills_the_zero3_sizes_as_a_run_does():
+    """`python -m launch plan` plans ZeRO-3 with the sizes the run will use, not DeepSpeed's defaults behind "auto"."""
+    from launch.commands.args import read
+    from launch.commands.plan import OPTIONS, USAGE, layouts
+    from launch.config.dsconfig import AUTO_FIELDS
+
+    opts = read(["model=llama-2-7b", "world_size=8", "hardware=h100-sxm"], command="plan", usage=USAGE,
+                options=OPTIONS).options
+    z3 = [r.layout for r in layouts(opts) if r.layout.zero_stage == 3]
+    run = resolve_path(RECIPES / "7b_tp2_zero3", ["backend=deepspeed", "parallel.sp=false",
+                                                  "train.activation_checkpointing=full"]).ds_config["zero_optimization"]
+    assert z3
+    for lay in z3:
+        assert all(isinstance(lay.ds_zero[k], int) for k in AUTO_FIELDS), lay.ds_zero
+        if lay.grid.tp == 2:
+            assert {k: lay.ds_zero[k] for k in AUTO_FIELDS} == {k: run[k] for k in AUTO_FIELDS}
+
+
+def test_megatrons_schedule_reduces_after_the_backward_so_nothing_hides_it():
+    """At ZeRO 0-1 the megatron backend runs every micro-batch, then reduces (engine.allreduce_gradients): its whole
+    data-parallel time is on the critical path; the deepspeed backend's reduction hides behind its backward."""
+    over = ["parallel.zero_stage=1", "hardware.profile=h100-sxm", "hardware.gpus_per_node=4", "batch.micro_batch_size=2"]
+    mega = plan_resolved(resolve_path(RECIPES / "tiny_tp2_sp", [*over, "parallel.tp=1", "parallel.sp=false"])).step
+    ds = plan_resolved(resolve_path(RECIPES / "tiny_zero2", over)).step
+    assert mega.dp_comm_s > 0 and mega.dp_exposed_s == pytest.approx(mega.dp_comm_s)
+    assert ds.dp_exposed_s < ds.dp_comm_s

@@ -124,8 +124,9 @@ def _partitioned_model(resolved: Resolved, ds_config: dict):
     build's bit for bit (the parity tests compare every layout with one rank): transformers' ZeRO-3 path skips
     torch's own parameter init and so draws other numbers, and a bare zero.Init leaves Hugging Face's init running on
     empty partitions; so, during construction, Hugging Face's init walk gathers one module at a time while it runs,
-    on every rank, keeping every draw at its place in the random stream (measured: identical weights, Llama and
-    Qwen2, tied or not; identical ZeRO-3 losses)."""
+    on every rank, keeping every draw at its place in the random stream (measured on CPU ranks: identical weights,
+    Llama and Qwen2, tied or not; identical ZeRO-3 losses). On GPUs zero.Init places the parameters on the device, so
+    the init draws from the CUDA generator: the same distribution, not the CPU build's numbers (docs/backends.md)."""
     import torch
     from transformers import AutoModelForCausalLM
     from transformers.integrations.deepspeed import HfDeepSpeedConfig, prevent_arange_dtype_change

@@ -421,7 +421,7 @@ def _scatter_initial_state(resolved: Resolved, chunks, device) -> None:
     """Rank 0 alone holds the canonical starting weights whole (as the torch backend's rank 0 does) and sends them one
     tensor at a time; each rank cuts its shards as they arrive (megatron_model.load_hf_streamed), so no other rank
     materialises the whole model. Rank 0 first checks the whole state against the model, and every rank raises the
-    same error rather than waiting on a send that never comes."""
+    same error rather than waiting on a send that never comes (a failed read or allocation too)."""
     import torch.distributed as dist
 
     from launch.ranks.trainers import megatron_model as mm
@@ -430,11 +430,10 @@ def _scatter_initial_state(resolved: Resolved, chunks, device) -> None:
     state: dict = {}
     problem = [None]
     if dist.get_rank() == 0:
-        state = _initial_hf_state(resolved)
         try:
-            state = dict(mm.checked_hf_state(state, spec))
-        except ValueError as e:
-            problem = [str(e)]
+            state = dict(mm.checked_hf_state(_initial_hf_state(resolved), spec))
+        except Exception as e:  # noqa: BLE001 - said to every rank, so none waits for tensors that never come
+            problem = [f"{type(e).__name__}: {e}" if not isinstance(e, ValueError) else str(e)]
     dist.broadcast_object_list(problem, src=0)
     if problem[0]:
         raise ValueError(problem[0])

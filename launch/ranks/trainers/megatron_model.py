@@ -216,9 +216,9 @@ def transformer_config(spec: ModelSpec, *, cuda: bool, tp: int, pp: int, vpp: in
         bf16=dtype == "bf16",
         fp16=dtype == "fp16",
         use_cpu_initialization=not cuda,
-        # Every weight is then loaded from the canonical state (load_hf_state / load_hf_streamed): Megatron's own init
-        # would only cost time and, on CPU, a full-size master copy of each TP-split weight.
-        perform_initialization=False,
+        # perform_initialization stays on although every weight is then loaded from the canonical state: Megatron's
+        # init is also what marks the TP-split weights (tensor_model_parallel, partition_dim); off, the gradient
+        # norm counted them as replicated and clipping diverged from the one-rank run at step 3 (measured, TP 2).
         **recompute,
     )
 
@@ -255,6 +255,8 @@ class SDPAttention(MegatronModule):
         self.softmax_scale = softmax_scale  # None: 1 / sqrt(head_dim), SDPA's own default
         if config.apply_query_key_layer_scaling:
             raise ValueError("SDPAttention does not apply query-key layer scaling")
+        if (attention_dropout if attention_dropout is not None else config.attention_dropout) != 0:
+            raise ValueError("SDPAttention has no attention dropout (transformer_config sets none)")
 
     def forward(self, query: Tensor, key: Tensor, value: Tensor, attention_mask: Tensor | None,
                 attn_mask_type: AttnMaskType | None = None, attention_bias: Tensor | None = None,
