@@ -75,13 +75,9 @@ def check(resolved: "Resolved") -> DataCheck | None:
     lines = [f"data: {d.source} {train.files} {unit}, {train.documents:,} documents, {train.tokens:,} tokens "
              f"(tokenizer {tok.name}, vocabulary {tok.vocab_size:,})"]
     seq = r.batch.seq_len
-    if d.valid_path:
-        valid = _corpus(resolved, tok, d.valid_path, "data.valid_path")
-        train_rows, valid_rows = split_rows(train.tokens, seq, 0).train_rows, split_rows(valid.tokens, seq, 0).train_rows
-    else:
-        valid = None
-        s = split_rows(train.tokens, seq, d.valid_fraction)
-        train_rows, valid_rows = s.train_rows, s.valid_rows
+    valid = _corpus(resolved, tok, d.valid_path, "data.valid_path") if d.valid_path else None
+    s = split_rows(train.tokens, seq, d.valid_fraction, valid.tokens if valid else None)
+    train_rows, valid_rows = s.train_rows, s.valid_rows
     for c in (train, valid):
         if c is not None and c.damaged:
             lines.append(f"warning: {c.damaged}")
@@ -106,11 +102,11 @@ def check(resolved: "Resolved") -> DataCheck | None:
     return DataCheck(train_rows, valid_rows, tuple(lines), streams, fingerprint)
 
 
-def corpus_ids(source: str, path: str, text_field: str, tok: Tokenizer) -> tuple[np.ndarray, int, int, str | None]:
-    """A text or Parquet corpus tokenized: (ids, files, documents, warning about damaged records). The ranks call it
-    too when no cache was written (launch calibrate)."""
+def corpus_ids(source: str, path: str, text_field: str, tok: Tokenizer) -> Corpus:
+    """A text or Parquet corpus tokenized. The ranks call it too when no cache was written (launch calibrate)."""
     docs = read_documents(corpus_files(path, source), source, text_field)
-    return tokenize(docs.texts, tok), docs.files, len(docs.texts), docs.warning()
+    ids = tokenize(docs.texts, tok)
+    return Corpus(docs.files, len(docs.texts), len(ids), docs.warning(), ids, hashlib.sha256(ids.tobytes()).hexdigest())
 
 
 def _corpus(resolved: "Resolved", tok: Tokenizer, path: str, field: str) -> Corpus:
@@ -118,10 +114,9 @@ def _corpus(resolved: "Resolved", tok: Tokenizer, path: str, field: str) -> Corp
     try:
         if d.source == "megatron":
             return _indexed(resolved, tok, megatron_prefixes(path), field, path)
-        ids, files, documents, damaged = corpus_ids(d.source, path, d.text_field, tok)
+        return corpus_ids(d.source, path, d.text_field, tok)
     except CorpusError as e:
         raise ConfigError(e.file, field, path, f"{e.where} {e.problem}" if e.where else e.problem, e.fix) from None
-    return Corpus(files, documents, len(ids), damaged, ids, hashlib.sha256(ids.tobytes()).hexdigest())
 
 
 def _indexed(resolved: "Resolved", tok: Tokenizer, prefixes: list[str], field: str, path: str) -> Corpus:

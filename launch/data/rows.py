@@ -95,8 +95,11 @@ class Split:
     valid_rows: int
 
 
-def split_rows(tokens: int, seq_len: int, valid_fraction: float) -> Split:
-    """How many whole rows the stream holds, and how many of the last are held out."""
+def split_rows(tokens: int, seq_len: int, valid_fraction: float, valid_tokens: int | None = None) -> Split:
+    """How many whole rows the stream holds, and how many of the last are held out; with a separate validation stream
+    of `valid_tokens` (data.valid_path), all of the first trains and all of the second validates."""
+    if valid_tokens is not None:
+        return Split(tokens // seq_len, valid_tokens // seq_len)
     rows = tokens // seq_len
     # exact decimal arithmetic: in floats 100 rows × 0.07 is 7.000000000000001, and ceil would hold out 8
     valid = math.ceil(rows * Fraction(repr(valid_fraction))) if valid_fraction > 0 else 0

@@ -26,13 +26,12 @@ def sources(resolved: Resolved, cache: Path | None = None) -> Sources:
     if d.source == "synthetic":
         return Sources(Synthetic(resolved.model.vocab_size, seq, seed), None)
     train = _stream(resolved, d.path, cache, "train")
-    if d.valid_path:
-        valid = _stream(resolved, d.valid_path, cache, "valid")
-        return Sources(TokenRows(train, seq, seed, 0, len(train) // seq),
-                       TokenRows(valid, seq, seed, 0, len(valid) // seq, shuffle=False))
-    s = split_rows(len(train), seq, d.valid_fraction)
-    return Sources(TokenRows(train, seq, seed, 0, s.train_rows),
-                   TokenRows(train, seq, seed, s.train_rows, s.valid_rows, shuffle=False) if s.valid_rows else None)
+    valid = _stream(resolved, d.valid_path, cache, "valid") if d.valid_path else None
+    s = split_rows(len(train), seq, d.valid_fraction, len(valid) if valid is not None else None)
+    # held-out rows: all of data.valid_path's, or the training stream's last
+    held = TokenRows(valid, seq, seed, 0, s.valid_rows, shuffle=False) if valid is not None else \
+        TokenRows(train, seq, seed, s.train_rows, s.valid_rows, shuffle=False)
+    return Sources(TokenRows(train, seq, seed, 0, s.train_rows), held if s.valid_rows else None)
 
 
 def _stream(resolved: Resolved, path: str, cache: Path | None, which: str) -> TokenStream:
@@ -45,4 +44,4 @@ def _stream(resolved: Resolved, path: str, cache: Path | None, which: str) -> To
     if cached is not None and cached.is_file():
         return ArrayStream(np.load(cached, mmap_mode="r"))
     tok = load_tokenizer(d.tokenizer, resolved.recipe.model.weights, resolved.recipe_path)
-    return ArrayStream(corpus_ids(d.source, path, d.text_field, tok)[0])
+    return ArrayStream(corpus_ids(d.source, path, d.text_field, tok).ids)

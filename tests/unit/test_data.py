@@ -59,7 +59,7 @@ def test_layouts_partition_the_same_global_batch():
 
 
 def test_text_rows_are_the_same_for_dp_1_2_4_at_every_step():
-    ids, *_ = corpus_ids("text", str(CORPUS), "text", load_tokenizer(str(TOKENIZER), None, "test"))
+    ids = corpus_ids("text", str(CORPUS), "text", load_tokenizer(str(TOKENIZER), None, "test")).ids
     rows = TokenRows(ArrayStream(ids), 32, 5, 0, len(ids) // 32)
     for step in (0, 1, 7, 30):  # 30: past the first epoch
         one = micro_batch(rows, step, global_batch=8, micro=8, dp=1, dp_rank=0, micro_step=0)
@@ -78,7 +78,8 @@ def test_synthetic_is_a_learnable_bigram_walk():
 
 
 def test_byte_rows_are_the_corpus_bytes_reshuffled_each_epoch():
-    ids, files, documents, damaged = corpus_ids("text", str(CORPUS), "text", BYTE)
+    c = corpus_ids("text", str(CORPUS), "text", BYTE)
+    ids, files, documents, damaged = c.ids, c.files, c.documents, c.damaged
     assert (files, documents, damaged) == (1, len(texts()), None)
     # the oracle: every document's UTF-8 bytes, each followed by the separator
     want = b"".join(t.encode() + b"\x00" for t in texts())
@@ -121,7 +122,7 @@ def test_public_domain_text_reads_the_same_through_text_and_parquet(tmp_path):
     want = np.concatenate([np.array(hf.encode(c).ids + [0]) for c in chapters])
     pq.write_table(pa.table({"text": chapters}), tmp_path / "genesis.parquet")
     for source, path in (("text", genesis), ("parquet", tmp_path / "genesis.parquet")):
-        assert np.array_equal(corpus_ids(source, str(path), "text", tok)[0], want), source
+        assert np.array_equal(corpus_ids(source, str(path), "text", tok).ids, want), source
 
 
 def test_text_parquet_and_megatron_give_identical_rows(tmp_path, prepared):
@@ -132,8 +133,8 @@ def test_text_parquet_and_megatron_give_identical_rows(tmp_path, prepared):
 
     tok = load_tokenizer(str(TOKENIZER), None, "test")
     pq.write_table(pa.table({"body": texts()}), tmp_path / "corpus.parquet", row_group_size=7)
-    text_ids, *_ = corpus_ids("text", str(CORPUS), "text", tok)
-    parquet_ids, *_ = corpus_ids("parquet", str(tmp_path / "corpus.parquet"), "body", tok)
+    text_ids = corpus_ids("text", str(CORPUS), "text", tok).ids
+    parquet_ids = corpus_ids("parquet", str(tmp_path / "corpus.parquet"), "body", tok).ids
     indexed = IndexedStream.open([str(prepared[0])])
     want = oracle_ids()
     assert np.array_equal(text_ids, want) and np.array_equal(parquet_ids, want)

@@ -21,7 +21,6 @@ from typing import Any
 from launch.config.backends import traits
 from launch.config.resolve import Resolved
 from launch.plan.time import model_flops_per_token
-from launch.data.rows import micro_batch as rows_of
 from launch.ranks.data import sources
 from launch.ranks.schedule import lr_at
 from launch.ranks.trainers import common
@@ -258,7 +257,6 @@ def _train(run: RunDir, resolved: Resolved, env: common.RankEnv, terminal, cuda:
 def _evaluate(trainer: Trainer, valid, resolved: Resolved, device) -> float:
     """The mean loss over the first train.eval_batches global batches of the validation rows (the same rows at every
     evaluation, each data-parallel rank its share as in training), averaged over data-parallel ranks."""
-    import torch
     import torch.distributed as dist
 
     r = resolved.recipe
@@ -266,9 +264,7 @@ def _evaluate(trainer: Trainer, valid, resolved: Resolved, device) -> float:
     batches = min(r.train.eval_batches, valid.rows_per_epoch() // gb)
 
     def micro_batch(k: int):
-        rows = rows_of(valid, k // ga, global_batch=gb, micro=r.batch.micro_batch_size, dp=resolved.grid.dp,
-                       dp_rank=trainer.dp_rank, micro_step=k % ga)
-        return torch.from_numpy(rows).to(device)
+        return common.micro_batch_tensor(valid, k // ga, resolved, trainer.dp_rank, k % ga, device)
 
     counted = list(trainer.layer_calls)  # the layer-call counts are training's (they show recomputation)
     loss = trainer.evaluate(micro_batch, batches * ga).detach().float().reshape(())
