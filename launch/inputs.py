@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import tomllib
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -115,3 +116,56 @@ def parse_json(path: str | Path, *, context: str, field: str, fix: str = "give t
     except ValueError as e:  # an integer past Python's digit limit
         raise _number_too_long(path, "json", e) from None
     return check_numbers(doc, path)
+
+
+@dataclass(frozen=True)
+class StoredTensor:
+    """One tensor of a safetensors file, as its header describes it."""
+
+    file: str
+    dtype: str
+    shape: tuple[int, ...]
+
+
+SAFETENSORS_MAX_HEADER = 100 * 2**20  # the safetensors library's own limit on the JSON header
+
+
+def safetensors_header(path: Path) -> dict[str, StoredTensor]:
+    """The tensors a safetensors file holds, from its header alone (8 bytes of little-endian length, then JSON), with
+    every tensor's bytes checked to lie inside the file: a file cut short, a header that is not the format's, or
+    offsets past the end are one ConfigError naming the file."""
+
+    def damaged(problem: str) -> ConfigError:
+        return ConfigError(str(path), "model.weights", path.name, problem,
+                           "copy the weights again (a download or copy was cut short?) or point model.weights elsewhere")
+
+    try:
+        size = path.stat().st_size
+        with open(path, "rb") as f:
+            head = f.read(8)
+            n = int.from_bytes(head, "little") if len(head) == 8 else -1
+            if not 2 <= n <= min(SAFETENSORS_MAX_HEADER, size - 8):
+                raise damaged(f"is not a safetensors file ({size} bytes; its header length reads {n})")
+            header = json.loads(f.read(n).decode("utf-8"))
+    except OSError as e:
+        raise damaged(f"cannot be read ({e.strerror or type(e).__name__})") from None
+    except (UnicodeDecodeError, ValueError):
+        raise damaged("has a header that is not JSON") from None
+    if not isinstance(header, dict):
+        raise damaged("has a header that is not a JSON object")
+    out = {}
+    for name, t in header.items():
+        if name == "__metadata__":
+            continue
+        try:
+            dtype, shape, (start, end) = t["dtype"], tuple(t["shape"]), t["data_offsets"]
+            ok = (isinstance(dtype, str) and all(type(d) is int and d >= 0 for d in shape)
+                  and type(start) is int and type(end) is int and 0 <= start <= end)
+        except (TypeError, KeyError, ValueError):
+            ok = False
+        if not ok:
+            raise damaged(f"describes tensor {name!r} without a dtype, shape and byte range")
+        if 8 + n + end > size:
+            raise damaged(f"is cut short: tensor {name!r} ends at byte {8 + n + end:,} of {size:,}")
+        out[name] = StoredTensor(path.name, dtype, shape)
+    return out

@@ -48,11 +48,12 @@ from launch.config.backends import traits
 from launch.config.commbench import groups_of
 from launch.config.grid import divisors
 from launch.config.resolve import Resolved, resolve_path
-from launch.data.check import check as check_data
+from launch.commands.run import check_inputs
 from launch.errors import ConfigError
 from launch.plan.search import MAX_MICRO_BATCH
 from launch.run import envinfo, launcher
-from launch.run.rundir import RunDir, write_atomic
+from launch.outputs import file_problem, write_atomic, write_new
+from launch.run.rundir import RunDir
 
 DEFAULT_RECIPE = REPO_ROOT / "recipes" / "tiny_zero2"
 INTERLEAVE_US = 500.0  # compute between calls: about one decoder layer's forward of a small model on a CPU rank
@@ -108,14 +109,14 @@ def cmd_calibrate(args: Sequence[str]) -> int:
     if not resolved.hardware.nominal:
         raise ConfigError(resolved.recipe_path, "hardware.profile", resolved.recipe.hardware.profile,
                           "is already a calibration", "name the nominal profile to measure against, e.g. hardware.profile=cpu")
+    # checked as given: resolved first, a dangling link would name its missing target, which may be created
+    problem = out_arg and file_problem(Path(out_arg).expanduser(), ours=lambda _: False,
+                                       writer="calibrate, which never replaces a file")
     out = Path(out_arg).expanduser().resolve() if out_arg else None
-    if out is not None and out.exists():
-        raise ConfigError("command line", "out", out_arg, "exists; calibrate never replaces a file",
-                          "choose a new path, or move the old file away")
-    if out is not None and not out.parent.is_dir():
-        raise ConfigError("command line", "out", out_arg, f"is in a folder that does not exist ({out.parent})",
-                          "create the folder first or choose another path")
-    data = check_data(resolved)  # its ranks read the recipe's rows: bad data is one line here, not a traceback there
+    if problem or (out is not None and not out.parent.is_dir()):
+        raise ConfigError("command line", "out", out_arg, problem or f"is in a folder that does not exist ({out.parent})",
+                          "choose a new path in a folder that exists")
+    resolved, data = check_inputs(resolved)  # its ranks read the recipe's rows: one line here, not a traceback there
     root = RunDir.create(RUNS_FOLDER).root  # only once the arguments are known good
     if data is not None:
         data.save(RunDir(root).data, write_atomic)  # every pass maps the one tokenized corpus
@@ -144,15 +145,12 @@ def cmd_calibrate(args: Sequence[str]) -> int:
                         compute=compute)
     calib = dataclasses.replace(calib, compute=dataclasses.replace(compute, engine=_engine_costs(calib, samples, notes)),
                                 notes=tuple(notes))
-    # Written whole under a name of our own, then linked into place: a file that appeared at `out` meanwhile stays.
-    tmp = root / f".calibration-{os.getpid()}.json"
-    tmp.write_text(json.dumps(calib.to_dict(), indent=2) + "\n")
-    try:
-        os.link(tmp, out)
-    except FileExistsError:
+    # Written whole, then linked into place: a file that appeared at `out` meanwhile stays.
+    text = (json.dumps(calib.to_dict(), indent=2) + "\n").encode("utf-8")
+    if not write_new(out, lambda f: f.write(text)):
+        write_new(root / FILE_NAME, lambda f: f.write(text))
         raise ConfigError("command line", "out", str(out), "appeared while calibrating; calibrate never replaces a file",
-                          f"the measurements are kept in {tmp}: move it where you want it")
-    tmp.unlink()
+                          f"the measurements are kept in {root / FILE_NAME}: move it where you want it")
     for c in calib.collectives:
         beta = "∞" if c.beta_Bps == float("inf") else f"{c.beta_Bps / 1e9:.3f} GB/s"
         print(f"  {c.op:<15} {c.group_size} ranks: α = {c.alpha_s * 1e6:8.1f} µs, β = {beta}")

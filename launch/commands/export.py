@@ -12,8 +12,10 @@ from pathlib import Path
 from typing import Sequence
 
 from launch.commands.args import Option, read, text, whole
+from launch.config.resolve import Resolved
 from launch.errors import ConfigError
-from launch.run.rundir import RunDir, export_target_problem
+from launch.run.checkpoints import complete_checkpoints
+from launch.run.rundir import RunDir, export_inputs, export_target_problem
 
 USAGE = "usage: python -m launch export RUN_DIR [step=N] [out=DIR]"
 OPTIONS = (Option("step", "the checkpoint's step (default: the newest complete one)", whole()),
@@ -25,9 +27,24 @@ def cmd_export(args: Sequence[str]) -> int:
     run_dir, step, out = a.positional[0], a.options["step"], a.options["out"]
     if not RunDir.is_run_dir(run_dir):
         raise ConfigError(run_dir, "run_dir", run_dir, "is not a run directory (no resolved.json)", "pass runs/<recipe>/<stamp>")
-    problem = export_target_problem(Path(out)) if out else None
+    run = RunDir.open(run_dir)
+    resolved = Resolved.load(run.resolved)  # damaged: one line here, not a traceback in the export process
+    inputs = export_inputs(run, resolved.recipe.model.weights)
+    problem = export_target_problem(Path(out), inputs=inputs) if out else None
     if problem:  # before the export starts: nothing of the user's is touched
         raise ConfigError("command line", "out", out, problem, "name a new folder, or an earlier export's")
+    damaged: list[str] = []
+    found = [c for c in complete_checkpoints(run.checkpoints, damaged) if step is None or c.step == step]
+    if not found:
+        listed = ", ".join(str(c.step) for c in complete_checkpoints(run.checkpoints))
+        raise ConfigError(str(run.checkpoints), "step", "newest" if step is None else step,
+                          "has no complete checkpoint" + (f" ({'; '.join(damaged)})" if damaged else ""),
+                          f"pick one of the complete steps ({listed})" if listed else
+                          "train with train.checkpoint_every>0 (a final checkpoint is always written)")
+    default = run.root / "export" / found[-1].tag
+    problem = None if out else export_target_problem(default, inputs=inputs)
+    if problem:
+        raise ConfigError(str(run.root), "export", str(default), problem, "name another folder with out=")
     cmd = [sys.executable, "-m", "launch.ranks.export", run_dir, "-" if step is None else str(step), out or "-"]
     # weights-only for every load of the process, whatever the caller asks (launch.ranks.untrusted guards it too)
     return subprocess.run(cmd, check=False, env={**os.environ, "TORCH_FORCE_WEIGHTS_ONLY_LOAD": "1"}).returncode

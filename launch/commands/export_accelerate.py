@@ -10,18 +10,18 @@ refuses a `mixed_precision` key next to a `deepspeed_config_file`.
 """
 from __future__ import annotations
 
-import dataclasses
 import json
 from pathlib import Path
 from typing import Sequence
 
 from launch.commands.args import Option, read, text
 from launch.config.resolve import Resolved, resolve_path
-from launch.data.check import check as check_data
+from launch.commands.run import check_inputs
 from launch.errors import ConfigError
 from launch.plan.build import plan_resolved
 from launch.run import envinfo, launcher, nodes
-from launch.run.rundir import RunDir, write_atomic
+from launch.outputs import input_problem, place_problem, write_atomic
+from launch.run.rundir import RunDir
 
 CONFIG_NAME = "accelerate_config.yaml"
 DS_CONFIG_NAME = "ds_config.json"
@@ -64,14 +64,14 @@ def export_accelerate(resolved: Resolved, out: Path | None, environ) -> tuple[Ru
     if resolved.recipe.hardware.nodes > 1 and not place.master_addr:
         raise ConfigError("environment", "MASTER_ADDR", None, f"is needed for {resolved.recipe.hardware.nodes} nodes "
                           "(accelerate's main_process_ip)", "export MASTER_ADDR=<node 0's address>")
-    data = check_data(resolved)  # before the folder exists: bad data is one line, and nothing is written
-    if data is not None:
-        resolved = dataclasses.replace(resolved, data_fingerprint=data.fingerprint)
+    resolved, data = check_inputs(resolved)  # before the folder exists: bad input is one line, nothing is written
     if out is not None:
-        if out.exists():
+        try:  # exclusive: a folder that appeared since the check is never joined
+            out.parent.mkdir(parents=True, exist_ok=True)
+            out.mkdir()
+        except FileExistsError:
             raise ConfigError("command line", "out", str(out), "already exists (nothing is overwritten)",
-                              "give a new folder")
-        out.mkdir(parents=True)
+                              "give a new folder") from None
         run = RunDir.join(out)
     else:
         run = RunDir.create(resolved.recipe_name)
@@ -110,6 +110,11 @@ def cmd_export_accelerate(args: Sequence[str], environ=None) -> int:
         resolved = Resolved.load(RunDir.open(source).resolved)
     else:
         resolved = resolve_path(source, rest)
+    if out:
+        problem = place_problem(Path(out)) or input_problem(Path(out), [Path(source)], folder=True)
+        if problem or Path(out).exists():  # checked before any work: nothing of the user's is touched
+            raise ConfigError("command line", "out", out, problem or "already exists (nothing is overwritten)",
+                              "give a new folder")
     run, command = export_accelerate(resolved, Path(out) if out else None, environ)
     print(f"wrote {run.root / CONFIG_NAME} and {run.root / DS_CONFIG_NAME}; launch with:")
     print(command)

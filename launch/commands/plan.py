@@ -14,7 +14,7 @@ from typing import Any, Mapping, Sequence
 
 from launch.commands import render
 from launch.commands.args import Option, choice, choice_list, read, text, whole, whole_list
-from launch.commands.plan_figure import chart_png, not_ours, render_html
+from launch.commands.plan_figure import chart_png, ours, render_html
 from launch.commands.render import make_console
 from launch.config.backends import BACKENDS, traits
 from launch.config.calibration import newest_for
@@ -25,7 +25,8 @@ from launch.errors import ConfigError
 from launch.plan.build import make_plan
 from launch.plan.layout import Layout, Plan
 from launch.run import envinfo
-from launch.run.rundir import runs_root, write_bytes_atomic, write_text_atomic
+from launch.outputs import file_problem, write_bytes_atomic, write_text_atomic
+from launch.run.rundir import runs_root
 
 USAGE = "usage: python -m launch plan [key=value ...]  (e.g. model=llama-2-7b world_size=4,8 hardware=h100-sxm)"
 AC_POLICIES = ("none", "selective", "full")
@@ -139,7 +140,7 @@ def cmd_plan(args: Sequence[str]) -> int:
                           f"give a name in it, e.g. out={Path(stem) / 'plan'} (.png, .html and .json are added)")
     png_path, html_path, json_path = (Path(f"{stem}.{ext}") for ext in ("png", "html", "json"))
     for path in (png_path, html_path, json_path):  # all three checked before any is written
-        problem = not_ours(path)
+        problem = file_problem(path, ours=ours, writer="`python -m launch plan`")
         if problem:
             raise ConfigError("command line", "out", opts["out"] or stem, f"{path} {problem}",
                               "choose another out= (.png, .html and .json are added to it)")

@@ -16,27 +16,22 @@ HTML_HEAD = f'<!doctype html><html><head><meta charset="utf-8"><meta name="gener
 PLAN_ROW_KEYS = {"world_size", "layout", "plan"}
 
 
-def not_ours(path: Path) -> str | None:
-    """Why `plan` may not write `path` (None: it does not exist, or plan wrote it): a folder, a dangling link, or a
-    file it did not write, recognised by the marks it writes itself (never by a search of the text)."""
-    if path.is_symlink() and not path.exists():
-        return "is a symlink to nothing"
-    if not path.exists():
-        return None
-    if not path.is_file():
-        return "is not a file"
-    head = path.read_bytes()[:4096]
+def ours(path: Path) -> bool:
+    """Whether the file `path` is one `plan` wrote, recognised by the marks it writes itself (never by a search of
+    the text): the PNG's generator text, the HTML page's head, the JSON's row schema."""
+    try:
+        head = path.read_bytes()[:4096]
+    except OSError:
+        return False
     if path.suffix == ".png":
-        ours = head.startswith(b"\x89PNG") and GENERATOR.encode() in head
-    elif path.suffix == ".html":
-        ours = head.startswith(HTML_HEAD.encode())
-    else:
-        try:
-            rows = json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            rows = None
-        ours = isinstance(rows, list) and all(isinstance(r, dict) and set(r) == PLAN_ROW_KEYS for r in rows)
-    return None if ours else "exists and was not written by `python -m launch plan`; it is never overwritten"
+        return head.startswith(b"\x89PNG") and GENERATOR.encode() in head
+    if path.suffix == ".html":
+        return head.startswith(HTML_HEAD.encode())
+    try:
+        rows = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return isinstance(rows, list) and all(isinstance(r, dict) and set(r) == PLAN_ROW_KEYS for r in rows)
 
 
 def ordered(rows):

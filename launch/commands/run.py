@@ -15,13 +15,15 @@ from launch.commands.render import gib, make_console, render, summary
 from launch.config.backends import traits
 from launch.config.grid import shown_nodes
 from launch.config.resolve import Resolved, resolve_path
+from launch.data.check import DataCheck
 from launch.data.check import check as check_data
 from launch.errors import ConfigError
 from launch.plan.build import plan_resolved
 from launch.run import envinfo, launcher, nodes
 from launch.run.failures import failure_summary, users_to_mend
 from launch.run.nodes import shared_run_dir
-from launch.run.rundir import RunDir, runs_root, write_atomic
+from launch.outputs import write_atomic
+from launch.run.rundir import RunDir, runs_root
 from launch.run.timesource import time_source
 
 USAGE = "usage: bash launch/run.sh recipes/NAME [dotted.key=value ...] [--dry-run]"
@@ -39,11 +41,9 @@ def cmd_run(args: Sequence[str]) -> int:
         print(line)
     plan = plan_resolved(resolved, machine)
     console = make_console()
-    data = None if resolved.recipe.run.mode == "commbench" else check_data(resolved)
+    resolved, data = check_inputs(resolved)
     for line in data.lines if data else ():
         print(line)
-    if data is not None:
-        resolved = dataclasses.replace(resolved, data_fingerprint=data.fingerprint)
     if dry:
         run_dir = str(runs_root() / resolved.recipe_name / "<UTC yyyymmdd-hhmmss>")  # where the real run would go
         cmd = launcher.build(resolved, run_dir)
@@ -117,6 +117,18 @@ def cmd_run(args: Sequence[str]) -> int:
         if users_to_mend(run, resolved.world_size):
             return 2
     return rc
+
+
+def check_inputs(resolved: Resolved) -> tuple[Resolved, DataCheck | None]:
+    """The one check of the files a run's ranks read, before any rank starts and on a dry run too (recipes and
+    configs are checked as they are resolved; a resume's checkpoint once it is chosen): model.weights (its
+    safetensors headers against the model) and the training data, whose digest the resolved record gains."""
+    if resolved.recipe.model.weights:
+        launcher.weights_preflight(resolved.recipe_path, Path(resolved.recipe.model.weights), resolved.model)
+    if resolved.recipe.run.mode == "commbench":  # the collective sweep reads neither
+        return resolved, None
+    data = check_data(resolved)
+    return (resolved if data is None else dataclasses.replace(resolved, data_fingerprint=data.fingerprint)), data
 
 
 def untrusted_files(path: Path) -> str | None:

@@ -9,6 +9,7 @@ runs nothing. `python -m launch recommend ... verify=true` runs its top layouts 
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 import statistics
 import subprocess
@@ -24,7 +25,8 @@ from launch.errors import ConfigError
 from launch.plan.build import plan_resolved
 from launch.plan.layout import Plan
 from launch.run import envinfo
-from launch.run.rundir import RunDir, claim_folder, runs_root
+from launch.outputs import claim_folder
+from launch.run.rundir import RunDir, runs_root
 from launch.run.timesource import time_source
 from launch.units import GiB
 
@@ -69,7 +71,18 @@ def member(label: str, recipe: str, overrides: Sequence[str]) -> Member:
     source = time_source(resolved, overrides, machine)
     if source.calibration:
         resolved = resolve_path(recipe, [*source.overrides, "run.resume=never"])
-    return Member(label, recipe, source.overrides, resolved, plan_resolved(resolved, machine))
+    return Member(label or resolved.recipe_name, recipe, source.overrides, resolved, plan_resolved(resolved, machine))
+
+
+def distinct_labels(members: Sequence[Member]) -> list[Member]:
+    """Each member labelled by its recipe's own name (`.` spelled out, as its run directory is), a repeated name
+    numbered (`a`, `a-2`): the report tells runs apart by label."""
+    seen: dict[str, int] = {}
+    out = []
+    for m in members:
+        seen[m.label] = seen.get(m.label, 0) + 1
+        out.append(m if seen[m.label] == 1 else dataclasses.replace(m, label=f"{m.label}-{seen[m.label]}"))
+    return out
 
 
 def check_equal(members: Sequence[Member]) -> None:
@@ -127,7 +140,7 @@ def run_members(members: Sequence[Member], folder: Path, *, quiet: bool = False)
 def sweep_folder(kind: str) -> Path:
     """The folder a sweep (or recommend's verification) owns: runs/sweeps/<kind>-<UTC stamp>/, its member runs
     and its report inside."""
-    return claim_folder(runs_root() / "sweeps", f"{kind}-")
+    return claim_folder(runs_root() / "sweeps", f"{kind}-", field="LAYOUTLAB_RUNS")
 
 
 def write_report(measured: Sequence[Measured], folder: Path) -> Path | None:
@@ -153,7 +166,7 @@ def cmd_sweep(args: Sequence[str]) -> int:
     dry, recipes, overrides = a.dry_run, list(a.positional), list(a.overrides)
     if len(recipes) < 2:
         raise ConfigError("command line", "recipes", recipes, "names fewer than two recipes: nothing to compare", USAGE)
-    members = [member(Path(r).name, r, overrides) for r in recipes]
+    members = distinct_labels([member("", r, overrides) for r in recipes])
     check_equal(members)
     sweep_table(plan_rows(members), f"sweep of {len(members)} runs" + (f" ({' '.join(overrides)})" if overrides else ""),
                 make_console())
@@ -167,4 +180,7 @@ def cmd_sweep(args: Sequence[str]) -> int:
     report = write_report(measured, folder)
     if report:
         print(f"report: {report}")
+    elif any(x.rc == 0 for x in measured):
+        print(f"the report of {folder} was not written (see the lines above)", file=sys.stderr)
+        return 1
     return 0 if all(x.rc == 0 for x in measured) else 1

@@ -41,6 +41,11 @@ def check(where: Callable[[str], str], cb: CommbenchSection, max_bytes_set: int,
                                ("commbench.iters", cb.iters, 1)]:
         if value < low:
             raise ConfigError(where(dotted), dotted, value, f"must be at least {low}", f"set {dotted}={low} or more")
+    if cb.max_bytes > hw.memory_bytes:
+        # the send and receive buffers live on the device: a larger message cannot be allocated (2^62 bytes passed)
+        raise ConfigError(where("commbench.max_bytes"), "commbench.max_bytes", cb.max_bytes,
+                          f"exceeds the {hw.name} profile's device memory ({hw.memory_bytes} bytes)",
+                          "set commbench.max_bytes to a size the device holds, e.g. 1073741824 (1 GiB)")
     if not (math.isfinite(cb.interleave_us) and 0 <= cb.interleave_us <= 1e6):
         raise ConfigError(where("commbench.interleave_us"), "commbench.interleave_us", cb.interleave_us,
                           "must be between 0 and 1e6 µs", "set commbench.interleave_us=0 (back-to-back calls) or e.g. 500")

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, Collection
 
 from launch import REPO_ROOT, inputs
 from launch.errors import ConfigError
@@ -76,18 +76,18 @@ _ABSENT = object()
 
 
 def compose(base: dict[str, Any], base_file: str, owned: dict[str, tuple[Any, str]], *,
-            shipped: bool = False) -> dict[str, Any]:
+            yields: Collection[str] = frozenset()) -> dict[str, Any]:
     """Apply the recipe-owned fields over `base`.
 
-    `owned` maps a dotted DeepSpeed key to (value, recipe field that decides it). A user's base that
-    sets one of them explicitly to something else is refused: silently letting either side win is how
-    a run ends up with a batch size or ZeRO stage nobody asked for. A shipped base (`shipped`) is ours:
-    its tuning (e.g. overlap_comm) gives way where a backend must decide the field itself.
+    `owned` maps a dotted DeepSpeed key to (value, recipe field that decides it). A base that sets one of them
+    explicitly to something else is refused: silently letting either side win is how a run ends up with a batch size
+    or ZeRO stage nobody asked for. The keys in `yields` are the exception: a shipped base's tuning (e.g.
+    overlap_comm) that gives way where a backend must decide the field itself.
     """
     out = json.loads(json.dumps(base))
     for key, (value, recipe_field) in owned.items():
         have = _get(out, key)
-        if have is not _ABSENT and have != value and not shipped:
+        if have is not _ABSENT and have != value and key not in yields:
             raise ConfigError(base_file, key, have, f"contradicts the recipe ({recipe_field} gives {value!r})",
                               f"remove {key} from the base or set {recipe_field} to match")
         _set(out, key, value)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import difflib
 import json
+import math
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from types import MappingProxyType
@@ -51,9 +52,13 @@ _REQUIRED_INTS = (
 @dataclass(frozen=True)
 class ParamInfo:
     name: str  # as Hugging Face names it
-    numel: int
+    shape: tuple[int, ...]  # as Hugging Face stores it (Linear weights are [out, in])
     split: str  # "out" | "in" | "vocab" | "replicated" under tensor parallelism
     layer: int  # decoder layer index; -1 for the embedding, num_layers for the final norm and lm_head
+
+    @property
+    def numel(self) -> int:
+        return math.prod(self.shape)
 
 
 @dataclass(frozen=True)
@@ -147,28 +152,28 @@ class ModelSpec:
         h, i, v = self.hidden_size, self.intermediate_size, self.vocab_size
         q_out, kv_out = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
         qkv_bias, o_bias = self.attention_bias, self.attention_bias and arch.o_bias_follows_qkv
-        out = [ParamInfo("model.embed_tokens.weight", v * h, "vocab", -1)]
+        out = [ParamInfo("model.embed_tokens.weight", (v, h), "vocab", -1)]
         for layer in range(self.num_layers):
             pre = f"model.layers.{layer}."
             for name, rows in (("q_proj", q_out), ("k_proj", kv_out), ("v_proj", kv_out)):
-                out.append(ParamInfo(f"{pre}self_attn.{name}.weight", rows * h, "out", layer))
+                out.append(ParamInfo(f"{pre}self_attn.{name}.weight", (rows, h), "out", layer))
                 if qkv_bias:
-                    out.append(ParamInfo(f"{pre}self_attn.{name}.bias", rows, "out", layer))
-            out.append(ParamInfo(f"{pre}self_attn.o_proj.weight", h * q_out, "in", layer))
+                    out.append(ParamInfo(f"{pre}self_attn.{name}.bias", (rows,), "out", layer))
+            out.append(ParamInfo(f"{pre}self_attn.o_proj.weight", (h, q_out), "in", layer))
             if o_bias:
-                out.append(ParamInfo(f"{pre}self_attn.o_proj.bias", h, "replicated", layer))
+                out.append(ParamInfo(f"{pre}self_attn.o_proj.bias", (h,), "replicated", layer))
             for name in ("gate_proj", "up_proj"):
-                out.append(ParamInfo(f"{pre}mlp.{name}.weight", i * h, "out", layer))
+                out.append(ParamInfo(f"{pre}mlp.{name}.weight", (i, h), "out", layer))
                 if self.mlp_bias:
-                    out.append(ParamInfo(f"{pre}mlp.{name}.bias", i, "out", layer))
-            out.append(ParamInfo(f"{pre}mlp.down_proj.weight", h * i, "in", layer))
+                    out.append(ParamInfo(f"{pre}mlp.{name}.bias", (i,), "out", layer))
+            out.append(ParamInfo(f"{pre}mlp.down_proj.weight", (h, i), "in", layer))
             if self.mlp_bias:
-                out.append(ParamInfo(f"{pre}mlp.down_proj.bias", h, "replicated", layer))
-            out.append(ParamInfo(f"{pre}input_layernorm.weight", h, "replicated", layer))
-            out.append(ParamInfo(f"{pre}post_attention_layernorm.weight", h, "replicated", layer))
-        out.append(ParamInfo("model.norm.weight", h, "replicated", self.num_layers))
+                out.append(ParamInfo(f"{pre}mlp.down_proj.bias", (h,), "replicated", layer))
+            out.append(ParamInfo(f"{pre}input_layernorm.weight", (h,), "replicated", layer))
+            out.append(ParamInfo(f"{pre}post_attention_layernorm.weight", (h,), "replicated", layer))
+        out.append(ParamInfo("model.norm.weight", (h,), "replicated", self.num_layers))
         if not self.tie_word_embeddings:
-            out.append(ParamInfo("lm_head.weight", v * h, "vocab", self.num_layers))
+            out.append(ParamInfo("lm_head.weight", (v, h), "vocab", self.num_layers))
         return out
 
     def to_dict(self) -> dict[str, Any]:

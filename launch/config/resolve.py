@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import typing
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Sequence
@@ -73,23 +74,63 @@ class Resolved:
 
     @classmethod
     def from_json(cls, text: str, *, source: str = "resolved.json") -> "Resolved":
-        d = json.loads(text)
-        if d.get("schema_version") != SCHEMA_VERSION:
+        try:
+            d = json.loads(text)
+            version = d.get("schema_version")
+        except (ValueError, AttributeError) as e:  # cut short, not JSON, or not an object
+            raise ConfigError(source, "(contents)", f"{type(e).__name__}: {e}", f"are damaged ({len(text)} characters)",
+                              "use an intact copy of the run directory, or resolve the recipe again") from None
+        if version != SCHEMA_VERSION:
             raise ConfigError(source, "schema_version", d.get("schema_version"),
                               f"is not {SCHEMA_VERSION}, the version this code reads",
                               "re-resolve the recipe with this checkout (run.sh --dry-run shows it)")
+        try:
+            return cls._from_dict(d)
+        except ConfigError:
+            raise
+        except (KeyError, TypeError, ValueError, AttributeError) as e:  # a field missing or of the wrong kind
+            raise ConfigError(source, "(contents)", f"{type(e).__name__}: {e}", "are damaged",
+                              "use an intact copy of the run directory, or resolve the recipe again") from None
+
+    @classmethod
+    def _from_dict(cls, d: dict) -> "Resolved":
+        hardware, grid = HardwareProfile.from_dict(d["hardware"]), RankGrid.from_dict(d["grid"])
+        for section, record in (("hardware", hardware), ("grid", grid)):
+            _check_kinds(record, section)
         return cls(
             recipe_name=d["recipe_name"], recipe_path=d["recipe_path"], chain=tuple(d["chain"]),
             overrides=tuple(d["overrides"]), recipe=from_dict(Recipe, d["recipe"]),
-            model=ModelSpec.from_dict(d["model"]), hardware=HardwareProfile.from_dict(d["hardware"]),
-            grid=RankGrid.from_dict(d["grid"]), grad_accum=d["grad_accum"], ds_config=d["ds_config"],
+            model=ModelSpec.from_dict(d["model"]), hardware=hardware, grid=grid, grad_accum=d["grad_accum"], ds_config=d["ds_config"],
             ds_base=d["ds_base"], warnings=tuple(d["warnings"]), schema_version=d["schema_version"],
             data_fingerprint=d.get("data_fingerprint"),
         )
 
     @classmethod
     def load(cls, path: str | Path) -> "Resolved":
-        return cls.from_json(Path(path).read_text(), source=str(path))
+        try:
+            text = Path(path).read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as e:
+            raise ConfigError(str(path), "(file)", str(path), f"cannot be read ({type(e).__name__})",
+                              "use an intact copy of the run directory") from None
+        return cls.from_json(text, source=str(path))
+
+
+def _check_kinds(record: Any, section: str) -> None:
+    """A record read back from resolved.json holds numbers where its fields are numbers and text where they are
+    text (`"memory_bytes": "80GB"` failed far away, multiplying a string); raises TypeError naming the field."""
+    hints = typing.get_type_hints(type(record))
+    for f in dataclasses.fields(record):
+        value, kind = getattr(record, f.name), hints[f.name]
+        if kind is int:
+            ok = type(value) is int
+        elif kind is float:
+            ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+        elif kind is str:
+            ok = isinstance(value, str)
+        else:
+            continue
+        if not ok:
+            raise TypeError(f"{section}.{f.name}={value!r} is not {kind.__name__}")
 
 
 def resolve_path(path: str | Path, overrides: Sequence[str] = (), world_size: int | None = None) -> Resolved:
@@ -418,7 +459,12 @@ def _deepspeed_config(loaded: LoadedRecipe, r: Recipe, grad_accum: int, hw: Hard
             owned[f"zero_optimization.{kind}.device"] = (dev, field)
             if dev == "nvme":
                 owned[f"zero_optimization.{kind}.nvme_path"] = (par.nvme_path, "parallel.nvme_path")
+    recipe_owned = dict(owned)
     owned = traits(r.backend).compose_ds_config(owned, r)
+    # A shipped base's tuning gives way where the backend decides a field itself (Megatron's overlap_comm); the
+    # recipe's own fields (stage, batch, offload) are refused when any base contradicts them, shipped or not: a user
+    # naming deepspeed.config=ds_configs/zero3.json with parallel.zero_stage=2 gets told, not stage 2.
+    backend_owned = {k for k, v in owned.items() if recipe_owned.get(k) != v}
     base_file = str(base_path.relative_to(dsconfig.DS_CONFIGS.parent)) if base_path.is_relative_to(dsconfig.DS_CONFIGS.parent) else str(base_path)
     zo = base.setdefault("zero_optimization", {})
     for kind, dev, field in (("offload_optimizer", par.offload_optimizer, "parallel.offload_optimizer"),
@@ -434,7 +480,8 @@ def _deepspeed_config(loaded: LoadedRecipe, r: Recipe, grad_accum: int, hw: Hard
             zo[kind] = dict(dsconfig.OFFLOAD_DEFAULTS[(kind, dev)])
     if "nvme" in (par.offload_optimizer, par.offload_params):
         base.setdefault("aio", dict(dsconfig.AIO_DEFAULTS))
-    cfg = dsconfig.compose(base, base_file, owned, shipped=base_path.parent == dsconfig.DS_CONFIGS)
+    cfg = dsconfig.compose(base, base_file, owned,
+                           yields=backend_owned if base_path.parent == dsconfig.DS_CONFIGS else frozenset())
     dsconfig.fill_auto(cfg, model, par.tp, base_file)
     return cfg, base_file
 

@@ -236,12 +236,17 @@ def load_recipe(path: str | Path, overrides: Sequence[str] = ()) -> LoadedRecipe
                           f"{hint}pass a folder under recipes/ that contains recipe.toml")
     merged: dict[str, Any] = {}
     origin: dict[str, str] = {}
-    chain = _read_chain(top, [])
+    chain = _read_chain(top)
     for f in chain:
         data = _read_toml(f)
         data.pop("extends", None)
         _drop_other_model_source(merged, data.get("model", {}) if isinstance(data.get("model"), dict) else {})
         _merge(merged, data, origin, str(f), "")
+    model_sources = [o for o in overrides if o.split("=", 1)[0].strip() in ("model.name", "model.config")]
+    if len({o.split("=", 1)[0].strip() for o in model_sources}) == 2:
+        # each would drop the other (a layer names the model one way): the later one silently winning is a guess
+        raise ConfigError(f"override {model_sources[-1]}", "model", model_sources,
+                          "names the model twice (by catalogue name and by config.json)", "give one of them")
     for item in overrides:
         key, value = _parse_override(item)
         if key == "extends":  # the chain is read from the files before any override applies
@@ -283,28 +288,29 @@ def _read_toml(f: Path) -> dict[str, Any]:
     return inputs.parse_toml(f, context=str(f), field="(file)", fix="name a recipe folder holding recipe.toml")
 
 
-MAX_EXTENDS = 32  # shipped recipes chain 2 deep; a longer chain is a mistake, and recursion has a limit
-
-
-def _read_chain(f: Path, seen: list[Path]) -> list[Path]:
-    resolved = f.resolve()
-    if resolved in seen:
-        raise ConfigError(str(f), "extends", str(f), "forms a cycle",
-                          "make the chain of `extends` end at a base without `extends`")
-    if len(seen) >= MAX_EXTENDS:
-        raise ConfigError(str(f), "extends", f"{len(seen)} levels", f"chains more than {MAX_EXTENDS} recipes",
-                          "extend the base the chain ends at directly")
-    data = _read_toml(f)
-    parent = data.get("extends")
-    if parent is None:
-        return [f]
-    if not isinstance(parent, str):
-        raise ConfigError(str(f), "extends", parent, "must be a string path", 'write extends = "../base"')
-    pf = recipe_file(f.parent / parent)
-    if not pf.is_file():
-        raise ConfigError(str(f), "extends", parent, f"points to {pf}, which does not exist",
-                          "name a recipe folder relative to this file, e.g. \"../base\"")
-    return _read_chain(pf, seen + [resolved]) + [f]
+def _read_chain(top: Path) -> list[Path]:
+    """The recipe files from the base the chain ends at down to `top`. Read in a loop, not by recursion, so a chain
+    is limited only by a cycle (refused), never by Python's recursion limit."""
+    chain: list[Path] = []
+    seen: set[Path] = set()
+    f = top
+    while True:
+        resolved = f.resolve()
+        if resolved in seen:
+            raise ConfigError(str(f), "extends", str(f), "forms a cycle",
+                              "make the chain of `extends` end at a base without `extends`")
+        seen.add(resolved)
+        chain.append(f)
+        parent = _read_toml(f).get("extends")
+        if parent is None:
+            return chain[::-1]
+        if not isinstance(parent, str) or "\x00" in parent:
+            raise ConfigError(str(f), "extends", parent, "must be a string path", 'write extends = "../base"')
+        pf = recipe_file(f.parent / parent)
+        if not pf.is_file():
+            raise ConfigError(str(f), "extends", parent, f"points to {pf}, which does not exist",
+                              "name a recipe folder relative to this file, e.g. \"../base\"")
+        f = pf
 
 
 def _merge(dst: dict, src: Mapping, origin: dict, file: str, prefix: str) -> None:
@@ -341,6 +347,9 @@ def _parse_override(item: str) -> tuple[str, Any]:
     key = key.strip()
     if not key or any(not part for part in key.split(".")):
         raise ConfigError("command line", key, raw, "has an empty name", "write e.g. parallel.tp=2")
+    if inputs.nesting(raw) > inputs.MAX_DEPTH:  # the recipe files' limit: the TOML parser recurses per level
+        raise ConfigError(f"override {item[:60]}...", key, f"more than {inputs.MAX_DEPTH} levels", "nests too deep",
+                          "flatten the array")
     try:
         value = tomllib.loads(f"v = {raw.strip()}")["v"]
     except tomllib.TOMLDecodeError:
@@ -406,6 +415,9 @@ def _coerce(typ: Any, value: Any, dotted: str, origin: Mapping[str, str], top: s
     where = origin.get(dotted, top)
     if dataclasses.is_dataclass(typ):
         return _build(typ, value, dotted + ".", origin, top)
+    if any(isinstance(v, str) and "\x00" in v for v in (value if isinstance(value, list) else [value])):
+        # no path or name can hold one, and the OS calls that would meet it raise ValueError, not an OSError
+        raise ConfigError(where, dotted, value, "holds a NUL byte", f"set {dotted} without it")
     options = get_args(typ) if get_origin(typ) in (Union, types.UnionType) else (typ,)
     for opt in options:
         ok, out = _try(opt, value)

@@ -19,7 +19,7 @@ from launch.config.resolve import Resolved
 from launch.errors import ConfigError
 from launch.ranks import untrusted
 from launch.run.checkpoints import ResumeError, complete_checkpoints
-from launch.run.rundir import EXPORT_MARKER, RunDir, export_target_problem
+from launch.run.rundir import EXPORT_MARKER, RunDir, export_inputs, export_target_problem
 
 
 def consolidated_state_dict(run: RunDir, resolved: Resolved, step: int | None = None):
@@ -56,7 +56,7 @@ def export(run_dir: str | Path, step: int | None = None, out: str | Path | None 
         raise ConfigError(str(ckpt.dir), "parameters", sorted(set(missing) - tied)[:5] or sorted(unexpected)[:5],
                           "do not match the model in resolved.json", "export a checkpoint of this run's own model")
     target = Path(out) if out else run.root / "export" / ckpt.tag
-    problem = export_target_problem(target)
+    problem = export_target_problem(target, inputs=export_inputs(run, resolved.recipe.model.weights))
     if problem:
         raise ConfigError("command line", "out", str(target), problem, "name a new folder, or an earlier export's")
     # Written whole beside the target, marked, then swapped in: an earlier export of ours is replaced only once the

@@ -19,7 +19,7 @@ from typing import Any
 
 from launch.config.backends import traits
 from launch.config.resolve import Resolved
-from launch.run.rundir import write_text_atomic
+from launch.outputs import write_text_atomic
 
 MARKER = "layoutlab_checkpoint.json"  # written last, by rank 0, after every rank finished saving
 

@@ -183,11 +183,13 @@ def local_gpu_count() -> int:
 PICKLED_WEIGHTS = (".bin", ".pt", ".pth", ".ckpt")
 
 
-def weights_preflight(recipe_path: str, folder: Path) -> None:
+def weights_preflight(recipe_path: str, folder: Path, model) -> None:
     """A model.weights folder the ranks may read: safetensors (read as they are; a pickle-based .bin runs whatever
-    it names when unpickled) and no custom code (auto_map asks transformers to import the folder's own Python,
-    which layoutlab never does: trust_remote_code stays off)."""
+    it names when unpickled), no custom code (auto_map asks transformers to import the folder's own Python,
+    which layoutlab never does: trust_remote_code stays off), and every tensor `model` needs, whole and of its
+    shape: without this, a folder of other weights trained from random initialisation and exited 0."""
     from launch.errors import ConfigError
+    from launch.inputs import safetensors_header
 
     files = sorted(p.name for p in folder.iterdir()) if folder.is_dir() else []
     if not any(f.endswith(".safetensors") for f in files):
@@ -207,6 +209,21 @@ def weights_preflight(recipe_path: str, folder: Path) -> None:
             raise ConfigError(str(folder / name), "auto_map", sorted(doc["auto_map"])[:3],
                               "asks transformers to run the folder's own Python code, which layoutlab never does",
                               "use a model whose architecture transformers ships (remove auto_map if it is one)")
+    stored = {}
+    for f in sorted(folder.glob("*.safetensors")):
+        stored.update(safetensors_header(f))
+    need = model.parameters()
+    missing = [p for p in need if p.name not in stored]
+    if missing:
+        raise ConfigError(recipe_path, "model.weights", str(folder),
+                          f"lacks {len(missing)} of the {len(need)} tensors {model.name} needs (first: {missing[0].name})"
+                          + ("; it holds none of them" if len(missing) == len(need) else ""),
+                          "point model.weights at this model's own weights, or leave it unset to train from scratch")
+    for p in need:
+        if stored[p.name].shape != p.shape:
+            raise ConfigError(str(folder / stored[p.name].file), p.name, list(stored[p.name].shape),
+                              f"is not the shape {model.name} needs ({list(p.shape)})",
+                              "point model.weights at weights of the model the recipe names (model.name / model.config)")
 
 
 def preflight(resolved, *, which=None, gpus: int | None = None, environ: Mapping[str, str] | None = None) -> None:
@@ -227,8 +244,6 @@ def preflight(resolved, *, which=None, gpus: int | None = None, environ: Mapping
     if r.run.profile == "nsys" and which("nsys") is None:
         raise ConfigError(resolved.recipe_path, "run.profile", "nsys", "needs Nsight Systems' `nsys` on PATH",
                           'install Nsight Systems (it ships with the CUDA toolkit) or set run.profile="torch"')
-    if r.model.weights:
-        weights_preflight(resolved.recipe_path, Path(r.model.weights))
     environ = os.environ if environ is None else environ
     p = nodes.placement(environ, r.hardware.nodes)
     nodes.check(resolved, p)

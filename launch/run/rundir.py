@@ -9,11 +9,10 @@ from __future__ import annotations
 
 import datetime as _dt
 import os
-import socket
-import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO, Callable
+
+from launch.outputs import claim_folder, folder_problem, write_text_atomic
 
 SUBDIRS = ("metrics", "logs", "traces", "nccl", "commbench", "tensorboard", "checkpoints")
 # Files of a run directory that are ours but no evidence for a report (glob relative to the root -> what it is): the
@@ -34,48 +33,6 @@ def runs_root() -> Path:
     """`$LAYOUTLAB_RUNS` when set, else ./runs (relative to where run.sh is called). Set but empty counts as
     unset: Path("") is the working directory, where runs would land beside the user's files."""
     return Path(os.environ.get("LAYOUTLAB_RUNS") or "runs")
-
-
-def claim_folder(parent: Path, prefix: str = "", *, now: _dt.datetime | None = None) -> Path:
-    """A new folder `parent/<prefix><UTC stamp>` of this process's own: mkdir is the atomic claim, so two launches in
-    one second get distinct folders (`-1`, `-2`, ...) and none is ever joined."""
-    parent.mkdir(parents=True, exist_ok=True)
-    stamp = prefix + (now or _dt.datetime.now(_dt.timezone.utc)).strftime("%Y%m%d-%H%M%S")
-    n = 0
-    while True:
-        path = parent / (stamp if n == 0 else f"{stamp}-{n}")
-        try:
-            path.mkdir()
-            return path
-        except FileExistsError:
-            n += 1
-
-
-def write_text_atomic(path: Path, text: str) -> None:
-    """Replace `path` with `text` at once: readers see the old file or the new one, never a part."""
-    write_bytes_atomic(path, text.encode("utf-8"))
-
-
-def write_bytes_atomic(path: Path, data: bytes) -> None:
-    """Replace `path` with `data` at once: readers see the old file or the new one, never a part."""
-    write_atomic(path, lambda f: f.write(data))
-
-
-def write_atomic(path: Path, write: Callable[[BinaryIO], object]) -> None:
-    """Replace `path` with what `write` writes to the open file, at once: readers see the old file or the new one,
-    never a part.
-
-    The temporary name is this writer's own (host, process and thread): the nodes of a job write their shared run
-    directory at the same moment, and with one name for all, one node's os.replace moved the file the other had
-    just written, which then failed with FileNotFoundError and left node 0 waiting in the rendezvous.
-    """
-    tmp = path.with_name(f"{path.name}.{socket.gethostname()}.{os.getpid()}.{threading.get_ident()}.tmp")
-    try:
-        with open(tmp, "wb") as f:
-            write(f)
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
 
 
 @dataclass(frozen=True)
@@ -182,7 +139,7 @@ class RunDir:
 
     @classmethod
     def create(cls, recipe_name: str, *, root: Path | None = None, now: _dt.datetime | None = None) -> "RunDir":
-        path = claim_folder(((root or runs_root()) / recipe_name).resolve(), now=now)
+        path = claim_folder((root or runs_root()) / recipe_name, field="LAYOUTLAB_RUNS", now=now)
         for sub in SUBDIRS:
             (path / sub).mkdir(exist_ok=True)
         return cls(path)
@@ -215,16 +172,15 @@ class RunDir:
 EXPORT_MARKER = "layoutlab_export.json"  # written last into every folder `python -m launch export` fills
 
 
-def export_target_problem(out: Path) -> str | None:
-    """Why `out` may not receive an export (None: it may): a file, a dangling link, or a folder holding anything but
-    an earlier export of ours. transformers' save_pretrained deletes the shard files it finds in its target, so a
-    folder of someone else's files is never handed to it."""
-    if out.is_symlink() and not out.exists():
-        return "is a symlink to nothing"
-    if out.exists() and not out.is_dir():
-        return "is a file; name a folder (it is created)"
-    if out.is_dir() and any(out.iterdir()) and not (out / EXPORT_MARKER).is_file():
-        first = sorted(p.name for p in out.iterdir())[0]
-        return (f"holds files that are not an export of ours ({first}, ...): an export never replaces or deletes "
-                "them")
-    return None
+def export_target_problem(out: Path, inputs: tuple[Path, ...] = ()) -> str | None:
+    """Why `out` may not receive an export (None: it may): a file, a dangling link, an input of the export, or a
+    folder holding anything but an earlier export of ours. transformers' save_pretrained deletes the shard files it
+    finds in its target, so a folder of someone else's files is never handed to it."""
+    return folder_problem(out, ours=lambda p: (p / EXPORT_MARKER).is_file(), writer="`python -m launch export`",
+                          inputs=inputs)
+
+
+def export_inputs(run: RunDir, weights: str | None) -> tuple[Path, ...]:
+    """What an export reads, which its folder may neither be, lie in nor hold: the run's record, its checkpoints and
+    the weights the run started from (`model.weights`: an export over them would lose the run's starting point)."""
+    return (run.resolved, run.checkpoints) + ((Path(weights),) if weights else ())

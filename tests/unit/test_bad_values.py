@@ -4,6 +4,7 @@ from pathlib import Path
 import pytest
 
 from launch.commands.cli import main
+from launch.config.schema import load_recipe
 
 RECIPES = Path(__file__).resolve().parents[2] / "recipes"
 
@@ -71,17 +72,22 @@ def test_hostile_recipe_files_are_one_line_exit_2(tmp_path, capsys, make, says):
     assert says in err and err.count("\n") == 1 and "Traceback" not in err
 
 
-def test_a_long_extends_chain_is_refused_before_recursion_fails(tmp_path, capsys):
+def test_a_long_extends_chain_is_read_past_the_recursion_limit(tmp_path, capsys):
+    """A chain is valid however long (the issue's 50 deep was refused); read in a loop, 1,200 files pass Python's
+    recursion limit of 1,000. Each layer sets train.seed to its index: the top one wins, the chain's order kept."""
     prev = RECIPES / "tiny_zero2"
-    for i in range(200):
+    for i in range(1200):
         d = tmp_path / f"r{i}"
         d.mkdir()
-        (d / "recipe.toml").write_text(f'extends = "{prev}"\n')
+        (d / "recipe.toml").write_text(f'extends = "{prev}"\n[train]\nseed = {i}\n')
         prev = d
+    loaded = load_recipe(prev)
+    assert loaded.recipe.train.seed == 1199 and len(loaded.chain) == 1200 + 2  # base, tiny_zero2, then ours
+    assert loaded.origin["train.seed"] == str(prev / "recipe.toml")
+    (tmp_path / "r0" / "recipe.toml").write_text(f'extends = "{prev}"\n')  # now a cycle
     assert main(["run", str(prev), "--dry-run"]) == 2
     err = capsys.readouterr().err
-    assert "chains more than 32 recipes" in err and err.count("\n") == 1
-    assert main(["run", str(tmp_path / "r20"), "--dry-run"]) == 0  # 22 files deep is fine
+    assert "forms a cycle" in err and err.count("\n") == 1
 
 
 def test_a_model_config_that_nests_or_overflows_is_one_line(tmp_path, capsys):

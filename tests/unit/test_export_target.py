@@ -39,7 +39,7 @@ def test_an_empty_folder_or_an_earlier_export_of_ours_may_receive_one(tmp_path):
     ours = tmp_path / "ours"
     ours.mkdir()
     (ours / "model.safetensors").write_text("x")
-    assert "not an export of ours" in export_target_problem(ours)
+    assert "did not write (model.safetensors, ...)" in export_target_problem(ours)
     (ours / EXPORT_MARKER).write_text("{}")
     assert export_target_problem(ours) is None
 

@@ -1,7 +1,7 @@
 """The run directory's atomic write, as the nodes of one job use it: at the same moment, on the same file."""
 import multiprocessing as mp
 
-from launch.run.rundir import write_text_atomic
+from launch.outputs import write_text_atomic
 
 
 def _write_many(path: str, text: str, n: int, errors) -> None:
