@@ -15,6 +15,7 @@ from launch.commands.args import Option, read, text, whole
 from launch.config.resolve import Resolved
 from launch.errors import ConfigError
 from launch.run.checkpoints import complete_checkpoints
+from launch.run.launcher import local_gpu_count
 from launch.run.rundir import RunDir, export_inputs, export_target_problem
 
 USAGE = "usage: python -m launch export RUN_DIR [step=N] [out=DIR]"
@@ -47,4 +48,7 @@ def cmd_export(args: Sequence[str]) -> int:
         raise ConfigError(str(run.root), "export", str(default), problem, "name another folder with out=")
     cmd = [sys.executable, "-m", "launch.ranks.export", run_dir, "-" if step is None else str(step), out or "-"]
     # weights-only for every load of the process, whatever the caller asks (launch.ranks.untrusted guards it too)
-    return subprocess.run(cmd, check=False, env={**os.environ, "TORCH_FORCE_WEIGHTS_ONLY_LOAD": "1"}).returncode
+    env = {**os.environ, "TORCH_FORCE_WEIGHTS_ONLY_LOAD": "1"}
+    if local_gpu_count() == 0:  # DeepSpeed would say on stderr that it fell back to the CPU: the error stays one line
+        env.setdefault("DS_ACCELERATOR", "cpu")
+    return subprocess.run(cmd, check=False, env=env).returncode

@@ -20,6 +20,7 @@ from launch.data.check import INDEXED_MODULE
 from launch.data.corpus import PREPARED, SUFFIXES, CorpusError, corpus_files
 from launch.data.tokenizer import load_tokenizer
 from launch.errors import ConfigError
+from launch.outputs import place_problem
 
 USAGE = "usage: python -m launch prepare-data FILE|FOLDER|GLOB... out=PREFIX [data.tokenizer=byte|model|DIR]"
 OPTIONS = (Option("out", "the prefix to write: PREFIX.bin and PREFIX.idx (never replaced)", text),
@@ -45,6 +46,9 @@ def _prefix(out: str) -> str:
     """The absolute prefix `out=` names, or one line saying why it names none."""
     fix = "give a new prefix such as out=data/corpus (writes data/corpus.bin and data/corpus.idx)"
     path = Path(out).expanduser()
+    problem = place_problem(path)  # before resolving: a dangling link would name its target, elsewhere
+    if problem:
+        raise ConfigError("command line", "out", out, problem, fix)
     if out.endswith(("/", os.sep)) or path.is_dir():
         raise ConfigError("command line", "out", out, "names a folder, not a prefix", fix)
     if path.suffix in (".bin", ".idx"):
