@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Iterable, Sequence
 
 from launch.errors import printable
+from launch.outputs import place_problem
 
 _KEYS = ("ceiling", "hardware", "device_memory_gib")
 USAGE = ("usage: python -m analysis report [LABEL=]PATH ... [ceiling=PATH] [hardware=PROFILE] "
@@ -175,13 +176,15 @@ def _check_outputs(outputs: Sequence[str], inputs: Sequence[str]) -> list[Path]:
     file inside an input folder, a folder, a file that is not an earlier report of ours, a Markdown report's
     figure folder holding anything but our figures; and an output whose folder cannot be made. Returns the
     earlier reports that will be replaced (said in one line each)."""
+    from analysis.parsers.recognize import is_our_report
+
     read = [Path(p).resolve() for p in inputs]
     seen: set[Path] = set()
     replacing: list[Path] = []
     for o in outputs:
-        if Path(o).is_symlink() and not Path(o).exists():
-            raise UsageError(f"-o {o}: is a symlink to a missing {os.readlink(o)}; name a plain file",
-                             show_usage=False)
+        problem = place_problem(Path(o))  # the one writer's rules (launch/outputs.py): no dangling link, no file on the way
+        if problem:
+            raise UsageError(f"-o {o}: {problem}; name a plain file", show_usage=False)
         out = Path(o).resolve()
         targets = [out] + ([out.with_name(out.stem + "_plots")] if out.suffix.lower() in (".md", ".markdown") else [])
         for target in targets:
@@ -198,7 +201,8 @@ def _check_outputs(outputs: Sequence[str], inputs: Sequence[str]) -> list[Path]:
         if out.is_dir():
             raise UsageError(f"-o {o}: is a folder; name a file such as {Path(o) / 'report.html'}", show_usage=False)
         if out.exists():
-            if not _is_our_report(out):
+            # Only a file that begins exactly as a report we wrote is replaced; a user's notes that mention one are not.
+            if not is_our_report(out):
                 raise UsageError(f"-o {o}: exists and is not a layoutlab report; it is never overwritten: choose "
                                  "another name or move it", show_usage=False)
             replacing.append(out)
@@ -207,23 +211,7 @@ def _check_outputs(outputs: Sequence[str], inputs: Sequence[str]) -> list[Path]:
                 not (f.is_file() and f.name.startswith("figure") and f.suffix == ".png") for f in plots.iterdir())):
             raise UsageError(f"-o {o}: {plots} holds files that are not this report's figures; they are never "
                              "overwritten: choose another name or move them", show_usage=False)
-        parent = next(p for p in out.parents if p.exists())
-        if not parent.is_dir() or not os.access(parent, os.W_OK):
-            raise UsageError(f"-o {o}: cannot create it under {parent} (not a writable folder)", show_usage=False)
     return replacing
-
-
-def _is_our_report(path: Path) -> bool:
-    """Whether `path` begins exactly as a report we wrote (analysis.report.render's MD_HEAD / HTML_HEAD): only such a
-    file is replaced; a user's notes that mention a report are not."""
-    from analysis.report.render import HTML_HEAD, MD_HEAD
-
-    try:
-        with open(path, "rb") as fh:
-            head = fh.read(len(HTML_HEAD.encode()) + len(MD_HEAD.encode())).decode("utf-8", "replace")
-    except OSError:
-        return False
-    return head.startswith((MD_HEAD, HTML_HEAD))
 
 
 def _require_paths(paths: Iterable[str]) -> None:

@@ -1,9 +1,10 @@
 """Physical sense for every number read from outside: framework logs, TensorBoard events, nccl-tests output, traces,
 our metrics files and our resolved/plan documents read back, and the recipes, DeepSpeed JSON and model configs a user
 gives (launch/inputs.py: NaN, infinities and integers past 64 bits). One rule each: a count or an index is not
-negative and below 2**63; a duration is not negative and at most a week; a bandwidth, a FLOP rate and a throughput are not negative and below what any machine reaches; a loss scale is
-positive and at most 2**64; a finite loss, norm or learning rate lies within float32's range (NaN and the
-infinities kept: a diverged step prints them); every other figure is finite. The parsers drop a value
+negative and below 2**63; a duration is not negative and at most a week; a bandwidth, a FLOP rate and a throughput are
+not negative and below what any machine reaches; a utilisation (MFU) is not negative and at most 10;
+a loss scale is positive and at most 2**64; a finite loss, norm or learning rate lies within float32's range (NaN and
+the infinities kept: a diverged step prints them); every other figure is finite. The parsers drop a value
 outside that from its row (None) and count it in one warning per column, never averaging it in; the launch side
 refuses it in one line. A number past 64 bits read where a count belongs would otherwise overflow every float that
 touches it.
@@ -25,6 +26,9 @@ MAX_BANDWIDTH_GBPS = 1e5
 # (samples, tokens).
 MAX_TFLOPS = 1e5
 MAX_RATE_PER_S = 1e15
+# A utilisation is the share of the device's peak a step used. Above 1 the profile's peak is below the machine's (the
+# nominal cpu profile's 50 GFLOP/s per rank on a many-core host): a real figure, kept. No profile is ten times off.
+MAX_UTILISATION = 10.0
 # Dynamic loss scalers start at 2**16 to 2**32 and halve on overflow; a scale past 2**64 overflows every fp16
 # gradient it touches.
 MAX_LOSS_SCALE = 2.0**64
@@ -36,14 +40,15 @@ FLOAT32_MAX = 3.4028234663852886e38
 def clean(rows: list[dict[str, Any]], source: str, *, counts: Iterable[str] = (), durations_us: Iterable[str] = (),
           durations_ms: Iterable[str] = (), durations_s: Iterable[str] = (),
           bandwidths_gbps: Iterable[str] = (), bandwidths_gbit_s: Iterable[str] = (), tflops: Iterable[str] = (),
-          flop_per_s: Iterable[str] = (), rates_per_s: Iterable[str] = (), loss_scales: Iterable[str] = (),
-          figures: Iterable[str] = ()) -> list[str]:
+          flop_per_s: Iterable[str] = (), rates_per_s: Iterable[str] = (), utilisations: Iterable[str] = (),
+          loss_scales: Iterable[str] = (), figures: Iterable[str] = ()) -> list[str]:
     """Blank, in place, the values of `rows` that make no physical sense; a warning per column that had some."""
     rules = ([(c, _COUNT) for c in counts] + [(c, _DURATION_US) for c in durations_us]
              + [(c, _DURATION_MS) for c in durations_ms] + [(c, _DURATION_S) for c in durations_s]
              + [(c, _BANDWIDTH) for c in bandwidths_gbps] + [(c, _BANDWIDTH_GBIT) for c in bandwidths_gbit_s]
              + [(c, _TFLOPS) for c in tflops] + [(c, _FLOP_PER_S) for c in flop_per_s]
-             + [(c, _RATE) for c in rates_per_s] + [(c, _LOSS_SCALE) for c in loss_scales]
+             + [(c, _RATE) for c in rates_per_s] + [(c, _UTILISATION) for c in utilisations]
+             + [(c, _LOSS_SCALE) for c in loss_scales]
              + [(c, _FIGURE) for c in figures])
     blanked: Counter[str] = Counter()
     why: dict[str, str] = {}
@@ -102,6 +107,8 @@ _FLOP_PER_S = _Rule(lambda v: _TFLOPS.ok(v * 1e-12), _TFLOPS.impossible)
 _LOSS_SCALE = _Rule(lambda v: 0 < v <= MAX_LOSS_SCALE, "not positive or past 2**64")
 _FIGURE = _Rule(is_figure, "finite but past float32's range")
 _RATE = _Rule(lambda v: math.isfinite(v) and 0 <= v <= MAX_RATE_PER_S, f"negative, not finite or above {MAX_RATE_PER_S:g}/s")
+_UTILISATION = _Rule(lambda v: math.isfinite(v) and 0 <= v <= MAX_UTILISATION,
+                     f"negative, not finite or above {MAX_UTILISATION:g} times the device's peak")
 
 
 def _leaves(doc: Any, where: str = "") -> Iterator[tuple[str, Any]]:

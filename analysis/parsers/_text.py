@@ -1,6 +1,7 @@
 """Reading log-like text the same way in every parser: a path or the text itself, lines, capped warnings."""
 from __future__ import annotations
 
+import codecs
 import os
 import re
 
@@ -54,6 +55,18 @@ def clean_text(text: str) -> tuple[str, int]:
     if "\x1b" in text:
         text = _ESCAPES.sub("", text)
     return text, nul
+
+
+# Byte-order marks of the encodings an editor or a shell's redirection (PowerShell's `>`) re-saves text in; every
+# format read here is UTF-8. UTF-32's little-endian mark begins with UTF-16's, hence first.
+_BOMS = ((codecs.BOM_UTF32_LE, "UTF-32"), (codecs.BOM_UTF32_BE, "UTF-32"), (codecs.BOM_UTF16_LE, "UTF-16"),
+         (codecs.BOM_UTF16_BE, "UTF-16"))
+
+
+def wide_encoding(head: bytes) -> str | None:
+    """'UTF-16' or 'UTF-32' when `head` (a file's first bytes) starts with that encoding's byte-order mark, else None:
+    such text is no UTF-8, and no line of it reads as one."""
+    return next((name for bom, name in _BOMS if head.startswith(bom)), None)
 
 
 def looks_like_text(data: bytes) -> bool:

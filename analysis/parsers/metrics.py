@@ -5,6 +5,10 @@ only stacks its records into a `Table`, one row per (rank, optimizer step). A ru
 leaves a cut last line: that line is skipped with a warning naming the file and line, and every
 finished step before it is kept.
 
+A file that is not UTF-8 (UTF-16 from an editor, stray bytes) is said to be so; a line that is not a record
+(garbage, a damaged meta record) is skipped with a warning naming the file and line; a figure outside physical
+sense (launch/sense.py: a FLOP rate above 100 PFLOP/s, an MFU above 1) is dropped from its row, counted.
+
 `Table.meta` (MetricsMeta): `ranks` ({rank: the rank's meta record as a dict, plus `file`}), `files`, and the
 fields every rank agrees on (recipe, backend, world_size, tp, pp, dp, zero_stage, dtype,
 micro_batch_size, global_batch_size, seq_len, tokens_per_step, warmup_steps, flops_per_token,
@@ -21,11 +25,11 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Any, Iterable, NamedTuple
 
-from analysis.parsers._text import SNIFF_BYTES
+from analysis.parsers._text import SNIFF_BYTES, wide_encoding
 from analysis.table import Table
+from launch import sense
 from launch.run.metrics import (
     SCHEMA_VERSION,
-    MetricsError,
     StepRecord,
     current,
     iter_records,
@@ -67,6 +71,9 @@ _SHARED_META = ("recipe", "backend", "world_size", "tp", "pp", "dp", "zero_stage
                 "flops_formula", "peak_flops_per_device", "hardware_profile", "device")
 _RANK_IN_NAME = re.compile(r"rank[-_]?(\d+)", re.IGNORECASE)
 _SNIFF_LINES = 5
+# Damaged lines named one by one in a file; the rest are counted (a binary blob where a rank's metrics belong has
+# thousands).
+_LINE_WARNINGS = 10
 
 
 class MetricsMeta(NamedTuple):
@@ -99,33 +106,25 @@ class MetricsMeta(NamedTuple):
 
 
 def sniff(path: str | os.PathLike[str]) -> str | None:
-    """'metrics_jsonl' when the file's first complete line is a record of our metrics schema, else None.
+    """'metrics_jsonl' when one of the file's first lines is a record of our metrics schema, else None.
 
-    Judged by content: the first non-empty line must be a JSON object that `launch.run.metrics.validate`
-    accepts (a meta record, or a step record when the meta line is missing).
+    Judged by content: one of the first non-empty lines must be a JSON object that `launch.run.metrics.validate`
+    accepts (a meta record, or a step record). Not only the first: a garbage line or a damaged meta record before
+    the records would otherwise hide the whole file, where the reader skips that line with a warning naming it.
     """
     try:
         with open(path, "rb") as fh:
             head = fh.read(SNIFF_BYTES)
     except OSError:
         return None
-    if not head.lstrip().startswith(b"{"):
-        return None
-    lines = head.split(b"\n")
-    for raw in lines[:_SNIFF_LINES]:
-        line = raw.strip()
-        if not line:
+    lines = [line for line in (raw.strip() for raw in head.split(b"\n")) if line][:_SNIFF_LINES]
+    for line in lines:
+        if not line.startswith(b"{"):
             continue
         try:
-            rec = json.loads(line.decode("utf-8", "replace"))
-        except ValueError:
-            return None
-        if not isinstance(rec, dict):
-            return None
-        try:
-            validate(current(rec))  # an earlier schema version is ours too (launch.run.metrics reads it)
-        except MetricsError:
-            return None
+            validate(current(json.loads(line.decode("utf-8", "replace"))))  # an earlier schema version is ours too
+        except (ValueError, RecursionError):  # not JSON (MetricsError is a ValueError too), or nested past the stack
+            continue
         return "metrics_jsonl"
     return None
 
@@ -160,14 +159,33 @@ def parse_metrics(paths: str | os.PathLike[str] | Iterable[str | os.PathLike[str
         meta: dict[str, Any] | None = None
         metas = 0
         try:
-            records = list(iter_records(f))
+            text_problem, unreadable = _text_problem(f, name)
         except OSError as exc:
             warnings.append(f"{name}: cannot read ({exc.strerror or exc})")
             continue
+        if text_problem:
+            warnings.append(text_problem)
+        if unreadable:
+            continue
+        records: list[tuple[int, Any, str | None]] = []
+        try:
+            for record in iter_records(f):
+                records.append(record)
+        except OSError as exc:
+            warnings.append(f"{name}: cannot be read past line {records[-1][0] if records else 0} "
+                            f"({exc.strerror or exc})")
+        except (TypeError, AttributeError) as exc:
+            # launch.run.metrics' reader raised on a record instead of naming it (a list for a meta record's
+            # schema_version is unhashable in its `current`): the records before it are kept, and it is said.
+            warnings.append(f"{name}: a record after line {records[-1][0] if records else 0} cannot be read "
+                            f"({type(exc).__name__}: {exc}); the rest of the file is left out")
         mine: list[dict[str, Any]] = []  # this file's rows: a restart replaces only its own
+        damaged = 0
         for lineno, rec, problem in records:
             if problem:
-                warnings.append(problem.replace(str(f), name, 1))
+                damaged += 1
+                if damaged <= _LINE_WARNINGS:
+                    warnings.append(problem.replace(str(f), name, 1))
                 continue
             if rec["kind"] == "meta":
                 meta = rec
@@ -185,6 +203,14 @@ def parse_metrics(paths: str | os.PathLike[str] | Iterable[str | os.PathLike[str
             row = {c: rec.get(c) for c in _STEP_FIELDS}
             row.update(rank=rank, file=name, line=lineno)
             mine.append(row)
+        if damaged > _LINE_WARNINGS:
+            warnings.append(f"{name}: {damaged - _LINE_WARNINGS} more damaged line(s) skipped, not named one by one")
+        # The schema (launch.run.metrics.validate) refuses a record whose figure is of the wrong type, negative or not
+        # finite, whose count passes 64 bits, whose step lasts over a week or whose loss passes float32; the sense
+        # of the other figures' size is launch.sense's, by their units.
+        warnings.extend(sense.clean(mine, name, durations_s=("data_time_s",),
+                                    rates_per_s=("tokens_per_s", "tokens_per_s_per_device"),
+                                    tflops=("tflops_per_device",), utilisations=("mfu",)))
         rows.extend(mine)
         if meta is None:
             warnings.append(f"{name}: no meta record; rank taken from the file name, run facts unknown")
@@ -193,7 +219,9 @@ def parse_metrics(paths: str | os.PathLike[str] | Iterable[str | os.PathLike[str
         rank = meta["rank"]
         if rank in ranks:
             warnings.append(f"{name}: rank {rank} also in {ranks[rank]['file']}; their steps are pooled")
-        ranks[rank] = {**{k: v for k, v in meta.items() if k != "kind"}, "file": name}
+        facts = {k: v for k, v in meta.items() if k != "kind"}
+        warnings.extend(sense.clean([facts], f"{name} meta record", flop_per_s=("peak_flops_per_device",)))
+        ranks[rank] = {**facts, "file": name}
     if not files:
         warnings.append(f"{_display(Path(paths), base) if isinstance(paths, (str, os.PathLike)) else 'metrics'}: "
                         f"no metrics JSONL found")
@@ -209,6 +237,29 @@ def parse_metrics(paths: str | os.PathLike[str] | Iterable[str | os.PathLike[str
                            schema_version=SCHEMA_VERSION)
     return Table.from_rows("metrics", COLUMNS, rows, source=", ".join(meta_out.files), warnings=warnings,
                            meta=meta_out)
+
+
+def _text_problem(path: Path, name: str) -> tuple[str | None, bool]:
+    """(warning, whether nothing of the file can be read) when `path` is not the UTF-8 launch.run.metrics writes: an
+    empty file; UTF-16 or UTF-32 (a byte-order mark: every line would read as garbage, so the file is left out with
+    one warning instead of one per line); bytes that are not UTF-8 (the first such line is named: iter_records reads
+    them as U+FFFD, silently). (None, False) when the file is UTF-8."""
+    with open(path, "rb") as fh:
+        head = fh.read(4)
+        if not head:
+            return f"{name}: empty file: the rank recorded nothing", True
+        wide = wide_encoding(head)
+        if wide:
+            return (f"{name}: {wide} text (it starts with a byte-order mark), not the UTF-8 our trainer writes: not "
+                    f"read; convert it back with `iconv -f {wide} -t UTF-8`"), True
+        fh.seek(0)
+        for lineno, raw in enumerate(fh, 1):
+            try:
+                raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                return (f"{name}:{lineno}: bytes that are not UTF-8 (0x{raw[exc.start]:02x} at column "
+                        f"{exc.start + 1}, perhaps more after it), read as U+FFFD"), False
+    return None, False
 
 
 def _rank_from_name(path: Path) -> int | None:

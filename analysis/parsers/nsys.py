@@ -26,6 +26,9 @@ from (tests/fixtures/nsys/README.md has the links):
   twice (a real 2022.2 export has `cudaMemcpy_v3020` class 0 and `cudaMemcpy` class 67).
 - A truncated file is opened with `PRAGMA writable_schema`, without which SQLite refuses any
   file shorter than its header says; tables are then read up to the first missing page.
+- A row whose time makes no physical sense (launch/sense.py: a start that is no integer, an end
+  before the start, longer than a week, a week away from the others) is dropped, counted in one
+  warning, as the Kineto parser drops such events.
 
 `nsys stats` text (CSV and the `column` format) is analysis.parsers.nsys_stats'; `sniff` tells the two apart.
 """
@@ -35,12 +38,14 @@ import bisect
 import os
 import re
 import sqlite3
+from collections import Counter
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Mapping, NamedTuple, Sequence
 
 from analysis.parsers import gpu_kernels
 from analysis.parsers.gpu_kernels import COLLECTIVES, base_name, nccl_kernel_info
 from analysis.table import Table
+from launch import sense
 
 COLUMNS: dict[str, str] = {
     "rank": "rank given by the caller (`rank=` int for the whole file, or a {pid: rank} mapping for a "
@@ -56,7 +61,7 @@ COLUMNS: dict[str, str] = {
     "start_ns": "start timestamp in ns on the report's clock (ns since the session start unless the export "
                 "shifted it)",
     "end_ns": "end timestamp in ns; None for an NVTX range still open when capture stopped",
-    "dur_ns": "end_ns - start_ns; None when end_ns is missing or before start_ns",
+    "dur_ns": "end_ns - start_ns; None when end_ns is missing",
     "bytes": "bytes copied (memcpy) or set (memset); None otherwise",
     "copy_kind": "memcpy direction label (Host-to-Device, Device-to-Host, Device-to-Device, Peer-to-Peer, ...); "
                  "None otherwise",
@@ -426,16 +431,50 @@ class _Export:
 
     def _row(self, category: str, r: Mapping[str, Any], **fields: Any) -> dict[str, Any]:
         start, end = r.get("start"), r.get("end")
-        dur = end - start if isinstance(start, int) and isinstance(end, int) else None
-        if dur is not None and dur < 0:
-            self.warn("negative duration", f"{category} '{fields.get('name')}' ends before it starts "
-                                           f"({start} > {end}); dur_ns left empty")
-            dur = None
+        dur = end - start if _is_time(start) and _is_time(end) else None
         row = {"category": category, "start_ns": start, "end_ns": end, "dur_ns": dur,
                "correlation": r.get("correlationId"), "device": r.get("deviceId"), "stream": r.get("streamId")}
         row.update(fields)
         row["rank"] = self.rank_of(row.get("pid"))
         return row
+
+    def sensible(self, *groups: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
+        """Each group of rows without those whose time makes no physical sense (launch/sense.py), with one counted
+        warning: a start, or an end, that is not an integer timestamp (a damaged export: text there cannot even be
+        sorted against the others); an end before the start; a duration longer than a week; a start more than a
+        week from the median of the others (one stray timestamp would stretch the measured span by years). An NVTX
+        range still open when capture stopped has no end, and stays."""
+        starts = sorted(r["start_ns"] for rows in groups for r in rows if _is_time(r["start_ns"]))
+        mid = starts[len(starts) // 2] if starts else 0
+
+        def why(r: dict[str, Any]) -> str | None:
+            start, end, dur = r["start_ns"], r["end_ns"], r["dur_ns"]
+            if not _is_time(start) or not (end is None or _is_time(end)):
+                return _NOT_A_TIME
+            if abs(start - mid) > _MAX_EVENT_NS:
+                return _FAR
+            if dur is not None and dur < 0:
+                return _BACKWARDS
+            if dur is not None and dur > _MAX_EVENT_NS:
+                return _TOO_LONG
+            return None
+
+        dropped: Counter[str] = Counter()
+        kept: list[list[dict[str, Any]]] = []
+        for rows in groups:
+            kept.append([])
+            for r in rows:
+                reason = why(r)
+                if reason:
+                    dropped[reason] += 1
+                else:
+                    kept[-1].append(r)
+        if dropped:
+            self.warnings.append(f"{self.name}: {sum(dropped.values())} row(s) dropped whose time makes no physical "
+                                 f"sense (" + ", ".join(f"{dropped[reason]} {reason}" for reason in
+                                                        (_NOT_A_TIME, _FAR, _BACKWARDS, _TOO_LONG) if dropped[reason])
+                                 + ")")
+        return kept
 
     # joins --------------------------------------------------------------------------------
 
@@ -479,9 +518,8 @@ class _Export:
         if self.open():
             self.load_strings()
             self.load_meta()
-            runtime = self.runtime_rows()
-            gpu = self.kernel_rows() + self.memcpy_rows()
-            nvtx = self.nvtx_rows()
+            runtime, gpu, nvtx = self.sensible(self.runtime_rows(), self.kernel_rows() + self.memcpy_rows(),
+                                               self.nvtx_rows())
             self.join_launches(gpu, runtime)
             rows = runtime + gpu + nvtx
             self.assign_context(rows, nvtx)
@@ -498,6 +536,19 @@ class _Export:
             self.con.close()
         return Table.from_rows("nsys", COLUMNS, rows, source=self.name, warnings=self.warnings,
                                meta=NsysMeta(**self.facts))
+
+
+# Physical sense for one row (launch/sense.py): no activity, call or range lasts a week; timestamps are integer
+# nanoseconds (SQLite INTEGER): text, a float or a bool there is damage.
+_MAX_EVENT_NS = sense.MAX_DURATION_S * 10**9
+_NOT_A_TIME = "with a start or end that is not a timestamp"
+_FAR = "starting more than a week from the others"
+_BACKWARDS = "ending before it starts"
+_TOO_LONG = "lasting longer than a week"
+
+
+def _is_time(v: Any) -> bool:
+    return type(v) is int
 
 
 def _steps_from_optimizer(nvtx: list[dict[str, Any]], exclude: set[Any]) -> list[tuple[Any, None, int, int, int]]:

@@ -1,4 +1,4 @@
-"""Find what a run left behind: classify every file under a path by its content, never by its name.
+"""Find what a run left behind: classify every file under a path by its content, and our own files by their place.
 
 Each file is offered to the parsers' own `sniff()` functions (metrics JSONL, DeepSpeed and Megatron
 logs, nsys SQLite / `nsys stats` text, TensorBoard event files) and to the content tests kept here
@@ -6,9 +6,13 @@ for formats whose parser has none (Kineto traces, nccl-tests output, NCCL_DEBUG 
 resolved.json / plan.json / env.json). A file may have several kinds: a Megatron-DeepSpeed log is
 both a DeepSpeed and a Megatron log, a training log run with NCCL_DEBUG=INFO is also an NCCL log.
 
-A folder that holds a resolved config (by content) is one of our run directories; every file under
-it belongs to that run. Recognised files outside run directories form one foreign run per path
-given. Files nothing recognises are listed with the reason, never silently dropped.
+A folder that holds a resolved config (by content), or a file named resolved.json beside a metrics/ folder (by the
+layout of launch.run.rundir.RunDir), is one of our run directories; every file under it belongs to that run. There
+the layout's own files (resolved.json, plan.json, metrics/rank{R}.jsonl) are read as what our writers put there
+whatever their content, so that damage inside one is reported by its reader, with the line, instead of the file being
+skipped as unrecognised. A report we wrote is told by its exact head (REPORT_HEADS) and listed as ours wherever it
+lies. Recognised files outside run directories form one foreign run per path given. Files nothing recognises are
+listed with the reason, never silently dropped.
 """
 from __future__ import annotations
 
@@ -29,9 +33,10 @@ from analysis.parsers._text import (
     head_and_tail,
     line_start_pattern,
     looks_like_text,
+    wide_encoding,
 )
 from analysis.parsers.nccl_debug import LOG_LINE_START
-from launch.run.rundir import NOT_EVIDENCE
+from launch.run.rundir import NOT_EVIDENCE, RunDir
 
 KINDS: dict[str, str] = {
     "resolved": "our resolved config (resolved.json): marks its folder as a run directory",
@@ -65,13 +70,23 @@ _ENV_KEYS = {"git_commit", "packages", "python"}
 _COMMBENCH_KEYS = {"version", "op", "nccl_tests_op", "rows", "group_size", "bus_factor"}
 _SMALL_JSON = 4 << 20
 
+# The head every report we write begins with (analysis.report.render writes it): what marks a file as one of ours, read
+# back exactly where the renderer puts it, never found by searching the text, so a user's notes that quote a report are
+# not taken for one. Kept here, below the renderers, because the recognizer lists such a file as ours wherever it lies
+# and `-o` replaces only such a file.
+MD_HEAD = ("# layoutlab report\n"
+           "<!-- written by python -m analysis report: the next report of this name replaces it -->\n")
+HTML_HEAD = ("<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>"
+             "<meta name='generator' content='python -m analysis report'>")
+REPORT_HEADS = (MD_HEAD.encode(), HTML_HEAD.encode())
+
 
 @dataclass(frozen=True)
 class Recognized:
     path: Path
     kinds: tuple[str, ...]  # empty when skipped
     reason: str = ""  # why a file was skipped, or a note on a recognised one
-    ours: bool = False  # one of our run directory's own files that is no evidence (rundir.NOT_EVIDENCE), not damage
+    ours: bool = False  # our own file that is no evidence (rundir.NOT_EVIDENCE, a report of ours), not damage
 
 
 @dataclass(frozen=True)
@@ -124,6 +139,11 @@ def _decompressed_head(path: Path) -> bytes:
         return zlib.decompressobj(16 + zlib.MAX_WBITS).decompress(raw, SNIFF_BYTES)
     except zlib.error:
         return b""
+
+
+def is_our_report(path: str | os.PathLike[str]) -> bool:
+    """Whether `path` begins exactly as a report we wrote (MD_HEAD or HTML_HEAD)."""
+    return _head(Path(path), max(map(len, REPORT_HEADS))).startswith(REPORT_HEADS)
 
 
 def sniff_kineto(path: str | os.PathLike[str]) -> str | None:
@@ -211,6 +231,8 @@ def classify(path: str | os.PathLike[str]) -> Recognized:
         return Recognized(p, (), f"cannot read ({exc.strerror or exc})")
     if size == 0:
         return Recognized(p, (), "empty file")
+    if is_our_report(p):
+        return Recognized(p, (), "ours: a report written by python -m analysis report", ours=True)
     kinds: list[str] = []
     for sniff in _SNIFFERS:
         try:
@@ -224,6 +246,10 @@ def classify(path: str | os.PathLike[str]) -> Recognized:
     if kinds:
         return Recognized(p, tuple(kinds))
     head = _head(p, SNIFF_BYTES)
+    wide = wide_encoding(head)
+    if wide:
+        return Recognized(p, (), f"{wide} text (a byte-order mark); every supported text format is UTF-8: convert it "
+                                 f"with `iconv -f {wide} -t UTF-8`")
     if not looks_like_text(head) or head.startswith(_GZIP_MAGIC):
         return Recognized(p, (), "binary file of no supported format")
     return Recognized(p, (), "text without lines from any supported tool (DeepSpeed, Megatron, nccl-tests, "
@@ -241,6 +267,27 @@ def _ours(r: Recognized, run_dirs: list[Path]) -> Recognized | None:
     return None
 
 
+def _named_run_dir(folder: Path) -> bool:
+    """Whether `folder` is laid out as our run directory: a resolved.json (RunDir.is_run_dir) beside the metrics/
+    folder RunDir.create makes. Told by names, so that a damaged resolved.json keeps its run ours."""
+    return RunDir.is_run_dir(folder) and RunDir(folder).metrics_dir.is_dir()
+
+
+_DIGITS = re.compile(r"\d+")
+
+
+def _layout_kind(path: Path, run_dirs: set[Path]) -> str | None:
+    """The kind of file our writers put at `path`, when `path` is where launch.run.rundir.RunDir puts resolved.json,
+    plan.json or a rank's metrics in one of `run_dirs`; None elsewhere."""
+    if path.parent in run_dirs:
+        layout = RunDir(path.parent)
+        return {layout.resolved: "resolved", layout.plan: "plan"}.get(path)
+    rank = _DIGITS.search(path.name)
+    if path.parent.parent in run_dirs and rank and RunDir(path.parent.parent).metrics(int(rank[0])) == path:
+        return "metrics_jsonl"
+    return None
+
+
 def recognize(path: str | os.PathLike[str]) -> Inventory:
     """Classify every file under `path` (a file or a folder, searched recursively) by content."""
     root = Path(path)
@@ -253,6 +300,7 @@ def recognize(path: str | os.PathLike[str]) -> Inventory:
     skipped: list[Recognized] = []
     warnings: list[str] = []
     run_dirs: list[Path] = []
+    layouts: set[Path] = set()  # run_dirs, for the lookup of every file's place
     count = 0
     for dirpath, dirnames, filenames in os.walk(root):
         d = Path(dirpath)
@@ -263,12 +311,14 @@ def recognize(path: str | os.PathLike[str]) -> Inventory:
                 warnings.append(f"{root}: more than {_MAX_FILES} files; the rest were not examined")
                 break
             here.append(classify(d / name))
-        is_run = any("resolved" in r.kinds for r in here)
+        is_run = _named_run_dir(d) or any("resolved" in r.kinds for r in here)
         if is_run:
             run_dirs.append(d)
+            layouts.add(d)
+        here = [Recognized(r.path, (kind,)) if (kind := _layout_kind(r.path, layouts)) else r for r in here]
         for r in here:
             if not r.kinds:
-                skipped.append(_ours(r, run_dirs) or r)
+                skipped.append(r if r.ours else _ours(r, run_dirs) or r)
         found.extend(r for r in here if r.kinds)
         if count > _MAX_FILES:
             break

@@ -82,6 +82,42 @@ def _check_sense(doc: Any) -> None:
         raise ValueError(f"{where}={value!r} {why}")
 
 
+_JSON_TYPES = {list: "an array", str: "a string", int: "a number", float: "a number", bool: "a boolean",
+               type(None): "null"}
+
+
+def _document(path: Path) -> str:
+    """The text of one of our JSON documents (resolved.json, plan.json); ValueError saying what the file holds instead
+    of a JSON object (empty, not UTF-8, not JSON, an array), which their own readers would report as a stray
+    KeyError or AttributeError."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"not UTF-8 text (byte {exc.start})") from None
+    if not text.strip():
+        raise ValueError("an empty file")
+    try:
+        doc = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"not JSON: {exc.msg} at line {exc.lineno}, column {exc.colno}") from None
+    except RecursionError:
+        raise ValueError("nested deeper than JSON can be read here") from None
+    if not isinstance(doc, dict):
+        raise ValueError(f"{_JSON_TYPES.get(type(doc), type(doc).__name__)}, not a JSON object")
+    return text
+
+
+def _why(exc: Exception) -> str:
+    """Why one of our documents cannot be read, for a warning that names the file already."""
+    from launch.errors import ConfigError
+
+    if isinstance(exc, ConfigError):
+        return f"{exc.field}={exc.value!r} {exc.problem}"
+    if isinstance(exc, KeyError):
+        return f"its field {exc.args[0]!r} is missing"
+    return str(exc)
+
+
 def _whole(v: Any, low: int = 0) -> bool:
     return isinstance(v, int) and not isinstance(v, bool) and low <= v < sense.COUNT_LIMIT
 
@@ -111,7 +147,7 @@ def load_run(rf: RunFiles, *, hardware: Any = None, hardware_source: str = "") -
         from launch.errors import ConfigError
 
         try:
-            resolved = Resolved.load(p)
+            resolved = Resolved.from_json(_document(p), source=rel(p))
             _check_sense(json.loads(resolved.to_json()))
             bad = [k for k, v in vars(resolved.grid).items() if not _whole(v, low=1)]
             if bad:
@@ -120,16 +156,17 @@ def load_run(rf: RunFiles, *, hardware: Any = None, hardware_source: str = "") -
             run.resolved_source = rel(p)
             run.hardware, run.hardware_source = run.resolved.hardware, f"{rel(p)} hardware.{run.resolved.hardware.name}"
         except (ConfigError, OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
-            run.warnings.append(f"{rel(p)}: cannot be read as a resolved config ({exc}); the layout comes from "
+            run.warnings.append(f"{rel(p)}: cannot be read as a resolved config ({_why(exc)}); the layout comes from "
                                 f"the metrics' meta record and the plan only from a readable plan.json")
     if run.hardware is None and hardware is not None:
         run.hardware, run.hardware_source = hardware, hardware_source
     plans = rf.of("plan")
+    unread_plan = None  # why plan.json cannot be read, said once the report knows what stands in for it
     if plans:
         from launch.plan.layout import Plan
 
         try:
-            text = plans[0].read_text()
+            text = _document(plans[0])
             plan = Plan.from_json(text)
             _check_sense(json.loads(text))
             bad = [f.name for f in fields(plan.step) if f.type in ("float", "int")
@@ -139,7 +176,7 @@ def load_run(rf: RunFiles, *, hardware: Any = None, hardware_source: str = "") -
             run.plan = plan
             run.plan_source = rel(plans[0])
         except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
-            run.warnings.append(f"{rel(plans[0])}: cannot be read as a plan ({exc})")
+            unread_plan = _why(exc)
     if run.plan is None and run.resolved is not None:
         from launch.plan.build import plan_resolved
 
@@ -149,10 +186,15 @@ def load_run(rf: RunFiles, *, hardware: Any = None, hardware_source: str = "") -
             machine = _recorded_machine(rf.of("env"))
             run.plan = plan_resolved(run.resolved, machine)
             _check_sense(json.loads(run.plan.to_json()))
-            run.plan_source = f"recomputed from {run.resolved_source} (launch.plan.build.plan_resolved; no plan.json)"
+            run.plan_source = (f"recomputed from {run.resolved_source} (launch.plan.build.plan_resolved; no readable "
+                               f"plan.json)")
         except (ArithmeticError, ValueError, KeyError, TypeError, AttributeError) as exc:
             run.plan = None
             run.warnings.append(f"{run.resolved_source}: no plan can be computed from it ({type(exc).__name__}: {exc})")
+    if unread_plan:
+        instead = (f"the plan is recomputed from {run.resolved_source}" if run.plan is not None
+                   else "the run has no plan to compare with")
+        run.warnings.append(f"{rel(plans[0])}: cannot be read as a plan ({unread_plan}); {instead}")
     metrics = rf.of("metrics_jsonl")
     if metrics:
         run.metrics = parse_metrics(metrics, relative_to=rf.root)

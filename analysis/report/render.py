@@ -8,9 +8,11 @@ import os
 from pathlib import Path
 from typing import Any, Iterable
 
+from analysis.parsers.recognize import HTML_HEAD, MD_HEAD
 from analysis.report.data import Report
 from analysis.report.sections import report_blocks
 from launch.errors import printable
+from launch.outputs import write_bytes_atomic, write_text_atomic
 from launch.pages import CSP_META
 
 # ---- Markdown
@@ -22,20 +24,12 @@ def _md_cell(text: Any) -> str:
             .replace("$", "\\$"))
 
 
-# What marks a file as a report we wrote, and so one the next report of that name may replace: said exactly where
-# the renderers put it (analysis/__main__.py reads it back), never found by searching the text.
-GENERATED_MD = "<!-- written by python -m analysis report: the next report of this name replaces it -->"
-GENERATED_HTML = "<meta name='generator' content='python -m analysis report'>"
-MD_HEAD = f"# layoutlab report\n{GENERATED_MD}\n"
-HTML_HEAD = f"<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>{GENERATED_HTML}"
-
-
 def render_markdown(rep: Report, out_path: str | os.PathLike[str]) -> list[Path]:
     """Write the report as Markdown; figures go beside it as PNG files. Returns the files written."""
     out = Path(out_path)
     plots_dir = out.with_name(out.stem + "_plots")
     written = [out]
-    lines = ["# layoutlab report", GENERATED_MD, ""]
+    lines = [*MD_HEAD.splitlines(), ""]
     n_img = 0
     for b in report_blocks(rep):
         if b.kind in ("h2", "h3"):
@@ -55,10 +49,10 @@ def render_markdown(rep: Report, out_path: str | os.PathLike[str]) -> list[Path]
             n_img += 1
             plots_dir.mkdir(parents=True, exist_ok=True)
             f = plots_dir / f"figure{n_img}.png"
-            f.write_bytes(b.png)
+            write_bytes_atomic(f, b.png)
             written.append(f)
             lines += [f"![{_md_cell(b.text)}]({plots_dir.name}/{f.name})", "", f"*{_md_cell(b.text)}*", ""]
-    out.write_text("\n".join(lines))
+    write_text_atomic(out, "\n".join(lines))
     return written
 
 
@@ -86,7 +80,7 @@ def render_html(rep: Report, out_path: str | os.PathLike[str]) -> list[Path]:
     """Write one self-contained HTML file: inline CSS, figures as base64 PNG, no scripts, no links out."""
     # One-letter escaper keeps the markup readable; control characters (ANSI escapes read from logs) as escapes.
     e = lambda s: html.escape(printable(str(s), keep="\n\t"), quote=True)  # noqa: E731
-    parts = ["<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>", GENERATED_HTML, CSP_META,
+    parts = [HTML_HEAD, CSP_META,
              "<meta name='viewport' content='width=device-width, initial-scale=1'>",
              "<title>layoutlab report</title><style>", _CSS, "</style></head><body><h1>layoutlab report</h1>"]
     for b in report_blocks(rep):
@@ -122,7 +116,7 @@ def render_html(rep: Report, out_path: str | os.PathLike[str]) -> list[Path]:
                          f"<figcaption>{e(b.text)}</figcaption></figure>")
     parts.append("</body></html>")
     out = Path(out_path)
-    out.write_text("".join(parts), encoding="utf-8")
+    write_text_atomic(out, "".join(parts))
     return [out]
 
 

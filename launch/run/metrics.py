@@ -126,7 +126,10 @@ _FIGURES = {"step": ("loss", "lr", "grad_norm", "valid_loss"), "meta": ()}
 
 def current(record: Any) -> Any:
     """A meta record of an earlier schema version in this version's names (in place); anything else as it is."""
-    if isinstance(record, dict) and record.get("kind") == "meta" and record.get("schema_version") in _RENAMED_SINCE:
+    if not (isinstance(record, dict) and record.get("kind") == "meta"):
+        return record
+    # an int only: a damaged record's list would raise TypeError in the lookup (unhashable); validate() then names it
+    if type(record.get("schema_version")) is int and record["schema_version"] in _RENAMED_SINCE:
         for old, new in _RENAMED_SINCE[record["schema_version"]].items():
             if old in record and new not in record:
                 record[new] = record.pop(old)

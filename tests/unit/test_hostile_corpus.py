@@ -279,3 +279,33 @@ def test_short_escapes_and_mostly_nul_binaries(tmp_path):
     db = tmp_path / "cache.db"
     db.write_bytes(b"SQLite format 3\0" + b"\0" * 40_000 + b"\x05\x00\x00\x00\x01\x0f\xfb" + b"\0" * 20_000)
     assert classify(db).reason == "binary file of no supported format"
+
+
+def test_our_metrics_figures_beyond_sense_are_dropped_and_counted(tmp_path):
+    """tflops_per_device=1e290 and mfu=1e290 pass the schema (non-negative, finite) and reached the tables."""
+    import json
+
+    from analysis.report import build_report
+
+    run = make_run_dir(tmp_path / "runs", traces=False, steps=6)
+    for rank in (0, 1):
+        f = run / "metrics" / f"rank{rank}.jsonl"
+        records = [json.loads(line) for line in f.read_text().splitlines()]
+        for rec in records[1:]:
+            rec.update(tflops_per_device=1e290, mfu=1e290 if rank == 0 else 11.0)
+        records[0]["peak_flops_per_device"] = 1e290 if rank == 1 else records[0]["peak_flops_per_device"]
+        f.write_text("".join(json.dumps(rec) + "\n" for rec in records))
+    (r,) = build_report([(None, str(run))]).runs
+    warned = r.run.warnings
+    for rank in (0, 1):
+        assert (f"metrics/rank{rank}.jsonl: 6 value(s) of tflops_per_device dropped as physically impossible "
+                f"(negative, not finite or above 100 PFLOP/s)") in warned, warned
+        assert any(w.startswith(f"metrics/rank{rank}.jsonl: 6 value(s) of mfu dropped as physically impossible")
+                   for w in warned), warned
+    assert ("metrics/rank1.jsonl meta record: 1 value(s) of peak_flops_per_device dropped as physically impossible "
+            "(negative, not finite or above 100 PFLOP/s)") in warned, warned
+    assert r.run.metrics.meta.ranks[1]["peak_flops_per_device"] is None
+    assert set(r.run.metrics.column("tflops_per_device")) == {None} == set(r.run.metrics.column("mfu"))
+    stats = next(r.stats.rows())
+    assert stats["tflops_per_device"] is None and stats["mfu_pct"] is None
+    assert stats["step_time_median_s"] is not None  # the records themselves are kept

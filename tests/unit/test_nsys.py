@@ -269,6 +269,30 @@ def test_export_cut_inside_its_data_gives_partial_rows(grown, tmp_path, fraction
     assert sniff(cut) == "nsys_sqlite"
 
 
+def test_rows_whose_time_makes_no_sense_are_dropped_and_counted(exports, tmp_path):
+    """Text in a start column raised TypeError while the rows were sorted; an end far past the capture gave a
+    kernel longer than a week, without a word."""
+    from analysis.parsers.nsys_adapter import as_kineto
+
+    path = tmp_path / "damaged.sqlite"
+    shutil.copy(exports["modern"], path)
+    con = sqlite3.connect(path)
+    kernels = [r[0] for r in con.execute("SELECT rowid FROM CUPTI_ACTIVITY_KIND_KERNEL ORDER BY rowid")]
+    con.execute("UPDATE CUPTI_ACTIVITY_KIND_KERNEL SET start = 'garbage' WHERE rowid = ?", (kernels[0],))
+    con.execute("UPDATE CUPTI_ACTIVITY_KIND_KERNEL SET end = 9000000000000000000 WHERE rowid = ?", (kernels[1],))
+    con.execute("UPDATE CUPTI_ACTIVITY_KIND_RUNTIME SET end = start - 5 WHERE rowid = 1")
+    con.commit()
+    con.close()
+    t = parse_nsys_sqlite(path, source="damaged.sqlite")
+    full = parse_nsys_sqlite(exports["modern"])
+    assert len(t.where(category="kernel")) == len(full.where(category="kernel")) - 2
+    assert len(t.where(category="cuda_runtime")) == len(full.where(category="cuda_runtime")) - 1
+    assert ("damaged.sqlite: 3 row(s) dropped whose time makes no physical sense (1 with a start or end that is "
+            "not a timestamp, 1 ending before it starts, 1 lasting longer than a week)") in t.warnings, t.warnings
+    assert max(d for d in t.column("dur_ns") if d is not None) < 10**9
+    assert len(as_kineto([t]))
+
+
 def test_file_that_is_not_sqlite(tmp_path):
     junk = tmp_path / "report.sqlite"
     junk.write_text("Time (%),Total Time (ns)\n1,2\n")

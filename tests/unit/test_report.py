@@ -354,14 +354,17 @@ def test_an_empty_folder_is_said_to_hold_nothing(tmp_path, capsys):
 
 
 def test_step_times_without_physical_sense_are_dropped_with_a_warning(tmp_path):
-    """A NaN step time is no measurement: each such record is dropped and named, never averaged in, and the speed
-    table shows no percentile rather than a number."""
+    """A NaN step time is no measurement: each such record is dropped (the first ten of a file named, the rest
+    counted), never averaged in, and the speed table shows no percentile rather than a number."""
     from analysis.report import report_blocks
 
     run = make_run_dir(tmp_path / "runs", traces=False, step_times=[float("nan")] * 12)  # no finite step time
     rep = build_report([(None, run)])
     warned = [w for w in rep.runs[0].run.warnings if "step_time_s=nan is not a positive, finite number" in w]
-    assert len(warned) == 12 * 2  # every record of both ranks
+    assert len(warned) == 10 * 2
+    for rank in (0, 1):
+        assert (f"metrics/rank{rank}.jsonl: 2 more damaged line(s) skipped, not named one by one"
+                in rep.runs[0].run.warnings)
     (speed,) = [b for b in report_blocks(rep) if "p10–p90, ms" in b.headers]
     assert speed.rows[0][2] == "–"
 

@@ -54,7 +54,7 @@ def test_output_over_a_users_file_folder_or_figures(inputs, tmp_path, capsys):
     assert (plots / "keep.txt").read_text() == "mine"
     blocker = tmp_path / "file"
     blocker.write_text("x")
-    assert "cannot create it" in refused(capsys, inputs, "-o", blocker / "sub" / "r.html")
+    assert "which is a file" in refused(capsys, inputs, "-o", blocker / "sub" / "r.html")
 
 
 def test_an_earlier_report_is_replaced_and_said(inputs, tmp_path, capsys):
@@ -90,3 +90,26 @@ def test_a_new_report_inside_the_run_it_describes_is_accepted_and_ignored_by_the
     ours = {p for p, _ in rep.runs[0].run.ours}
     assert {"report.md", "report.html"} <= ours and not rep.runs[0].run.skipped
     assert any(p.startswith("report_plots/figure") for p in ours) or not (run / "report_plots").exists()
+
+
+def test_our_report_is_ours_wherever_it_lies(inputs, tmp_path, capsys):
+    """Told by its exact head: in a run directory whose resolved.json is damaged, in a folder of foreign files, or
+    given alone, it was 'text without lines from any supported tool'; a user's page with the same title is not
+    ours."""
+    from analysis.report import build_report
+    from tests.unit.report_support import make_run_dir
+
+    run = make_run_dir(tmp_path / "runs", traces=False)
+    assert main(["report", str(run), "-o", str(run / "report.md"), "-o", str(run / "report.html")]) == 0
+    capsys.readouterr()
+    for name in ("report.md", "report.html"):
+        shutil.copy(run / name, inputs / name)
+    (inputs / "mine.md").write_text("# layoutlab report\nmy own page with the same title\n")
+    (run / "resolved.json").write_text("{}")
+    rep = build_report([("run", run), ("foreign", inputs), ("alone", inputs / "report.html")])
+    for r in rep.runs:
+        ours = {p for p, _ in r.run.ours}
+        skipped = {p for p, _ in r.run.skipped}
+        assert {"report.md", "report.html"} & ours and not {"report.md", "report.html"} & skipped, (r.label, ours)
+    assert rep.runs[0].run.run_dir
+    assert "mine.md" in {p for p, _ in rep.runs[1].run.skipped}

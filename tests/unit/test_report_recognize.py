@@ -202,3 +202,111 @@ def test_metrics_sniff_rejects_other_jsonl(tmp_path):
     f.write_text('{"text": "a corpus line"}\n')
     assert metrics_parser.sniff(f) is None
     assert metrics_parser.sniff(NCCL / "c_allreduce_2017_ms.txt") is None
+
+
+# ------------------------------------------------------------------ our own files, damaged inside
+
+def _rank0(run: Path) -> Path:
+    return run / "metrics" / "rank0.jsonl"
+
+
+_DAMAGED_STARTS = {
+    "garbage-line": lambda data: b"garbage\n" + data,
+    "damaged-meta": lambda data: b'{"schema_version": 2, "rank": 0, "kind": "meta"\n' + data.split(b"\n", 1)[1],
+}
+
+
+@pytest.mark.parametrize("damage", sorted(_DAMAGED_STARTS))
+def test_damage_at_the_start_of_our_metrics_is_reported_with_its_line(tmp_path, damage):
+    """A garbage first line or a damaged meta record made rank 0's metrics 'text without lines from any supported
+    tool': its steps vanished from the report without a warning."""
+    run = make_run_dir(tmp_path / "runs", traces=False, steps=6)
+    _rank0(run).write_bytes(_DAMAGED_STARTS[damage](_rank0(run).read_bytes()))
+    (r,) = build_report([(None, run)]).runs
+    assert r.run.run_dir and not r.run.skipped
+    assert len(r.run.metrics) == 12 and set(r.run.metrics.column("rank")) == {0, 1}
+    assert any(w.startswith("metrics/rank0.jsonl:1: ") for w in r.run.warnings), r.run.warnings
+    loose = tmp_path / "loose.jsonl"  # outside a run directory: told by the records that follow the damage
+    shutil.copy(_rank0(run), loose)
+    assert classify(loose).kinds == ("metrics_jsonl",)
+
+
+@pytest.mark.parametrize("encoding", ["utf-16", "latin-1"])
+def test_our_metrics_in_another_encoding_is_said_to_be(tmp_path, encoding):
+    """Re-saved as UTF-16 (an editor, PowerShell's `>`), rank 0's metrics were skipped as unrecognised text; a
+    Latin-1 byte inside a record was read as U+FFFD without a word."""
+    run = make_run_dir(tmp_path / "runs", traces=False, steps=6)
+    text = _rank0(run).read_text(encoding="utf-8")
+    _rank0(run).write_bytes(text.replace("tiny_zero2", "tiny_z\u00e9ro2", 1).encode(encoding))
+    (r,) = build_report([(None, run)]).runs
+    assert r.run.run_dir and not r.run.skipped
+    if encoding == "utf-16":
+        assert any(w.startswith("metrics/rank0.jsonl: UTF-16 text") for w in r.run.warnings), r.run.warnings
+        assert set(r.run.metrics.column("rank")) == {1}
+    else:
+        assert any(w.startswith("metrics/rank0.jsonl:1: bytes that are not UTF-8") for w in r.run.warnings), \
+            r.run.warnings
+        assert len(r.run.metrics) == 12
+
+
+@pytest.mark.parametrize("content", ["", "{}", "[]", "5", '{"a": ' + "[" * 3000],
+                         ids=["empty", "empty-object", "list", "number", "deep"])
+@pytest.mark.parametrize("name", ["resolved.json", "plan.json"])
+def test_an_unreadable_resolved_or_plan_of_our_run_is_said_to_be_damaged(tmp_path, name, content):
+    """An empty or non-object resolved.json / plan.json was listed as skipped, and the run with a damaged
+    resolved.json became 'foreign files'."""
+    run = make_run_dir(tmp_path / "runs", traces=False)
+    (run / name).write_text(content)
+    (r,) = build_report([(None, run)]).runs
+    assert r.run.run_dir and r.label == "tiny_zero2/20260101-000000"
+    assert not r.run.skipped, r.run.skipped
+    warned = "\n".join(r.run.warnings)
+    what = {"": "an empty file", "{}": "", "[]": "an array, not a JSON object", "5": "a number, not a JSON object",
+            '{"a": ' + "[" * 3000: "nested deeper than JSON can be read here"}
+    if name == "resolved.json":
+        assert f"resolved.json: cannot be read as a resolved config ({what[content]}" in warned, warned
+        assert "the layout comes from the metrics' meta record" in warned
+        assert r.run.resolved is None and r.run.metrics is not None and len(r.run.metrics)
+    else:
+        assert f"plan.json: cannot be read as a plan ({what[content]}" in warned, warned
+        assert "the plan is recomputed from resolved.json" in warned
+        assert r.run.plan is not None and r.run.plan_source.startswith("recomputed from resolved.json")
+
+
+def test_a_resolved_config_with_a_figure_of_the_wrong_type_is_unreadable(tmp_path):
+    """hardware.memory_bytes as text was believed: without a plan.json the memory table raised TypeError (the check of
+    the fields' kinds is launch.config.resolve's)."""
+    run = make_run_dir(tmp_path / "runs", traces=False, plan=False)
+    doc = json.loads((run / "resolved.json").read_text())
+    doc["hardware"]["memory_bytes"] = "80 GB"
+    (run / "resolved.json").write_text(json.dumps(doc))
+    (r,) = build_report([(None, run)]).runs
+    assert r.run.resolved is None and r.run.hardware is None
+    assert any(w.startswith("resolved.json: cannot be read as a resolved config (") and "hardware.memory_bytes='80 GB'"
+               in w and "the layout comes from the metrics' meta record" in w for w in r.run.warnings), r.run.warnings
+
+
+def test_binary_garbage_where_our_metrics_belong_is_named_in_few_lines(tmp_path):
+    """Read by its place, a blob of binary garbage at metrics/rank0.jsonl gives the first damaged lines by number and a
+    count of the rest, not a warning per line."""
+    run = make_run_dir(tmp_path / "runs", traces=False, steps=6)
+    _rank0(run).write_bytes(bytes(range(256)).replace(b"\n", b"") * 64 + b"\n" + b"\x00\x01garbage\n" * 500)
+    (r,) = build_report([(None, run)]).runs
+    mine = [w for w in r.run.warnings if w.startswith("metrics/rank0.jsonl")]
+    assert "metrics/rank0.jsonl: 491 more damaged line(s) skipped, not named one by one" in mine, mine
+    assert len(mine) <= 13 and not r.run.skipped
+    assert mine[0].startswith("metrics/rank0.jsonl:1: bytes that are not UTF-8")
+
+
+def test_a_record_the_schema_reader_raises_on_is_said_and_the_steps_before_it_kept(tmp_path):
+    """A meta record whose schema_version is a list raised TypeError out of launch.run.metrics' reader (unhashable
+    in `current`), and with it the whole report."""
+    run = make_run_dir(tmp_path / "runs", traces=False, steps=6)
+    lines = _rank0(run).read_text().splitlines()
+    bad = json.loads(lines[0])
+    bad["schema_version"] = [1, 2]
+    _rank0(run).write_text("\n".join(lines[:3] + [json.dumps(bad)] + lines[3:]) + "\n")
+    (r,) = build_report([(None, run)]).runs
+    assert ("metrics/rank0.jsonl: a record after line 3 cannot be read (TypeError: unhashable type: 'list'); the rest "
+            "of the file is left out") in r.run.warnings
+    assert r.run.metrics.where(rank=0).column("step") == [1, 2]
