@@ -27,7 +27,7 @@ from typing import Sequence
 from launch.commands.args import Option, boolean, read, whole
 from launch.commands.render import make_console, recommendation, safe
 from launch.config.resolve import resolve_path
-from launch.plan.search import Candidate, candidates, recommend
+from launch.plan.search import Candidate, search
 from launch.run import envinfo
 from launch.run.timesource import time_source
 
@@ -131,7 +131,7 @@ def cmd_recommend(args: Sequence[str]) -> int:
     for line in source.lines:
         console.print(safe(line), soft_wrap=True)  # a path stays whole
     overrides = list(source.overrides)
-    rec = recommend(candidates(recipe, overrides, machine))
+    rec = search(recipe, overrides, machine)
     recommendation(base.recipe_name, rec, top, console)
     if not verify or not rec.ranked:
         return 0 if rec.ranked else 1

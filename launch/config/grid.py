@@ -7,12 +7,19 @@ boundaries across nodes, as Narayanan et al. recommend.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
+from typing import Sequence
 
 
-def divisors(n: int) -> list[int]:
-    """The whole numbers that divide n, ascending: the degrees a dimension of n ranks (or layers) can split into."""
-    return [d for d in range(1, n + 1) if n % d == 0]
+def divisors(n: int, at_most: int | None = None) -> list[int]:
+    """The whole numbers that divide n, ascending: the degrees a dimension of n ranks (or layers) can split into.
+    `at_most`: only those up to it. Tried up to √n (or `at_most`), not up to n: a world of 10^12 ranks has 169."""
+    if at_most is not None and at_most < math.isqrt(n):
+        return [d for d in range(1, at_most + 1) if n % d == 0]
+    small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
+    out = small + [n // d for d in reversed(small) if d * d != n]
+    return out if at_most is None else [d for d in out if d <= at_most]
 
 
 @dataclass(frozen=True)
@@ -49,6 +56,26 @@ class RankGrid:
         t, d, _ = self.coords(rank)
         return tuple(self.rank(t, d, p) for p in range(self.pp))
 
+    # The same groups as ranges (tuple(g.tp_span(r)) == g.tp_group(r)), for the planner: a group of a million ranks
+    # is three numbers, and where its members sit (spans_nodes, ranks_per_node_in) is arithmetic, not a walk.
+    def tp_span(self, rank: int) -> range:
+        start = rank - rank % self.tp
+        return range(start, start + self.tp)
+
+    def dp_span(self, rank: int) -> range:
+        t, _, p = self.coords(rank)
+        start = self.rank(t, 0, p)
+        return range(start, start + self.tp * self.dp, self.tp)
+
+    def pp_span(self, rank: int) -> range:
+        t, d, _ = self.coords(rank)
+        start = self.rank(t, d, 0)
+        return range(start, start + self.world, self.tp * self.dp)
+
+    def stage_span(self, stage: int) -> range:
+        """The ranks of pipeline stage `stage`: consecutive, pipeline being the outermost dimension."""
+        return range(stage * self.tp * self.dp, (stage + 1) * self.tp * self.dp)
+
     def all_groups(self, kind: str) -> list[tuple[int, ...]]:
         get = {"tp": self.tp_group, "dp": self.dp_group, "pp": self.pp_group}[kind]
         seen: dict[tuple[int, ...], None] = {}
@@ -56,11 +83,15 @@ class RankGrid:
             seen.setdefault(get(r), None)
         return list(seen)
 
-    def spans_nodes(self, group: tuple[int, ...]) -> bool:
+    def spans_nodes(self, group: Sequence[int]) -> bool:
+        if isinstance(group, range) and group.step > 0:
+            return len(group) > 1 and self.node(group[0]) != self.node(group[-1])
         return len({self.node(r) for r in group}) > 1
 
-    def ranks_per_node_in(self, group: tuple[int, ...]) -> int:
+    def ranks_per_node_in(self, group: Sequence[int]) -> int:
         """How many members of `group` share the busiest node (they share its network links)."""
+        if isinstance(group, range) and group.step > 0 and len(group):
+            return _most_per_node(group.start, group.step, len(group), self.gpus_per_node)
         counts: dict[int, int] = {}
         for r in group:
             counts[self.node(r)] = counts.get(self.node(r), 0) + 1
@@ -87,6 +118,23 @@ class RankGrid:
             cells = " ".join(f"{r}:(t{t},d{d},p{p})" for r in ranks for t, d, p in [self.coords(r)])
             lines.append(f"  node {n}: {cells}")
         return lines
+
+
+def _most_per_node(first: int, step: int, count: int, per_node: int) -> int:
+    """The most members of the ranks first, first + step, ... (`count` of them) that one node of `per_node` ranks
+    holds. Nodes strictly between the first and the last node the ranks touch hold a number that depends only on
+    where the progression enters them, which repeats every step / gcd(step, per_node) nodes: a walk over at most
+    that many nodes (fewer than per_node), whatever the count."""
+    if step >= per_node:
+        return 1
+
+    def before(x: int) -> int:  # members below rank x
+        return min(max(-(-(x - first) // step), 0), count)
+
+    lo, hi = first // per_node, (first + (count - 1) * step) // per_node
+    period = step // math.gcd(step, per_node)
+    nodes = {lo, hi, *range(lo + 1, min(hi, lo + 1 + period))}
+    return max(before((k + 1) * per_node) - before(k * per_node) for k in nodes)
 
 
 # A grid or a dry run of thousands of nodes lists the first few and the last; the rest follow the same pattern.

@@ -377,6 +377,11 @@ def resolve(loaded: LoadedRecipe, world_size: int | None = None) -> Resolved:
     if r.run.profile == "nsys" and hw.device_type == "cpu":
         raise ConfigError(w("run.profile"), "run.profile", "nsys", "needs NVIDIA GPUs (Nsight Systems traces CUDA)",
                           'set run.profile="torch" on CPU ranks')
+    if train.attention == "te" and (r.backend != "megatron" or hw.device_type != "cuda"):
+        raise ConfigError(w("train.attention"), "train.attention", "te",
+                          f"is Megatron-Core's Transformer Engine spec, which runs on GPUs only (here backend "
+                          f"\"{r.backend}\" on {hw.device})",
+                          'set train.attention="sdpa" (fused attention through torch on every backend)')
     _check_data(r, w)
 
     if r.run.max_restarts > 0 and train.checkpoint_every == 0:

@@ -82,8 +82,9 @@ class TrainSection:
     compile: bool = False  # torch: each decoder block compiled; deepspeed: engine.compile() (ZeRO 0-2)
     # sdpa: fused attention through torch's scaled_dot_product_attention on every backend (flash / memory-efficient
     # kernels on GPUs), keeping no s × s scores; eager: the scores materialised (Hugging Face's eager attention,
-    # Megatron-Core's DotProductAttention), for comparison
-    attention: Literal["sdpa", "eager"] = "sdpa"
+    # Megatron-Core's DotProductAttention), for comparison; te: Megatron-Core's Transformer Engine layer spec (TE's
+    # fused attention, its layer norms fused into the following linear layers), Megatron on GPUs with TE installed
+    attention: Literal["sdpa", "eager", "te"] = "sdpa"
     checkpoint_every: int = 0  # 0: only at the end
     eval_every: int = 0  # validation loss every N steps and at the last (needs data.valid_fraction or data.valid_path)
     eval_batches: int = 2  # global batches of validation rows per evaluation (the same rows every time)
@@ -270,6 +271,31 @@ def load_recipe(path: str | Path, overrides: Sequence[str] = ()) -> LoadedRecipe
         chain=tuple(str(c) for c in chain),
         overrides=tuple(overrides),
     )
+
+
+def with_overrides(loaded: LoadedRecipe, items: Sequence[str]) -> LoadedRecipe:
+    """What `load_recipe(loaded.path, [*loaded.overrides, *items])` returns for overrides of fields below a section
+    (the planner's search sets thousands of layouts on one recipe), without reading, merging and typing the recipe files
+    again: each parsed and typed by the loader's own rules (_parse_override, _coerce) and named as the place that set
+    it."""
+    recipe = loaded.recipe
+    origin = dict(loaded.origin)
+    for item in items:
+        key, value = _parse_override(item)
+        where = f"override {item}"
+        *section, name = key.split(".")
+        if section:
+            (part,) = section
+            old = getattr(recipe, part)
+            typed = _coerce(typing.get_type_hints(type(old))[name], value, key, {key: where}, where)
+            recipe = dataclasses.replace(recipe, **{part: dataclasses.replace(old, **{name: typed})})
+            origin.setdefault(part, where)
+        else:
+            typed = _coerce(typing.get_type_hints(Recipe)[name], value, key, {key: where}, where)
+            recipe = dataclasses.replace(recipe, **{name: typed})
+        origin[key] = where
+    return dataclasses.replace(loaded, recipe=recipe, origin=types.MappingProxyType(origin),
+                               overrides=(*loaded.overrides, *items))
 
 
 def _drop_other_model_source(merged: dict, model_layer: Mapping[str, Any]) -> None:

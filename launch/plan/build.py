@@ -50,7 +50,7 @@ def make_plan(layout: Layout, recipe_name: str = "", machine: Machine | None = N
             w, gr, o, host = model_states(layout, params, acc, st)
             body = w + gr + o + acts + buf
             mem[acc] = Memory(w, gr, o, acts, buf, allowance_fixed + int(FRAGMENTATION * body), host)
-        members = tuple(r for r in range(g.world) if g.coords(r)[2] == st)
+        members = g.stage_span(st)  # a range: a stage of a million ranks is not listed rank by rank
         if g.pp == 1:
             kind = "all ranks"
         else:
@@ -101,7 +101,7 @@ def placement_notes(layout: Layout, timing: Timing, comm: list[Comm]) -> list[st
     """A TP group that spans nodes, with the numbers: its collectives' time per step on the inter-node link, against
     the same calls inside one node (the grid redrawn as one node of world-size ranks)."""
     g = layout.grid
-    if g.tp <= 1 or not g.spans_nodes(g.tp_group(0)):
+    if g.tp <= 1 or not g.spans_nodes(g.tp_span(0)):
         return []
     tp_now = [c for c in comm if c.parallelism in ("tp", "sp")]
     one_node = replace(layout, grid=RankGrid(g.tp, g.pp, g.dp, g.world, 1))
@@ -117,7 +117,9 @@ def placement_notes(layout: Layout, timing: Timing, comm: list[Comm]) -> list[st
 
 
 ATTENTION_NOTE = {"sdpa": "fused attention (train.attention=sdpa: scaled_dot_product_attention, no s×s scores kept)",
-                  "eager": "unfused attention (train.attention=eager: the s×s softmax kept, fp32 and its cast)"}
+                  "eager": "unfused attention (train.attention=eager: the s×s softmax kept, fp32 and its cast)",
+                  "te": "Transformer Engine's fused attention (train.attention=te, planned as sdpa: no s×s scores "
+                        "kept; its layer norms fused into the linear layers that follow)"}
 
 
 def layer_name(layout: Layout) -> str:
@@ -136,12 +138,19 @@ def _merge_identical(ranks: list[RankPlan]) -> list[RankPlan]:
         if (prev and 0 < prev.pp_stage and rp.kind.startswith("pp stage") and "(" not in rp.kind and "(" not in prev.kind
                 and prev.memory == rp.memory):
             out[-1] = RankPlan(prev.kind.split(" stage")[0] + f" stages {prev.pp_stage}-{rp.pp_stage}",
-                               prev.ranks + rp.ranks, prev.pp_stage, prev.layers, prev.params,
+                               _joined(prev.ranks, rp.ranks), prev.pp_stage, prev.layers, prev.params,
                                prev.micro_batches_in_flight, prev.memory, prev.implementation,
                                prev.device_memory_bytes, prev.usable_bytes)
         else:
             out.append(rp)
     return out
+
+
+def _joined(a, b):
+    """Two stages' ranks as one: a range where they follow each other (they do: stages are consecutive)."""
+    if isinstance(a, range) and isinstance(b, range) and a.step == b.step == 1 and a.stop == b.start:
+        return range(a.start, b.stop)
+    return tuple(a) + tuple(b)
 
 
 def plan_resolved(resolved, machine: Machine | None = None) -> Plan:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass
+from typing import Sequence
 
 from launch.config.backends import SELECTIVE_EVERY, traits
 from launch.plan.layout import (
@@ -21,8 +22,9 @@ from launch.plan.timing import Timing, bus_factor
 # --------------------------------------------------------------------------- communication
 
 
-def _bw(layout: Layout, group: tuple[int, ...]) -> tuple[str, float, float]:
-    """(link, nominal busbw GB/s, nominal latency µs per call) of a group."""
+def _bw(layout: Layout, group: Sequence[int]) -> tuple[str, float, float]:
+    """(link, nominal busbw GB/s, nominal latency µs per call) of a group (a range from the grid's *_span: where its
+    members sit is arithmetic, whatever its size)."""
     hw, g = layout.hardware, layout.grid
     if not g.spans_nodes(group):
         return "intra_node", hw.intra_node_busbw_GBps, hw.intra_node_latency_us
@@ -31,7 +33,7 @@ def _bw(layout: Layout, group: tuple[int, ...]) -> tuple[str, float, float]:
 
 
 
-def _comm(layout: Layout, timing: Timing, par: str, coll: str, group: tuple[int, ...], calls: int, msg: float,
+def _comm(layout: Layout, timing: Timing, par: str, coll: str, group: Sequence[int], calls: int, msg: float,
           note: str = "", after_step: bool = False) -> Comm:
     link, bw, lat = _bw(layout, group)
     per_call, latency, busbw = timing.call(coll, len(group), link, bw, lat, msg)
@@ -99,9 +101,9 @@ def communication(layout: Layout, timing: Timing = Timing(), stage: int = 0) -> 
     act = layout.seq_len * layout.micro_batch_size * m.hidden_size * e
     first = g.rank(0, 0, stage)  # the stage's groups are those of its first rank
     if g.dp > 1 and traits(layout.backend).accounting == "torch":
-        out.extend(_torch_dp_traffic(layout, timing, g.dp_group(first), stage))
+        out.extend(_torch_dp_traffic(layout, timing, g.dp_span(first), stage))
     elif g.dp > 1:
-        grp = g.dp_group(first)
+        grp = g.dp_span(first)
         z = layout.zero_stage
         if z == 0:
             # The engine's allreduce_gradients buckets by a fixed element count (engine.py), not reduce_bucket_size.
@@ -127,7 +129,7 @@ def communication(layout: Layout, timing: Timing = Timing(), stage: int = 0) -> 
                          "one fp32 each: the logged loss mean (the loop)" + (" and the gradient norm (DeepSpeed)" if norm
                                                                              else ""), after_step=True))
     if g.tp > 1:
-        grp = g.tp_group(first)
+        grp = g.tp_span(first)
         sb = layout.seq_len * layout.micro_batch_size
         par = "sp" if layout.sp else "tp"
         for c in tp_calls(layout.backend, sp=layout.sp, layers=layers, micro_batches=mbs, activation_checkpointing=layout.activation_checkpointing,
@@ -146,7 +148,7 @@ def communication(layout: Layout, timing: Timing = Timing(), stage: int = 0) -> 
                                  "sequence-parallel norm weights' gradients, one call per norm every micro-batch"))
         out.extend(_torch_norm_calls(layout, timing, first, "tp"))
     if g.pp > 1:
-        grp = (g.pp_group(0)[0], g.pp_group(0)[1])  # every boundary moves the same activations
+        grp = g.pp_span(0)[:2]  # every boundary moves the same activations
         msg = act / g.tp if layout.sp else act
         # Each of this stage's model chunks (virtual stage k = v·pp + stage) sends to and receives from the virtual
         # stages next to it: per micro-batch and boundary one call forward (activations), one backward (gradients).
@@ -169,7 +171,7 @@ def _step_collectives(layout: Layout, timing: Timing, stage: int, first: int, la
     if layout.sp and st.sp_norm_grads:
         # Two norms per decoder layer, and the final norm on the last stage, each of hidden_size weights.
         norms = 2 * layers + (stage == g.pp - 1)
-        out.append(_comm(layout, timing, "sp", "all_reduce", g.tp_group(first), 1,
+        out.append(_comm(layout, timing, "sp", "all_reduce", g.tp_span(first), 1,
                          norms * layout.model.hidden_size * e, "the sequence-parallel norm weights' gradients summed "
                          "over TP, one coalesced call", after_step=True))
     if g.tp * g.pp > 1 and layout.zero_stage in st.clip_zero_stages:
@@ -178,7 +180,7 @@ def _step_collectives(layout: Layout, timing: Timing, stage: int, first: int, la
                          f"the gradient norm over TP × PP ({len(mp)} ranks), one fp64 value (the backend clips)",
                          after_step=True))
     if g.pp > 1 and st.pp_loss_broadcast:
-        out.append(_comm(layout, timing, "pp", "broadcast", g.pp_group(first), 1, 4,
+        out.append(_comm(layout, timing, "pp", "broadcast", g.pp_span(first), 1, 4,
                          "the logged loss, from the last stage to the pipeline group", after_step=True))
     return out
 
@@ -203,7 +205,7 @@ def ddp_buckets(tensors: list[int], elem_bytes: int = 4) -> list[int]:
     return out + ([size] if size else [])
 
 
-def _torch_dp_traffic(layout: Layout, timing: Timing, grp: tuple[int, ...], stage: int) -> list[Comm]:
+def _torch_dp_traffic(layout: Layout, timing: Timing, grp: Sequence[int], stage: int) -> list[Comm]:
     """The torch backend over the data-parallel group (counted in traces: tests/dist/test_torch_collectives.py). DDP:
     one all-reduce per bucket of fp32 gradients at the last micro-batch (the others run under no_sync). FSDP2, every
     micro-batch: one all-gather per unit (each decoder block and the root) before its forward, again before its
@@ -259,19 +261,19 @@ def _torch_norm_calls(layout: Layout, timing: Timing, first: int, over: str) -> 
     if traits(layout.backend).accounting != "torch" or layout.zero_stage == 0:
         return []
     if over == "tp":
-        return [_comm(layout, timing, "tp", "all_reduce", g.tp_group(first), 1, 4,
+        return [_comm(layout, timing, "tp", "all_reduce", g.tp_span(first), 1, 4,
                       "the gradient norm's partial sum over TP", after_step=True)] if g.tp > 1 else []
     if over == "pp":
-        return [_comm(layout, timing, "pp", "all_reduce", g.pp_group(first), 1, 4,
+        return [_comm(layout, timing, "pp", "all_reduce", g.pp_span(first), 1, 4,
                       "the gradient norm's squares summed over the pipeline stages", after_step=True)] if g.pp > 1 else []
     calls = 1 + (g.tp > 1 and not layout.sp)
-    grp = g.dp_group(first)[:layout.hpz] if layout.hpz > 1 else g.dp_group(first)  # hybrid: the shard group's only
+    grp = g.dp_span(first)[:layout.hpz] if layout.hpz > 1 else g.dp_span(first)  # hybrid: the shard group's only
     return [_comm(layout, timing, "dp", "all_reduce", grp, calls, 4,
                   "the gradient norm's partial sums over dp" + (", one per mesh" if calls > 1 else ""),
                   after_step=True)] if g.dp > 1 else []
 
 
-def _zero3_traffic(layout: Layout, timing: Timing, grp: tuple[int, ...], reduce_calls: int, stage: int) -> list[Comm]:
+def _zero3_traffic(layout: Layout, timing: Timing, grp: Sequence[int], reduce_calls: int, stage: int) -> list[Comm]:
     """DeepSpeed ZeRO-3 (partition_parameters.py, stage3.py; counted in traces of 0.19.8 on gloo): parameters at or
     below stage3_param_persistence_threshold stay whole and are re-gathered one call each after every optimizer step;
     the others are gathered one call each before their module's forward in every micro-step, and again before its

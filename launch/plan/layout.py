@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import asdict, dataclass, field
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 from launch.config.grid import RankGrid
 from launch.config.hardware import HardwareProfile
@@ -13,6 +13,9 @@ from launch.config.models import ModelSpec
 from launch.config.dsconfig import ZERO3_PERSISTENCE_THRESHOLD
 
 PLAN_SCHEMA_VERSION = 1
+# plan.json lists a rank type's ranks up to this many; beyond, {"first": a, "last": b} (they are consecutive): a world
+# of a million ranks is not a million numbers per rank type.
+RANKS_LISTED = 10_000
 # DeepSpeed ZeRO-3 defaults (stage3 config) that decide how many gathers a step makes.
 ZERO3_MAX_REUSE_DISTANCE = 1_000_000_000
 ZERO3_PREFETCH_BUCKET = 50_000_000  # stage3_prefetch_bucket_size (elements)
@@ -98,7 +101,7 @@ class Memory:
 @dataclass(frozen=True)
 class RankPlan:
     kind: str  # e.g. "all ranks", "pp stage 0 (first)"
-    ranks: tuple[int, ...]
+    ranks: Sequence[int]  # a range (a stage's ranks are consecutive); a tuple only if read back non-consecutive
     pp_stage: int
     layers: int
     params: int  # parameters this rank holds before ZeRO partitioning (its TP/PP shard)
@@ -176,6 +179,7 @@ class Plan:
     def to_json(self) -> str:
         d = asdict(self)
         for rp, src in zip(d["ranks"], self.ranks):
+            rp["ranks"] = ranks_to_json(src.ranks)
             rp["fits"] = src.fits
             for acc, mem in rp["memory"].items():
                 mem["model_states"] = src.memory[acc].model_states
@@ -190,7 +194,7 @@ class Plan:
         mem_fields = set(Memory.__dataclass_fields__)
         ranks = tuple(
             RankPlan(**{**{k: v for k, v in rp.items() if k in RankPlan.__dataclass_fields__},
-                        "ranks": tuple(rp["ranks"]),
+                        "ranks": ranks_from_json(rp["ranks"]),
                         "memory": {a: Memory(**{k: v for k, v in m.items() if k in mem_fields})
                                    for a, m in rp["memory"].items()}})
             for rp in d["ranks"])
@@ -199,6 +203,23 @@ class Plan:
                    notes=tuple(d["notes"]), host_bytes_per_node=d.get("host_bytes_per_node", 0),
                    host_usable_bytes=d.get("host_usable_bytes", 0), schema_version=d["schema_version"])
 
+
+
+def ranks_to_json(ranks: Sequence[int]) -> list[int] | dict[str, int]:
+    """A rank type's ranks in plan.json: listed, or first and last where more than RANKS_LISTED follow each other."""
+    if len(ranks) > RANKS_LISTED and isinstance(ranks, range) and ranks.step == 1:
+        return {"first": ranks.start, "last": ranks.stop - 1}
+    return list(ranks)
+
+
+def ranks_from_json(value: Any) -> Sequence[int]:
+    """plan.json's ranks back: a range where they follow each other (as every plan writes them), else a tuple."""
+    if isinstance(value, dict):
+        return range(value["first"], value["last"] + 1)  # a TypeError for anything but whole numbers
+    ranks = tuple(value)
+    if ranks and all(type(r) is int for r in ranks) and all(r == ranks[0] + i for i, r in enumerate(ranks)):
+        return range(ranks[0], ranks[0] + len(ranks))
+    return ranks
 
 
 def int_or(value: Any, default: int, low: int = 0) -> int:

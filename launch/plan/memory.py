@@ -258,7 +258,8 @@ def activation_terms(arch: str, s: int, b: int, h: int, a: int, *, ffn: int = 0,
            normalized tensor.
            The attention block (terms named attn_*, measured per implementation in tests/unit/test_attention_memory.py):
            its input (the q/k/v projections'), q and k after RoPE and v, then
-           attention="sdpa": scaled_dot_product_attention's output and fp32 log-sum-exp, no s×s scores;
+           attention="sdpa": scaled_dot_product_attention's output and fp32 log-sum-exp, no s×s scores ("te", Transformer
+           Engine's fused attention, planned the same: not measured here, it needs a GPU);
            attention="eager" (Hugging Face's eager attention, Megatron-Core's DotProductAttention): k and v repeated
            to every query head (grouped-query attention), the s×s softmax (fp32, plus its cast to the model dtype)
            and the output's reshaped copy that the output projection keeps.
@@ -284,14 +285,14 @@ def activation_terms(arch: str, s: int, b: int, h: int, a: int, *, ffn: int = 0,
         q = e * s * b * a * head_dim
         terms = [ActTerm("norm1_input", norm_in, "replicated"), ActTerm("attn_input", e * sbh, "replicated"),
                  ActTerm("attn_q", q, "tp"), ActTerm("attn_out", q, "tp")]
-        if attention == "sdpa":
+        if attention in ("sdpa", "te"):  # Transformer Engine's fused attention keeps what flash attention keeps
             terms += [ActTerm("attn_k_v", 2 * e * kv, "tp"), ActTerm("attn_lse", 4 * b * a * s, "tp")]
         elif attention == "eager":
             probs = (4 + (e if e != 4 else 0)) * a * s * s * b
             terms += [ActTerm("attn_k_v", 2 * q, "tp"), ActTerm("attn_probs", probs, "tp", scores=True)]
         else:
             raise ValueError(f"unknown attention {attention!r}")
-        if fused_qkv and (attention == "sdpa" or kv_heads == a):
+        if fused_qkv and (attention in ("sdpa", "te") or kv_heads == a):
             terms.append(ActTerm("attn_qkv_kept", q + e * kv, "tp"))  # the fused output's q and k parts, before RoPE
         terms += [ActTerm("norm2_input", norm_in, "replicated"), ActTerm("mlp_input", e * sbh, "replicated"),
                   ActTerm("gate_out", e * sbf, "tp"), ActTerm("up_out", e * sbf, "tp"),
@@ -405,13 +406,37 @@ def host_bytes_per_node(layout: Layout, ranks: list[RankPlan]) -> int:
     whole = 4 * counts.total  # a process that builds the whole fp32 model before sharding it
     bt = traits(layout.backend)
     build, partitioned = bt.host_build, bt.builds_partitioned(layout.zero_stage, g.tp)
-    load: dict[int, int] = {}
-    offloaded: dict[int, int] = {}
-    for rp in ranks:
-        for rank in rp.ranks:
-            node = g.node(rank)
-            built = 4 * counts.largest_layer if partitioned else whole if rank == 0 or build != "rank0" else 0
-            load[node] = load.get(node, 0) + built
-            offloaded[node] = offloaded.get(node, 0) + rp.memory[rp.implementation].host_bytes
-    return max((int(HOST_BUFFER_FACTOR * max(load[n], offloaded[n])) for n in load), default=0)
+    per_rank = 4 * counts.largest_layer if partitioned else whole if build != "rank0" else 0
+    # (first, stop, offloaded bytes per rank) of each run of consecutive ranks: a stage's ranks are a range.
+    runs = [(a, b, rp.memory[rp.implementation].host_bytes) for rp in ranks for a, b in _consecutive(rp.ranks)]
+    gpn = g.gpus_per_node
+    # Only nodes where a run starts or ends, the one after a run's first node and node 0 can differ from their
+    # neighbours: every other node is filled by one run, as the node after that run's first node is.
+    nodes = {0, *(n for a, b, _ in runs for n in (a // gpn, a // gpn + 1, (b - 1) // gpn))}
+    last = max((b - 1) // gpn for _, b, _ in runs) if runs else -1
+    worst = None
+    for n in sorted(x for x in nodes if x <= last):
+        held = [(a, b, off, max(0, min(b, (n + 1) * gpn) - max(a, n * gpn))) for a, b, off in runs]
+        if not any(k for *_, k in held):
+            continue  # no rank of the plan lives there
+        load = sum(k * per_rank for *_, k in held)
+        if not partitioned and build == "rank0" and n == g.node(0) and any(a <= 0 < b for a, b, _ in runs):
+            load += whole  # rank 0 builds the whole model; the others receive their shards
+        offloaded = sum(k * off for *_, off, k in held)
+        value = int(HOST_BUFFER_FACTOR * max(load, offloaded))
+        worst = value if worst is None else max(worst, value)
+    return worst or 0
+
+
+def _consecutive(ranks) -> list[tuple[int, int]]:
+    """(first, stop) of each run of consecutive ranks: one for a range, without walking it."""
+    if isinstance(ranks, range) and ranks.step == 1:
+        return [(ranks.start, ranks.stop)] if len(ranks) else []
+    out: list[list[int]] = []
+    for r in ranks:
+        if out and out[-1][1] == r:
+            out[-1][1] = r + 1
+        else:
+            out.append([r, r + 1])
+    return [(a, b) for a, b in out]
 

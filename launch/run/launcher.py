@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import base64
+import importlib.util
 import json
 import os
 import shlex
@@ -244,6 +245,11 @@ def preflight(resolved, *, which=None, gpus: int | None = None, environ: Mapping
     if r.run.profile == "nsys" and which("nsys") is None:
         raise ConfigError(resolved.recipe_path, "run.profile", "nsys", "needs Nsight Systems' `nsys` on PATH",
                           'install Nsight Systems (it ships with the CUDA toolkit) or set run.profile="torch"')
+    if r.train.attention == "te" and importlib.util.find_spec("transformer_engine") is None:
+        # looked up, not imported: importing TE imports torch, which the launching side never does
+        raise ConfigError(resolved.recipe_path, "train.attention", "te", "needs Transformer Engine, which is not "
+                          "installed here", 'pip install "transformer-engine[pytorch]" on the GPU machine, or set '
+                          'train.attention="sdpa"')
     environ = os.environ if environ is None else environ
     p = nodes.placement(environ, r.hardware.nodes)
     nodes.check(resolved, p)

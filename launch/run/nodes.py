@@ -43,7 +43,7 @@ def placement(environ: Mapping[str, str], nodes: int = 2) -> Placement:
         count = _int(environ, key, "a node count") if environ.get(key) else None
     addr = environ.get("MASTER_ADDR") or None
     if addr is None and slurm and environ.get("SLURM_JOB_NODELIST"):
-        addr = expand_hostlist(environ["SLURM_JOB_NODELIST"])[0]
+        addr = first_host(environ["SLURM_JOB_NODELIST"])
     port = environ.get("MASTER_PORT") or None
     if port is not None and not (re.fullmatch(r"[0-9]{1,5}", port.strip()) and 0 < int(port) < 65536):
         raise ConfigError("environment", "MASTER_PORT", port, "is not a TCP port", "set MASTER_PORT to 1..65535, or unset it")
@@ -84,6 +84,53 @@ def expand_hostlist(nodelist: str) -> list[str]:
     return hosts
 
 
+def first_host(nodelist: str) -> str:
+    """`expand_hostlist(nodelist)[0]`, the rendezvous host, with the same refusals, without expanding the list: one
+    pass over the text, however many hosts it names (n[0-9999999] names ten million; 22 brackets of [1-2], 2^22)."""
+    first = None
+    for item in _split_top(nodelist.strip()):
+        host = _first_of(item)  # every item checked, as expanding them all would
+        first = first if first is not None else host
+    if first is None:
+        raise ConfigError("environment", "SLURM_JOB_NODELIST", nodelist, "names no host", "run inside an allocation")
+    return first
+
+
+def _first_of(pattern: str) -> str | None:
+    """The first host `_expand_one(pattern)` gives (None: it gives none), its ranges checked in the order it checks
+    them: each bracket's ranges up to its first non-empty one, bracket after bracket, then from the last bracket
+    reached back to the first the rest of their ranges (nothing after a bracket without a non-empty range)."""
+    groups = list(re.finditer(r"\[([^\]]*)\]", pattern))
+    parts, rest, reached_all = [], [], True
+    start = 0
+    for m in groups:
+        tail = pattern[start:]  # what _expand_one is given when it reaches this bracket: its errors name it
+        parts.append(pattern[start:m.start()])
+        ranges = m.group(1).split(",")
+        for k, rng in enumerate(ranges):
+            lo, hi = _bounds(rng, tail)
+            if hi >= lo:
+                parts.append(str(lo).zfill(len(rng.partition("-")[0])))
+                rest.append((ranges[k + 1:], tail))
+                break
+        else:
+            reached_all = False
+            break
+        start = m.end()
+    for ranges, tail in reversed(rest):
+        for rng in ranges:
+            _bounds(rng, tail)
+    return "".join(parts) + pattern[start:] if reached_all else None
+
+
+def _bounds(rng: str, pattern: str) -> tuple[int, int]:
+    lo, _, hi = rng.partition("-")
+    if not re.fullmatch(r"\d+", lo) or (hi and not re.fullmatch(r"\d+", hi)):
+        raise ConfigError("environment", "SLURM_JOB_NODELIST", pattern, f"has a range {rng!r} that is not N or N-M",
+                          "pass SLURM's own SLURM_JOB_NODELIST unchanged")
+    return int(lo), int(hi or lo)
+
+
 def _split_top(text: str) -> list[str]:
     """Split at commas outside brackets."""
     parts, depth, start = [], 0, 0
@@ -103,12 +150,9 @@ def _expand_one(pattern: str) -> list[str]:
     head, tail = pattern[:m.start()], pattern[m.end():]
     out = []
     for rng in m.group(1).split(","):
-        lo, _, hi = rng.partition("-")
-        if not re.fullmatch(r"\d+", lo) or (hi and not re.fullmatch(r"\d+", hi)):
-            raise ConfigError("environment", "SLURM_JOB_NODELIST", pattern, f"has a range {rng!r} that is not N or N-M",
-                              "pass SLURM's own SLURM_JOB_NODELIST unchanged")
-        for n in range(int(lo), int(hi or lo) + 1):
-            out += [head + str(n).zfill(len(lo)) + rest for rest in _expand_one(tail)]
+        lo, hi = _bounds(rng, pattern)
+        for n in range(lo, hi + 1):
+            out += [head + str(n).zfill(len(rng.partition("-")[0])) + rest for rest in _expand_one(tail)]
     return out
 
 

@@ -215,3 +215,33 @@ def test_megatron_tp_on_gpus_gets_one_device_connection(recipe, overrides, want)
     if want:  # the user's own setting is kept
         kept = rank_env(resolve_path(REPO / recipe, list(overrides)), "runs/x", environ={"CUDA_DEVICE_MAX_CONNECTIONS": "8"})
         assert kept["CUDA_DEVICE_MAX_CONNECTIONS"] == "8"
+
+
+def test_transformer_engine_attention_is_megatron_on_gpus_with_te_installed(monkeypatch):
+    """train.attention=te: refused on another backend or CPU ranks when resolved, and at launch where
+    transformer_engine is not installed (looked up, never imported); the plan names it and plans it as fused."""
+    import importlib.util
+
+    import pytest
+
+    from launch.config.resolve import resolve_path
+    from launch.errors import ConfigError
+    from launch.plan.build import plan_resolved
+    from launch.run import envinfo
+    from launch.run.launcher import preflight
+
+    with pytest.raises(ConfigError, match='runs on GPUs only \\(here backend "deepspeed"'):
+        resolve_path(REPO / "recipes/7b_zero3_ac", ["train.attention=te"])
+    with pytest.raises(ConfigError, match="runs on GPUs only"):
+        resolve_path(REPO / "recipes/tiny_tp2_sp", ["train.attention=te"])
+    r = resolve_path(REPO / "recipes/7b_tp2_zero3", ["train.attention=te"])
+    sdpa = plan_resolved(resolve_path(REPO / "recipes/7b_tp2_zero3"), envinfo.machine())
+    te = plan_resolved(r, envinfo.machine())
+    assert any("Transformer Engine's fused attention" in n for n in te.notes)
+    assert te.worst().memory[te.worst().implementation].total == sdpa.worst().memory[sdpa.worst().implementation].total
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "transformer_engine" else real(name, *a))
+    with pytest.raises(ConfigError, match="needs Transformer Engine, which is not installed here"):
+        preflight(r, gpus=4)
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object() if name == "transformer_engine" else real(name, *a))
+    preflight(r, gpus=4)

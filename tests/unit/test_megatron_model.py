@@ -159,6 +159,28 @@ def test_round_trip_is_exact(one_rank, name):
         assert torch.equal(back[key], value), key
 
 
+def test_a_transformer_engine_state_exports_by_its_own_norm_names(one_rank):
+    """Transformer Engine's spec keeps each RMSNorm weight inside the fused linear after it
+    (TELayerNormColumnParallelLinear.layer_norm_weight, megatron/core/extensions/transformer_engine.py): a checkpoint
+    of a TE run, the local chunk's state with the two norms renamed so by hand, exports to the same HF state."""
+    from launch.ranks.trainers.megatron_model import gather_hf_state, place_of
+
+    spec = load_model(name="tiny-llama")
+    state = _perturbed_reference(spec)
+    chunk = _built(spec, state)[0]
+    local = chunk.state_dict()
+    renamed = {k.replace("input_layernorm.weight", "self_attention.linear_qkv.layer_norm_weight")
+                .replace("pre_mlp_layernorm.weight", "mlp.linear_fc1.layer_norm_weight"): v for k, v in local.items()}
+    assert sum(k.endswith("layer_norm_weight") for k in renamed) == 2 * spec.num_layers
+    back = gather_hf_state({place_of(chunk): renamed}, spec, tp=1, pp=1, vpp=1)
+    assert list(back) == list(state)
+    for key, value in state.items():
+        assert torch.equal(back[key], value), key
+    mixed = {**renamed, "decoder.layers.0.input_layernorm.weight": local["decoder.layers.0.input_layernorm.weight"]}
+    with pytest.raises(ValueError, match="which the mapping does not know"):
+        gather_hf_state({place_of(chunk): mixed}, spec, tp=1, pp=1, vpp=1)
+
+
 def test_reference_state_is_hf_state_dict_without_the_tied_alias(one_rank):
     from transformers import AutoModelForCausalLM
 

@@ -274,8 +274,13 @@ class SDPAttention(MegatronModule):
 
 
 def layer_spec(attention: str):
-    """The local spec's GPT layer, its core attention `SDPAttention` for attention="sdpa" (Megatron-Core's
-    DotProductAttention for "eager")."""
+    """The GPT layer: Megatron-Core's Transformer Engine spec for attention="te" (TE's fused attention, each RMSNorm
+    fused into the linear layer after it); otherwise the local spec, its core attention `SDPAttention` for "sdpa"
+    (Megatron-Core's DotProductAttention for "eager")."""
+    if attention == "te":
+        from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_with_transformer_engine_spec
+
+        return get_gpt_layer_with_transformer_engine_spec()  # RMSNorm from the config's `normalization`
     spec = get_gpt_layer_local_spec(normalization="RMSNorm")
     if attention == "sdpa":
         spec.submodules.self_attention.submodules.core_attention = SDPAttention
@@ -347,7 +352,19 @@ class _Slot:
     hf: tuple[str, ...]
 
 
-def _slots(spec: ModelSpec, first_layer: int, num_layers: int, pre: bool, post: bool) -> list[_Slot]:
+# Where each decoder layer's two RMSNorm weights live: their own modules in the local spec; in Transformer Engine's
+# spec, inside the fused layer-norm + linear modules that follow them (TELayerNormColumnParallelLinear).
+NORM_KEYS = {False: ("input_layernorm.weight", "pre_mlp_layernorm.weight"),
+             True: ("self_attention.linear_qkv.layer_norm_weight", "mlp.linear_fc1.layer_norm_weight")}
+
+
+def is_te_state(state: Mapping[str, Any]) -> bool:
+    """Whether a chunk's state dict is of Transformer Engine's spec (its norms fused into the linear layers)."""
+    return any(k.endswith(NORM_KEYS[True][0]) for k in state)
+
+
+def _slots(spec: ModelSpec, first_layer: int, num_layers: int, pre: bool, post: bool, te: bool) -> list[_Slot]:
+    norm1, norm2 = NORM_KEYS[te]
     slots = []
     if pre:
         slots.append(_Slot("embedding.word_embeddings.weight", "rows", ("model.embed_tokens.weight",)))
@@ -355,11 +372,11 @@ def _slots(spec: ModelSpec, first_layer: int, num_layers: int, pre: bool, post: 
         m, h = f"decoder.layers.{local}.", f"model.layers.{first_layer + local}."
         attn = f"{h}self_attn."
         slots += [
-            _Slot(m + "input_layernorm.weight", "replicated", (h + "input_layernorm.weight",)),
+            _Slot(m + norm1, "replicated", (h + "input_layernorm.weight",)),
             _Slot(m + "self_attention.linear_qkv.weight", "qkv",
                   (attn + "q_proj.weight", attn + "k_proj.weight", attn + "v_proj.weight")),
             _Slot(m + "self_attention.linear_proj.weight", "cols", (attn + "o_proj.weight",)),
-            _Slot(m + "pre_mlp_layernorm.weight", "replicated", (h + "post_attention_layernorm.weight",)),
+            _Slot(m + norm2, "replicated", (h + "post_attention_layernorm.weight",)),
             _Slot(m + "mlp.linear_fc1.weight", "fc1", (h + "mlp.gate_proj.weight", h + "mlp.up_proj.weight")),
             _Slot(m + "mlp.linear_fc2.weight", "cols", (h + "mlp.down_proj.weight",)),
         ]
@@ -382,12 +399,12 @@ def _ends(config: TransformerConfig, place: Place) -> tuple[bool, bool]:
             place.pp_rank == config.pipeline_model_parallel_size - 1 and place.vp_stage == last_vp)
 
 
-def _place_slots(spec: ModelSpec, config: TransformerConfig, place: Place) -> list[_Slot]:
+def _place_slots(spec: ModelSpec, config: TransformerConfig, place: Place, te: bool) -> list[_Slot]:
     vp_stage = place.vp_stage if config.virtual_pipeline_model_parallel_size else None
     # Megatron's own helpers, as TransformerBlock uses them to number and count a chunk's layers.
     first = get_transformer_layer_offset(config, vp_stage=vp_stage, pp_rank=place.pp_rank)
     count = get_num_layers_to_build(config, vp_stage=vp_stage, pp_rank=place.pp_rank)
-    return _slots(spec, first, count, *_ends(config, place))
+    return _slots(spec, first, count, *_ends(config, place), te)
 
 
 def _shard(slot: _Slot, full: list[Tensor], spec: ModelSpec, tp: int, rank: int) -> Tensor:
@@ -457,7 +474,7 @@ def hf_state_to_chunk(hf_state: Mapping[str, Tensor], spec: ModelSpec, chunk: GP
                          "which its place in the pipeline contradicts; build it with build_chunks")
     tp = chunk.config.tensor_model_parallel_size
     produced = {s.key: _shard(s, [hf_state[k] for k in s.hf], spec, tp, place.tp_rank)
-                for s in _place_slots(spec, chunk.config, place)}
+                for s in _place_slots(spec, chunk.config, place, is_te_state(chunk.state_dict()))}
     expected = _tensor_entries(chunk.state_dict())
     _check_keys(produced, expected, f"{spec.name} chunk {place}")
     return {k: v.to(expected[k].dtype).contiguous() for k, v in produced.items()}
@@ -478,8 +495,8 @@ def load_hf_streamed(chunks: list[GPTModel], spec: ModelSpec, fetch: Callable[[s
     each shard is cut as soon as its HF tensors are all there, which are then dropped. A rank so holds its own shards
     plus the full tensors of about one layer, never the whole model; the result equals load_hf_state's."""
     shapes = _hf_shapes(spec)
-    waiting: list[tuple[int, _Slot]] = [(i, s) for i, c in enumerate(chunks) for s in _place_slots(spec, c.config,
-                                                                                                     place_of(c))]
+    waiting: list[tuple[int, _Slot]] = [(i, s) for i, c in enumerate(chunks)
+                                        for s in _place_slots(spec, c.config, place_of(c), is_te_state(c.state_dict()))]
     wanted = {h for _, s in waiting for h in s.hf}
     # the chunks' own tensors (state_dict entries share their storage): each shard is copied in as it is cut
     targets = [_tensor_entries(c.state_dict()) for c in chunks]
@@ -533,7 +550,7 @@ def gather_hf_state(local_states: Mapping[Place, Mapping[str, Any]], spec: Model
             if missing:
                 raise ValueError(f"{spec.name}: the local state of {missing[0]} is missing")
             states = [_tensor_entries(local_states[r]) for r in ranks]
-            slots = _place_slots(spec, config, ranks[0])
+            slots = _place_slots(spec, config, ranks[0], is_te_state(states[0]))
             for rank, state in zip(ranks, states, strict=True):
                 unused = sorted(set(state) - {s.key for s in slots})
                 if unused:
