@@ -21,7 +21,9 @@ BREAKDOWN_COLUMNS = {
              "vs collective calls; see analysis.analyzers.trace_analysis)",
     "span_us": "the window measured: first to last GPU activity in the profiled steps (gpu_kernels), or the "
                "ProfilerStep spans (cpu_ops)",
-    "compute_us": "time computation runs (merged)",
+    "compute_us": "time computation runs (merged): HTA's compute_time",
+    "non_compute_us": "span_us - compute_us - idle_us: HTA's non_compute_time (exposed communication, memory copies "
+                      "and sets, other GPU activity; cpu_ops: collective calls outside computation)",
     "comm_us": "time communication runs (merged), overlapped or not",
     "overlapped_us": "part of comm_us during which computation also runs",
     "exposed_comm_us": "comm_us - overlapped_us: communication nothing hides",
@@ -29,6 +31,7 @@ BREAKDOWN_COLUMNS = {
     "idle_us": "time with nothing running (gpu_kernels: no GPU activity; cpu_ops: the training thread neither "
                "computes nor waits in a collective)",
     "compute_pct": "compute_us / span_us x 100",
+    "non_compute_pct": "non_compute_us / span_us x 100 (HTA's non_compute_time_pctg, unrounded)",
     "exposed_comm_pct": "exposed_comm_us / span_us x 100",
     "other_pct": "other_us / span_us x 100",
     "idle_pct": "idle_us / span_us x 100",
@@ -51,8 +54,9 @@ def time_breakdown(trace: Table) -> Table:
         other = max(0.0, (t["non_compute_time_us"] or 0.0) - exp)
         pct = (lambda x: 100.0 * x / span if span else None)
         rows.append({"rank": rank, "basis": t["basis"], "span_us": span, "compute_us": t["compute_time_us"],
-                     "comm_us": comm, "overlapped_us": overlapped, "exposed_comm_us": exp, "other_us": other,
-                     "idle_us": t["idle_time_us"], "compute_pct": pct(t["compute_time_us"]),
+                     "non_compute_us": t["non_compute_time_us"], "comm_us": comm, "overlapped_us": overlapped,
+                     "exposed_comm_us": exp, "other_us": other, "idle_us": t["idle_time_us"],
+                     "compute_pct": pct(t["compute_time_us"]), "non_compute_pct": pct(t["non_compute_time_us"]),
                      "exposed_comm_pct": pct(exp), "other_pct": pct(other), "idle_pct": pct(t["idle_time_us"]),
                      "overlap_pct": 100.0 * overlapped / comm if comm else None,
                      "source": ta.rank_source(trace, rank)})

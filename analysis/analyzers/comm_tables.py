@@ -1,12 +1,14 @@
-"""What the communication files say, as the report lists it: nccl-tests rows per message size (out-of-place and
-in-place side by side, with the run's rank count), and the transports NCCL_DEBUG shows per rank pair, so that a
-healthy run shows that it is healthy. Computing only; analysis/report/ renders.
+"""What the communication files say, as the report lists it: nccl-tests rows as printed (out-of-place and
+in-place side by side, with the run's rank count) and each run's own `# Avg bus bandwidth`, and the transports
+NCCL_DEBUG shows per rank pair (in a log, or among an nccl-tests output's rows), so that a healthy run shows that
+it is healthy. Computing only; analysis/report/ renders.
 """
 from __future__ import annotations
 
 from collections import defaultdict
-from typing import Any
+from typing import Any, NamedTuple
 
+from analysis.parsers.nccl_tests import NcclTestsSection
 from analysis.table import Table
 
 NCCL_TESTS_ROWS = {
@@ -24,34 +26,71 @@ NCCL_TESTS_ROWS = {
     "ip_algbw_GBps": "in-place algorithm bandwidth, GB/s",
     "ip_busbw_GBps": "in-place bus bandwidth, GB/s",
     "wrong": "#wrong elements summed over both placements (None: validation off or not printed)",
-    "source": "file:line of the row (the out-of-place one where both exist)",
+    "source": "file:line of the row",
 }
 
 
+class NcclTestsAverage(NamedTuple):
+    """One run (section) of an nccl-tests output as the tool sums it up itself."""
+
+    op: str  # collective
+    ranks: int | None  # as NCCL_TESTS_ROWS
+    ranks_from: str | None  # as NCCL_TESTS_ROWS
+    rows: int  # the printed sizes (rows of NCCL_TESTS_ROWS) the average is over
+    avg_busbw_GBps: float | None  # its `# Avg bus bandwidth` line (the mean busbw of every size and placement),
+    # GB/s; None where the output lacks it (cut short: the parser's warnings say so)
+    source: str  # file:line of that line; the file alone where the output lacks it
+
+
+class NcclTestsRowsMeta(NamedTuple):
+    """Table.meta of `nccl_tests_rows`: what the output says besides its rows."""
+
+    averages: list[NcclTestsAverage]  # one per section that has rows or an average, in the file's order
+    transports: list[Table]  # `transports` of the NCCL lines printed among each section's rows, where they connect
+
+
+def _ranks(sec: NcclTestsSection | None) -> tuple[int | None, str | None]:
+    """A section's rank count and where it came from (NCCL_TESTS_ROWS['ranks_from'])."""
+    if sec is not None and sec.nranks is not None:
+        return sec.nranks, "printed"
+    if sec is not None and sec.nranks_inferred is not None:
+        return sec.nranks_inferred, "inferred from busbw/algbw"
+    return None, None
+
+
 def nccl_tests_rows(table: Table) -> Table:
-    """One row per section, op and message size with both placements side by side."""
+    """One row per printed row (size) of each section, both placements side by side; `meta` (NcclTestsRowsMeta)
+    holds each section's own average and the transports of the NCCL lines among the rows."""
     sections = table.meta.sections
     merged: dict[tuple[Any, ...], dict[str, Any]] = {}
     for r in table.rows():
-        key = (r["section"], r["op"], r["size_bytes"], r["count"], r["dtype"], r["redop"])
+        # A printed line holds both placements of one size; sizes repeat (nccl-tests prints every 0-byte step), so
+        # rows are told apart by their line. Rows without one (a commbench JSON) have one row per size.
+        key = (r["section"], r["line"]) if r["line"] is not None else (
+            r["section"], r["op"], r["size_bytes"], r["count"], r["dtype"], r["redop"])
         sec = sections[r["section"]] if isinstance(r["section"], int) and r["section"] < len(sections) else None
-        ranks, ranks_from = (sec.nranks if sec is not None else None), "printed"
-        if ranks is None:
-            ranks, ranks_from = (sec.nranks_inferred if sec is not None else None), "inferred from busbw/algbw"
+        ranks, ranks_from = _ranks(sec)
         row = merged.setdefault(key, {
-            "op": r["op"], "ranks": ranks, "ranks_from": ranks_from if ranks is not None else None,
+            "section": r["section"], "op": r["op"], "ranks": ranks, "ranks_from": ranks_from,
             "size_bytes": r["size_bytes"], "count": r["count"], "dtype": r["dtype"], "redop": r["redop"],
             "oop_time_us": None, "oop_algbw_GBps": None, "oop_busbw_GBps": None, "ip_time_us": None,
-            "ip_algbw_GBps": None, "ip_busbw_GBps": None, "wrong": None, "source": f"{table.source}:{r['line']}"})
+            "ip_algbw_GBps": None, "ip_busbw_GBps": None, "wrong": None,
+            "source": table.source if r["line"] is None else f"{table.source}:{r['line']}"})
         prefix = "ip" if r["placement"] == "in-place" else "oop"
         row[f"{prefix}_time_us"], row[f"{prefix}_algbw_GBps"], row[f"{prefix}_busbw_GBps"] = (
             r["time_us"], r["algbw_GBps"], r["busbw_GBps"])
         if r["wrong"] is not None:
             row["wrong"] = (row["wrong"] or 0) + r["wrong"]
-        if prefix == "oop":
-            row["source"] = f"{table.source}:{r['line']}"
+    averages = []
+    for index, sec in enumerate(sections):
+        printed = sum(1 for row in merged.values() if row["section"] == index)
+        if printed or sec.avg_busbw_GBps is not None:
+            averages.append(NcclTestsAverage(
+                sec.op, *_ranks(sec), printed, sec.avg_busbw_GBps,
+                table.source if sec.avg_busbw_line is None else f"{table.source}:{sec.avg_busbw_line}"))
+    logged = [transports(sec.nccl_debug) for sec in sections if sec.nccl_debug is not None and len(sec.nccl_debug)]
     return Table.from_rows("nccl_tests_rows", NCCL_TESTS_ROWS, merged.values(), source=table.source,
-                           warnings=table.warnings)
+                           warnings=table.warnings, meta=NcclTestsRowsMeta(averages, logged))
 
 
 TRANSPORT_ROWS = {
@@ -59,7 +98,8 @@ TRANSPORT_ROWS = {
     "peer_from": "sending rank",
     "peer_to": "receiving rank (None for CollNet/NVLS, which have no single peer)",
     "kind": "ring, tree, nvls, collnet or p2p where the log tells",
-    "transport": "normalised transport (P2P/IPC, SHM, NET/IB, NET/IB/GDRDMA, NET/Socket, ...)",
+    "transport": "normalised transport (analysis.parsers.nccl_debug.COLUMNS['transport']: P2P/IPC, SHM, NET/IB, "
+                 "NET/IB/GDRDMA, NET/RoCE, NET/Socket, ...)",
     "gdrdma": "GPUDirect RDMA: True when the transport goes NIC to GPU memory directly (…/GDRDMA)",
     "channels": "channels using this pair and transport",
     "cuda_dev": "local CUDA device(s) of the printing rank",

@@ -14,6 +14,11 @@ Formats handled (from NCCL's own printf strings, v2.3 to v2.30):
   Channel 00 : 3[3] -> 4[4] via SHM/direct/direct
   CollNet 00/0 : 3 [send] via COLLNET/SHARP/0/GDRDMA
   NVLS comm 0x... headRank 0 nHeads 8 ...                          (one row per rank, no peer)
+
+NCCL prints a RoCE connection as NET/IB, like an InfiniBand one: the two differ only in the link layer its
+device list names (`NET/IB : Using [0]mlx5_0:1/RoCE`), printed once per process; a NET/IB connection is NET/RoCE
+when the device it names in that process's list is a RoCE one. Every fact a verdict cites as evidence (the devices,
+the network chosen) is kept with the host that printed it, so that one host's lines never judge another's.
 """
 from __future__ import annotations
 
@@ -42,7 +47,8 @@ COLUMNS: dict[str, str] = {
     "peer_host": "host of the other end, looked up in the `Init COMPLETE` lines; None when not known",
     "direction": "'send' or 'receive' as printed for NET/CollNet lines; None for P2P/SHM lines",
     "transport": "normalised transport: P2P/IPC, P2P/CUMEM, P2P/direct pointer, P2P/indirect, SHM, "
-                 "NET/IB, NET/IB/GDRDMA, NET/Socket, NET/<plugin>[/GDRDMA], CollNet, NVLS",
+                 "NET/IB, NET/IB/GDRDMA, NET/RoCE, NET/RoCE/GDRDMA (NET/IB on a device the process lists as "
+                 "RoCE), NET/Socket, NET/<plugin>[/GDRDMA], CollNet, NVLS",
     "via_detail": "the text after `via`, verbatim (e.g. `NET/IBext_v8/3/GDRDMA`, `P2P/IPC/read`)",
     "kind": "'ring', 'tree', 'nvls', 'collnet' or 'p2p' when the log tells (the `Connected all rings/"
             "trees` marker that closes the block, `/1` for p2p, legacy `Ring` lines); else None",
@@ -84,6 +90,8 @@ _VERSION = re.compile(
     r"\b(?P<lib>NCCL|RCCL) version (?P<ver>\d+\.\d+\.\d+)[^\s+]*(?:\+(?P<rt>cuda|hip)(?P<rtver>[\d.]+))?")
 _DRIVER = re.compile(r"\bcudaDriverVersion (\d{1,18})(?!\d)")
 _IB_USING = re.compile(r"^NET/IB\w* : Using(?P<rest>.*)$")
+# `via NET/<name>/<dev>...`: <dev> indexes the process's own `NET/<name> : Using [<dev>]...` list.
+_NET_DEV = re.compile(r"^NET/[^/]+/(?P<dev>\d{1,18})")
 _IB_DEV = re.compile(r"\[(?P<idx>\d{1,18})\](?P<dev>[\w.-]+):(?P<port>\d{1,18})/(?P<link>[A-Za-z]+)")
 _SOCKET_USING = re.compile(r"^NET/Socket : Using(?P<rest>.*)$")
 _SOCKET_DEV = re.compile(r"\[(?P<idx>\d{1,18})\](?P<ifname>[^:\s]+):(?P<addr>\S+?)<\d+>")
@@ -178,6 +186,15 @@ def normalise_transport(via: str) -> str:
     return v
 
 
+def _on_link(transport: str, via: str, links: Mapping[int, str]) -> str:
+    """`transport` (normalise_transport) named by the link layer of its device: NET/IB over a device that the
+    printing process listed as RoCE (`links`: its `NET/IB : Using` list, index -> link) is NET/RoCE."""
+    m = _NET_DEV.match(via.strip())
+    if transport in ("NET/IB", "NET/IB/GDRDMA") and m and links.get(int(m["dev"])) == "RoCE":
+        return "NET/RoCE" + transport.removeprefix("NET/IB")
+    return transport
+
+
 def _int(text: str | None) -> int | None:
     return int(text) if text is not None else None
 
@@ -191,26 +208,29 @@ def parse_nccl_debug(path_or_text: str | os.PathLike[str], *, source: str = "") 
     """
     text, name, warnings = read_source(path_or_text, source)
     lines, last_cut = split_lines(text)
-    state = _State()
+    reader = LogReader()
     seen_nccl = False
     for lineno, raw in enumerate(lines, start=1):
         cut = last_cut and lineno == len(lines)
         log = find_log_line(raw)
         if log is None:
             if not cut:  # VERSION-level lines come without a prefix
-                state.versions(raw)
+                reader.versions(raw)
             continue
         seen_nccl = True
         if cut:
             warnings.append(f"{name}:{lineno}: last line is cut short; ignored")
             break
-        if not state.line(log, lineno):
-            warnings.append(f"{name}:{lineno}: connection line not understood: {log.message[:120]}")
+        if not reader.line(log, lineno):
+            warnings.append(not_understood(name, lineno, log))
     if not seen_nccl:
         warnings.append(f"{name}: no NCCL log lines found (was NCCL_DEBUG=INFO set?)")
-    state.finish()
-    return Table.from_rows("nccl_debug", COLUMNS, state.rows, source=name, warnings=warnings,
-                           meta=NcclDebugMeta(**state.facts))
+    return reader.table(name, warnings)
+
+
+def not_understood(name: str, lineno: int, log: LogLine) -> str:
+    """The warning for a line that LogReader.line could not read."""
+    return f"{name}:{lineno}: connection line not understood: {log.message[:120]}"
 
 
 def _row(log: LogLine, lineno: int, **fields: Any) -> dict[str, Any]:
@@ -219,9 +239,10 @@ def _row(log: LogLine, lineno: int, **fields: Any) -> dict[str, Any]:
     return row
 
 
-def _connection_row(m: re.Match, log: LogLine, comm: str | None, lineno: int) -> dict[str, Any]:
+def _connection_row(m: re.Match, log: LogLine, comm: str | None, lineno: int,
+                    links: Mapping[int, str]) -> dict[str, Any]:
     src, dst, direction, via = int(m["src"]), int(m["dst"]), m["dir"], m["via"]
-    transport = normalise_transport(via)
+    transport = _on_link(normalise_transport(via), via, links)
     # NET receive lines are printed by the receiver; NCCL 2.3 printed NET lines only on receive,
     # without the [receive] tag.
     receiver_prints = direction == "receive" or (
@@ -247,10 +268,13 @@ class NcclDebugMeta(NamedTuple):
     ranks_ambiguous: bool | None = None  # one rank of a communicator announced by two processes
     hosts: list[str] | None = None  # the hosts that logged, sorted
     nnodes: int | None = None  # the largest `nNodes N` printed
-    ib_devices: list[dict[str, Any]] | None = None  # [{device, port, link}] from `NET/IB : Using`
-    ib_no_device: bool | None = None  # `NET/IB : No device found` was printed
-    socket_interfaces: list[dict[str, str]] | None = None  # [{interface, address}] from `NET/Socket : Using`
-    net_plugins: list[str] | None = None  # the networks of `Using network X`, in order
+    # [{host, device, port, link, line}] from `NET/IB : Using`, once per host (link: IB or RoCE; line: the first
+    # that listed it there)
+    ib_devices: list[dict[str, Any]] | None = None
+    ib_no_device: list[str | None] | None = None  # the hosts that printed `NET/IB : No device found`
+    # [{host, interface, address}] from `NET/Socket : Using`, once per host
+    socket_interfaces: list[dict[str, Any]] | None = None
+    net_plugins: list[dict[str, Any]] | None = None  # [{host, name}] of `Using network X`, in order, once per host
     env: Mapping[str, str] | None = None  # {variable: value} of the NCCL environment variables the log echoes
     algo_proto: dict[str, str] | None = None  # NCCL_ALGO / NCCL_PROTO among them
     rings: list[dict[str, Any]] | None = None  # [{channel, order, line}] of the `Ring NN : a b c` lines
@@ -258,15 +282,16 @@ class NcclDebugMeta(NamedTuple):
     nccl_warnings: list[str] | None = None  # the NCCL WARN lines, "line N: message"
 
 
-class _State:
-    """What reading a log has gathered so far; `finish` derives what needs the whole log."""
+class LogReader:
+    """NCCL log lines read one at a time (`line`, and `versions` for prefix-less lines), then `table`: the loop of
+    parse_nccl_debug, and of nccl-tests outputs that hold NCCL lines among their rows (analysis.parsers.nccl_tests)."""
 
     def __init__(self) -> None:
         self.rows: list[dict[str, Any]] = []
         self.facts: dict[str, Any] = {  # NcclDebugMeta's fields, filled while reading
             "nccl_version": None, "cuda_runtime": None, "cuda_driver": None, "nranks": None, "ranks": {},
             "comms": {}, "ranks_ambiguous": False, "hosts": [], "nnodes": None, "ib_devices": [],
-            "ib_no_device": False, "socket_interfaces": [], "net_plugins": [], "env": {}, "algo_proto": {},
+            "ib_no_device": [], "socket_interfaces": [], "net_plugins": [], "env": {}, "algo_proto": {},
             "rings": [], "channel_counts": None, "nccl_warnings": [],
         }
         # Per logging thread: rows, closing markers and communicator starts in order, so that a
@@ -276,6 +301,7 @@ class _State:
         self.pointer_comm_id: dict[tuple, str] = {}   # (host, pid, pointer) -> commId
         self.pointer_rank: dict[tuple, int] = {}      # (host, pid, pointer) -> rank
         self.inits: list[dict[str, Any]] = []         # Init COMPLETE lines
+        self.links: dict[tuple, dict[int, str]] = defaultdict(dict)  # (host, pid) -> its NET/IB list: index -> link
 
     def versions(self, text: str) -> None:
         for key, value in version_facts(text).items():
@@ -291,7 +317,8 @@ class _State:
         self.versions(msg)
         m = _CONN.match(msg)
         if m:
-            self.rows.append(_connection_row(m, log, self.thread_comm.get(thread), lineno))
+            self.rows.append(_connection_row(m, log, self.thread_comm.get(thread), lineno,
+                                             self.links.get((log.host, log.pid), {})))
             self.events[thread].append(("row", len(self.rows) - 1))
             return True
         m = _COLLNET.match(msg)
@@ -351,24 +378,27 @@ class _State:
         m = _IB_USING.match(msg)
         if m:
             for d in _IB_DEV.finditer(m["rest"]):
-                dev = {"device": d["dev"], "port": int(d["port"]), "link": d["link"]}
-                if dev not in facts["ib_devices"]:
-                    facts["ib_devices"].append(dev)
+                self.links[(log.host, log.pid)][int(d["idx"])] = d["link"]
+                dev = {"host": log.host, "device": d["dev"], "port": int(d["port"]), "link": d["link"]}
+                if not any(dev.items() <= known.items() for known in facts["ib_devices"]):
+                    facts["ib_devices"].append({**dev, "line": lineno})
             return
         if msg.startswith("NET/IB : No device found"):
-            facts["ib_no_device"] = True
+            if log.host not in facts["ib_no_device"]:
+                facts["ib_no_device"].append(log.host)
             return
         m = _SOCKET_USING.match(msg)
         if m:
             for d in _SOCKET_DEV.finditer(m["rest"]):
-                iface = {"interface": d["ifname"], "address": d["addr"]}
+                iface = {"host": log.host, "interface": d["ifname"], "address": d["addr"]}
                 if iface not in facts["socket_interfaces"]:
                     facts["socket_interfaces"].append(iface)
             return
         m = _USING_NETWORK.match(msg)
         if m:
-            if m["name"] not in facts["net_plugins"]:
-                facts["net_plugins"].append(m["name"])
+            net = {"host": log.host, "name": m["name"]}
+            if net not in facts["net_plugins"]:
+                facts["net_plugins"].append(net)
             return
         m = _ENV.match(msg)
         if m:
@@ -380,11 +410,15 @@ class _State:
         if m and facts["channel_counts"] is None:
             facts["channel_counts"] = {k: int(v) for k, v in m.groupdict().items() if v is not None}
 
-    def finish(self) -> None:
+    def table(self, name: str, warnings: Iterable[str]) -> Table:
+        """The `nccl_debug` table of the lines read (once, after the last line): what needs the whole log is
+        derived here."""
         _assign_kinds(self.rows, self.events)
         _resolve_comms(self.rows, self.inits, self.pointer_comm_id, self.pointer_rank, self.facts)
         self.facts["hosts"] = sorted({r["host"] for r in self.rows if r["host"]} |
                                     {i["host"] for i in self.inits if i["host"]})
+        return Table.from_rows("nccl_debug", COLUMNS, self.rows, source=name, warnings=warnings,
+                               meta=NcclDebugMeta(**self.facts))
 
 
 def _assign_kinds(rows: list[dict[str, Any]], events: Mapping[tuple, list[tuple[str, Any]]]) -> None:
@@ -503,7 +537,8 @@ def verdict(table: Table, *, expect_net: str | None = None) -> list[Finding]:
     """Judge the transports in a `parse_nccl_debug` table.
 
     `expect_net` is what the hardware profile promises between nodes ("IB" for InfiniBand or RoCE);
-    without it, IB devices listed in the log are taken as the expectation.
+    without it, the IB / RoCE devices a host lists are that host's expectation, and a host that lists none while
+    others of the log do is named with them.
     """
     rows = list(table.rows())
     if not rows:
@@ -512,21 +547,41 @@ def verdict(table: Table, *, expect_net: str | None = None) -> list[Finding]:
     return _socket_findings(rows, table.meta, expect_net) + _shm_findings(rows, table.meta) + _gdr_findings(rows)
 
 
+def _place(host: str | None) -> str:
+    return f"host {host}" if host else "the lines without a host"
+
+
+def _listing(host: str | None, devices: list[dict[str, Any]]) -> str:
+    """'mlx5_0:1/RoCE, mlx5_1:1/RoCE listed by host a at line 2': a host's devices as NCCL printed them."""
+    names = ", ".join(f"{d['device']}:{d['port']}/{d['link']}" for d in devices)
+    return f"{names} listed by {_place(host)} at line {devices[0]['line']}"
+
+
 def _socket_findings(rows: list[dict[str, Any]], meta: NcclDebugMeta, expect_net: str | None) -> list[Finding]:
-    ib_names = list(dict.fromkeys(d["device"] for d in meta.ib_devices))
-    wants_ib = (expect_net or "").upper().removeprefix("NET/") in ("IB", "ROCE") or bool(ib_names)
+    expected = (expect_net or "").upper().removeprefix("NET/") in ("IB", "ROCE")
+    listed = dict(_grouped(meta.ib_devices, lambda d: d["host"]))
     sockets = [r for r in rows if r["transport"] == "NET/Socket" and _is_inter_node(r)]
     findings = []
     for (host, peer_host), group in _grouped(sockets, lambda r: (r["host"], r["peer_host"])):
         who, plural = _who((r["rank"] for r in group), host)
         talks = f"{who} {'talk' if plural else 'talks'} to {f'host {peer_host}' if peer_host else 'other nodes'}"
-        if wants_ib:
-            why = f"IB devices {', '.join(ib_names)} are listed" if ib_names else f"the profile expects {expect_net}"
-            if "Socket" in meta.net_plugins:
+        own, others = listed.get(host), {h: d for h, d in listed.items() if h != host}
+        if own or expected:
+            links = {d["link"] for d in own or ()}
+            net = "NET/RoCE" if links == {"RoCE"} else "NET/IB"
+            why = _listing(host, own) if own else f"the profile expects {expect_net}"
+            if {"host": host, "name": "Socket"} in meta.net_plugins:
                 why += "; 'Using network Socket' (NCCL_NET, NCCL_IB_DISABLE or a missing plugin?)"
-            findings.append(Finding("warn", f"{talks} over NET/Socket: expected NET/IB ({why})", _evidence(group)))
+            findings.append(Finding("warn", f"{talks} over NET/Socket: expected {net} ({why})", _evidence(group)))
+            continue
+        why = (f"NET/IB found no device on {_place(host)}" if host in meta.ib_no_device
+               else f"no IB or RoCE device listed by {_place(host)}")
+        if others:
+            # Another host of the job has the fabric: this one lacks it (a driver, a container's devices).
+            findings.append(Finding("warn", f"{talks} over NET/Socket: {why}, while the log has "
+                                            f"{'; '.join(_listing(h, d) for h, d in others.items())}",
+                                    _evidence(group)))
         else:
-            why = "NET/IB found no device" if meta.ib_no_device else "no IB devices are listed"
             findings.append(Finding("info", f"{talks} over NET/Socket ({why}); TCP is far slower than IB/RoCE "
                                             f"for inter-node collectives", _evidence(group)))
     return findings
@@ -555,11 +610,11 @@ def _shm_findings(rows: list[dict[str, Any]], meta: NcclDebugMeta) -> list[Findi
 
 
 def _gdr_findings(rows: list[dict[str, Any]]) -> list[Finding]:
-    plain_ib = [r for r in rows if r["transport"] == "NET/IB"]
+    staged = [r for r in rows if r["transport"] in ("NET/IB", "NET/RoCE")]
     findings = []
-    for host, group in _grouped(plain_ib, lambda r: r["host"]):
+    for (host, transport), group in _grouped(staged, lambda r: (r["host"], r["transport"])):
         who, plural = _who((r["rank"] for r in group), host)
-        findings.append(Finding("info", f"{who} {'use' if plural else 'uses'} NET/IB without GPUDirect RDMA: "
+        findings.append(Finding("info", f"{who} {'use' if plural else 'uses'} {transport} without GPUDirect RDMA: "
                                         f"data is staged through host memory (nvidia-peermem not loaded, or GPU "
                                         f"and NIC too far apart in PCIe)", _evidence(group)))
     return findings

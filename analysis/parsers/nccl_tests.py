@@ -7,13 +7,15 @@ all_gather has no redop, broadcast has root but no redop, `error` is a max abs d
 only tables, `N/A` in #wrong when validation is off), 2025+ (`# nccl-tests version`,
 `# Collective test starting:`, optional per-iteration and timestamp columns). Lines from other
 tools (NCCL INFO lines, mpirun `[1,0]<stdout>:` tags, shell prompts, prose) are skipped or
-stripped, and a row that an NCCL INFO line was glued into is put back together.
+stripped, and a row that an NCCL INFO line was glued into is put back together. The NCCL lines themselves are
+read as an NCCL_DEBUG log is (analysis.parsers.nccl_debug), so that the transports they name are not lost.
 
 bus bandwidth: nccl-tests reports busbw = algbw × bus_factor(op, nranks) (doc/PERFORMANCE.md);
 the parser checks every row against that and warns when they disagree by more than 2%.
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import re
@@ -22,7 +24,14 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping, NamedTuple
 
 from analysis.parsers._text import GARBLED, read_source, split_lines
-from analysis.parsers.nccl_debug import find_log_line, strip_mpi_tag, version_facts
+from analysis.parsers.nccl_debug import (
+    LogLine,
+    LogReader,
+    find_log_line,
+    not_understood,
+    strip_mpi_tag,
+    version_facts,
+)
 from analysis.table import Table
 from launch import sense
 
@@ -124,6 +133,7 @@ class NcclTestsSection(NamedTuple):
     devices: list[dict[str, Any]] | None = None  # [{rank, group, pid, host, device, busid, name}] as printed
     hosts: list[str] | None = None  # the devices' hosts, sorted
     avg_busbw_GBps: float | None = None  # the `Avg bus bandwidth` footer; None when the run was cut short
+    avg_busbw_line: int | None = None  # the footer's line
     out_of_bounds: int | None = None  # the `Out of bounds values` footer
     nccl_version: str | None = None  # from `nccl-tests version ... nccl-library=` or an NCCL INFO line
     rccl_version: str | None = None  # from an RCCL INFO line
@@ -144,6 +154,9 @@ class NcclTestsSection(NamedTuple):
     validation: int | None = None  # `validation: N` (0: #wrong is N/A)
     graph: int | None = None  # `graph: N`
     unalign: int | None = None  # `unalign: N` (2025+)
+    # the NCCL log lines printed among the run's output (NCCL_DEBUG=INFO set for the test), read as
+    # analysis.parsers.nccl_debug reads a log; None when it holds none
+    nccl_debug: Table | None = None
 
 
 # Table.meta of an `nccl_tests` table: the collectives of the rows (sorted), every section's facts (rows point into
@@ -182,6 +195,7 @@ class _Section:
     devices: list[dict[str, Any]] = field(default_factory=list)
     nrows: int = 0
     bad_factor: list[str] = field(default_factory=list)
+    log_lines: list[tuple[int, LogLine]] = field(default_factory=list)  # the NCCL lines, read once the rows are
 
     @property
     def nranks(self) -> int | None:
@@ -268,6 +282,9 @@ class _Parser:
         self.fragment: tuple[list[str], int, str] | None = None  # fields so far, line, host of the log line
         self.file_facts: dict[str, Any] = {}
         self.unlaid_rows = 0
+        # An NCCL line glued into a row starts with that row's field, whose length is known only when the row is
+        # put back together: line -> the host without it.
+        self.hosts: dict[int, str | None] = {}
 
     @property
     def section(self) -> _Section:
@@ -298,9 +315,11 @@ class _Parser:
     def line(self, lineno: int, raw: str, cut: bool) -> None:
         log = find_log_line(raw)
         if log is not None:
-            for key, value in (version_facts(log.message) if not cut else {}).items():
-                self.section.log_facts.setdefault(key, value)
-                self.file_facts.setdefault(key, value)
+            if not cut:
+                for key, value in version_facts(log.message).items():
+                    self.section.log_facts.setdefault(key, value)
+                    self.file_facts.setdefault(key, value)
+                self.section.log_lines.append((lineno, log))
             before = strip_mpi_tag(raw[:log.start]).split()
             if _is_row_start(before):
                 # nccl-tests prints a row in pieces; an NCCL line logged in between lands mid-row.
@@ -384,7 +403,7 @@ class _Parser:
             return
         m = _AVG_BUSBW.search(body)
         if m:
-            section.facts["avg_busbw_GBps"] = float(m[1])
+            section.facts.update(avg_busbw_GBps=float(m[1]), avg_busbw_line=lineno)
             return
         m = _OUT_OF_BOUNDS.search(body)
         if m:
@@ -440,7 +459,7 @@ class _Parser:
             layout = _guess_layout(head + tokens) or _guess_layout(head + ["?"] + tokens)
         if layout is None:
             return False
-        head = _unglue(head, host, layout)
+        head = self.unglue(head, start, host, layout)
         missing = layout.width - len(head) - len(tokens)
         if missing < 0 or (missing > 0 and not cut):
             return False
@@ -462,7 +481,14 @@ class _Parser:
             return
         self.warn(start, f"row is incomplete ({len(head)} of {layout.width} fields); kept only its "
                          f"complete placements")
-        self.emit(start, _unglue(head, host, layout), layout)
+        self.emit(start, self.unglue(head, start, host, layout), layout)
+
+    def unglue(self, head: list[str], lineno: int, host: str, layout: _Layout) -> list[str]:
+        """_unglue, remembering the host of the log line without the field it took."""
+        fields = _unglue(head, host, layout)
+        if len(fields) > len(head):
+            self.hosts[lineno] = host[len(fields[-1]):] or None
+        return fields
 
     def emit(self, lineno: int, tokens: list[str], layout: _Layout) -> None:
         section = self.section
@@ -570,10 +596,22 @@ class _Parser:
         return Table.from_rows("nccl_tests", COLUMNS, self.rows, source=self.name, warnings=self.warnings,
                                meta=meta)
 
+    def nccl_debug(self, s: _Section) -> Table | None:
+        """The NCCL lines of a section as an `nccl_debug` table; None without any."""
+        if not s.log_lines:
+            return None
+        reader = LogReader()
+        for lineno, log in s.log_lines:
+            if lineno in self.hosts:
+                log = dataclasses.replace(log, host=self.hosts[lineno])
+            if not reader.line(log, lineno):
+                self.warnings.append(not_understood(self.name, lineno, log))
+        return reader.table(self.name, ())
+
     def section_meta(self, s: _Section) -> NcclTestsSection:
         rows = [r for r in self.rows if r["section"] == s.index]
         facts: dict[str, Any] = {"op": s.op, "nranks": s.nranks, "devices": list(s.devices),
-                                 "hosts": sorted({d["host"] for d in s.devices})}
+                                 "hosts": sorted({d["host"] for d in s.devices}), "nccl_debug": self.nccl_debug(s)}
         facts.update(s.log_facts)
         facts.update(s.facts)
         if s.nranks is None and s.op in _FACTORS:
@@ -614,7 +652,7 @@ def parse_nccl_tests(path_or_text: str | os.PathLike[str], *, source: str = "") 
     One row per message size per placement. `meta` (NcclTestsMeta) holds the header facts of the first run that has
     rows (nranks, devices, hosts, nthreads, ngpus, min_bytes, max_bytes, step_factor|step_bytes,
     warmup_iters, iters, agg_iters, validation, graph, avg_busbw_GBps, out_of_bounds, nccl_version,
-    cuda_runtime, cuda_driver, nccl_tests_version, rccl_tests_version, nranks_inferred), plus `ops`
+    cuda_runtime, cuda_driver, nccl_tests_version, rccl_tests_version, nranks_inferred, nccl_debug), plus `ops`
     and `sections` (the same facts for every run in the file; rows point into it by `section`).
     Never raises on content: damaged input gives the rows that could be read and warnings naming
     the file and line.

@@ -46,6 +46,10 @@ def _ms(s: Any) -> str:
     return "–" if s is None else f"{s * 1e3:,.1f}"
 
 
+def _us(us: Any) -> str:
+    return "–" if us is None else f"{us:,.0f}"
+
+
 def _us_ms(us: Any) -> str:
     return "–" if us is None else f"{us / 1e3:,.2f}"
 
@@ -86,6 +90,9 @@ def _runs_blocks(rep: Report) -> list[Block]:
         skipped = [f"{p} — skipped: {why}" for p, why in r.run.skipped]
         out.append(Block("details", f"{r.label}: {len(items)} file(s) used, {len(ours)} of ours not analysed, "
                                     f"{len(skipped)} skipped", items=items + ours + skipped))
+    apart = [f"{r.label}: {r.run.segment}" for r in rep.runs if r.run.segment]
+    if apart:
+        out.append(Block("list", "Several runs in one file, each reported as a run of its own", items=apart))
     pooled = [f"{r.label}: {r.run.relabel(b)}" for r in rep.runs for b in r.boundaries]
     if pooled:
         out.append(Block("list", "Several runs in one file (split the file to compare them)", items=pooled))
@@ -141,8 +148,8 @@ def _speed_blocks(rep: Report) -> list[Block]:
     prof = [[r.label, str(p["step"] if p["step"] is not None else "–"), _sci(p["params_per_gpu"]),
              _sci(p["fwd_macs_per_gpu"]), _num(p["fwd_latency_ms"]), _num(p["bwd_latency_ms"]),
              _num(p["step_latency_ms"]), _num(p["iter_latency_ms"]),
-             _num(None if p["fwd_bwd_flop_per_s_per_gpu"] is None else p["fwd_bwd_flop_per_s_per_gpu"] / 1e12),
-             _num(None if p["flop_per_s_per_gpu"] is None else p["flop_per_s_per_gpu"] / 1e12), _num(p["samples_per_s"]),
+             *(_tflops(p[k]) for k in ("fwd_flop_per_s_per_gpu", "bwd_flop_per_s_per_gpu", "fwd_bwd_flop_per_s_per_gpu",
+                                       "flop_per_s_per_gpu")), _num(p["samples_per_s"]),
              r.run.relabel(f"{log.source}:{p['line']}")]
             for r in rep.runs for log in r.run.deepspeed for p in log.rows() if p["kind"] == "flops_profile"]
     thr = []
@@ -161,8 +168,8 @@ def _speed_blocks(rep: Report) -> list[Block]:
     if prof:
         out.append(Block("h3", "DeepSpeed Flops Profiler"))
         out.append(Block("table", headers=["run", "step", "params/GPU", "fwd MACs/GPU", "fwd ms", "bwd ms", "step ms",
-                                           "iter ms", "fwd+bwd TFLOP/s/GPU", "iter TFLOP/s/GPU", "samples/s",
-                                           "source"], rows=prof))
+                                           "iter ms", "fwd TFLOP/s/GPU", "bwd TFLOP/s/GPU", "fwd+bwd TFLOP/s/GPU",
+                                           "iter TFLOP/s/GPU", "samples/s", "source"], rows=prof))
     if series:
         out.append(Block("img", "Step-time distribution of the measured window (box: quartiles; points: steps). "
                                 "Sources: the files in the table's source column.",
@@ -172,6 +179,12 @@ def _speed_blocks(rep: Report) -> list[Block]:
 
 def _sci(x: Any) -> str:
     return "–" if x is None else f"{x:.3g}"
+
+
+def _tflops(flop_per_s: Any) -> str:
+    # The profiler prints a rate with two decimals in its own unit (`137.17 TFLOPS`, `512.34 GFLOPS`): five
+    # significant digits of TFLOP/s keep every digit it printed.
+    return "–" if flop_per_s is None else f"{flop_per_s / 1e12:.5g}"
 
 
 def _last_validation(curves) -> str:
@@ -258,13 +271,18 @@ def _time_blocks(rep: Report) -> list[Block]:
         if r.breakdown is None:
             continue
         for b in r.breakdown.rows():
-            rows.append([r.label, _num(b["rank"]), b["basis"], _us_ms(b["span_us"]), _pct(b["compute_pct"]),
-                         _pct(b["exposed_comm_pct"]), _pct(b["other_pct"]), _pct(b["idle_pct"]),
-                         _us_ms(b["comm_us"]), _pct(b["overlap_pct"]), r.run.relabel(b["source"])])
+            rows.append([r.label, _num(b["rank"]), b["basis"], _us(b["span_us"]), _us(b["compute_us"]),
+                         _pct(b["compute_pct"]), _us(b["non_compute_us"]), _pct(b["non_compute_pct"]),
+                         _pct(b["exposed_comm_pct"]), _pct(b["other_pct"]), _us(b["idle_us"]), _pct(b["idle_pct"]),
+                         _us(b["comm_us"]), _pct(b["overlap_pct"]), r.run.relabel(b["source"])])
         bars.append((r.label, bar_segments(r)))
     if rows:
-        out.append(Block("table", headers=["run", "rank", "basis", "span, ms", "compute %", "exposed comm %",
-                                           "other %", "idle %", "comm, ms", "overlap %", "source"], rows=rows))
+        # HTA's temporal breakdown as it prints it, absolute times in µs beside the shares; the non-compute share
+        # then splits into exposed communication and other activity.
+        out.append(Block("table", headers=["run", "rank", "basis", "span, µs", "compute, µs", "compute %",
+                                           "non-compute, µs", "non-compute %", "of which exposed comm %",
+                                           "of which other %", "idle, µs", "idle %", "comm, µs", "overlap %",
+                                           "source"], rows=rows))
         out.append(Block("img", "Share of the measured span per run (mean over ranks): compute, each collective's "
                                 "exposed time, other non-compute activity, idle. Sources: the trace files above.",
                          png=_plot(plots.time_breakdown_bars, bars)))
@@ -385,10 +403,20 @@ def _comm_file_blocks(rep: Report) -> list[Block]:
         out.append(Block("table", headers=["run", "collective", "ranks", "size", "count", "type", "redop",
                                            "out-of-place µs", "algbw GB/s", "busbw GB/s", "in-place µs",
                                            "algbw GB/s", "busbw GB/s", "#wrong", "source"], rows=rows))
+        out.append(Block("table", headers=["run", "collective", "ranks", "sizes printed",
+                                           "average busbw as nccl-tests printed it (Avg bus bandwidth), GB/s",
+                                           "source"],
+                         rows=[[r.label, a.op, f"{a.ranks} ({a.ranks_from})" if a.ranks is not None else "unknown",
+                                # %g: the footer's own printf format, so the figure reads as the file does
+                                str(a.rows), f"{a.avg_busbw_GBps:g}" if a.avg_busbw_GBps is not None
+                                else "not printed (the output was cut short)", r.run.relabel(a.source)]
+                               for r in rep.runs for t in r.nccl_rows for a in t.meta.averages]))
+    # NCCL_DEBUG lines come in logs of their own and among an nccl-tests output's rows.
     rows = [[r.label, str(g["comm"] or "–"), f"{g['peer_from']} → {'–' if g['peer_to'] is None else g['peer_to']}",
              str(g["kind"] or "–"), str(g["transport"]), "yes" if g["gdrdma"] else "no", str(g["channels"]),
              str(g["cuda_dev"] or "–"), str(g["hosts"] or "–"), r.run.relabel(g["source"])]
-            for r in rep.runs for t in r.transports for g in t.rows()]
+            for r in rep.runs for t in [*r.transports, *(x for n in r.nccl_rows for x in n.meta.transports)]
+            for g in t.rows()]
     if rows:
         out.append(Block("h3", "Transports (NCCL_DEBUG)"))
         out.append(Block("table", headers=["run", "communicator", "ranks", "kind", "transport", "GPUDirect RDMA",

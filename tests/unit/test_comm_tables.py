@@ -30,6 +30,65 @@ def test_nccl_tests_rows_hold_both_placements_of_every_printed_size():
         assert (g["ranks"], g["ranks_from"]) == (8, "printed")  # the header lists ranks 0-7
 
 
+def test_every_printed_row_is_kept_when_sizes_repeat():
+    # nccl-tests prints a row per step, and a reduce_scatter sweep from 0 B prints five 0-byte rows: five rows.
+    path = NCCL / "real_reducescatter_2node_4gpu_issue128_EXCERPT.txt"
+    want = [(n, m) for n, m in enumerate(map(ROW.match, path.read_text().splitlines()), start=1) if m]
+    assert [int(m[1]) for _, m in want] == [0, 0, 0, 0, 0, 128, 256]
+    got = list(nccl_tests_rows(parse_nccl_tests(path)).rows())
+    assert [(g["size_bytes"], g["oop_time_us"], g["ip_time_us"], g["source"]) for g in got] == [
+        (int(m[1]), float(m[5]), float(m[9]), f"{path}:{n}") for n, m in want]
+
+
+AVG = re.compile(r"^#? *Avg bus bandwidth *: *(\S+)")
+
+
+@pytest.mark.parametrize("name", ["c_allreduce_v2_13_8xh100.txt", "c_sweep_four_collectives_concatenated.txt",
+                                  "c_legacy_v2_11_allgather_then_broadcast.txt", "c_allreduce_2017_ms.txt"])
+def test_each_runs_own_average_is_kept_with_its_line(name):
+    path = NCCL / name
+    want = [(float(m[1]), f"{path}:{n}") for n, m in enumerate(map(AVG.match, path.read_text().splitlines()), 1) if m]
+    assert want
+    averages = nccl_tests_rows(parse_nccl_tests(path)).meta.averages
+    assert [(a.avg_busbw_GBps, a.source) for a in averages] == want
+
+
+def test_an_output_without_its_average_says_so():
+    path = NCCL / "real_allreduce_h100pcie_2gpu_issue194_EXCERPT.txt"
+    (a,) = nccl_tests_rows(parse_nccl_tests(path)).meta.averages
+    assert (a.op, a.ranks, a.ranks_from, a.rows, a.avg_busbw_GBps, a.source) == (
+        "all_reduce", 2, "inferred from busbw/algbw", 2, None, str(path))
+
+
+def test_the_report_shows_the_average_nccl_tests_printed(tmp_path):
+    rep = build_report([(None, ALLREDUCE_8XH100), (None, NCCL / "real_allreduce_h100pcie_2gpu_issue194_EXCERPT.txt")])
+    out = tmp_path / "r.md"
+    render_markdown(rep, out)
+    md = out.read_text()
+    (avg,) = [m[1] for m in map(AVG.match, ALLREDUCE_8XH100.read_text().splitlines()) if m]
+    assert f"| all_reduce | 8 (printed) | 31 | {avg} | c_allreduce_v2_13_8xh100.txt:48 |" in md
+    assert "| 2 | not printed (the output was cut short) | real_allreduce_h100pcie_2gpu_issue194_EXCERPT.txt |" in md
+
+
+def test_the_report_shows_the_transports_an_nccl_tests_output_logged(tmp_path):
+    path = NCCL / "real_allreduce_h100pcie_2gpu_issue194_EXCERPT.txt"
+    rep = build_report([(None, path)])
+    out = tmp_path / "r.md"
+    render_markdown(rep, out)
+    md = out.read_text().split("### Transports (NCCL_DEBUG)")[1]
+    assert ("| 1 → 0 | – | P2P/direct pointer | no | 1 | 1 | – | real_allreduce_h100pcie_2gpu_issue194_EXCERPT.txt:6 |"
+            in md)
+
+
+def test_the_report_names_a_roce_connection_roce(tmp_path):
+    # Excerpt (e): `NET/IB : Using [0]mlx5_0:1/RoCE`, then `Ring 00 : 15[41000] -> 0[1b000] [receive] via NET/IB/0`.
+    rep = build_report([(None, NCCL / "real_debug_transport_excerpts_from_issues.txt")])
+    out = tmp_path / "r.md"
+    render_markdown(rep, out)
+    md = out.read_text()
+    assert "| 15 → 0 | ring | NET/RoCE | no | 1 | 0 | – | real_debug_transport_excerpts_from_issues.txt:37 |" in md
+
+
 def test_transports_name_every_rank_pair_and_whether_it_uses_gpudirect_rdma():
     lines = [m for m in map(CONN.search, DEBUG.read_text().splitlines()) if m]
     assert lines

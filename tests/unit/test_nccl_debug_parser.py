@@ -9,6 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from analysis.analyzers.comm_tables import transports
 from analysis.parsers.nccl_debug import (
     COLUMNS,
     Finding,
@@ -72,9 +73,9 @@ def test_real_socket_fallback_issue952():
 def test_real_ib_device_discovery_issue228():
     t = parse_nccl_debug(excerpt("c"))
     assert len(t) == 0 and t.warnings == ()
-    assert t.meta.ib_devices == [{"device": "mlx5_0", "port": 1, "link": "IB"},
-                                    {"device": "mlx5_2", "port": 1, "link": "IB"}]
-    assert t.meta.net_plugins == ["IB"]
+    assert t.meta.ib_devices == [{"host": "user", "device": "mlx5_0", "port": 1, "link": "IB", "line": 4},
+                                 {"host": "user", "device": "mlx5_2", "port": 1, "link": "IB", "line": 4}]
+    assert t.meta.net_plugins == [{"host": "user", "name": "IB"}]
     assert t.meta.env == {"NCCL_IB_DISABLE": "0", "NCCL_IB_HCA": "mlx5_2:1,mlx5_0:1"}
     assert [f.severity for f in verdict(t)] == ["info"]
 
@@ -92,12 +93,61 @@ def test_real_ib_without_gdrdma_and_direct_pointer_issue1412():
 def test_real_legacy_ring_lines_without_host_issue392():
     t = parse_nccl_debug(excerpt("e"))
     assert (t.meta.nccl_version, t.meta.cuda_runtime) == ("2.5.7", "10.0")
-    assert t.meta.ib_devices == [{"device": "mlx5_0", "port": 1, "link": "RoCE"}]
+    assert t.meta.ib_devices == [{"host": None, "device": "mlx5_0", "port": 1, "link": "RoCE", "line": 2}]
     assert [(r["transport"], r["kind"], r["host"], r["rank"]) for r in t.rows()] == [
-        ("NET/IB", "ring", None, 0), ("P2P/IPC", "ring", None, 0), ("SHM", "ring", None, 0)]
+        ("NET/RoCE", "ring", None, 0), ("P2P/IPC", "ring", None, 0), ("SHM", "ring", None, 0)]
     assert rows(t, transport="SHM")[0]["via_detail"] == "direct shared memory"
     # SHM next to P2P on the same machine: pairs that cross the CPU interconnect, noted not warned.
     assert [f.severity for f in verdict(t)] == ["info", "info"]
+
+
+def test_real_roce_connection_is_reported_as_roce_issue392():
+    # NCCL prints `via NET/IB/0` over RoCE too; device 0 of this process's list is `mlx5_0:1/RoCE`.
+    t = parse_nccl_debug(excerpt("e"))
+    (net,) = rows(t, direction="receive")
+    assert (net["via_detail"], net["transport"]) == ("NET/IB/0", "NET/RoCE")
+    assert [f.message for f in verdict(t) if "GPUDirect" in f.message] == [(
+        "rank 0 uses NET/RoCE without GPUDirect RDMA: data is staged through host memory (nvidia-peermem not "
+        "loaded, or GPU and NIC too far apart in PCIe)")]
+
+
+# Two hosts whose processes list different devices (NCCL 2.18 format strings, as the c_debug_* fixtures): the
+# device index in `via NET/IB/<dev>` refers to the printing process's own list.
+TWO_FABRICS = """\
+rc-01:100:150 [0] NCCL INFO NET/IB : Using [0]mlx5_0:1/RoCE [1]mlx5_1:1/RoCE [RO]; OOB eth0:10.0.0.1<0>
+rc-01:100:150 [0] NCCL INFO Using network IB
+ib-02:200:250 [0] NCCL INFO NET/IB : Using [0]mlx5_0:1/IB [RO]; OOB ib0:10.0.1.2<0>
+ib-02:200:250 [0] NCCL INFO Using network IB
+rc-01:100:150 [0] NCCL INFO Channel 00/0 : 1[0] -> 0[0] [receive] via NET/IB/1/GDRDMA
+rc-01:100:150 [0] NCCL INFO Channel 01/0 : 1[0] -> 0[0] [receive] via NET/IB/0
+ib-02:200:250 [0] NCCL INFO Channel 00/0 : 0[0] -> 1[0] [receive] via NET/IB/0/GDRDMA
+"""
+
+
+def test_roce_is_told_from_ib_by_the_printing_process_own_device_list():
+    t = parse_nccl_debug(TWO_FABRICS)
+    assert [(r["host"], r["transport"]) for r in t.rows()] == [
+        ("rc-01", "NET/RoCE/GDRDMA"), ("rc-01", "NET/RoCE"), ("ib-02", "NET/IB/GDRDMA")]
+    assert {g["transport"]: g["gdrdma"] for g in transports(t).rows()} == {
+        "NET/RoCE/GDRDMA": True, "NET/RoCE": False, "NET/IB/GDRDMA": True}
+    assert [f.message.split(":")[0] for f in verdict(t)] == [
+        "rank 0 on host rc-01 uses NET/RoCE without GPUDirect RDMA"]
+
+
+def test_a_socket_finding_cites_only_what_its_own_host_printed():
+    # The real excerpts are logs of different machines: host <cluster_name> (b) uses NET/Socket and lists no IB
+    # device; host `user` (c) lists two. The finding names each host with its own lines, never user's devices as
+    # <cluster_name>'s.
+    t = parse_nccl_debug(FIXTURES / "real_debug_transport_excerpts_from_issues.txt")
+    (sock,) = [f for f in verdict(t) if "NET/Socket" in f.message]
+    assert sock.severity == "warn"
+    assert sock.message == (
+        "rank 15 on host <cluster_name> talks to other nodes over NET/Socket: no IB or RoCE device listed by host "
+        "<cluster_name>, while the log has mlx5_0:1/RoCE listed by the lines without a host at line 35; "
+        "mlx5_0:1/IB, mlx5_2:1/IB listed by host user at line 26")
+    assert sock.evidence == ("line 19: 15 -> 6 via NET/Socket/3", "line 20: 15 -> 6 via NET/Socket/3")
+    # Alone, the same lines are a note: nothing in that log says the fabric exists.
+    assert [f.severity for f in verdict(parse_nccl_debug(excerpt("b")))] == ["info"]
 
 
 def test_whole_real_file_parses_cleanly():
@@ -116,8 +166,10 @@ def test_two_node_ib_gdrdma_log_kinds_ranks_and_meta():
     assert m.nranks == 8 and m.nnodes == 2 and m.hosts == ["gpu-a017", "gpu-a018"]
     assert m.ranks[5] == {"host": "gpu-a018", "pid": 52202, "cuda_dev": 1, "nvml_dev": 1, "busid": "2a000",
                              "nranks": 8}
-    assert [d["device"] for d in m.ib_devices] == ["mlx5_0", "mlx5_1", "mlx5_2", "mlx5_3"]
-    assert m.net_plugins == ["IB"] and m.algo_proto == {"NCCL_ALGO": "Ring,Tree"}
+    assert [(d["host"], d["device"], d["line"]) for d in m.ib_devices] == [
+        (host, f"mlx5_{i}", line) for host, line in (("gpu-a017", 12), ("gpu-a018", 32)) for i in range(4)]
+    assert m.net_plugins == [{"host": "gpu-a017", "name": "IB"}, {"host": "gpu-a018", "name": "IB"}]
+    assert m.algo_proto == {"NCCL_ALGO": "Ring,Tree"}
     assert m.rings[1] == {"channel": 1, "order": [0, 1, 2, 3, 4, 5, 6, 7], "line": 60}
     assert m.channel_counts == {"coll": 2, "collnet": 2, "nvls": 0, "p2p": 2, "per_peer": 2}
     assert Counter(zip(t.column("transport"), t.column("kind"))) == {
@@ -131,8 +183,9 @@ def test_two_node_ib_gdrdma_log_kinds_ranks_and_meta():
 
 def test_socket_between_nodes_with_ib_disabled():
     t = parse_nccl_debug(FIXTURES / "c_debug_v2_18_socket_ib_disabled.txt")
-    assert t.meta.env["NCCL_IB_DISABLE"] == "1" and t.meta.net_plugins == ["Socket"]
-    assert t.meta.socket_interfaces[0] == {"interface": "eth0", "address": "192.168.10.11"}
+    assert t.meta.env["NCCL_IB_DISABLE"] == "1"
+    assert t.meta.net_plugins == [{"host": "cn041", "name": "Socket"}, {"host": "cn042", "name": "Socket"}]
+    assert t.meta.socket_interfaces[0] == {"host": "cn041", "interface": "eth0", "address": "192.168.10.11"}
     assert [f.severity for f in verdict(t)] == ["info", "info"]
     warn = verdict(t, expect_net="IB")
     assert [f.message.split(":")[0] for f in warn] == [
@@ -145,9 +198,12 @@ def test_socket_used_although_roce_devices_are_listed():
     t = parse_nccl_debug(FIXTURES / "c_debug_v2_19_roce_listed_socket_used.txt")
     findings = verdict(t)
     assert [f.severity for f in findings] == ["warn", "warn"]
-    assert findings[0].message.startswith("rank 0 on host roce-07 talks to host roce-08 over NET/Socket: "
-                                          "expected NET/IB (IB devices mlx5_0, mlx5_1 are listed")
-    assert "Using network Socket" in findings[0].message
+    # Each host's finding cites the devices that host listed, and the link layer they name.
+    assert findings[0].message.startswith("rank 0 on host roce-07 talks to host roce-08 over NET/Socket: expected "
+                                          "NET/RoCE (mlx5_0:1/RoCE, mlx5_1:1/RoCE listed by host roce-07 at line 2")
+    assert findings[1].message.startswith("rank 1 on host roce-08 talks to host roce-07 over NET/Socket: expected "
+                                          "NET/RoCE (mlx5_0:1/RoCE, mlx5_1:1/RoCE listed by host roce-08 at line 6")
+    assert all("Using network Socket" in f.message for f in findings)
 
 
 def test_shm_instead_of_p2p_inside_a_node():

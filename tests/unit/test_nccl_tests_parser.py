@@ -66,6 +66,24 @@ def test_real_issue194_op_from_command_line_without_a_file_name():
     assert set(t.column("op")) == {"all_reduce"}
 
 
+def test_real_issue194_nccl_lines_among_the_rows_are_read_as_a_log():
+    # `[1] NCCL INFO Channel 00/0 : 1[21000] -> 0[1000] via P2P/direct pointer`, host prefix cut away by the poster.
+    t = parse_nccl_tests(fixture("real_allreduce_h100pcie_2gpu_issue194_EXCERPT.txt"))
+    log = t.meta.nccl_debug
+    assert [(r["transport"], r["via_detail"], r["peer_from"], r["peer_to"], r["cuda_dev"], r["line"])
+            for r in log.rows()] == [("P2P/direct pointer", "P2P/direct pointer", 1, 0, 1, 6)]
+    assert log.source == t.source and log.warnings == ()
+    assert t.meta.sections[0].nccl_debug is log  # the run's own lines
+    assert parse_nccl_tests(fixture("c_allreduce_v2_13_8xh100.txt")).meta.nccl_debug is None  # no NCCL line
+
+
+def test_nccl_lines_glued_into_rows_keep_their_own_host():
+    # `      524288 ... -1node7:2210:2226 [0] NCCL INFO Channel 00/1 ...`: the row's `-1` is no part of the host.
+    t = parse_nccl_tests(fixture("c_allreduce_v2_17_info_glued_midrow.txt"))
+    assert [(r["host"], r["pid"], r["transport"], r["line"]) for r in t.meta.nccl_debug.rows()] == [
+        ("node7", 2210, "P2P/CUMEM", 15), ("node7", 2210, "P2P/CUMEM", 16)]
+
+
 def test_real_reduce_scatter_issue128_size_zero_rows():
     t = parse_nccl_tests(fixture("real_reducescatter_2node_4gpu_issue128_EXCERPT.txt"))
     (w,) = t.warnings  # the excerpt stops before the footer
