@@ -30,6 +30,11 @@ step of the `step=` line among them; `step=` is only printed every `steps_per_pr
 blocks without one count on from the nearest block that has one. The pipeline engine prints its
 `steps:` line and `pipe_*` timers after the closing line; they join the step they follow. A
 Megatron-DeepSpeed log also holds Megatron's own lines: those are left to `megatron_log`.
+
+Where the log holds more than one run (a restarted job, runs appended to one file), `meta.run_starts` says where
+each next one begins: a `step=` (or `steps:`) that does not exceed the rank's last, DeepSpeed's version line
+(printed as the engine starts) after training records, or a timestamp that falls back by more than
+TIME_FALLBACK_S. The table itself still holds the whole file; analysis.parsers.runs reads each run apart.
 """
 from __future__ import annotations
 
@@ -37,6 +42,7 @@ import ast
 import math
 import os
 import re
+from datetime import datetime
 from typing import Any, NamedTuple
 
 from analysis.parsers._text import (
@@ -198,6 +204,14 @@ _SNIFF = line_start_pattern(
     r"\[(?:INFO|WARNING)\] \[(?:logging|engine|config|timer|utils|real_accelerator|stage_1_and_2|stage3)\.py:\d+:|"
     r"(?:rank=\d+ )?time \(ms\) \| (?:fwd|forward)(?:_microstep)?: (?:" + _NUM + ")")
 _MAX_WARNINGS_PER_KIND = 10
+# A bracketed timestamp near the start of a line, read to the second: DeepSpeed's logging prefix, Megatron's
+# `[2024-04-06 02:59:36] iteration`, other loggers' `[2025-11-10 09:56:51,975268][I]`. Farther along the line a
+# bracketed date is part of a message.
+_LINE_TIME = re.compile(r"\[(\d{4}-\d\d-\d\d[ T]\d\d:\d\d:\d\d)[.,\]]")
+_LINE_TIME_REACH = 100
+# A line this many seconds older than the timestamped line before it belongs to another run: one job's ranks and
+# hosts reorder lines by seconds (buffered output, clock skew between hosts), not by minutes.
+TIME_FALLBACK_S = 300
 
 
 def sniff(path: str | os.PathLike[str]) -> str | None:
@@ -221,11 +235,48 @@ def is_deepspeed_timer_line(line: str) -> bool:
     return bool(names) and all(_DS_TIMER_NAME.fullmatch(n) for n in names)
 
 
+class RunStart(NamedTuple):
+    """Where the next run of a log begins, as one parser sees it (DeepSpeedLogMeta and MegatronLogMeta.run_starts).
+
+    Each parser reads only its own lines, so a Megatron-DeepSpeed log gets a start from each for the same run (its
+    `step=1` comes before its `iteration 1` line): starts whose ranges (after, line] overlap are one."""
+
+    line: int  # the run's first line: the line that tells, or the first record of the step or set-up it opens
+    after: int  # the line of the last record before it (0: none)
+    why: str  # what tells, naming the lines compared
+
+
+class LineClock:
+    """The time of the last timestamped line, to tell a line whose time falls back to another run."""
+
+    def __init__(self) -> None:
+        self.stamp = ""  # `YYYY-MM-DD HH:MM:SS` of the last timestamped line: such strings sort as times do
+        self.line = 0
+
+    def falls_back(self, lineno: int, text: str) -> str | None:
+        """Why `text` belongs to another run than the timestamped line before it (TIME_FALLBACK_S), or None."""
+        m = _LINE_TIME.search(text, 0, _LINE_TIME_REACH)
+        if not m:
+            return None
+        stamp, before, at = m[1], self.stamp, self.line
+        self.stamp, self.line = stamp, lineno
+        if stamp >= before:  # the common case, without parsing a date (a `T` sorts after a blank: parsed below)
+            return None
+        try:
+            back = (datetime.fromisoformat(before) - datetime.fromisoformat(stamp)).total_seconds()
+        except ValueError:  # an impossible date (month 13): no time to compare
+            return None
+        if back <= TIME_FALLBACK_S:
+            return None
+        return f"the time falls back from {before} (line {at}) to {stamp}"
+
+
 class DeepSpeedLogMeta(NamedTuple):
     """Table.meta of a `deepspeed_log` table (parse_deepspeed_log)."""
 
     deepspeed_version: str | None = None  # the version DeepSpeed printed; None when it printed none
     steps_from: str | None = None  # how step numbers were assigned when the log has no step= lines; else None
+    run_starts: tuple[RunStart, ...] = ()  # where each run after the first begins, when the log holds several
 
 
 def parse_deepspeed_log(path_or_text: str | os.PathLike[str], *, source: str = "") -> Table:
@@ -249,7 +300,8 @@ def parse_deepspeed_log(path_or_text: str | os.PathLike[str], *, source: str = "
                       figures=("loss", "lr"))
     return Table.from_rows("deepspeed_log", COLUMNS, parser.rows, source=name, warnings=warnings,
                            meta=DeepSpeedLogMeta(deepspeed_version=parser.deepspeed_version,
-                                                 steps_from=parser.steps_from))
+                                                 steps_from=parser.steps_from,
+                                                 run_starts=tuple(parser.run_starts)))
 
 
 def _finite(value: float) -> float | None:
@@ -283,6 +335,13 @@ class _Parser(LineParser):
         self.comms_op: str | None = None  # inside a comms logger summary: the operation of the rows below ('' first)
         self.training = False                     # set by the first per-step record
         self.last_message: tuple[int, str] | None = None  # for see_memory_usage's label line
+        self.block_lines: dict[int, int] = {}     # first line of each block
+        # Where runs start, and what the current run has shown: each rank's last step (step, line), the line of its
+        # last training record (0: none).
+        self.run_starts: list[RunStart] = []
+        self.run_steps: dict[Any, tuple[int, int]] = {}
+        self.run_trained = 0
+        self.clock = LineClock()
 
     def run(self, text: str) -> None:
         n_lines = self.feed(text)
@@ -298,6 +357,8 @@ class _Parser(LineParser):
         row.update(fields)
         self.rows.append(row)
         self.training = self.training or kind not in ("memory", "flops_profile")
+        if kind not in ("memory", "flops_profile", "comms"):
+            self.run_trained = lineno
         # Memory reports before the first step are set-up (model build, engine init), no step's.
         if not block or not self.training:
             self.row_block.append(None)
@@ -305,6 +366,7 @@ class _Parser(LineParser):
         # Pipeline-engine lines printed just after a step closed belong to that step.
         target = self.block - 1 if late and self.block_rows == 0 and self.block > 0 else self.block
         self.row_block.append(target)
+        self.block_lines.setdefault(target, lineno)
         if target == self.block:
             self.block_rows += 1
 
@@ -315,6 +377,9 @@ class _Parser(LineParser):
             if not text.strip():
                 return
             self.warn("cut", lineno, "last line is cut short; its final field was dropped")
+        back = self.clock.falls_back(lineno, text)
+        if back:
+            self.start_run(lineno, back)
         if self.comms_op is not None and self.comms_line(lineno, text):
             return
         if _COMMS_HEADER.search(text):
@@ -345,6 +410,12 @@ class _Parser(LineParser):
             m = _VERSION.search(text)
             if m and self.deepspeed_version is None:
                 self.deepspeed_version = m["ver"]
+            if m and self.run_trained:
+                # The engine starts again: the records since the last training record (memory reports of the model
+                # build) are its set-up.
+                self.start_run(self.first_since(self.run_trained, lineno),
+                               f"DeepSpeed starts again (its version line, line {lineno}) after training records (the "
+                               f"last at line {self.run_trained})")
         if text.strip():
             self.last_message = (lineno, text)
 
@@ -381,6 +452,7 @@ class _Parser(LineParser):
             self.block += 1
             self.block_rows = 0
         self.block_step[self.block] = step
+        self.count_step(ctx.get("rank"), step, lineno, self.block_lines.get(self.block, lineno))
         self.add("step", lineno, ctx, step=step, skipped=int(m["skipped"]), lr=lrs[0] if lrs else None,
                  lr_groups=lrs, mom=mom if isinstance(mom, (list, tuple)) else None)
 
@@ -452,6 +524,30 @@ class _Parser(LineParser):
         self.add("pipe_step", lineno, ctx, late=True, step=step, loss=float(m["loss"]),
                  iter_time_s=float(m["iter"]), samples_per_s=float(m["sps"]))
         self.block_step.setdefault(self.row_block[-1], step)
+        self.count_step(("pipe", ctx.get("rank")), step, lineno, self.block_lines[self.row_block[-1]])
+
+    def count_step(self, key: Any, step: int, lineno: int, first: int) -> None:
+        """Note a rank's step; one that does not exceed the rank's last starts another run at `first`, the first line
+        of its step."""
+        last = self.run_steps.get(key)
+        if last is not None and step <= last[0]:
+            self.start_run(first, f"DeepSpeed's step={step} (line {lineno}) after step={last[0]} (line {last[1]})")
+        self.run_steps[key] = (step, lineno)
+
+    def first_since(self, line: int, default: int) -> int:
+        """The line of the first record after `line`, or `default` when none follows it."""
+        first = default
+        for r in reversed(self.rows):
+            if r["line"] <= line:
+                break
+            first = r["line"]
+        return first
+
+    def start_run(self, line: int, why: str) -> None:
+        after = next((r["line"] for r in reversed(self.rows) if r["line"] < line), 0)
+        self.run_starts.append(RunStart(line, after, why))
+        self.run_steps = {}
+        self.run_trained = 0
 
     def comms_line(self, lineno: int, text: str) -> bool:
         """Read one line of a comms logger summary; False (and the summary is over) for any other line."""

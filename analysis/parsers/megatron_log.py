@@ -22,6 +22,13 @@ Megatron-DeepSpeed log (its `time (ms)` timers among them) are left to `deepspee
 Timers are Megatron's per-iteration averages over the logging interval (`timers.log(...,
 normalizer=log_interval)`); Megatron prints them right after the iteration line of the same
 interval, so a timer row carries the iteration of the iteration line before it.
+
+Where the log holds more than one run (a restarted job, runs appended to one file), `meta.run_starts` says where
+each next one begins: an arguments dump or `using world size` line after iteration or validation lines, an iteration
+that does not exceed the one before, another total of iterations (the M of `N/M`), a validation past that total, a
+global batch size that falls (or changes where the arguments declare no ramp-up), another W&B run name, or a
+timestamp that falls back (deepspeed_log.TIME_FALLBACK_S). The table itself still holds the whole file;
+analysis.parsers.runs reads each run apart.
 """
 from __future__ import annotations
 
@@ -36,7 +43,7 @@ from analysis.parsers._text import (
     line_start_pattern,
     read_source,
 )
-from analysis.parsers.deepspeed_log import is_deepspeed_timer_line
+from analysis.parsers.deepspeed_log import LineClock, RunStart, is_deepspeed_timer_line
 from analysis.table import Table
 from launch.sense import clean
 
@@ -131,6 +138,11 @@ _SNIFF = line_start_pattern(
     r"(?:\(min, max\) time|max time|times) across ranks \(ms\):|\(after \d+ iterations\) memory \(MB\)|"
     r"using world size: \d+, data-parallel|> initializing tensor model parallel with size \d+")
 _MAX_WARNINGS_PER_KIND = 10
+# W&B names its run as it starts and ends (`wandb: Syncing run NAME`, `wandb: 🚀 View run NAME at: URL`,
+# `wandb: Synced NAME: URL`), and Megatron-DeepSpeed forks print it too (ALCF's `wandb.run.name: NAME` and
+# `Updating WandB run.config: [NAME](URL)`).
+_WANDB_RUN = re.compile(r"wandb: (?:Syncing run|\W*View run) (?P<a>\S+?)(?: at:|\s*$)|wandb: Synced (?P<b>\S+): https?://|"
+                        r"wandb\.run\.name: (?P<c>\S+)|Updating WandB run\.config: \[(?P<d>[^\]\s]+)\]")
 
 # Iteration-line field (lower case, `_`/parentheses as spaces) -> (column, type).
 _ITERATION_FIELDS: dict[str, tuple[str, type]] = {
@@ -179,6 +191,7 @@ class MegatronLogMeta(NamedTuple):
     layout: dict[str, Any]  # the _LAYOUT_ARGS the dump or the `using world size` line states (tp, pp, dp, ...)
     theoretical_memory_bytes: dict[str, Any] | None = None  # {weight_and_optimizer, activation, total} estimated
     rank_parameters: list[dict[str, int]] | None = None  # [{tp_rank, pp_rank, params}] as printed per rank
+    run_starts: tuple[RunStart, ...] = ()  # where each run after the first begins, when the log holds several
 
 
 def sniff(path: str | os.PathLike[str]) -> str | None:
@@ -217,7 +230,8 @@ def parse_megatron_log(path_or_text: str | os.PathLike[str], *, source: str = ""
     return Table.from_rows("megatron_log", COLUMNS, parser.rows, source=name, warnings=warnings,
                            meta=MegatronLogMeta(args=parser.args, layout=parser.layout,
                                                 theoretical_memory_bytes=parser.theoretical_memory_bytes,
-                                                rank_parameters=parser.rank_parameters))
+                                                rank_parameters=parser.rank_parameters,
+                                                run_starts=tuple(parser.run_starts)))
 
 
 def _lm_loss(losses: dict[str, Any]) -> Any:
@@ -247,6 +261,21 @@ def _int(value: float) -> int | None:
     return int(value) if value == value and abs(value) != float("inf") and value == int(value) else None
 
 
+class _RunSoFar:
+    """What the current run of a log has shown, each as (value, line) of the latest: what a line of another run
+    contradicts."""
+
+    __slots__ = ("record", "iteration", "train_iters", "batch", "ramp_up", "wandb")
+
+    def __init__(self) -> None:
+        self.record: tuple[str, int] | None = None  # its last iteration or validation line, as `iteration N`
+        self.iteration: tuple[int, int] | None = None
+        self.train_iters: tuple[int, int] | None = None
+        self.batch: tuple[int, int] | None = None  # global batch size
+        self.ramp_up: bool | None = None  # whether its arguments dump sets rampup_batch_size (None: no dump read)
+        self.wandb: tuple[str, int] | None = None  # W&B run name
+
+
 class _Parser(LineParser):
     max_warnings_per_kind = _MAX_WARNINGS_PER_KIND
 
@@ -264,6 +293,9 @@ class _Parser(LineParser):
         self.args_stray = 0
         self.timer_mode: str | None = None
         self.timer_name: str | None = None               # current name in the all-ranks format
+        self.run_starts: list[RunStart] = []
+        self.current = _RunSoFar()
+        self.clock = LineClock()
 
     def run(self, text: str) -> None:
         self.feed(text)
@@ -289,6 +321,9 @@ class _Parser(LineParser):
                     self.warn("cut", lineno, "last line is cut short; ignored")
                 return
             self.warn("cut", lineno, "last line is cut short; its final field was dropped")
+        back = self.clock.falls_back(lineno, text)
+        if back:
+            self.start_run(lineno, back)
         if self.args_open is not None and self.args_line(lineno, text):
             return
         if self.timer_mode is not None and self.timer_block_line(lineno, text):
@@ -314,9 +349,11 @@ class _Parser(LineParser):
         elif "arguments" in text and text.lstrip().startswith("---"):
             m = _ARGS_HEADER.match(text.strip())
             if m and not _ARGS_END.match(text.strip()):
+                self.set_up(lineno, "Megatron's arguments dump")
                 self.args_open = (lineno, m["title"])
                 self.args_stray = 0
         elif "using world size:" in text:
+            self.set_up(lineno, "Megatron's `using world size` line")
             self.world_line(text)
         elif "Theoretical memory footprints" in text:
             m = _THEORETICAL.search(text)
@@ -330,6 +367,41 @@ class _Parser(LineParser):
             if m:
                 self.rank_parameters.append({"tp_rank": int(m["t"]), "pp_rank": int(m["p"]),
                                              "params": int(m["n"])})
+        elif "andb" in text:
+            m = _WANDB_RUN.search(text)
+            if m:
+                self.wandb_line(lineno, next(name for name in m.groups() if name))
+
+    def start_run(self, line: int, why: str) -> None:
+        after = next((r["line"] for r in reversed(self.rows) if r["line"] < line), 0)
+        self.run_starts.append(RunStart(line, after, why))
+        self.current = _RunSoFar()
+
+    def set_up(self, lineno: int, what: str) -> None:
+        """A line Megatron prints once, as it starts: after iteration or validation lines, another run starts."""
+        if self.current.record:
+            did, at = self.current.record
+            self.start_run(lineno, f"{what} (line {lineno}) after {did} (line {at})")
+
+    def wandb_line(self, lineno: int, name: str) -> None:
+        known = self.current.wandb
+        if known and known[0] != name:
+            self.start_run(lineno, f"W&B run {name} (line {lineno}) after W&B run {known[0]} (line {known[1]})")
+        self.current.wandb = (name, lineno)
+
+    def iteration_starts_run(self, lineno: int, iteration: int, total: int, batch: int | None) -> str | None:
+        """Why an iteration line belongs to another run than the lines before it, or None."""
+        run = self.current
+        if run.iteration and iteration <= run.iteration[0]:
+            return f"iteration {iteration} (line {lineno}) after iteration {run.iteration[0]} (line {run.iteration[1]})"
+        if run.train_iters and total != run.train_iters[0]:
+            return (f"iteration {iteration} of {total} (line {lineno}) after iterations of {run.train_iters[0]} "
+                    f"(line {run.train_iters[1]})")
+        # A run's batch changes only by ramping up, and only where its arguments allow one.
+        if batch and run.batch and batch != run.batch[0] and (batch < run.batch[0] or run.ramp_up is False):
+            return (f"global batch size {batch} (line {lineno}) after {run.batch[0]} (line {run.batch[1]})"
+                    + ("" if batch < run.batch[0] else ", without a ramp-up in the arguments"))
+        return None
 
     def args_line(self, lineno: int, text: str) -> bool:
         if _ARGS_END.match(text.strip()):
@@ -337,7 +409,10 @@ class _Parser(LineParser):
             return True
         m = _ARG.match(text)
         if m and (m["dots"] or len(m["key"]) >= _ARG_NO_DOTS_MIN):
-            self.args.setdefault(m["key"], _typed(m["value"]))
+            value = _typed(m["value"])
+            self.args.setdefault(m["key"], value)
+            if m["key"] == "rampup_batch_size":
+                self.current.ramp_up = value is not None
             return True
         self.args_stray += 1
         if self.args_stray > _ARGS_MAX_STRAY:
@@ -395,10 +470,19 @@ class _Parser(LineParser):
         segments += text[m.end():].split("|")
         row = self.record_fields(lineno, self.fields(lineno, segments))
         ts = _TIMESTAMP.search(before)
-        self.add("iteration", lineno, iteration=iteration, train_iters=int(m["total"]),
+        total, batch = int(m["total"]), row.get("global_batch_size")
+        other = self.iteration_starts_run(lineno, iteration, total, batch)
+        if other:
+            self.start_run(lineno, other)
+        self.add("iteration", lineno, iteration=iteration, train_iters=total,
                  timestamp=ts["ts"] if ts else None, **row)
         self.iteration = iteration
         self.timer_mode = None
+        run = self.current
+        run.record, run.iteration = (f"iteration {iteration}", lineno), (iteration, lineno)
+        run.train_iters = (total, lineno)
+        if batch:
+            run.batch = (batch, lineno)
 
     def validation_line(self, lineno: int, text: str, m: re.Match) -> None:
         it = _VALIDATION_ITERATION.search(m["what"])
@@ -407,8 +491,14 @@ class _Parser(LineParser):
         pairs = [(n[:-len(" value")] if n.endswith(" value") else n, v)
                  for n, v in self.fields(lineno, text[m.end():].split("|"))]
         row = self.record_fields(lineno, pairs)
-        self.add("validation", lineno, iteration=int(it["it"]) if it else self.iteration,
+        iteration = int(it["it"]) if it else self.iteration
+        total = self.current.train_iters
+        if it and total and iteration > total[0]:
+            self.start_run(lineno, f"validation at iteration {iteration} (line {lineno}), past the {total[0]} "
+                                   f"iterations of the run before (line {total[1]})")
+        self.add("validation", lineno, iteration=iteration,
                  name=(m["suffix"] + " " + rest).strip() if rest or m["suffix"] else None, **row)
+        self.current.record = (f"validation at iteration {iteration}", lineno)
 
     def memory_line(self, lineno: int, text: str) -> None:
         # Ranks print at the same moment, so their reports run together on one line.

@@ -2,17 +2,20 @@
 
 Nothing here analyses: a `Run` holds the parser tables, our resolved config and plan when the run is
 ours, the files used and skipped, and every warning the parsers raised (truncated or corrupt inputs
-give partial tables and warnings, never an exception).
+give partial tables and warnings, never an exception). A foreign Megatron / DeepSpeed log that holds several
+runs (a restarted job, runs appended to one file) gives one `Run` per run it holds (`load_runs`).
 """
 from __future__ import annotations
 
+import bisect
 import json
 import math
 import os
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Mapping, NamedTuple
 
+from analysis.parsers._text import read_source, split_lines
 from analysis.parsers.deepspeed_log import parse_deepspeed_log
 from analysis.parsers.kineto import parse_kineto_ranks
 from analysis.parsers.megatron_log import parse_megatron_log
@@ -22,7 +25,7 @@ from analysis.parsers.nccl_tests import parse_nccl_tests
 from analysis.parsers.nsys import parse_nsys_sqlite
 from analysis.parsers.nsys_adapter import as_kineto
 from analysis.parsers.nsys_stats import parse_nsys_stats_csv
-from analysis.parsers.recognize import RunFiles
+from analysis.parsers.recognize import Recognized, RunFiles
 from analysis.parsers.tensorboard import parse_tensorboard
 from analysis.table import Table
 from launch import sense
@@ -52,6 +55,7 @@ class Run:
     nccl_debug: list[Table] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     ours: list[tuple[str, str]] = field(default_factory=list)  # (path, what): our files that hold no evidence
+    segment: str | None = None  # one of several runs of a log: its lines, and what starts them
 
     def rel(self, path: str | os.PathLike[str]) -> str:
         try:
@@ -135,9 +139,100 @@ def _recorded_machine(env_files: list) -> Any:
     return None
 
 
-def load_run(rf: RunFiles, *, hardware: Any = None, hardware_source: str = "") -> Run:
-    """Parse every recognised file of one run. `hardware` (a HardwareProfile) stands in for runs
-    without a resolved.json of their own."""
+_LOG_PARSERS: dict[str, Callable[..., Table]] = {"megatron_log": parse_megatron_log,
+                                                 "deepspeed_log": parse_deepspeed_log}
+LogTables = Mapping[Path, Mapping[str, Table]]  # each Megatron / DeepSpeed log's table per kind
+
+
+class _LogRun(NamedTuple):
+    """One run of a log that holds several."""
+
+    first: int  # its first line
+    last: int | None  # its last line; None: to the end of the file
+    why: str  # what starts it ('' for the file's first run)
+    kinds: tuple[str, ...]  # the parsers that read records in it
+
+
+def load_runs(rf: RunFiles, *, hardware: Any = None, hardware_source: str = "") -> list[Run]:
+    """Every run `rf` holds: one (load_run), unless a foreign Megatron / DeepSpeed log among its files holds several
+    (its parsers' `meta.run_starts`). Each run of such a log is then read from its own lines into a run of its own,
+    labelled `<label>#1`, `#2`, ... in file order (`<label>/<file>#1`, ... when other files remain: those stay one
+    run). `hardware` (a HardwareProfile) stands in for runs without a resolved.json of their own."""
+    logs = {f.path: {k: _LOG_PARSERS[k](f.path, source=rf.rel(f.path)) for k in f.kinds if k in _LOG_PARSERS}
+            for f in rf.files if set(f.kinds) & _LOG_PARSERS.keys()}
+    # Our run directory is one run by its layout; a resumed run of ours writes a new directory.
+    split = {} if rf.run_dir else {p: found for p, tables in logs.items() if len(found := _runs_in(tables)) > 1}
+    if not split:
+        return [load_run(rf, logs, hardware=hardware, hardware_source=hardware_source)]
+    rest = tuple(f for f in rf.files if f.path not in split)
+    runs = [load_run(replace(rf, files=rest), logs, hardware=hardware, hardware_source=hardware_source)] if rest else []
+    for f in rf.files:
+        if f.path in split:
+            label = f"{rf.label}/{rf.rel(f.path)}" if rest or len(split) > 1 else rf.label
+            runs += _read_apart(rf, f, label, split[f.path], first=not runs, hardware=hardware,
+                                hardware_source=hardware_source)
+    return runs
+
+
+def _runs_in(tables: Mapping[str, Table]) -> list[_LogRun]:
+    """The runs one log holds, by its parsers' run starts. Each parser reads only its own lines, so two starts whose
+    ranges (after, line] overlap are one run's (a Megatron-DeepSpeed run's `step=1` before its `iteration 1`): it
+    starts at the earlier line. A stretch without a record of either parser is no run."""
+    merged: list[list[Any]] = []  # [first line, last line that tells, reasons]
+    for s in sorted((s for t in tables.values() for s in t.meta.run_starts), key=lambda s: s.line):
+        if merged and s.after < merged[-1][1]:
+            merged[-1][1] = s.line
+            merged[-1][2] += [s.why] if s.why not in merged[-1][2] else []
+        else:
+            merged.append([s.line, s.line, [s.why]])
+    records = {kind: sorted(t.columns["line"]) for kind, t in tables.items()}
+    starts = [(1, "")] + [(first, "; ".join(why)) for first, _, why in merged]
+    out = []
+    for (first, why), (end, _) in zip(starts, starts[1:] + [(None, "")]):
+        last = end - 1 if end is not None else None
+        kinds = tuple(kind for kind, lines in records.items() if _any_within(lines, first, last))
+        if kinds:
+            out.append(_LogRun(first, last, why, kinds))
+    return out
+
+
+def _any_within(lines: list[int], first: int, last: int | None) -> bool:
+    """Whether sorted `lines` hold one in [first, last] (None: to the end)."""
+    at = bisect.bisect_left(lines, first)
+    return at < len(lines) and (last is None or lines[at] <= last)
+
+
+def _read_apart(rf: RunFiles, f: Recognized, label: str, found: list[_LogRun], *, first: bool, hardware: Any,
+                hardware_source: str) -> list[Run]:
+    """One run per run of the log `f`, each parsed from its own lines alone (its own arguments, set-up, steps and
+    timers), records numbered as in the file. `first`: these are `rf`'s first runs, which list its skipped files and
+    carry its warnings."""
+    name = rf.rel(f.path)
+    text, _, read_warnings = read_source(f.path, name)
+    lines, cut = split_lines(text)
+    runs = []
+    for k, piece in enumerate(found, start=1):
+        last = piece.last or len(lines)
+        # The lines before stay as empty lines, so that each record keeps its line number in the file; a last line the
+        # file cut short stays cut.
+        own = "\n" * (piece.first - 1) + "".join(line + "\n" for line in lines[piece.first - 1:last])
+        if cut and last == len(lines):
+            own = own[:-1]
+        # Only the parsers with records here: a run without Megatron lines is no Megatron log to warn about.
+        logs = {f.path: {kind: _LOG_PARSERS[kind](own, source=name) for kind in piece.kinds}}
+        holds = first and k == 1
+        part = RunFiles(f"{label}#{k}", rf.root, False, (replace(f, kinds=piece.kinds),),
+                        rf.skipped if holds else (), (rf.warnings if holds else ()) + tuple(read_warnings))
+        run = load_run(part, logs, hardware=hardware, hardware_source=hardware_source)
+        run.segment = (f"lines {piece.first}–{last} of {name}: "
+                       + (f"a new run, as {piece.why}" if piece.why else "the file's first run"))
+        runs.append(run)
+    return runs
+
+
+def load_run(rf: RunFiles, logs: LogTables, *, hardware: Any = None, hardware_source: str = "") -> Run:
+    """Read every recognised file of one run, its Megatron / DeepSpeed logs already parsed (`logs`). `hardware` (a
+    HardwareProfile) stands in for runs without a resolved.json of their own."""
     run = Run(rf.label, rf.root, rf.run_dir, [(rf.rel(f.path), f.kinds) for f in rf.files],
               [(rf.rel(s.path), s.reason) for s in rf.skipped if not s.ours], warnings=list(rf.warnings),
               ours=[(rf.rel(s.path), s.reason.removeprefix("ours: ")) for s in rf.skipped if s.ours])
@@ -198,10 +293,9 @@ def load_run(rf: RunFiles, *, hardware: Any = None, hardware_source: str = "") -
     metrics = rf.of("metrics_jsonl")
     if metrics:
         run.metrics = parse_metrics(metrics, relative_to=rf.root)
-    for kind, parse, into in (("megatron_log", parse_megatron_log, run.megatron),
-                              ("deepspeed_log", parse_deepspeed_log, run.deepspeed)):
+    for kind, into in (("megatron_log", run.megatron), ("deepspeed_log", run.deepspeed)):
         for p in rf.of(kind):
-            t = parse(p, source=rel(p))
+            t = logs[p][kind]
             if len(t):
                 into.append(t)
             else:

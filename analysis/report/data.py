@@ -40,7 +40,7 @@ from analysis.analyzers.steps import (
 from analysis.analyzers.timers import framework_timers
 from analysis.parsers.nccl_tests import parse_nccl_tests
 from analysis.parsers.recognize import group_runs, recognize
-from analysis.parsers.runs import Run, load_run
+from analysis.parsers.runs import Run, load_runs
 from analysis.table import Table
 
 MAX_WARNINGS_SHOWN = 30
@@ -476,7 +476,7 @@ def build_report(inputs: Sequence[tuple[str | None, str | os.PathLike[str]]], *,
             missing.append(f"{path}: does not exist")
             continue
         for rf in group_runs(recognize(path), label):
-            runs.append(load_run(rf, hardware=hardware, hardware_source=hardware_source))
+            runs += load_runs(rf, hardware=hardware, hardware_source=hardware_source)
     seen: dict[str, int] = {}
     for r in runs:  # labels must tell runs apart
         n = seen.get(r.label, 0)

@@ -188,7 +188,7 @@ def test_deepspeeds_own_samples_per_second_are_shown(tmp_path):
     assert float(cells[3]) == pytest.approx(float(avg), rel=1e-2)
 
 
-def test_a_log_holding_two_runs_is_named_with_the_line_where_the_second_starts(tmp_path):
+def test_a_log_holding_two_runs_is_two_runs_named_with_the_line_where_the_second_starts(tmp_path):
     from tests.unit.report_support import LOGS
 
     for src, first in ((BIGSCIENCE, ITER), (LOGS / "c_ds_v0_9_forward_names_gas2_pdsh.txt", re.compile(r"step=\d+"))):
@@ -200,9 +200,13 @@ def test_a_log_holding_two_runs_is_named_with_the_line_where_the_second_starts(t
         d.mkdir()
         (d / "train.log").write_text(twice)
         rep, md = _report(tmp_path, d)
-        (res,) = rep.runs
-        assert res.boundaries and f"train.log:{restart}:" in res.boundaries[0], res.boundaries
-        assert "Several runs in one file" in md
+        first, second = rep.runs
+        # The second starts in the second copy, at its first record or at the set-up lines before it.
+        start = int(re.match(r"lines (\d+)–", second.run.segment)[1])
+        assert n < start <= restart, second.run.segment
+        assert f"{src.stem}#2: lines {start}–" in md and "Several runs in one file" in md
+        assert [s["step"] for s in first.steps.rows()] == [s["step"] for s in second.steps.rows()]
+        assert first.boundaries == second.boundaries == []
         once = tmp_path / f"{src.stem}_once"
         once.mkdir()
         (once / "train.log").write_text(text)

@@ -298,15 +298,14 @@ def test_binary_garbage_where_our_metrics_belong_is_named_in_few_lines(tmp_path)
     assert mine[0].startswith("metrics/rank0.jsonl:1: bytes that are not UTF-8")
 
 
-def test_a_record_the_schema_reader_raises_on_is_said_and_the_steps_before_it_kept(tmp_path):
+def test_a_meta_record_whose_schema_version_is_a_list_is_damage_on_its_line(tmp_path):
     """A meta record whose schema_version is a list raised TypeError out of launch.run.metrics' reader (unhashable
-    in `current`), and with it the whole report."""
+    in `current`), and with it the whole report; now that line is named as damage and every step is kept."""
     run = make_run_dir(tmp_path / "runs", traces=False, steps=6)
     lines = _rank0(run).read_text().splitlines()
     bad = json.loads(lines[0])
     bad["schema_version"] = [1, 2]
     _rank0(run).write_text("\n".join(lines[:3] + [json.dumps(bad)] + lines[3:]) + "\n")
     (r,) = build_report([(None, run)]).runs
-    assert ("metrics/rank0.jsonl: a record after line 3 cannot be read (TypeError: unhashable type: 'list'); the rest "
-            "of the file is left out") in r.run.warnings
-    assert r.run.metrics.where(rank=0).column("step") == [1, 2]
+    assert r.run.warnings == ["metrics/rank0.jsonl:4: meta.schema_version=[1, 2], expected 2"]
+    assert r.run.metrics.where(rank=0).column("step") == [1, 2, 3, 4, 5, 6]
