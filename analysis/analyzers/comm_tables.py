@@ -46,7 +46,6 @@ class NcclTestsRowsMeta(NamedTuple):
     """Table.meta of `nccl_tests_rows`: what the output says besides its rows."""
 
     averages: list[NcclTestsAverage]  # one per section that has rows or an average, in the file's order
-    transports: list[Table]  # `transports` of the NCCL lines printed among each section's rows, where they connect
 
 
 def _ranks(sec: NcclTestsSection | None) -> tuple[int | None, str | None]:
@@ -60,7 +59,7 @@ def _ranks(sec: NcclTestsSection | None) -> tuple[int | None, str | None]:
 
 def nccl_tests_rows(table: Table) -> Table:
     """One row per printed row (size) of each section, both placements side by side; `meta` (NcclTestsRowsMeta)
-    holds each section's own average and the transports of the NCCL lines among the rows."""
+    holds each section's own average."""
     sections = table.meta.sections
     merged: dict[tuple[Any, ...], dict[str, Any]] = {}
     for r in table.rows():
@@ -88,9 +87,8 @@ def nccl_tests_rows(table: Table) -> Table:
             averages.append(NcclTestsAverage(
                 sec.op, *_ranks(sec), printed, sec.avg_busbw_GBps,
                 table.source if sec.avg_busbw_line is None else f"{table.source}:{sec.avg_busbw_line}"))
-    logged = [transports(sec.nccl_debug) for sec in sections if sec.nccl_debug is not None and len(sec.nccl_debug)]
     return Table.from_rows("nccl_tests_rows", NCCL_TESTS_ROWS, merged.values(), source=table.source,
-                           warnings=table.warnings, meta=NcclTestsRowsMeta(averages, logged))
+                           warnings=table.warnings, meta=NcclTestsRowsMeta(averages))
 
 
 TRANSPORT_ROWS = {

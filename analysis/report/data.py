@@ -386,9 +386,18 @@ def analyze_run(run: Run, *, ceilings: Sequence[Table] | None = None, ceiling_so
     res.validation = [v for log in run.megatron for v in C.validation_points(log)]
     res.boundaries = [b for log in [*run.megatron, *run.deepspeed] for b in run_boundaries(log)]
     res.nccl_rows = [t for t in (CT.nccl_tests_rows(n) for n in run.nccl_tests) if len(t)]
-    res.transports = [t for t in (CT.transports(d) for d in run.nccl_debug) if len(t)]
+    res.transports = [t for t in (CT.transports(d) for d in nccl_logs(run)) if len(t)]
     res.unused = _unused_logs(run, res)
     return res
+
+
+def nccl_logs(run: Run) -> list[Table]:
+    """Every NCCL_DEBUG log of a run, each file once: the logs of their own, and the NCCL lines an nccl-tests output
+    printed among its rows (nccl-tests run with NCCL_DEBUG=INFO), one table per section, unless that file was read as
+    a log of its own as well (enough NCCL lines make it one)."""
+    logs = {t.source for t in run.nccl_debug}
+    return [*run.nccl_debug, *(sec.nccl_debug for t in run.nccl_tests if t.source not in logs for sec in t.meta.sections
+                               if sec.nccl_debug is not None and len(sec.nccl_debug))]
 
 
 def _curves(run: Run) -> Table | None:
@@ -443,7 +452,7 @@ def diagnose(results: Sequence[RunResult]) -> list[D.Finding]:
     out: list[D.Finding] = []
     for r in results:
         out += D.warmup_in_window(r.label, r.step_times, ours=r.run.run_dir)
-        out += D.slow_transport(r.label, r.run.nccl_debug, expect_net=_expect_net(r.run))
+        out += D.slow_transport(r.label, nccl_logs(r.run), expect_net=_expect_net(r.run))
         out += D.extra_collectives(r.label, r.vs_layout)
         allows, why = _overlap_allowed(r.layout, r.run)
         out += D.no_overlap(r.label, r.breakdown, allows=allows, why=why)

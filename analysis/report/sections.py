@@ -415,7 +415,7 @@ def _comm_file_blocks(rep: Report) -> list[Block]:
     rows = [[r.label, str(g["comm"] or "–"), f"{g['peer_from']} → {'–' if g['peer_to'] is None else g['peer_to']}",
              str(g["kind"] or "–"), str(g["transport"]), "yes" if g["gdrdma"] else "no", str(g["channels"]),
              str(g["cuda_dev"] or "–"), str(g["hosts"] or "–"), r.run.relabel(g["source"])]
-            for r in rep.runs for t in [*r.transports, *(x for n in r.nccl_rows for x in n.meta.transports)]
+            for r in rep.runs for t in r.transports
             for g in t.rows()]
     if rows:
         out.append(Block("h3", "Transports (NCCL_DEBUG)"))

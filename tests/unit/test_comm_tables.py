@@ -185,3 +185,19 @@ def test_deepspeeds_comms_logger_summary_is_read_row_by_row_and_overflowed_total
     out = tmp_path / "r.md"
     render_markdown(rep, out)
     assert "### DeepSpeed comms logger" in out.read_text()
+
+
+def test_the_doctor_judges_the_transports_an_nccl_tests_output_logged(tmp_path):
+    """nccl-tests run with NCCL_DEBUG=INFO print NCCL's connection lines among their rows: the doctor reads those as it
+    reads a log of their own (here a RoCE pair connected over NET/Socket, between the header and the first row)."""
+    from analysis.report import build_report
+
+    log = (NCCL / "c_debug_v2_19_roce_listed_socket_used.txt").read_text().splitlines()
+    tests = (NCCL / "real_allreduce_h100pcie_2gpu_issue194_EXCERPT.txt").read_text().splitlines()
+    at = next(i for i, line in enumerate(tests) if line.lstrip().startswith("1073741824"))
+    path = tmp_path / "all_reduce_perf.txt"
+    path.write_text("\n".join(tests[:at] + [x for x in log if "NCCL INFO" in x] + tests[at:]) + "\n")
+    separate = build_report([(None, NCCL / "c_debug_v2_19_roce_listed_socket_used.txt")]).findings
+    inside = build_report([(None, path)]).findings
+    assert [f.rule for f in separate if f.rule == "slow_transport"]
+    assert [f.rule for f in inside if f.rule == "slow_transport"] == [f.rule for f in separate if f.rule == "slow_transport"]
