@@ -68,13 +68,6 @@ def cmd_run(args: Sequence[str]) -> int:
                           f"exceeds the usable {gib(worst.usable_bytes)} GiB on {worst.kind}",
                           "lower memory (zero_stage, tp, activation_checkpointing, micro_batch_size) or set plan.ignore_fit=true")
     launcher.preflight(resolved)
-    resumed = None
-    if not bench and resolved.recipe.run.resume != "never":
-        resumed = _check_resume(resolved)
-        if resumed is not None and resumed.step >= resolved.recipe.train.steps:
-            print(f"nothing to do: {resumed.dir} already holds step {resumed.step} of train.steps="
-                  f"{resolved.recipe.train.steps}; set run.resume=never to train again from scratch, or raise train.steps")
-            return 0
     joined = shared_run_dir(resolved, os.environ)
     node_rank = nodes.placement(os.environ, resolved.recipe.hardware.nodes).node_rank
     if joined and node_rank == 0 and os.environ.get("LAYOUTLAB_RUN_DIR") and RunDir.is_run_dir(joined):
@@ -83,6 +76,13 @@ def cmd_run(args: Sequence[str]) -> int:
         raise ConfigError("environment", "LAYOUTLAB_RUN_DIR", joined, "names a run that already started (it holds "
                           "resolved.json); node 0 never joins one", "unset LAYOUTLAB_RUN_DIR (it is for nodes > 0 of a "
                           "multi-node job, which join the directory node 0 printed)")
+    resumed = None
+    if not bench and resolved.recipe.run.resume != "never":
+        resumed = _check_resume(resolved, joined)
+        if resumed is not None and resumed.step >= resolved.recipe.train.steps:
+            print(f"nothing to do: {resumed.dir} already holds step {resumed.step} of train.steps="
+                  f"{resolved.recipe.train.steps}; set run.resume=never to train again from scratch, or raise train.steps")
+            return 0
     run = RunDir.join(joined) if joined else RunDir.create(resolved.recipe_name)
     # the checkpoint checked above is the one the ranks load (a concurrent run's newer one is not picked up)
     cmd = launcher.build(resolved, str(run.root), resume="" if bench or resumed is None else str(resumed.dir))
@@ -141,11 +141,22 @@ def untrusted_files(path: Path) -> str | None:
     return said[-1].removeprefix("error: ") if said else f"the check of {path} failed (exit {p.returncode})"
 
 
-def _check_resume(resolved: Resolved):
-    """Refuse an impossible resume before any rank starts (the trainer checks again, for the record)."""
-    from launch.run.checkpoints import ResumeError, check_resume_compatible, choose_resume, to_universal
+def _check_resume(resolved: Resolved, joined: str | None):
+    """Refuse an impossible resume before any rank starts (the trainer checks again, for the record). A run directory
+    this node joins that holds checkpoints of its own (a requeued SLURM job keeps its id, so its directory) continues
+    from its newest, as its rank 0 will, whatever newer checkpoint another run of the recipe wrote meanwhile."""
+    from launch.run.checkpoints import (
+        ResumeChoice,
+        ResumeError,
+        check_resume_compatible,
+        choose_resume,
+        complete_checkpoints,
+        to_universal,
+    )
 
-    choice = choose_resume(resolved, runs_root() / resolved.recipe_name)
+    own = complete_checkpoints(Path(joined) / "checkpoints") if joined else []
+    choice = (ResumeChoice(own[-1], (f"continuing {joined} at step {own[-1].step}, its newest checkpoint",)) if own
+              else choose_resume(resolved, runs_root() / resolved.recipe_name))
     for line in choice.lines:
         print(line)
     ckpt = choice.checkpoint

@@ -22,6 +22,11 @@ TRAIN_MODULE = "launch.ranks.train"
 # The checkpoint run.sh chose (and checked, and told the user of) for the ranks to continue; empty: start fresh.
 # Unset (a launch by hand: accelerate), rank 0 chooses itself and says so.
 RESUME_PINNED = "LAYOUTLAB_RESUME"
+# The signal that asks a run to save a checkpoint at its next step boundary and end: SLURM's warning before the time
+# limit, which launch/slurm.sbatch passes to every node's launcher (this CLI). The launcher tells its ranks by creating
+# the file STOP_REQUEST names, in a private folder of its node; the ranks agree on the step through a collective.
+STOP_SIGNAL = signal.SIGUSR1
+STOP_REQUEST = "LAYOUTLAB_STOP_REQUEST"
 
 
 @dataclass(frozen=True)
@@ -235,13 +240,24 @@ def preflight(resolved, *, which=None, gpus: int | None = None, environ: Mapping
 
     which = which or shutil.which
     r = resolved.recipe
-    gpus = local_gpu_count() if gpus is None else gpus
-    if resolved.hardware.device_type == "cuda" and r.run.mode == "train" and gpus < r.hardware.gpus_per_node:
-        # Without this, every rank would build the full-size model in host memory before failing.
-        raise ConfigError(resolved.recipe_path, "hardware.profile", r.hardware.profile,
-                          f"needs {r.hardware.gpus_per_node} GPU(s) per node; this machine has {gpus}",
-                          "run it on the GPU machine (--dry-run shows the plan anywhere), or train on CPU ranks "
-                          "with hardware.profile=cpu and a tiny model")
+    environ = os.environ if environ is None else environ
+    need = r.hardware.gpus_per_node
+    # Without this, every rank would build the full-size model in host memory before failing. Under SLURM the job's
+    # grant counts, not the node's device files (nodes.slurm_gpus).
+    if resolved.hardware.device_type == "cuda" and r.run.mode == "train":
+        granted = nodes.slurm_gpus(environ) if gpus is None else None
+        if granted is not None:
+            count, name, value = granted
+            if count < need:
+                raise ConfigError("environment", name, value,
+                                  f"gives this SLURM job {count} GPU(s) on this node, fewer than "
+                                  f"hardware.gpus_per_node={need}", f"submit with sbatch --gpus-per-node={need} "
+                                  "launch/slurm.sbatch ..., or lower hardware.gpus_per_node")
+        elif (gpus := local_gpu_count() if gpus is None else gpus) < need:
+            raise ConfigError(resolved.recipe_path, "hardware.profile", r.hardware.profile,
+                              f"needs {need} GPU(s) per node; this machine has {gpus}",
+                              "run it on the GPU machine (--dry-run shows the plan anywhere), or train on CPU ranks "
+                              "with hardware.profile=cpu and a tiny model")
     if r.run.profile == "nsys" and which("nsys") is None:
         raise ConfigError(resolved.recipe_path, "run.profile", "nsys", "needs Nsight Systems' `nsys` on PATH",
                           'install Nsight Systems (it ships with the CUDA toolkit) or set run.profile="torch"')
@@ -250,7 +266,6 @@ def preflight(resolved, *, which=None, gpus: int | None = None, environ: Mapping
         raise ConfigError(resolved.recipe_path, "train.attention", "te", "needs Transformer Engine, which is not "
                           "installed here", 'pip install "transformer-engine[pytorch]" on the GPU machine, or set '
                           'train.attention="sdpa"')
-    environ = os.environ if environ is None else environ
     p = nodes.placement(environ, r.hardware.nodes)
     nodes.check(resolved, p)
     if r.run.launcher == "deepspeed" and p.job_id:
@@ -271,10 +286,13 @@ def preflight(resolved, *, which=None, gpus: int | None = None, environ: Mapping
         nodes.check_hostfile(resolved, environ["LAYOUTLAB_HOSTFILE"])
 
 
-def _term_with_parent() -> None:
-    """In the launcher child: SIGTERM when this CLI dies, so torchrun can stop its ranks in order."""
+def _in_launcher_child() -> None:
+    """In the launcher child: SIGTERM when this CLI dies, so torchrun can stop its ranks in order; STOP_SIGNAL
+    ignored, by it and (the disposition survives exec and fork) by the ranks and whatever they start: SLURM may signal
+    every process of the step, and a process that SIGUSR1 ended would take the job down with it."""
     import ctypes
 
+    signal.signal(STOP_SIGNAL, signal.SIG_IGN)
     try:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
     except OSError:
@@ -283,14 +301,29 @@ def _term_with_parent() -> None:
 
 def execute(cmd: LaunchCommand) -> int:
     """Run the launcher in our process group: a Ctrl-C or a kill of the group reaches every rank, and
-    torchrun (which stops all ranks when one fails) gets SIGTERM if we are killed alone."""
-    proc = subprocess.Popen(list(cmd.argv), env={**os.environ, **cmd.env}, preexec_fn=_term_with_parent)
+    torchrun (which stops all ranks when one fails) gets SIGTERM if we are killed alone. Under SLURM, STOP_SIGNAL
+    creates the file STOP_REQUEST names, which this node's ranks look for at every step boundary; it goes with its
+    folder when the launcher ends, so that a requeued job never finds an old request. Outside SLURM no STOP_REQUEST
+    is given, and the ranks post no vote: every node of a job is alike in this, as they must be to meet in the vote's
+    collective."""
+    import tempfile
 
-    def forward(signum, _frame):
-        if proc.poll() is None:
-            proc.send_signal(signum)
+    with tempfile.TemporaryDirectory(prefix="layoutlab-") as folder:
+        stop = Path(folder) / "stop"
+        slurm = bool(os.environ.get("SLURM_JOB_ID"))
+        if slurm:
+            signal.signal(STOP_SIGNAL, lambda _signum, _frame: stop.touch())
+        proc = subprocess.Popen(list(cmd.argv), env={**os.environ, **cmd.env, **({STOP_REQUEST: str(stop)} if slurm else {})},
+                                preexec_fn=_in_launcher_child)
 
-    signal.signal(signal.SIGTERM, forward)
-    # Ctrl-C already reaches torchrun through the terminal's process group; do not die before it.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    return proc.wait()
+        def forward(signum, _frame):
+            if proc.poll() is None:
+                proc.send_signal(signum)
+
+        signal.signal(signal.SIGTERM, forward)
+        # Ctrl-C already reaches torchrun through the terminal's process group; do not die before it.
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        try:
+            return proc.wait()
+        finally:
+            signal.signal(STOP_SIGNAL, signal.SIG_IGN)  # the ranks are gone, and so goes the folder

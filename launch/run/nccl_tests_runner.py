@@ -7,11 +7,15 @@ and iteration counts, and stores each output in `commbench/nccl-tests/<op>.txt` 
 beside it as `<op>.nccl.<host>.<pid>.log`: what NCCL chose). Invocations:
 
   one node:   all_reduce_perf -b MIN -e MAX -f F -d TYPE -w W -n N -c 1 -g GPUS_PER_NODE
-  many nodes: srun --nodes NODES --ntasks-per-node GPUS_PER_NODE --mpi=pmix all_reduce_perf ... -g 1
-              (inside a Slurm allocation), else
+  many nodes: srun --overlap --nodes NODES --ntasks WORLD --ntasks-per-node GPUS_PER_NODE
+                   --cpus-per-task CPUS --mpi=pmix all_reduce_perf ... -g 1
+              (inside a Slurm allocation, from within its running step: --overlap shares the step's CPUs, memory
+              and GPUs instead of waiting for them, and the counts are given because srun would take the step's
+              own from SLURM_NTASKS / SLURM_CPUS_PER_TASK), else
               mpirun -np WORLD --map-by ppr:GPUS_PER_NODE:node [--hostfile $LAYOUTLAB_HOSTFILE]
-                     -x NCCL_DEBUG -x NCCL_DEBUG_SUBSYS -x NCCL_DEBUG_FILE all_reduce_perf ... -g 1
-              from node 0 only; the binaries must be built with `make MPI=1`.
+                     -x NCCL_DEBUG -x NCCL_DEBUG_SUBSYS -x NCCL_DEBUG_FILE [-x NCCL_...] all_reduce_perf ... -g 1
+              (every NCCL_* / UCX_* variable set here travels along: srun carries the whole environment, mpirun only
+              what -x names) from node 0 only; the binaries must be built with `make MPI=1`.
 
 `commbench.group = "inter_node"` runs one process per node; tp/dp/pp groups and explicit `ranks`
 have no nccl-tests equivalent here, so nccl-tests measures the whole world and says so. Missing
@@ -35,6 +39,9 @@ from launch.run.rundir import RunDir
 HOW_TO_GET = ("build them from https://github.com/NVIDIA/nccl-tests with `make MPI=1 MPI_HOME=... CUDA_HOME=... "
               "NCCL_HOME=...` and put nccl-tests/build on PATH (or use the project's container once it exists)")
 NCCL_ENV = ("NCCL_DEBUG", "NCCL_DEBUG_SUBSYS")
+# The network's variables (NCCL_SOCKET_IFNAME, NCCL_IB_HCA, UCX_NET_DEVICES, ...: docs/multinode.md), which mpirun
+# passes to the processes it starts on other nodes only when named.
+PASS_THROUGH = ("NCCL_", "UCX_")
 
 
 @dataclass(frozen=True)
@@ -81,12 +88,16 @@ def invocations(resolved, run: RunDir, *, launch_env: Mapping[str, str], environ
             return [], notes + ["commbench: nccl-tests run from node 0 only"]
         gpus = 1  # one process per GPU, started by the MPI launcher
         if environ.get("SLURM_JOB_ID") and which("srun"):
-            prefix = ["srun", "--nodes", str(grid.nodes), "--ntasks-per-node", str(per_node), "--mpi=pmix"]
+            cpus = environ.get("SLURM_CPUS_ON_NODE", "")  # this step's CPUs on the node, shared by its processes
+            per_task = max(1, int(cpus) // per_node) if cpus.isdigit() else 1
+            prefix = ["srun", "--overlap", "--nodes", str(grid.nodes), "--ntasks", str(grid.nodes * per_node),
+                      "--ntasks-per-node", str(per_node), "--cpus-per-task", str(per_task), "--mpi=pmix"]
         elif which("mpirun"):
             prefix = ["mpirun", "-np", str(grid.nodes * per_node), "--map-by", f"ppr:{per_node}:node"]
             if environ.get("LAYOUTLAB_HOSTFILE"):
                 prefix += ["--hostfile", environ["LAYOUTLAB_HOSTFILE"]]
-            for name in (*NCCL_ENV, "NCCL_DEBUG_FILE"):
+            own = (*NCCL_ENV, "NCCL_DEBUG_FILE")
+            for name in (*own, *sorted(k for k in environ if k.startswith(PASS_THROUGH) and k not in own)):
                 prefix += ["-x", name]
         else:
             return [], notes + [f"commbench: nccl-tests on {grid.nodes} nodes need mpirun (Open MPI) or srun on PATH; "

@@ -2,8 +2,9 @@
 
 The node rank, rendezvous address and port come from what the user exported (`NODE_RANK`, `MASTER_ADDR`,
 `MASTER_PORT`) or, inside a SLURM allocation, from SLURM's own variables (`SLURM_NODEID`, `SLURM_NNODES`,
-`SLURM_JOB_NODELIST`, `SLURM_JOB_ID`), so that `srun` needs no exports. A DeepSpeed hostfile (`host slots=N`
-lines, DeepSpeed's own format) is read and checked against the layout here too. Imports no torch.
+`SLURM_JOB_NODELIST`, `SLURM_JOB_ID`), so that `srun` needs no exports; so do the GPUs a SLURM job was granted. A
+DeepSpeed hostfile (`host slots=N` lines, DeepSpeed's own format) is read and checked against the layout here too.
+Imports no torch.
 """
 from __future__ import annotations
 
@@ -72,6 +73,33 @@ def check(resolved, p: Placement) -> None:
         raise ConfigError("environment", p.node_rank_from, p.node_rank,
                           f"is out of range for hardware.nodes={nodes} (node ranks 0..{nodes - 1})",
                           f"give each node its own rank below {nodes}, or raise hardware.nodes")
+
+
+# What SLURM says of the GPUs a job was granted on a node, most direct first: SLURM_GPUS_ON_NODE (a step's tasks),
+# SLURM_GPUS_PER_NODE (`[type:]N`, a job submitted with --gpus-per-node), CUDA_VISIBLE_DEVICES (the devices it bound).
+SLURM_GPU_COUNTS = ("SLURM_GPUS_ON_NODE", "SLURM_GPUS_PER_NODE")
+
+
+def slurm_gpus(environ: Mapping[str, str]) -> tuple[int, str, str] | None:
+    """(the GPUs SLURM granted this job on this node, the variable that says so, its value); None outside SLURM.
+    Under SLURM the device files do not tell: every /dev/nvidiaN of the node exists whatever the job was granted
+    (its cgroup decides which it may open). None of the variables set: the job was granted no GPU."""
+    if not environ.get("SLURM_JOB_ID"):
+        return None
+    for name in SLURM_GPU_COUNTS:
+        raw = environ.get(name, "").strip()
+        if raw:
+            counts = [re.fullmatch(r"(?:[^:,]+:)?([0-9]{1,9})", item.strip()) for item in raw.split(",")]
+            if not all(counts):
+                raise ConfigError("environment", name, raw, "is not a GPU count ([type:]N, comma-separated)",
+                                  f"leave {name} as SLURM sets it, or unset it")
+            return sum(int(m.group(1)) for m in counts), name, raw
+    visible = environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        # older SLURM releases write NoDevFiles there for a job granted no GPU
+        devices = [d for d in visible.split(",") if d.strip() and d.strip() != "NoDevFiles"]
+        return len(devices), "CUDA_VISIBLE_DEVICES", visible
+    return 0, "SLURM_GPUS_ON_NODE", ""
 
 
 def expand_hostlist(nodelist: str) -> list[str]:

@@ -53,13 +53,36 @@ def test_many_nodes_go_through_mpirun_or_srun_from_node_0():
                                 "NCCL_DEBUG")
     assert todo[0].argv[-2:] == ("-g", "1") and "all_reduce_perf" in todo[0].argv
     todo, _ = plan(*two, environ={"SLURM_JOB_ID": "7"}, on_path=("all_reduce_perf", "alltoall_perf", "srun"))
-    assert todo[0].argv[:6] == ("srun", "--nodes", "2", "--ntasks-per-node", "4", "--mpi=pmix")
+    assert todo[0].argv[0] == "srun" and "--mpi=pmix" in todo[0].argv
     todo, _ = plan(*two, 'commbench.group="inter_node"')
     assert todo[0].argv[:5] == ("mpirun", "-np", "2", "--map-by", "ppr:1:node")
     todo, notes = plan(*two, environ={"NODE_RANK": "1"})
     assert todo == [] and notes == ["commbench: nccl-tests run from node 0 only"]
     todo, notes = plan(*two, on_path=("all_reduce_perf", "alltoall_perf"))
     assert todo == [] and "need mpirun (Open MPI) or srun" in notes[0]
+
+
+def test_inside_a_slurm_step_srun_overlaps_it_with_counts_of_its_own():
+    """Started from the running training step, a nested srun without --overlap waits for CPUs and GPUs that step
+    holds; without its own counts it takes the step's (SLURM_NTASKS=2, SLURM_CPUS_PER_TASK=72 below) and starts 2
+    processes where 8 are meant, or asks 8 x 72 CPUs of a 72-CPU node."""
+    two = ("hardware.nodes=2", "hardware.gpus_per_node=4", "batch.global_batch_size=32")
+    step = {"SLURM_JOB_ID": "7", "SLURM_NTASKS": "2", "SLURM_CPUS_PER_TASK": "72", "SLURM_CPUS_ON_NODE": "72"}
+    todo, _ = plan(*two, environ=step, on_path=("all_reduce_perf", "alltoall_perf", "srun"))
+    assert todo[0].argv[:11] == ("srun", "--overlap", "--nodes", "2", "--ntasks", "8", "--ntasks-per-node", "4",
+                                 "--cpus-per-task", "18", "--mpi=pmix")
+    todo, _ = plan(*two, environ={"SLURM_JOB_ID": "7"}, on_path=("all_reduce_perf", "alltoall_perf", "srun"))
+    assert todo[0].argv[8:10] == ("--cpus-per-task", "1")  # SLURM did not say: one each
+
+
+def test_mpirun_carries_the_network_variables_to_the_other_nodes():
+    two = ("hardware.nodes=2", "hardware.gpus_per_node=4", "batch.global_batch_size=32")
+    env = {"NCCL_SOCKET_IFNAME": "ib0", "NCCL_IB_HCA": "mlx5_0,mlx5_1", "UCX_NET_DEVICES": "mlx5_0:1",
+           "NCCL_DEBUG": "WARN", "HOME": "/home/x"}
+    todo, _ = plan(*two, environ=env)
+    named = [todo[0].argv[i + 1] for i, a in enumerate(todo[0].argv) if a == "-x"]
+    assert named == ["NCCL_DEBUG", "NCCL_DEBUG_SUBSYS", "NCCL_DEBUG_FILE", "NCCL_IB_HCA", "NCCL_SOCKET_IFNAME",
+                     "UCX_NET_DEVICES"]
 
 
 def test_sub_groups_say_that_nccl_tests_measure_the_world():

@@ -2,8 +2,10 @@
 (torchrun, and DeepSpeed's runner against DeepSpeed's own PDSH command builder), and bad input in one line."""
 import json
 import os
+import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -333,3 +335,157 @@ def test_the_deepspeed_launcher_is_refused_under_a_multi_node_slurm_job():
     r = tiny("run.launcher=deepspeed")
     with pytest.raises(ConfigError, match="under SLURM starts the job once per node"):
         launcher.preflight(r, environ={**slurm_env(0), "LAYOUTLAB_HOSTFILE": "/nonexistent"})
+
+
+GPU_RECIPE = ("hardware.profile=h100-sxm",)  # tiny_zero2 on 2 GPUs (hardware.gpus_per_node=2)
+
+
+@pytest.mark.parametrize("granted, refused", [
+    ({}, 'SLURM_GPUS_ON_NODE="" gives this SLURM job 0 GPU(s) on this node'),
+    ({"SLURM_GPUS_ON_NODE": "1"}, 'SLURM_GPUS_ON_NODE="1" gives this SLURM job 1 GPU(s)'),
+    ({"SLURM_GPUS_PER_NODE": "h100:1", "CUDA_VISIBLE_DEVICES": "0,1"}, 'SLURM_GPUS_PER_NODE="h100:1" gives'),
+    ({"CUDA_VISIBLE_DEVICES": "NoDevFiles"}, 'CUDA_VISIBLE_DEVICES="NoDevFiles" gives this SLURM job 0 GPU(s)'),
+    ({"SLURM_GPUS_ON_NODE": "two"}, 'SLURM_GPUS_ON_NODE="two" is not a GPU count'),
+    ({"SLURM_GPUS_ON_NODE": "2"}, None),
+    ({"SLURM_GPUS_PER_NODE": "h100:2"}, None),
+    ({"CUDA_VISIBLE_DEVICES": "4,5"}, None),
+])
+def test_a_slurm_job_granted_fewer_gpus_than_the_recipe_needs_is_refused(granted, refused):
+    """Under SLURM every /dev/nvidiaN of the node exists whatever the job was granted: SLURM's own count decides."""
+    r = resolve_path(REPO / "recipes/tiny_zero2", list(GPU_RECIPE))
+    env = {"SLURM_JOB_ID": "4242", **granted}
+    if refused is None:
+        launcher.preflight(r, environ=env)
+        return
+    with pytest.raises(ConfigError, match=re.escape(refused)) as e:
+        launcher.preflight(r, environ=env)
+    assert "--gpus-per-node=2" in str(e.value) or "not a GPU count" in str(e.value)
+    # A CPU-rank recipe needs no GPU, granted or not.
+    launcher.preflight(resolve_path(REPO / "recipes/tiny_zero2"), environ=env)
+
+
+def test_a_gpu_job_without_gpus_exits_2_in_one_line_before_any_rank_starts():
+    err = one_line_exit_2(*GPU_RECIPE, env_extra={"SLURM_JOB_ID": "4242"})
+    assert err.startswith('error: environment: SLURM_GPUS_ON_NODE="" gives this SLURM job 0 GPU(s)'), err
+    assert "sbatch --gpus-per-node=2" in err
+
+
+# Stands in for the launcher (torchrun): says where the stop request will appear and whether SIGUSR1 is ignored, then
+# waits for the request and exits 0, as the ranks do after their checkpoint.
+STOPPABLE = r"""
+import os, signal, sys, time
+from pathlib import Path
+path = os.environ["LAYOUTLAB_STOP_REQUEST"]
+Path(sys.argv[1]).write_text(path + " " + str(signal.getsignal(signal.SIGUSR1) == signal.SIG_IGN))
+t = time.monotonic()
+while not os.path.exists(path):
+    if time.monotonic() - t > 30:
+        sys.exit(3)
+    time.sleep(0.02)
+sys.exit(0)
+"""
+
+
+def test_the_stop_signal_reaches_the_ranks_as_a_file_and_ends_nobody(tmp_path):
+    import signal
+    import time
+
+    told = tmp_path / "told"
+    launch = (f"import sys; from launch.run import launcher; sys.exit(launcher.execute(launcher.LaunchCommand("
+              f"({sys.executable!r}, '-c', {STOPPABLE!r}, {str(told)!r}), {{}})))")
+    cli = subprocess.Popen([sys.executable, "-c", launch], cwd=REPO, env={**os.environ, "SLURM_JOB_ID": "4242"})
+    t0 = time.monotonic()
+    while not told.is_file() or not told.read_text():
+        assert cli.poll() is None and time.monotonic() - t0 < 30
+        time.sleep(0.02)
+    path, ignored = told.read_text().split(" ")
+    assert ignored == "True" and not os.path.exists(path)  # SLURM may signal every process of the step
+    cli.send_signal(signal.SIGUSR1)
+    assert cli.wait(timeout=30) == 0  # the launcher survived it and its child saw the request
+    assert not os.path.exists(os.path.dirname(path))  # gone with the launcher: a requeued job finds no old request
+
+
+def test_outside_slurm_no_stop_request_is_given_and_the_ranks_post_no_vote(tmp_path):
+    """The stop vote is a collective every rank must join: only a SLURM job (every node alike) posts it; a run by hand
+    adds nothing to its steps."""
+    told = tmp_path / "told"
+    child = f"import os, pathlib; pathlib.Path({str(told)!r}).write_text(str('LAYOUTLAB_STOP_REQUEST' in os.environ))"
+    launch = (f"import sys; from launch.run import launcher; sys.exit(launcher.execute(launcher.LaunchCommand("
+              f"({sys.executable!r}, '-c', {child!r}), {{}})))")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+    assert subprocess.run([sys.executable, "-c", launch], cwd=REPO, env=env, timeout=60).returncode == 0
+    assert told.read_text() == "False"
+
+
+def batch(tmp_path, srun: str, *args, env_extra=None, signal_after=None):
+    """launch/slurm.sbatch as SLURM runs it on 2 nodes, with `srun` (a bash script body) standing in for srun and a
+    scontrol that records its arguments; `signal_after`: a file whose appearance SLURM's USR1 to the script awaits."""
+    import signal
+    import time
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    for name, body in (("srun", srun), ("scontrol", f'printf "%s\\n" "$*" >> {tmp_path}/scontrol')):
+        (bin_dir / name).write_text("#!/usr/bin/env bash\n" + body + "\n")
+        (bin_dir / name).chmod(0o755)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "LAYOUTLAB_"))}
+    env = {**env, "PATH": f"{bin_dir}:{os.environ['PATH']}", "SLURM_JOB_ID": "4242", "SLURM_NNODES": "2",
+           "SLURM_JOB_CPUS_PER_NODE": "72(x2),36", "SLURM_SUBMIT_DIR": str(REPO), "OUT": str(tmp_path),
+           **(env_extra or {})}
+    p = subprocess.Popen(["bash", "launch/slurm.sbatch", *args], cwd=REPO, env=env, stdout=subprocess.PIPE,
+                         stderr=subprocess.STDOUT, text=True)
+    if signal_after is not None:
+        t0 = time.monotonic()
+        while not signal_after.exists():
+            assert p.poll() is None and time.monotonic() - t0 < 30
+            time.sleep(0.02)
+        p.send_signal(signal.SIGUSR1)
+    said, _ = p.communicate(timeout=60)
+    requeued = (tmp_path / "scontrol").read_text().splitlines() if (tmp_path / "scontrol").is_file() else []
+    return p.returncode, said, requeued
+
+
+RECORD_SRUN = 'printf "%s\\n" "$@" > "$OUT/argv"'
+
+
+def test_the_batch_script_gives_each_node_all_its_cpus_and_memory():
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as folder:
+        rc, said, _ = batch(Path(folder), RECORD_SRUN, "recipes/tiny_zero2", "hardware.nodes=2")
+        argv = (Path(folder) / "argv").read_text().splitlines()
+    assert rc == 0, said
+    # The smallest node's CPUs (36 of "72(x2),36"), not srun's default of one for the launcher and all its ranks.
+    assert argv == ["--ntasks-per-node=1", "--nodes=2", "--kill-on-bad-exit=1", "--label", "--cpus-per-task=36",
+                    "--mem=0", "bash", "launch/run.sh", "recipes/tiny_zero2", "hardware.nodes=2"]
+    header = [line for line in (REPO / "launch/slurm.sbatch").read_text().splitlines() if line.startswith("#SBATCH")]
+    for want in ("--mem=0", "--signal=B:USR1@120", "--requeue", "--open-mode=append"):
+        assert f"#SBATCH {want}" in header, header
+
+
+def test_a_container_image_runs_each_node_in_it_with_the_submit_dir_mounted(tmp_path):
+    rc, said, _ = batch(tmp_path, RECORD_SRUN, "recipes/tiny_zero2",
+                        env_extra={"LAYOUTLAB_CONTAINER": "nvcr.io#me/layoutlab:1", "LAYOUTLAB_RUNS": "/scratch/runs",
+                                   "LAYOUTLAB_CONTAINER_MOUNTS": "/data:/data:ro"})
+    assert rc == 0, said
+    argv = (tmp_path / "argv").read_text().splitlines()
+    assert argv[6:] == ["--container-image=nvcr.io#me/layoutlab:1",
+                        f"--container-mounts={REPO}:{REPO},/scratch/runs:/scratch/runs,/data:/data:ro",
+                        f"--container-workdir={REPO}", "env", "-u", "PYTHON", "bash", "launch/run.sh",
+                        "recipes/tiny_zero2"]
+
+
+# Stands in for srun with the launchers running: says it started, and on USR1 (which srun passes on to its tasks)
+# records it and ends as the tasks would, with $SRUN_RC.
+SIGNALLED_SRUN = 'trap \'echo USR1 >> "$OUT/tasks"; exit "$SRUN_RC"\' USR1; touch "$OUT/started"; ' \
+                 'while :; do sleep 0.05; done'
+
+
+def test_the_time_limit_signal_reaches_the_tasks_and_requeues_only_a_clean_stop(tmp_path):
+    for tasks_rc, requeued in ((0, ["requeue 4242"]), (3, [])):  # a failed step is not run again
+        folder = tmp_path / str(tasks_rc)
+        folder.mkdir()
+        rc, said, asked = batch(folder, SIGNALLED_SRUN, "recipes/tiny_zero2", env_extra={"SRUN_RC": str(tasks_rc)},
+                                signal_after=folder / "started")
+        assert (folder / "tasks").read_text() == "USR1\n"  # passed on once, and the script waited for srun's end
+        assert rc == tasks_rc and asked == requeued, (tasks_rc, rc, asked, said)

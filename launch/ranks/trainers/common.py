@@ -19,6 +19,7 @@ from typing import Callable, Iterator, TextIO
 from launch import PACKAGE
 from launch.config.resolve import Resolved
 from launch.ranks.hf import hf_config
+from launch.run.launcher import STOP_REQUEST
 from launch.run.rundir import RunDir
 
 
@@ -254,6 +255,38 @@ def inject_fault(rank: int, step: int, run: RunDir) -> None:
     if kind == "kill":
         os.kill(os.getpid(), signal.SIGKILL)
     raise RuntimeError(f"injected fault ({spec})")
+
+
+class StopVote:
+    """Whether the ranks stop with a checkpoint: any rank's launcher caught the stop signal (launch/run/launcher.py:
+    STOP_SIGNAL, SLURM's warning before the time limit) and created the file STOP_REQUEST names. At a step boundary
+    every rank posts whether its node's file exists in an all-reduce that,
+    like the loss mean's, overlaps the next step; at the next boundary all read the same sum and stop there together:
+    a rank that saved alone would wait in the save's collectives for ever."""
+
+    def __init__(self, device) -> None:
+        self.device = device
+        self.path = os.environ.get(STOP_REQUEST)
+        self.posted = None  # (flag, work) of the last boundary's vote
+
+    def post(self) -> None:
+        if not self.path:  # not under SLURM (launch/run/launcher.py execute): nothing can ask for a stop
+            return
+        import torch
+        import torch.distributed as dist
+
+        flag = torch.tensor([int(bool(self.path) and os.path.exists(self.path))], dtype=torch.int32,
+                            device=self.device)
+        self.posted = (flag, dist.all_reduce(flag, async_op=True))
+
+    def agreed(self) -> bool:
+        """The last posted vote's outcome (False when none was posted); it is spent."""
+        if self.posted is None:
+            return False
+        flag, work = self.posted
+        self.posted = None
+        work.wait()
+        return bool(flag.item())
 
 
 def record_failure(run: RunDir, rank: int, step: int, phase: str, kind: str, message: str) -> None:

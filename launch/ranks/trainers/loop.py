@@ -3,7 +3,8 @@
 It owns everything that does not depend on how the model is parallelised: per-rank logs, the stall
 watchdog, the rank-0 resume decision, metrics records, TensorBoard, the profiler, the progress line,
 the learning-rate schedule, the asynchronous data-parallel mean of the loss, checkpoint cadence and
-completion markers, failure reporting and teardown. The backend (launch/ranks/trainers/protocol.py) builds
+completion markers, the stop with a checkpoint that the launcher's stop signal asks for (SLURM's time-limit
+warning), failure reporting and teardown. The backend (launch/ranks/trainers/protocol.py) builds
 the model and runs one optimizer step.
 """
 from __future__ import annotations
@@ -27,7 +28,7 @@ from launch.ranks.trainers import common
 from launch.ranks.trainers.protocol import BuildContext, Trainer
 from launch.run import checkpoints
 from launch.run import metrics as M
-from launch.run.launcher import RESUME_PINNED
+from launch.run.launcher import RESUME_PINNED, STOP_SIGNAL
 from launch.run.rundir import RunDir
 
 
@@ -143,9 +144,14 @@ def _train(run: RunDir, resolved: Resolved, env: common.RankEnv, terminal, cuda:
     # Nsight Systems records only between cudaProfilerStart and Stop (launch/run/launcher.py: its capture range): the
     # steps the torch profiler would record, not start-up and every step after.
     nsys = common.profiled_steps(resolved, start_step) if r.run.profile == "nsys" and cuda else range(0)
+    # A profiled step's trace holds what runs after the previous step too, and the report compares its collectives
+    # with the layout's: no stop vote is posted into those steps (a stop waits for them to pass).
+    traced = common.profiled_steps(resolved, start_step) if r.run.profile != "none" else range(0)
+    vote = common.StopVote(device)
     progress = common.ProgressLine(terminal, r.train.steps, start_step, resolved.recipe_name)
     tokens = resolved.tokens_per_step
     pending: _Finished | None = None
+    stopped_at = None  # the step at which the stop signal ended training early
 
     def emit(f: _Finished | None, wait: bool = True) -> None:
         if f is None:
@@ -225,11 +231,18 @@ def _train(run: RunDir, resolved: Resolved, env: common.RankEnv, terminal, cuda:
             pending = _Finished(step, lr, seconds, out.grad_norm, loss, work, common.memory_fields(cuda),
                                 fed["rows"] * trainer.dp_world, fed["seconds"], valid_loss)
             every = r.train.checkpoint_every
-            if (every and (step + 1) % every == 0) or (step + 1 == r.train.steps and r.run.save_final):
+            last = step + 1 == r.train.steps
+            stopping = vote.agreed() and not last  # after the last step nothing is left to stop
+            if not (stopping or last or step + 1 in traced):
+                vote.post()
+            if stopping or (every and (step + 1) % every == 0) or (last and r.run.save_final):
                 emit(pending)  # a checkpoint never runs ahead of the metrics on disk
                 pending = None
                 watchdog.beat(step + 1, "checkpoint save")
                 _save(trainer, run, resolved, step + 1)
+            if stopping:
+                stopped_at = step + 1
+                break
     except BaseException:
         # Keep the last finished step's record: its loss reduction normally completes at once; if a peer
         # is gone it cannot, and a short bounded wait gives up instead of hanging the failure path.
@@ -249,7 +262,11 @@ def _train(run: RunDir, resolved: Resolved, env: common.RankEnv, terminal, cuda:
     if tb is not None:
         tb.close()
     dist.barrier()
-    if env.rank == 0:
+    if env.rank == 0 and stopped_at is not None:
+        print(f"stopped at step {stopped_at} of {r.train.steps} on {STOP_SIGNAL.name} (SLURM's time-limit warning): "
+              f"checkpoint {run.checkpoints / f'step{stopped_at}'}; started again (a requeued job is), the run "
+              "continues from it", file=terminal, flush=True)
+    elif env.rank == 0:
         print(f"done: {r.train.steps} steps; run directory {run.root}", file=terminal, flush=True)
     return 0
 
