@@ -167,7 +167,7 @@ def test_symlinks_in_inputs_and_outputs(tmp_path):
     os.symlink(tmp_path / "nowhere" / "x.md", tmp_path / "dangling.md")
     p = subprocess.run([sys.executable, "-m", "analysis", "report", str(run), "-o", str(tmp_path / "dangling.md")],
                        cwd=REPO, capture_output=True, text=True, timeout=120)
-    assert p.returncode == 2 and "is a symlink to a missing" in p.stderr, p.stderr
+    assert p.returncode == 2 and "is a symlink to nothing" in p.stderr, p.stderr
     assert not (tmp_path / "dangling_plots").exists() and not (tmp_path / "nowhere").exists()
 
 

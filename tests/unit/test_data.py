@@ -374,7 +374,7 @@ def test_prepare_data_refuses_outs_that_name_no_new_prefix(tmp_path, monkeypatch
     (tmp_path / "file").write_text("mine")
     (tmp_path / "gone.bin").symlink_to(tmp_path / "nowhere")
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
-    cases = {str(tmp_path / "file" / "x"): "cannot be made", str(tmp_path / "c.bin"): "ends in .bin",
+    cases = {str(tmp_path / "file" / "x"): "which is a file", str(tmp_path / "c.bin"): "ends in .bin",
              str(tmp_path / "gone"): "would replace"}
     for out, problem in cases.items():
         p = subprocess.run([sys.executable, "-m", "launch", "prepare-data", str(CORPUS), f"out={out}"], cwd=REPO,
