@@ -9,6 +9,7 @@ integer past 64 bits: launch/sense.py). The resolver checks each value's sense a
 from __future__ import annotations
 
 import json
+import math
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
@@ -128,6 +129,9 @@ class StoredTensor:
 
 
 SAFETENSORS_MAX_HEADER = 100 * 2**20  # the safetensors library's own limit on the JSON header
+# bytes per element of each dtype the safetensors format names (its Rust `Dtype`)
+DTYPE_BYTES = {"BOOL": 1, "U8": 1, "I8": 1, "F8_E5M2": 1, "F8_E4M3": 1, "F8_E8M0": 1, "I16": 2, "U16": 2, "F16": 2,
+               "BF16": 2, "I32": 4, "U32": 4, "F32": 4, "I64": 8, "U64": 8, "F64": 8, "C64": 8}
 
 
 def safetensors_header(path: Path) -> dict[str, StoredTensor]:
@@ -149,8 +153,8 @@ def safetensors_header(path: Path) -> dict[str, StoredTensor]:
             header = json.loads(f.read(n).decode("utf-8"))
     except OSError as e:
         raise damaged(f"cannot be read ({e.strerror or type(e).__name__})") from None
-    except (UnicodeDecodeError, ValueError):
-        raise damaged("has a header that is not JSON") from None
+    except (UnicodeDecodeError, ValueError, RecursionError):
+        raise damaged("has a header that is not JSON (or nests past any parser)") from None
     if not isinstance(header, dict):
         raise damaged("has a header that is not a JSON object")
     out = {}
@@ -167,5 +171,8 @@ def safetensors_header(path: Path) -> dict[str, StoredTensor]:
             raise damaged(f"describes tensor {name!r} without a dtype, shape and byte range")
         if 8 + n + end > size:
             raise damaged(f"is cut short: tensor {name!r} ends at byte {8 + n + end:,} of {size:,}")
+        if dtype in DTYPE_BYTES and end - start != math.prod(shape) * DTYPE_BYTES[dtype]:  # sub-byte kinds unchecked
+            raise damaged(f"describes tensor {name!r} ({dtype} {list(shape)}) in {end - start:,} bytes, which do not "
+                          "hold it")
         out[name] = StoredTensor(path.name, dtype, shape)
     return out

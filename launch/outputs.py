@@ -12,6 +12,8 @@ launches never share one.
 from __future__ import annotations
 
 import datetime as _dt
+import errno
+import hashlib
 import os
 import socket
 import threading
@@ -39,7 +41,7 @@ def write_atomic(path: Path, write: Callable[[BinaryIO], object]) -> None:
     directory at the same moment, and with one name for all, one node's os.replace moved the file the other had
     just written, which then failed with FileNotFoundError and left node 0 waiting in the rendezvous.
     """
-    tmp = path.with_name(f"{path.name}.{socket.gethostname()}.{os.getpid()}.{threading.get_ident()}.tmp")
+    tmp = path.with_name(_temporary_name(path))
     try:
         with open(tmp, "wb") as f:
             write(f)
@@ -48,10 +50,17 @@ def write_atomic(path: Path, write: Callable[[BinaryIO], object]) -> None:
         tmp.unlink(missing_ok=True)
 
 
+def _temporary_name(path: Path) -> str:
+    """A name beside `path` of this writer's own (host, process and thread), of fixed length: the name it stands in
+    for may already be near the file system's limit."""
+    writer = f"{path.name}\0{socket.gethostname()}\0{os.getpid()}\0{threading.get_ident()}"
+    return f".{hashlib.sha256(writer.encode('utf-8', 'surrogateescape')).hexdigest()[:24]}.tmp"
+
+
 def write_new(path: Path, write: Callable[[BinaryIO], object]) -> bool:
     """Write `path` whole, only if nothing is there when it is ready (a hard link never replaces): False, and
     nothing changed, when a file appeared at `path` meanwhile."""
-    tmp = path.with_name(f".{path.name}.{socket.gethostname()}.{os.getpid()}.{threading.get_ident()}.tmp")
+    tmp = path.with_name(_temporary_name(path))
     try:
         with open(tmp, "wb") as f:
             write(f)
@@ -86,22 +95,40 @@ def claim_folder(parent: Path, prefix: str = "", *, field: str = "out",
             n += 1
 
 
+NAME_MAX = 255  # bytes in one file name on Linux file systems
+
+
 def place_problem(path: Path) -> str | None:
-    """Why nothing can be written at `path` (None: it can, once missing folders are made): a symlink to nothing or
-    in a loop, a file where a folder is needed on the way, or no writable folder to create it in."""
-    try:
-        if path.is_symlink() and not path.exists():
-            return f"is a symlink to nothing ({os.readlink(path)})"
-        full = path.resolve()
-    except (OSError, RuntimeError):  # RuntimeError: a symlink loop (Python 3.11)
-        return "goes through a symlink loop"
-    for parent in full.parents:
-        if parent.exists():
-            if not parent.is_dir():
-                return f"lies under {parent}, which is a file"
+    """Why nothing can be written at `path` (None: it can, once missing folders are made): no file name in it (`.`,
+    `..`), a name too long, a symlink as the name itself (a write replaces the link, not what it points to), a
+    symlink on the way that points to nothing or loops (a folder would be made wherever it points), a file where a
+    folder is needed, or no writable folder to create it in. A symlinked folder on the way is followed."""
+    if path.name in ("", ".", ".."):
+        return "names no file or folder of its own (it ends in '.', '..' or '/'); add a name"
+    if len(path.name.encode("utf-8", "surrogateescape")) > NAME_MAX:
+        return f"has a name longer than {NAME_MAX} bytes"
+    full = Path(os.path.abspath(path))
+    for part in [*reversed(full.parents[:-1]), full]:
+        if os.path.islink(part):
+            if not os.path.exists(part):
+                try:
+                    os.stat(part)
+                except OSError as e:
+                    if e.errno == errno.ELOOP:
+                        return f"goes through a symlink loop ({part})"
+                return (f"is a symlink to nothing ({os.readlink(part)})" if part == full else
+                        f"goes through {part}, a symlink to nothing ({os.readlink(part)})")
+            if part == full:
+                return f"is a symlink (to {os.readlink(part)}); name the file or folder itself"
+        elif not os.path.exists(part):
+            parent = part.parent
             if not os.access(parent, os.W_OK | os.X_OK):
                 return f"cannot be created: {parent} is not a writable folder"
             return None
+        if part != full and not os.path.isdir(part):
+            return f"lies under {part}, which is a file"
+    if not os.access(full.parent, os.W_OK | os.X_OK):
+        return f"cannot be replaced: {full.parent} is not a writable folder"
     return None
 
 

@@ -17,6 +17,7 @@ from typing import Sequence
 from launch.commands.args import Option, read, text
 from launch.config.resolve import Resolved, resolve_path
 from launch.commands.run import check_inputs
+from launch.config.schema import TOKENIZER_NAMES
 from launch.errors import ConfigError
 from launch.plan.build import plan_resolved
 from launch.run import envinfo, launcher, nodes
@@ -111,7 +112,10 @@ def cmd_export_accelerate(args: Sequence[str], environ=None) -> int:
     else:
         resolved = resolve_path(source, rest)
     if out:
-        problem = place_problem(Path(out)) or input_problem(Path(out), [Path(source)], folder=True)
+        recipe = resolved.recipe  # what the exported run will read: the folder may neither be, lie in nor hold it
+        inputs = [Path(p) for p in (source, recipe.model.weights, recipe.data.path, recipe.data.valid_path,
+                                  recipe.data.tokenizer if recipe.data.tokenizer not in TOKENIZER_NAMES else None) if p]
+        problem = place_problem(Path(out)) or input_problem(Path(out), inputs, folder=True)
         if problem or Path(out).exists():  # checked before any work: nothing of the user's is touched
             raise ConfigError("command line", "out", out, problem or "already exists (nothing is overwritten)",
                               "give a new folder")

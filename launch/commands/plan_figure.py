@@ -31,7 +31,8 @@ def ours(path: Path) -> bool:
         rows = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return False
-    return isinstance(rows, list) and all(isinstance(r, dict) and set(r) == PLAN_ROW_KEYS for r in rows)
+    # non-empty: a plan always lists a layout, and `[]` is anyone's
+    return isinstance(rows, list) and bool(rows) and all(isinstance(r, dict) and set(r) == PLAN_ROW_KEYS for r in rows)
 
 
 def ordered(rows):

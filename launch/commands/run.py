@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -30,6 +31,10 @@ USAGE = "usage: bash launch/run.sh recipes/NAME [dotted.key=value ...] [--dry-ru
 
 
 def cmd_run(args: Sequence[str]) -> int:
+    if os.environ.get("SLURM_JOB_ID"):
+        # SLURM's time-limit warning (launch/slurm.sbatch) may come before the ranks start: it would end this process
+        # and the job's step with it; launcher.execute turns it into the ranks' stop request once they run
+        signal.signal(launcher.STOP_SIGNAL, signal.SIG_IGN)
     a = read(args, command="run.sh", usage=USAGE, positional=(1, 1), overrides=True, dry_run=True)
     dry, recipe, overrides = a.dry_run, a.positional[0], list(a.overrides)
     machine = envinfo.machine()
@@ -76,6 +81,11 @@ def cmd_run(args: Sequence[str]) -> int:
         raise ConfigError("environment", "LAYOUTLAB_RUN_DIR", joined, "names a run that already started (it holds "
                           "resolved.json); node 0 never joins one", "unset LAYOUTLAB_RUN_DIR (it is for nodes > 0 of a "
                           "multi-node job, which join the directory node 0 printed)")
+    if not bench and resolved.recipe.run.resume == "never" and int(os.environ.get("SLURM_RESTART_COUNT") or 0) > 0:
+        # a requeued job (launch/slurm.sbatch requeues at the time limit) that trained again from scratch would be
+        # stopped and requeued again at the same point, for ever
+        raise ConfigError(resolved.recipe_path, "run.resume", "never", "in a requeued SLURM job would train again "
+                          "from step 0 and be requeued again at its time limit", "set run.resume=auto (the default)")
     resumed = None
     if not bench and resolved.recipe.run.resume != "never":
         resumed = _check_resume(resolved, joined)

@@ -77,11 +77,15 @@ def member(label: str, recipe: str, overrides: Sequence[str]) -> Member:
 def distinct_labels(members: Sequence[Member]) -> list[Member]:
     """Each member labelled by its recipe's own name (`.` spelled out, as its run directory is), a repeated name
     numbered (`a`, `a-2`): the report tells runs apart by label."""
-    seen: dict[str, int] = {}
+    taken: set[str] = set()
     out = []
     for m in members:
-        seen[m.label] = seen.get(m.label, 0) + 1
-        out.append(m if seen[m.label] == 1 else dataclasses.replace(m, label=f"{m.label}-{seen[m.label]}"))
+        label, n = m.label, 1
+        while label in taken:  # `a`, `a`, `a-2` gives a, a-2, a-2-2: a number never lands on a name already given
+            n += 1
+            label = f"{m.label}-{n}"
+        taken.add(label)
+        out.append(m if label == m.label else dataclasses.replace(m, label=label))
     return out
 
 

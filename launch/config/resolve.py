@@ -77,7 +77,7 @@ class Resolved:
         try:
             d = json.loads(text)
             version = d.get("schema_version")
-        except (ValueError, AttributeError) as e:  # cut short, not JSON, or not an object
+        except (ValueError, AttributeError, RecursionError) as e:  # cut short, not JSON, not an object, nested past any parser
             raise ConfigError(source, "(contents)", f"{type(e).__name__}: {e}", f"are damaged ({len(text)} characters)",
                               "use an intact copy of the run directory, or resolve the recipe again") from None
         if version != SCHEMA_VERSION:
@@ -469,7 +469,7 @@ def _deepspeed_config(loaded: LoadedRecipe, r: Recipe, grad_accum: int, hw: Hard
     # A shipped base's tuning gives way where the backend decides a field itself (Megatron's overlap_comm); the
     # recipe's own fields (stage, batch, offload) are refused when any base contradicts them, shipped or not: a user
     # naming deepspeed.config=ds_configs/zero3.json with parallel.zero_stage=2 gets told, not stage 2.
-    backend_owned = {k for k, v in owned.items() if recipe_owned.get(k) != v}
+    backend_owned = {k for k, (value, _) in owned.items() if k not in recipe_owned or recipe_owned[k][0] != value}
     base_file = str(base_path.relative_to(dsconfig.DS_CONFIGS.parent)) if base_path.is_relative_to(dsconfig.DS_CONFIGS.parent) else str(base_path)
     zo = base.setdefault("zero_optimization", {})
     for kind, dev, field in (("offload_optimizer", par.offload_optimizer, "parallel.offload_optimizer"),

@@ -332,8 +332,12 @@ def _read_chain(top: Path) -> list[Path]:
             return chain[::-1]
         if not isinstance(parent, str) or "\x00" in parent:
             raise ConfigError(str(f), "extends", parent, "must be a string path", 'write extends = "../base"')
-        pf = recipe_file(f.parent / parent)
-        if not pf.is_file():
+        try:
+            pf = recipe_file(f.parent / parent)
+            found = pf.is_file()
+        except OSError:  # a name too long for the file system
+            pf, found = f.parent / parent, False
+        if not found:
             raise ConfigError(str(f), "extends", parent, f"points to {pf}, which does not exist",
                               "name a recipe folder relative to this file, e.g. \"../base\"")
         f = pf

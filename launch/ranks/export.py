@@ -64,7 +64,9 @@ def export(run_dir: str | Path, step: int | None = None, out: str | Path | None 
     staging = target.parent / f".{target.name}.export-{os.getpid()}"
     target.parent.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(staging, safe_serialization=True)
-    (staging / EXPORT_MARKER).write_text(json.dumps({"run": str(run.root), "checkpoint": str(ckpt.dir)}) + "\n")
+    files = sorted(p.name for p in staging.iterdir())  # what a later export may replace (rundir.is_our_export)
+    (staging / EXPORT_MARKER).write_text(json.dumps({"run": str(run.root), "checkpoint": str(ckpt.dir),
+                                                     "files": files}) + "\n")
     old = None
     if target.exists():
         old = target.parent / f".{target.name}.replaced-{os.getpid()}"

@@ -313,7 +313,8 @@ def execute(cmd: LaunchCommand) -> int:
         slurm = bool(os.environ.get("SLURM_JOB_ID"))
         if slurm:
             signal.signal(STOP_SIGNAL, lambda _signum, _frame: stop.touch())
-        proc = subprocess.Popen(list(cmd.argv), env={**os.environ, **cmd.env, **({STOP_REQUEST: str(stop)} if slurm else {})},
+        inherited = {k: v for k, v in os.environ.items() if k != STOP_REQUEST}  # only this launcher's request counts
+        proc = subprocess.Popen(list(cmd.argv), env={**inherited, **cmd.env, **({STOP_REQUEST: str(stop)} if slurm else {})},
                                 preexec_fn=_in_launcher_child)
 
         def forward(signum, _frame):

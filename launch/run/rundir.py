@@ -8,6 +8,7 @@ runs/<recipe>/<UTC yyyymmdd-hhmmss>/
 from __future__ import annotations
 
 import datetime as _dt
+import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -176,8 +177,18 @@ def export_target_problem(out: Path, inputs: tuple[Path, ...] = ()) -> str | Non
     """Why `out` may not receive an export (None: it may): a file, a dangling link, an input of the export, or a
     folder holding anything but an earlier export of ours. transformers' save_pretrained deletes the shard files it
     finds in its target, so a folder of someone else's files is never handed to it."""
-    return folder_problem(out, ours=lambda p: (p / EXPORT_MARKER).is_file(), writer="`python -m launch export`",
-                          inputs=inputs)
+    return folder_problem(out, ours=is_our_export, writer="`python -m launch export`", inputs=inputs)
+
+
+def is_our_export(folder: Path) -> bool:
+    """Whether `folder` holds an earlier export and nothing else: its marker lists the files the export wrote, and a
+    file added since (a model card, an adapter) makes the folder the user's, never replaced."""
+    try:
+        written = json.loads((folder / EXPORT_MARKER).read_text(encoding="utf-8")).get("files")
+        held = {p.name for p in folder.iterdir()}
+    except (OSError, ValueError, AttributeError):
+        return False
+    return isinstance(written, list) and held <= {*map(str, written), EXPORT_MARKER}
 
 
 def export_inputs(run: RunDir, weights: str | None) -> tuple[Path, ...]:

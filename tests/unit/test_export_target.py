@@ -40,8 +40,17 @@ def test_an_empty_folder_or_an_earlier_export_of_ours_may_receive_one(tmp_path):
     ours.mkdir()
     (ours / "model.safetensors").write_text("x")
     assert "did not write (model.safetensors, ...)" in export_target_problem(ours)
-    (ours / EXPORT_MARKER).write_text("{}")
+    (ours / EXPORT_MARKER).write_text('{"files": ["config.json", "model.safetensors"]}')
     assert export_target_problem(ours) is None
+    # a file the user added to an earlier export (a model card) makes it theirs: never replaced, never deleted
+    (ours / "README.md").write_text("my model card")
+    assert "did not write" in export_target_problem(ours)
+    (ours / "README.md").unlink()
+    (ours / EXPORT_MARKER).write_text("{}")  # a marker that lists nothing vouches for nothing
+    assert "did not write" in export_target_problem(ours)
+    link = tmp_path / "link"
+    link.symlink_to(ours)
+    assert "is a symlink" in export_target_problem(link)  # a swap would replace the link, rmtree follow it
 
 
 def test_a_stale_run_dir_in_the_environment_never_joins_an_earlier_run(tmp_path, capsys, monkeypatch):

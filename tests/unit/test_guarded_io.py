@@ -192,3 +192,43 @@ def test_a_sweep_run_from_inside_a_recipe_folder_labels_it_by_name(tmp_path, cap
     members = distinct_labels([member("", r, ["train.steps=7"]) for r in (".", "../tiny_ddp", str(TINY))])
     assert [m.label for m in members] == ["tiny_zero2", "tiny_ddp", "tiny_zero2-2"]
     assert os.getcwd() == str(TINY)
+
+
+def test_a_safetensors_header_whose_ranges_cannot_hold_its_tensors_is_refused(tmp_path, capsys, hf_weights):
+    """A header that declares 1000 x 1000 F32 in 4 bytes, or nests past any parser, is damage named in one line."""
+    import struct
+
+    for name, header in (("small", {"model.norm.weight": {"dtype": "F32", "shape": [1000, 1000],
+                                                          "data_offsets": [0, 4]}}),
+                         ("deep", None)):
+        folder = tmp_path / name
+        folder.mkdir()
+        text = (json.dumps(header) if header else '{"a": ' + "[" * 100_000 + "]" * 100_000 + "}").encode()
+        (folder / "model.safetensors").write_bytes(struct.pack("<Q", len(text)) + text + b"\0" * 8)
+        assert main(["run", str(TINY), f"model.weights={folder}", "--dry-run"]) == 2
+        err = _one_line(capsys)
+        assert ("which do not hold it" if name == "small" else "not JSON") in err, err
+
+
+def test_a_requeued_slurm_job_that_would_start_over_is_refused(tmp_path, capsys, monkeypatch):
+    """resume=never in a requeued job would train from step 0 and be stopped and requeued again, for ever."""
+    monkeypatch.setenv("LAYOUTLAB_RUNS", str(tmp_path / "runs"))
+    monkeypatch.setenv("SLURM_RESTART_COUNT", "1")
+    assert main(["run", str(TINY), "run.resume=never", "train.steps=7"]) == 2
+    assert "in a requeued SLURM job would train again from step 0" in _one_line(capsys)
+    assert not (tmp_path / "runs").exists()
+
+
+def test_an_extends_name_too_long_for_the_file_system_is_one_line(tmp_path, capsys):
+    d = tmp_path / "r"
+    d.mkdir()
+    (d / "recipe.toml").write_text(f'extends = "{"a" * 5000}"\n')
+    assert main(["run", str(d), "--dry-run"]) == 2
+    assert "which does not exist" in _one_line(capsys)
+
+
+def test_a_resolved_json_nested_past_any_parser_is_one_line(tmp_path, capsys):
+    run = make_run_dir(tmp_path / "runs", traces=False)
+    (run / "resolved.json").write_text("[" * 100_000 + "]" * 100_000)
+    assert main(["export", str(run)]) == 2
+    assert "resolved.json: (contents)=" in _one_line(capsys)

@@ -265,17 +265,26 @@ class StopVote:
     a rank that saved alone would wait in the save's collectives for ever."""
 
     def __init__(self, device) -> None:
+        import torch
+        import torch.distributed as dist
+
         self.device = device
         self.path = os.environ.get(STOP_REQUEST)
         self.posted = None  # (flag, work) of the last boundary's vote
+        # Votes are a collective every rank must join: posted only if every rank's launcher gave a request file (under
+        # SLURM, launch/run/launcher.py execute). Agreed once at start-up: a node started by hand inside an allocation
+        # (no SLURM_JOB_ID over ssh) would otherwise leave the others waiting in a vote it never posts.
+        everyone = torch.tensor([int(bool(self.path))], dtype=torch.int32, device=device)
+        dist.all_reduce(everyone, op=dist.ReduceOp.MIN)
+        self.enabled = bool(everyone.item())
 
     def post(self) -> None:
-        if not self.path:  # not under SLURM (launch/run/launcher.py execute): nothing can ask for a stop
+        if not self.enabled:
             return
         import torch
         import torch.distributed as dist
 
-        flag = torch.tensor([int(bool(self.path) and os.path.exists(self.path))], dtype=torch.int32,
+        flag = torch.tensor([int(os.path.exists(self.path))], dtype=torch.int32,
                             device=self.device)
         self.posted = (flag, dist.all_reduce(flag, async_op=True))
 

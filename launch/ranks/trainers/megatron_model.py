@@ -447,8 +447,9 @@ def _unshard(slot: _Slot, shards: list[Tensor], spec: ModelSpec) -> list[Tensor]
 
 
 def _tensor_entries(state: Mapping[str, Any]) -> dict[str, Tensor]:
-    # Megatron's linear layers also list `_extra_state` (None with the local spec): not weights.
-    return {k: v for k, v in state.items() if isinstance(v, Tensor)}
+    # Megatron's linear layers also list `_extra_state`: None with the local spec, and with Transformer Engine 2 an
+    # empty byte tensor (TE's FP8 metadata, megatron.core's "TE 2.0 changed the format of extra_state"): not weights.
+    return {k: v for k, v in state.items() if isinstance(v, Tensor) and not k.endswith("._extra_state")}
 
 
 def _check_keys(produced: Mapping[str, Tensor], expected: Mapping[str, Tensor], what: str) -> None:
