@@ -1,15 +1,17 @@
 """Command line of the analysis package.
 
-  python -m analysis report [LABEL=]PATH ... [ceiling=PATH] [hardware=PROFILE] [device_memory_gib=N] -o OUT.html|OUT.md
-  python -m analysis doctor [LABEL=]PATH ... [ceiling=PATH] [hardware=PROFILE] [device_memory_gib=N]
+  python -m analysis report [LABEL=]PATH ... [ceiling=PATH] [hardware=PROFILE] [device_memory_gib=N] [--jobs N]
+                            -o OUT.html|OUT.md
+  python -m analysis doctor [LABEL=]PATH ... [ceiling=PATH] [hardware=PROFILE] [device_memory_gib=N] [--jobs N]
   python -m analysis recognize PATH ...
   python -m analysis busbw RUN_DIR_OR_FILE ... -o OUT.png [--nominal GBPS] [--placement median|out-of-place|in-place]
 
 PATH is a run directory, a folder of foreign files (DeepSpeed / Megatron logs, per-rank traces, nsys
 exports, nccl-tests output), or one file; files are recognised by content. `-o` may be repeated;
 its suffix picks the format. `hardware=` names a hardware profile (launch/config/catalogue/hardware) for
-runs without a resolved.json: it gives the peak FLOP/s for MFU and the device memory. Errors print
-one line and exit 2.
+runs without a resolved.json: it gives the peak FLOP/s for MFU and the device memory. A run's trace
+files (one per rank) are read by worker processes, one per core unless `--jobs N` caps them (1: no
+workers); on a terminal a progress bar over the ranks goes to stderr. Errors print one line and exit 2.
 
 `busbw` draws bus bandwidth against message size, one panel per collective and one line per run
 (analysis.analyzers.ceilings.busbw_panels, analysis.report.plots.busbw_plot): a run directory contributes its
@@ -23,15 +25,17 @@ import math
 import os
 import sys
 from pathlib import Path
-from typing import Iterable, Sequence
+from typing import Callable, Iterable, Sequence
 
 from launch.errors import printable
 from launch.outputs import place_problem
 
 _KEYS = ("ceiling", "hardware", "device_memory_gib")
+MAX_JOBS = 4096  # --jobs: worker processes for a run's traces
 USAGE = ("usage: python -m analysis report [LABEL=]PATH ... [ceiling=PATH] [hardware=PROFILE] "
-         "[device_memory_gib=N] -o OUT.html|OUT.md\n"
-         "       python -m analysis doctor [LABEL=]PATH ... [ceiling=PATH] [hardware=PROFILE] [device_memory_gib=N]\n"
+         "[device_memory_gib=N] [--jobs N] -o OUT.html|OUT.md\n"
+         "       python -m analysis doctor [LABEL=]PATH ... [ceiling=PATH] [hardware=PROFILE] [device_memory_gib=N] "
+         "[--jobs N]\n"
          "       python -m analysis recognize PATH ...\n"
          "       python -m analysis busbw RUN_DIR_OR_FILE ... -o OUT.png [--nominal GBPS] "
          "[--placement median|out-of-place|in-place]")
@@ -47,7 +51,8 @@ class UsageError(Exception):
 
 
 def parse_args(argv: Sequence[str]) -> tuple[list[tuple[str | None, str]], dict[str, str], list[str]]:
-    """(inputs as (label, path), key=value options, outputs). An existing path is a path even with '='."""
+    """(inputs as (label, path), key=value options and --jobs (as "jobs"), outputs). An existing path is a path even
+    with '='."""
     inputs: list[tuple[str | None, str]] = []
     options: dict[str, str] = {}
     outputs: list[str] = []
@@ -60,8 +65,15 @@ def parse_args(argv: Sequence[str]) -> tuple[list[tuple[str | None, str]], dict[
             outputs.append(nxt)
         elif a.startswith("-o") and len(a) > 2:
             outputs.append(a[2:])
+        elif a == "--jobs" or a.startswith("--jobs="):
+            value = a.partition("=")[2] if "=" in a else next(it, None)
+            if value is None:
+                raise UsageError("--jobs needs a number of worker processes")
+            if "jobs" in options:
+                raise UsageError("--jobs given twice")
+            options["jobs"] = value
         elif a.startswith("-"):
-            raise UsageError(f"unknown flag {a}; options are key=value ({', '.join(_KEYS)})")
+            raise UsageError(f"unknown flag {a}; options are key=value ({', '.join(_KEYS)}) and --jobs N")
         elif os.path.exists(a):
             inputs.append((None, a))
         elif "=" in a:
@@ -103,7 +115,30 @@ def _options(options: dict[str, str]) -> dict:
             raise UsageError(f"device_memory_gib={options['device_memory_gib']}: must be a finite number from 0.001 "
                              f"to 1,000,000 (GiB of one device)")
         kw["device_memory_bytes"] = int(gib * 2**30)
+    if "jobs" in options:
+        jobs = options["jobs"]
+        if not (jobs.isascii() and jobs.isdigit()) or not 1 <= int(jobs) <= MAX_JOBS:
+            raise UsageError(f"--jobs {jobs}: must be a whole number from 1 to {MAX_JOBS} (worker processes; 1 reads "
+                             f"the traces in this process)")
+        kw["jobs"] = int(jobs)
     return kw
+
+
+def _progress_bar() -> Callable[[str, int, int], None] | None:
+    """build_report's `progress`: a bar over a run's trace files on stderr, redrawn in place; None when stderr is no
+    terminal (a log or a pipe would fill with redraws)."""
+    if not sys.stderr.isatty():
+        return None
+
+    def draw(label: str, done: int, total: int) -> None:
+        if total < 2:
+            return
+        width = 30
+        filled = width * done // total
+        end = "\n" if done == total else ""
+        sys.stderr.write(printable(f"\r{label}: [{'#' * filled}{'.' * (width - filled)}] {done}/{total} ranks") + end)
+        sys.stderr.flush()
+    return draw
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -144,7 +179,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     from analysis.report.data import build_report  # the renderers only when writing (doctor prints findings)
 
-    rep = build_report(inputs, **kw)
+    rep = build_report(inputs, progress=_progress_bar(), **kw)
     if cmd == "doctor":
         for f in rep.findings:
             print(printable(f"[{f.severity}] {f.run}: {f.rule}: {f.message}"))

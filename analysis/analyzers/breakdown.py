@@ -8,7 +8,7 @@ that stand out, `kernel_diff` the kernel-level difference of two traces per prof
 from __future__ import annotations
 
 from collections import defaultdict
-from typing import Any
+from typing import Any, Callable
 
 from analysis.analyzers import trace_analysis as ta
 from analysis.table import Table
@@ -79,9 +79,13 @@ STRAGGLER_COLUMNS = {**ta.STRAGGLER_COLUMNS, "source": "trace file of the rank"}
 
 def stragglers(trace: Table, *, threshold_pct: float = 10.0) -> Table:
     """trace_analysis.stragglers (rule in its docstring) with the rank's file."""
-    t = ta.stragglers(trace, threshold_pct=threshold_pct)
-    rows = [{**r, "source": ta.rank_source(trace, r["rank"])} for r in t.rows()]
-    return Table.from_rows("stragglers", STRAGGLER_COLUMNS, rows, source=trace.source, meta=t.meta)
+    return with_rank_files(ta.stragglers(trace, threshold_pct=threshold_pct), lambda r: ta.rank_source(trace, r))
+
+
+def with_rank_files(stragglers: Table, file_of: Callable[[Any], str]) -> Table:
+    """A trace_analysis.stragglers table with each rank's file (`file_of(rank)`)."""
+    rows = [{**r, "source": file_of(r["rank"])} for r in stragglers.rows()]
+    return Table.from_rows("stragglers", STRAGGLER_COLUMNS, rows, source=stragglers.source, meta=stragglers.meta)
 
 
 # ------------------------------------------------------------------------------ nsys stats totals
@@ -115,6 +119,13 @@ def nsys_stats_totals(stats: Table) -> Table:
 
 def kernel_diff(a: Table, b: Table, *, top: int = 15) -> Table:
     """trace_analysis.kernel_diff per profiled step (normalize='per_step'), the largest changes first."""
-    d = ta.kernel_diff(a, b, normalize="per_step")
-    rows = list(d.rows())[:top]
-    return Table.from_rows("kernel_diff", d.doc, rows, source=d.source, meta=d.meta)
+    return _top(ta.kernel_diff(a, b, normalize="per_step"), top)
+
+
+def kernel_totals_diff(a: ta.KernelTotals, b: ta.KernelTotals, *, source: str = "", top: int = 15) -> Table:
+    """kernel_diff of two runs' trace_analysis.KernelTotals (each over all its ranks)."""
+    return _top(ta.kernel_totals_diff(a, b, normalize="per_step", source=source), top)
+
+
+def _top(d: Table, top: int) -> Table:
+    return Table.from_rows("kernel_diff", d.doc, list(d.rows())[:top], source=d.source, meta=d.meta)

@@ -39,6 +39,8 @@ CALL_COLUMNS = {
     "group_size_from": "recorded in the trace, or the rule of the hint that gave it",
     "busbw_GBps": "message_bytes / dur_us / 1e3 x nccl-tests bus factor(collective, group_size); None when unknown",
     "layer": "gpu_kernels, or the CPU layer counted (backend annotation, record_param_comms, c10d op)",
+    "group": "process group as recorded (parsers.kineto `group`); None when not recorded",
+    "seq": "the call's sequence number in its group as recorded (parsers.kineto `seq`); None when not recorded",
     "source": "trace file of the rank",
 }
 
@@ -85,7 +87,8 @@ def collective_calls(trace: Table, *, group_size: int | None = None, group_size_
             rows.append({"rank": rank, "collective": coll, "step": c["step"][i], "message_bytes": msg, "dur_us": dur,
                          "start_us": c["ts_us"][i],
                          "group_size": n, "group_size_from": n_from if n else "unknown", "busbw_GBps": bw,
-                         "layer": layer, "source": ta.rank_source(trace, rank)})
+                         "layer": layer, "group": c["group"][i], "seq": c["seq"][i],
+                         "source": ta.rank_source(trace, rank)})
     return Table.from_rows("collective_calls", CALL_COLUMNS, rows, source=trace.source)
 
 
@@ -113,43 +116,112 @@ BANDWIDTH_COLUMNS = {
 }
 
 
+class BandwidthPart:
+    """One rank's calls of one collective type in its profiled window, reduced to what collective_bandwidth adds up
+    over ranks (bandwidth_parts): a few numbers, however many calls."""
+
+    __slots__ = ("calls", "time_us", "sized", "large", "message_sum", "messages", "sizes", "size_from", "layers",
+                 "sources")
+
+    def __init__(self) -> None:
+        self.calls = 0
+        self.time_us = 0.0  # time with at least one of the calls running
+        # [calls, summed dur_us, summed busbw_GBps x dur_us, summed message_bytes] of the calls with a busbw, and of
+        # those of at least LARGE_MESSAGE_BYTES
+        self.sized: list[Any] = [0, 0, 0, 0]
+        self.large: list[Any] = [0, 0, 0, 0]
+        self.message_sum: Any = 0  # over the calls whose size is known
+        self.messages = 0
+        self.sizes: Counter[Any] = Counter()  # calls per group size
+        self.size_from: dict[Any, str] = {}  # the first call's group_size_from per group size (None included)
+        self.layers: set[str] = set()
+        self.sources: set[str] = set()
+
+    def add(self, call: Mapping[str, Any]) -> None:
+        """One call (a row of collective_calls)."""
+        self.calls += 1
+        msg, bw, dur, n = call["message_bytes"], call["busbw_GBps"], call["dur_us"], call["group_size"]
+        if bw is not None:
+            for acc in (self.sized, self.large) if msg >= LARGE_MESSAGE_BYTES else (self.sized,):
+                acc[0] += 1
+                acc[1] += dur
+                acc[2] += bw * dur
+                acc[3] += msg
+        if msg is not None:
+            self.message_sum += msg
+            self.messages += 1
+        if n:
+            self.sizes[n] += 1
+        self.size_from.setdefault(n, call["group_size_from"])
+        if call["layer"]:
+            self.layers.add(call["layer"])
+        self.sources.add(call["source"])
+
+
+def in_window(step: Any, window: set[int] | frozenset[int] | None) -> bool:
+    """Whether a call of `step` counts for a rank whose profiled window (trace_analysis.window_steps) is `window`: every
+    call of a rank without ProfilerSteps does."""
+    return not window or step in window
+
+
+def bandwidth_parts(calls: Table, windows: Mapping[Any, set[int]]) -> dict[Any, dict[str, BandwidthPart]]:
+    """The ranks' calls in their profiled window (trace_analysis.window_steps; every call of a rank without
+    ProfilerSteps) as one BandwidthPart per rank and collective type, ranks in the calls' order: the half of
+    collective_bandwidth that needs each call, so that a run's ranks can be reduced one at a time."""
+    parts: dict[Any, dict[str, BandwidthPart]] = {}
+    spans: dict[tuple[Any, str], list[tuple[float, float]]] = defaultdict(list)
+    for r in calls.rows():
+        if not in_window(r["step"], windows.get(r["rank"])):
+            continue
+        parts.setdefault(r["rank"], {}).setdefault(r["collective"], BandwidthPart()).add(r)
+        if r["start_us"] is not None and r["dur_us"]:
+            spans[(r["rank"], r["collective"])].append((r["start_us"], r["start_us"] + r["dur_us"]))
+    for (rank, coll), intervals in spans.items():
+        parts[rank][coll].time_us = ta.covered_us(intervals)
+    return parts
+
+
 def collective_bandwidth(calls: Table, windows: Mapping[Any, set[int]], ceilings: Table | None, *,
                          no_ceiling_reason: str = "no nccl-tests output (commbench/ or ceiling=)") -> Table:
     """Per collective type over the calls in the profiled window (trace_analysis.window_steps; every call of a rank
     without ProfilerSteps): calls and time per step, achieved busbw, and the nccl-tests ceiling."""
+    return combine_bandwidth(bandwidth_parts(calls, windows), {k: len(w) for k, w in windows.items()}, ceilings,
+                             no_ceiling_reason=no_ceiling_reason, source=calls.source)
+
+
+def combine_bandwidth(parts: Mapping[Any, Mapping[str, BandwidthPart]], window_steps: Mapping[Any, int],
+                      ceilings: Table | None, *, no_ceiling_reason: str = "no nccl-tests output (commbench/ or ceiling=)",
+                      source: str = "") -> Table:
+    """collective_bandwidth from the ranks' bandwidth_parts (in the calls' rank order) and each rank's number of
+    profiled steps (0: no ProfilerStep; such a rank adds no calls or time per step)."""
     ceil = {r["op"]: r for r in ceilings.rows()} if ceilings is not None else {}
-    groups: dict[str, list[dict[str, Any]]] = defaultdict(list)
-    for r in calls.rows():
-        w = windows.get(r["rank"])
-        if not w or r["step"] in w:  # the profiled window; every call when the rank has no ProfilerStep
-            groups[r["collective"]].append(r)
+    groups: dict[str, list[BandwidthPart]] = defaultdict(list)
+    for per_coll in parts.values():
+        for coll, part in per_coll.items():
+            groups[coll].append(part)
     rows = []
-    for coll, rs in sorted(groups.items()):
-        per_rank_calls: Counter[Any] = Counter()
-        spans: dict[Any, list[tuple[float, float]]] = defaultdict(list)
-        for r in rs:
-            per_rank_calls[r["rank"]] += 1
-            if r["start_us"] is not None and r["dur_us"]:
-                spans[r["rank"]].append((r["start_us"], r["start_us"] + r["dur_us"]))
-        per_rank_time = {k: ta.covered_us(v) for k, v in spans.items()}
-        cps = [per_rank_calls[k] / len(w) for k, w in windows.items() if w]
-        tps = [per_rank_time.get(k, 0.0) / len(w) / 1e3 for k, w in windows.items() if w]
-        sized = [r for r in rs if r["busbw_GBps"] is not None]
-        large = [r for r in sized if r["message_bytes"] >= LARGE_MESSAGE_BYTES]
+    for coll, ps in sorted(groups.items()):
+        of_rank = {rank: per_coll[coll] for rank, per_coll in parts.items() if coll in per_coll}
+        cps = [(of_rank[k].calls if k in of_rank else 0) / n for k, n in window_steps.items() if n]
+        tps = [(of_rank[k].time_us if k in of_rank else 0.0) / n / 1e3 for k, n in window_steps.items() if n]
+        sized = [sum(p.sized[i] for p in ps) for i in range(4)]
+        large = [sum(p.large[i] for p in ps) for i in range(4)]
 
-        def achieved(rows_: list[dict[str, Any]]) -> float | None:
-            t = sum(r["dur_us"] for r in rows_)
-            return sum(r["busbw_GBps"] * r["dur_us"] for r in rows_) / t if rows_ and t else None
+        def achieved(acc: list[Any]) -> float | None:
+            return acc[2] / acc[1] if acc[0] and acc[1] else None
 
-        sizes = Counter(r["group_size"] for r in rs if r["group_size"])
+        sizes: Counter[Any] = Counter()
+        for p in ps:
+            sizes.update(p.sizes)
         n = sizes.most_common(1)[0][0] if sizes else None
-        n_from = next((r["group_size_from"] for r in rs if r["group_size"] == n), "unknown")
+        n_from = next((p.size_from[n] for p in ps if n in p.size_from), "unknown")
         bw, bw_large = achieved(sized), achieved(large)
         op = NCCL_TESTS_OP.get(coll)
         c = ceil.get(op) if op else None
         chosen = bw_large if bw_large is not None else bw
-        msgs = [r["message_bytes"] for r in rs if r["message_bytes"] is not None]
-        at = statistics.fmean(r["message_bytes"] for r in (large or sized)) if (large or sized) else None
+        messages = sum(p.messages for p in ps)
+        basis = large if large[0] else sized
+        at = basis[3] / basis[0] if basis[0] else None
         ceiling = busbw_at(c["curve"], at) if c and at is not None else None
         notes = []
         if c and n and c["nranks"] and c["nranks"] != n:
@@ -158,18 +230,18 @@ def collective_bandwidth(calls: Table, windows: Mapping[Any, set[int]], ceilings
             notes.append(f"{at:,.0f} B is outside the sweep ({c['curve'][0][0]:,.0f}–{c['curve'][-1][0]:,.0f} B): "
                          "its nearest end is used")
         rows.append({"collective": coll, "calls_per_step": statistics.fmean(cps) if cps else None,
-                     "time_per_step_ms": statistics.fmean(tps) if tps else None, "calls": len(rs),
-                     "mean_message_bytes": statistics.fmean(msgs) if msgs else None, "group_size": n,
-                     "group_size_from": n_from, "busbw_GBps": bw, "busbw_large_GBps": bw_large,
+                     "time_per_step_ms": statistics.fmean(tps) if tps else None, "calls": sum(p.calls for p in ps),
+                     "mean_message_bytes": sum(p.message_sum for p in ps) / messages if messages else None,
+                     "group_size": n, "group_size_from": n_from, "busbw_GBps": bw, "busbw_large_GBps": bw_large,
                      "ceiling_GBps": ceiling, "ceiling_at_bytes": at if c else None,
                      "ceiling_ranks": c["nranks"] if c else None,
                      "pct_of_ceiling": 100.0 * chosen / ceiling if ceiling and chosen is not None else None,
                      "ceiling_source": c["source"] if c else (f"no {op} in the nccl-tests output" if ceil and op
                                                               else no_ceiling_reason),
                      "ceiling_note": "; ".join(notes),
-                     "basis": ", ".join(sorted({r["layer"] for r in rs if r["layer"]})),
-                     "source": ", ".join(sorted({r["source"] for r in rs}))})
-    return Table.from_rows("collective_bandwidth", BANDWIDTH_COLUMNS, rows, source=calls.source)
+                     "basis": ", ".join(sorted(set().union(*(p.layers for p in ps)))),
+                     "source": ", ".join(sorted(set().union(*(p.sources for p in ps))))})
+    return Table.from_rows("collective_bandwidth", BANDWIDTH_COLUMNS, rows, source=source)
 
 
 # -------------------------------------------------------------------- collectives vs the layout

@@ -14,9 +14,9 @@ from __future__ import annotations
 
 import re
 from collections import defaultdict
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
-from analysis.parsers.kineto import KinetoMeta, KinetoRanksMeta
+from analysis.parsers.kineto import KinetoMeta, KinetoRanksMeta, rows_not
 from analysis.table import Table
 from launch.comm.nccl_format import NCCL_TESTS_OP, bus_factor
 
@@ -67,6 +67,14 @@ def group_size_hint(trace: Table, layout: Mapping[str, Any] | None = None) -> tu
     meta = trace.meta
     metas: list[KinetoMeta] = (list(meta.ranks.values()) if isinstance(meta, KinetoRanksMeta) else
                                [meta] if isinstance(meta, KinetoMeta) else [])
+    return hint_of(metas, layout, meta.world_size if isinstance(meta, KinetoRanksMeta) else None,
+                   lambda: bool(rows_not(trace.columns["group"], None)))
+
+
+def hint_of(metas: Sequence[KinetoMeta], layout: Mapping[str, Any] | None, stated_world: int | None,
+            calls_name_groups: Callable[[], bool]) -> tuple[int | None, str]:
+    """group_size_hint from the ranks' metas, the world size the ranks state together (KinetoRanksMeta.world_size) and
+    whether some call records its group (asked only when the last rule needs it)."""
     sizes: set[int] = set()
     listed = 0
     for m in metas:
@@ -82,11 +90,9 @@ def group_size_hint(trace: Table, layout: Mapping[str, Any] | None = None) -> tu
         if len(dims) == 1:
             (k, v), = dims.items()
             return v, f"layout: only {k}={v} is > 1"
-    worlds = {m.world_size for m in metas}
-    if isinstance(meta, KinetoRanksMeta):
-        worlds.add(meta.world_size)
+    worlds = {m.world_size for m in metas} | {stated_world}
     worlds.discard(None)
-    if not listed and len(worlds) == 1 and not any(g is not None for g in trace.columns["group"]):
+    if not listed and len(worlds) == 1 and not calls_name_groups():
         world = worlds.pop()
         if isinstance(world, int) and world > 0:
             return world, "world_size"

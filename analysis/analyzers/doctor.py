@@ -16,6 +16,9 @@ thresholds. Rules and thresholds:
                        communication is >= 10% of the measured span (median over ranks)
   straggler            analysis.analyzers.trace_analysis.stragglers flags a rank (> 10% slower steps, or
                        > 10% of a step less waiting in collectives than the others)
+  late_rank            a rank arrives last at >= 75% of the collective calls matched across ranks (at least
+                       4 calls; analysis.analyzers.arrivals) and arrival skew is >= 10% of those calls' time:
+                       everyone waits for it
   idle_device          idle >= 20% of the measured span on some rank (GPU: no kernel running; CPU
                        basis: the training thread neither computes nor waits in a collective)
   memory_near_limit    a rank's peak is >= 95% of the device memory
@@ -39,6 +42,9 @@ EXCESS_PER_LAYER = 1.0
 OVERLAP_MIN_PCT = 30.0
 EXPOSED_MIN_PCT = 10.0
 STRAGGLER_PCT = 10.0
+LATE_RANK_PCT = 75.0
+LATE_RANK_MIN_CALLS = 4
+SKEW_MIN_PCT = 10.0
 IDLE_PCT = 20.0
 MEMORY_LIMIT_PCT = 95.0
 BUSBW_MIN_PCT = 50.0
@@ -52,6 +58,8 @@ RULES = {
     "no_overlap": f"layout allows overlap, < {OVERLAP_MIN_PCT:g}% of communication overlapped and exposed "
                   f"communication >= {EXPOSED_MIN_PCT:g}% of the span (median over ranks)",
     "straggler": f"trace_analysis.stragglers with threshold {STRAGGLER_PCT:g}%",
+    "late_rank": f"a rank arrives last at >= {LATE_RANK_PCT:g}% of the collective calls matched across ranks (at "
+                 f"least {LATE_RANK_MIN_CALLS}) and arrival skew is >= {SKEW_MIN_PCT:g}% of those calls' time",
     "idle_device": f"idle >= {IDLE_PCT:g}% of the measured span on a rank",
     "memory_near_limit": f"peak >= {MEMORY_LIMIT_PCT:g}% of device memory",
     "low_busbw": f"achieved busbw < {BUSBW_MIN_PCT:g}% of the nccl-tests large-message busbw",
@@ -178,6 +186,30 @@ def straggler(run: str, table: Table | None) -> list[Finding]:
                     "compare the rank's host and device (thermal throttling, a slower link, a busier data "
                     "loader, uneven sequence lengths); profile that rank alone")
             for r in flagged]
+
+
+def late_rank(run: str, by_rank: Table | None, by_collective: Table | None) -> list[Finding]:
+    """by_rank, by_collective: analysis.analyzers.arrivals' tables of the run."""
+    if by_rank is None or by_collective is None:
+        return []
+    skew = sum(r["skew_us"] for r in by_collective.rows())
+    total = skew + sum(r["transfer_us"] for r in by_collective.rows())
+    if not total or 100.0 * skew / total < SKEW_MIN_PCT:
+        return []
+    late = [r for r in by_rank.rows() if r["calls"] >= LATE_RANK_MIN_CALLS and r["last_pct"] >= LATE_RANK_PCT]
+    per_coll = ", ".join(f"{r['collective']} {r['skew_us'] / 1e3:.3g} of {(r['skew_us'] + r['transfer_us']) / 1e3:.3g} "
+                         f"ms" for r in by_collective.rows())
+    return [Finding("late_rank", "warn", run,
+                    f"rank {r['rank']} arrives last at {r['last_pct']:.0f}% of the matched collective calls: the other "
+                    f"ranks wait for it",
+                    (f"{r['source']}: last at {r['last']} of {r['calls']} calls, {r['late_us'] / 1e3:.3g} ms after the "
+                     f"first rank in total",
+                     f"{by_collective.source}: arrival skew {skew / 1e3:.3g} ms of the calls' {total / 1e3:.3g} ms "
+                     f"({100.0 * skew / total:.0f}%; {per_coll})"),
+                    "look at what the rank does before its collectives: its input pipeline, host or device (thermal "
+                    "throttling, a busier CPU, a slower link), uneven work (sequence lengths, routing); profile it "
+                    "alone")
+            for r in late]
 
 
 def idle_device(run: str, breakdown: Table | None) -> list[Finding]:

@@ -342,23 +342,43 @@ class _Rank:
 
 # A report runs several analyses on one table; they share its per-rank scope and merged blocks,
 # which take longer to derive than most analyses take. Keyed by the table object (tables are not
-# modified once built) and dropped when it is freed.
-_SCOPES: dict[int, dict[tuple[bool, bool, bool], list[_Rank]]] = {}
+# modified once built) and dropped when it is freed; the key _JOB_STEPS holds the job's ProfilerStep
+# names where use_job_steps gave them.
+_SCOPES: dict[int, dict[Any, Any]] = {}
+_JOB_STEPS = "job steps"
 
 
-def _ranks(table: Table, include_last_step: bool = False, hta_rounding: bool = True,
-           hta_filter: bool = True) -> list[_Rank]:
+def _cache(table: Table) -> dict[Any, Any]:
     scopes = _SCOPES.get(id(table))
     if scopes is None:
         scopes = _SCOPES[id(table)] = {}
         weakref.finalize(table, _SCOPES.pop, id(table), None)
+    return scopes
+
+
+def _ranks(table: Table, include_last_step: bool = False, hta_rounding: bool = True,
+           hta_filter: bool = True) -> list[_Rank]:
+    scopes = _cache(table)
     key = (include_last_step, hta_rounding, hta_filter)
     if key not in scopes:
-        scopes[key] = _scope(table, include_last_step, hta_rounding, hta_filter)
+        scopes[key] = _scope(table, include_last_step, hta_rounding, hta_filter, scopes.get(_JOB_STEPS))
     return scopes[key]
 
 
-def _scope(table: Table, include_last_step: bool, hta_rounding: bool, hta_filter: bool) -> list[_Rank]:
+def step_names(table: Table) -> frozenset[str]:
+    """The ProfilerStep#N names among the table's events."""
+    return frozenset(n for n in set(table.columns["name"]) if "ProfilerStep" in n and PROFILER_STEP.match(n))
+
+
+def use_job_steps(table: Table, names: Iterable[str]) -> None:
+    """Scope `table`, some ranks of a job, as its whole job is scoped: HTA's step filter applies when the job shows
+    two or more ProfilerStep names (`names`, every rank's step_names), which the table's own ranks alone may not
+    (analysis.analyzers.rank_traces summarises a job rank by rank). Call it before any analysis of the table."""
+    _cache(table)[_JOB_STEPS] = frozenset(names)
+
+
+def _scope(table: Table, include_last_step: bool, hta_rounding: bool, hta_filter: bool,
+           job_steps: frozenset[str] | None) -> list[_Rank]:
     ranks = table.columns["rank"]
     by_rank: dict[Any, list[int] | range] = {}
     if len(set(ranks)) == 1:
@@ -366,13 +386,10 @@ def _scope(table: Table, include_last_step: bool, hta_rounding: bool, hta_filter
     else:
         for i, r in enumerate(ranks):
             by_rank.setdefault(r, []).append(i)
-    step_numbers = {}
-    for n in set(table.columns["name"]):
-        m = PROFILER_STEP.match(n) if "ProfilerStep" in n else None
-        if m:
-            step_numbers[n] = int(m.group(1))
+    own = step_names(table)
+    step_numbers = {n: int(PROFILER_STEP.match(n).group(1)) for n in own}
     # HTA filters only when the whole job shows two or more ProfilerStep names.
-    filter_steps = hta_filter and len(step_numbers) >= 2
+    filter_steps = hta_filter and len(own if job_steps is None else job_steps | own) >= 2
     return [_Rank(table.columns, table.meta, r, rows, step_numbers, filter_steps, include_last_step, hta_rounding)
             for r, rows in sorted(by_rank.items(), key=lambda kv: (kv[0] is None, kv[0] if kv[0] is not None else 0))]
 
@@ -606,29 +623,60 @@ DIFF_COLUMNS = {
 }
 
 
+class KernelTotals(NamedTuple):
+    """GPU events per kernel name over some ranks of a run (kernel_totals), one side of kernel_diff."""
+
+    counts: Counter[str]  # events per name
+    times: Counter[str]  # summed duration per name, us
+    kinds: dict[str, str]  # kernel type per name (the last rank's, where they differ)
+    steps: int  # (rank, ProfilerStep) pairs in scope
+
+    def plus(self, other: "KernelTotals") -> "KernelTotals":
+        # update, not +: Counter's + drops the names whose sum is not positive (an inward-rounded kernel can last 0 us)
+        counts, times = Counter(self.counts), Counter(self.times)
+        counts.update(other.counts)
+        times.update(other.times)
+        return KernelTotals(counts, times, {**self.kinds, **other.kinds}, self.steps + other.steps)
+
+
+NO_KERNELS = KernelTotals(Counter(), Counter(), {}, 0)
+
+
 @_gc_paused
+def kernel_totals(table: Table, *, include_last_step: bool = False,
+                  hta_rounding: bool = True) -> dict[Any, KernelTotals]:
+    """Each rank's KernelTotals, by rank; kernel_diff adds them up in that order."""
+    out = {}
+    for rk in _ranks(table, include_last_step, hta_rounding):
+        counts: Counter[str] = Counter()
+        times: Counter[str] = Counter()
+        kinds: dict[str, str] = {}
+        for i, (s, e) in zip(rk.gpu, rk.gpu_intervals()):
+            counts[rk.name[i]] += 1
+            times[rk.name[i]] += e - s
+            kinds[rk.name[i]] = rk.kind[i]
+        out[rk.rank] = KernelTotals(counts, times, kinds, len(rk.window_steps))
+    return out
+
+
 def kernel_diff(a: Table, b: Table, *, normalize: str = "none", include_last_step: bool = False,
                 hta_rounding: bool = True) -> Table:
     """Counts and time changed per kernel name between two runs, largest absolute time change first.
 
     normalize='per_step' divides each run by its number of (rank, ProfilerStep) pairs in scope, so
     runs that profiled different numbers of steps or ranks compare."""
+    sides = [functools.reduce(KernelTotals.plus, kernel_totals(t, include_last_step=include_last_step,
+                                                              hta_rounding=hta_rounding).values(), NO_KERNELS)
+             for t in (a, b)]
+    return kernel_totals_diff(*sides, normalize=normalize, source=f"{a.source} -> {b.source}")
+
+
+def kernel_totals_diff(a: KernelTotals, b: KernelTotals, *, normalize: str = "none", source: str = "") -> Table:
+    """kernel_diff of two runs' KernelTotals (each summed over its ranks)."""
     if normalize not in ("none", "per_step"):
         raise ValueError(f"kernel_diff: normalize must be 'none' or 'per_step' (got {normalize!r})")
-    sides = []
-    for t in (a, b):
-        counts: Counter[str] = Counter()
-        times: Counter[str] = Counter()
-        kinds: dict[str, str] = {}
-        steps = 0
-        for rk in _ranks(t, include_last_step, hta_rounding):
-            steps += len(rk.window_steps)
-            for i, (s, e) in zip(rk.gpu, rk.gpu_intervals()):
-                counts[rk.name[i]] += 1
-                times[rk.name[i]] += e - s
-                kinds[rk.name[i]] = rk.kind[i]
-        scale = 1.0 / steps if normalize == "per_step" and steps else 1.0
-        sides.append((counts, times, kinds, scale))
+    sides = [(t.counts, t.times, t.kinds, 1.0 / t.steps if normalize == "per_step" and t.steps else 1.0)
+             for t in (a, b)]
     (ca, ta, ka, sa), (cb, tb, kb, sb) = sides
     rows = []
     for name in set(ca) | set(cb):
@@ -638,8 +686,7 @@ def kernel_diff(a: Table, b: Table, *, normalize: str = "none", include_last_ste
                      "time_a_us": time_a, "time_b_us": time_b, "time_delta_us": time_b - time_a,
                      "time_delta_pct": _pct(time_b - time_a, time_a)})
     rows.sort(key=lambda r: (-abs(r["time_delta_us"]), r["name"]))
-    return Table.from_rows("kernel_diff", DIFF_COLUMNS, rows, source=f"{a.source} -> {b.source}",
-                           meta=KernelDiffMeta(normalize=normalize))
+    return Table.from_rows("kernel_diff", DIFF_COLUMNS, rows, source=source, meta=KernelDiffMeta(normalize=normalize))
 
 
 COLLECTIVE_COLUMNS = {
@@ -738,7 +785,6 @@ STRAGGLER_COLUMNS = {
 }
 
 
-@_gc_paused
 def stragglers(table: Table, *, threshold_pct: float = 10.0, include_last_step: bool = False,
                hta_rounding: bool = True) -> Table:
     """Ranks that stand out from the others.
@@ -749,6 +795,23 @@ def stragglers(table: Table, *, threshold_pct: float = 10.0, include_last_step: 
     synchronous job the rank that arrives last at a collective waits least, and everyone else's
     wait is the time lost to it. Needs ProfilerStep annotations; a lone rank is never flagged.
     """
+    return stragglers_of(straggler_inputs(table, include_last_step=include_last_step, hta_rounding=hta_rounding),
+                         threshold_pct=threshold_pct, include_last_step=include_last_step, source=table.source)
+
+
+class StragglerInput(NamedTuple):
+    """What stragglers compares of one rank (straggler_inputs)."""
+
+    rank: Any
+    steps: int  # ProfilerSteps in scope
+    step_time_us: float | None  # median step
+    comm_time_us: float | None  # median communication per step
+
+
+@_gc_paused
+def straggler_inputs(table: Table, *, include_last_step: bool = False,
+                     hta_rounding: bool = True) -> list[StragglerInput]:
+    """Each rank's steps and medians, by rank: the part of stragglers that needs the rank's events."""
     import statistics  # here, not at the top: start-up time of the trace analyses
     per_rank = []
     for rk in _ranks(table, include_last_step, hta_rounding):
@@ -763,8 +826,15 @@ def stragglers(table: Table, *, threshold_pct: float = 10.0, include_last_step: 
         else:
             _, m, _ = rk.cpu_sets()
             comm = [_measure(_intersect(m, [(s[0], s[1])])) for s in rk.window_steps]
-        per_rank.append((rk.rank, len(steps), statistics.median(steps.values()) if steps else None,
-                         statistics.median(comm) if comm else None))
+        per_rank.append(StragglerInput(rk.rank, len(steps), statistics.median(steps.values()) if steps else None,
+                                       statistics.median(comm) if comm else None))
+    return per_rank
+
+
+def stragglers_of(per_rank: list[StragglerInput], *, threshold_pct: float = 10.0, include_last_step: bool = False,
+                  source: str = "") -> Table:
+    """stragglers from the ranks' straggler_inputs (in rank order)."""
+    import statistics
     rows = []
     for rank, nsteps, step_t, comm_t in per_rank:
         others = [(s, c) for r, _, s, c in per_rank if r != rank and s is not None]
@@ -781,5 +851,5 @@ def stragglers(table: Table, *, threshold_pct: float = 10.0, include_last_step: 
         rows.append({"rank": rank, "steps": nsteps, "step_time_us": step_t, "comm_time_us": comm_t,
                      "step_excess_pct": excess, "comm_deficit_pct": deficit, "straggler": slow or early,
                      "reason": reason})
-    return Table.from_rows("stragglers", STRAGGLER_COLUMNS, rows, source=table.source,
+    return Table.from_rows("stragglers", STRAGGLER_COLUMNS, rows, source=source,
                            meta=StragglersMeta(threshold_pct=threshold_pct, include_last_step=include_last_step))

@@ -32,6 +32,7 @@ class Args(msgspec.Struct, frozen=True, gc=False):
     group_size: Any = msgspec.field(name="Group size", default=None)
     pg_name: Any = msgspec.field(name="Process Group Name", default=None)
     pg_ranks: Any = msgspec.field(name="Process Group Ranks", default=None)
+    seq: Any = msgspec.field(name="Seq", default=None)
     input_dims: msgspec.Raw = msgspec.field(name="Input Dims", default=msgspec.Raw())
     input_types: msgspec.Raw = msgspec.field(name="Input type", default=msgspec.Raw())
 

@@ -35,9 +35,9 @@
 #include <string.h>
 
 #define MAX_DEPTH 64
-#define NCOLS 17
+#define NCOLS 18
 enum { C_RANK, C_PID, C_TID, C_STREAM, C_CAT, C_NAME, C_TS, C_DUR, C_KIND, C_COLL, C_MSG, C_MSGFROM,
-       C_GROUP, C_GSIZE, C_STEP, C_CORR, C_LAUNCH };
+       C_GROUP, C_GSIZE, C_SEQ, C_STEP, C_CORR, C_LAUNCH };
 
 /* results of the low-level scanners */
 #define OK 0
@@ -269,12 +269,12 @@ static int scan_field(Cur *c, Field *f, int allowed) {
 #define KEYIS(k, n, lit) ((n) == (Py_ssize_t)sizeof(lit) - 1 && memcmp((k), (lit), sizeof(lit) - 1) == 0)
 
 /* args read for the collective columns (kineto._Args, same order) and, last, args.name of metadata */
-#define NARGS 12
+#define NARGS 13
 static const char *const ARG_KEYS[NARGS] = {
     "Collective name", "In msg nelems", "Out msg nelems", "In msg size", "Out msg size", "dtype", "Group size",
-    "Process Group Name", "Process Group Ranks", "Input Dims", "Input type", "name"};
-#define ARG_INPUT_DIMS 9   /* Input Dims and Input type stay raw JSON (bytes) */
-#define ARG_NAME 11
+    "Process Group Name", "Process Group Ranks", "Seq", "Input Dims", "Input type", "name"};
+#define ARG_INPUT_DIMS 10  /* Input Dims and Input type stay raw JSON (bytes) */
+#define ARG_NAME 12
 
 typedef struct {
     const unsigned char *s, *e;  /* the value's bytes; s == NULL: absent */

@@ -45,6 +45,7 @@ from analysis.parsers.kineto_args import (
     group_of,
     int_or_none,
     message_of,
+    seq_of,
 )
 from analysis.parsers.kineto_source import CHUNK_BYTES, PURE, Source
 from analysis.table import Table
@@ -101,6 +102,8 @@ COLUMNS: dict[str, str] = {
     "group_size": "ranks in the process group: args 'Group size', else the length of 'Process Group "
                   "Ranks', else the pg_size of the named group in distributedInfo.pg_config; None "
                   "when not recorded",
+    "seq": "the call's sequence number in its process group, args 'Seq' (the same on every rank of the group for "
+           "the same call; written by PyTorch's NCCL process groups since 2026); None when not recorded",
     "step": "N of the ProfilerStep#N span containing the event's start (CPU events) or the start of "
             "the CPU call that launched it, matched by correlation (GPU events); None outside steps",
     "correlation": "args.correlation (links a cuda_runtime launch to its GPU event); None when absent",
@@ -170,7 +173,7 @@ class _CArgs:
     """The args of a collective row as the C scanner gives them, under _Args' field names."""
 
     __slots__ = ("collective_name", "in_nelems", "out_nelems", "in_size", "out_size", "dtype", "group_size",
-                 "pg_name", "pg_ranks", "input_dims", "input_types")
+                 "pg_name", "pg_ranks", "seq", "input_dims", "input_types")
 
     def __init__(self, values: tuple) -> None:
         for attr, value in zip(self.__slots__, values):
@@ -201,7 +204,7 @@ def _decode_json(data: bytes) -> Any:
 
 
 # Columns the C scanner leaves for scan_fast to pad (rank is one value; the others are filled later).
-_PADDED = ("collective", "message_bytes", "message_from", "group", "group_size", "step", "launch_ts_us")
+_PADDED = ("collective", "message_bytes", "message_from", "group", "group_size", "seq", "step", "launch_ts_us")
 _UNWANTED = object()  # a category the caller did not ask for
 
 
@@ -282,7 +285,7 @@ class _Collector:
                     coll = self._collective(name, kind, cat, args)
             if coll is None:
                 add((rank, pid, tid, stream, cat, name, ts, durs.setdefault(dur, dur), kind,
-                     None, None, None, None, None, None, corr, None))
+                     None, None, None, None, None, None, None, corr, None))
             else:
                 add((rank, pid, tid, stream, cat, name, ts, durs.setdefault(dur, dur), kind, *coll, None, corr, None))
         self.total += len(events)
@@ -349,7 +352,7 @@ class _Collector:
         self.take(complete)
 
     def _collective(self, name: str, kind: str | None, cat: str, args: Any) -> tuple | None:
-        """(collective, message_bytes, message_from, group, group_size) of a row that may be a
+        """(collective, message_bytes, message_from, group, group_size, seq) of a row that may be a
         collective: a communication kernel, or a CPU op of a collective category whose name (or
         record_param_comms' args) says so; None when it is not one."""
         if kind == "communication":
@@ -367,7 +370,7 @@ class _Collector:
             return None
         if coll is None:
             return None
-        return (coll, *message_of(args), *group_of(args, self.pg_sizes))
+        return (coll, *message_of(args), *group_of(args, self.pg_sizes), seq_of(args))
 
     def scan_fast(self, buf: bytes) -> tuple[int, int]:
         """Rows of the complete events at the start of `buf`, through the C scanner (_kscan).
@@ -396,7 +399,7 @@ class _Collector:
             self._thread_name(*event)
         if specials:
             names, kinds, cats = cols["name"], cols["kind"], cols["category"]
-            targets = [cols[c] for c in ("collective", "message_bytes", "message_from", "group", "group_size")]
+            targets = [cols[c] for c in ("collective", "message_bytes", "message_from", "group", "group_size", "seq")]
             for row, args in specials:
                 values = self._collective(names[row], kinds[row], cats[row], _CArgs(args))
                 if values is not None:
@@ -945,7 +948,7 @@ def _assign_steps(cols: dict[str, list[Any]]) -> None:
 
 
 def _link_kernels_to_collectives(cols: dict[str, list[Any]]) -> None:
-    """Give communication kernels the collective, size and group of the CPU call that launched them.
+    """Give communication kernels the collective, size, group and sequence number of the CPU call that launched them.
 
     Old traces record sizes only on the CPU side (nccl:all_reduce with Input Dims); the launch
     (cudaLaunchKernel, same correlation as the kernel) lies inside that call on the same thread.
@@ -998,6 +1001,8 @@ def _link_kernels_to_collectives(cols: dict[str, list[Any]]) -> None:
             cols["group"][g] = cols["group"][launcher]
         if cols["group_size"][g] is None:
             cols["group_size"][g] = cols["group_size"][launcher]
+        if cols["seq"][g] is None:
+            cols["seq"][g] = cols["seq"][launcher]
 
 
 def parse_kineto_ranks(paths: Iterable[str | os.PathLike[str]], *,

@@ -1,6 +1,7 @@
 """What a Kineto event's args say about a collective call: which collective a CPU op or annotation stands for,
-its message size in nccl-tests' convention and where that came from, and its process group and size (the
-columns collective, message_bytes, message_from, group and group_size of analysis.parsers.kineto.COLUMNS).
+its message size in nccl-tests' convention and where that came from, its process group and size, and its sequence
+number in the group (the columns collective, message_bytes, message_from, group, group_size and seq of
+analysis.parsers.kineto.COLUMNS).
 The NCCL kernel names are analysis.parsers.gpu_kernels'."""
 from __future__ import annotations
 
@@ -138,3 +139,9 @@ def group_of(args: Any, pg_sizes: dict[str, int]) -> tuple[str | None, int | Non
         if size is None and name is not None:
             size = pg_sizes.get(str(name))
     return group, size
+
+
+def seq_of(args: Any) -> int | None:
+    """args 'Seq', the call's number in its process group (PyTorch writes -1 where it has none); None when absent."""
+    seq = int_or_none(args.seq)
+    return seq if seq is not None and seq >= 0 else None

@@ -85,7 +85,7 @@ def as_kineto(tables: Iterable[Table], *, ranks: Mapping[str, int] | None = None
                 "stream": stream, "category": _CATEGORY.get(row["category"], row["category"]), "name": name,
                 "ts_us": start / 1000.0, "dur_us": dur / 1000.0, "kind": row["kind"] if gpu else None,
                 "collective": row["collective"] if gpu else None, "message_bytes": None, "message_from": None,
-                "group": None, "group_size": None, "step": row["step"], "correlation": row["correlation"],
+                "group": None, "group_size": None, "seq": None, "step": row["step"], "correlation": row["correlation"],
                 "launch_ts_us": launch / 1000.0 if gpu and launch is not None else None,
             }
             for k in cols:

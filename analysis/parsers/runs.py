@@ -3,7 +3,9 @@
 Nothing here analyses: a `Run` holds the parser tables, our resolved config and plan when the run is
 ours, the files used and skipped, and every warning the parsers raised (truncated or corrupt inputs
 give partial tables and warnings, never an exception). A foreign Megatron / DeepSpeed log that holds several
-runs (a restarted job, runs appended to one file) gives one `Run` per run it holds (`load_runs`).
+runs (a restarted job, runs appended to one file) gives one `Run` per run it holds (`load_runs`). The report passes
+a reader for Kineto traces (`read_traces`, analysis.analyzers.rank_traces) that reduces each rank as it is parsed, so
+that a run of many ranks is never held whole.
 """
 from __future__ import annotations
 
@@ -48,7 +50,9 @@ class Run:
     megatron: list[Table] = field(default_factory=list)
     deepspeed: list[Table] = field(default_factory=list)
     tensorboard: list[Table] = field(default_factory=list)
-    trace: Table | None = None  # Kineto-shaped: Kineto traces, or nsys exports through nsys_adapter
+    # Kineto-shaped: the Kineto traces as load_run's read_traces gave them (else stacked by parse_kineto_ranks), or
+    # nsys exports through nsys_adapter
+    trace: Any = None
     trace_from: str | None = None  # "kineto" | "nsys"
     nsys_stats: list[Table] = field(default_factory=list)
     nccl_tests: list[Table] = field(default_factory=list)
@@ -153,19 +157,25 @@ class _LogRun(NamedTuple):
     kinds: tuple[str, ...]  # the parsers that read records in it
 
 
-def load_runs(rf: RunFiles, *, hardware: Any = None, hardware_source: str = "") -> list[Run]:
+ReadTraces = Callable[["Run", list[Path]], Any]
+
+
+def load_runs(rf: RunFiles, *, hardware: Any = None, hardware_source: str = "",
+              read_traces: ReadTraces | None = None) -> list[Run]:
     """Every run `rf` holds: one (load_run), unless a foreign Megatron / DeepSpeed log among its files holds several
     (its parsers' `meta.run_starts`). Each run of such a log is then read from its own lines into a run of its own,
     labelled `<label>#1`, `#2`, ... in file order (`<label>/<file>#1`, ... when other files remain: those stay one
-    run). `hardware` (a HardwareProfile) stands in for runs without a resolved.json of their own."""
+    run). `hardware` (a HardwareProfile) stands in for runs without a resolved.json of their own; `read_traces`: see
+    load_run."""
     logs = {f.path: {k: _LOG_PARSERS[k](f.path, source=rf.rel(f.path)) for k in f.kinds if k in _LOG_PARSERS}
             for f in rf.files if set(f.kinds) & _LOG_PARSERS.keys()}
     # Our run directory is one run by its layout; a resumed run of ours writes a new directory.
     split = {} if rf.run_dir else {p: found for p, tables in logs.items() if len(found := _runs_in(tables)) > 1}
     if not split:
-        return [load_run(rf, logs, hardware=hardware, hardware_source=hardware_source)]
+        return [load_run(rf, logs, hardware=hardware, hardware_source=hardware_source, read_traces=read_traces)]
     rest = tuple(f for f in rf.files if f.path not in split)
-    runs = [load_run(replace(rf, files=rest), logs, hardware=hardware, hardware_source=hardware_source)] if rest else []
+    runs = [load_run(replace(rf, files=rest), logs, hardware=hardware, hardware_source=hardware_source,
+                     read_traces=read_traces)] if rest else []
     for f in rf.files:
         if f.path in split:
             label = f"{rf.label}/{rf.rel(f.path)}" if rest or len(split) > 1 else rf.label
@@ -230,9 +240,13 @@ def _read_apart(rf: RunFiles, f: Recognized, label: str, found: list[_LogRun], *
     return runs
 
 
-def load_run(rf: RunFiles, logs: LogTables, *, hardware: Any = None, hardware_source: str = "") -> Run:
+def load_run(rf: RunFiles, logs: LogTables, *, hardware: Any = None, hardware_source: str = "",
+             read_traces: ReadTraces | None = None) -> Run:
     """Read every recognised file of one run, its Megatron / DeepSpeed logs already parsed (`logs`). `hardware` (a
-    HardwareProfile) stands in for runs without a resolved.json of their own."""
+    HardwareProfile) stands in for runs without a resolved.json of their own. `read_traces(run, files)` reads the
+    run's Kineto traces (called once its other files are read) into an object with a trace table's name, source,
+    warnings (names relabelled), meta (a KinetoRanksMeta, sources relative) and len; without it they are stacked into
+    one table (parse_kineto_ranks)."""
     run = Run(rf.label, rf.root, rf.run_dir, [(rf.rel(f.path), f.kinds) for f in rf.files],
               [(rf.rel(s.path), s.reason) for s in rf.skipped if not s.ours], warnings=list(rf.warnings),
               ours=[(rf.rel(s.path), s.reason.removeprefix("ours: ")) for s in rf.skipped if s.ours])
@@ -303,7 +317,9 @@ def load_run(rf: RunFiles, logs: LogTables, *, hardware: Any = None, hardware_so
     for p in rf.of("tensorboard"):
         run.tensorboard.append(parse_tensorboard(p, source=rel(p)))
     traces = rf.of("kineto_trace")
-    if traces:
+    if traces and read_traces is not None:
+        run.trace, run.trace_from = read_traces(run, traces), "kineto"
+    elif traces:
         t = parse_kineto_ranks(traces)
         ranks = {r: m._replace(source=rel(m.source or "")) for r, m in t.meta.ranks.items()}
         run.trace = Table(t.name, t.columns, t.doc, ", ".join(rel(p) for p in traces),

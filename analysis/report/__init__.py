@@ -5,8 +5,8 @@ self-contained HTML file (`render_html`, both analysis.report.render).
 Sections: runs and their files (used, skipped with the reason, warnings), the doctor's findings,
 how fast (step time, tokens/s/GPU, MFU), memory per rank against the plan, where the time went
 (compute, each collective's exposed time, other, idle; overlap), collectives (calls per step,
-achieved bus bandwidth against the nccl-tests ceiling, counts against the layout), stragglers, a
-kernel-level diff of the first two runs with GPU traces, prediction against measurement, and the
+achieved bus bandwidth against the nccl-tests ceiling, counts against the layout, where each call waited:
+arrival skew apart from transfer), stragglers and who the collectives waited for, a kernel-level diff of the first two runs with GPU traces, prediction against measurement, and the
 definitions used. Every table carries a `source` column naming the file (and line) each number
 came from; strings read from logs and traces are escaped in both formats.
 

@@ -11,23 +11,13 @@ from typing import Any, Callable, Sequence
 from analysis.analyzers import comm_tables as CT
 from analysis.analyzers import curves as C
 from analysis.analyzers import doctor as D
-from analysis.analyzers import trace_analysis as ta
-from analysis.analyzers.breakdown import (
-    exposed_by_collective,
-    kernel_diff,
-    nsys_stats_totals,
-    stragglers,
-    time_breakdown,
-)
+from analysis.analyzers.breakdown import kernel_totals_diff, nsys_stats_totals
 from analysis.analyzers.ceilings import ceiling_curves, nccl_ceilings
-from analysis.analyzers.collective_calls import (
-    collective_bandwidth,
-    collective_calls,
-    collectives_vs_layout,
-    expected_from_resolved,
-)
-from analysis.analyzers.collectives import REDUCTIONS, group_size_hint
+from analysis.analyzers.collective_calls import collectives_vs_layout, expected_from_resolved
+from analysis.analyzers.collectives import REDUCTIONS
+from analysis.analyzers.distributions import PER_RANK_ROWS_MAX, rank_distributions
 from analysis.analyzers.memory import memory_from_deepspeed, memory_from_megatron, memory_from_metrics, memory_vs_plan
+from analysis.analyzers.rank_traces import TraceSet, of_table, read_traces
 from analysis.analyzers.steps import (
     measured_step_times,
     run_boundaries,
@@ -40,7 +30,7 @@ from analysis.analyzers.steps import (
 from analysis.analyzers.timers import framework_timers
 from analysis.parsers.nccl_tests import parse_nccl_tests
 from analysis.parsers.recognize import group_runs, recognize
-from analysis.parsers.runs import Run, load_runs
+from analysis.parsers.runs import ReadTraces, Run, load_runs
 from analysis.table import Table
 
 MAX_WARNINGS_SHOWN = 30
@@ -56,13 +46,21 @@ class RunResult:
     memory: Table | None = None
     breakdown: Table | None = None
     exposed: Table | None = None
-    calls: Table | None = None
+    traces: TraceSet | None = None  # the run's traces as the report reads them (analysis.analyzers.rank_traces)
+    busbw_points: list[tuple[Any, float]] = field(default_factory=list)  # (message bytes, busbw GB/s) per call
+    # (ranks whose calls busbw_points holds, rank_traces.PLOTTED_RANKS at most; ranks with such calls)
+    busbw_ranks: tuple[int, int] = (0, 0)
     bandwidth: Table | None = None
     ceilings: Table | None = None
     # (op, file, busbw-vs-size curve) of each nccl-tests sweep (analysis.analyzers.ceilings.ceiling_curves)
     ceiling_curves: list[tuple[str, str, list[tuple[float, float]]]] = field(default_factory=list)
     vs_layout: Table | None = None
     stragglers: Table | None = None
+    arrivals: Table | None = None  # where each collective waited, per collective type (analysis.analyzers.arrivals)
+    rank_arrivals: Table | None = None  # the same per rank
+    # runs of more than PER_RANK_ROWS_MAX ranks: each per-rank table (breakdown, exposed, kernel_types, stragglers,
+    # rank_arrivals, memory) as rank_distributions, shown in place of its rows
+    distributions: dict[str, Table] = field(default_factory=dict)
     timers: list[Table] = field(default_factory=list)
     nsys_totals: list[Table] = field(default_factory=list)
     prediction: list[dict[str, Any]] = field(default_factory=list)
@@ -346,16 +344,16 @@ def analyze_run(run: Run, *, ceilings: Sequence[Table] | None = None, ceiling_so
         res.ceiling_curves = ceiling_curves(ceil_tables)
     if run.trace is not None and len(run.trace):
         tr = run.trace
-        res.breakdown = time_breakdown(tr)
-        res.exposed = exposed_by_collective(tr)
-        if _has_gpu(tr):
-            res.kernel_types = ta.kernel_type_breakdown(tr)
-        res.stragglers = stragglers(tr, threshold_pct=D.STRAGGLER_PCT)
-        n, n_from = group_size_hint(tr, {k: layout[k] for k in ("tp", "pp", "dp") if layout.get(k)})
-        res.calls = collective_calls(tr, group_size=n, group_size_from=n_from)
-        res.bandwidth = collective_bandwidth(
-            res.calls, ta.window_steps(tr), res.ceilings,
-            no_ceiling_reason=("no nccl-tests output in the run (commbench/) and no ceiling= given"))
+        traces = res.traces = tr if isinstance(tr, TraceSet) else of_table(tr, layout_dims(layout))
+        traces.settle(layout_dims(layout))  # the layout may be known better than when the traces were read
+        res.breakdown = traces.breakdown()
+        res.exposed = traces.exposed()
+        res.kernel_types = traces.kernel_types()
+        res.stragglers = traces.stragglers(threshold_pct=D.STRAGGLER_PCT)
+        res.bandwidth = traces.bandwidth(
+            res.ceilings, no_ceiling_reason="no nccl-tests output in the run (commbench/) and no ceiling= given")
+        res.busbw_points, res.busbw_ranks = traces.busbw_points()
+        res.arrivals, res.rank_arrivals = traces.arrivals()
         if run.resolved is not None:
             res.vs_layout = collectives_vs_layout(res.bandwidth, expected_from_resolved(run.resolved),
                                                     expected_source=run.resolved_source or "resolved.json")
@@ -388,7 +386,38 @@ def analyze_run(run: Run, *, ceilings: Sequence[Table] | None = None, ceiling_so
     res.nccl_rows = [t for t in (CT.nccl_tests_rows(n) for n in run.nccl_tests) if len(t)]
     res.transports = [t for t in (CT.transports(d) for d in nccl_logs(run)) if len(t)]
     res.unused = _unused_logs(run, res)
+    res.distributions = _distributions(res)
     return res
+
+
+def layout_dims(layout: dict[str, Any]) -> dict[str, int]:
+    """The parallel degrees a layout states (tp, pp, dp): collectives.group_size_hint's `layout`."""
+    return {k: layout[k] for k in ("tp", "pp", "dp") if layout.get(k)}
+
+
+# Each per-rank table's quantities, with the side that is bad, as distributions (rank_distributions) and by what the
+# table is split.
+SPREAD: dict[str, tuple[str | None, tuple[tuple[str, str], ...]]] = {
+    "breakdown": (None, (("span_us", "high"), ("compute_pct", "low"), ("exposed_comm_pct", "high"),
+                         ("other_pct", "high"), ("idle_pct", "high"), ("overlap_pct", "low"))),
+    "exposed": ("collective", (("comm_time_us", "high"), ("exposed_us", "high"), ("exposed_pct_of_span", "high"))),
+    "kernel_types": ("kernel_type", (("time_us", "high"), ("share_pct", "high"))),
+    "stragglers": (None, (("step_time_us", "high"), ("comm_time_us", "low"), ("step_excess_pct", "high"),
+                          ("comm_deficit_pct", "high"))),
+    "rank_arrivals": (None, (("last_pct", "high"), ("late_us", "high"), ("wait_us", "high"))),
+    "memory": (None, (("measured_bytes", "high"), ("pct_of_device", "high"))),
+}
+
+
+def _distributions(res: RunResult) -> dict[str, Table]:
+    """The run's per-rank tables as distributions over its ranks, for a run of more than PER_RANK_ROWS_MAX ranks
+    (each table counted on its own: the memory records may cover other ranks than the traces)."""
+    out = {}
+    for key, (by, quantities) in SPREAD.items():
+        t = getattr(res, key)
+        if t is not None and len(set(t.columns["rank"])) > PER_RANK_ROWS_MAX:
+            out[key] = rank_distributions(t, quantities, by=by)
+    return out
 
 
 def nccl_logs(run: Run) -> list[Table]:
@@ -457,6 +486,7 @@ def diagnose(results: Sequence[RunResult]) -> list[D.Finding]:
         allows, why = _overlap_allowed(r.layout, r.run)
         out += D.no_overlap(r.label, r.breakdown, allows=allows, why=why)
         out += D.straggler(r.label, r.stragglers)
+        out += D.late_rank(r.label, r.rank_arrivals, r.arrivals)
         out += D.idle_device(r.label, r.breakdown)
         out += D.memory_near_limit(r.label, r.memory)
         out += D.low_busbw(r.label, r.bandwidth)
@@ -466,26 +496,41 @@ def diagnose(results: Sequence[RunResult]) -> list[D.Finding]:
     return out
 
 
-def _has_gpu(trace: Table | None) -> bool:
-    return trace is not None and any(s not in (None, -1) for s in trace.columns["stream"])
+def _trace_reader(jobs: int | None, progress: Callable[[str, int, int], None] | None, kernels: bool) -> ReadTraces:
+    """analysis.parsers.runs' read_traces: a run's Kineto traces rank by rank, on `jobs` worker processes
+    (analysis.analyzers.rank_traces.read_traces); `progress(run label, ranks done, ranks)`; `kernels`: keep what the
+    kernel diff needs."""
+    def read(run: Run, files: list[Path]) -> TraceSet:
+        tell = (lambda done, total: progress(run.label, done, total)) if progress is not None else None
+        return read_traces(files, layout=layout_dims(layout_of(run)), jobs=jobs, progress=tell, rel=run.rel,
+                           relabel=run.relabel, kernels=kernels)
+    return read
 
 
 def build_report(inputs: Sequence[tuple[str | None, str | os.PathLike[str]]], *, ceiling: str | None = None,
-                 hardware: Any = None, hardware_source: str = "", device_memory_bytes: int | None = None) -> Report:
-    """Recognise, load and analyse every input path (with an optional label each) into one Report."""
+                 hardware: Any = None, hardware_source: str = "", device_memory_bytes: int | None = None,
+                 jobs: int | None = None, progress: Callable[[str, int, int], None] | None = None) -> Report:
+    """Recognise, load and analyse every input path (with an optional label each) into one Report. Each run's traces
+    are read on `jobs` worker processes (default: every core; 1: in this process), `progress(run, done, total)` after
+    each trace file."""
     ceilings = parse_ceiling(ceiling) if ceiling else None
     ceiling_note = (f"ceiling: nccl-tests output given as ceiling={ceiling}" if ceiling else
                     "ceiling: each run's own nccl-tests output (commbench/ or nccl-tests files among its files)")
     if ceiling and not ceilings:
         ceiling_note += " (no nccl-tests tables found there)"
-    runs: list[Run] = []
+    found = []
     missing = []
     for label, path in inputs:
         if not Path(path).exists():
             missing.append(f"{path}: does not exist")
             continue
-        for rf in group_runs(recognize(path), label):
-            runs += load_runs(rf, hardware=hardware, hardware_source=hardware_source)
+        found += group_runs(recognize(path), label)
+    # The kernel diff compares the first two runs with GPU traces: without two runs of traces no totals are kept.
+    diffable = sum(1 for rf in found if rf.of("kineto_trace") or rf.of("nsys_sqlite")) >= 2
+    runs: list[Run] = []
+    for rf in found:
+        runs += load_runs(rf, hardware=hardware, hardware_source=hardware_source,
+                          read_traces=_trace_reader(jobs, progress, diffable))
     seen: dict[str, int] = {}
     for r in runs:  # labels must tell runs apart
         n = seen.get(r.label, 0)
@@ -494,10 +539,11 @@ def build_report(inputs: Sequence[tuple[str | None, str | os.PathLike[str]]], *,
             r.label = f"{r.label}#{n + 1}"
     results = [analyze_run(r, ceilings=ceilings, device_memory_bytes=device_memory_bytes) for r in runs]
     diff, note = None, "needs two runs whose traces hold GPU kernels"
-    gpu_runs = [r for r in results if _has_gpu(r.run.trace)]
+    gpu_runs = [r for r in results if r.traces is not None and r.traces.has_gpu]
     if len(gpu_runs) >= 2:
         a, b = gpu_runs[:2]
-        diff = kernel_diff(a.run.trace, b.run.trace)
+        diff = kernel_totals_diff(a.traces.kernel_totals(), b.traces.kernel_totals(),
+                                  source=f"{a.traces.source} -> {b.traces.source}")
         note = f"{b.label} minus {a.label}, per profiled rank-step (trace_analysis.kernel_diff normalize='per_step')"
     elif gpu_runs:
         note = f"needs two runs whose traces hold GPU kernels; only {gpu_runs[0].label}'s do: no kernel-level diff"

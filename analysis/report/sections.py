@@ -9,8 +9,9 @@ from typing import Any, Callable, Sequence
 from analysis.analyzers import curves as C
 from analysis.analyzers import doctor as D
 from analysis.analyzers.collectives import NCCL_TESTS_OP
+from analysis.analyzers.distributions import PER_RANK_ROWS_MAX
 from analysis.report import plots
-from analysis.report.data import CPU_BASIS, MAX_WARNINGS_SHOWN, Report, bar_segments
+from analysis.report.data import CPU_BASIS, MAX_WARNINGS_SHOWN, Report, RunResult, bar_segments
 
 # What an empty trace section tells the user to do about it.
 FILL_TRACE = ("To fill it: run with run.profile=torch (a Kineto trace per rank of run.profile_active_steps steps) or "
@@ -56,6 +57,54 @@ def _us_ms(us: Any) -> str:
 
 def _pct(x: Any) -> str:
     return "–" if x is None else f"{x:.1f}"
+
+
+def _files(text: str) -> str:
+    """A list of files (', '-joined) as it reads in a cell: whole up to PER_RANK_ROWS_MAX names, else the first and
+    the last and how many."""
+    names = text.split(", ")
+    if len(names) <= PER_RANK_ROWS_MAX:
+        return text
+    return f"{names[0]}, {names[1]} … {names[-1]} ({len(names):,} files)"
+
+
+# The quantities shown as distributions over ranks (data.SPREAD), each with its label (unit included) and format.
+_SPREAD_LABELS: dict[str, tuple[str, Callable[[Any], str]]] = {
+    "span_us": ("span, µs", _us), "compute_pct": ("compute %", _pct), "exposed_comm_pct": ("exposed comm %", _pct),
+    "other_pct": ("other %", _pct), "idle_pct": ("idle %", _pct), "overlap_pct": ("overlap %", _pct),
+    "comm_time_us": ("communication, µs", _us), "exposed_us": ("exposed, µs", _us),
+    "exposed_pct_of_span": ("exposed % of span", _pct), "time_us": ("time, µs", _us),
+    "share_pct": ("share of the rank %", _pct), "step_time_us": ("median step, µs", _us),
+    "step_excess_pct": ("step excess %", _pct), "comm_deficit_pct": ("comm deficit %", _pct),
+    "last_pct": ("arrived last, % of calls", _pct), "late_us": ("late, µs", _us), "wait_us": ("waited, µs", _us),
+    "measured_bytes": ("peak", lambda b: nice_bytes(b)), "pct_of_device": ("% of device", _pct),
+}
+
+
+def _spread(rep: Report, key: str, grouped_by: str = "") -> list[Block]:
+    """The distribution table of `key` (a RunResult.distributions key) of the runs with more than PER_RANK_ROWS_MAX
+    ranks, which their per-rank rows leave out."""
+    rows = []
+    for r in rep.runs:
+        if key not in r.distributions:
+            continue
+        for d in r.distributions[key].rows():
+            label, fmt = _SPREAD_LABELS[d["quantity"]]
+            worst = ", ".join(f"rank {_num(rank)} ({fmt(v)})" for rank, v in d["worst"])
+            rows.append([r.label, *([d["group"]] if grouped_by else []), label, _num(d["ranks"]), fmt(d["min"]),
+                         fmt(d["median"]), fmt(d["p90"]), fmt(d["max"]), f"{d['bad']}: {worst}",
+                         _files(r.run.relabel(d["source"]))])
+    if not rows:
+        return []
+    return [Block("p", f"Runs of more than {PER_RANK_ROWS_MAX} ranks, over their ranks: minimum, median, 90th "
+                       f"percentile and maximum, and the ranks furthest on the bad side."),
+            Block("table", headers=["run", *([grouped_by] if grouped_by else []), "quantity", "ranks", "min",
+                                    "median", "p90", "max", "worst ranks", "source"], rows=rows)]
+
+
+def _per_rank(r: RunResult, key: str) -> bool:
+    """Whether the run's `key` table is shown a row per rank (else as a distribution: _spread)."""
+    return key not in r.distributions
 
 
 @dataclass
@@ -245,16 +294,19 @@ def _memory_blocks(rep: Report) -> list[Block]:
             continue
         ranks = []
         for m in r.memory.rows():
-            rows.append([r.label, _num(m["rank"]), nice_bytes(m["measured_bytes"]), m["measured_what"],
-                         nice_bytes(m["predicted_bytes"]), _num(m["measured_over_predicted"]),
-                         nice_bytes(m["device_memory_bytes"]), _pct(m["pct_of_device"]),
-                         r.run.relabel(m["predicted_what"] or "–"), r.run.relabel(m["source"] or "–")])
+            if _per_rank(r, "memory"):
+                rows.append([r.label, _num(m["rank"]), nice_bytes(m["measured_bytes"]), m["measured_what"],
+                             nice_bytes(m["predicted_bytes"]), _num(m["measured_over_predicted"]),
+                             nice_bytes(m["device_memory_bytes"]), _pct(m["pct_of_device"]),
+                             r.run.relabel(m["predicted_what"] or "–"), r.run.relabel(m["source"] or "–")])
             ranks.append((_num(m["rank"]), m["measured_bytes"] / 2**30,
                           m["predicted_bytes"] / 2**30 if m["predicted_bytes"] else None))
             dev = dev or m["device_memory_bytes"]
         groups.append((r.label, ranks))
-    out.append(Block("table", headers=["run", "rank", "peak", "measured as", "predicted", "measured / predicted",
-                                       "device", "% of device", "prediction from", "source"], rows=rows))
+    if rows or not any("memory" in r.distributions for r in rep.runs):
+        out.append(Block("table", headers=["run", "rank", "peak", "measured as", "predicted", "measured / predicted",
+                                           "device", "% of device", "prediction from", "source"], rows=rows))
+    out += _spread(rep, "memory")
     if groups:
         same_dev = len({m["device_memory_bytes"] for r in rep.runs if r.memory is not None
                         for m in r.memory.rows()}) == 1
@@ -270,40 +322,49 @@ def _time_blocks(rep: Report) -> list[Block]:
     for r in rep.runs:
         if r.breakdown is None:
             continue
-        for b in r.breakdown.rows():
+        for b in r.breakdown.rows() if _per_rank(r, "breakdown") else ():
             rows.append([r.label, _num(b["rank"]), b["basis"], _us(b["span_us"]), _us(b["compute_us"]),
                          _pct(b["compute_pct"]), _us(b["non_compute_us"]), _pct(b["non_compute_pct"]),
                          _pct(b["exposed_comm_pct"]), _pct(b["other_pct"]), _us(b["idle_us"]), _pct(b["idle_pct"]),
                          _us(b["comm_us"]), _pct(b["overlap_pct"]), r.run.relabel(b["source"])])
         bars.append((r.label, bar_segments(r)))
-    if rows:
+    if bars:
         # HTA's temporal breakdown as it prints it, absolute times in µs beside the shares; the non-compute share
         # then splits into exposed communication and other activity.
-        out.append(Block("table", headers=["run", "rank", "basis", "span, µs", "compute, µs", "compute %",
-                                           "non-compute, µs", "non-compute %", "of which exposed comm %",
-                                           "of which other %", "idle, µs", "idle %", "comm, µs", "overlap %",
-                                           "source"], rows=rows))
+        if rows:
+            out.append(Block("table", headers=["run", "rank", "basis", "span, µs", "compute, µs", "compute %",
+                                               "non-compute, µs", "non-compute %", "of which exposed comm %",
+                                               "of which other %", "idle, µs", "idle %", "comm, µs", "overlap %",
+                                               "source"], rows=rows))
+        out += _spread(rep, "breakdown")
         out.append(Block("img", "Share of the measured span per run (mean over ranks): compute, each collective's "
                                 "exposed time, other non-compute activity, idle. Sources: the trace files above.",
                          png=_plot(plots.time_breakdown_bars, bars)))
         ex_rows = []
         for r in rep.runs:
-            if r.exposed is None:
+            if r.exposed is None or not _per_rank(r, "exposed"):
                 continue
             for e in r.exposed.rows():
                 ex_rows.append([r.label, _num(e["rank"]), e["collective"], e["basis"], _us_ms(e["comm_time_us"]),
                                 _us_ms(e["exposed_us"]), _pct(e["exposed_pct_of_span"]), r.run.relabel(e["source"])])
-        if ex_rows:
+        ex_spread = _spread(rep, "exposed", "collective")
+        if ex_rows or ex_spread:
             out.append(Block("h3", "Exposed communication per collective"))
+        if ex_rows:
             out.append(Block("table", headers=["run", "rank", "collective", "basis", "time, ms", "exposed, ms",
                                                "exposed % of span", "source"], rows=ex_rows))
+        out += ex_spread
         kt_rows = [[r.label, _num(k["rank"]), k["kernel_type"], f"{k['time_us']:,.0f}", _pct(k["share_pct"]),
                     r.run.relabel(r.kernel_types.source)]
-                   for r in rep.runs if r.kernel_types is not None for k in r.kernel_types.rows()]
-        if kt_rows:
+                   for r in rep.runs if r.kernel_types is not None and _per_rank(r, "kernel_types")
+                   for k in r.kernel_types.rows()]
+        kt_spread = _spread(rep, "kernel_types", "kernel type")
+        if kt_rows or kt_spread:
             out.append(Block("h3", "GPU kernel types (HTA's get_gpu_kernel_breakdown)"))
+        if kt_rows:
             out.append(Block("table", headers=["run", "rank", "kernel type", "time, µs", "share of the rank %",
                                                "source"], rows=kt_rows))
+        out += kt_spread
         notes = sorted({f"{r.label}: {n}" for r in rep.runs for n in r.notes})
         if notes:
             out.append(Block("list", "Basis of the numbers", items=notes))
@@ -340,10 +401,9 @@ def _collective_blocks(rep: Report) -> list[Block]:
                          _pct(b["pct_of_ceiling"]),
                          r.run.relabel(b["ceiling_source"]) + (f" ({b['ceiling_note']})" if b["ceiling_note"] else ""),
                          b["basis"],
-                         r.run.relabel(b["source"])])
-        pts = [(c["message_bytes"], c["busbw_GBps"]) for c in r.calls.rows() if c["busbw_GBps"]] if r.calls else []
-        if pts:
-            points.append((r.label, pts))
+                         _files(r.run.relabel(b["source"]))])
+        if r.busbw_points:
+            points.append((r.label, r.busbw_points))
     for r in rep.runs:
         for op, src, pts in r.ceiling_curves:
             if op in observed_ops or not observed_ops:
@@ -369,8 +429,12 @@ def _collective_blocks(rep: Report) -> list[Block]:
         out.append(Block("table", headers=["run", "nccl-tests op", "large-message busbw, GB/s", "peak busbw, GB/s",
                                            "ranks", "source"], rows=ceil_rows))
     if points or curves:
+        fewer = [f"{r.label}: the calls of {r.busbw_ranks[0]} of its {r.busbw_ranks[1]:,} ranks with sized calls"
+                 for r in rep.runs if r.busbw_ranks[0] < r.busbw_ranks[1]]
         out.append(Block("img", "Achieved bus bandwidth per call vs message size (points) and the nccl-tests sweeps "
-                                "(lines)", png=_plot(plots.busbw_vs_size, points, list(curves.values())[:8])))
+                                "(lines)" + (f" ({'; '.join(fewer)})" if fewer else ""),
+                         png=_plot(plots.busbw_vs_size, points, list(curves.values())[:8])))
+    out += _arrival_blocks(rep)
     lay_rows = []
     for r in rep.runs:
         if r.vs_layout is None:
@@ -388,6 +452,28 @@ def _collective_blocks(rep: Report) -> list[Block]:
         out.append(Block("p", "No run has both a trace and a resolved layout; foreign runs have no expectation. "
                               + FILL_TRACE))
     return out
+
+
+def _arrival_blocks(rep: Report) -> list[Block]:
+    """Where each collective waited (analysis.analyzers.arrivals), per run and collective type."""
+    rows = [[r.label, a["collective"], _num(a["calls"]), _num(a["ranks"]), _us_ms(a["skew_us"]),
+             _us_ms(a["transfer_us"]), _pct(a["skew_pct"]), _us(a["mean_skew_us"]), _us(a["max_skew_us"]),
+             f"{_num(a['last_rank'])} ({_pct(a['last_rank_pct'])}% of calls)" if a["last_rank"] is not None
+             else "none (the latest start shared)", a["mostly"], a["matched_by"],
+             _files(r.run.relabel(a["source"]))]
+            for r in rep.runs if r.arrivals is not None for a in r.arrivals.rows()]
+    if not rows:
+        return []
+    return [Block("h3", "Where each collective waited"),
+            Block("table", headers=["run", "collective", "matched calls", "ranks per call", "arrival skew, ms",
+                                    "transfer, ms", "skew % of time", "mean skew, µs", "max skew, µs",
+                                    "last to arrive (rank)", "mostly", "matched by", "source"], rows=rows),
+            Block("p", "Each call is matched across the ranks that made it (by process group and the recorded "
+                       "sequence number 'Seq', else as the k-th call of its collective in its ProfilerStep; "
+                       "point-to-point calls are left out). Arrival skew = last rank's start − first rank's start; "
+                       "transfer = last rank's end − last rank's start; their sum is the call's time from the first "
+                       "arrival to the last end. Mostly 'arrival skew': the calls wait on a late rank, not on the "
+                       "wire. Ranks on different hosts compare only as well as their clocks agree.")]
 
 
 def _comm_file_blocks(rep: Report) -> list[Block]:
@@ -439,17 +525,38 @@ def _straggler_blocks(rep: Report) -> list[Block]:
         if r.stragglers is None:
             continue
         for s in r.stragglers.rows():
-            rows.append([r.label, _num(s["rank"]), _num(s["steps"]), _us_ms(s["step_time_us"]),
-                         _us_ms(s["comm_time_us"]), _pct(s["step_excess_pct"]), _pct(s["comm_deficit_pct"]),
-                         "yes" if s["straggler"] else "no", s["reason"] or "–", r.run.relabel(s["source"])])
-    if rows:
-        out.append(Block("table", headers=["run", "rank", "steps", "median step, ms", "comm/step, ms", "step excess %",
-                                           "comm deficit %", "straggler", "reason", "source"], rows=rows))
+            if _per_rank(r, "stragglers") or s["straggler"]:  # a flagged rank keeps its row in any run
+                rows.append([r.label, _num(s["rank"]), _num(s["steps"]), _us_ms(s["step_time_us"]),
+                             _us_ms(s["comm_time_us"]), _pct(s["step_excess_pct"]), _pct(s["comm_deficit_pct"]),
+                             "yes" if s["straggler"] else "no", s["reason"] or "–", r.run.relabel(s["source"])])
+    spread = _spread(rep, "stragglers")
+    if rows or spread:
+        if rows:
+            out.append(Block("table", headers=["run", "rank", "steps", "median step, ms", "comm/step, ms",
+                                               "step excess %", "comm deficit %", "straggler", "reason", "source"],
+                             rows=rows))
+        out += spread
         out.append(Block("p", f"Rule (trace_analysis.stragglers, threshold {D.STRAGGLER_PCT:g}%): a rank is compared "
                               f"with the median of the other ranks; slower steps, or less time waiting in collectives "
                               f"than the others (it arrives last), mark it."))
     else:
         out.append(Block("p", "No per-rank traces. " + FILL_TRACE))
+    arrived = [[r.label, _num(a["rank"]), _num(a["calls"]), _num(a["last"]), _pct(a["last_pct"]), _us_ms(a["late_us"]),
+                _us_ms(a["wait_us"]), r.run.relabel(a["source"])]
+               for r in rep.runs if r.rank_arrivals is not None and _per_rank(r, "rank_arrivals")
+               for a in r.rank_arrivals.rows()]
+    spread = _spread(rep, "rank_arrivals")
+    if arrived or spread:
+        out.append(Block("h3", "Who the collectives waited for"))
+        if arrived:
+            out.append(Block("table", headers=["run", "rank", "matched calls", "arrived last", "last, % of calls",
+                                               "late, ms", "waited, ms", "source"], rows=arrived))
+        out += spread
+        out.append(Block("p", f"Per rank over the collective calls matched across ranks (Collectives: where each "
+                              f"collective waited): late = its start − the first rank's start, waited = the last "
+                              f"rank's start − its start, summed. Doctor rule late_rank: last at ≥ "
+                              f"{D.LATE_RANK_PCT:g}% of the calls (at least {D.LATE_RANK_MIN_CALLS}) while arrival "
+                              f"skew is ≥ {D.SKEW_MIN_PCT:g}% of their time."))
     return out
 
 

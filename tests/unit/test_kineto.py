@@ -613,7 +613,7 @@ _event = st.fixed_dictionaries(
                   "stream": st.integers(-1, 9) | _json_values, "correlation": st.integers(0, 5) | _json_values,
                   "In msg nelems": _json_values, "dtype": _json_values, "Input Dims": _json_values,
                   "Input type": _json_values, "Process Group Ranks": _json_values,
-                  "Collective name": _json_values}) | _json_values})
+                  "Collective name": _json_values, "Seq": _json_values}) | _json_values})
 
 
 def _check(t):

@@ -10,7 +10,9 @@ import pytest
 
 from analysis.report import build_report, write_report
 from launch.pages import CSP_META
-from tests.unit.report_support import make_run_dir
+from tests.unit.report_support import REPO, make_run_dir
+
+REPO_BENCH = REPO / "bench"
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 RAN = re.compile(r"<body[^>]*data-pwned=")  # what a payload that ran leaves on the body element
@@ -60,3 +62,22 @@ def test_every_page_we_write_carries_the_policy(tmp_path):
                        capture_output=True, text=True, timeout=120)
     assert p.returncode == 0, p.stderr
     assert CSP_META in (tmp_path / "p.html").read_text()
+
+
+def test_a_256_rank_report_renders_in_headless_chromium_within_its_time(tmp_path):
+    """Issue 31: 256 ranks (copies of our gloo trace, each stating its rank, built as bench/bench_scale.py builds
+    them) give a page that Chromium loads and lays out in well under a minute, their tables as distributions."""
+    import importlib.util
+    import time
+
+    from tests.unit.report_support import GLOO
+
+    spec = importlib.util.spec_from_file_location("bench_scale", REPO_BENCH / "bench_scale.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    bench.build_ranks(GLOO[0], 256, tmp_path / "ranks")
+    (page,) = write_report(build_report([(None, tmp_path / "ranks")]), [tmp_path / "r.html"])
+    start = time.monotonic()
+    dom = _dom(page)
+    assert time.monotonic() - start < 60
+    assert "256 ranks" in dom or "worst ranks" in dom, dom[:2000]
