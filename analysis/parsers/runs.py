@@ -184,19 +184,29 @@ def load_runs(rf: RunFiles, *, hardware: Any = None, hardware_source: str = "",
     return runs
 
 
+@dataclass
+class _Start:
+    """Where one run of a log starts, as its parsers' run starts merged: the first line, the last line a parser told
+    it at, and the parsers' reasons."""
+
+    first: int
+    told: int
+    reasons: list[str]
+
+
 def _runs_in(tables: Mapping[str, Table]) -> list[_LogRun]:
     """The runs one log holds, by its parsers' run starts. Each parser reads only its own lines, so two starts whose
     ranges (after, line] overlap are one run's (a Megatron-DeepSpeed run's `step=1` before its `iteration 1`): it
     starts at the earlier line. A stretch without a record of either parser is no run."""
-    merged: list[list[Any]] = []  # [first line, last line that tells, reasons]
+    merged: list[_Start] = []
     for s in sorted((s for t in tables.values() for s in t.meta.run_starts), key=lambda s: s.line):
-        if merged and s.after < merged[-1][1]:
-            merged[-1][1] = s.line
-            merged[-1][2] += [s.why] if s.why not in merged[-1][2] else []
+        if merged and s.after < merged[-1].told:
+            merged[-1].told = s.line
+            merged[-1].reasons += [s.why] if s.why not in merged[-1].reasons else []
         else:
-            merged.append([s.line, s.line, [s.why]])
+            merged.append(_Start(s.line, s.line, [s.why]))
     records = {kind: sorted(t.columns["line"]) for kind, t in tables.items()}
-    starts = [(1, "")] + [(first, "; ".join(why)) for first, _, why in merged]
+    starts = [(1, "")] + [(m.first, "; ".join(m.reasons)) for m in merged]
     out = []
     for (first, why), (end, _) in zip(starts, starts[1:] + [(None, "")]):
         last = end - 1 if end is not None else None
@@ -231,8 +241,10 @@ def _read_apart(rf: RunFiles, f: Recognized, label: str, found: list[_LogRun], *
         # Only the parsers with records here: a run without Megatron lines is no Megatron log to warn about.
         logs = {f.path: {kind: _LOG_PARSERS[kind](own, source=name) for kind in piece.kinds}}
         holds = first and k == 1
+        # the file's own read warnings (NULs dropped, an encoding) once, with its first run, not once per run
+        said = (tuple(read_warnings) if k == 1 else ())
         part = RunFiles(f"{label}#{k}", rf.root, False, (replace(f, kinds=piece.kinds),),
-                        rf.skipped if holds else (), (rf.warnings if holds else ()) + tuple(read_warnings))
+                        rf.skipped if holds else (), (rf.warnings if holds else ()) + said)
         run = load_run(part, logs, hardware=hardware, hardware_source=hardware_source)
         run.segment = (f"lines {piece.first}–{last} of {name}: "
                        + (f"a new run, as {piece.why}" if piece.why else "the file's first run"))

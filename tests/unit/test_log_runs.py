@@ -229,3 +229,14 @@ def test_deepspeed_starting_again_takes_the_set_up_records_since_the_last_step_i
             line("step=1, skipped=0, lr=[0.1], mom=[0.9]")]
     (start,) = parse_deepspeed_log("\n".join(text) + "\n").meta.run_starts
     assert (start.line, start.after) == (4, 2) and "version line, line 5" in start.why
+
+
+def test_a_files_own_read_warning_is_said_once_not_per_run(tmp_path):
+    """A log that holds three runs and NUL filler (what a crashed node's file system leaves): the NUL warning belongs
+    to the file, said with its first run only (it was counted three times)."""
+    damaged = tmp_path / THREE.name
+    damaged.write_bytes(THREE.read_bytes().replace(b"\n", b"\n" + b"\0" * 64, 1))
+    runs = build_report([(None, damaged)]).runs
+    assert len(runs) == 3
+    said = [w for r in runs for w in r.run.warnings if "NUL" in w]
+    assert len(said) == 1, said
