@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Callable, Iterable, Sequence
 
 from launch.errors import printable
-from launch.outputs import place_problem
+from launch.outputs import file_problem, folder_problem
 
 _KEYS = ("ceiling", "hardware", "device_memory_gib")
 MAX_JOBS = 4096  # --jobs: worker processes for a run's traces
@@ -207,46 +207,38 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _check_outputs(outputs: Sequence[str], inputs: Sequence[str]) -> list[Path]:
-    """Refuse, before anything is read, every output that would overwrite what the user has: an input file, a
-    file inside an input folder, a folder, a file that is not an earlier report of ours, a Markdown report's
-    figure folder holding anything but our figures; and an output whose folder cannot be made. Returns the
-    earlier reports that will be replaced (said in one line each)."""
+    """Refuse, before anything is read, every output the one writer's rules refuse (launch/outputs.py: an input or a
+    place inside one, a folder, a file that is not an earlier report of ours, a Markdown report's figure folder holding
+    anything but our figures, a link, a place no folder can be made) — save one exception: a report directly inside a
+    run directory of ours that it reads, where users keep it (later reports list it as ours). Returns the earlier
+    reports that will be replaced (said in one line each)."""
     from analysis.parsers.recognize import is_our_report
 
-    read = [Path(p).resolve() for p in inputs]
+    writer = "python -m analysis report"
     seen: set[Path] = set()
     replacing: list[Path] = []
     for o in outputs:
-        problem = place_problem(Path(o))  # the one writer's rules (launch/outputs.py): no dangling link, no file on the way
+        out = Path(o)
+        where = out.resolve().parent if not out.is_symlink() else None
+        guarded = [Path(p) for p in inputs if not (where == Path(p).resolve() and (Path(p) / "resolved.json").is_file())]
+        problem = file_problem(out, ours=is_our_report, writer=writer, inputs=guarded)
+        if not problem and out.suffix.lower() in (".md", ".markdown"):
+            plots = out.with_name(out.stem + "_plots")
+            problem = folder_problem(plots, ours=_only_our_figures, writer=writer, inputs=guarded)
+            problem = problem and f"{plots.name} {problem}"
         if problem:
-            raise UsageError(f"-o {o}: {problem}; name a plain file", show_usage=False)
-        out = Path(o).resolve()
-        targets = [out] + ([out.with_name(out.stem + "_plots")] if out.suffix.lower() in (".md", ".markdown") else [])
-        for target in targets:
-            for src in read:
-                # a report inside one of our run directories is where users keep it: later reports list it as ours
-                inside_our_run = src in target.parents and (src / "resolved.json").is_file() and target.parent == src
-                if (target == src or src in target.parents) and not inside_our_run:
-                    what = "is" if target == src else "is inside"
-                    raise UsageError(f"-o {o}: {target} {what} an input the report reads ({src}); write the report "
-                                     "elsewhere", show_usage=False)
-        if out in seen:
+            raise UsageError(f"-o {o}: {problem}; choose another name or move it", show_usage=False)
+        if out.resolve() in seen:
             raise UsageError(f"-o {o}: given twice", show_usage=False)
-        seen.add(out)
-        if out.is_dir():
-            raise UsageError(f"-o {o}: is a folder; name a file such as {Path(o) / 'report.html'}", show_usage=False)
+        seen.add(out.resolve())
         if out.exists():
-            # Only a file that begins exactly as a report we wrote is replaced; a user's notes that mention one are not.
-            if not is_our_report(out):
-                raise UsageError(f"-o {o}: exists and is not a layoutlab report; it is never overwritten: choose "
-                                 "another name or move it", show_usage=False)
-            replacing.append(out)
-        plots = targets[1] if len(targets) > 1 else None
-        if plots is not None and plots.exists() and (not plots.is_dir() or any(
-                not (f.is_file() and f.name.startswith("figure") and f.suffix == ".png") for f in plots.iterdir())):
-            raise UsageError(f"-o {o}: {plots} holds files that are not this report's figures; they are never "
-                             "overwritten: choose another name or move them", show_usage=False)
+            replacing.append(out.resolve())
     return replacing
+
+
+def _only_our_figures(folder: Path) -> bool:
+    """A Markdown report's figure folder as render_markdown fills it: figure<N>.png files only."""
+    return all(f.is_file() and f.name.startswith("figure") and f.suffix == ".png" for f in folder.iterdir())
 
 
 def _require_paths(paths: Iterable[str]) -> None:

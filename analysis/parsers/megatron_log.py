@@ -45,7 +45,7 @@ from analysis.parsers._text import (
 )
 from analysis.parsers.deepspeed_log import LineClock, RunStart, is_deepspeed_timer_line
 from analysis.table import Table
-from launch.sense import clean
+from launch.sense import clean, is_count
 
 COLUMNS: dict[str, str] = {
     "kind": "record kind: 'iteration' (one training-log line), 'timer' (one timer value), 'memory' (one rank's "
@@ -471,13 +471,17 @@ class _Parser(LineParser):
         row = self.record_fields(lineno, self.fields(lineno, segments))
         ts = _TIMESTAMP.search(before)
         total, batch = int(m["total"]), row.get("global_batch_size")
+        self.add("iteration", lineno, iteration=iteration, train_iters=total,
+                 timestamp=ts["ts"] if ts else None, **row)
+        self.timer_mode = None
+        if not all(is_count(v) for v in (iteration, total, batch or 0)):
+            # a number past sense (a damaged line) is dropped from the row later; it tells no run apart either, or
+            # the next sound iteration would look like a restart
+            return
         other = self.iteration_starts_run(lineno, iteration, total, batch)
         if other:
             self.start_run(lineno, other)
-        self.add("iteration", lineno, iteration=iteration, train_iters=total,
-                 timestamp=ts["ts"] if ts else None, **row)
         self.iteration = iteration
-        self.timer_mode = None
         run = self.current
         run.record, run.iteration = (f"iteration {iteration}", lineno), (iteration, lineno)
         run.train_iters = (total, lineno)
@@ -493,7 +497,7 @@ class _Parser(LineParser):
         row = self.record_fields(lineno, pairs)
         iteration = int(it["it"]) if it else self.iteration
         total = self.current.train_iters
-        if it and total and iteration > total[0]:
+        if it and total and is_count(iteration) and iteration > total[0]:  # a number past sense is damage, not a run
             self.start_run(lineno, f"validation at iteration {iteration} (line {lineno}), past the {total[0]} "
                                    f"iterations of the run before (line {total[1]})")
         self.add("validation", lineno, iteration=iteration,

@@ -28,29 +28,29 @@ def test_output_over_an_input_file_or_into_an_input_folder(inputs, capsys):
     log = inputs / "train.md"  # an input may have any name: files are recognised by content
     shutil.copy(LOG, log)
     before = log.read_bytes()
-    assert "is an input the report reads" in refused(capsys, log, "-o", log)
+    assert "is an input of this command" in refused(capsys, log, "-o", log)
     assert log.read_bytes() == before
-    assert "is inside an input the report reads" in refused(capsys, inputs, "-o", inputs / "report.html")
+    assert "lies inside an input of this command" in refused(capsys, inputs, "-o", inputs / "report.html")
     assert not (inputs / "report.html").exists()
     # a Markdown report's figure folder (<name>_plots) may not replace an input folder either
     plots_input = inputs.parent / "r_plots"
     plots_input.mkdir()
     (plots_input / "figure1.png").write_bytes(b"\x89PNG")
-    assert "is an input the report reads" in refused(capsys, plots_input, "-o", inputs.parent / "r.md")
+    assert "is an input of this command" in refused(capsys, plots_input, "-o", inputs.parent / "r.md")
     assert "given twice" in refused(capsys, inputs, "-o", inputs.parent / "x.md", "-o", inputs.parent / "x.md")
 
 
 def test_output_over_a_users_file_folder_or_figures(inputs, tmp_path, capsys):
     notes = tmp_path / "notes.md"
     notes.write_text("my notes\n")
-    assert "is not a layoutlab report" in refused(capsys, inputs, "-o", notes)
+    assert "was not written by python -m analysis report" in refused(capsys, inputs, "-o", notes)
     assert notes.read_text() == "my notes\n"
     (tmp_path / "dir.html").mkdir()
     assert "is a folder" in refused(capsys, inputs, "-o", tmp_path / "dir.html")
     plots = tmp_path / "r_plots"
     plots.mkdir()
     (plots / "keep.txt").write_text("mine")
-    assert "not this report's figures" in refused(capsys, inputs, "-o", tmp_path / "r.md")
+    assert "r_plots holds files that python -m analysis report did not write" in refused(capsys, inputs, "-o", tmp_path / "r.md")
     assert (plots / "keep.txt").read_text() == "mine"
     blocker = tmp_path / "file"
     blocker.write_text("x")
@@ -74,7 +74,7 @@ def test_a_file_that_only_mentions_a_report_is_never_replaced(inputs, tmp_path, 
     heading.write_text("# layoutlab report\nmy own page with the same title\n")
     for f in (notes, heading):
         before = f.read_bytes()
-        assert "is not a layoutlab report" in refused(capsys, inputs, "-o", f)
+        assert "was not written by python -m analysis report" in refused(capsys, inputs, "-o", f)
         assert f.read_bytes() == before
 
 
