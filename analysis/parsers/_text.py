@@ -180,12 +180,14 @@ class LineParser:
     def line(self, lineno: int, raw: str, cut: bool) -> None:
         raise NotImplementedError
 
-    def feed(self, text: str) -> int:
-        """Parse every line of `text`; returns the number of lines."""
+    def feed(self, text: str, first_line: int = 1) -> int:
+        """Parse every line of `text`, numbered from `first_line` (a part of a file keeps the file's numbers); returns
+        the last line's number."""
         lines, last_cut = split_lines(text)
-        for lineno, raw in enumerate(lines, start=1):
+        last = first_line + len(lines) - 1
+        for lineno, raw in enumerate(lines, start=first_line):
             try:
-                self.line(lineno, raw, last_cut and lineno == len(lines))
+                self.line(lineno, raw, last_cut and lineno == last)
             except self.garbled as exc:
                 self.warn("garbled", lineno, f"line not understood ({type(exc).__name__}); skipped")
-        return len(lines)
+        return last

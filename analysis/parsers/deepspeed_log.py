@@ -279,7 +279,7 @@ class DeepSpeedLogMeta(NamedTuple):
     run_starts: tuple[RunStart, ...] = ()  # where each run after the first begins, when the log holds several
 
 
-def parse_deepspeed_log(path_or_text: str | os.PathLike[str], *, source: str = "") -> Table:
+def parse_deepspeed_log(path_or_text: str | os.PathLike[str], *, source: str = "", first_line: int = 1) -> Table:
     """Parse DeepSpeed's training-log lines from a file path or the text itself into `deepspeed_log`.
 
     Never raises on content: unreadable lines are skipped with a warning naming the file and line,
@@ -288,7 +288,7 @@ def parse_deepspeed_log(path_or_text: str | os.PathLike[str], *, source: str = "
     """
     text, name, warnings = read_source(path_or_text, source)
     parser = _Parser(name, warnings)
-    parser.run(text)
+    parser.run(text, first_line)
     warnings += clean(parser.rows, name, counts=("step", "epoch", "micro_step", "world_size", "dp", "mp",
                                                  "micro_batch_size", "rank", "count", "message_bytes"),
                       durations_ms=("time_ms", "fwd_latency_ms", "bwd_latency_ms", "step_latency_ms",
@@ -343,9 +343,9 @@ class _Parser(LineParser):
         self.run_trained = 0
         self.clock = LineClock()
 
-    def run(self, text: str) -> None:
-        n_lines = self.feed(text)
-        self.close_flops(n_lines)
+    def run(self, text: str, first_line: int = 1) -> None:
+        last_line = self.feed(text, first_line)
+        self.close_flops(last_line)
         self.assign_steps()
         if not self.rows:
             self.warn("empty", None, "no DeepSpeed training-log lines found (is this a DeepSpeed log?)")

@@ -203,7 +203,7 @@ def sniff(path: str | os.PathLike[str]) -> str | None:
     return "megatron_log" if has_lines(_SNIFF, head_and_tail(path)) else None
 
 
-def parse_megatron_log(path_or_text: str | os.PathLike[str], *, source: str = "") -> Table:
+def parse_megatron_log(path_or_text: str | os.PathLike[str], *, source: str = "", first_line: int = 1) -> Table:
     """Parse a Megatron training log from a file path or the text itself into `megatron_log`.
 
     Never raises on content: unreadable lines are skipped with a warning naming the file and line,
@@ -216,7 +216,7 @@ def parse_megatron_log(path_or_text: str | os.PathLike[str], *, source: str = ""
     """
     text, name, warnings = read_source(path_or_text, source)
     parser = _Parser(name, warnings)
-    parser.run(text)
+    parser.run(text, first_line)
     warnings += clean(parser.rows, name, counts=("iteration", "train_iters", "consumed_samples", "consumed_tokens",
                                                  "skipped_samples", "global_batch_size", "skipped_iterations",
                                                  "nan_iterations", "seq_length", "rank"),
@@ -297,8 +297,8 @@ class _Parser(LineParser):
         self.current = _RunSoFar()
         self.clock = LineClock()
 
-    def run(self, text: str) -> None:
-        self.feed(text)
+    def run(self, text: str, first_line: int = 1) -> None:
+        self.feed(text, first_line)
         if self.args_open:
             self.warn("args", self.args_open[0], "arguments dump has no end line (file cut short?); kept what "
                                                   "was read")

@@ -233,13 +233,13 @@ def _read_apart(rf: RunFiles, f: Recognized, label: str, found: list[_LogRun], *
     runs = []
     for k, piece in enumerate(found, start=1):
         last = piece.last or len(lines)
-        # The lines before stay as empty lines, so that each record keeps its line number in the file; a last line the
-        # file cut short stays cut.
-        own = "\n" * (piece.first - 1) + "".join(line + "\n" for line in lines[piece.first - 1:last])
+        # Numbered from its first line, so that each record keeps its line number in the file; a last line the file
+        # cut short stays cut.
+        own = "".join(line + "\n" for line in lines[piece.first - 1:last])
         if cut and last == len(lines):
             own = own[:-1]
         # Only the parsers with records here: a run without Megatron lines is no Megatron log to warn about.
-        logs = {f.path: {kind: _LOG_PARSERS[kind](own, source=name) for kind in piece.kinds}}
+        logs = {f.path: {kind: _LOG_PARSERS[kind](own, source=name, first_line=piece.first) for kind in piece.kinds}}
         holds = first and k == 1
         # the file's own read warnings (NULs dropped, an encoding) once, with its first run, not once per run
         said = (tuple(read_warnings) if k == 1 else ())

@@ -240,3 +240,21 @@ def test_a_files_own_read_warning_is_said_once_not_per_run(tmp_path):
     assert len(runs) == 3
     said = [w for r in runs for w in r.run.warnings if "NUL" in w]
     assert len(said) == 1, said
+
+
+def test_splitting_a_log_reads_each_line_a_bounded_number_of_times(tmp_path, monkeypatch):
+    """Each run of a split log is parsed from its own lines, numbered from where it starts: the lines fed to the
+    parsers grow with the file, not with the file times its runs (padding each run with the lines before it did:
+    240 runs of one file took 30 s)."""
+    from analysis.parsers import _text
+
+    many = tmp_path / "many.log"
+    many.write_text(THREE.read_text() * 40)
+    fed = []
+    feed = _text.LineParser.feed
+    monkeypatch.setattr(_text.LineParser, "feed",
+                        lambda self, text, *a: fed.append(text.count("\n")) or feed(self, text, *a))
+    runs = build_report([(None, many)]).runs
+    assert len(runs) == 120
+    lines = many.read_text().count("\n")
+    assert sum(fed) <= 4 * lines, (sum(fed), lines)  # the whole file by each parser, then each run once by each
