@@ -204,7 +204,7 @@ def test_the_pruned_search_equals_resolving_every_layout(monkeypatch, name, over
     got = candidates(recipe, overrides)
     asked = calls["resolve"]
     assert [(c.label, c.overrides) for c in got] == [w[:2] for w in want]
-    for c, w in zip(got, want):
+    for c, w in zip(got, want, strict=True):
         if c.plan is None:
             assert (c.refused, None) == (w[2], w[3]), c.label
         else:

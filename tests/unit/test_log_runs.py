@@ -35,7 +35,7 @@ def _three_runs() -> list[dict]:
     starts = [1] + [n for n, line in enumerate(lines, start=1) if line.startswith("using world size:")][1:]
     assert len(starts) == 3
     runs = []
-    for first, end in zip(starts, starts[1:] + [len(lines)]):
+    for first, end in zip(starts, starts[1:] + [len(lines)], strict=True):
         own = [(n, lines[n - 1]) for n in range(first, end)]
         its = [(n, m) for n, line in own if (m := ITERATION.search(line))]
         runs.append({

@@ -22,7 +22,7 @@ def test_the_flops_profilers_forward_and_backward_flops_per_gpu_are_shown(tmp_pa
     out = tmp_path / "r.md"
     render_markdown(build_report([(None, path)]), out)
     header, row = _table(out.read_text(), "### DeepSpeed Flops Profiler")
-    cells = dict(zip(header, row))
+    cells = dict(zip(header, row, strict=True))
     assert (cells["fwd TFLOP/s/GPU"], cells["bwd TFLOP/s/GPU"]) == (printed["fwd"], printed["bwd"])
 
 
@@ -38,7 +38,7 @@ def test_htas_absolute_compute_non_compute_and_idle_times_are_shown_beside_the_s
     header, *rows = _table(out.read_text(), "## Where the time went")
     got = {}
     for row in rows:
-        cells = dict(zip(header, row))
+        cells = dict(zip(header, row, strict=True))
         got[int(cells["rank"])] = (*(int(cells[k].replace(",", "")) for k in (
             "idle, µs", "compute, µs", "non-compute, µs", "span, µs")), *(float(cells[k]) for k in (
                 "idle %", "compute %", "non-compute %")))
