@@ -31,7 +31,7 @@ USAGE = "usage: bash launch/run.sh recipes/NAME [dotted.key=value ...] [--dry-ru
 
 
 def cmd_run(args: Sequence[str]) -> int:
-    if os.environ.get("SLURM_JOB_ID"):
+    if nodes.in_slurm_job(os.environ):
         # SLURM's time-limit warning (launch/slurm.sbatch) may come before the ranks start: it would end this process
         # and the job's step with it; launcher.execute turns it into the ranks' stop request once they run
         signal.signal(launcher.STOP_SIGNAL, signal.SIG_IGN)

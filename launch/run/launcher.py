@@ -310,7 +310,7 @@ def execute(cmd: LaunchCommand) -> int:
 
     with tempfile.TemporaryDirectory(prefix="layoutlab-") as folder:
         stop = Path(folder) / "stop"
-        slurm = bool(os.environ.get("SLURM_JOB_ID"))
+        slurm = nodes.in_slurm_job(os.environ)
         if slurm:
             signal.signal(STOP_SIGNAL, lambda _signum, _frame: stop.touch())
         inherited = {k: v for k, v in os.environ.items() if k != STOP_REQUEST}  # only this launcher's request counts

@@ -34,6 +34,7 @@ from typing import Callable, Mapping
 
 from launch.comm.commbench_spec import DTYPES
 from launch.comm.nccl_format import NCCL_TESTS_OP
+from launch.run import nodes
 from launch.run.rundir import RunDir
 
 HOW_TO_GET = ("build them from https://github.com/NVIDIA/nccl-tests with `make MPI=1 MPI_HOME=... CUDA_HOME=... "
@@ -87,7 +88,7 @@ def invocations(resolved, run: RunDir, *, launch_env: Mapping[str, str], environ
         if environ.get("NODE_RANK", "0") != "0":
             return [], notes + ["commbench: nccl-tests run from node 0 only"]
         gpus = 1  # one process per GPU, started by the MPI launcher
-        if environ.get("SLURM_JOB_ID") and which("srun"):
+        if nodes.in_slurm_job(environ) and which("srun"):
             cpus = environ.get("SLURM_CPUS_ON_NODE", "")  # this step's CPUs on the node, shared by its processes
             per_task = max(1, int(cpus) // per_node) if cpus.isdigit() else 1
             prefix = ["srun", "--overlap", "--nodes", str(grid.nodes), "--ntasks", str(grid.nodes * per_node),

@@ -31,11 +31,17 @@ class Placement:
     job_id: str | None  # SLURM_JOB_ID
 
 
+def in_slurm_job(environ: Mapping[str, str]) -> bool:
+    """Whether this process runs inside a SLURM job (its step's variables are set): the one test every launch-side
+    decision about SLURM asks."""
+    return bool(environ.get("SLURM_JOB_ID"))
+
+
 def placement(environ: Mapping[str, str], nodes: int = 2) -> Placement:
     """This node's place, from the environment; a value that cannot be a node rank or node count is refused.
     SLURM's variables count only for a multi-node layout (`nodes` > 1): a one-node run inside an allocation takes
     node rank 0, a free port and its own run directory, as outside one."""
-    slurm = bool(environ.get("SLURM_JOB_ID")) and nodes > 1
+    slurm = in_slurm_job(environ) and nodes > 1
     name = "NODE_RANK" if environ.get("NODE_RANK") else "SLURM_NODEID" if slurm and environ.get("SLURM_NODEID") else None
     node_rank = _int(environ, name, "a node rank, 0 for the first node") if name else 0
     count = None
@@ -84,7 +90,7 @@ def slurm_gpus(environ: Mapping[str, str]) -> tuple[int, str, str] | None:
     """(the GPUs SLURM granted this job on this node, the variable that says so, its value); None outside SLURM.
     Under SLURM the device files do not tell: every /dev/nvidiaN of the node exists whatever the job was granted
     (its cgroup decides which it may open). None of the variables set: the job was granted no GPU."""
-    if not environ.get("SLURM_JOB_ID"):
+    if not in_slurm_job(environ):
         return None
     for name in SLURM_GPU_COUNTS:
         raw = environ.get(name, "").strip()
