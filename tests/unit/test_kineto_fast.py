@@ -15,6 +15,7 @@ import subprocess
 import sys
 import sysconfig
 import threading
+import zlib
 from importlib.util import find_spec
 from pathlib import Path
 
@@ -37,12 +38,12 @@ needs_fast = pytest.mark.skipif(kineto._kscan is None or kineto_source._kinflate
 
 @contextlib.contextmanager
 def pure_path():
-    saved = kineto._kscan, kineto_source._kinflate
-    kineto._kscan = kineto_source._kinflate = None
+    saved = kineto._kscan, kineto_source._kinflate, kineto_source._libdeflate
+    kineto._kscan = kineto_source._kinflate = kineto_source._libdeflate = None
     try:
         yield
     finally:
-        kineto._kscan, kineto_source._kinflate = saved
+        kineto._kscan, kineto_source._kinflate, kineto_source._libdeflate = saved
 
 
 def _pure(path, **kw):
@@ -226,11 +227,51 @@ def test_a_gzip_that_fails_its_check_keeps_every_event_on_both_paths(tmp_path):
     assert any("gzip data corrupt" in w and "compressed bytes" in w for w in fast.warnings), fast.warnings
 
 
+def _source_bytes(path: Path) -> bytes:
+    return b"".join(kineto_source.Source(path, str(path), lambda w: None).chunks())
+
+
+def test_one_member_is_inflated_in_one_call_and_anything_else_streams(tmp_path, monkeypatch):
+    """libdeflate takes a file only when it is one whole gzip member (its trailer the file's last eight bytes); members,
+    padding, a cut and a damaged trailer go to the streaming readers, which read them as before: the bytes equal
+    Python's gzip module's (or zlib's up to a cut), and the whole-member path gives the profiler's own file the same
+    bytes as zlib."""
+    taken = []
+    whole_of = kineto_source._gunzip_whole
+    monkeypatch.setattr(kineto_source, "_gunzip_whole", lambda fh: taken.append(whole_of(fh)) or taken[-1])
+    real = (FIX / "hta_trace_diff_test.json.gz").read_bytes()
+    doc = gzip.decompress(real)
+    cases = {  # name: (file bytes, what it holds, whether the one call takes it)
+        "profiler": (real, doc, True),
+        "members": (gzip.compress(doc[:1000]) + gzip.compress(doc[1000:]), doc, False),
+        "padded": (real + b"\0" * 700, doc, False),
+        "short padding": (real + b"\0" * 4, doc, False),
+        "same member twice": (gzip.compress(b"{}") * 2, b"{}", True),  # read once: the docstring's stated limit
+    }
+    for name, (data, held, one_call) in cases.items():
+        taken.clear()
+        p = tmp_path / "t.json.gz"
+        p.write_bytes(data)
+        assert _source_bytes(p) == (held if name != "same member twice" else b"{}"), name
+        assert (taken[0] is not None) == one_call, name
+    cut = real[:len(real) // 2]
+    p.write_bytes(cut)
+    taken.clear()
+    inflater = zlib.decompressobj(31)
+    assert _source_bytes(p) == inflater.decompress(cut) and taken == [None]
+    bad = bytearray(real)
+    bad[-6] ^= 0xFF  # the CRC: libdeflate refuses, zlib's stream keeps every event (test below)
+    p.write_bytes(bytes(bad))
+    taken.clear()
+    assert _source_bytes(p) == doc and taken == [None]
+
+
 @needs_fast
 def test_reader_stops_when_the_consumer_does(tmp_path):
     """A parse abandoned half way (generator closed) stops and joins the inflating thread."""
     p = tmp_path / "big.json.gz"
-    p.write_bytes(gzip.compress(os.urandom(12 << 20), compresslevel=1))  # > _GUNZIP_AHEAD chunks ahead
+    # > _GUNZIP_AHEAD chunks ahead; two members, so not libdeflate's one call but the thread
+    p.write_bytes(gzip.compress(os.urandom(12 << 20), compresslevel=1) + gzip.compress(b"{}"))
     assert p.stat().st_size > kineto_source.THREAD_GUNZIP_BYTES
     source = kineto_source.Source(p, str(p), lambda w: None)
     chunks = source.chunks()
