@@ -103,6 +103,18 @@ def text(value: str) -> str:
     return value
 
 
+def text_list(value: str) -> tuple[str, ...]:
+    """Comma-separated texts, each as `text` takes it; at least one, none twice (a name given twice would be
+    computed and shown twice)."""
+    items = tuple(value.split(","))
+    if any(not x or "\0" in x for x in items):
+        raise ValueError("is not a comma-separated list of non-empty names without a NUL byte")
+    twice = next((x for i, x in enumerate(items) if x in items[:i]), None)
+    if twice is not None:
+        raise ValueError(f"names {twice} twice")
+    return items
+
+
 def read(args: Sequence[str], *, command: str, usage: str, options: Sequence[Option] = (),
          positional: tuple[int, int] = (0, 0), overrides: bool = False, dry_run: bool = False) -> Arguments:
     """Read `args` of `command`: `positional` = (at least, at most) arguments without `=`, which come first;

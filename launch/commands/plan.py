@@ -1,9 +1,10 @@
-"""`python -m launch plan model=llama-2-7b world_size=4,8 hardware=h100-sxm [out=plans/NAME] ...`
+"""`python -m launch plan model=llama-2-7b[,llama-3.1-8b ...] world_size=4,8 hardware=h100-sxm [out=plans/NAME] ...`
 
-Compares layouts of one model on a GPU count (the seed's "7B on 4 GPUs, then raise the GPU count"):
-every t × d × ZeRO stage (× activation checkpointing) that the model's shape admits, stacked memory bars per layout
-against the device-memory line, green where the plan fits and red where it does not. Writes a PNG
-and a self-contained HTML page (the PNG inlined) next to a JSON of the numbers.
+Compares layouts of models on GPU counts (the seed's "7B on 4 GPUs, then raise the GPU count"): every
+t × d × ZeRO stage (× activation checkpointing) that each model's shape admits, stacked memory bars per layout against
+the device-memory line, green where the plan fits and red where it does not. Writes a JSON of the numbers, an HTML
+page whose two selectors (model, GPU count) show the bars of one pair at a time (launch/commands/plan_page.py), and a
+PNG of the first model's bars (launch/commands/plan_figure.py).
 """
 from __future__ import annotations
 
@@ -13,8 +14,9 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from launch.commands import render
-from launch.commands.args import Option, choice, choice_list, read, text, whole, whole_list
-from launch.commands.plan_figure import chart_png, ours, render_html
+from launch.commands.args import Option, choice, choice_list, read, text, text_list, whole, whole_list
+from launch.commands.plan_figure import chart_png, ours
+from launch.commands.plan_page import render_page
 from launch.commands.render import make_console
 from launch.config.backends import BACKENDS, traits
 from launch.config.calibration import newest_for
@@ -28,10 +30,11 @@ from launch.run import envinfo
 from launch.outputs import file_problem, write_bytes_atomic, write_text_atomic
 from launch.run.rundir import runs_root
 
-USAGE = "usage: python -m launch plan [key=value ...]  (e.g. model=llama-2-7b world_size=4,8 hardware=h100-sxm)"
+USAGE = ("usage: python -m launch plan [key=value ...]  "
+         "(e.g. model=llama-2-7b,llama-3.1-8b world_size=4,8 hardware=h100-sxm)")
 AC_POLICIES = ("none", "selective", "full")
 OPTIONS = (
-    Option("model", "catalogue model name (default llama-2-7b)", text, "llama-2-7b"),
+    Option("model", "catalogue model names, comma separated (default llama-2-7b)", text_list, ("llama-2-7b",)),
     Option("world_size", "GPU counts (world sizes), comma separated (default 4)", whole_list(1, 1_000_000), (4,)),
     Option("hardware", "hardware profile (default h100-sxm)", text, "h100-sxm"),
     Option("gpus_per_node", "devices per node (default 8, or the GPU count when smaller)", whole(1, 1_000_000)),
@@ -43,8 +46,8 @@ OPTIONS = (
     Option("global_batch_size", "default 8 × the largest GPU count", whole(1, 1 << 40)),
     Option("activation_checkpointing", "policies to compare, comma separated (default none,full)",
            choice_list(*AC_POLICIES), ("none", "full")),
-    Option("out", "output path without suffix: .png, .html and .json are added (default runs/plans/<model>_<hardware>)",
-           text),
+    Option("out", "output path without suffix: .png, .html and .json are added "
+           "(default runs/plans/<model>[+<model>...]_<hardware>)", text),
 )
 
 
@@ -55,14 +58,23 @@ class Row:
     plan: Plan
     layout: Layout
 
+    @property
+    def model(self) -> str:
+        return self.layout.model.name
+
 
 def layouts(opts: Mapping[str, Any]) -> list[Row]:
-    """Every layout of the options' model on each world size; `opts` as commands.args.read returns them."""
-    model = load_model(name=opts["model"], context="command line")
+    """Every layout of each of the options' models on each world size, model by model in the order given;
+    `opts` as commands.args.read returns them."""
+    models = [load_model(name=name, context="command line") for name in opts["model"]]
     named = opts["hardware"]
     nominal = load_profile(named, context="command line", field="hardware") if not is_profile_path(named) else None
     hw = nominal or load_profile(named, context="command line", field="hardware", path=Path(named))
     gpu_counts = opts["world_size"]
+    twice = next((n for i, n in enumerate(gpu_counts) if n in gpu_counts[:i]), None)
+    if twice is not None:  # its layouts would be computed, listed and shown twice
+        raise ConfigError("command line", "world_size", ",".join(map(str, gpu_counts)), f"lists {twice} twice",
+                          "give each GPU count once")
     backend = opts["backend"]
     bt = traits(backend, where="command line")
     dtype = opts["dtype"]
@@ -73,32 +85,36 @@ def layouts(opts: Mapping[str, Any]) -> list[Row]:
     seq, micro = opts["seq_len"], opts["micro_batch_size"]
     gbs = opts["global_batch_size"] or 8 * max(gpu_counts)
     machine = envinfo.machine()
-    rows: list[Row] = []
-    for gpus in gpu_counts:
+    for gpus in gpu_counts:  # every world size checked before any model is planned
         gpn = opts["gpus_per_node"] or min(8, gpus)
         if gpus % gpn:
             raise ConfigError("command line", "world_size", gpus, f"is not a multiple of gpus_per_node={gpn}",
                               "choose world sizes of whole nodes")
-        timed = _newest_calibration(nominal, machine, gpus, gpn, model.name, dtype, seq) if nominal else None
-        hw_ws = load_profile(named, context="command line", field="hardware", path=timed) if timed else hw
-        for tp in [t for t in (1, 2, 4, 8) if t <= min(gpus, gpn) and gpus % t == 0
-                   and model.num_kv_heads % t == 0 and model.intermediate_size % t == 0]:
-            dp = gpus // tp
-            if gbs % (micro * dp):
-                continue
-            stages = (0,) if dp == 1 else (0, 1, 2, 3)
-            for z in stages:
-                sp = "sp" in bt.features and tp > 1 and z in bt.sp_zero_stages
-                for rc in policies:
-                    lay = Layout(backend=backend, model=model, hardware=hw_ws, grid=RankGrid(tp, 1, dp, gpn, gpus // gpn),
-                                 zero_stage=z, dtype=dtype, micro_batch_size=micro, global_batch_size=gbs, seq_len=seq,
-                                 activation_checkpointing=rc, sp=sp,
-                                 ds_zero=_ds_zero(z, model, tp))
-                    name = ("DP" if z == 0 and tp == 1 else f"ZeRO-{z}" if tp == 1 else
-                            f"TP{tp}" if dp == 1 else f"TP{tp}×" + ("DP" if z == 0 else f"ZeRO-{z}") + f" (dp{dp})")
-                    if rc != "none":
-                        name += f" +AC({rc})"
-                    rows.append(Row(gpus, name, make_plan(lay, name, machine), lay))
+    rows: list[Row] = []
+    for model in models:
+        for gpus in gpu_counts:
+            gpn = opts["gpus_per_node"] or min(8, gpus)
+            timed = _newest_calibration(nominal, machine, gpus, gpn, model.name, dtype, seq) if nominal else None
+            hw_ws = load_profile(named, context="command line", field="hardware", path=timed) if timed else hw
+            for tp in [t for t in (1, 2, 4, 8) if t <= min(gpus, gpn) and gpus % t == 0
+                       and model.num_kv_heads % t == 0 and model.intermediate_size % t == 0]:
+                dp = gpus // tp
+                if gbs % (micro * dp):
+                    continue
+                stages = (0,) if dp == 1 else (0, 1, 2, 3)
+                for z in stages:
+                    sp = "sp" in bt.features and tp > 1 and z in bt.sp_zero_stages
+                    for rc in policies:
+                        lay = Layout(backend=backend, model=model, hardware=hw_ws,
+                                     grid=RankGrid(tp, 1, dp, gpn, gpus // gpn), zero_stage=z, dtype=dtype,
+                                     micro_batch_size=micro, global_batch_size=gbs, seq_len=seq,
+                                     activation_checkpointing=rc, sp=sp, ds_zero=_ds_zero(z, model, tp))
+                        name = ("DP" if z == 0 and tp == 1 else f"ZeRO-{z}" if tp == 1 else
+                                f"TP{tp}" if dp == 1 else f"TP{tp}×" + ("DP" if z == 0 else f"ZeRO-{z}")
+                                + f" (dp{dp})")
+                        if rc != "none":
+                            name += f" +AC({rc})"
+                        rows.append(Row(gpus, name, make_plan(lay, name, machine), lay))
     return rows
 
 
@@ -124,17 +140,21 @@ def _ds_zero(stage: int, model, tp: int) -> dict:
     return cfg.get("zero_optimization", {})
 
 
+def _title(model: str, first: Layout) -> str:
+    return (f"{model} on {first.hardware.name}: memory per GPU by layout\n"
+            f"(seq {first.seq_len}, micro-batch {first.micro_batch_size}, {first.dtype}, {first.backend})")
+
+
 def cmd_plan(args: Sequence[str]) -> int:
     opts = read(args, command="plan", usage=USAGE, options=OPTIONS).options
     rows = layouts(opts)
     if not rows:
         raise ConfigError("command line", "global_batch_size", opts["global_batch_size"],
                           "admits no layout (it must divide by micro_batch_size × dp)", "choose a multiple of the GPU count")
+    models = opts["model"]
     first = rows[0].layout
-    title = (f"{first.model.name} on {first.hardware.name}: memory per GPU by layout\n"
-             f"(seq {first.seq_len}, micro-batch {first.micro_batch_size}, {first.dtype}, {first.backend})")
-    # The whole model name: a suffix swap would cut llama-3.1-8b at its dot.
-    stem = opts["out"] or str(runs_root() / "plans" / f"{first.model.name}_{first.hardware.name}")
+    # The whole model names: a suffix swap would cut llama-3.1-8b at its dot.
+    stem = opts["out"] or str(runs_root() / "plans" / f"{'+'.join(models)}_{first.hardware.name}")
     if Path(stem).is_dir() or stem.endswith(("/", ".")):
         raise ConfigError("command line", "out", stem, "names a folder, not a file name",
                           f"give a name in it, e.g. out={Path(stem) / 'plan'} (.png, .html and .json are added)")
@@ -145,12 +165,21 @@ def cmd_plan(args: Sequence[str]) -> int:
             raise ConfigError("command line", "out", opts["out"] or stem, f"{path} {problem}",
                               "choose another out= (.png, .html and .json are added to it)")
     png_path.parent.mkdir(parents=True, exist_ok=True)
-    png = chart_png(rows, title)
-    write_bytes_atomic(png_path, png)
-    write_text_atomic(html_path, render_html(rows, png, title))
+    # The PNG stays one static chart of one model, readable at its size; the page shows every model.
+    write_bytes_atomic(png_path, chart_png([r for r in rows if r.model == first.model.name],
+                                           _title(first.model.name, first)))
+    write_text_atomic(html_path, render_page(rows, models, opts["world_size"],
+                                             _title(" · ".join(models), first)))
     write_text_atomic(json_path, json.dumps(
-        [{"world_size": r.world_size, "layout": r.label, "plan": json.loads(r.plan.to_json())} for r in rows], indent=1))
+        [{"model": r.model, "world_size": r.world_size, "layout": r.label, "plan": json.loads(r.plan.to_json())}
+         for r in rows], indent=1))
     console = make_console()
-    render.layouts_table(rows, title, console)
+    for model in models:
+        mine = [r for r in rows if r.model == model]
+        if mine:
+            render.layouts_table(mine, _title(model, mine[0].layout), console)
+        else:
+            console.print(f"{model}: no layout on these GPU counts (global batch size {first.global_batch_size} must "
+                          f"divide by micro_batch_size × dp)", soft_wrap=True)
     console.print(f"wrote {png_path}, {html_path}, {json_path}", soft_wrap=True)
     return 0

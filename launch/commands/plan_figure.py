@@ -1,19 +1,22 @@
-"""The figure of `python -m launch plan`: memory per GPU of every layout as stacked bars against device memory,
-as a PNG and as one self-contained HTML page. Drawing only: the plans come computed (launch/commands/plan.py)."""
+"""The figure of `python -m launch plan`: memory per GPU of every layout as stacked bars against device memory, as a
+PNG (its page is launch/commands/plan_page.py); and how plan's three files are told apart from anyone else's. Drawing
+only: the plans come computed (launch/commands/plan.py)."""
 from __future__ import annotations
 
-import base64
-import html
 import io
 import json
 from pathlib import Path
 
-from launch.pages import CSP_META
 from launch.units import GiB
 
 GENERATOR = "layoutlab plan"  # how the page, the PNG and the JSON of `python -m launch plan` say they are ours
 HTML_HEAD = f'<!doctype html><html><head><meta charset="utf-8"><meta name="generator" content="{GENERATOR}">'
-PLAN_ROW_KEYS = {"world_size", "layout", "plan"}
+PLAN_ROW_KEYS = {"model", "world_size", "layout", "plan"}
+# A JSON row before plan took several models: still ours, so that plan replaces the file an older version wrote.
+PLAN_ROW_KEYS_ONE_MODEL = {"world_size", "layout", "plan"}
+# The parts of a rank's memory (launch.plan.layout.Memory) a bar stacks, in order, and their colours (PNG and page).
+PART_COLOURS = {"weights": "#4c72b0", "grads": "#55a868", "optimizer": "#8172b2", "activations": "#ccb974",
+                "buffers": "#64b5cd", "allowance": "#b0b0b0"}
 
 
 def ours(path: Path) -> bool:
@@ -32,20 +35,26 @@ def ours(path: Path) -> bool:
     except (OSError, ValueError):
         return False
     # non-empty: a plan always lists a layout, and `[]` is anyone's
-    return isinstance(rows, list) and bool(rows) and all(isinstance(r, dict) and set(r) == PLAN_ROW_KEYS for r in rows)
+    return isinstance(rows, list) and bool(rows) and all(
+        isinstance(r, dict) and set(r) in (PLAN_ROW_KEYS, PLAN_ROW_KEYS_ONE_MODEL) for r in rows)
 
 
 def ordered(rows):
-    """Per world size, the layouts that fit fastest first, then those that do not fit, smallest memory first; with
-    the fastest that fits of each world size (marked best)."""
+    """Per model (in the order the rows name them) and world size, the layouts that fit fastest first, then those
+    that do not fit, smallest memory first; with the fastest that fits of each model and world size (marked best)."""
+    models = {m: i for i, m in enumerate(dict.fromkeys(r.model for r in rows))}
+
     def key(r):
         mem = r.plan.worst().memory[r.plan.worst().implementation].total
-        return (r.world_size, not r.plan.fits, -r.plan.step.tokens_per_s_per_device if r.plan.fits else mem)
+        return (models[r.model], r.world_size, not r.plan.fits,
+                -r.plan.step.tokens_per_s_per_device if r.plan.fits else mem)
 
     out = sorted(rows, key=key)
-    best = {id(next(r for r in out if r.world_size == ws and r.plan.fits)) for ws in {r.world_size for r in out}
-            if any(r.world_size == ws and r.plan.fits for r in out)}
-    return out, best
+    best = {}  # the first that fits of each (model, world size): the fastest, as sorted
+    for r in out:
+        if r.plan.fits:
+            best.setdefault((r.model, r.world_size), id(r))
+    return out, set(best.values())
 
 
 def chart_png(rows, title: str) -> bytes:
@@ -57,12 +66,10 @@ def chart_png(rows, title: str) -> bytes:
     import matplotlib.pyplot as plt
 
     rows, best = ordered(rows)
-    parts = ("weights", "grads", "optimizer", "activations", "buffers", "allowance")
-    colours = ("#4c72b0", "#55a868", "#8172b2", "#ccb974", "#64b5cd", "#b0b0b0")
     fig, ax = plt.subplots(figsize=(14, 1.6 + 0.32 * len(rows)), dpi=100)
     y = list(range(len(rows)))[::-1]  # the first row at the top
     lefts = [0.0] * len(rows)
-    for part, colour in zip(parts, colours, strict=True):
+    for part, colour in PART_COLOURS.items():
         vals = [getattr(r.plan.worst().memory[r.plan.worst().implementation], part) / GiB for r in rows]
         ax.barh(y, vals, left=lefts, color=colour, label=part, height=0.7)
         lefts = [a + v for a, v in zip(lefts, vals, strict=True)]
@@ -92,27 +99,3 @@ def chart_png(rows, title: str) -> bytes:
     fig.savefig(buf, format="png", metadata={"Software": GENERATOR})
     plt.close(fig)
     return buf.getvalue()
-
-
-def render_html(rows, png: bytes, title: str) -> str:
-    b64 = base64.b64encode(png).decode()
-    rows, best = ordered(rows)
-    body = []
-    for r in rows:
-        w = r.plan.worst()
-        mem = w.memory[w.implementation]
-        body.append(
-            f"<tr class='{'ok' if r.plan.fits else 'oom'}'><td>{r.world_size}</td>"
-            f"<td>{html.escape(r.label)}{' <b>(best)</b>' if id(r) in best else ''}</td>"
-            f"<td>{mem.model_states / GiB:.1f}</td><td>{mem.activations / GiB:.1f}</td><td>{mem.total / GiB:.1f}</td>"
-            f"<td>{'yes' if r.plan.fits else 'no'}</td><td>{r.plan.step.total_s * 1e3:.0f}</td>"
-            f"<td>{r.plan.step.tokens_per_s_per_device:,.0f}</td><td>{r.plan.step.mfu:.1%}</td></tr>")
-    return f"""{HTML_HEAD}{CSP_META}<title>{html.escape(title)}</title>
-<style>body{{font-family:sans-serif;margin:2em}}table{{border-collapse:collapse}}td,th{{border:1px solid #ccc;padding:3px 8px;text-align:right}}
-tr.ok td:nth-child(6){{color:#2ca02c}}tr.oom td:nth-child(6){{color:#d62728;font-weight:bold}}</style></head><body>
-<h1>{html.escape(title)}</h1>
-<img alt="memory per GPU by layout" style="max-width:100%;height:auto" src="data:image/png;base64,{b64}">
-<table><tr><th>GPUs</th><th>layout</th><th>model states GiB</th><th>activations GiB</th><th>total GiB</th><th>fits</th>
-<th>pred. step ms</th><th>tokens/s/GPU</th><th>pred. MFU</th></tr>{''.join(body)}</table>
-<p>{html.escape(' · '.join(rows[0].plan.notes))}</p></body></html>
-"""
