@@ -29,7 +29,7 @@ CURVE_COLUMNS = {
     "loss_scale": "fp16 loss scale (None where the source has none)",
     "valid_loss": "validation loss on evaluation steps (ours: data.valid_fraction / data.valid_path; Megatron's "
                   "TensorBoard `lm loss validation`), else None",
-    "skipped": "iterations skipped in the logging interval (Megatron), else None",
+    "skipped": "iterations skipped in the logging interval (Megatron), 1 or 0 per step (our fp16 metrics), else None",
     "source": "file:line (or TensorBoard run/file) of the record",
 }
 
@@ -71,7 +71,8 @@ def curves_from_metrics(metrics: Table) -> Table:
     rows = list(metrics.rows())
     low = min((r["rank"] for r in rows if isinstance(r["rank"], int)), default=None)
     return _table((_row(r["step"], f"{r['file']}:{r['line']}", loss=r["loss"], grad_norm=r["grad_norm"], lr=r["lr"],
-                        valid_loss=r["valid_loss"])
+                        valid_loss=r["valid_loss"], loss_scale=r["loss_scale"],
+                        skipped=int(r["skipped_step"]) if isinstance(r["skipped_step"], bool) else None)
                    for r in rows if r["rank"] == low), metrics.source, metrics.warnings)
 
 

@@ -374,6 +374,16 @@ def resolve(loaded: LoadedRecipe, world_size: int | None = None) -> Resolved:
     if hw.device_type == "cpu" and r.precision.dtype == "fp16" and bt.uses_deepspeed:
         raise ConfigError(w("precision.dtype"), "precision.dtype", "fp16",
                           "is not supported by DeepSpeed on CPU ranks", 'set precision.dtype="fp32" or "bf16"')
+    power, dotted = r.precision.initial_loss_scale_power, "precision.initial_loss_scale_power"
+    if dotted in loaded.origin and r.precision.dtype != "fp16":
+        # bf16 and fp32 keep fp32's exponent range and scale no loss: the power set would change nothing
+        raise ConfigError(w(dotted), dotted, power, f'is set but precision.dtype="{r.precision.dtype}" scales no loss',
+                          f'set precision.dtype="fp16", or leave {dotted} unset')
+    if not 0 <= power <= 64:
+        # 2**64 is already 2**48 times fp16's largest number (each power above what the gradients fit costs one skipped
+        # step), and the scaled loss stays far inside fp32's range
+        raise ConfigError(w(dotted), dotted, power, "must be between 0 and 64",
+                          f"set {dotted} within that range (16, the default, starts at 65536)")
     if r.run.profile == "nsys" and hw.device_type == "cpu":
         raise ConfigError(w("run.profile"), "run.profile", "nsys", "needs NVIDIA GPUs (Nsight Systems traces CUDA)",
                           'set run.profile="torch" on CPU ranks')
@@ -429,9 +439,6 @@ def _deepspeed_config(loaded: LoadedRecipe, r: Recipe, grad_accum: int, hw: Hard
     else:
         base_path = dsconfig.default_base(par.zero_stage, par.offload_optimizer, par.offload_params)
     base = dsconfig.read_json(base_path, context=loaded.where("deepspeed.config"), field="deepspeed.config")
-    if r.precision.dtype != "fp32":
-        frag = dsconfig.DS_CONFIGS / f"{r.precision.dtype}.json"
-        base = dsconfig.merge_fragment(base, dsconfig.read_json(frag, context=str(frag), field="precision"))
     t = r.train
     # DeepSpeedCPUAdam runs the optimizer step on the host when the optimizer is offloaded; otherwise
     # torch's AdamW avoids DeepSpeed's JIT-built fused Adam on machines without a prebuilt op.
@@ -444,6 +451,9 @@ def _deepspeed_config(loaded: LoadedRecipe, r: Recipe, grad_accum: int, hw: Hard
         "zero_optimization.stage": (par.zero_stage, "parallel.zero_stage"),
         "bf16.enabled": (r.precision.dtype == "bf16", "precision.dtype"),
         "fp16.enabled": (r.precision.dtype == "fp16", "precision.dtype"),
+        # the deepspeed backend's loss scaler (the megatron backend refuses fp16: launch/config/backends.py)
+        **({"fp16.initial_scale_power": (r.precision.initial_loss_scale_power, "precision.initial_loss_scale_power")}
+           if r.precision.dtype == "fp16" else {}),
         "optimizer.type": ("AdamW", "train (AdamW)"),
         "optimizer.params.lr": (t.lr, "train.lr"),
         "optimizer.params.betas": ([t.adam_beta1, t.adam_beta2], "train.adam_beta1/adam_beta2"),
@@ -487,6 +497,11 @@ def _deepspeed_config(loaded: LoadedRecipe, r: Recipe, grad_accum: int, hw: Hard
         base.setdefault("aio", dict(dsconfig.AIO_DEFAULTS))
     cfg = dsconfig.compose(base, base_file, owned,
                            yields=backend_owned if base_path.parent == dsconfig.DS_CONFIGS else frozenset())
+    if r.precision.dtype != "fp32":
+        # The shipped precision fragment (loss-scaling tuning) fills only what neither the base nor the recipe set:
+        # merged after the recipe's fields, its initial_scale_power gives way to precision.initial_loss_scale_power.
+        frag = dsconfig.DS_CONFIGS / f"{r.precision.dtype}.json"
+        cfg = dsconfig.merge_fragment(cfg, dsconfig.read_json(frag, context=str(frag), field="precision"))
     dsconfig.fill_auto(cfg, model, par.tp, base_file)
     return cfg, base_file
 

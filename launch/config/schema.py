@@ -54,6 +54,9 @@ class ParallelSection:
 @dataclass(frozen=True)
 class PrecisionSection:
     dtype: Literal["bf16", "fp16", "fp32"] = "bf16"
+    # fp16 only: dynamic loss scaling starts at 2**this (16: torch's GradScaler's and DeepSpeed's default); a step
+    # whose scaled gradients overflow is skipped and the scale halved (DeepSpeed: after fp16.hysteresis overflows)
+    initial_loss_scale_power: int = 16
 
 
 @dataclass(frozen=True)
@@ -144,6 +147,9 @@ class DeepSpeedSection:
 class PlanSection:
     headroom: float = 0.10  # fraction of device memory kept free by the fit check
     ignore_fit: bool = False  # launch even when the plan predicts out-of-memory
+    # false: a catalogue recipe shipped to show a layout that does not fit (its plan says why); the run refuses it as
+    # any predicted out-of-memory, and the catalogue's test checks that it indeed does not fit
+    expect_fit: bool = True
 
 
 COMMBENCH_DTYPE = Literal["float32", "bfloat16", "float16", "float64", "int8", "uint8", "int32", "int64",

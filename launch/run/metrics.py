@@ -66,6 +66,11 @@ class StepRecord:
     tokens: int | None = None  # tokens the step trained on, over all data-parallel ranks (packed rows: no padding)
     data_time_s: float | None = None  # this rank's time making its micro-batches, inside step_time_s
     valid_loss: float | None = None  # mean loss over the validation rows, on evaluation steps (train.eval_every)
+    # fp16 with dynamic loss scaling (backend "torch"): the scale the step's loss was multiplied by, and whether its
+    # scaled gradients overflowed, so that the optimizer step was skipped (parameters unchanged) and the scale halved;
+    # None otherwise
+    loss_scale: float | None = None
+    skipped_step: bool | None = None
     kind: str = "step"
 
 
@@ -117,7 +122,8 @@ _STEP_TYPES = _field_types(StepRecord)
 _POSITIVE = {"step": ("step", "step_time_s"), "meta": ("world_size", "tp", "dp", "tokens_per_step", "micro_batch_size",
                                                      "global_batch_size", "seq_len")}
 _NON_NEGATIVE = {"step": ("tokens_per_s", "tokens_per_s_per_device", "tflops_per_device", "mfu",
-                          "mem_max_allocated_bytes", "mem_max_reserved_bytes", "rss_max_bytes", "tokens", "data_time_s"),
+                          "mem_max_allocated_bytes", "mem_max_reserved_bytes", "rss_max_bytes", "tokens", "data_time_s",
+                          "loss_scale"),
                  "meta": ("rank", "pp", "start_step", "warmup_steps", "zero_stage", "param_numel_local",
                           "peak_flops_per_device", "flops_per_token")}
 

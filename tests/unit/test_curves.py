@@ -235,7 +235,7 @@ def test_every_field_our_trainer_writes_is_read_back(tmp_path):
     values = {}
     for k, f in enumerate(fields(StepRecord)):
         if f.name != "kind":
-            values[f.name] = (k + 1 if f.name in ("step", "tokens") or "bytes" in f.name else False if f.name == "warmup"
+            values[f.name] = (k + 1 if f.name in ("step", "tokens") or "bytes" in f.name else False if f.type in ("bool", "bool | None")
                               else 0.5 + k)
     w = MetricsWriter(tmp_path / "metrics" / "rank0.jsonl", meta)
     w.step(StepRecord(**values))

@@ -115,7 +115,7 @@ def test_world_size_mismatch():
 
 
 def test_bf16_on_t4_is_refused():
-    e = err(RECIPES / "0.5b_zero2", ["precision.dtype=bf16"])
+    e = err(RECIPES / "0.5b_t4_zero2_ac", ["precision.dtype=bf16"])
     assert "Tesla T4" in str(e) and 'precision.dtype="fp16"' in e.fix
 
 
@@ -198,7 +198,8 @@ def test_ds_base_contradicting_recipe_is_refused(write_recipe):
 def test_selective_recompute_needs_megatron():
     e = err(RECIPES / "tiny_zero2", ["train.activation_checkpointing=selective"])
     assert e.field == "train.activation_checkpointing" and 'set train.activation_checkpointing="full"' in str(e)
-    assert resolve_path(FLAGSHIP).recipe.train.activation_checkpointing == "selective"  # megatron: fine
+    flagship = resolve_path(FLAGSHIP, ["train.activation_checkpointing=selective"])  # megatron: fine
+    assert flagship.recipe.train.activation_checkpointing == "selective"
 
 
 # Every combination the resolver's rules allow (parameter offload and NVMe need ZeRO-3; the refusals are
@@ -348,3 +349,46 @@ def test_megatron_zero1_overlaps_its_reduction_only_where_deepspeed_reduces_once
     assert sp.ds_config["zero_optimization"]["overlap_comm"] is False
     # contiguous_gradients alone is correct at any count: the base's value stays
     assert {r.ds_config["zero_optimization"]["contiguous_gradients"] for r in (one, two, sp)} == {True}
+
+
+# ---------------------------------------------------------------------- fp16 loss scaling
+
+FP16_T4 = '[precision]\ndtype = "fp16"\n[hardware]\nprofile = "t4"\n'  # DeepSpeed (the base's backend) on a T4
+
+
+def test_initial_loss_scale_power_reaches_deepspeed_and_the_torch_scaler(write_recipe):
+    d = write_recipe("x", FP16_T4)
+    fp16 = resolve_path(d).ds_config["fp16"]
+    # the default is the libraries' own (torch.amp.GradScaler init_scale=2.0**16, DeepSpeed initial_scale_power=16);
+    # the shipped fragment ds_configs/fp16.json still gives the rest of the scaler's tuning
+    assert (fp16["enabled"], fp16["initial_scale_power"], fp16["hysteresis"], fp16["loss_scale"]) == (True, 16, 2, 0)
+    assert resolve_path(d, ["precision.initial_loss_scale_power=12"]).ds_config["fp16"]["initial_scale_power"] == 12
+    torch_fp16 = resolve_path(TORCH, ["precision.dtype=fp16", "precision.initial_loss_scale_power=40"])
+    assert torch_fp16.recipe.precision.initial_loss_scale_power == 40 and torch_fp16.ds_config == {}
+    assert resolve_path(RECIPES / "tiny_zero2").ds_config["fp16"] == {"enabled": False}  # fp32: no scaler tuning
+
+
+@pytest.mark.parametrize("recipe, overrides, said, fix", [
+    (TORCH, ["precision.initial_loss_scale_power=20"], 'is set but precision.dtype="fp32" scales no loss',
+     'set precision.dtype="fp16", or leave precision.initial_loss_scale_power unset'),
+    (MC, ["precision.dtype=bf16", "precision.initial_loss_scale_power=20"],
+     'is set but precision.dtype="bf16" scales no loss',
+     'set precision.dtype="fp16"'),
+    (TORCH, ["precision.dtype=fp16", "precision.initial_loss_scale_power=65"], "must be between 0 and 64",
+     "set precision.initial_loss_scale_power within that range"),
+    (TORCH, ["precision.dtype=fp16", "precision.initial_loss_scale_power=-1"], "must be between 0 and 64",
+     "set precision.initial_loss_scale_power within that range"),
+])
+def test_initial_loss_scale_power_errors(recipe, overrides, said, fix):
+    e = err(recipe, overrides)
+    assert e.field == "precision.initial_loss_scale_power" and said in e.problem and fix in e.fix, str(e)
+    assert str(e).startswith("override precision.initial_loss_scale_power=") and "\n" not in str(e)
+
+
+def test_a_deepspeed_base_contradicting_the_initial_loss_scale_is_refused(write_recipe):
+    d = write_recipe("x", FP16_T4 + '[deepspeed]\nconfig = "my.json"\n')
+    (d / "my.json").write_text(json.dumps({"fp16": {"initial_scale_power": 12}}))
+    e = err(d)
+    assert e.file.endswith("my.json") and e.field == "fp16.initial_scale_power" and e.value == 12
+    assert "precision.initial_loss_scale_power gives 16" in str(e)
+    assert resolve_path(d, ["precision.initial_loss_scale_power=12"]).ds_config["fp16"]["initial_scale_power"] == 12

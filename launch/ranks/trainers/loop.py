@@ -60,6 +60,8 @@ class _Finished:
     tokens: int  # trained on, over the data-parallel ranks
     data_seconds: float  # this rank's time making micro-batches
     valid_loss: float | None
+    loss_scale: float | None  # fp16 loss scaling: the scale in effect, and whether the step was skipped
+    skipped_step: bool | None
 
 
 def _resume_choice(run: RunDir, resolved: Resolved, terminal) -> checkpoints.Checkpoint | None:
@@ -166,14 +168,14 @@ def _train(run: RunDir, resolved: Resolved, env: common.RankEnv, terminal, cuda:
             grad_norm=f.grad_norm, step_time_s=f.seconds, tokens_per_s=tokens / f.seconds,
             tokens_per_s_per_device=tokens / f.seconds / resolved.world_size, tflops_per_device=tflops,
             mfu=tflops * 1e12 / peak if peak else 0.0, **f.memory, tokens=f.tokens, data_time_s=f.data_seconds,
-            valid_loss=f.valid_loss)
+            valid_loss=f.valid_loss, loss_scale=f.loss_scale, skipped_step=f.skipped_step)
         writer.step(rec)  # every step; TensorBoard and the progress line every run.log_every steps (evaluations: each)
         if tb is not None and rec.valid_loss is not None and math.isfinite(rec.valid_loss):
             tb.add_scalar("valid/loss", rec.valid_loss, rec.step)
         if rec.step % r.run.log_every and rec.step != r.train.steps and rec.valid_loss is None:
             return
         if tb is not None:
-            for k in ("loss", "lr", "grad_norm", "step_time_s", "tokens_per_s_per_device", "mfu"):
+            for k in ("loss", "lr", "grad_norm", "step_time_s", "tokens_per_s_per_device", "mfu", "loss_scale"):
                 v = getattr(rec, k)
                 if v is not None and math.isfinite(v):
                     tb.add_scalar(f"train/{k}", v, rec.step)
@@ -229,7 +231,8 @@ def _train(run: RunDir, resolved: Resolved, env: common.RankEnv, terminal, cuda:
                     valid_loss = _evaluate(trainer, data.valid, resolved, device)
             emit(pending)
             pending = _Finished(step, lr, seconds, out.grad_norm, loss, work, common.memory_fields(cuda),
-                                fed["rows"] * trainer.dp_world, fed["seconds"], valid_loss)
+                                fed["rows"] * trainer.dp_world, fed["seconds"], valid_loss,
+                                out.loss_scale, out.skipped)
             every = r.train.checkpoint_every
             last = step + 1 == r.train.steps
             stopping = vote.agreed() and not last  # after the last step nothing is left to stop

@@ -46,6 +46,10 @@ class BuildContext:
 class StepOutput:
     loss: "torch.Tensor"  # mean loss over this rank's micro-batches, the same on every rank of a model replica
     grad_norm: float | None  # pre-clipping L2 norm of the whole averaged gradient, None where unknown
+    # fp16 with dynamic loss scaling (None otherwise): the scale this step's losses were multiplied by before the
+    # backward, and whether the scaled gradients overflowed (the step skipped: parameters and optimizer state unchanged)
+    loss_scale: float | None = None
+    skipped: bool | None = None
 
 
 class Trainer(Protocol):

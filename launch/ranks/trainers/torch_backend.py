@@ -272,9 +272,9 @@ class TorchTrainer:
         if self.dtype == torch.float16:  # the T4 has no bf16: loss scaling, sharded where the gradients are
             from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
 
-            device_type = ctx.device.type
-            self.scaler = (torch.amp.GradScaler(device_type) if par.zero_stage == 0
-                           else ShardedGradScaler(device_type, process_group=dp_mesh.get_group()))
+            device_type, scale = ctx.device.type, 2.0 ** resolved.recipe.precision.initial_loss_scale_power
+            self.scaler = (torch.amp.GradScaler(device_type, init_scale=scale) if par.zero_stage == 0
+                           else ShardedGradScaler(device_type, init_scale=scale, process_group=dp_mesh.get_group()))
         seq = resolved.recipe.batch.seq_len
         self.positions = torch.arange(seq, device=ctx.device).unsqueeze(0)
         self.compile_pending = train.compile
@@ -343,6 +343,7 @@ class TorchTrainer:
     def train_step(self, micro_batch: Callable) -> StepOutput:
         cuda = self.cuda
         losses = self._pipelined(micro_batch) if self.schedule is not None else self._accumulated(micro_batch)
+        scaled = None
         with common.region("optimizer", cuda):
             if self.scaler is not None:
                 for optimizer in self.optimizers:
@@ -356,7 +357,13 @@ class TorchTrainer:
                 # DDP keeps its gradients as views of the reduce buckets, which live on whatever is done here.
                 optimizer.zero_grad(set_to_none=not self.ddp)
             if self.scaler is not None:
+                # The scaler skips the optimizer step when the scaled gradients held an inf or NaN (agreed over the
+                # data-parallel group: DDP's reduced gradients, ShardedGradScaler's all-reduce), and only then does
+                # update() lower the scale (backoff 0.5; growth doubles it, after 2000 clean steps): a scale that
+                # dropped is a skipped step. Two host syncs per step, fp16 only.
+                scale = self.scaler.get_scale()
                 self.scaler.update()
+                scaled = (scale, self.scaler.get_scale() < scale)
         if self.compile_pending:  # after the first step has compiled every block: say what was compiled, in the rank log
             from torch._dynamo.utils import counters
 
@@ -364,7 +371,8 @@ class TorchTrainer:
             breaks = counters["graph_break"]
             print(f"torch.compile: {counters['stats']['unique_graphs']} graphs, {sum(breaks.values())} graph breaks"
                   + "".join(f"\n  graph break ×{n}: {why}" for why, n in breaks.items()), flush=True)
-        return StepOutput(torch.stack(losses).mean(), norm)
+        loss = torch.stack(losses).mean()
+        return StepOutput(loss, norm) if scaled is None else StepOutput(loss, norm, *scaled)
 
     def _accumulated(self, micro_batch: Callable) -> list:
         """Without pipelining: forward and backward of each micro-batch in turn (DDP reduces at the last)."""
