@@ -24,6 +24,7 @@ NOT_EVIDENCE = {
     "logs/rank*.out": "a rank's stdout", "logs/rank*.err": "a rank's stderr",
     "logs/failure_rank*.json": "why a rank ended early", "logs/layout_rank*.json": "what a rank's backend built",
     "logs/state_bytes_rank*.json": "a rank's model-state bytes", "logs/stall_rank*.json": "where a stalled rank was",
+    "logs/build_memory_rank*.json": "a rank's host memory growth while it built its model",
     "logs/export.err": "the libraries' warnings during export", "ds_config.json": "the DeepSpeed config (accelerate)",
     "accelerate_config.yaml": "the Accelerate config", "*.md": "a report of this run (or your notes)",
     "*.html": "a report of this run", "*_plots/figure*.png": "a Markdown report's figure",
