@@ -1,22 +1,27 @@
-"""`python -m launch docs [check=true]`: write the generated parts of docs/ (the recipe field reference in
-docs/recipes.md) from the schema (launch/config/schema.py); `check=true` exits 1 where they are stale (what
-tests/unit/test_docs.py runs).
+"""`python -m launch docs [check=true]`: write the generated parts of the documentation: the recipe field reference
+in docs/recipes.md from the schema (launch/config/schema.py), and the recipe catalogue (recipes/README.md's index and
+each GPU recipe's numbers, launch/commands/catalogue.py) from every shipped recipe's plan; `check=true` writes
+nothing and exits 1 where any is stale (what tests/unit/test_docs.py runs).
 
 The table lists every field of `Recipe` and of each section dataclass: its dotted name (what an override
 uses), type, default and the comment written beside or above it in the schema; a section's docstring is
 listed below the table. Only the block between `<!-- fields:begin -->` and `<!-- fields:end -->` is touched.
-Torch-free: the fields come from launch.config.reference.
+Torch-free: the fields come from launch.config.reference, the catalogue's numbers from the planner.
 """
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 from launch import REPO_ROOT as REPO
+from launch.commands import catalogue
 from launch.commands.args import Option, boolean, read
+from launch.commands.catalogue import Generated, cell, splice
 from launch.config import reference
 from launch.config.reference import REQUIRED, toml_value
 
 DOC = REPO / "docs" / "recipes.md"
+RECIPES = REPO / "recipes"
 BEGIN, END = "<!-- fields:begin -->", "<!-- fields:end -->"
 
 
@@ -24,10 +29,6 @@ def default_cell(default) -> str:
     if default is REQUIRED:
         return "required"
     return "unset" if default is None else code(toml_value(default))
-
-
-def cell(text: str) -> str:
-    return text.replace("|", "\\|").replace("\n", " ")
 
 
 def code(text: str) -> str:
@@ -54,28 +55,31 @@ def block() -> str:
 
 
 def rewrite(text: str) -> str:
-    start, end = text.find(BEGIN), text.find(END)
-    if start < 0 or end < start:
+    new = splice(text, BEGIN, END, block())
+    if new is None:
         raise SystemExit(f"error: {DOC.relative_to(REPO)} has no {BEGIN} ... {END} block; add the two markers")
-    return text[:start] + block() + text[end + len(END):]
+    return new
+
+
+def generated(recipes: Path = RECIPES) -> list[Generated]:
+    """Every generated file: the field reference, then the catalogue of the recipes under `recipes`."""
+    text = DOC.read_text(encoding="utf-8")
+    return [Generated(DOC, text, rewrite(text)), *catalogue.files(recipes)]
 
 
 USAGE = "usage: python -m launch docs [check=true]"
-OPTIONS = (Option("check", "write nothing; exit 1 if a generated part of docs/ is stale", boolean, False),)
+OPTIONS = (Option("check", "write nothing; exit 1 if a generated part of the documentation is stale", boolean,
+                   False),)
 
 
 def cmd_docs(argv) -> int:
     args = read(argv, command="docs", usage=USAGE, options=OPTIONS)
-    text = DOC.read_text(encoding="utf-8")
-    new = rewrite(text)
-    if args.options["check"]:
-        if new != text:
-            print(f"{DOC.relative_to(REPO)}: the field reference is stale; run python -m launch docs",
-                  file=sys.stderr)
-            return 1
-        return 0
-    if new != text:
-        DOC.write_text(new, encoding="utf-8")
-        print(f"wrote {DOC.relative_to(REPO)}")
-    return 0
+    stale = [g for g in generated() if g.stale]
+    for g in stale:
+        if args.options["check"]:
+            print(f"{g.path.relative_to(REPO)}: stale; run python -m launch docs", file=sys.stderr)
+        else:
+            g.path.write_text(g.new, encoding="utf-8")
+            print(f"wrote {g.path.relative_to(REPO)}")
+    return 1 if stale and args.options["check"] else 0
 

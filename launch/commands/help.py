@@ -29,7 +29,8 @@ ABOUT = {
     "prepare-data": ("tokenize a corpus once into Megatron's indexed format (data.source=megatron)",
                      "python -m launch prepare-data tests/fixtures/text/corpus.jsonl out=data/corpus "
                      "data.tokenizer=tests/fixtures/tokenizer"),
-    "docs": ("write the generated parts of docs/ from the schema", "python -m launch docs check=true"),
+    "docs": ("write the generated docs: the field table from the schema, the recipe index and each recipe's numbers",
+             "python -m launch docs check=true"),
 }
 TAKES_A_RECIPE = ("run", "sweep", "recommend", "calibrate", "export-accelerate")
 

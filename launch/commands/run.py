@@ -69,8 +69,9 @@ def cmd_run(args: Sequence[str]) -> int:
                           "offload less (parallel.offload_params/offload_optimizer), use more nodes, or set plan.ignore_fit=true")
     if not bench and not plan.fits and not resolved.recipe.plan.ignore_fit:
         worst = plan.worst()
+        shown = "" if resolved.recipe.plan.expect_fit else " (this recipe is shipped to show a layout that does not fit)"
         raise ConfigError(resolved.recipe_path, "plan", f"{gib(worst.memory[worst.implementation].total)} GiB",
-                          f"exceeds the usable {gib(worst.usable_bytes)} GiB on {worst.kind}",
+                          f"exceeds the usable {gib(worst.usable_bytes)} GiB on {worst.kind}{shown}",
                           "lower memory (zero_stage, tp, activation_checkpointing, micro_batch_size) or set plan.ignore_fit=true")
     launcher.preflight(resolved)
     joined = shared_run_dir(resolved, os.environ)

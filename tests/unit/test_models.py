@@ -29,14 +29,16 @@ PUBLISHED_TOTALS = {
     "qwen2.5-7b": 7_615_616_512,
     "qwen2.5-0.5b": 494_032_768,
     "tinyllama-1.1b": 1_100_048_384,
+    "llama-3.1-70b": 70_553_706_496,
 }
-TINY = ("tiny-llama", "tiny-qwen2")
+TINY = ("tiny-llama", "tiny-qwen2", "tiny-llama2")
 HUB_SOURCES = {
     "llama-2-7b": "meta-llama/Llama-2-7b-hf",
     "llama-3.1-8b": "meta-llama/Llama-3.1-8B",
     "qwen2.5-7b": "Qwen/Qwen2.5-7B",
     "qwen2.5-0.5b": "Qwen/Qwen2.5-0.5B",
     "tinyllama-1.1b": "TinyLlama/TinyLlama-1.1B-intermediate-step-1431k-3T",
+    "llama-3.1-70b": "meta-llama/Llama-3.1-70B",
 }
 
 
@@ -122,7 +124,9 @@ def test_tiny_models_match_transformers_and_train(name):
     torch = pytest.importorskip("torch")
     spec = load_model(name)
     assert (spec.vocab_size, spec.hidden_size, spec.intermediate_size) == (512, 64, 128)
-    assert (spec.num_layers, spec.num_heads, spec.num_kv_heads, spec.max_position_embeddings) == (4, 4, 2, 256)
+    # tiny-llama2 is Llama-2's multi-head attention in small (as many key/value heads as heads: TP 4 divides them)
+    kv_heads = 4 if name == "tiny-llama2" else 2
+    assert (spec.num_layers, spec.num_heads, spec.num_kv_heads, spec.max_position_embeddings) == (4, 4, kv_heads, 256)
     torch.manual_seed(0)
     model = _build(spec, meta=False)
     _assert_matches_transformers(spec, model)

@@ -208,7 +208,7 @@ def test_autotp_all_reduce_count_and_post_step_gather_is_exposed():
 
 
 def test_host_memory_is_fit_checked():
-    plan = plan_resolved(resolve_path(RECIPES / "0.5b_zero2", [
+    plan = plan_resolved(resolve_path(RECIPES / "0.5b_t4_zero2_ac", [
         "model.name=llama-2-7b", "parallel.zero_stage=3", "parallel.offload_optimizer=cpu",
         "parallel.offload_params=cpu", "batch.seq_len=512"]))
     assert all(r.fits for r in plan.ranks) and not plan.host_fits and not plan.fits

@@ -87,11 +87,11 @@ def test_recommend_bad_own_arguments(capsys, arg, says):
 
 
 def test_sweep_refuses_a_set_that_is_not_held_equal(capsys):
-    rc = main(["sweep", str(RECIPES / "tiny_zero2"), str(RECIPES / "0.5b_zero2"), "hardware.profile=cpu",
+    rc = main(["sweep", str(RECIPES / "tiny_zero2"), str(RECIPES / "0.5b_t4_zero2_ac"), "hardware.profile=cpu",
                "precision.dtype=fp32"])
     err = capsys.readouterr().err.strip()
     assert rc == 2 and len(err.splitlines()) == 1
-    # 0.5b_zero2 trains another global batch than tiny_zero2: both values named, with the fix.
+    # 0.5b_t4_zero2_ac trains another global batch than tiny_zero2: both values named, with the fix.
     assert "batch.global_batch_size" in err and "differs from tiny_zero2's 8" in err
     assert "hold it equal on the command line" in err
 
