@@ -140,3 +140,14 @@ def test_gpu_recipe_readme_says_what_its_layout_teaches(path):
     heading, description, *prose = [block for block in above.strip().split("\n\n") if block.strip()]
     assert heading == f"# {path.name}" and description == resolve_path(path).recipe.description
     assert len(re.findall(r"[.!?](?:\s|$)", " ".join(prose))) >= 2, prose
+
+
+def test_the_tiny_matrix_report_in_docs_covers_every_7b_twin():
+    """docs/tiny_matrix/report.md (bash docs/make_tiny_matrix.sh): our report's own first line, a run row for every
+    twin of the 7B matrix (read by this test's regex), each run's Kineto traces read into where the time went."""
+    report = (REPO / "docs" / "tiny_matrix" / "report.md").read_text()
+    assert report.startswith("# layoutlab report\n")
+    runs = re.findall(r"^\| (tiny_7b_\S+) \| runs/sweeps/\S+ \| our run directory \|", report, re.M)
+    assert sorted(runs) == sorted(p.name for p in SHIPPED if p.name.startswith("tiny_7b_"))
+    time_went = report.split("## Where the time went", 1)[1].split("\n## ", 1)[0]
+    assert "No profiler trace" not in time_went and all(f"| {run} |" in time_went for run in runs)
