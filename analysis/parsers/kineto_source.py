@@ -9,16 +9,56 @@ the GIL. Damage gives the bytes before it and one warning naming the compressed 
 """
 from __future__ import annotations
 
+import ctypes
+import mmap
 import os
 import zlib
 from typing import Any, Callable, Iterator
 
-import deflate
+import deflate._deflate
 
-# LAYOUTLAB_KINETO_PURE=1 turns both C extensions off: this inflater and the scanner (analysis.parsers.kineto).
+
+class _Libdeflate:
+    """libdeflate's C API as the deflate wheel builds and exports it (deflate/_deflate.abi3.so), called through ctypes,
+    which releases the GIL for the call. Not the package's gzip_decompress: that inflates the first member and says
+    nothing of what followed it, while a file is one member only when the member took every byte."""
+
+    def __init__(self, path: str):
+        lib = ctypes.CDLL(path)
+        self._alloc = lib.libdeflate_alloc_decompressor
+        self._alloc.restype, self._alloc.argtypes = ctypes.c_void_p, []
+        self._free = lib.libdeflate_free_decompressor
+        self._free.restype, self._free.argtypes = None, [ctypes.c_void_p]
+        self._inflate = lib.libdeflate_gzip_decompress_ex
+        self._inflate.restype = ctypes.c_int
+        self._inflate.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_size_t, ctypes.c_void_p, ctypes.c_size_t,
+                                  ctypes.POINTER(ctypes.c_size_t), ctypes.POINTER(ctypes.c_size_t)]
+
+    def one_member(self, raw: bytes, size: int) -> mmap.mmap | None:
+        """`raw` inflated where it is exactly one gzip member of `size` bytes, its CRC and length checked by libdeflate;
+        else None. Into anonymous memory, which the kernel hands over zeroed page by page as it is written (a bytearray
+        would be cleared first: a third of the inflation's time)."""
+        out = mmap.mmap(-1, size)
+        used, made = ctypes.c_size_t(), ctypes.c_size_t()
+        decompressor = self._alloc()
+        if not decompressor:
+            out.close()
+            return None
+        try:
+            status = self._inflate(decompressor, raw, len(raw), (ctypes.c_char * size).from_buffer(out), size,
+                                   ctypes.byref(used), ctypes.byref(made))
+        finally:
+            self._free(decompressor)
+        if status == 0 and used.value == len(raw) and made.value == size:  # 0: LIBDEFLATE_SUCCESS
+            return out
+        out.close()
+        return None
+
+
+# LAYOUTLAB_KINETO_PURE=1 turns the compiled paths off: libdeflate's one call, the C inflater and the C scanner
+# (analysis.parsers.kineto).
 PURE = os.environ.get("LAYOUTLAB_KINETO_PURE", "") not in ("", "0")
-# libdeflate's whole-member inflation (the deflate package), off with the C extensions.
-_libdeflate: Any = None if PURE else deflate
+_libdeflate: Any = None if PURE else _Libdeflate(deflate._deflate.__file__)
 # The C inflater (analysis/parsers/_kinflate.c, built by `pip install`, optional).
 _kinflate: Any = None
 if not PURE:
@@ -58,8 +98,9 @@ class Source:
                 self.gzip = True
                 whole = None if _libdeflate is None else _gunzip_whole(fh)
                 if whole is not None:
-                    for start in range(0, len(whole), CHUNK_BYTES):
-                        yield whole[start:start + CHUNK_BYTES]
+                    with whole:
+                        for start in range(0, len(whole), CHUNK_BYTES):
+                            yield whole[start:start + CHUNK_BYTES]
                     return
                 fh.seek(0)
                 if _kinflate is not None and os.fstat(fh.fileno()).st_size > THREAD_GUNZIP_BYTES:
@@ -129,27 +170,17 @@ class Source:
             self.warn(f"{self.name}: cannot read after compressed byte {fed} ({os.strerror(errno)})")
 
 
-def _gunzip_whole(fh) -> bytes | None:
+def _gunzip_whole(fh) -> mmap.mmap | None:
     """The file inflated by libdeflate in one call where it is one undamaged gzip member of at most
-    WHOLE_GUNZIP_BYTES, else None (the streaming readers then give what it holds, with their warnings).
-
-    libdeflate inflates the first member and checks it against its own trailer; the member is the whole file when that
-    trailer is the file's last eight bytes: its length and CRC equal the ones the file ends with. (A file of members
-    whose last trailer repeats the first's, e.g. the same member twice, reads as that member once.) A trailer of zero
-    length (zero padding) is never taken as one."""
+    WHOLE_GUNZIP_BYTES, else None (the streaming readers then give what it holds, with their warnings): a cut, damage,
+    a second member, padding or anything after the member all leave input unconsumed or fail the member's own check."""
     if os.fstat(fh.fileno()).st_size > WHOLE_GUNZIP_BYTES:
         return None
     raw = fh.read()
-    if len(raw) < 18:
+    if len(raw) < 18:  # a gzip header and trailer alone take 18 bytes
         return None
-    crc, size = int.from_bytes(raw[-8:-4], "little"), int.from_bytes(raw[-4:], "little")
-    if not 0 < size <= WHOLE_GUNZIP_BYTES:
-        return None
-    try:
-        out = _libdeflate.gzip_decompress(raw)
-    except _libdeflate.DeflateError:
-        return None
-    return out if len(out) == size and _libdeflate.crc32(out) == crc else None
+    size = int.from_bytes(raw[-4:], "little")  # the trailer's length: the member's, if the file is one member
+    return _libdeflate.one_member(raw, size) if 0 < size <= WHOLE_GUNZIP_BYTES else None
 
 
 def _inflate_until_damage(inflater, data: bytes, piece: int = 64) -> Iterator[bytes]:
