@@ -103,16 +103,28 @@ def text(value: str) -> str:
     return value
 
 
-def text_list(value: str) -> tuple[str, ...]:
-    """Comma-separated texts, each as `text` takes it; at least one, none twice (a name given twice would be
-    computed and shown twice)."""
+def distinct(parse: Callable[[str], tuple]) -> Callable[[str], tuple]:
+    """`parse`'s list with no item twice (an item given twice would be computed and shown twice)."""
+
+    def checked(text: str) -> tuple:
+        items = parse(text)
+        twice = next((x for i, x in enumerate(items) if x in items[:i]), None)
+        if twice is not None:
+            raise ValueError(f"names {twice} twice")
+        return items
+
+    return checked
+
+
+def _texts(value: str) -> tuple[str, ...]:
     items = tuple(value.split(","))
     if any(not x or "\0" in x for x in items):
         raise ValueError("is not a comma-separated list of non-empty names without a NUL byte")
-    twice = next((x for i, x in enumerate(items) if x in items[:i]), None)
-    if twice is not None:
-        raise ValueError(f"names {twice} twice")
     return items
+
+
+# Comma-separated texts, each as `text` takes it; at least one, none twice.
+text_list = distinct(_texts)
 
 
 def read(args: Sequence[str], *, command: str, usage: str, options: Sequence[Option] = (),

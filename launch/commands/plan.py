@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from launch.commands import render
-from launch.commands.args import Option, choice, choice_list, read, text, text_list, whole, whole_list
+from launch.commands.args import Option, choice, choice_list, distinct, read, text, text_list, whole, whole_list
 from launch.commands.plan_figure import chart_png, ours
 from launch.commands.plan_page import render_page
 from launch.commands.render import make_console
@@ -35,7 +35,8 @@ USAGE = ("usage: python -m launch plan [key=value ...]  "
 AC_POLICIES = ("none", "selective", "full")
 OPTIONS = (
     Option("model", "catalogue model names, comma separated (default llama-2-7b)", text_list, ("llama-2-7b",)),
-    Option("world_size", "GPU counts (world sizes), comma separated (default 4)", whole_list(1, 1_000_000), (4,)),
+    Option("world_size", "GPU counts (world sizes), comma separated (default 4)", distinct(whole_list(1, 1_000_000)),
+           (4,)),
     Option("hardware", "hardware profile (default h100-sxm)", text, "h100-sxm"),
     Option("gpus_per_node", "devices per node (default 8, or the GPU count when smaller)", whole(1, 1_000_000)),
     Option("backend", "deepspeed | megatron (default deepspeed; megatron adds sequence parallel)",
@@ -71,10 +72,6 @@ def layouts(opts: Mapping[str, Any]) -> list[Row]:
     nominal = load_profile(named, context="command line", field="hardware") if not is_profile_path(named) else None
     hw = nominal or load_profile(named, context="command line", field="hardware", path=Path(named))
     gpu_counts = opts["world_size"]
-    twice = next((n for i, n in enumerate(gpu_counts) if n in gpu_counts[:i]), None)
-    if twice is not None:  # its layouts would be computed, listed and shown twice
-        raise ConfigError("command line", "world_size", ",".join(map(str, gpu_counts)), f"lists {twice} twice",
-                          "give each GPU count once")
     backend = opts["backend"]
     bt = traits(backend, where="command line")
     dtype = opts["dtype"]
