@@ -498,8 +498,8 @@ def _deepspeed_config(loaded: LoadedRecipe, r: Recipe, grad_accum: int, hw: Hard
     cfg = dsconfig.compose(base, base_file, owned,
                            yields=backend_owned if base_path.parent == dsconfig.DS_CONFIGS else frozenset())
     if r.precision.dtype != "fp32":
-        # The shipped precision fragment (loss-scaling tuning) fills only what neither the base nor the recipe set:
-        # merged after the recipe's fields, its initial_scale_power gives way to precision.initial_loss_scale_power.
+        # The shipped precision fragment (the loss scaler's tuning: window, hysteresis, floor) fills only what neither
+        # the base nor the recipe set; the initial scale is the recipe's (precision.initial_loss_scale_power).
         frag = dsconfig.DS_CONFIGS / f"{r.precision.dtype}.json"
         cfg = dsconfig.merge_fragment(cfg, dsconfig.read_json(frag, context=str(frag), field="precision"))
     dsconfig.fill_auto(cfg, model, par.tp, base_file)
