@@ -13,8 +13,9 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Sequence
 
-from launch.commands.render import gib, ranks_text, timing_label
+from launch.commands.render import gib, ranks_text, step_parts, timing_label
 from launch.config.resolve import Resolved, resolve_path
+from launch.errors import ConfigError
 from launch.plan.build import plan_resolved
 from launch.plan.layout import Comm, Memory, Plan
 from launch.units import human_bytes, human_count
@@ -81,8 +82,8 @@ def files(recipes: Path) -> list[Generated]:
     old = index.read_text(encoding="utf-8") if index.is_file() else ""
     new = splice(old, INDEX_BEGIN, INDEX_END, index_block(found))
     if new is None:
-        raise SystemExit(f"error: {index} has no {INDEX_BEGIN} ... {INDEX_END} block; add the two markers below "
-                         "its introduction")
+        raise ConfigError(str(index), "catalogue block", "missing", f"has no {INDEX_BEGIN} ... {INDEX_END} markers",
+                          "add the two markers below its introduction")
     out = [Generated(index, old, new)]
     for e in found:
         if e.on_cpu:
@@ -219,9 +220,7 @@ def numbers_block(e: Entry) -> str:
         f"{worst.implementation} accounting; host memory per node {gib(plan.host_bytes_per_node)} of "
         f"{gib(plan.host_usable_bytes)} usable. The plan: {fits(e, 'fits', 'does not fit')}.", "",
         *memory_table(plan), "",
-        f"**Predicted step** ({timing_label(plan)}): {s.total_s * 1e3:.1f} ms = compute {s.compute_s * 1e3:.1f} + "
-        f"bubble {s.bubble_s * 1e3:.1f} + tp/sp {s.tp_comm_s * 1e3:.1f} + pp {s.pp_comm_s * 1e3:.1f} + exposed dp "
-        f"{s.dp_exposed_s * 1e3:.1f} (of {s.dp_comm_s * 1e3:.1f}) + offload {s.offload_s * 1e3:.1f}; "
+        f"**Predicted step** ({timing_label(plan)}): {step_parts(plan)}; "
         f"{s.tokens_per_s_per_device:,.0f} tokens/s/GPU, MFU {s.mfu:.1%}.", "",
         "**Communication per step**, per rank" + (" of the first pipeline stage (the one the plan times)"
                                                   if r.grid.pp > 1 else "") + ":", "",

@@ -19,6 +19,8 @@ from launch.commands.args import Option, boolean, read
 from launch.commands.catalogue import Generated, cell, splice
 from launch.config import reference
 from launch.config.reference import REQUIRED, toml_value
+from launch.errors import ConfigError
+from launch.outputs import write_text_atomic
 
 DOC = REPO / "docs" / "recipes.md"
 RECIPES = REPO / "recipes"
@@ -57,7 +59,8 @@ def block() -> str:
 def rewrite(text: str) -> str:
     new = splice(text, BEGIN, END, block())
     if new is None:
-        raise SystemExit(f"error: {DOC.relative_to(REPO)} has no {BEGIN} ... {END} block; add the two markers")
+        raise ConfigError(str(DOC.relative_to(REPO)), "fields block", "missing", f"has no {BEGIN} ... {END} markers",
+                          "add the two markers")
     return new
 
 
@@ -79,7 +82,7 @@ def cmd_docs(argv) -> int:
         if args.options["check"]:
             print(f"{g.path.relative_to(REPO)}: stale; run python -m launch docs", file=sys.stderr)
         else:
-            g.path.write_text(g.new, encoding="utf-8")
+            write_text_atomic(g.path, g.new)  # a reader (a test, an editor) never sees half a page
             print(f"wrote {g.path.relative_to(REPO)}")
     return 1 if stale and args.options["check"] else 0
 

@@ -99,9 +99,7 @@ def render(resolved: Resolved, plan: Plan, cmd: launcher.LaunchCommand, console,
         c.add_row("-", "none (one rank per group)", "", "", "", "", "", "", "")
     console.print(c)
     s = plan.step
-    console.print(f"predicted step ({timing_label(plan)}): {s.total_s * 1e3:.1f} ms = compute {s.compute_s * 1e3:.1f} + bubble "
-                  f"{s.bubble_s * 1e3:.1f} + tp/sp {s.tp_comm_s * 1e3:.1f} + pp {s.pp_comm_s * 1e3:.1f} + exposed dp "
-                  f"{s.dp_exposed_s * 1e3:.1f} (of {s.dp_comm_s * 1e3:.1f}) + offload {s.offload_s * 1e3:.1f}; "
+    console.print(f"predicted step ({timing_label(plan)}): {step_parts(plan)}; "
                   f"{s.tokens_per_s_per_device:,.0f} tokens/s/device, MFU {s.mfu:.1%}")
     console.print(f"  model FLOPs/step {s.model_flops_per_step:.3e} (6·N + 12·L·h·s per token, torchtitan); {safe(s.assumptions)}")
     for n in plan.notes:
@@ -135,6 +133,14 @@ def table_unit(largest: float) -> tuple[str, int]:
         if largest >= size:
             return unit, size
     return "B", 1
+
+
+def step_parts(plan: Plan) -> str:
+    """The predicted step as the sum of its parts, in ms (the dry run's line and each recipe's README)."""
+    s = plan.step
+    return (f"{s.total_s * 1e3:.1f} ms = compute {s.compute_s * 1e3:.1f} + bubble {s.bubble_s * 1e3:.1f} + tp/sp "
+            f"{s.tp_comm_s * 1e3:.1f} + pp {s.pp_comm_s * 1e3:.1f} + exposed dp {s.dp_exposed_s * 1e3:.1f} (of "
+            f"{s.dp_comm_s * 1e3:.1f}) + offload {s.offload_s * 1e3:.1f}")
 
 
 def timing_label(plan: Plan) -> str:
