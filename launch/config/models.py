@@ -341,12 +341,49 @@ def _parse(raw: Mapping[str, Any], spec_name: str, path: Path, context: str) -> 
     referenced = f" (model referenced from {context})" if context else ""
     # "_"-keys are ours (_source) or HF bookkeeping (_name_or_path); neither describes the network.
     hf = {k: v for k, v in raw.items() if not k.startswith("_")}
+    architecture = _architecture(hf, shown, referenced)
+    arch = _ARCHITECTURES[architecture]
+    for key in _REQUIRED_INTS:
+        if key not in hf:
+            raise _missing(shown, key, referenced,
+                           f'add "{key}": <positive integer> as in the model\'s published config.json')
+        _require_positive_int(hf[key], shown, key)
+    kv_heads = _kv_heads(hf, shown, referenced)
+    head_dim = _head_dim(hf, shown, referenced)
 
-    def missing(key: str, fix: str) -> ConfigError:
-        return ConfigError(shown, key, None, f"is missing{referenced}", fix)
+    # The three supported config classes all default these to False.
+    tie = _optional_bool(hf, "tie_word_embeddings", shown)
+    attention_bias = arch.qkv_bias_fixed or (arch.qkv_bias_from_config and _optional_bool(hf, "attention_bias", shown))
+    mlp_bias = arch.mlp_bias_from_config and _optional_bool(hf, "mlp_bias", shown)
 
+    return ModelSpec(
+        name=spec_name,
+        architecture=architecture,
+        vocab_size=hf["vocab_size"],
+        hidden_size=hf["hidden_size"],
+        intermediate_size=hf["intermediate_size"],
+        num_layers=hf["num_hidden_layers"],
+        num_heads=hf["num_attention_heads"],
+        num_kv_heads=kv_heads,
+        head_dim=head_dim,
+        max_position_embeddings=hf["max_position_embeddings"],
+        tie_word_embeddings=tie,
+        attention_bias=attention_bias,
+        mlp_bias=mlp_bias,
+        source=shown,
+        hf_config=hf,
+    )
+
+
+def _missing(shown: str, key: str, referenced: str, fix: str) -> ConfigError:
+    return ConfigError(shown, key, None, f"is missing{referenced}", fix)
+
+
+def _architecture(hf: Mapping[str, Any], shown: str, referenced: str) -> str:
+    """architectures[0], one we can count, and the model_type transformers builds it by."""
     if "architectures" not in hf:
-        raise missing("architectures", f'add "architectures": ["<one of {", ".join(_ARCHITECTURES)}>"]')
+        raise _missing(shown, "architectures", referenced,
+                       f'add "architectures": ["<one of {", ".join(_ARCHITECTURES)}>"]')
     archs = hf["architectures"]
     if not isinstance(archs, list) or not archs or not all(isinstance(a, str) for a in archs):
         raise ConfigError(
@@ -365,26 +402,23 @@ def _parse(raw: Mapping[str, Any], spec_name: str, path: Path, context: str) -> 
             f"names {architecture}, which the planner cannot count{referenced}",
             f"use a model whose architectures[0] is one of: {', '.join(_ARCHITECTURES)}",
         )
-    arch = _ARCHITECTURES[architecture]
+    model_type = _ARCHITECTURES[architecture].model_type
     # transformers picks the classes by model_type, so a mismatch would build a different network than we count.
     if "model_type" not in hf:
-        raise missing("model_type", f'add "model_type": "{arch.model_type}"')
-    if hf["model_type"] != arch.model_type:
+        raise _missing(shown, "model_type", referenced, f'add "model_type": "{model_type}"')
+    if hf["model_type"] != model_type:
         raise ConfigError(
             shown,
             "model_type",
             hf["model_type"],
             f"does not match architectures[0]={architecture}{referenced}",
-            f'set "model_type": "{arch.model_type}" or fix architectures',
+            f'set "model_type": "{model_type}" or fix architectures',
         )
+    return architecture
 
-    for key in _REQUIRED_INTS:
-        if key not in hf:
-            raise missing(key, f'add "{key}": <positive integer> as in the model\'s published config.json')
-        _require_positive_int(hf[key], shown, key)
+
+def _kv_heads(hf: Mapping[str, Any], shown: str, referenced: str) -> int:
     heads = hf["num_attention_heads"]
-    hidden = hf["hidden_size"]
-
     kv_heads = hf.get("num_key_value_heads")
     if kv_heads is None:
         kv_heads = heads  # transformers' default: plain multi-head attention
@@ -397,7 +431,11 @@ def _parse(raw: Mapping[str, Any], spec_name: str, path: Path, context: str) -> 
             f"must divide num_attention_heads={heads}{referenced}",
             "use a divisor of num_attention_heads (grouped-query attention repeats each KV head evenly)",
         )
+    return kv_heads
 
+
+def _head_dim(hf: Mapping[str, Any], shown: str, referenced: str) -> int:
+    heads, hidden = hf["num_attention_heads"], hf["hidden_size"]
     head_dim = hf.get("head_dim")
     if head_dim is None:
         if hidden % heads:
@@ -410,29 +448,7 @@ def _parse(raw: Mapping[str, Any], spec_name: str, path: Path, context: str) -> 
             )
         head_dim = hidden // heads
     _require_positive_int(head_dim, shown, "head_dim")
-
-    # The three supported config classes all default these to False.
-    tie = _optional_bool(hf, "tie_word_embeddings", shown)
-    attention_bias = arch.qkv_bias_fixed or (arch.qkv_bias_from_config and _optional_bool(hf, "attention_bias", shown))
-    mlp_bias = arch.mlp_bias_from_config and _optional_bool(hf, "mlp_bias", shown)
-
-    return ModelSpec(
-        name=spec_name,
-        architecture=architecture,
-        vocab_size=hf["vocab_size"],
-        hidden_size=hidden,
-        intermediate_size=hf["intermediate_size"],
-        num_layers=hf["num_hidden_layers"],
-        num_heads=heads,
-        num_kv_heads=kv_heads,
-        head_dim=head_dim,
-        max_position_embeddings=hf["max_position_embeddings"],
-        tie_word_embeddings=tie,
-        attention_bias=attention_bias,
-        mlp_bias=mlp_bias,
-        source=shown,
-        hf_config=hf,
-    )
+    return head_dim
 
 
 def _require_positive_int(value: Any, file: str, key: str) -> None:

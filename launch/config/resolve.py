@@ -11,19 +11,29 @@ import math
 import typing
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
-from launch import sense
 from launch.comm import commbench_spec
 from launch.config import commbench, dsconfig
-from launch.config.backends import BACKENDS, traits
+from launch.config.backends import BACKENDS, BackendTraits, traits
 from launch.config.grid import RankGrid, divisors
 from launch.config.hardware import HardwareProfile, is_profile_path, load_profile
 from launch.config.models import ModelSpec, load_model
-from launch.config.schema import ADAM_EPS, TOKENIZER_NAMES, LoadedRecipe, Recipe, from_dict, load_recipe, to_dict
+from launch.config.schema import (
+    ADAM_EPS,
+    TOKENIZER_NAMES,
+    LoadedRecipe,
+    Recipe,
+    check_bounds,
+    from_dict,
+    load_recipe,
+    to_dict,
+)
 from launch.errors import ConfigError
 
 SCHEMA_VERSION = 1
+
+Where = Callable[[str], str]  # a dotted field -> the file (or override) that set it
 
 
 @dataclass(frozen=True)
@@ -138,17 +148,52 @@ def resolve_path(path: str | Path, overrides: Sequence[str] = (), world_size: in
 
 
 def resolve(loaded: LoadedRecipe, world_size: int | None = None) -> Resolved:
-    r = loaded.recipe
-    w = loaded.where
-    warnings: list[str] = []
-    par, hw_s, batch, train = r.parallel, r.hardware, r.batch, r.train
+    """Each section's rules in a fixed order (the first broken one is the error), then the fields derived from them."""
+    r, w = loaded.recipe, loaded.where
+    _check_model_source(r, w)
+    paths = _absolute_paths(loaded)
+    resume = _resume(loaded)
+    model = _model(loaded, paths)
+    hw = _hardware(loaded)
+    check_bounds(r, w)
+    _check_restarts(r, w)
+    _check_real_ranges(r, w)
+    dp = _layout(r, w, world_size, model)
+    bt = traits(r.backend, where=w("backend"))
+    _check_parallel(r, w, bt, dp)
+    grad_accum = _grad_accum(r, w, dp)
+    _check_offload(r, w, hw)
+    _check_backend(r, w, bt, model)
+    _check_precision(loaded, hw, bt)
+    _check_gpu_features(r, w, hw)
+    _check_data(r, w)
+    if bt.check is not None:
+        bt.check(w, r, model, grad_accum)
 
-    # Model: exactly one source.
+    grid = RankGrid(r.parallel.tp, r.parallel.pp, dp, r.hardware.gpus_per_node, r.hardware.nodes)
+    recipe = _completed(r, paths, resume, dp, hw)
+    if r.run.mode == "commbench":
+        commbench.check(w, recipe.commbench, r.commbench.max_bytes, grid, hw)
+    # The deepspeed and megatron backends train through a DeepSpeed engine (ZeRO over the data-parallel group).
+    ds_config, ds_base = _deepspeed_config(loaded, recipe, grad_accum, hw, model) if bt.uses_deepspeed else ({}, "")
+    return Resolved(
+        recipe_name=loaded.name, recipe_path=str(loaded.path), chain=loaded.chain, overrides=loaded.overrides,
+        recipe=recipe, model=model, hardware=hw, grid=grid, grad_accum=grad_accum, ds_config=ds_config,
+        ds_base=ds_base, warnings=_warnings(r, model, bt),
+    )
+
+
+def _check_model_source(r: Recipe, w: Where) -> None:
     if (r.model.name is None) == (r.model.config is None):
         raise ConfigError(w("model.name"), "model.name", r.model.name,
                           "and model.config: exactly one must be set",
                           "set model.name to a catalogue model or model.config to a config.json path")
-    # Path fields are made absolute here, so that resolved.json means the same from any directory.
+
+
+def _absolute_paths(loaded: LoadedRecipe) -> dict[str, str]:
+    """The path fields that are set, by dotted name, made absolute here, so that resolved.json means the same from any
+    directory."""
+    r, w = loaded.recipe, loaded.where
     paths = {}
     for dotted, value in (("model.config", r.model.config), ("model.weights", r.model.weights),
                           ("data.path", r.data.path), ("data.valid_path", r.data.valid_path),
@@ -158,43 +203,39 @@ def resolve(loaded: LoadedRecipe, world_size: int | None = None) -> Resolved:
             raise ConfigError(w(dotted), dotted, value, "is an empty path", f"give a path, or leave {dotted} unset")
         if value:
             paths[dotted] = str(loaded.path_of(dotted, value))
-    resume = r.run.resume
-    if resume not in ("auto", "never"):  # a run directory or checkpoint to continue, named
-        if resume.strip().lower() in ("auto", "never") or not resume.strip() or "\0" in resume:
-            raise ConfigError(w("run.resume"), "run.resume", resume, "is neither auto, never nor a path",
-                              "set run.resume=auto, never, or the run directory to continue")
-        resume = str(loaded.path_of("run.resume", resume))
-    if r.model.name is not None:
-        model = load_model(name=r.model.name, context=w("model.name"))
+    return paths
+
+
+def _resume(loaded: LoadedRecipe) -> str:
+    """run.resume: auto, never, or a run directory or checkpoint to continue, named (made absolute)."""
+    resume = loaded.recipe.run.resume
+    if resume in ("auto", "never"):
+        return resume
+    if resume.strip().lower() in ("auto", "never") or not resume.strip() or "\0" in resume:
+        raise ConfigError(loaded.where("run.resume"), "run.resume", resume, "is neither auto, never nor a path",
+                          "set run.resume=auto, never, or the run directory to continue")
+    return str(loaded.path_of("run.resume", resume))
+
+
+def _model(loaded: LoadedRecipe, paths: Mapping[str, str]) -> ModelSpec:
+    m, w = loaded.recipe.model, loaded.where
+    if m.name is not None:
+        model = load_model(name=m.name, context=w("model.name"))
     else:
         model = load_model(config_path=paths["model.config"], context=w("model.config"))
-    if r.model.weights and not Path(paths["model.weights"]).is_dir():
-        raise ConfigError(w("model.weights"), "model.weights", r.model.weights, f"is not a folder ({paths['model.weights']})",
+    if m.weights and not Path(paths["model.weights"]).is_dir():
+        raise ConfigError(w("model.weights"), "model.weights", m.weights, f"is not a folder ({paths['model.weights']})",
                           "give a local Hugging Face model folder (config.json + *.safetensors), relative to the recipe")
-    hw = load_profile(hw_s.profile, context=w("hardware.profile"),
-                      path=loaded.path_of("hardware.profile", hw_s.profile) if is_profile_path(hw_s.profile) else None)
+    return model
 
-    for dotted, value, low in [("parallel.tp", par.tp, 1), ("parallel.pp", par.pp, 1), ("parallel.vpp", par.vpp, 1),
-                               ("parallel.zero_hpz_partition_size", par.zero_hpz_partition_size, 1),
-                               ("hardware.nodes", hw_s.nodes, 1), ("hardware.gpus_per_node", hw_s.gpus_per_node, 1),
-                               ("batch.micro_batch_size", batch.micro_batch_size, 1),
-                               ("batch.global_batch_size", batch.global_batch_size, 1),
-                               ("batch.seq_len", batch.seq_len, 1), ("train.steps", train.steps, 1),
-                               ("train.warmup_steps", train.warmup_steps, 0),
-                               ("train.lr_warmup_steps", train.lr_warmup_steps, 0),
-                               ("train.checkpoint_every", train.checkpoint_every, 0),
-                               ("run.timeout_s", r.run.timeout_s, 1), ("run.profile_active_steps", r.run.profile_active_steps, 1),
-                               ("run.log_every", r.run.log_every, 1)]:
-        if value < low:
-            raise ConfigError(w(dotted), dotted, value, f"must be at least {low}", f"set {dotted}={low} or more")
-    # Upper bounds where the value could not work: a torch seed is 64 bits unsigned; the process-group timeout
-    # becomes a datetime.timedelta (at most 999,999,999 days), a week is already far beyond any stalled collective.
-    for dotted, value, low, high in [("train.seed", train.seed, 0, 2**64 - 1),
-                                     ("run.timeout_s", r.run.timeout_s, 1, sense.MAX_DURATION_S),
-                                     ("run.max_restarts", r.run.max_restarts, 0, 100)]:
-        if not low <= value <= high:
-            raise ConfigError(w(dotted), dotted, value, f"must be between {low} and {high:,}",
-                              f"set {dotted} within that range")
+
+def _hardware(loaded: LoadedRecipe) -> HardwareProfile:
+    profile = loaded.recipe.hardware.profile
+    return load_profile(profile, context=loaded.where("hardware.profile"),
+                        path=loaded.path_of("hardware.profile", profile) if is_profile_path(profile) else None)
+
+
+def _check_restarts(r: Recipe, w: Where) -> None:
     if r.run.max_restarts > 0 and r.run.launcher != "torchrun":
         raise ConfigError(w("run.max_restarts"), "run.max_restarts", r.run.max_restarts,
                           f"needs torchrun's elastic agent; run.launcher={r.run.launcher} does not restart workers",
@@ -203,7 +244,11 @@ def resolve(loaded: LoadedRecipe, world_size: int | None = None) -> Resolved:
         raise ConfigError(w("run.max_restarts"), "run.max_restarts", r.run.max_restarts,
                           "restarts training from step 0 each time with run.resume=never",
                           "set run.resume=auto (restarted ranks continue from the last complete checkpoint)")
-    t = train
+
+
+def _check_real_ranges(r: Recipe, w: Where) -> None:
+    """The fit check's headroom and the optimizer's numbers (whole-number fields carry their bounds in the schema)."""
+    t = r.train
     for dotted, ok, want in [
         ("plan.headroom", 0.0 <= r.plan.headroom < 1.0, "a fraction in [0, 1), e.g. 0.1"),
         ("train.lr", 0 < t.lr < math.inf, "a positive, finite learning rate"),
@@ -216,6 +261,11 @@ def resolve(loaded: LoadedRecipe, world_size: int | None = None) -> Resolved:
         if not ok:
             value = getattr(r.plan if dotted.startswith("plan") else t, dotted.split(".")[1])
             raise ConfigError(w(dotted), dotted, value, "is out of range", f"set {dotted} to {want}")
+
+
+def _layout(r: Recipe, w: Where, world_size: int | None, model: ModelSpec) -> int:
+    """The ZeRO stage, tp × pp × dp over the machine and the model's split by it; returns dp."""
+    par, hw_s = r.parallel, r.hardware
     if par.zero_stage not in (0, 1, 2, 3):
         raise ConfigError(w("parallel.zero_stage"), "parallel.zero_stage", par.zero_stage, "is not a ZeRO stage",
                           "set parallel.zero_stage to 0, 1, 2 or 3")
@@ -250,8 +300,12 @@ def resolve(loaded: LoadedRecipe, world_size: int | None = None) -> Resolved:
         raise ConfigError(w("parallel.pp"), "parallel.pp", par.pp,
                           f"× parallel.vpp={par.vpp} = {stages} does not divide the {model.num_layers} layers of {model.name}",
                           f"choose pp × vpp among {_divisors(model.num_layers)}")
+    return dp
 
-    # Features that only one backend has.
+
+def _check_parallel(r: Recipe, w: Where, bt: BackendTraits, dp: int) -> None:
+    """Sequence parallelism, the features only some backends have, hpZ and the interleaved pipeline."""
+    par, batch = r.parallel, r.batch
     if par.sp and par.tp == 1:
         raise ConfigError(w("parallel.sp"), "parallel.sp", True, "needs parallel.tp > 1 (got 1)",
                           "set parallel.tp=2 or parallel.sp=false")
@@ -259,23 +313,7 @@ def resolve(loaded: LoadedRecipe, world_size: int | None = None) -> Resolved:
         raise ConfigError(w("batch.seq_len"), "batch.seq_len", batch.seq_len,
                           f"is not divisible by parallel.tp={par.tp}; sequence parallelism splits the sequence over tp",
                           f"set batch.seq_len to a multiple of {par.tp}")
-    bt = traits(r.backend, where=w("backend"))
-    with_feature = {f: sorted(n for n, b in BACKENDS.items() if f in b.features)
-                    for f in ("pp", "sp", "vpp", "selective", "hpz", "compile")}
-    ac = train.activation_checkpointing
-    for dotted, value, feature, used, off in [("parallel.pp", par.pp, "pp", par.pp > 1, "1"),
-                                              ("parallel.sp", par.sp, "sp", par.sp, "false"),
-                                              ("parallel.vpp", par.vpp, "vpp", par.vpp > 1, "1"),
-                                              ("train.activation_checkpointing", ac, "selective", ac == "selective",
-                                               '"full"'),
-                                              ("parallel.zero_hpz_partition_size", par.zero_hpz_partition_size, "hpz",
-                                               par.zero_hpz_partition_size > 1, "1"),
-                                              ("train.compile", train.compile, "compile", train.compile, "false")]:
-        if used and feature not in bt.features:
-            others = " or ".join(f'backend = "{n}"' for n in with_feature[feature])
-            why = f": {bt.why_not[feature]}" if feature in bt.why_not else ""
-            raise ConfigError(w(dotted), dotted, value, f'needs {others} (got "{r.backend}"{why})',
-                              f"set {dotted}={off} or {others}")
+    _check_features(r, w, bt)
     hpz = par.zero_hpz_partition_size
     if hpz > 1:
         # DeepSpeed forms the secondary groups of `hpz` consecutive global ranks (groups._create_zero_param_parallel_
@@ -293,14 +331,35 @@ def resolve(loaded: LoadedRecipe, world_size: int | None = None) -> Resolved:
             if not ok:
                 raise ConfigError(w("parallel.zero_hpz_partition_size"), "parallel.zero_hpz_partition_size", hpz,
                                   problem, fix)
-        if hw_s.gpus_per_node % hpz:
-            warnings.append(f"parallel.zero_hpz_partition_size={hpz} does not divide hardware.gpus_per_node="
-                            f"{hw_s.gpus_per_node}: secondary groups cross nodes, and the backward gathers with them")
     if par.vpp > 1 and par.pp == 1:
         raise ConfigError(w("parallel.vpp"), "parallel.vpp", par.vpp, "needs parallel.pp > 1 (got 1)",
                           "set parallel.pp=2 or parallel.vpp=1")
 
-    # Batch.
+
+def _check_features(r: Recipe, w: Where, bt: BackendTraits) -> None:
+    """Features that only some backends have (launch/config/backends.py)."""
+    par, train = r.parallel, r.train
+    with_feature = {f: sorted(n for n, b in BACKENDS.items() if f in b.features)
+                    for f in ("pp", "sp", "vpp", "selective", "hpz", "compile")}
+    ac = train.activation_checkpointing
+    for dotted, value, feature, used, off in [("parallel.pp", par.pp, "pp", par.pp > 1, "1"),
+                                              ("parallel.sp", par.sp, "sp", par.sp, "false"),
+                                              ("parallel.vpp", par.vpp, "vpp", par.vpp > 1, "1"),
+                                              ("train.activation_checkpointing", ac, "selective", ac == "selective",
+                                               '"full"'),
+                                              ("parallel.zero_hpz_partition_size", par.zero_hpz_partition_size, "hpz",
+                                               par.zero_hpz_partition_size > 1, "1"),
+                                              ("train.compile", train.compile, "compile", train.compile, "false")]:
+        if used and feature not in bt.features:
+            others = " or ".join(f'backend = "{n}"' for n in with_feature[feature])
+            why = f": {bt.why_not[feature]}" if feature in bt.why_not else ""
+            raise ConfigError(w(dotted), dotted, value, f'needs {others} (got "{r.backend}"{why})',
+                              f"set {dotted}={off} or {others}")
+
+
+def _grad_accum(r: Recipe, w: Where, dp: int) -> int:
+    """Micro-batches per step: the global batch over micro_batch_size × dp; and the steps that are measured."""
+    par, batch, train = r.parallel, r.batch, r.train
     per_step = batch.micro_batch_size * dp
     if batch.global_batch_size % per_step:
         raise ConfigError(w("batch.global_batch_size"), "batch.global_batch_size", batch.global_batch_size,
@@ -315,15 +374,15 @@ def resolve(loaded: LoadedRecipe, world_size: int | None = None) -> Resolved:
                           f"× dp {dp})); the interleaved schedule (parallel.vpp={par.vpp}) needs a multiple of "
                           f"parallel.pp={par.pp}",
                           f"set batch.global_batch_size to a multiple of {per_step * par.pp}, or parallel.vpp=1")
-    if batch.seq_len > model.max_position_embeddings:
-        warnings.append(f"batch.seq_len={batch.seq_len} exceeds {model.name}'s max_position_embeddings "
-                        f"{model.max_position_embeddings}: RoPE extrapolates beyond what the model was built for")
     if train.warmup_steps >= train.steps:
         raise ConfigError(w("train.warmup_steps"), "train.warmup_steps", train.warmup_steps,
                           f"leaves no measured step out of train.steps={train.steps}",
                           f"set train.warmup_steps below {train.steps}")
+    return grad_accum
 
-    # Offload.
+
+def _check_offload(r: Recipe, w: Where, hw: HardwareProfile) -> None:
+    par = r.parallel
     if par.offload_params != "none" and par.zero_stage != 3:
         raise ConfigError(w("parallel.offload_params"), "parallel.offload_params", par.offload_params,
                           f"needs parallel.zero_stage=3 (got {par.zero_stage})",
@@ -345,6 +404,12 @@ def resolve(loaded: LoadedRecipe, world_size: int | None = None) -> Resolved:
         if not par.nvme_path.startswith("/"):
             raise ConfigError(w("parallel.nvme_path"), "parallel.nvme_path", par.nvme_path,
                               "must be an absolute path on a local NVMe drive", "set e.g. parallel.nvme_path=\"/local_nvme\"")
+
+
+def _check_backend(r: Recipe, w: Where, bt: BackendTraits, model: ModelSpec) -> None:
+    """What the backend supports; combinations it cannot make correct (launch/config/backends.py says why), with the
+    nearest that it can."""
+    par = r.parallel
     if r.precision.dtype not in bt.dtypes:
         raise ConfigError(w("precision.dtype"), "precision.dtype", r.precision.dtype,
                           f'is not supported by backend "{r.backend}" (launch/config/backends.py says why)',
@@ -353,7 +418,6 @@ def resolve(loaded: LoadedRecipe, world_size: int | None = None) -> Resolved:
         if value != "none" and not bt.offload:
             raise ConfigError(w(dotted), dotted, value, f'is not supported by backend "{r.backend}" yet (untested)',
                               f'set {dotted}="none" or backend = "deepspeed"')
-    # Combinations the backend cannot make correct (launch/config/backends.py says why), with the nearest that it can.
     if par.pp > 1 and model.tie_word_embeddings and not bt.pp_tied_embeddings:
         raise ConfigError(w("parallel.pp"), "parallel.pp", par.pp,
                           f"needs untied embeddings on backend \"{r.backend}\"; {model.name} ties its output layer "
@@ -367,7 +431,10 @@ def resolve(loaded: LoadedRecipe, world_size: int | None = None) -> Resolved:
                               f"(supported: zero_stage {', '.join(map(str, stages))})",
                               f"set parallel.zero_stage={max(stages)}, or {dotted}={off}")
 
-    # Precision vs hardware.
+
+def _check_precision(loaded: LoadedRecipe, hw: HardwareProfile, bt: BackendTraits) -> None:
+    """The dtype against the hardware, and the fp16 loss scale."""
+    r, w = loaded.recipe, loaded.where
     if not hw.supports(r.precision.dtype):
         raise ConfigError(w("precision.dtype"), "precision.dtype", r.precision.dtype,
                           f"is not supported by {hw.device}", "set precision.dtype=\"fp16\" (with loss scaling)")
@@ -384,49 +451,56 @@ def resolve(loaded: LoadedRecipe, world_size: int | None = None) -> Resolved:
         # step), and the scaled loss stays far inside fp32's range
         raise ConfigError(w(dotted), dotted, power, "must be between 0 and 64",
                           f"set {dotted} within that range (16, the default, starts at 65536)")
+
+
+def _check_gpu_features(r: Recipe, w: Where, hw: HardwareProfile) -> None:
+    """Profilers and layer specs that run on NVIDIA GPUs only."""
     if r.run.profile == "nsys" and hw.device_type == "cpu":
         raise ConfigError(w("run.profile"), "run.profile", "nsys", "needs NVIDIA GPUs (Nsight Systems traces CUDA)",
                           'set run.profile="torch" on CPU ranks')
-    if train.attention == "te" and (r.backend != "megatron" or hw.device_type != "cuda"):
+    if r.train.attention == "te" and (r.backend != "megatron" or hw.device_type != "cuda"):
         raise ConfigError(w("train.attention"), "train.attention", "te",
                           f"is Megatron-Core's Transformer Engine spec, which runs on GPUs only (here backend "
                           f"\"{r.backend}\" on {hw.device})",
                           'set train.attention="sdpa" (fused attention through torch on every backend)')
-    _check_data(r, w)
 
-    if r.run.max_restarts > 0 and train.checkpoint_every == 0:
-        warnings.append(f"run.max_restarts={r.run.max_restarts} with train.checkpoint_every=0: a restarted group trains "
-                        "again from step 0 (only the final step is saved); set train.checkpoint_every")
+
+def _warnings(r: Recipe, model: ModelSpec, bt: BackendTraits) -> tuple[str, ...]:
+    """What works but is likely not what the user wants; the recipe has passed every check."""
+    par, hw_s, batch = r.parallel, r.hardware, r.batch
+    out = []
+    hpz = par.zero_hpz_partition_size
+    if hpz > 1 and hw_s.gpus_per_node % hpz:
+        out.append(f"parallel.zero_hpz_partition_size={hpz} does not divide hardware.gpus_per_node="
+                   f"{hw_s.gpus_per_node}: secondary groups cross nodes, and the backward gathers with them")
+    if batch.seq_len > model.max_position_embeddings:
+        out.append(f"batch.seq_len={batch.seq_len} exceeds {model.name}'s max_position_embeddings "
+                   f"{model.max_position_embeddings}: RoPE extrapolates beyond what the model was built for")
+    if r.run.max_restarts > 0 and r.train.checkpoint_every == 0:
+        out.append(f"run.max_restarts={r.run.max_restarts} with train.checkpoint_every=0: a restarted group trains "
+                   "again from step 0 (only the final step is saved); set train.checkpoint_every")
     # Placement warnings.
     if par.tp > hw_s.gpus_per_node:
-        warnings.append(f"parallel.tp={par.tp} > hardware.gpus_per_node={hw_s.gpus_per_node}: TP all-reduces "
-                        "cross nodes on every layer; keep tp within a node (the plan's placement note times both links)")
+        out.append(f"parallel.tp={par.tp} > hardware.gpus_per_node={hw_s.gpus_per_node}: TP all-reduces "
+                   "cross nodes on every layer; keep tp within a node (the plan's placement note times both links)")
     if par.tp > 1 and bt.autotp and par.zero_stage == 3:
-        warnings.append("AutoTP with ZeRO-3 goes beyond DeepSpeed's documented AutoTP training support (ZeRO 0-2); "
-                        "layoutlab's parity tests cover it")
+        out.append("AutoTP with ZeRO-3 goes beyond DeepSpeed's documented AutoTP training support (ZeRO 0-2); "
+                   "layoutlab's parity tests cover it")
+    return tuple(out)
 
-    if bt.check is not None:
-        bt.check(w, r, model, grad_accum)
 
-    grid = RankGrid(par.tp, par.pp, dp, hw_s.gpus_per_node, hw_s.nodes)
+def _completed(r: Recipe, paths: Mapping[str, str], resume: str, dp: int, hw: HardwareProfile) -> Recipe:
+    """The recipe as resolved.json holds it: dp a number, paths absolute, commbench.max_bytes the profile's default
+    where unset."""
     commbench_s = dataclasses.replace(r.commbench,
                                       max_bytes=r.commbench.max_bytes or commbench_spec.default_max_bytes(hw.device_type))
-    if r.run.mode == "commbench":
-        commbench.check(w, commbench_s, r.commbench.max_bytes, grid, hw)
-    recipe = dataclasses.replace(
-        r, parallel=dataclasses.replace(par, dp=dp), commbench=commbench_s,
+    return dataclasses.replace(
+        r, parallel=dataclasses.replace(r.parallel, dp=dp), commbench=commbench_s,
         model=dataclasses.replace(r.model, config=paths.get("model.config"), weights=paths.get("model.weights")),
         data=dataclasses.replace(r.data, path=paths.get("data.path"), valid_path=paths.get("data.valid_path"),
                                  tokenizer=paths.get("data.tokenizer", r.data.tokenizer)),
         deepspeed=dataclasses.replace(r.deepspeed, config=paths.get("deepspeed.config")),
         run=dataclasses.replace(r.run, resume=resume))
-    # The deepspeed and megatron backends train through a DeepSpeed engine (ZeRO over the data-parallel group).
-    ds_config, ds_base = _deepspeed_config(loaded, recipe, grad_accum, hw, model) if bt.uses_deepspeed else ({}, "")
-    return Resolved(
-        recipe_name=loaded.name, recipe_path=str(loaded.path), chain=loaded.chain, overrides=loaded.overrides,
-        recipe=recipe, model=model, hardware=hw, grid=grid, grad_accum=grad_accum, ds_config=ds_config,
-        ds_base=ds_base, warnings=tuple(warnings),
-    )
 
 
 def _deepspeed_config(loaded: LoadedRecipe, r: Recipe, grad_accum: int, hw: HardwareProfile,

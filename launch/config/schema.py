@@ -8,13 +8,14 @@ it, so a later validation error can name where the user must change it.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import tomllib
 import types
 import typing
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, Mapping, Sequence, Union, get_args, get_origin
+from typing import Annotated, Any, Callable, Literal, Mapping, Sequence, Union, get_args, get_origin
 
 from launch import inputs, sense
 from launch.config.backends import BACKENDS
@@ -23,6 +24,24 @@ from launch.errors import ConfigError
 BACKEND_NAMES = tuple(BACKENDS)
 
 OFFLOAD = Literal["none", "cpu", "nvme"]
+
+
+@dataclass(frozen=True)
+class Bounds:
+    """The whole numbers a field can work with, written beside the field (`Annotated[int, Bounds(1)]`) and checked by
+    `check_bounds`; `high` None: no upper limit."""
+
+    low: int
+    high: int | None = None
+
+
+POSITIVE = Bounds(1)
+NOT_NEGATIVE = Bounds(0)
+SEED = Bounds(0, 2**64 - 1)  # a torch seed is 64 bits unsigned
+# the process-group timeout becomes a datetime.timedelta (at most 999,999,999 days); a week is already far beyond any
+# stalled collective
+TIMEOUT_S = Bounds(1, sense.MAX_DURATION_S)
+MAX_RESTARTS = Bounds(0, 100)
 
 
 @dataclass(frozen=True)
@@ -36,16 +55,16 @@ class ModelSection:
 
 @dataclass(frozen=True)
 class ParallelSection:
-    tp: int = 1
-    pp: int = 1
+    tp: Annotated[int, POSITIVE] = 1
+    pp: Annotated[int, POSITIVE] = 1
     dp: int | Literal["auto"] = "auto"  # "auto": world / (tp * pp)
     sp: bool = False  # Megatron sequence parallel
-    vpp: int = 1  # virtual pipeline stages per rank (interleaved 1F1B)
+    vpp: Annotated[int, POSITIVE] = 1  # virtual pipeline stages per rank (interleaved 1F1B)
     zero_stage: int = 0
     # ZeRO++ hpZ: ZeRO-3 also keeps a secondary partition of the 16-bit parameters over groups of this many
     # consecutive ranks (one node), so that backward re-gathers stay inside the node. Backend "torch": FSDP2's hybrid
     # sharding, parameters sharded within groups of this many data-parallel ranks and replicated across them. 1: off.
-    zero_hpz_partition_size: int = 1
+    zero_hpz_partition_size: Annotated[int, POSITIVE] = 1
     offload_optimizer: OFFLOAD = "none"
     offload_params: OFFLOAD = "none"
     nvme_path: str = "/local_nvme"
@@ -61,9 +80,9 @@ class PrecisionSection:
 
 @dataclass(frozen=True)
 class BatchSection:
-    micro_batch_size: int
-    global_batch_size: int
-    seq_len: int
+    micro_batch_size: Annotated[int, POSITIVE]
+    global_batch_size: Annotated[int, POSITIVE]
+    seq_len: Annotated[int, POSITIVE]
 
 
 ADAM_EPS = 1e-8  # AdamW's epsilon in every backend (not a recipe field)
@@ -71,12 +90,12 @@ ADAM_EPS = 1e-8  # AdamW's epsilon in every backend (not a recipe field)
 
 @dataclass(frozen=True)
 class TrainSection:
-    steps: int = 100
-    warmup_steps: int = 10  # first steps excluded from measured metrics (not the LR warm-up)
+    steps: Annotated[int, POSITIVE] = 100
+    warmup_steps: Annotated[int, NOT_NEGATIVE] = 10  # first steps excluded from measured metrics (not the LR warm-up)
     lr: float = 3e-4
     min_lr: float = 3e-5
     lr_schedule: Literal["cosine", "linear", "constant"] = "cosine"
-    lr_warmup_steps: int = 10
+    lr_warmup_steps: Annotated[int, NOT_NEGATIVE] = 10
     weight_decay: float = 0.1
     adam_beta1: float = 0.9
     adam_beta2: float = 0.95
@@ -88,10 +107,10 @@ class TrainSection:
     # Megatron-Core's DotProductAttention), for comparison; te: Megatron-Core's Transformer Engine layer spec (TE's
     # fused attention, its layer norms fused into the following linear layers), Megatron on GPUs with TE installed
     attention: Literal["sdpa", "eager", "te"] = "sdpa"
-    checkpoint_every: int = 0  # 0: only at the end
+    checkpoint_every: Annotated[int, NOT_NEGATIVE] = 0  # 0: only at the end
     eval_every: int = 0  # validation loss every N steps and at the last (needs data.valid_fraction or data.valid_path)
     eval_batches: int = 2  # global batches of validation rows per evaluation (the same rows every time)
-    seed: int = 1234
+    seed: Annotated[int, SEED] = 1234
 
 
 TOKENIZER_NAMES = ("byte", "model")  # data.tokenizer values that are not a folder
@@ -121,20 +140,20 @@ class RunSection:
     # is resharded where the backend can)
     resume: str = "auto"
     profile: Literal["none", "torch", "nsys"] = "none"
-    profile_active_steps: int = 3
+    profile_active_steps: Annotated[int, POSITIVE] = 3
     mode: Literal["train", "commbench"] = "train"
-    timeout_s: int = 600  # process-group timeout: a stalled collective fails after this
+    timeout_s: Annotated[int, TIMEOUT_S] = 600  # process-group timeout: a stalled collective fails after this
     # torchrun restarts the whole group this many times after a worker fails; it resumes from the last checkpoint.
-    max_restarts: int = 0
-    log_every: int = 1  # TensorBoard and progress line every N steps (metrics JSONL: every step)
+    max_restarts: Annotated[int, MAX_RESTARTS] = 0
+    log_every: Annotated[int, POSITIVE] = 1  # TensorBoard and progress line every N steps (metrics JSONL: every step)
     # the last step writes a checkpoint; false for benchmark runs (a 7B model's is ~80 GB): sweeps default to false
     save_final: bool = True
 
 
 @dataclass(frozen=True)
 class HardwareSection:
-    nodes: int = 1
-    gpus_per_node: int = 1  # on the CPU profile: ranks per node
+    nodes: Annotated[int, POSITIVE] = 1
+    gpus_per_node: Annotated[int, POSITIVE] = 1  # on the CPU profile: ranks per node
     profile: str = "cpu"
 
 
@@ -516,6 +535,34 @@ def _close_names(word: str, names: list[str]) -> str | None:
 
     m = difflib.get_close_matches(word, names, n=1, cutoff=0.6)
     return m[0] if m else None
+
+
+# --------------------------------------------------------------------------- bounds
+
+
+def check_bounds(recipe: Recipe, where: Callable[[str], str]) -> None:
+    """Every field's `Bounds` (written beside the field above), in the schema's order; `where(dotted)` names the file or
+    override that set it. Raises ConfigError."""
+    for dotted, bounds in _bounded_fields(Recipe, ""):
+        value = functools.reduce(getattr, dotted.split("."), recipe)
+        if bounds.high is None and value < bounds.low:
+            raise ConfigError(where(dotted), dotted, value, f"must be at least {bounds.low}",
+                              f"set {dotted}={bounds.low} or more")
+        if bounds.high is not None and not bounds.low <= value <= bounds.high:
+            raise ConfigError(where(dotted), dotted, value, f"must be between {bounds.low} and {bounds.high:,}",
+                              f"set {dotted} within that range")
+
+
+@functools.cache
+def _bounded_fields(cls: type, prefix: str) -> tuple[tuple[str, Bounds], ...]:
+    """(dotted name, bounds) of each field of `cls` and its sections that carries `Bounds`."""
+    out: list[tuple[str, Bounds]] = []
+    for name, typ in typing.get_type_hints(cls, include_extras=True).items():
+        if dataclasses.is_dataclass(typ):
+            out += _bounded_fields(typ, f"{prefix}{name}.")
+        elif get_origin(typ) is Annotated:
+            out += [(prefix + name, m) for m in typ.__metadata__ if isinstance(m, Bounds)]
+    return tuple(out)
 
 
 def to_dict(obj: Any) -> Any:

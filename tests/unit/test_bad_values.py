@@ -31,6 +31,52 @@ def test_the_edges_are_accepted(override):
     assert main(["run", str(RECIPES / "tiny_zero2"), override, "--dry-run"]) == 0
 
 
+@pytest.mark.parametrize("override, problem, fix", [
+    ("train.steps=-1", "must be at least 1", "set train.steps=1 or more"),
+    ("batch.seq_len=0", "must be at least 1", "set batch.seq_len=1 or more"),
+    ("train.checkpoint_every=-1", "must be at least 0", "set train.checkpoint_every=0 or more"),
+    ("run.max_restarts=101", "must be between 0 and 100", "set run.max_restarts within that range"),
+    ("run.timeout_s=0", "must be between 1 and 604,800", "set run.timeout_s within that range"),
+])
+def test_a_bound_on_a_schema_field_is_one_line_naming_the_dotted_field(capsys, override, problem, fix):
+    assert main(["run", str(RECIPES / "tiny_zero2"), override, "--dry-run"]) == 2
+    assert capsys.readouterr().err.splitlines() == [f"error: override {override}: {override} {problem}; {fix}"]
+
+
+BOUNDED = {"parallel.tp": (1, None), "parallel.pp": (1, None), "parallel.vpp": (1, None),
+           "parallel.zero_hpz_partition_size": (1, None), "hardware.nodes": (1, None),
+           "hardware.gpus_per_node": (1, None), "batch.micro_batch_size": (1, None),
+           "batch.global_batch_size": (1, None), "batch.seq_len": (1, None), "train.steps": (1, None),
+           "train.warmup_steps": (0, None), "train.lr_warmup_steps": (0, None), "train.checkpoint_every": (0, None),
+           "train.seed": (0, 2**64 - 1), "run.timeout_s": (1, 7 * 24 * 3600), "run.profile_active_steps": (1, None),
+           "run.max_restarts": (0, 100), "run.log_every": (1, None)}
+
+
+def test_every_bound_is_written_on_its_schema_field_and_checked():
+    """The whole-number bounds live beside their fields in the schema (Annotated[int, Bounds(...)]), and the one check
+    reads every one of them: a value just outside each end is refused, naming that field and value."""
+    import dataclasses
+    import typing
+
+    from launch.config.resolve import resolve_path
+    from launch.config.schema import Bounds, Recipe
+    from launch.errors import ConfigError
+
+    written = {}
+    for section in dataclasses.fields(Recipe):
+        cls = typing.get_type_hints(Recipe)[section.name]
+        if dataclasses.is_dataclass(cls):
+            for name, typ in typing.get_type_hints(cls, include_extras=True).items():
+                for bounds in getattr(typ, "__metadata__", ()):
+                    written[f"{section.name}.{name}"] = (bounds.low, bounds.high) if isinstance(bounds, Bounds) else None
+    assert written == BOUNDED
+    for dotted, (low, high) in BOUNDED.items():
+        for value in (low - 1, *(() if high is None or high >= 2**63 else (high + 1,))):
+            with pytest.raises(ConfigError) as e:
+                resolve_path(RECIPES / "tiny_zero2", [f"{dotted}={value}"])
+            assert (e.value.field, e.value.value, e.value.file) == (dotted, value, f"override {dotted}={value}")
+
+
 def test_markup_in_a_value_is_printed_as_text(capsys):
     assert main(["run", str(RECIPES / "tiny_zero2"), "description=[/red] [bold]x", "--dry-run"]) == 0
     assert "overrides: description=[/red] [bold]x" in capsys.readouterr().out
