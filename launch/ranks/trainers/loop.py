@@ -22,13 +22,13 @@ from typing import Any
 from launch.config.backends import traits
 from launch.config.resolve import Resolved
 from launch.plan.time import model_flops_per_token
-from launch.ranks.data import sources
+from launch.ranks.data import Sources, sources
 from launch.ranks.schedule import lr_at
 from launch.ranks.trainers import common
 from launch.ranks.trainers.protocol import BuildContext, Trainer
 from launch.run import checkpoints
 from launch.run import metrics as M
-from launch.run.launcher import RESUME_PINNED, STOP_SIGNAL
+from launch.run.rankenv import RESUME_PINNED, STOP_SIGNAL
 from launch.run.rundir import RunDir
 
 
@@ -64,6 +64,59 @@ class _Finished:
     skipped_step: bool | None
 
 
+@dataclass(frozen=True)
+class _Built:
+    """The build phase's outcome: this rank's trainer (model, optimizer, backend), restored when resuming."""
+
+    trainer: Trainer
+    device: Any  # torch.device
+    resume_from: checkpoints.Checkpoint | None
+    start_step: int  # steps already trained: 0 unless resumed
+
+
+@dataclass(frozen=True)
+class _Training:
+    """What the step, evaluate, checkpoint and finish phases share, set up once before the first step."""
+
+    run: RunDir
+    resolved: Resolved
+    env: common.RankEnv
+    terminal: Any  # rank 0's terminal stream, None elsewhere
+    cuda: bool
+    watchdog: common.Watchdog
+    trainer: Trainer
+    device: Any  # torch.device
+    start_step: int
+    data: Sources
+    flops_per_token: float
+    peak: float  # FLOP/s per device at the recipe's dtype
+    writer: M.MetricsWriter
+    tb: Any  # rank 0's TensorBoard SummaryWriter, None elsewhere
+    prof: Any  # the torch profiler, None unless run.profile asks for it
+    nsys: range  # the steps Nsight Systems records
+    traced: range  # the steps a profiler records
+    vote: common.StopVote
+    progress: common.ProgressLine
+
+
+@dataclass
+class _Feed:
+    """One step's micro-batches for this rank, counting the rows handed out and the time spent making them."""
+
+    s: _Training
+    step: int  # 0-based
+    rows: int = 0
+    seconds: float = 0.0
+
+    def __call__(self, micro: int):
+        s = self.s
+        t = time.perf_counter()
+        rows = common.micro_batch_tensor(s.data.train, self.step, s.resolved, s.trainer.dp_rank, micro, s.device)
+        self.rows += rows.numel()
+        self.seconds += time.perf_counter() - t
+        return rows
+
+
 def _resume_choice(run: RunDir, resolved: Resolved, terminal) -> checkpoints.Checkpoint | None:
     """On rank 0: this run's own newest checkpoint (torchrun restarted the group), else the one run.sh chose and
     checked (RESUME_PINNED), else, launched by hand, the one run.resume names now, said on the terminal."""
@@ -80,6 +133,15 @@ def _resume_choice(run: RunDir, resolved: Resolved, terminal) -> checkpoints.Che
 
 
 def _train(run: RunDir, resolved: Resolved, env: common.RankEnv, terminal, cuda: bool, watchdog) -> int:
+    built = _build(run, resolved, env, terminal, cuda, watchdog)
+    s = _start(run, resolved, env, terminal, cuda, watchdog, built, sources(resolved, run.data))
+    _finish(s, _steps(s))
+    return 0
+
+
+def _build(run: RunDir, resolved: Resolved, env: common.RankEnv, terminal, cuda: bool, watchdog) -> _Built:
+    """Start the process groups, agree on the checkpoint to continue, and have the backend build this rank's model
+    and optimizer (and restore them from that checkpoint)."""
     import torch
     import torch.distributed as dist
 
@@ -120,8 +182,15 @@ def _train(run: RunDir, resolved: Resolved, env: common.RankEnv, terminal, cuda:
         if env.rank == 0:
             print(f"resumed from {resume_from.dir} at step {start_step}" + (" (universal)" if universal else ""),
                   flush=True)
+    return _Built(trainer, device, resume_from, start_step)
 
-    data = sources(resolved, run.data)
+
+def _start(run: RunDir, resolved: Resolved, env: common.RankEnv, terminal, cuda: bool, watchdog, built: _Built,
+           data: Sources) -> _Training:
+    """Open what the steps report to: the metrics records (the meta record first), TensorBoard on rank 0, the
+    profilers, the stop vote and the progress line."""
+    r = resolved.recipe
+    start_step, resume_from = built.start_step, built.resume_from
     flops_per_token = model_flops_per_token(resolved.model, r.batch.seq_len)
     peak = resolved.hardware.peak_flops(r.precision.dtype)
     par = r.parallel
@@ -132,7 +201,7 @@ def _train(run: RunDir, resolved: Resolved, env: common.RankEnv, terminal, cuda:
         flops_formula=M.FLOPS_FORMULA, tokens_per_step=resolved.tokens_per_step, warmup_steps=r.train.warmup_steps,
         zero_stage=par.zero_stage, dtype=r.precision.dtype, micro_batch_size=r.batch.micro_batch_size,
         global_batch_size=r.batch.global_batch_size, seq_len=r.batch.seq_len,
-        param_numel_local=trainer.param_numel_local, start_step=start_step,
+        param_numel_local=built.trainer.param_numel_local, start_step=start_step,
         resumed_from=str(resume_from.dir) if resume_from else None)
     writer = M.MetricsWriter(run.metrics(env.rank), meta)
     tb = None
@@ -149,100 +218,32 @@ def _train(run: RunDir, resolved: Resolved, env: common.RankEnv, terminal, cuda:
     # A profiled step's trace holds what runs after the previous step too, and the report compares its collectives
     # with the layout's: no stop vote is posted into those steps (a stop waits for them to pass).
     traced = common.profiled_steps(resolved, start_step) if r.run.profile != "none" else range(0)
-    vote = common.StopVote(device)
+    vote = common.StopVote(built.device)
     progress = common.ProgressLine(terminal, r.train.steps, start_step, resolved.recipe_name)
-    tokens = resolved.tokens_per_step
+    return _Training(run=run, resolved=resolved, env=env, terminal=terminal, cuda=cuda, watchdog=watchdog,
+                     trainer=built.trainer, device=built.device, start_step=start_step, data=data,
+                     flops_per_token=flops_per_token, peak=peak, writer=writer, tb=tb, prof=prof, nsys=nsys,
+                     traced=traced, vote=vote, progress=progress)
+
+
+def _steps(s: _Training) -> int | None:
+    """Train from start_step to train.steps, saving checkpoints at their cadence; returns the step at which the stop
+    signal ended training early (after saving there), None when every step ran."""
+    r = s.resolved.recipe
     pending: _Finished | None = None
-    stopped_at = None  # the step at which the stop signal ended training early
-
-    def emit(f: _Finished | None, wait: bool = True) -> None:
-        if f is None:
-            return
-        if f.work is not None and wait:
-            f.work.wait()
-        loss = float(f.loss) / trainer.dp_world
-        tflops = flops_per_token * tokens / f.seconds / resolved.world_size / 1e12
-        rec = M.StepRecord(
-            # Counted from this run's first step: after a resume the first steps are cold again.
-            step=f.step + 1, warmup=f.step < start_step + r.train.warmup_steps, loss=loss, lr=f.lr,
-            grad_norm=f.grad_norm, step_time_s=f.seconds, tokens_per_s=tokens / f.seconds,
-            tokens_per_s_per_device=tokens / f.seconds / resolved.world_size, tflops_per_device=tflops,
-            mfu=tflops * 1e12 / peak if peak else 0.0, **f.memory, tokens=f.tokens, data_time_s=f.data_seconds,
-            valid_loss=f.valid_loss, loss_scale=f.loss_scale, skipped_step=f.skipped_step)
-        writer.step(rec)  # every step; TensorBoard and the progress line every run.log_every steps (evaluations: each)
-        if tb is not None and rec.valid_loss is not None and math.isfinite(rec.valid_loss):
-            tb.add_scalar("valid/loss", rec.valid_loss, rec.step)
-        if rec.step % r.run.log_every and rec.step != r.train.steps and rec.valid_loss is None:
-            return
-        if tb is not None:
-            for k in ("loss", "lr", "grad_norm", "step_time_s", "tokens_per_s_per_device", "mfu", "loss_scale"):
-                v = getattr(rec, k)
-                if v is not None and math.isfinite(v):
-                    tb.add_scalar(f"train/{k}", v, rec.step)
-        progress.update(f.step + 1, f"loss {rec.loss:.4f}  " + ("" if f.valid_loss is None else
-                                    f"valid {f.valid_loss:.4f}  ") + f"{rec.step_time_s * 1e3:.0f} ms/step  "
-                                    f"{rec.tokens_per_s_per_device:,.0f} tok/s/dev")
-
+    stopped_at = None
     try:
-        for step in range(start_step, r.train.steps):
-            watchdog.beat(step + 1, "step")
-            common.inject_fault(env.rank, step + 1, run)
-            lr = lr_at(step, lr=r.train.lr, min_lr=r.train.min_lr, warmup=r.train.lr_warmup_steps,
-                       total=r.train.steps, schedule=r.train.lr_schedule)
-            trainer.set_lr(lr)
-
-            fed = {"rows": 0, "seconds": 0.0}
-
-            def micro_batch(micro: int, _step: int = step, _fed: dict = fed):
-                t = time.perf_counter()
-                rows = common.micro_batch_tensor(data.train, _step, resolved, trainer.dp_rank, micro, device)
-                _fed["rows"] += rows.numel()
-                _fed["seconds"] += time.perf_counter() - t
-                return rows
-
-            if cuda:
-                torch.cuda.synchronize()
-                if nsys and step == nsys.start:
-                    torch.cuda.profiler.start()
-            t0 = time.perf_counter()
-            with common.region(f"step {step + 1}", cuda):
-                out = trainer.train_step(micro_batch)
-            if cuda:
-                torch.cuda.synchronize()
-            seconds = time.perf_counter() - t0
-            if nsys and step == nsys.stop - 1:
-                torch.cuda.profiler.stop()
-            if prof is not None:
-                prof.step()
-            if step == start_step:
-                # Once per run, after the first step has created the optimizer state: what the planner's
-                # weights/grads/optimizer predict, as held between steps (sizes only, no device sync).
-                run.write_text_atomic(run.state_bytes(env.rank),
-                                      json.dumps({**trainer.state_bytes(), "after_step": step + 1}))
-            # The data-parallel mean of the loss is reduced asynchronously and written one step later, so
-            # the collective overlaps the next step's compute instead of sitting on every step's critical path.
-            loss = out.loss.detach().float().reshape(())
-            work = dist.all_reduce(loss, group=trainer.dp_group, async_op=True) if trainer.dp_world > 1 else None
-            valid_loss = None
-            if data.valid is not None and r.train.eval_every and ((step + 1) % r.train.eval_every == 0
-                                                                 or step + 1 == r.train.steps):
-                watchdog.beat(step + 1, "evaluation")
-                with common.region("evaluation", cuda):
-                    valid_loss = _evaluate(trainer, data.valid, resolved, device)
-            emit(pending)
-            pending = _Finished(step, lr, seconds, out.grad_norm, loss, work, common.memory_fields(cuda),
-                                fed["rows"] * trainer.dp_world, fed["seconds"], valid_loss,
-                                out.loss_scale, out.skipped)
+        for step in range(s.start_step, r.train.steps):
+            pending = _step(s, step, pending)
             every = r.train.checkpoint_every
             last = step + 1 == r.train.steps
-            stopping = vote.agreed() and not last  # after the last step nothing is left to stop
-            if not (stopping or last or step + 1 in traced):
-                vote.post()
+            stopping = s.vote.agreed() and not last  # after the last step nothing is left to stop
+            if not (stopping or last or step + 1 in s.traced):
+                s.vote.post()
             if stopping or (every and (step + 1) % every == 0) or (last and r.run.save_final):
-                emit(pending)  # a checkpoint never runs ahead of the metrics on disk
+                _emit(s, pending)  # a checkpoint never runs ahead of the metrics on disk
                 pending = None
-                watchdog.beat(step + 1, "checkpoint save")
-                _save(trainer, run, resolved, step + 1)
+                _save(s, step + 1)
             if stopping:
                 stopped_at = step + 1
                 break
@@ -252,55 +253,143 @@ def _train(run: RunDir, resolved: Resolved, env: common.RankEnv, terminal, cuda:
         if pending is not None:
             try:
                 if pending.work is None or pending.work.wait(timeout=dt.timedelta(seconds=5)):
-                    emit(pending, wait=False)
+                    _emit(s, pending, wait=False)
             except Exception:  # noqa: BLE001 - the original failure is what must surface
                 pass
         raise
-    emit(pending)
-    progress.close()
-    common.write_layer_calls(run, env.rank, trainer.layer_calls)
-    if prof is not None:
-        prof.stop()
-    writer.close()
-    if tb is not None:
-        tb.close()
-    dist.barrier()
-    if env.rank == 0 and stopped_at is not None:
-        print(f"stopped at step {stopped_at} of {r.train.steps} on {STOP_SIGNAL.name} (SLURM's time-limit warning): "
-              f"checkpoint {run.checkpoints / f'step{stopped_at}'}; started again (a requeued job is), the run "
-              "continues from it", file=terminal, flush=True)
-    elif env.rank == 0:
-        print(f"done: {r.train.steps} steps; run directory {run.root}", file=terminal, flush=True)
-    return 0
+    _emit(s, pending)
+    return stopped_at
 
 
-def _evaluate(trainer: Trainer, valid, resolved: Resolved, device) -> float:
-    """The mean loss over the first train.eval_batches global batches of the validation rows (the same rows at every
-    evaluation, each data-parallel rank its share as in training), averaged over data-parallel ranks."""
+def _step(s: _Training, step: int, pending: _Finished | None) -> _Finished:
+    """One optimizer step (0-based `step`). The previous step's record is written after it, once this step's
+    compute has hidden that step's loss reduction; this step's is returned, to be written one step later."""
+    import torch
     import torch.distributed as dist
 
-    r = resolved.recipe
-    ga, gb = resolved.grad_accum, r.batch.global_batch_size
-    batches = min(r.train.eval_batches, valid.rows_per_epoch() // gb)
+    r = s.resolved.recipe
+    s.watchdog.beat(step + 1, "step")
+    common.inject_fault(s.env.rank, step + 1, s.run)
+    lr = lr_at(step, lr=r.train.lr, min_lr=r.train.min_lr, warmup=r.train.lr_warmup_steps,
+               total=r.train.steps, schedule=r.train.lr_schedule)
+    s.trainer.set_lr(lr)
+    feed = _Feed(s, step)
+    if s.cuda:
+        torch.cuda.synchronize()
+        if s.nsys and step == s.nsys.start:
+            torch.cuda.profiler.start()
+    t0 = time.perf_counter()
+    with common.region(f"step {step + 1}", s.cuda):
+        out = s.trainer.train_step(feed)
+    if s.cuda:
+        torch.cuda.synchronize()
+    seconds = time.perf_counter() - t0
+    if s.nsys and step == s.nsys.stop - 1:
+        torch.cuda.profiler.stop()
+    if s.prof is not None:
+        s.prof.step()
+    if step == s.start_step:
+        # Once per run, after the first step has created the optimizer state: what the planner's
+        # weights/grads/optimizer predict, as held between steps (sizes only, no device sync).
+        s.run.write_text_atomic(s.run.state_bytes(s.env.rank),
+                                json.dumps({**s.trainer.state_bytes(), "after_step": step + 1}))
+    # The data-parallel mean of the loss is reduced asynchronously and written one step later, so
+    # the collective overlaps the next step's compute instead of sitting on every step's critical path.
+    loss = out.loss.detach().float().reshape(())
+    work = dist.all_reduce(loss, group=s.trainer.dp_group, async_op=True) if s.trainer.dp_world > 1 else None
+    valid_loss = _evaluate(s, step)
+    _emit(s, pending)
+    return _Finished(step, lr, seconds, out.grad_norm, loss, work, common.memory_fields(s.cuda),
+                     feed.rows * s.trainer.dp_world, feed.seconds, valid_loss, out.loss_scale, out.skipped)
 
-    def micro_batch(k: int):
-        return common.micro_batch_tensor(valid, k // ga, resolved, trainer.dp_rank, k % ga, device)
 
-    counted = list(trainer.layer_calls)  # the layer-call counts are training's (they show recomputation)
-    loss = trainer.evaluate(micro_batch, batches * ga).detach().float().reshape(())
-    trainer.layer_calls[:] = counted
-    if trainer.dp_world > 1:
-        dist.all_reduce(loss, group=trainer.dp_group)
-    return float(loss) / trainer.dp_world
+def _emit(s: _Training, f: _Finished | None, wait: bool = True) -> None:
+    """Write a finished step's record; TensorBoard and the progress line every run.log_every steps (evaluations:
+    each)."""
+    if f is None:
+        return
+    if f.work is not None and wait:
+        f.work.wait()
+    r, tokens, world = s.resolved.recipe, s.resolved.tokens_per_step, s.resolved.world_size
+    loss = float(f.loss) / s.trainer.dp_world
+    tflops = s.flops_per_token * tokens / f.seconds / world / 1e12
+    rec = M.StepRecord(
+        # Counted from this run's first step: after a resume the first steps are cold again.
+        step=f.step + 1, warmup=f.step < s.start_step + r.train.warmup_steps, loss=loss, lr=f.lr,
+        grad_norm=f.grad_norm, step_time_s=f.seconds, tokens_per_s=tokens / f.seconds,
+        tokens_per_s_per_device=tokens / f.seconds / world, tflops_per_device=tflops,
+        mfu=tflops * 1e12 / s.peak if s.peak else 0.0, **f.memory, tokens=f.tokens, data_time_s=f.data_seconds,
+        valid_loss=f.valid_loss, loss_scale=f.loss_scale, skipped_step=f.skipped_step)
+    s.writer.step(rec)
+    if s.tb is not None and rec.valid_loss is not None and math.isfinite(rec.valid_loss):
+        s.tb.add_scalar("valid/loss", rec.valid_loss, rec.step)
+    if rec.step % r.run.log_every and rec.step != r.train.steps and rec.valid_loss is None:
+        return
+    if s.tb is not None:
+        for k in ("loss", "lr", "grad_norm", "step_time_s", "tokens_per_s_per_device", "mfu", "loss_scale"):
+            v = getattr(rec, k)
+            if v is not None and math.isfinite(v):
+                s.tb.add_scalar(f"train/{k}", v, rec.step)
+    s.progress.update(f.step + 1, f"loss {rec.loss:.4f}  " + ("" if f.valid_loss is None else
+                                  f"valid {f.valid_loss:.4f}  ") + f"{rec.step_time_s * 1e3:.0f} ms/step  "
+                                  f"{rec.tokens_per_s_per_device:,.0f} tok/s/dev")
 
 
-def _save(trainer: Trainer, run: RunDir, resolved: Resolved, step: int) -> None:
+def _evaluate(s: _Training, step: int) -> float | None:
+    """After every train.eval_every-th step and the last, where there are validation rows (None otherwise): the mean
+    loss over the first train.eval_batches global batches of the validation rows (the same rows at every evaluation,
+    each data-parallel rank its share as in training), averaged over data-parallel ranks."""
+    import torch.distributed as dist
+
+    r, valid, trainer = s.resolved.recipe, s.data.valid, s.trainer
+    every = r.train.eval_every
+    if valid is None or not every or ((step + 1) % every != 0 and step + 1 != r.train.steps):
+        return None
+    s.watchdog.beat(step + 1, "evaluation")
+    with common.region("evaluation", s.cuda):
+        ga, gb = s.resolved.grad_accum, r.batch.global_batch_size
+        batches = min(r.train.eval_batches, valid.rows_per_epoch() // gb)
+
+        def micro_batch(k: int):
+            return common.micro_batch_tensor(valid, k // ga, s.resolved, trainer.dp_rank, k % ga, s.device)
+
+        counted = list(trainer.layer_calls)  # the layer-call counts are training's (they show recomputation)
+        loss = trainer.evaluate(micro_batch, batches * ga).detach().float().reshape(())
+        trainer.layer_calls[:] = counted
+        if trainer.dp_world > 1:
+            dist.all_reduce(loss, group=trainer.dp_group)
+        return float(loss) / trainer.dp_world
+
+
+def _save(s: _Training, step: int) -> None:
     """Save, then mark complete. A save killed half-way leaves a folder without the marker, which resume ignores."""
     import torch.distributed as dist
 
+    s.watchdog.beat(step, "checkpoint save")
     tag = f"step{step}"
-    trainer.save(run.checkpoints, tag, step)
+    s.trainer.save(s.run.checkpoints, tag, step)
     dist.barrier()
     if dist.get_rank() == 0:
-        checkpoints.write_marker(run.checkpoints, tag, checkpoints.marker_info(resolved, step))
+        checkpoints.write_marker(s.run.checkpoints, tag, checkpoints.marker_info(s.resolved, step))
     dist.barrier()
+
+
+def _finish(s: _Training, stopped_at: int | None) -> None:
+    """Close the records and profiler, wait for every rank, and say on rank 0's terminal how training ended."""
+    import torch.distributed as dist
+
+    r = s.resolved.recipe
+    s.progress.close()
+    common.write_layer_calls(s.run, s.env.rank, s.trainer.layer_calls)
+    if s.prof is not None:
+        s.prof.stop()
+    s.writer.close()
+    if s.tb is not None:
+        s.tb.close()
+    dist.barrier()
+    if s.env.rank == 0 and stopped_at is not None:
+        print(f"stopped at step {stopped_at} of {r.train.steps} on {STOP_SIGNAL.name} (SLURM's time-limit warning): "
+              f"checkpoint {s.run.checkpoints / f'step{stopped_at}'}; started again (a requeued job is), the run "
+              "continues from it", file=s.terminal, flush=True)
+    elif s.env.rank == 0:
+        print(f"done: {r.train.steps} steps; run directory {s.run.root}", file=s.terminal, flush=True)
