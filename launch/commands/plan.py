@@ -1,16 +1,19 @@
 """`python -m launch plan model=llama-2-7b[,llama-3.1-8b ...] world_size=4,8 hardware=h100-sxm [out=plans/NAME] ...`
 
 Compares layouts of models on GPU counts (the seed's "7B on 4 GPUs, then raise the GPU count"): every
-t × d × ZeRO stage (× activation checkpointing) that each model's shape admits, stacked memory bars per layout against
-the device-memory line, green where the plan fits and red where it does not. Writes a JSON of the numbers, an HTML
-page whose two selectors (model, GPU count) show the bars of one pair at a time (launch/commands/plan_page.py), and a
-PNG of the first model's bars (launch/commands/plan_figure.py).
+t × d × ZeRO stage (× activation checkpointing) that the backend builds for each model (each layout goes through the
+resolver, as `recommend`'s do, with sequence parallelism where the backend builds it), stacked memory bars per layout
+against the device-memory line, green where the plan fits and red where it does not. Writes a JSON of the numbers, an
+HTML page whose two selectors (model, GPU count) show the bars of one pair at a time (launch/commands/plan_page.py),
+and a PNG of the first model's bars (launch/commands/plan_figure.py).
 """
 from __future__ import annotations
 
 import json
+import typing
 from dataclasses import dataclass
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any, Mapping, Sequence
 
 from launch.commands import render
@@ -18,11 +21,21 @@ from launch.commands.args import Option, choice, choice_list, distinct, read, te
 from launch.commands.plan_figure import chart_png, ours
 from launch.commands.plan_page import render_page
 from launch.commands.render import make_console
-from launch.config.backends import BACKENDS, traits
+from launch.config.backends import BACKENDS, BackendTraits, traits
 from launch.config.calibration import newest_for
-from launch.config.grid import RankGrid
 from launch.config.hardware import is_profile_path, load_profile
 from launch.config.models import load_model
+from launch.config.resolve import Resolved, resolve
+from launch.config.schema import (
+    BatchSection,
+    HardwareSection,
+    LoadedRecipe,
+    ModelSection,
+    PrecisionSection,
+    Recipe,
+    TrainSection,
+    with_overrides,
+)
 from launch.errors import ConfigError
 from launch.plan.build import make_plan
 from launch.plan.layout import Layout, Plan
@@ -32,24 +45,30 @@ from launch.run.rundir import runs_root
 
 USAGE = ("usage: python -m launch plan [key=value ...]  "
          "(e.g. model=llama-2-7b,llama-3.1-8b world_size=4,8 hardware=h100-sxm)")
-AC_POLICIES = ("none", "selective", "full")
+DTYPES = typing.get_args(typing.get_type_hints(PrecisionSection)["dtype"])
+AC_POLICIES = typing.get_args(typing.get_type_hints(TrainSection)["activation_checkpointing"])
 OPTIONS = (
     Option("model", "catalogue model names, comma separated (default llama-2-7b)", text_list, ("llama-2-7b",)),
     Option("world_size", "GPU counts (world sizes), comma separated (default 4)", distinct(whole_list(1, 1_000_000)),
            (4,)),
     Option("hardware", "hardware profile (default h100-sxm)", text, "h100-sxm"),
     Option("gpus_per_node", "devices per node (default 8, or the GPU count when smaller)", whole(1, 1_000_000)),
-    Option("backend", "deepspeed | megatron (default deepspeed; megatron adds sequence parallel)",
+    Option("backend", f"{' | '.join(BACKENDS)} (default deepspeed): the layouts it builds, with sequence parallelism "
+           f"where it has it ({', '.join(n for n, b in BACKENDS.items() if 'sp' in b.features)})",
            choice(*BACKENDS), "deepspeed"),
-    Option("dtype", "bf16 | fp16 | fp32 (default bf16)", choice("bf16", "fp16", "fp32"), "bf16"),
+    Option("dtype", f"{' | '.join(DTYPES)} (default bf16)", choice(*DTYPES), "bf16"),
     Option("seq_len", "tokens per sequence (default 4096)", whole(1, 1 << 24), 4096),
     Option("micro_batch_size", "default 1", whole(1, 1 << 20), 1),
     Option("global_batch_size", "default 8 × the largest GPU count", whole(1, 1 << 40)),
-    Option("activation_checkpointing", "policies to compare, comma separated (default none,full)",
-           choice_list(*AC_POLICIES), ("none", "full")),
+    Option("activation_checkpointing", f"policies to compare, comma separated, of {', '.join(AC_POLICIES)} "
+           "(default none,full)", choice_list(*AC_POLICIES), ("none", "full")),
     Option("out", "output path without suffix: .png, .html and .json are added "
            "(default runs/plans/<model>[+<model>...]_<hardware>)", text),
 )
+# The recipe field behind each option, for the resolver's refusals of what the command line asked for as a whole.
+OPTION_OF_FIELD = {"model.name": "model", "hardware.profile": "hardware", "backend": "backend",
+                   "precision.dtype": "dtype", "batch.seq_len": "seq_len", "batch.micro_batch_size": "micro_batch_size",
+                   "train.activation_checkpointing": "activation_checkpointing"}
 
 
 @dataclass(frozen=True)
@@ -92,27 +111,49 @@ def layouts(opts: Mapping[str, Any]) -> list[Row]:
         for gpus in gpu_counts:
             gpn = opts["gpus_per_node"] or min(8, gpus)
             timed = _newest_calibration(nominal, machine, gpus, gpn, model.name, dtype, seq) if nominal else None
-            hw_ws = load_profile(named, context="command line", field="hardware", path=timed) if timed else hw
-            for tp in [t for t in (1, 2, 4, 8) if t <= min(gpus, gpn) and gpus % t == 0
-                       and model.num_kv_heads % t == 0 and model.intermediate_size % t == 0]:
+            recipe = Recipe(backend=backend, batch=BatchSection(micro, gbs, seq), model=ModelSection(name=model.name),
+                            precision=PrecisionSection(dtype=dtype),
+                            hardware=HardwareSection(gpus // gpn, gpn, str(timed) if timed else named))
+            # Every field is the command line's: the resolver's refusals name it (paths resolve from the cwd).
+            loaded = LoadedRecipe("plan", Path("command line"), recipe, MappingProxyType({}), (), ())
+            for tp in [t for t in (1, 2, 4, 8) if t <= min(gpus, gpn) and gpus % t == 0]:
                 dp = gpus // tp
-                if gbs % (micro * dp):
-                    continue
-                stages = (0,) if dp == 1 else (0, 1, 2, 3)
-                for z in stages:
-                    sp = "sp" in bt.features and tp > 1 and z in bt.sp_zero_stages
-                    for rc in policies:
-                        lay = Layout(backend=backend, model=model, hardware=hw_ws,
-                                     grid=RankGrid(tp, 1, dp, gpn, gpus // gpn), zero_stage=z, dtype=dtype,
-                                     micro_batch_size=micro, global_batch_size=gbs, seq_len=seq,
-                                     activation_checkpointing=rc, sp=sp, ds_zero=_ds_zero(z, model, tp))
+                for z in bt.zero_stages:
+                    built = [r for r in (_resolved(loaded, bt, tp, z, rc) for rc in policies) if r is not None]
+                    for res in built:
+                        rc = res.recipe.train.activation_checkpointing
                         name = ("DP" if z == 0 and tp == 1 else f"ZeRO-{z}" if tp == 1 else
                                 f"TP{tp}" if dp == 1 else f"TP{tp}×" + ("DP" if z == 0 else f"ZeRO-{z}")
                                 + f" (dp{dp})")
                         if rc != "none":
                             name += f" +AC({rc})"
+                        lay = Layout.from_resolved(res)
                         rows.append(Row(gpus, name, make_plan(lay, name, machine), lay))
+                    if dp == 1 and built:
+                        break  # one data-parallel rank: every ZeRO stage holds the same; the first the backend builds
     return rows
+
+
+def _resolved(loaded: LoadedRecipe, bt: BackendTraits, tp: int, zero: int, ac: str) -> Resolved | None:
+    """The layout as the resolver accepts it: with sequence parallelism where the backend builds it at this tp and
+    ZeRO stage, else without. None: refused for its own fields (parallel.*, or the global batch its dp must divide);
+    a refusal of what the command line asked for as a whole (a dtype or checkpointing policy the backend lacks) is
+    raised, named as the option."""
+    sps = (True, False) if tp > 1 and "sp" in bt.features else (False,)
+    for sp in sps:
+        try:
+            return resolve(with_overrides(loaded, (f"parallel.tp={tp}", f"parallel.zero_stage={zero}",
+                                                   f"parallel.sp={str(sp).lower()}",
+                                                   f"train.activation_checkpointing={ac}")))
+        except ConfigError as e:
+            if sp or e.field.startswith("parallel.") or e.field == "batch.global_batch_size":
+                continue
+            option = OPTION_OF_FIELD.get(e.field, e.field)
+            fix = e.fix
+            for field, name in OPTION_OF_FIELD.items():
+                fix = fix.replace(field, name)
+            raise ConfigError("command line", option, e.value, e.problem, fix) from None
+    return None
 
 
 def _newest_calibration(nominal, machine, world_size: int, gpus_per_node: int, model: str, dtype: str,
@@ -124,17 +165,6 @@ def _newest_calibration(nominal, machine, world_size: int, gpus_per_node: int, m
     if newest.path is not None:
         print(f"world size {world_size}: timed with {newest.path}, the newest calibration of this machine for it")
     return newest.path
-
-
-def _ds_zero(stage: int, model, tp: int) -> dict:
-    """The shipped base's zero_optimization for `stage`, its "auto" sizes filled for this model and TP degree as the
-    resolver fills them for a run."""
-    from launch.config.dsconfig import default_base, fill_auto, read_json
-
-    base = default_base(stage, "none", "none")
-    cfg = read_json(base, context="ds_configs", field="zero")
-    fill_auto(cfg, model, tp, str(base))
-    return cfg.get("zero_optimization", {})
 
 
 def _title(model: str, first: Layout) -> str:

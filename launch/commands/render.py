@@ -39,9 +39,41 @@ def safe(text: str) -> str:
 
 def render(resolved: Resolved, plan: Plan, cmd: launcher.LaunchCommand, console,
            per_node: Sequence[launcher.NodeCommand] = ()) -> None:
-    from rich import box
-    from rich.table import Table
+    r = resolved.recipe
+    _recipe_lines(resolved, console)
+    _memory_table(plan, r.plan.headroom, console)
+    _comm_table(plan, console)
+    s = plan.step
+    console.print(f"predicted step ({timing_label(plan)}): {step_parts(plan)}; "
+                  f"{s.tokens_per_s_per_device:,.0f} tokens/s/device, MFU {s.mfu:.1%}")
+    console.print(f"  model FLOPs/step {s.model_flops_per_step:.3e} (6·N + 12·L·h·s per token, torchtitan); {safe(s.assumptions)}")
+    for n in plan.notes:
+        console.print(f"  note: {safe(n)}")
+    verdict = "fits" if plan.fits else "DOES NOT FIT"
+    if r.run.mode == "commbench":
+        refusal = " (run.mode=commbench measures collectives only: no fit check)"
+    elif plan.fits or r.plan.ignore_fit:
+        refusal = ""
+    else:
+        refusal = " — a real run is refused; lower memory (zero_stage, tp, activation_checkpointing) or set plan.ignore_fit=true"
+    console.print(f"[bold]plan: {verdict}[/bold]{refusal}")
+    console.print()
+    if r.run.launcher == "deepspeed" and per_node:
+        console.print("[bold]launch command[/bold] (on the first host; DeepSpeed's runner starts each node over pdsh/ssh)")
+        console.print(printable(cmd.shell()), markup=False, soft_wrap=True)
+        console.print("[bold]per node[/bold] (what the runner starts there; the environment reaches it through "
+                      "DS_ENV_FILE)")
+    elif per_node:
+        console.print("[bold]launch command per node[/bold] (start each on its node; nodes > 0 join node 0's run directory)")
+    else:
+        console.print("[bold]launch command[/bold]")
+        console.print(printable(cmd.shell()), markup=False, soft_wrap=True)
+    for line in node_lines(per_node):
+        console.print(line, markup=False, soft_wrap=True)
 
+
+def _recipe_lines(resolved: Resolved, console) -> None:
+    """What was resolved: the recipe, its chain and overrides, the layout, batch and hardware, the rank grid."""
     r = resolved.recipe
     # Names, paths and overrides are the user's text: printed as text, never read as rich markup.
     console.print(f"[bold]recipe[/bold] {safe(resolved.recipe_name)}  ({safe(resolved.recipe_path)})")
@@ -70,6 +102,12 @@ def render(resolved: Resolved, plan: Plan, cmd: launcher.LaunchCommand, console,
             console.print(f"  pp stage {stage}: " + ", ".join(f"chunk {v} layers {c[0]}-{c[-1]}" for v, c in enumerate(chunks)))
     console.print()
 
+
+def _memory_table(plan: Plan, headroom: float, console) -> None:
+    """Memory per rank type in the backend's own accounting, the other accountings' totals for reference."""
+    from rich import box
+    from rich.table import Table
+
     unit, per = table_unit(max(rp.memory[rp.implementation].total for rp in plan.ranks))
     t = Table(title=f"memory per rank ({unit}, {plan.worst().implementation} accounting)", title_justify="left",
               box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False)
@@ -87,7 +125,13 @@ def render(resolved: Resolved, plan: Plan, cmd: launcher.LaunchCommand, console,
     others = ", ".join(f"{acc} {human_bytes(m.total)}" for acc, m in worst.memory.items() if acc != worst.implementation)
     console.print(f"  accounting: {worst.implementation} * is the fit check's (the backend's own); for reference "
                   f"{others}; usable device memory {human_bytes(worst.usable_bytes)} of "
-                  f"{human_bytes(worst.device_memory_bytes)} (headroom {r.plan.headroom:.0%})")
+                  f"{human_bytes(worst.device_memory_bytes)} (headroom {headroom:.0%})")
+
+
+def _comm_table(plan: Plan, console) -> None:
+    """The collectives of one step, per rank."""
+    from rich import box
+    from rich.table import Table
 
     c = Table(title="communication per step (per rank)", title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False)
     for col in ("par", "collective", "link", "group", "calls", "message", "sent/rank", "busbw GB/s", "time ms"):
@@ -98,33 +142,6 @@ def render(resolved: Resolved, plan: Plan, cmd: launcher.LaunchCommand, console,
     if not plan.comm:
         c.add_row("-", "none (one rank per group)", "", "", "", "", "", "", "")
     console.print(c)
-    s = plan.step
-    console.print(f"predicted step ({timing_label(plan)}): {step_parts(plan)}; "
-                  f"{s.tokens_per_s_per_device:,.0f} tokens/s/device, MFU {s.mfu:.1%}")
-    console.print(f"  model FLOPs/step {s.model_flops_per_step:.3e} (6·N + 12·L·h·s per token, torchtitan); {safe(s.assumptions)}")
-    for n in plan.notes:
-        console.print(f"  note: {safe(n)}")
-    verdict = "fits" if plan.fits else "DOES NOT FIT"
-    if r.run.mode == "commbench":
-        refusal = " (run.mode=commbench measures collectives only: no fit check)"
-    elif plan.fits or r.plan.ignore_fit:
-        refusal = ""
-    else:
-        refusal = " — a real run is refused; lower memory (zero_stage, tp, activation_checkpointing) or set plan.ignore_fit=true"
-    console.print(f"[bold]plan: {verdict}[/bold]{refusal}")
-    console.print()
-    if r.run.launcher == "deepspeed" and per_node:
-        console.print("[bold]launch command[/bold] (on the first host; DeepSpeed's runner starts each node over pdsh/ssh)")
-        console.print(printable(cmd.shell()), markup=False, soft_wrap=True)
-        console.print("[bold]per node[/bold] (what the runner starts there; the environment reaches it through "
-                      "DS_ENV_FILE)")
-    elif per_node:
-        console.print("[bold]launch command per node[/bold] (start each on its node; nodes > 0 join node 0's run directory)")
-    else:
-        console.print("[bold]launch command[/bold]")
-        console.print(printable(cmd.shell()), markup=False, soft_wrap=True)
-    for line in node_lines(per_node):
-        console.print(line, markup=False, soft_wrap=True)
 
 
 def table_unit(largest: float) -> tuple[str, int]:

@@ -150,89 +150,106 @@ def fsdp_gathered(layout: Layout, params: int, stage: int = 0) -> int:
 def model_states(layout: Layout, params: int, accounting: str, stage: int = 0) -> tuple[int, int, int, int]:
     """(weights, grads, optimizer, host) bytes on one rank of pipeline stage `stage` holding `params` parameters
     before ZeRO."""
+    if accounting == "zero_paper":
+        return _zero_paper_states(layout, params)
+    if accounting == "deepspeed":
+        return _deepspeed_states(layout, params)
+    if accounting == "megatron":
+        return _megatron_states(layout, params)
+    if accounting == "torch":
+        return _torch_states(layout, params, stage)
+    raise ValueError(f"unknown accounting {accounting}")
+
+
+def _zero_paper_states(layout: Layout, params: int) -> tuple[int, int, int, int]:
+    z, d, e = layout.zero_stage, layout.grid.dp, layout.elem_bytes
+    k = 12 if layout.dtype != "fp32" else 8
+    w, g, o = e * params, e * params, k * params
+    if z >= 1:
+        o = math.ceil(o / d)
+    if z >= 2:
+        g = math.ceil(g / d)
+    if z >= 3:
+        w = math.ceil(w / d)
+    if layout.offload_optimizer != "none":
+        return w, g, 0, o
+    return w, g, o, 0
+
+
+def _deepspeed_states(layout: Layout, params: int) -> tuple[int, int, int, int]:
+    # DeepSpeed 0.19.8 (stage_1_and_2.py / stage3.py estimators): fp32 master 4 + Adam m, v 8 = 12 B
+    # per parameter of the partition, plus an fp32 gradient partition of 4 B; ZeRO-2 also keeps its
+    # 16-bit gradient partition (2 + 18/N in all); ZeRO-3 keeps 16-bit parameter partitions and the
+    # largest layer gathered as 16-bit weights and gradients (4 B × its params).
     z, d, e = layout.zero_stage, layout.grid.dp, layout.elem_bytes
     mixed = layout.dtype != "fp32"
-    off_opt = layout.offload_optimizer != "none"
-    off_par = layout.offload_params != "none"
     host = 0
-    if accounting == "zero_paper":
-        k = 12 if mixed else 8
-        w, g, o = e * params, e * params, k * params
-        if z >= 1:
-            o = math.ceil(o / d)
-        if z >= 2:
-            g = math.ceil(g / d)
-        if z >= 3:
-            w = math.ceil(w / d)
-    elif accounting == "deepspeed":
-        # DeepSpeed 0.19.8 (stage_1_and_2.py / stage3.py estimators): fp32 master 4 + Adam m, v 8 = 12 B
-        # per parameter of the partition, plus an fp32 gradient partition of 4 B; ZeRO-2 also keeps its
-        # 16-bit gradient partition (2 + 18/N in all); ZeRO-3 keeps 16-bit parameter partitions and the
-        # largest layer gathered as 16-bit weights and gradients (4 B × its params).
-        if z == 0:
-            w, g = e * params, e * params + (4 * params if mixed else 0)
-            o = (12 if mixed else 8) * params
-        elif z == 1:
-            w, g = e * params, e * params + 4 * params // d
-            o = 12 * params // d
-        elif z == 2:
-            w, g = e * params, (e + 4) * params // d
-            o = 12 * params // d
-        else:
-            # The largest layer gathered whole, as weights and as gradients, in the model's element size (the
-            # estimator's 4 B assumes 16-bit). In fp32 the parameter partition is itself the master copy
-            # (stage3.py _link_all_hp_params): the optimizer adds Adam's m and v only (measured live,
-            # tests/dist/test_state_bytes.py).
-            big = largest_layer_params(layout)
-            # hpZ adds a secondary partition over its group, in the parameters' dtype, to each parameter
-            # that is released after use (partition_parameters.py _partition_param_sec); persistent ones stay whole.
-            secondary = e * sum(zero3_fetched(layout)) // layout.hpz if layout.hpz > 1 else 0
-            w = e * params // d + e * big + secondary
-            g = 4 * params // d + e * big
-            o = (12 if mixed else 8) * params // d
-        if off_opt:
-            # The optimizer step, its fp32 state and the fp32 gradient partition move to the host. ZeRO-1/2 then
-            # copy gradients from the reduce bucket straight into that fp32 partition, keeping no 16-bit one
-            # (the estimators: 2 B/param on the device, 16 on the host); ZeRO-3 keeps the largest layer's.
-            moved_g = g - (2 * largest_layer_params(layout) if z == 3 else 0)
-            host += o + (4 * params // d if z < 3 else moved_g)
-            o, g = 0, g - moved_g
-        if off_par and z == 3:
-            host += e * params // d
-            w -= e * params // d
-    elif accounting == "megatron":
-        # Megatron-Core's distributed-optimizer table: bf16 params + fp32 main grads 6 + 12/d; fp16 params and
-        # grads (fp32 main grads live in the optimizer) 4 + 16/d; fp32 8 + 8/d.
-        grad_bytes, opt_bytes = {"bf16": (4, 12), "fp16": (2, 16), "fp32": (4, 8)}[layout.dtype]
-        w, g = e * params, grad_bytes * params
-        opt = opt_bytes * params
-        o = math.ceil(opt / d) if z >= 1 else opt
-        if z >= 3:
-            w, g = math.ceil(w / d), math.ceil(g / d)
-    elif accounting == "torch":
-        # fp32 parameters (the master copy), fp32 gradients (FSDP2 reduces in fp32) and AdamW's fp32 m and v.
-        if z == 0:
-            # DDP: everything whole; gradients are views of the reduce buckets. Under autocast the 16-bit copies of
-            # the weights are saved for the backward.
-            w, g, o = 4 * params + (e * params if mixed else 0), 4 * params, 8 * params
-        else:
-            # FSDP2: the 16 B sharded over dp (each tensor padded to a multiple of dp rows, ignored here), plus the
-            # gathered units in the compute dtype, and one block's and the root's unsharded gradients in the backward.
-            root, block = fsdp_units(layout, stage)
-            gathered = e * fsdp_gathered(layout, params, stage)
-            shard = -(-params // (layout.hpz if layout.hpz > 1 else d))  # hybrid sharding: within its groups
-            # The unsharded gradients of the unit in its backward; under a pipeline every unit's, accumulated in
-            # fp32 until the last micro-batch (torch.distributed.pipelining defers FSDP2's reduce-scatter there).
-            unsharded = 4 * params if layout.grid.pp > 1 else e * min(params, root + block)
-            w, g, o = 4 * shard + gathered, 4 * shard + unsharded, 8 * shard
-            if off_par:  # CPUOffloadPolicy: sharded parameters, gradients and the optimizer step live on the host
-                host += 16 * shard
-                w, g, o = gathered, unsharded, 0
+    if z == 0:
+        w, g = e * params, e * params + (4 * params if mixed else 0)
+        o = (12 if mixed else 8) * params
+    elif z == 1:
+        w, g = e * params, e * params + 4 * params // d
+        o = 12 * params // d
+    elif z == 2:
+        w, g = e * params, (e + 4) * params // d
+        o = 12 * params // d
     else:
-        raise ValueError(f"unknown accounting {accounting}")
-    if accounting == "zero_paper" and off_opt:
-        host, o = o, 0
+        # The largest layer gathered whole, as weights and as gradients, in the model's element size (the
+        # estimator's 4 B assumes 16-bit). In fp32 the parameter partition is itself the master copy
+        # (stage3.py _link_all_hp_params): the optimizer adds Adam's m and v only (measured live,
+        # tests/dist/test_state_bytes.py).
+        big = largest_layer_params(layout)
+        # hpZ adds a secondary partition over its group, in the parameters' dtype, to each parameter
+        # that is released after use (partition_parameters.py _partition_param_sec); persistent ones stay whole.
+        secondary = e * sum(zero3_fetched(layout)) // layout.hpz if layout.hpz > 1 else 0
+        w = e * params // d + e * big + secondary
+        g = 4 * params // d + e * big
+        o = (12 if mixed else 8) * params // d
+    if layout.offload_optimizer != "none":
+        # The optimizer step, its fp32 state and the fp32 gradient partition move to the host. ZeRO-1/2 then
+        # copy gradients from the reduce bucket straight into that fp32 partition, keeping no 16-bit one
+        # (the estimators: 2 B/param on the device, 16 on the host); ZeRO-3 keeps the largest layer's.
+        moved_g = g - (2 * largest_layer_params(layout) if z == 3 else 0)
+        host += o + (4 * params // d if z < 3 else moved_g)
+        o, g = 0, g - moved_g
+    if layout.offload_params != "none" and z == 3:
+        host += e * params // d
+        w -= e * params // d
     return w, g, o, host
+
+
+def _megatron_states(layout: Layout, params: int) -> tuple[int, int, int, int]:
+    # Megatron-Core's distributed-optimizer table: bf16 params + fp32 main grads 6 + 12/d; fp16 params and
+    # grads (fp32 main grads live in the optimizer) 4 + 16/d; fp32 8 + 8/d.
+    z, d, e = layout.zero_stage, layout.grid.dp, layout.elem_bytes
+    grad_bytes, opt_bytes = {"bf16": (4, 12), "fp16": (2, 16), "fp32": (4, 8)}[layout.dtype]
+    w, g = e * params, grad_bytes * params
+    opt = opt_bytes * params
+    o = math.ceil(opt / d) if z >= 1 else opt
+    if z >= 3:
+        w, g = math.ceil(w / d), math.ceil(g / d)
+    return w, g, o, 0
+
+
+def _torch_states(layout: Layout, params: int, stage: int) -> tuple[int, int, int, int]:
+    # fp32 parameters (the master copy), fp32 gradients (FSDP2 reduces in fp32) and AdamW's fp32 m and v.
+    e = layout.elem_bytes
+    if layout.zero_stage == 0:
+        # DDP: everything whole; gradients are views of the reduce buckets. Under autocast the 16-bit copies of
+        # the weights are saved for the backward.
+        return 4 * params + (e * params if layout.dtype != "fp32" else 0), 4 * params, 8 * params, 0
+    # FSDP2: the 16 B sharded over dp (each tensor padded to a multiple of dp rows, ignored here), plus the
+    # gathered units in the compute dtype, and one block's and the root's unsharded gradients in the backward.
+    root, block = fsdp_units(layout, stage)
+    gathered = e * fsdp_gathered(layout, params, stage)
+    shard = -(-params // (layout.hpz if layout.hpz > 1 else layout.grid.dp))  # hybrid sharding: within its groups
+    # The unsharded gradients of the unit in its backward; under a pipeline every unit's, accumulated in
+    # fp32 until the last micro-batch (torch.distributed.pipelining defers FSDP2's reduce-scatter there).
+    unsharded = 4 * params if layout.grid.pp > 1 else e * min(params, root + block)
+    if layout.offload_params != "none":
+        # CPUOffloadPolicy: sharded parameters, gradients and the optimizer step live on the host
+        return gathered, unsharded, 0, 16 * shard
+    return 4 * shard + gathered, 4 * shard + unsharded, 8 * shard, 0
 
 
 # --------------------------------------------------------------------------- activations

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from statistics import NormalDist
 
 from launch.comm.commbench_spec import backend_of
@@ -31,6 +32,16 @@ def model_flops_per_token(model: ModelSpec, seq_len: int) -> float:
 
 
 
+@dataclass(frozen=True)
+class _Compute:
+    """The compute of one step, the TP time beside it and the bubble, as one time source found them."""
+
+    compute_s: float
+    tp_s: float  # TP/SP collectives on the critical path
+    bubble_s: float | None  # None: the nominal formula's share of the compute
+    how: str
+
+
 def step_time(layout: Layout, comm: list[Comm], timing: Timing = Timing()) -> StepTime:
     """`comm`: pipeline stage 0's calls (communication(layout, timing)); the calibrated compute is the slowest
     stage's."""
@@ -44,65 +55,18 @@ def step_time(layout: Layout, comm: list[Comm], timing: Timing = Timing()) -> St
     params, _ = stage_params(layout, 0)
     compute_c = timing.calibration.compute if timing.calibration else None
     tp = sum(c.time_s for c in comm if c.parallelism in ("tp", "sp"))
-    bubble = None
     if compute_c is not None:
-        # Measured op classes: forward and backward of this rank's part of the backend's own model per micro-batch
-        # (timed in situ, its TP collectives included), the engine's own cost at this ZeRO stage (what real steps
-        # spend beyond the rest of this sum), and Adam over the rank's partition (the whole shard without ZeRO).
-        p = compute_c.find_pass(layout.backend, g.tp, layout.sp, layout.micro_batch_size, layout.activation_checkpointing)
-        eng = compute_c.find_engine(layout.backend, layout.zero_stage)
-        engine = eng.micro_step_s + (eng.recompute_s if p.activation_checkpointing == "full" else 0.0)
-        # Pipeline stages: each stage's share of the measured pass (its layers, the embedding on the first, output
-        # layer and loss on the last). Under 1F1B the first micro-batch crosses every stage forward and back, the
-        # others follow at the pace of the slowest: ga × the slowest stage, plus the other stages' one micro-batch
-        # each (the bubble; (p-1)/m of the compute when the stages are equal, the nominal formula).
-        stages = [p.stage_s(sum(map(len, chunk_layers(layout.model.num_layers, g.pp, layout.vpp, s)))
-                            / layout.model.num_layers, s == 0, s == g.pp - 1)
-                  for s in range(g.pp)]
-        slowest = max(range(g.pp), key=stages.__getitem__)
-        passes = ga * stages[slowest]
-        bubble = sum(stages) - stages[slowest]
-        # Adam on each stage's partition at once after the flush: the largest finishes last.
-        part = max(sum(rank_parameters(layout, s)) for s in range(g.pp))
-        part = part if layout.zero_stage == 0 else -(-part // g.dp)
-        compute = ga * (engine + compute_c.data_s.get(str(layout.micro_batch_size), 0.0)) + eng.step_s + compute_c.adam_s(part)
-        # Ranks that wait for one another each step finish with the slowest: the expected maximum of n ranks'
-        # compute exceeds the mean by c_n standard deviations (Blom's approximation of the normal order statistic),
-        # counted once per step, a lower bound when the ranks meet more often. The ranks of a TP group already
-        # waited for one another inside the measured pass (at every TP collective), those of a pipeline at every
-        # send and receive: n counts the model replicas.
-        n = g.world // (g.tp * g.pp)
-        skew = (NormalDist().inv_cdf((n - 0.375) / (n + 0.25)) * p.sd_s * math.sqrt(ga)) if n > 1 else 0.0
-        compute += skew
-        # The passes hold the TP calls as they ran in situ: the table's α–β time for them is their share, the rest
-        # of the passes is compute. The backend's own calls after the micro-batches ran outside the passes.
-        after = sum(c.time_s for c in comm if c.parallelism in ("tp", "sp") and c.after_step)
-        tp = min(tp - after, passes)
-        compute += passes - tp
-        tp += after
-        compute_how = (f"compute measured ({timing.calibration.created}, {timing.calibration.machine_kind}): forward + "
-                       f"backward of the {layout.backend} model at tp={g.tp}{' with SP' if layout.sp else ''} in situ"
-                       + (f", split into {g.pp} pipeline stages by where its forward went (embedding, decoder layers, "
-                          f"output layer and loss; the slowest, stage {slowest}, sets the pace)" if g.pp > 1 else "")
-                       + " (its TP collectives included: the "
-                       f"α–β time of those is shown as TP), micro_batch_size={layout.micro_batch_size}, "
-                       f"activation_checkpointing={p.activation_checkpointing}, + the engine's own cost at ZeRO-"
-                       f"{layout.zero_stage} (measured in real steps) + Adam over "
-                       f"{part:,} parameters + making the micro-batches + {skew * 1e3:.2f} ms "
-                       f"waiting for the slowest of {n} ranks; collectives on the measured α–β curves (calibrated)")
+        found = _calibrated_compute(layout, comm, timing, tp, ga)
     else:
-        compute = hw_flops / g.world / (peak * hw.achievable_mfu)
-        compute_how = (f"compute at {hw.achievable_mfu:.0%} of {hw.name} {layout.dtype} peak (nominal); collectives "
-                       f"{hw.intra_node_latency_us:g}/{hw.inter_node_latency_us:g} µs per call (intra/inter-node, "
-                       "nominal) + bytes over the nominal bus bandwidth")
+        found = _Compute(hw_flops / g.world / (peak * hw.achievable_mfu), tp, None,
+                         f"compute at {hw.achievable_mfu:.0%} of {hw.name} {layout.dtype} peak (nominal); collectives "
+                         f"{hw.intra_node_latency_us:g}/{hw.inter_node_latency_us:g} µs per call (intra/inter-node, "
+                         "nominal) + bytes over the nominal bus bandwidth")
+    compute, tp, compute_how = found.compute_s, found.tp_s, found.how
+    bubble = found.bubble_s
     if bubble is None:
         bubble = compute * (g.pp - 1) / (layout.vpp * max(ga, 1)) if g.pp > 1 else 0.0
-    # Pipeline sends and receives on the critical path: under 1F1B without interleaving an exchange pairs a send
-    # with a receive (the comm table lists every call at its own α–β time); interleaved schedules are counted call
-    # by call. `comm` is stage 0's, as make_plan passes it.
-    exchanges = pipeline_exchanges(g.pp, 0, ga) if layout.vpp == 1 else None
-    pp = sum(c.time_s * (exchanges / c.calls_per_step if c.collective == "send_recv" and exchanges is not None
-                         else 1.0) for c in comm if c.parallelism == "pp")
+    pp = _pp_critical_s(layout, comm, ga)
     dp = sum(c.time_s for c in comm if c.parallelism == "dp")
     dp_c = [c for c in comm if c.parallelism == "dp"]
     overlaps = OVERLAPS[backend_of(hw.device_type)]
@@ -114,13 +78,7 @@ def step_time(layout: Layout, comm: list[Comm], timing: Timing = Timing()) -> St
         overlap_how = ("TP/SP and PP traffic on the critical path; DP traffic issued every micro-step overlaps the "
                        "backward, boundary traffic only the last micro-batch's backward, post-step gathers none "
                        "(ZeRO-3: forward gathers overlap the forward)")
-    offload = 0.0
-    part = params / g.dp
-    if layout.offload_optimizer != "none":
-        offload += (2 * part * layout.elem_bytes) / (PCIE_GBps * 1e9) + 16 * 2 * part / (HOST_ADAM_GBps * 1e9)
-    if layout.offload_params != "none":
-        # Offloaded 16-bit parameter partitions cross PCIe before the forward and again before the backward.
-        offload += 2 * ga * part * layout.elem_bytes / (PCIE_GBps * 1e9)
+    offload = _offload_s(layout, params, ga)
     total = compute + bubble + tp + pp + dp_exposed + offload
     correction = timing.calibration.correction if compute_c is not None else 1.0
     if correction != 1.0:
@@ -138,6 +96,79 @@ def step_time(layout: Layout, comm: list[Comm], timing: Timing = Timing()) -> St
                        + ("; a send and a receive posted together wait once (1F1B)" if layout.vpp == 1 else "")),
         timing="calibrated" if compute_c is not None else "nominal", correction=correction,
     )
+
+
+def _calibrated_compute(layout: Layout, comm: list[Comm], timing: Timing, tp: float, ga: int) -> _Compute:
+    """The step's compute from the calibration's measured op classes; `tp`: the comm table's TP/SP time, of which the
+    measured passes already hold the in-situ share."""
+    g, compute_c = layout.grid, timing.calibration.compute
+    # Measured op classes: forward and backward of this rank's part of the backend's own model per micro-batch
+    # (timed in situ, its TP collectives included), the engine's own cost at this ZeRO stage (what real steps
+    # spend beyond the rest of this sum), and Adam over the rank's partition (the whole shard without ZeRO).
+    p = compute_c.find_pass(layout.backend, g.tp, layout.sp, layout.micro_batch_size, layout.activation_checkpointing)
+    eng = compute_c.find_engine(layout.backend, layout.zero_stage)
+    engine = eng.micro_step_s + (eng.recompute_s if p.activation_checkpointing == "full" else 0.0)
+    # Pipeline stages: each stage's share of the measured pass (its layers, the embedding on the first, output
+    # layer and loss on the last). Under 1F1B the first micro-batch crosses every stage forward and back, the
+    # others follow at the pace of the slowest: ga × the slowest stage, plus the other stages' one micro-batch
+    # each (the bubble; (p-1)/m of the compute when the stages are equal, the nominal formula).
+    stages = [p.stage_s(sum(map(len, chunk_layers(layout.model.num_layers, g.pp, layout.vpp, s)))
+                        / layout.model.num_layers, s == 0, s == g.pp - 1)
+              for s in range(g.pp)]
+    slowest = max(range(g.pp), key=stages.__getitem__)
+    passes = ga * stages[slowest]
+    bubble = sum(stages) - stages[slowest]
+    # Adam on each stage's partition at once after the flush: the largest finishes last.
+    part = max(sum(rank_parameters(layout, s)) for s in range(g.pp))
+    part = part if layout.zero_stage == 0 else -(-part // g.dp)
+    data = compute_c.data_s.get(str(layout.micro_batch_size), 0.0)
+    compute = ga * (engine + data) + eng.step_s + compute_c.adam_s(part)
+    # Ranks that wait for one another each step finish with the slowest: the expected maximum of n ranks'
+    # compute exceeds the mean by c_n standard deviations (Blom's approximation of the normal order statistic),
+    # counted once per step, a lower bound when the ranks meet more often. The ranks of a TP group already
+    # waited for one another inside the measured pass (at every TP collective), those of a pipeline at every
+    # send and receive: n counts the model replicas.
+    n = g.world // (g.tp * g.pp)
+    skew = (NormalDist().inv_cdf((n - 0.375) / (n + 0.25)) * p.sd_s * math.sqrt(ga)) if n > 1 else 0.0
+    compute += skew
+    # The passes hold the TP calls as they ran in situ: the table's α–β time for them is their share, the rest
+    # of the passes is compute. The backend's own calls after the micro-batches ran outside the passes.
+    after = sum(c.time_s for c in comm if c.parallelism in ("tp", "sp") and c.after_step)
+    tp = min(tp - after, passes)
+    compute += passes - tp
+    tp += after
+    how = (f"compute measured ({timing.calibration.created}, {timing.calibration.machine_kind}): forward + "
+           f"backward of the {layout.backend} model at tp={g.tp}{' with SP' if layout.sp else ''} in situ"
+           + (f", split into {g.pp} pipeline stages by where its forward went (embedding, decoder layers, "
+              f"output layer and loss; the slowest, stage {slowest}, sets the pace)" if g.pp > 1 else "")
+           + " (its TP collectives included: the "
+           f"α–β time of those is shown as TP), micro_batch_size={layout.micro_batch_size}, "
+           f"activation_checkpointing={p.activation_checkpointing}, + the engine's own cost at ZeRO-"
+           f"{layout.zero_stage} (measured in real steps) + Adam over "
+           f"{part:,} parameters + making the micro-batches + {skew * 1e3:.2f} ms "
+           f"waiting for the slowest of {n} ranks; collectives on the measured α–β curves (calibrated)")
+    return _Compute(compute, tp, bubble, how)
+
+
+def _pp_critical_s(layout: Layout, comm: list[Comm], ga: int) -> float:
+    """Pipeline sends and receives on the critical path: under 1F1B without interleaving an exchange pairs a send
+    with a receive (the comm table lists every call at its own α–β time); interleaved schedules are counted call
+    by call. `comm` is stage 0's, as make_plan passes it."""
+    exchanges = pipeline_exchanges(layout.grid.pp, 0, ga) if layout.vpp == 1 else None
+    return sum(c.time_s * (exchanges / c.calls_per_step if c.collective == "send_recv" and exchanges is not None
+                           else 1.0) for c in comm if c.parallelism == "pp")
+
+
+def _offload_s(layout: Layout, params: int, ga: int) -> float:
+    """Host-device copies and the host's Adam step of offloaded state; `params`: pipeline stage 0's."""
+    offload = 0.0
+    part = params / layout.grid.dp
+    if layout.offload_optimizer != "none":
+        offload += (2 * part * layout.elem_bytes) / (PCIE_GBps * 1e9) + 16 * 2 * part / (HOST_ADAM_GBps * 1e9)
+    if layout.offload_params != "none":
+        # Offloaded 16-bit parameter partitions cross PCIe before the forward and again before the backward.
+        offload += 2 * ga * part * layout.elem_bytes / (PCIE_GBps * 1e9)
+    return offload
 
 
 def _dp_exposed(layout: Layout, dp_c: list[Comm], compute: float, ga: int) -> float:
