@@ -17,7 +17,7 @@ from transformers import AutoModelForCausalLM  # noqa: E402
 
 from launch.config.resolve import Resolved  # noqa: E402
 from launch.data.rows import Synthetic, micro_batch  # noqa: E402
-from launch.ranks.hf import hf_config  # noqa: E402
+from launch.torchtools.hf import hf_config  # noqa: E402
 
 run_dir, out = sys.argv[1], sys.argv[2]
 resolved = Resolved.load(os.path.join(run_dir, "resolved.json"))

@@ -22,7 +22,7 @@ from transformers import AutoModelForCausalLM
 from launch.config.resolve import Resolved
 from launch.config.schema import ADAM_EPS
 from launch.data.rows import Synthetic, micro_batch
-from launch.ranks.hf import hf_config
+from launch.torchtools.hf import hf_config
 from launch.ranks.schedule import lr_at
 
 run_dir, out = sys.argv[1], sys.argv[2]

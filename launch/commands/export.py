@@ -1,7 +1,7 @@
 """`python -m launch export RUN_DIR [step=N] [out=DIR]`: a checkpoint as a Hugging Face safetensors folder.
 
 This side checks the arguments; the consolidation needs torch and the backend's own code, so it runs as a process
-(`python -m launch.ranks.export`, launch/ranks/export.py), like every other rank program.
+(`python -m launch.torchtools.export`, launch/torchtools/export.py), like every torch program of the driver.
 """
 from __future__ import annotations
 
@@ -46,8 +46,8 @@ def cmd_export(args: Sequence[str]) -> int:
     problem = None if out else export_target_problem(default, inputs=inputs)
     if problem:
         raise ConfigError(str(run.root), "export", str(default), problem, "name another folder with out=")
-    cmd = [sys.executable, "-m", "launch.ranks.export", run_dir, "-" if step is None else str(step), out or "-"]
-    # weights-only for every load of the process, whatever the caller asks (launch.ranks.untrusted guards it too)
+    cmd = [sys.executable, "-m", "launch.torchtools.export", run_dir, "-" if step is None else str(step), out or "-"]
+    # weights-only for every load of the process, whatever the caller asks (launch.torchtools.untrusted guards it too)
     env = {**os.environ, "TORCH_FORCE_WEIGHTS_ONLY_LOAD": "1"}
     if local_gpu_count() == 0:  # DeepSpeed would say on stderr that it fell back to the CPU: the error stays one line
         env.setdefault("DS_ACCELERATOR", "cpu")

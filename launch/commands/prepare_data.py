@@ -2,7 +2,7 @@
 format (PREFIX.bin + PREFIX.idx), for `data.source=megatron data.path=PREFIX`.
 
 This side checks the arguments and never replaces a file; the tokenizing and Megatron-Core's IndexedDatasetBuilder run
-as a process (`python -m launch.ranks.indexed build`), like every program that imports Megatron.
+as a process (`python -m launch.torchtools.indexed build`), like every program that imports Megatron.
 """
 from __future__ import annotations
 

@@ -20,6 +20,7 @@ from launch.data.check import DataCheck
 from launch.data.check import check as check_data
 from launch.errors import ConfigError
 from launch.plan.build import plan_resolved
+from launch.plan.layout import Plan
 from launch.run import envinfo, launcher, nodes
 from launch.run.failures import failure_summary, users_to_mend
 from launch.run.nodes import shared_run_dir
@@ -57,36 +58,11 @@ def cmd_run(args: Sequence[str]) -> int:
         render(resolved, plan, cmd, console, per_node)
         return 0
     bench = resolved.recipe.run.mode == "commbench"  # the collective sweep needs no trainer, memory fit or checkpoint
-    missing = [] if bench else traits(resolved.recipe.backend).missing_packages()
-    if missing:
-        raise ConfigError(resolved.recipe_path, "backend", resolved.recipe.backend,
-                          f"needs {', '.join(missing)}, which is not installed",
-                          'install the project as README says (pip install -e ".[test]")')
-    if not bench and not plan.host_fits and not resolved.recipe.plan.ignore_fit:
-        raise ConfigError(resolved.recipe_path, "plan", f"{gib(plan.host_bytes_per_node)} GiB host",
-                          f"of host memory per node (each rank's model built on the host, offloaded state) exceeds the usable "
-                          f"{gib(plan.host_usable_bytes)} GiB",
-                          "offload less (parallel.offload_params/offload_optimizer), use more nodes, or set plan.ignore_fit=true")
-    if not bench and not plan.fits and not resolved.recipe.plan.ignore_fit:
-        worst = plan.worst()
-        shown = "" if resolved.recipe.plan.expect_fit else " (this recipe is shipped to show a layout that does not fit)"
-        raise ConfigError(resolved.recipe_path, "plan", f"{gib(worst.memory[worst.implementation].total)} GiB",
-                          f"exceeds the usable {gib(worst.usable_bytes)} GiB on {worst.kind}{shown}",
-                          "lower memory (zero_stage, tp, activation_checkpointing, micro_batch_size) or set plan.ignore_fit=true")
+    if not bench:
+        _refuse_what_cannot_train(resolved, plan)
     launcher.preflight(resolved)
     joined = shared_run_dir(resolved, os.environ)
-    node_rank = nodes.placement(os.environ, resolved.recipe.hardware.nodes).node_rank
-    if joined and node_rank == 0 and os.environ.get("LAYOUTLAB_RUN_DIR") and RunDir.is_run_dir(joined):
-        # Node 0 starts a run; only the other nodes join one. A LAYOUTLAB_RUN_DIR left in the shell from an earlier
-        # launch would otherwise append this run's steps to that run's records and replace its launch command.
-        raise ConfigError("environment", "LAYOUTLAB_RUN_DIR", joined, "names a run that already started (it holds "
-                          "resolved.json); node 0 never joins one", "unset LAYOUTLAB_RUN_DIR (it is for nodes > 0 of a "
-                          "multi-node job, which join the directory node 0 printed)")
-    if not bench and resolved.recipe.run.resume == "never" and int(os.environ.get("SLURM_RESTART_COUNT") or 0) > 0:
-        # a requeued job (launch/slurm.sbatch requeues at the time limit) that trained again from scratch would be
-        # stopped and requeued again at the same point, for ever
-        raise ConfigError(resolved.recipe_path, "run.resume", "never", "in a requeued SLURM job would train again "
-                          "from step 0 and be requeued again at its time limit", "set run.resume=auto (the default)")
+    _refuse_a_wrong_start(resolved, joined, bench)
     resumed = None
     if not bench and resolved.recipe.run.resume != "never":
         resumed = _check_resume(resolved, joined)
@@ -97,21 +73,7 @@ def cmd_run(args: Sequence[str]) -> int:
     run = RunDir.join(joined) if joined else RunDir.create(resolved.recipe_name)
     # the checkpoint checked above is the one the ranks load (a concurrent run's newer one is not picked up)
     cmd = launcher.build(resolved, str(run.root), resume="" if bench or resumed is None else str(resumed.dir))
-    if joined and run.resolved.is_file():
-        if Resolved.load(run.resolved).to_json() != resolved.to_json():
-            raise ConfigError(str(run.resolved), "LAYOUTLAB_RUN_DIR", joined, "was resolved differently on node 0",
-                              "run the same recipe and overrides on every node")
-    else:
-        run.write_text_atomic(run.resolved, resolved.to_json() + "\n")
-        run.write_text_atomic(run.plan, plan.to_json() + "\n")
-    if data is not None:
-        data.save(run.data, write_atomic)  # on every node: a node without the shared folder still finds its copy
-    node = nodes.placement(os.environ, resolved.recipe.hardware.nodes).node_rank
-    run.write_text_atomic(run.env if node == 0 else run.root / f"env_node{node}.json",
-                          json.dumps(envinfo.capture(), indent=2) + "\n")
-    run.write_text_atomic(run.launch_cmd if node == 0 else run.root / f"launch_cmd_node{node}.txt", cmd.shell() + "\n")
-    for path, text in cmd.files.items():
-        run.write_text_atomic(Path(path), text)
+    _write_records(run, joined, resolved, plan, data, cmd)
     summary(resolved, plan, cmd, str(run.root), console)
     from launch.run.extensions import ensure_op, needed_ops
 
@@ -130,6 +92,63 @@ def cmd_run(args: Sequence[str]) -> int:
     return rc
 
 
+def _refuse_what_cannot_train(resolved: Resolved, plan: Plan) -> None:
+    """A backend whose packages are missing, or a plan that does not fit (host or device) unless plan.ignore_fit."""
+    missing = traits(resolved.recipe.backend).missing_packages()
+    if missing:
+        raise ConfigError(resolved.recipe_path, "backend", resolved.recipe.backend,
+                          f"needs {', '.join(missing)}, which is not installed",
+                          'install the project as README says (pip install -e ".[test]")')
+    if not plan.host_fits and not resolved.recipe.plan.ignore_fit:
+        raise ConfigError(resolved.recipe_path, "plan", f"{gib(plan.host_bytes_per_node)} GiB host",
+                          f"of host memory per node (each rank's model built on the host, offloaded state) exceeds the usable "
+                          f"{gib(plan.host_usable_bytes)} GiB",
+                          "offload less (parallel.offload_params/offload_optimizer), use more nodes, or set plan.ignore_fit=true")
+    if not plan.fits and not resolved.recipe.plan.ignore_fit:
+        worst = plan.worst()
+        shown = "" if resolved.recipe.plan.expect_fit else " (this recipe is shipped to show a layout that does not fit)"
+        raise ConfigError(resolved.recipe_path, "plan", f"{gib(worst.memory[worst.implementation].total)} GiB",
+                          f"exceeds the usable {gib(worst.usable_bytes)} GiB on {worst.kind}{shown}",
+                          "lower memory (zero_stage, tp, activation_checkpointing, micro_batch_size) or set plan.ignore_fit=true")
+
+
+def _refuse_a_wrong_start(resolved: Resolved, joined: str | None, bench: bool) -> None:
+    """Node 0 joining a run that already started, or a requeued SLURM job that would train again from step 0."""
+    node_rank = nodes.placement(os.environ, resolved.recipe.hardware.nodes).node_rank
+    if joined and node_rank == 0 and os.environ.get("LAYOUTLAB_RUN_DIR") and RunDir.is_run_dir(joined):
+        # Node 0 starts a run; only the other nodes join one. A LAYOUTLAB_RUN_DIR left in the shell from an earlier
+        # launch would otherwise append this run's steps to that run's records and replace its launch command.
+        raise ConfigError("environment", "LAYOUTLAB_RUN_DIR", joined, "names a run that already started (it holds "
+                          "resolved.json); node 0 never joins one", "unset LAYOUTLAB_RUN_DIR (it is for nodes > 0 of a "
+                          "multi-node job, which join the directory node 0 printed)")
+    if not bench and resolved.recipe.run.resume == "never" and int(os.environ.get("SLURM_RESTART_COUNT") or 0) > 0:
+        # a requeued job (launch/slurm.sbatch requeues at the time limit) that trained again from scratch would be
+        # stopped and requeued again at the same point, for ever
+        raise ConfigError(resolved.recipe_path, "run.resume", "never", "in a requeued SLURM job would train again "
+                          "from step 0 and be requeued again at its time limit", "set run.resume=auto (the default)")
+
+
+def _write_records(run: RunDir, joined: str | None, resolved: Resolved, plan: Plan, data: DataCheck | None,
+                   cmd: launcher.LaunchCommand) -> None:
+    """The run directory's records of this launch: resolved.json and plan.json (node 0's; a joining node checks it
+    resolved the same), the data check, this node's environment and launch command, the command's files."""
+    if joined and run.resolved.is_file():
+        if Resolved.load(run.resolved).to_json() != resolved.to_json():
+            raise ConfigError(str(run.resolved), "LAYOUTLAB_RUN_DIR", joined, "was resolved differently on node 0",
+                              "run the same recipe and overrides on every node")
+    else:
+        run.write_text_atomic(run.resolved, resolved.to_json() + "\n")
+        run.write_text_atomic(run.plan, plan.to_json() + "\n")
+    if data is not None:
+        data.save(run.data, write_atomic)  # on every node: a node without the shared folder still finds its copy
+    node = nodes.placement(os.environ, resolved.recipe.hardware.nodes).node_rank
+    run.write_text_atomic(run.env if node == 0 else run.root / f"env_node{node}.json",
+                          json.dumps(envinfo.capture(), indent=2) + "\n")
+    run.write_text_atomic(run.launch_cmd if node == 0 else run.root / f"launch_cmd_node{node}.txt", cmd.shell() + "\n")
+    for path, text in cmd.files.items():
+        run.write_text_atomic(Path(path), text)
+
+
 def check_inputs(resolved: Resolved) -> tuple[Resolved, DataCheck | None]:
     """The one check of the files a run's ranks read, before any rank starts and on a dry run too (recipes and
     configs are checked as they are resolved; a resume's checkpoint once it is chosen): model.weights (its
@@ -143,9 +162,9 @@ def check_inputs(resolved: Resolved) -> tuple[Resolved, DataCheck | None]:
 
 
 def untrusted_files(path: Path) -> str | None:
-    """What launch.ranks.untrusted says of the checkpoint files under `path` (None: nothing that would run code). A
+    """What launch.torchtools.untrusted says of the checkpoint files under `path` (None: nothing that would run code). A
     process of its own: it needs torch, which the CLI never imports."""
-    p = subprocess.run([sys.executable, "-m", "launch.ranks.untrusted", str(path)], capture_output=True, text=True)
+    p = subprocess.run([sys.executable, "-m", "launch.torchtools.untrusted", str(path)], capture_output=True, text=True)
     if p.returncode == 0:
         return None
     said = p.stderr.strip().splitlines()  # one line: the check's own, or the last of whatever ended it

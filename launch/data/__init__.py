@@ -2,5 +2,5 @@
 
 The launch side (run.sh's checks, `prepare-data`) and the rank programs read data through this one room, so the
 check before launch and the ranks see the same documents, the same damaged records skipped, and the same rows.
-No torch here; Megatron-Core's indexed datasets are opened by launch/ranks/indexed.py.
+No torch here; Megatron-Core's indexed datasets are opened by launch/torchtools/indexed.py.
 """

@@ -1,7 +1,7 @@
 """The data check before any rank starts: every file the recipe names is opened and read, the tokenizer loaded and
 matched to the model's vocabulary, and the rows counted against the batch. Text and Parquet corpora are tokenized here,
 once, into the run's data/ folder (the ranks map it); Megatron indexed datasets are opened with Megatron-Core's own
-reader in a child process (launch/ranks/indexed.py: only rank programs import Megatron).
+reader in a child process (launch/torchtools/indexed.py: the driver never imports Megatron itself).
 """
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ from launch.errors import ConfigError
 if TYPE_CHECKING:
     from launch.config.resolve import Resolved
 
-INDEXED_MODULE = "launch.ranks.indexed"
+INDEXED_MODULE = "launch.torchtools.indexed"
 CACHE = {"train": "train.npy", "valid": "valid.npy"}  # under the run's data/ folder
 
 

@@ -37,7 +37,7 @@ def sources(resolved: Resolved, cache: Path | None = None) -> Sources:
 def _stream(resolved: Resolved, path: str, cache: Path | None, which: str) -> TokenStream:
     d = resolved.recipe.data
     if d.source == "megatron":
-        from launch.ranks.indexed import IndexedStream
+        from launch.torchtools.indexed import IndexedStream
 
         return IndexedStream.open(megatron_prefixes(path))
     cached = cache / CACHE[which] if cache is not None else None

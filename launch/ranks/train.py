@@ -15,7 +15,7 @@ def main(argv: list[str]) -> int:
     from launch.ranks.trainers.common import die_with_parent
 
     die_with_parent()
-    from launch.ranks.untrusted import guard
+    from launch.torchtools.untrusted import guard
 
     guard()  # before anything is loaded: every torch.load of this rank weights-only
     # The deepspeed launcher appends --local_rank=N; LOCAL_RANK in the environment says the same.

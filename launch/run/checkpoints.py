@@ -97,8 +97,8 @@ def to_universal(ckpt: Checkpoint) -> Path:
     done = out / "layoutlab_converted"
     if done.is_file():
         return out
-    # through launch.ranks.untrusted: DeepSpeed's converter unpickles every shard, weights-only there
-    cmd = [sys.executable, "-m", "launch.ranks.untrusted", "ds_to_universal", "--input_folder", str(ckpt.dir),
+    # through launch.torchtools.untrusted: DeepSpeed's converter unpickles every shard, weights-only there
+    cmd = [sys.executable, "-m", "launch.torchtools.untrusted", "ds_to_universal", "--input_folder", str(ckpt.dir),
            "--output_folder", str(out)]
     if ckpt.info["zero_stage"] in (1, 2):
         cmd.append("--inject_missing_state")  # ZeRO-1/2 shards lack what the universal loader expects

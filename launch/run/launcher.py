@@ -15,18 +15,10 @@ from typing import Mapping, Sequence
 
 from launch.config.backends import traits
 from launch.run import nodes
+from launch.run.rankenv import RESUME_PINNED, STOP_REQUEST, STOP_SIGNAL
 from launch.run.rundir import RunDir
 
 TRAIN_MODULE = "launch.ranks.train"
-
-# The checkpoint run.sh chose (and checked, and told the user of) for the ranks to continue; empty: start fresh.
-# Unset (a launch by hand: accelerate), rank 0 chooses itself and says so.
-RESUME_PINNED = "LAYOUTLAB_RESUME"
-# The signal that asks a run to save a checkpoint at its next step boundary and end: SLURM's warning before the time
-# limit, which launch/slurm.sbatch passes to every node's launcher (this CLI). The launcher tells its ranks by creating
-# the file STOP_REQUEST names, in a private folder of its node; the ranks agree on the step through a collective.
-STOP_SIGNAL = signal.SIGUSR1
-STOP_REQUEST = "LAYOUTLAB_STOP_REQUEST"
 
 
 @dataclass(frozen=True)
@@ -68,7 +60,7 @@ def rank_env(resolved, run_dir: str, environ: Mapping[str, str], resume: str | N
     from launch.run.extensions import extensions_dir
 
     # Every torch.load weights-only, whatever the caller asks (torch honours it over weights_only=False): a second
-    # wall behind launch.ranks.untrusted's guard, for loads that do not go through torch.load's attribute.
+    # wall behind launch.torchtools.untrusted's guard, for loads that do not go through torch.load's attribute.
     env: dict[str, str] = {"LAYOUTLAB_RUN_DIR": run_dir, "TORCH_EXTENSIONS_DIR": str(extensions_dir()),
                            "TORCH_FORCE_WEIGHTS_ONLY_LOAD": "1"}
     if resume is not None:

@@ -138,7 +138,7 @@ def _perturbed_reference(spec) -> dict[str, torch.Tensor]:
 def _hf_losses_and_grads(spec, state, batches) -> tuple[list[torch.Tensor], dict[str, torch.Tensor]]:
     from transformers import AutoModelForCausalLM
 
-    from launch.ranks.hf import hf_config
+    from launch.torchtools.hf import hf_config
 
     model = AutoModelForCausalLM.from_config(hf_config(spec), dtype=torch.float32, attn_implementation="eager")
     model.load_state_dict(state, strict=False)  # a tied lm_head is the embedding itself

@@ -60,7 +60,7 @@ def storages(*tensors) -> set[int]:
 def test_hugging_face_attention_block_keeps_what_the_plan_says(name, attention):
     from transformers import AutoModelForCausalLM
 
-    from launch.ranks.hf import hf_config
+    from launch.torchtools.hf import hf_config
 
     spec = load_model(name=name)
     torch.manual_seed(0)

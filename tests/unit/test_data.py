@@ -129,7 +129,7 @@ def test_text_parquet_and_megatron_give_identical_rows(tmp_path, prepared):
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from launch.ranks.indexed import IndexedStream
+    from launch.torchtools.indexed import IndexedStream
 
     tok = load_tokenizer(str(TOKENIZER), None, "test")
     pq.write_table(pa.table({"body": texts()}), tmp_path / "corpus.parquet", row_group_size=7)

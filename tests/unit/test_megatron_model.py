@@ -56,7 +56,7 @@ def _perturbed_reference(spec, seed=0) -> dict[str, torch.Tensor]:
 def _hf_model(spec, state):
     from transformers import AutoModelForCausalLM
 
-    from launch.ranks.hf import hf_config
+    from launch.torchtools.hf import hf_config
 
     model = AutoModelForCausalLM.from_config(hf_config(spec), dtype=torch.float32, attn_implementation="eager")
     result = model.load_state_dict(state, strict=False)
@@ -93,7 +93,7 @@ def _positions():
 def test_parameter_count_matches_transformers(one_rank, name):
     from transformers import AutoModelForCausalLM
 
-    from launch.ranks.hf import hf_config
+    from launch.torchtools.hf import hf_config
     from launch.ranks.trainers.megatron_model import build_chunks
 
     spec = load_model(name=name)
@@ -187,7 +187,7 @@ def test_a_transformer_engine_state_exports_by_its_own_norm_names(one_rank):
 def test_reference_state_is_hf_state_dict_without_the_tied_alias(one_rank):
     from transformers import AutoModelForCausalLM
 
-    from launch.ranks.hf import hf_config
+    from launch.torchtools.hf import hf_config
     from launch.ranks.trainers.megatron_model import hf_reference_state
 
     spec = load_model(name="tiny-qwen2")
@@ -309,7 +309,7 @@ def test_rope_frequencies_match_transformers(one_rank, name):
     from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
     from transformers.models.qwen2.modeling_qwen2 import Qwen2RotaryEmbedding
 
-    from launch.ranks.hf import hf_config
+    from launch.torchtools.hf import hf_config
     from launch.ranks.trainers.megatron_model import build_chunks
 
     spec = load_model(name=name)

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from launch.config.resolve import resolve_path
-from launch.ranks import untrusted
+from launch.torchtools import untrusted
 from launch.run.checkpoints import marker_info, write_marker
 from tests.conftest import RECIPES, REPO
 
@@ -65,13 +65,14 @@ def test_the_guard_loads_weights_only_and_admits_the_libraries_own_objects(tmp_p
     torch.save({"loss_scaler": LossScaler(1.0), "zero_stage": ZeroStageEnum.gradients, "w": torch.ones(3)}, ours)
     marker = tmp_path / "MARKER"
     bad = _crafted(tmp_path / "bad.pt", marker)
-    code = (f"import torch; from launch.ranks import untrusted; untrusted.guard(); "
+    code = (f"import torch; from launch.torchtools import untrusted; untrusted.guard(); "
             f"d = torch.load({str(ours)!r}, weights_only=False); print(d['w'].sum().item(), d['zero_stage'].value); "
             f"torch.load({str(bad)!r}, weights_only=False)")
     p = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert p.stdout.splitlines()[-1].split() == ["3.0", "2"], p.stdout + p.stderr  # asked False, done weights-only
     said = p.stderr.strip().splitlines()[-1]
-    assert said.startswith("launch.ranks.untrusted.UntrustedFileError: ") and "bad.pt: " in said and "system" in said
+    assert said.startswith("launch.torchtools.untrusted.UntrustedFileError: "), said
+    assert "bad.pt: " in said and "system" in said
     assert "weights_only set to `False`" not in said and not marker.exists()
 
 
@@ -154,7 +155,7 @@ def _torch_run_with_checkpoint(root):
     import torch.distributed.checkpoint as dcp
     from transformers import AutoModelForCausalLM
 
-    from launch.ranks.hf import hf_config
+    from launch.torchtools.hf import hf_config
 
     resolved = resolve_path(RECIPES / "tiny_fsdp2", [])
     run = root / "tiny_fsdp2" / "20261201-000000"

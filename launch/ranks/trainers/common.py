@@ -18,8 +18,8 @@ from typing import Callable, Iterator, TextIO
 
 from launch import PACKAGE
 from launch.config.resolve import Resolved
-from launch.ranks.hf import hf_config
-from launch.run.launcher import STOP_REQUEST
+from launch.torchtools.hf import hf_config
+from launch.run.rankenv import STOP_REQUEST
 from launch.run.rundir import RunDir
 
 
@@ -48,7 +48,7 @@ def run_rank(run_dir: str, body: Callable[..., int]) -> int:
     watchdog, and on failure name the rank and the step (on its stderr and rank 0's terminal) before torchrun
     stops the others. `body(run, resolved, env, terminal, cuda, watchdog)` does the work; `terminal` is rank 0's
     terminal stream and None elsewhere. A ResumeError is the user's: one line, exit 2."""
-    from launch.ranks.untrusted import UntrustedFileError
+    from launch.torchtools.untrusted import UntrustedFileError
     from launch.run.checkpoints import ResumeError
 
     run = RunDir.open(run_dir)

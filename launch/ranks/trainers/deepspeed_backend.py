@@ -14,7 +14,7 @@ from typing import Callable
 
 from launch.config.backends import traits
 from launch.config.resolve import Resolved
-from launch.ranks.hf import hf_config
+from launch.torchtools.hf import hf_config
 from launch.ranks.trainers import common
 from launch.ranks.trainers.protocol import BuildContext, StepOutput
 from launch.run.checkpoints import Checkpoint, ResumeError, to_universal

@@ -457,7 +457,7 @@ def _initial_hf_state(resolved: Resolved) -> dict:
     if weights:
         from transformers import AutoModelForCausalLM
 
-        from launch.ranks.hf import hf_config
+        from launch.torchtools.hf import hf_config
 
         model = AutoModelForCausalLM.from_pretrained(weights, config=hf_config(resolved.model), local_files_only=True,
                                                      dtype=torch.float32, use_safetensors=True, trust_remote_code=False)

@@ -52,7 +52,7 @@ from megatron.core.transformer.transformer_layer import get_transformer_layer_of
 from torch import Tensor
 
 from launch.config.models import ModelSpec
-from launch.ranks.hf import hf_config
+from launch.torchtools.hf import hf_config
 from launch.ranks.trainers import cpu_compat
 from launch.ranks.trainers.common import torch_dtype
 

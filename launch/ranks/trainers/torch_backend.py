@@ -38,10 +38,10 @@ from launch.config.backends import SELECTIVE_EVERY
 from launch.config.resolve import Resolved
 from launch.config.schema import ADAM_EPS
 from launch.plan.memory import chunk_layers
-from launch.ranks.hf import hf_config
+from launch.torchtools.hf import hf_config
 from launch.ranks.trainers import common
 from launch.ranks.trainers.protocol import BuildContext, StepOutput
-from launch.ranks.untrusted import DCP_METADATA, UntrustedFileError, dcp_reader, read_dcp_metadata
+from launch.torchtools.untrusted import DCP_METADATA, UntrustedFileError, dcp_reader, read_dcp_metadata
 from launch.run.checkpoints import Checkpoint, ResumeError
 
 

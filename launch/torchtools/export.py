@@ -1,4 +1,4 @@
-"""The torch half of `python -m launch export`: `python -m launch.ranks.export RUN_DIR STEP OUT` (STEP and OUT may
+"""The torch half of `python -m launch export`: `python -m launch.torchtools.export RUN_DIR STEP OUT` (STEP and OUT may
 be "-"), started by launch/commands/export.py after it has checked the arguments.
 
 Each backend consolidates its own shards (`export_hf_state` of its rank module, see
@@ -17,7 +17,7 @@ from pathlib import Path
 from launch.config.backends import traits
 from launch.config.resolve import Resolved
 from launch.errors import ConfigError
-from launch.ranks import untrusted
+from launch.torchtools import untrusted
 from launch.run.checkpoints import ResumeError, complete_checkpoints
 from launch.run.rundir import EXPORT_MARKER, RunDir, export_inputs, export_target_problem
 
@@ -39,7 +39,7 @@ def export(run_dir: str | Path, step: int | None = None, out: str | Path | None 
     import torch
     from transformers import AutoModelForCausalLM
 
-    from launch.ranks.hf import hf_config
+    from launch.torchtools.hf import hf_config
 
     run = RunDir.open(run_dir)
     resolved = Resolved.load(run.resolved)

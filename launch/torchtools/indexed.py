@@ -1,9 +1,10 @@
 """Megatron-Core's indexed datasets (PREFIX.bin + PREFIX.idx), read and written with its own
 `megatron.core.datasets.indexed_dataset` classes.
 
-    python -m launch.ranks.indexed check PREFIX...      one JSON line per prefix (tokens, documents, largest id), or
-                                                        one line `error: ...` and exit 2 (launch/data/check.py)
-    python -m launch.ranks.indexed build SPEC.json       tokenize a corpus into a prefix (`python -m launch prepare-data`)
+    python -m launch.torchtools.indexed check PREFIX...  one JSON line per prefix (tokens, documents, largest id),
+                                                      or one line `error: ...` and exit 2 (launch/data/check.py)
+    python -m launch.torchtools.indexed build SPEC.json  tokenize a corpus into a prefix
+                                                      (`python -m launch prepare-data`)
 
 A prefix's documents are its sequences in order; the ranks read them as one token stream (`IndexedStream`), so a
 prepared corpus gives exactly the rows its text gives (each document ends in the end-of-document id).

@@ -6,7 +6,7 @@ Run directories and checkpoints travel (a colleague's run to export, a downloade
 pickle executes whatever its globals name on load. torch's weights-only unpickler rebuilds tensors and plain
 containers only; `ALLOWED` adds, by fully qualified name, the objects the libraries we pin write (each with the
 version that writes it). `guard()` makes every `torch.load` of this process weights-only, DeepSpeed's own loads
-included (it asks for weights_only=False in some twenty places); `python -m launch.ranks.untrusted PATH ...` is
+included (it asks for weights_only=False in some twenty places); `python -m launch.torchtools.untrusted PATH ...` is
 the check the CLI runs before any rank starts: it names the first file and object that is not allowed, without
 unpickling anything, and exits 2.
 """
@@ -74,7 +74,7 @@ def guard() -> None:
             if said or "weights_only" in str(e):
                 # torch's own advice (load it with weights_only=False) is the one thing not to do here
                 raise UntrustedFileError(f"{f}: {said[0] if said else _first_line(e)}; refused, never unpickled "
-                                         "(launch/ranks/untrusted.py lists what is allowed)") from None
+                                         "(launch/torchtools/untrusted.py lists what is allowed)") from None
             raise
 
     load._layoutlab_guarded = True
@@ -158,8 +158,8 @@ def _first_line(e: Exception) -> str:
 
 
 def main(argv: list[str]) -> int:
-    """`python -m launch.ranks.untrusted PATH ...`: exit 2 with one line when a checkpoint file would run code.
-    `python -m launch.ranks.untrusted ds_to_universal ARGS`: DeepSpeed's converter with every load weights-only."""
+    """`python -m launch.torchtools.untrusted PATH ...`: exit 2 with one line when a checkpoint file would run code.
+    `python -m launch.torchtools.untrusted ds_to_universal ARGS`: DeepSpeed's converter with every load weights-only."""
     if argv[:1] == ["ds_to_universal"]:
         from deepspeed.checkpoint import ds_to_universal
 
