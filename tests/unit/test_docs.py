@@ -19,7 +19,7 @@ README = REPO / "README.md"
 DOCS = sorted((REPO / "docs").glob("*.md"))
 PAGES = [README, *DOCS]
 README_MAX_LINES = 200
-TWO_COMMANDS = '```bash\npip install -e ".[test]" && bash launch/run.sh recipes/tiny_zero2\npython -m pytest -q\n```\n'
+TWO_COMMANDS = '```bash\nbash launch/install.sh && bash launch/run.sh recipes/tiny_zero2\npython -m pytest -q\n```\n'
 
 FENCE = re.compile(r"^```[^\n]*\n(.*?)^```[ \t]*$", re.S | re.M)
 INLINE = re.compile(r"(`+)(.+?)\1", re.S)
