@@ -13,5 +13,6 @@ render, plots) above. Analyzers import parsers and analysis.table, never the rep
 - ceilings: the nccl-tests sweeps: the one busbw-vs-size curve, the large-message ceilings, busbw at a size;
 - timers: Megatron's and DeepSpeed's own timers;
 - trace_analysis (HTA's definitions on Kineto tables), collectives (how a call is counted and sized), curves
-  (training curves), comm_tables (nccl-tests rows and NCCL transports as listed), doctor (named pitfalls).
+  (training curves), comm_tables (nccl-tests rows and NCCL transports as listed), doctor (named pitfalls),
+  run_layout (a run's layout and training settings as the report states them).
 """

@@ -40,10 +40,11 @@ BREAKDOWN_COLUMNS = {
 }
 
 
-def time_breakdown(trace: Table) -> Table:
-    """Per rank: compute, exposed communication, other, idle (they add up to the span), and overlap."""
-    temporal = {r["rank"]: r for r in ta.temporal_breakdown(trace).rows()}
-    exposed = {r["rank"]: r for r in ta.exposed_communication(trace).rows() if r["collective"] == "all"}
+def time_breakdown(trace: Table, *, scopes: ta.TraceScopes | None = None) -> Table:
+    """Per rank: compute, exposed communication, other, idle (they add up to the span), and overlap. `scopes`: the
+    trace's trace_analysis.TraceScopes, shared with the caller's other analyses of it."""
+    temporal = {r["rank"]: r for r in ta.temporal_breakdown(trace, scopes=scopes).rows()}
+    exposed = {r["rank"]: r for r in ta.exposed_communication(trace, scopes=scopes).rows() if r["collective"] == "all"}
     rows = []
     for rank, t in temporal.items():
         e = exposed.get(rank, {})
@@ -67,10 +68,11 @@ def time_breakdown(trace: Table) -> Table:
 EXPOSED_BY_COLLECTIVE_COLUMNS = {**ta.EXPOSED_COLUMNS, "source": "trace file of the rank"}
 
 
-def exposed_by_collective(trace: Table) -> Table:
-    """trace_analysis.exposed_communication per collective type (the 'all' rows left out), with the rank's file."""
+def exposed_by_collective(trace: Table, *, scopes: ta.TraceScopes | None = None) -> Table:
+    """trace_analysis.exposed_communication per collective type (the 'all' rows left out), with the rank's file;
+    `scopes` as for time_breakdown."""
     rows = [{**r, "source": ta.rank_source(trace, r["rank"])}
-            for r in ta.exposed_communication(trace).rows() if r["collective"] != "all"]
+            for r in ta.exposed_communication(trace, scopes=scopes).rows() if r["collective"] != "all"]
     return Table.from_rows("exposed_by_collective", EXPOSED_BY_COLLECTIVE_COLUMNS, rows, source=trace.source)
 
 

@@ -15,9 +15,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Iterable, Mapping, NamedTuple, Sequence
+from typing import Any, Iterable, NamedTuple, Sequence
 
 from analysis.analyzers._numbers import finite
+from analysis.analyzers.run_layout import RunLayout
 from analysis.table import Table
 
 CURVE_COLUMNS = {
@@ -187,13 +188,13 @@ AGREE_WHEN_SAME = ("model", "dtype", "global_batch_size", "seq_len", "steps", "l
                    "seed")
 
 
-def comparable(layout_a: Mapping[str, Any], layout_b: Mapping[str, Any]) -> str:
+def comparable(layout_a: RunLayout, layout_b: RunLayout) -> str:
     """Why two runs' curves should not be expected to agree ('' when they should: the same model, precision, global
     batch, sequence length, step count (the schedule's length), learning rate, warm-up, schedule and seed, as far as
     the layouts say; a fact one of them does not state is a reason too)."""
     why = []
     for key in AGREE_WHEN_SAME:
-        x, y = layout_a.get(key), layout_b.get(key)
+        x, y = getattr(layout_a, key), getattr(layout_b, key)
         if x is None or y is None:
             why.append(f"{key} unknown")
         elif x != y:

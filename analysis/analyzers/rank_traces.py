@@ -84,8 +84,8 @@ def summarise(table: Table, files: tuple[str, ...] = (), *, layout: Mapping[str,
     of its meta's ranks. `job_steps` (the job's ProfilerStep names) and `hint` (its group size for calls that record
     none) stand in for what the table's own ranks show; `kernels=False` leaves the kernel totals out (only the kernel
     diff of two runs reads them)."""
-    if job_steps is not None:
-        ta.use_job_steps(table, job_steps)
+    # one scope of the table for every analysis below: deriving it takes longer than most of them
+    scopes = ta.TraceScopes(table, job_steps=job_steps)
     used = hint if hint is not None else group_size_hint(table, layout)
     c = table.columns
     meta = table.meta
@@ -99,19 +99,19 @@ def summarise(table: Table, files: tuple[str, ...] = (), *, layout: Mapping[str,
         gpu = {rank_col[i] for i in with_stream if stream[i] != -1}
     names_groups = bool(rows_not(c["group"], None))
     steps = ta.step_names(table)
-    breakdown = {r["rank"]: r for r in time_breakdown(table).rows()}
+    breakdown = {r["rank"]: r for r in time_breakdown(table, scopes=scopes).rows()}
     exposed, kernel_types, calls = defaultdict(list), defaultdict(list), defaultdict(list)
-    for r in exposed_by_collective(table).rows():
+    for r in exposed_by_collective(table, scopes=scopes).rows():
         exposed[r["rank"]].append(r)
-    for r in ta.kernel_type_breakdown(table).rows():
+    for r in ta.kernel_type_breakdown(table, scopes=scopes).rows():
         kernel_types[r["rank"]].append(r)
-    stragglers = {s.rank: s for s in ta.straggler_inputs(table)}
-    windows = ta.window_steps(table)
+    stragglers = {s.rank: s for s in ta.straggler_inputs(table, scopes=scopes)}
+    windows = ta.window_steps(table, scopes=scopes)
     call_table = collective_calls(table, group_size=used[0], group_size_from=used[1])
     for r in call_table.rows():
         calls[r["rank"]].append(r)
     parts = bandwidth_parts(call_table, windows)
-    totals = ta.kernel_totals(table) if gpu and kernels else {}
+    totals = ta.kernel_totals(table, scopes=scopes) if gpu and kernels else {}
     out = []
     for position, (rank, m) in enumerate(metas.items()):
         own = calls.get(rank, [])

@@ -1,7 +1,9 @@
 """Analyses of Kineto trace tables (analysis.parsers.kineto), HTA-compatible where HTA has a definition.
 
 Every function is a pure function of a table from `parse_kineto` / `parse_kineto_ranks` and returns
-a Table with documented columns, one group of rows per rank.
+a Table with documented columns, one group of rows per rank. Analyses of one table share the per-rank scope
+derived from it through a `TraceScopes` the caller creates for that table and passes as `scopes=`; without one,
+each call derives its own.
 
 Which GPU events count (the "HTA scope"), as HolisticTraceAnalysis 0.5.0 loads a trace
 (hta/common/trace.py `_filter_irrelevant_gpu_kernels`, hta/common/trace_parser.py):
@@ -42,7 +44,6 @@ import functools
 import itertools
 import math
 import operator
-import weakref
 from collections import Counter, defaultdict
 from typing import Any, Iterable, Mapping, NamedTuple
 
@@ -203,10 +204,7 @@ _UNKNOWN_FILE = KinetoMeta()  # the file meta of a rank whose table says nothing
 
 
 class _Rank:
-    """The rows of one rank and the derived sets every analysis needs.
-
-    Holds the table's columns and meta but not the table itself, so that the cache in _ranks can
-    let go of it when the table goes away."""
+    """The rows of one rank and the derived sets every analysis needs (held by a TraceScopes)."""
 
     def __init__(self, columns: Mapping[str, list[Any]], table_meta: Any, rank: Any,
                  rows: list[int] | range, step_numbers: dict[str, int], filter_steps: bool,
@@ -340,29 +338,36 @@ class _Rank:
         return bool(self.gpu)
 
 
-# A report runs several analyses on one table; they share its per-rank scope and merged blocks,
-# which take longer to derive than most analyses take. Keyed by the table object (tables are not
-# modified once built) and dropped when it is freed; the key _JOB_STEPS holds the job's ProfilerStep
-# names where use_job_steps gave them.
-_SCOPES: dict[int, dict[Any, Any]] = {}
-_JOB_STEPS = "job steps"
+class TraceScopes:
+    """The per-rank scopes of one trace table, derived once per setting and shared by the analyses given it.
+
+    A report runs several analyses on one table; its per-rank scope and merged blocks take longer to derive than most
+    analyses take, so the caller creates one TraceScopes per table and passes it to each (`scopes=`; tables are not
+    modified once built). `job_steps`: the ProfilerStep names of the whole job the table is part of (every rank's
+    step_names): HTA's step filter applies when the job shows two or more, which the table's own ranks alone may not
+    (analysis.analyzers.rank_traces summarises a job rank by rank); None: the table's own names decide."""
+
+    def __init__(self, table: Table, *, job_steps: Iterable[str] | None = None) -> None:
+        self.table = table
+        self.job_steps = frozenset(job_steps) if job_steps is not None else None
+        self._derived: dict[tuple[bool, bool], list[_Rank]] = {}  # by (include_last_step, hta_rounding)
+
+    def ranks(self, include_last_step: bool = False, hta_rounding: bool = True) -> list[_Rank]:
+        key = (include_last_step, hta_rounding)
+        if key not in self._derived:
+            self._derived[key] = _scope(self.table, include_last_step, hta_rounding, self.job_steps)
+        return self._derived[key]
 
 
-def _cache(table: Table) -> dict[Any, Any]:
-    scopes = _SCOPES.get(id(table))
+def _ranks(table: Table, scopes: TraceScopes | None, include_last_step: bool = False,
+           hta_rounding: bool = True) -> list[_Rank]:
+    """The ranks of `table` as `scopes` (derived from it) holds them, else derived for this call alone."""
     if scopes is None:
-        scopes = _SCOPES[id(table)] = {}
-        weakref.finalize(table, _SCOPES.pop, id(table), None)
-    return scopes
-
-
-def _ranks(table: Table, include_last_step: bool = False, hta_rounding: bool = True,
-           hta_filter: bool = True) -> list[_Rank]:
-    scopes = _cache(table)
-    key = (include_last_step, hta_rounding, hta_filter)
-    if key not in scopes:
-        scopes[key] = _scope(table, include_last_step, hta_rounding, hta_filter, scopes.get(_JOB_STEPS))
-    return scopes[key]
+        return TraceScopes(table).ranks(include_last_step, hta_rounding)
+    if scopes.table is not table:
+        raise ValueError(f"trace_analysis: scopes of {scopes.table.source!r} given for {table.source!r}; create one "
+                         f"TraceScopes per table")
+    return scopes.ranks(include_last_step, hta_rounding)
 
 
 def step_names(table: Table) -> frozenset[str]:
@@ -370,14 +375,7 @@ def step_names(table: Table) -> frozenset[str]:
     return frozenset(n for n in set(table.columns["name"]) if "ProfilerStep" in n and PROFILER_STEP.match(n))
 
 
-def use_job_steps(table: Table, names: Iterable[str]) -> None:
-    """Scope `table`, some ranks of a job, as its whole job is scoped: HTA's step filter applies when the job shows
-    two or more ProfilerStep names (`names`, every rank's step_names), which the table's own ranks alone may not
-    (analysis.analyzers.rank_traces summarises a job rank by rank). Call it before any analysis of the table."""
-    _cache(table)[_JOB_STEPS] = frozenset(names)
-
-
-def _scope(table: Table, include_last_step: bool, hta_rounding: bool, hta_filter: bool,
+def _scope(table: Table, include_last_step: bool, hta_rounding: bool,
            job_steps: frozenset[str] | None) -> list[_Rank]:
     ranks = table.columns["rank"]
     by_rank: dict[Any, list[int] | range] = {}
@@ -389,15 +387,16 @@ def _scope(table: Table, include_last_step: bool, hta_rounding: bool, hta_filter
     own = step_names(table)
     step_numbers = {n: int(PROFILER_STEP.match(n).group(1)) for n in own}
     # HTA filters only when the whole job shows two or more ProfilerStep names.
-    filter_steps = hta_filter and len(own if job_steps is None else job_steps | own) >= 2
+    filter_steps = len(own if job_steps is None else job_steps | own) >= 2
     return [_Rank(table.columns, table.meta, r, rows, step_numbers, filter_steps, include_last_step, hta_rounding)
             for r, rows in sorted(by_rank.items(), key=lambda kv: (kv[0] is None, kv[0] if kv[0] is not None else 0))]
 
 
-def window_steps(table: Table, *, include_last_step: bool = False) -> dict[Any, set[int]]:
+def window_steps(table: Table, *, include_last_step: bool = False,
+                 scopes: TraceScopes | None = None) -> dict[Any, set[int]]:
     """ProfilerStep numbers of each rank's measured window, the scope every analysis here uses: the
     rank's steps, less the last one when it has two or more, less those a truncated file cuts short."""
-    return {rk.rank: {s[2] for s in rk.window_steps} for rk in _ranks(table, include_last_step)}
+    return {rk.rank: {s[2] for s in rk.window_steps} for rk in _ranks(table, scopes, include_last_step)}
 
 
 def rank_source(table: Table, rank: Any) -> str:
@@ -453,11 +452,12 @@ TEMPORAL_COLUMNS = {
 
 
 @_gc_paused
-def temporal_breakdown(table: Table, *, include_last_step: bool = False, hta_rounding: bool = True) -> Table:
+def temporal_breakdown(table: Table, *, include_last_step: bool = False, hta_rounding: bool = True,
+                       scopes: TraceScopes | None = None) -> Table:
     """Per rank compute / non-compute / idle time: HTA's get_temporal_breakdown for GPU traces
     (hta/analyzers/breakdown_analysis.py), the CPU-side definition for CPU-only ones."""
     rows = []
-    for rk in _ranks(table, include_last_step, hta_rounding):
+    for rk in _ranks(table, scopes, include_last_step, hta_rounding):
         if rk.has_gpu():
             all_blocks = rk.gpu_blocks()
             span = all_blocks[-1][1] - all_blocks[0][0]
@@ -491,11 +491,12 @@ OVERLAP_COLUMNS = {
 
 
 @_gc_paused
-def comm_comp_overlap(table: Table, *, include_last_step: bool = False, hta_rounding: bool = True) -> Table:
+def comm_comp_overlap(table: Table, *, include_last_step: bool = False, hta_rounding: bool = True,
+                      scopes: TraceScopes | None = None) -> Table:
     """Per rank share of communication time overlapped by computation: HTA's get_comm_comp_overlap
     (hta/analyzers/communication_analysis.py) for GPU traces, the CPU-side definition otherwise."""
     rows = []
-    for rk in _ranks(table, include_last_step, hta_rounding):
+    for rk in _ranks(table, scopes, include_last_step, hta_rounding):
         comm, overlap, basis = _comm_and_overlap(rk, None)
         rows.append({"rank": rk.rank, "basis": basis, "comm_time_us": comm, "overlapped_us": overlap,
                      "overlap_pct": _pct(overlap, comm)})
@@ -525,10 +526,11 @@ EXPOSED_COLUMNS = {
 
 
 @_gc_paused
-def exposed_communication(table: Table, *, include_last_step: bool = False, hta_rounding: bool = True) -> Table:
+def exposed_communication(table: Table, *, include_last_step: bool = False, hta_rounding: bool = True,
+                          scopes: TraceScopes | None = None) -> Table:
     """Communication time not overlapped by any computation on the same rank, in total and per collective."""
     rows = []
-    for rk in _ranks(table, include_last_step, hta_rounding):
+    for rk in _ranks(table, scopes, include_last_step, hta_rounding):
         if rk.has_gpu():
             blocks = rk.gpu_blocks()
             span = blocks[-1][1] - blocks[0][0]
@@ -563,11 +565,12 @@ KERNEL_COLUMNS = {
 
 
 @_gc_paused
-def kernel_breakdown(table: Table, *, include_last_step: bool = False, hta_rounding: bool = True) -> Table:
+def kernel_breakdown(table: Table, *, include_last_step: bool = False, hta_rounding: bool = True,
+                     scopes: TraceScopes | None = None) -> Table:
     """Time and count per kernel name and type, per rank (HTA's get_gpu_kernel_breakdown per-name
     table, without its folding of the tail into 'others'), longest total first within a kind."""
     rows = []
-    for rk in _ranks(table, include_last_step, hta_rounding):
+    for rk in _ranks(table, scopes, include_last_step, hta_rounding):
         durs: dict[tuple[str, str], list[float]] = defaultdict(list)
         for i, (s, e) in zip(rk.gpu, rk.gpu_intervals()):
             durs[(rk.kind[i], rk.name[i])].append(e - s)
@@ -594,11 +597,12 @@ KERNEL_TYPE_COLUMNS = {
 
 
 @_gc_paused
-def kernel_type_breakdown(table: Table, *, include_last_step: bool = False, hta_rounding: bool = True) -> Table:
+def kernel_type_breakdown(table: Table, *, include_last_step: bool = False, hta_rounding: bool = True,
+                          scopes: TraceScopes | None = None) -> Table:
     """HTA's kernel-type table of get_gpu_kernel_breakdown (include_memory_kernels=True), per rank;
     HTA sums it over ranks."""
     rows = []
-    for rk in _ranks(table, include_last_step, hta_rounding):
+    for rk in _ranks(table, scopes, include_last_step, hta_rounding):
         if not rk.has_gpu():
             continue
         states = _sweep([rk.gpu_blocks(k) for k in _KINDS])
@@ -643,11 +647,11 @@ NO_KERNELS = KernelTotals(Counter(), Counter(), {}, 0)
 
 
 @_gc_paused
-def kernel_totals(table: Table, *, include_last_step: bool = False,
-                  hta_rounding: bool = True) -> dict[Any, KernelTotals]:
+def kernel_totals(table: Table, *, include_last_step: bool = False, hta_rounding: bool = True,
+                  scopes: TraceScopes | None = None) -> dict[Any, KernelTotals]:
     """Each rank's KernelTotals, by rank; kernel_diff adds them up in that order."""
     out = {}
-    for rk in _ranks(table, include_last_step, hta_rounding):
+    for rk in _ranks(table, scopes, include_last_step, hta_rounding):
         counts: Counter[str] = Counter()
         times: Counter[str] = Counter()
         kinds: dict[str, str] = {}
@@ -715,14 +719,15 @@ COLLECTIVE_COLUMNS = {
 
 
 @_gc_paused
-def collective_summary(table: Table, *, include_last_step: bool = False, hta_rounding: bool = True) -> Table:
+def collective_summary(table: Table, *, include_last_step: bool = False, hta_rounding: bool = True,
+                       scopes: TraceScopes | None = None) -> Table:
     """Per rank and collective type: count, time, and achieved bus bandwidth where the message
     and group sizes are known. GPU traces count communication kernels (HTA scope); CPU-only traces
     count one CPU layer of each call."""
     rows = []
     hint = group_size_hint(table)
     order = [lbl for lbl, _ in CPU_LAYERS]
-    for rk in _ranks(table, include_last_step, hta_rounding):
+    for rk in _ranks(table, scopes, include_last_step, hta_rounding):
         c = rk.columns
         msg, msg_from, gsize = c["message_bytes"], c["message_from"], c["group_size"]
         groups: dict[tuple[str, str], list[int]] = defaultdict(list)
@@ -786,7 +791,7 @@ STRAGGLER_COLUMNS = {
 
 
 def stragglers(table: Table, *, threshold_pct: float = 10.0, include_last_step: bool = False,
-               hta_rounding: bool = True) -> Table:
+               hta_rounding: bool = True, scopes: TraceScopes | None = None) -> Table:
     """Ranks that stand out from the others.
 
     Rule: each rank is compared with the median of the *other* ranks (so it works from two ranks
@@ -795,7 +800,8 @@ def stragglers(table: Table, *, threshold_pct: float = 10.0, include_last_step: 
     synchronous job the rank that arrives last at a collective waits least, and everyone else's
     wait is the time lost to it. Needs ProfilerStep annotations; a lone rank is never flagged.
     """
-    return stragglers_of(straggler_inputs(table, include_last_step=include_last_step, hta_rounding=hta_rounding),
+    return stragglers_of(straggler_inputs(table, include_last_step=include_last_step, hta_rounding=hta_rounding,
+                                          scopes=scopes),
                          threshold_pct=threshold_pct, include_last_step=include_last_step, source=table.source)
 
 
@@ -809,12 +815,12 @@ class StragglerInput(NamedTuple):
 
 
 @_gc_paused
-def straggler_inputs(table: Table, *, include_last_step: bool = False,
-                     hta_rounding: bool = True) -> list[StragglerInput]:
+def straggler_inputs(table: Table, *, include_last_step: bool = False, hta_rounding: bool = True,
+                     scopes: TraceScopes | None = None) -> list[StragglerInput]:
     """Each rank's steps and medians, by rank: the part of stragglers that needs the rank's events."""
     import statistics  # here, not at the top: start-up time of the trace analyses
     per_rank = []
-    for rk in _ranks(table, include_last_step, hta_rounding):
+    for rk in _ranks(table, scopes, include_last_step, hta_rounding):
         steps = {s[2]: s[1] - s[0] for s in rk.window_steps}
         comm_by_step: dict[int, list[tuple[float, float]]] = defaultdict(list)
         if rk.has_gpu():

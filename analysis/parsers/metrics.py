@@ -21,7 +21,7 @@ from __future__ import annotations
 import json
 import os
 import re
-from dataclasses import fields
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, Iterable, NamedTuple
 
@@ -156,66 +156,16 @@ def parse_metrics(paths: str | os.PathLike[str] | Iterable[str | os.PathLike[str
     resumes = 0
     for f in files:
         name = _display(f, base)
-        meta: dict[str, Any] | None = None
-        metas = 0
-        try:
-            text_problem, unreadable = _text_problem(f, name)
-        except OSError as exc:
-            warnings.append(f"{name}: cannot read ({exc.strerror or exc})")
+        records = _records(f, name, warnings)
+        if records is None:
             continue
-        if text_problem:
-            warnings.append(text_problem)
-        if unreadable:
-            continue
-        records: list[tuple[int, Any, str | None]] = []
-        try:
-            for record in iter_records(f):
-                records.append(record)
-        except OSError as exc:
-            warnings.append(f"{name}: cannot be read past line {records[-1][0] if records else 0} "
-                            f"({exc.strerror or exc})")
-        except (TypeError, AttributeError) as exc:
-            # launch.run.metrics' reader raised on a record instead of naming it (a list for a meta record's
-            # schema_version is unhashable in its `current`): the records before it are kept, and it is said.
-            warnings.append(f"{name}: a record after line {records[-1][0] if records else 0} cannot be read "
-                            f"({type(exc).__name__}: {exc}); the rest of the file is left out")
-        mine: list[dict[str, Any]] = []  # this file's rows: a restart replaces only its own
-        damaged = 0
-        for lineno, rec, problem in records:
-            if problem:
-                damaged += 1
-                if damaged <= _LINE_WARNINGS:
-                    warnings.append(problem.replace(str(f), name, 1))
-                continue
-            if rec["kind"] == "meta":
-                meta = rec
-                metas += 1
-                # A resume or a torchrun restart continues from its checkpoint: the steps this file recorded after
-                # it were trained again, and the new records replace them.
-                start = rec["start_step"]
-                redone = [r for r in mine if r["step"] > start]
-                if redone:
-                    mine = [r for r in mine if r["step"] <= start]
-                    warnings.append(f"{name}:{lineno}: a resumed run continues from step {start}; the "
-                                    f"{len(redone)} step(s) recorded after it before the restart are replaced")
-                continue
-            rank = meta["rank"] if meta is not None else _rank_from_name(f)
-            row = {c: rec.get(c) for c in _STEP_FIELDS}
-            row.update(rank=rank, file=name, line=lineno)
-            mine.append(row)
-        if damaged > _LINE_WARNINGS:
-            warnings.append(f"{name}: {damaged - _LINE_WARNINGS} more damaged line(s) skipped, not named one by one")
-        # The schema (launch.run.metrics.validate) refuses a record whose figure is of the wrong type, negative or not
-        # finite, whose count passes 64 bits, whose step lasts over a week or whose loss passes float32; the sense
-        # of the other figures' size is launch.sense's, by their units.
-        warnings.extend(sense.clean(mine, name, durations_s=("data_time_s",),
-                                    rates_per_s=("tokens_per_s", "tokens_per_s_per_device"),
-                                    tflops=("tflops_per_device",), utilisations=("mfu",)))
-        rows.extend(mine)
+        read = _file_rows(f, name, records, warnings)
+        rows.extend(read.rows)
+        meta = read.meta
         if meta is None:
             warnings.append(f"{name}: no meta record; rank taken from the file name, run facts unknown")
             continue
-        resumes += max(0, metas - 1)
+        resumes += max(0, read.metas - 1)
         rank = meta["rank"]
         if rank in ranks:
             warnings.append(f"{name}: rank {rank} also in {ranks[rank]['file']}; their steps are pooled")
@@ -225,6 +175,93 @@ def parse_metrics(paths: str | os.PathLike[str] | Iterable[str | os.PathLike[str
     if not files:
         warnings.append(f"{_display(Path(paths), base) if isinstance(paths, (str, os.PathLike)) else 'metrics'}: "
                         f"no metrics JSONL found")
+    shared = _shared_meta(ranks, warnings)
+    rows.sort(key=lambda r: (r["rank"] is None, r["rank"] or 0, r["step"] or 0))
+    meta_out = MetricsMeta(**shared, ranks=ranks, files=[_display(f, base) for f in files], resumes=resumes,
+                           schema_version=SCHEMA_VERSION)
+    return Table.from_rows("metrics", COLUMNS, rows, source=", ".join(meta_out.files), warnings=warnings,
+                           meta=meta_out)
+
+
+def _records(f: Path, name: str, warnings: list[str]) -> list[tuple[int, Any, str | None]] | None:
+    """The records of one metrics file as launch.run.metrics.iter_records reads them (line, record, problem), the
+    ones before a read error kept; None when nothing of the file can be read. Appends what went wrong to
+    `warnings`."""
+    try:
+        text_problem, unreadable = _text_problem(f, name)
+    except OSError as exc:
+        warnings.append(f"{name}: cannot read ({exc.strerror or exc})")
+        return None
+    if text_problem:
+        warnings.append(text_problem)
+    if unreadable:
+        return None
+    records: list[tuple[int, Any, str | None]] = []
+    try:
+        for record in iter_records(f):
+            records.append(record)
+    except OSError as exc:
+        warnings.append(f"{name}: cannot be read past line {records[-1][0] if records else 0} "
+                        f"({exc.strerror or exc})")
+    except (TypeError, AttributeError) as exc:
+        # launch.run.metrics' reader raised on a record instead of naming it (a list for a meta record's
+        # schema_version is unhashable in its `current`): the records before it are kept, and it is said.
+        warnings.append(f"{name}: a record after line {records[-1][0] if records else 0} cannot be read "
+                        f"({type(exc).__name__}: {exc}); the rest of the file is left out")
+    return records
+
+
+@dataclass(frozen=True)
+class _FileRows:
+    """One metrics file's step rows and its meta records."""
+
+    rows: list[dict[str, Any]]
+    meta: dict[str, Any] | None  # its last meta record (the run the later steps belong to); None: it has none
+    metas: int  # its meta records: 1 + the times the run resumed
+
+
+def _file_rows(f: Path, name: str, records: list[tuple[int, Any, str | None]], warnings: list[str]) -> _FileRows:
+    """The step rows of one file's records (`name`: the file as displayed), damaged lines and figures outside
+    physical sense left out, each said in `warnings`."""
+    meta: dict[str, Any] | None = None
+    metas = 0
+    mine: list[dict[str, Any]] = []  # this file's rows: a restart replaces only its own
+    damaged = 0
+    for lineno, rec, problem in records:
+        if problem:
+            damaged += 1
+            if damaged <= _LINE_WARNINGS:
+                warnings.append(problem.replace(str(f), name, 1))
+            continue
+        if rec["kind"] == "meta":
+            meta = rec
+            metas += 1
+            # A resume or a torchrun restart continues from its checkpoint: the steps this file recorded after
+            # it were trained again, and the new records replace them.
+            start = rec["start_step"]
+            redone = [r for r in mine if r["step"] > start]
+            if redone:
+                mine = [r for r in mine if r["step"] <= start]
+                warnings.append(f"{name}:{lineno}: a resumed run continues from step {start}; the "
+                                f"{len(redone)} step(s) recorded after it before the restart are replaced")
+            continue
+        rank = meta["rank"] if meta is not None else _rank_from_name(f)
+        row = {c: rec.get(c) for c in _STEP_FIELDS}
+        row.update(rank=rank, file=name, line=lineno)
+        mine.append(row)
+    if damaged > _LINE_WARNINGS:
+        warnings.append(f"{name}: {damaged - _LINE_WARNINGS} more damaged line(s) skipped, not named one by one")
+    # The schema (launch.run.metrics.validate) refuses a record whose figure is of the wrong type, negative or not
+    # finite, whose count passes 64 bits, whose step lasts over a week or whose loss passes float32; the sense
+    # of the other figures' size is launch.sense's, by their units.
+    warnings.extend(sense.clean(mine, name, durations_s=("data_time_s",),
+                                rates_per_s=("tokens_per_s", "tokens_per_s_per_device"),
+                                tflops=("tflops_per_device",), utilisations=("mfu",)))
+    return _FileRows(mine, meta, metas)
+
+
+def _shared_meta(ranks: dict[Any, dict[str, Any]], warnings: list[str]) -> dict[str, Any]:
+    """The run facts (_SHARED_META) every rank's meta record agrees on; a warning names each they disagree on."""
     shared: dict[str, Any] = {}
     for key in _SHARED_META:
         values = {json.dumps(m.get(key)) for m in ranks.values()}
@@ -232,11 +269,7 @@ def parse_metrics(paths: str | os.PathLike[str] | Iterable[str | os.PathLike[str
             shared[key] = next(iter(ranks.values())).get(key)
         elif len(values) > 1:
             warnings.append(f"metrics: ranks disagree on {key} ({', '.join(sorted(values))}); left out of meta")
-    rows.sort(key=lambda r: (r["rank"] is None, r["rank"] or 0, r["step"] or 0))
-    meta_out = MetricsMeta(**shared, ranks=ranks, files=[_display(f, base) for f in files], resumes=resumes,
-                           schema_version=SCHEMA_VERSION)
-    return Table.from_rows("metrics", COLUMNS, rows, source=", ".join(meta_out.files), warnings=warnings,
-                           meta=meta_out)
+    return shared
 
 
 def _text_problem(path: Path, name: str) -> tuple[str | None, bool]:

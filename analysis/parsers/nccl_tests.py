@@ -342,25 +342,34 @@ class _Parser:
             self.header_line(lineno, body, tokens)
 
     def header_line(self, lineno: int, body: str, tokens: list[str]) -> None:
-        section = self.section
-        labels = [t for t in tokens if t in ("out-of-place", "in-place")]
         if tokens and tokens[0] in ("size", "bytes") and ("algbw" in tokens or "busbw" in tokens):
-            if section.nrows:
-                self.new_section()
-            try:
-                self.layout = _layout_from_header(tokens, self.labels)
-            except (ValueError, IndexError):
-                self.warn(lineno, "column header not understood; rows until the next header are skipped")
-                self.layout = None
-            self.labels = []
+            self.column_header(lineno, tokens)
             return
-        self.labels = labels
+        self.labels = [t for t in tokens if t in ("out-of-place", "in-place")]
         if tokens[:1] == ["(B)"] and self.layout is not None:
             if "(ms)" in tokens:
                 self.layout.time_scale = 1000.0
             elif "(us)" in tokens:
                 self.layout.time_scale = 1.0
             return
+        if not self.section_start(body):
+            self.section_fact(lineno, body)
+
+    def column_header(self, lineno: int, tokens: list[str]) -> None:
+        """A column header line: the layout of the rows below it, placements named by the line before (labels)."""
+        if self.section.nrows:
+            self.new_section()
+        try:
+            self.layout = _layout_from_header(tokens, self.labels)
+        except (ValueError, IndexError):
+            self.warn(lineno, "column header not understood; rows until the next header are skipped")
+            self.layout = None
+        self.labels = []
+
+    def section_start(self, body: str) -> bool:
+        """Read a header line that opens a new section when the current one already holds what it says (a version,
+        the collective, the nThread line, a device); whether `body` was one."""
+        section = self.section
         m = _TESTS_VERSION.search(body)
         if m:
             if section.nrows or section.facts or section.devices or section.op_fixed:
@@ -370,7 +379,7 @@ class _Parser:
                 facts["nccl_version"] = _version_from_code(int(m["lib"] or m["hdr"]))
             self.section.facts.update(facts)
             self.file_facts.update(facts)
-            return
+            return True
         m = _COLLECTIVE_START.search(body)
         if m:
             if section.nrows or section.op_fixed or "nthreads" in section.facts or section.devices:
@@ -378,7 +387,7 @@ class _Parser:
             self.section.op = op_from_name(m[1]) or "unknown"
             self.section.op_fixed = True
             self.pending_op = None
-            return
+            return True
         m = _NTHREAD.search(body)
         if m:
             if section.nrows or "nthreads" in section.facts or section.devices:
@@ -392,7 +401,7 @@ class _Parser:
                 found = rx.search(body)
                 if found:
                     facts[key] = int(found[1])
-            return
+            return True
         m = _DEVICE.search(body)
         if m:
             if section.nrows:
@@ -400,7 +409,12 @@ class _Parser:
             self.section.devices.append({
                 "rank": int(m["rank"]), "group": _opt_int(m["group"]), "pid": _opt_int(m["pid"]),
                 "host": m["host"], "device": int(m["device"]), "busid": m["busid"], "name": m["name"]})
-            return
+            return True
+        return False
+
+    def section_fact(self, lineno: int, body: str) -> None:
+        """Read a line that tells the current section a fact (a footer, the rccl-tests version, the program run)."""
+        section = self.section
         m = _AVG_BUSBW.search(body)
         if m:
             section.facts.update(avg_busbw_GBps=float(m[1]), avg_busbw_line=lineno)

@@ -262,6 +262,40 @@ def load_run(rf: RunFiles, logs: LogTables, *, hardware: Any = None, hardware_so
     run = Run(rf.label, rf.root, rf.run_dir, [(rf.rel(f.path), f.kinds) for f in rf.files],
               [(rf.rel(s.path), s.reason) for s in rf.skipped if not s.ours], warnings=list(rf.warnings),
               ours=[(rf.rel(s.path), s.reason.removeprefix("ours: ")) for s in rf.skipped if s.ours])
+    _read_resolved(run, rf)
+    if run.hardware is None and hardware is not None:
+        run.hardware, run.hardware_source = hardware, hardware_source
+    _read_plan(run, rf)
+    metrics = rf.of("metrics_jsonl")
+    if metrics:
+        run.metrics = parse_metrics(metrics, relative_to=rf.root)
+    for kind, into in (("megatron_log", run.megatron), ("deepspeed_log", run.deepspeed)):
+        for p in rf.of(kind):
+            t = logs[p][kind]
+            if len(t):
+                into.append(t)
+            else:
+                run.warnings.extend(t.warnings)
+    for p in rf.of("tensorboard"):
+        run.tensorboard.append(parse_tensorboard(p, source=rf.rel(p)))
+    _read_trace(run, rf, read_traces)
+    for p in rf.of("nsys_stats_csv"):
+        run.nsys_stats.append(parse_nsys_stats_csv(p, source=rf.rel(p)))
+    _read_comm(run, rf)
+    for t in [run.metrics, *run.megatron, *run.deepspeed, *run.tensorboard, *run.nsys_stats, *run.nccl_tests,
+              *run.nccl_debug]:
+        if t is not None:
+            run.warnings.extend(run.relabel(w) for w in t.warnings)
+    if run.trace is not None and run.trace_from == "kineto":
+        run.warnings.extend(run.trace.warnings)
+    elif run.trace is not None:
+        run.warnings.extend(run.relabel(w) for w in run.trace.warnings)
+    _check_grid(run, hardware, hardware_source)
+    return run
+
+
+def _read_resolved(run: Run, rf: RunFiles) -> None:
+    """The run's resolved.json, with its hardware, into `run`; a warning instead where it cannot be believed."""
     rel = rf.rel
     for p in rf.of("resolved")[:1]:
         from launch.config.resolve import Resolved
@@ -279,10 +313,14 @@ def load_run(rf: RunFiles, logs: LogTables, *, hardware: Any = None, hardware_so
         except (ConfigError, OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
             run.warnings.append(f"{rel(p)}: cannot be read as a resolved config ({_why(exc)}); the layout comes from "
                                 f"the metrics' meta record and the plan only from a readable plan.json")
-    if run.hardware is None and hardware is not None:
-        run.hardware, run.hardware_source = hardware, hardware_source
+
+
+def _read_plan(run: Run, rf: RunFiles) -> None:
+    """The run's plan.json into `run`, else a plan recomputed from its resolved config (read first); a warning says
+    why plan.json cannot be read once it is known what stands in for it."""
+    rel = rf.rel
     plans = rf.of("plan")
-    unread_plan = None  # why plan.json cannot be read, said once the report knows what stands in for it
+    unread_plan = None
     if plans:
         from launch.plan.layout import Plan
 
@@ -316,18 +354,11 @@ def load_run(rf: RunFiles, logs: LogTables, *, hardware: Any = None, hardware_so
         instead = (f"the plan is recomputed from {run.resolved_source}" if run.plan is not None
                    else "the run has no plan to compare with")
         run.warnings.append(f"{rel(plans[0])}: cannot be read as a plan ({unread_plan}); {instead}")
-    metrics = rf.of("metrics_jsonl")
-    if metrics:
-        run.metrics = parse_metrics(metrics, relative_to=rf.root)
-    for kind, into in (("megatron_log", run.megatron), ("deepspeed_log", run.deepspeed)):
-        for p in rf.of(kind):
-            t = logs[p][kind]
-            if len(t):
-                into.append(t)
-            else:
-                run.warnings.extend(t.warnings)
-    for p in rf.of("tensorboard"):
-        run.tensorboard.append(parse_tensorboard(p, source=rel(p)))
+
+
+def _read_trace(run: Run, rf: RunFiles, read_traces: ReadTraces | None) -> None:
+    """The run's Kineto traces (through `read_traces`, see load_run), else its nsys exports, into `run.trace`."""
+    rel = rf.rel
     traces = rf.of("kineto_trace")
     if traces and read_traces is not None:
         run.trace, run.trace_from = read_traces(run, traces), "kineto"
@@ -345,8 +376,11 @@ def load_run(rf: RunFiles, logs: LogTables, *, hardware: Any = None, hardware_so
         else:
             run.warnings.append(f"{', '.join(rel(p) for p in sqlite)}: nsys exports beside Kineto traces; the time "
                                 f"breakdown uses the Kineto traces")
-    for p in rf.of("nsys_stats_csv"):
-        run.nsys_stats.append(parse_nsys_stats_csv(p, source=rel(p)))
+
+
+def _read_comm(run: Run, rf: RunFiles) -> None:
+    """The run's nccl-tests outputs (else its commbench results) and NCCL_DEBUG logs into `run`."""
+    rel = rf.rel
     for p in rf.of("nccl_tests"):
         t = parse_nccl_tests(p, source=rel(p))
         if len(t):
@@ -368,16 +402,6 @@ def load_run(rf: RunFiles, logs: LogTables, *, hardware: Any = None, hardware_so
             run.nccl_tests.append(Table(t.name, t.columns, t.doc, rel(p), t.warnings, t.meta))
     for p in rf.of("nccl_debug"):
         run.nccl_debug.append(parse_nccl_debug(p, source=rel(p)))
-    for t in [run.metrics, *run.megatron, *run.deepspeed, *run.tensorboard, *run.nsys_stats, *run.nccl_tests,
-              *run.nccl_debug]:
-        if t is not None:
-            run.warnings.extend(run.relabel(w) for w in t.warnings)
-    if run.trace is not None and run.trace_from == "kineto":
-        run.warnings.extend(run.trace.warnings)
-    elif run.trace is not None:
-        run.warnings.extend(run.relabel(w) for w in run.trace.warnings)
-    _check_grid(run, hardware, hardware_source)
-    return run
 
 
 def _check_grid(run: Run, hardware: Any, hardware_source: str) -> None:

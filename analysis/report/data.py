@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -18,6 +18,7 @@ from analysis.analyzers.collectives import REDUCTIONS
 from analysis.analyzers.distributions import PER_RANK_ROWS_MAX, rank_distributions
 from analysis.analyzers.memory import memory_from_deepspeed, memory_from_megatron, memory_from_metrics, memory_vs_plan
 from analysis.analyzers.rank_traces import TraceSet, of_table, read_traces
+from analysis.analyzers.run_layout import RunLayout
 from analysis.analyzers.steps import (
     measured_step_times,
     run_boundaries,
@@ -39,7 +40,7 @@ MAX_WARNINGS_SHOWN = 30
 @dataclass
 class RunResult:
     run: Run
-    layout: dict[str, Any]
+    layout: RunLayout
     steps: Table | None = None
     stats: Table | None = None
     step_times: list[tuple[int, float, str]] = field(default_factory=list)
@@ -117,58 +118,58 @@ def _dtype(text: Any) -> str | None:
     return None
 
 
-def layout_of(run: Run) -> dict[str, Any]:
+def layout_of(run: Run) -> RunLayout:
     """The run's layout facts and where they came from (resolved.json, metrics meta, or the logs)."""
-    keys = ("backend", "tp", "pp", "dp", "zero_stage", "sp", "micro_batch_size", "global_batch_size", "seq_len",
-            "dtype", "world_size", "hardware", "model", "steps", "lr", "lr_warmup_steps", "lr_schedule", "seed")
-    out: dict[str, Any] = dict.fromkeys(keys)
-    out["source"] = None
     if run.resolved is not None:
         rc, g = run.resolved.recipe, run.resolved.grid
-        out.update(backend=rc.backend, tp=g.tp, pp=g.pp, dp=g.dp, zero_stage=rc.parallel.zero_stage,
-                   sp=rc.parallel.sp, micro_batch_size=rc.batch.micro_batch_size,
-                   global_batch_size=rc.batch.global_batch_size, seq_len=rc.batch.seq_len, dtype=rc.precision.dtype,
-                   world_size=g.world, hardware=run.resolved.hardware.name, model=run.resolved.model.name,
-                   steps=rc.train.steps, lr=rc.train.lr, lr_warmup_steps=rc.train.lr_warmup_steps,
-                   lr_schedule=rc.train.lr_schedule, seed=rc.train.seed, source=run.resolved_source)
-        return out
+        return RunLayout(backend=rc.backend, tp=g.tp, pp=g.pp, dp=g.dp, zero_stage=rc.parallel.zero_stage,
+                         sp=rc.parallel.sp, micro_batch_size=rc.batch.micro_batch_size,
+                         global_batch_size=rc.batch.global_batch_size, seq_len=rc.batch.seq_len,
+                         dtype=rc.precision.dtype, world_size=g.world, hardware=run.resolved.hardware.name,
+                         model=run.resolved.model.name, steps=rc.train.steps, lr=rc.train.lr,
+                         lr_warmup_steps=rc.train.lr_warmup_steps, lr_schedule=rc.train.lr_schedule,
+                         seed=rc.train.seed, source=run.resolved_source)
     if run.metrics is not None and run.metrics.meta.ranks:
         m = run.metrics.meta
-        out.update(backend=m.backend, tp=m.tp, pp=m.pp, dp=m.dp, zero_stage=m.zero_stage,
-                   micro_batch_size=m.micro_batch_size, global_batch_size=m.global_batch_size, seq_len=m.seq_len,
-                   dtype=m.dtype, world_size=m.world_size, hardware=m.hardware_profile,
-                   source=f"meta record of {m.files[0]}" if m.files else "metrics meta")
-        return out
+        return RunLayout(backend=m.backend, tp=m.tp, pp=m.pp, dp=m.dp, zero_stage=m.zero_stage,
+                         micro_batch_size=m.micro_batch_size, global_batch_size=m.global_batch_size,
+                         seq_len=m.seq_len, dtype=m.dtype, world_size=m.world_size, hardware=m.hardware_profile,
+                         source=f"meta record of {m.files[0]}" if m.files else "metrics meta")
+    out = _log_layout(run)
+    if out.world_size is None and run.trace is not None:
+        out = replace(out, world_size=run.trace.meta.world_size)
+        if out.source is None and out.world_size:
+            out = replace(out, source="trace distributedInfo")
+    if run.hardware is not None:
+        out = replace(out, hardware=run.hardware.name)
+    return out
+
+
+def _log_layout(run: Run) -> RunLayout:
+    """The layout a foreign run's logs state: a Megatron log's arguments dump or iteration lines, else a DeepSpeed
+    Flops Profiler summary; an empty RunLayout when none does."""
     for log in _megatron_first(run):
         if _layout_records(log):
             lay = log.meta.layout or {}
             iters = [r for r in log.rows() if r["kind"] == "iteration"]
-            gbs = lay.get("global_batch_size") or next((r["global_batch_size"] for r in iters if r["global_batch_size"]),
-                                                       None)
+            gbs = lay.get("global_batch_size") or next(
+                (r["global_batch_size"] for r in iters if r["global_batch_size"]), None)
             seq = lay.get("seq_length") or next((r["seq_length"] for r in iters if r["seq_length"]), None)
-            out.update(backend="megatron", tp=lay.get("tp"), pp=lay.get("pp"), dp=lay.get("dp"),
-                       zero_stage=lay.get("zero_stage"), sp=lay.get("sp"),
-                       micro_batch_size=lay.get("micro_batch_size"), global_batch_size=gbs, seq_len=seq,
-                       dtype=_dtype(lay.get("params_dtype")), world_size=lay.get("world_size"), source=log.source)
             args = log.meta.args or {}
-            out.update(steps=args.get("train_iters"), lr=args.get("lr"), lr_warmup_steps=args.get("lr_warmup_iters"),
-                       lr_schedule=args.get("lr_decay_style"), seed=args.get("seed"))
-            break
-    if out["source"] is None:
-        for log in run.deepspeed:
-            prof = _layout_records(log)
-            if prof:
-                p = prof[0]
-                out.update(backend="deepspeed", dp=p["dp"], world_size=p["world_size"],
-                           micro_batch_size=p["micro_batch_size"], source=f"{log.source}:{p['line']}")
-                break
-    if out["world_size"] is None and run.trace is not None:
-        out["world_size"] = run.trace.meta.world_size
-        if out["source"] is None and out["world_size"]:
-            out["source"] = "trace distributedInfo"
-    if run.hardware is not None:
-        out["hardware"] = run.hardware.name
-    return out
+            return RunLayout(backend="megatron", tp=lay.get("tp"), pp=lay.get("pp"), dp=lay.get("dp"),
+                             zero_stage=lay.get("zero_stage"), sp=lay.get("sp"),
+                             micro_batch_size=lay.get("micro_batch_size"), global_batch_size=gbs, seq_len=seq,
+                             dtype=_dtype(lay.get("params_dtype")), world_size=lay.get("world_size"),
+                             steps=args.get("train_iters"), lr=args.get("lr"),
+                             lr_warmup_steps=args.get("lr_warmup_iters"), lr_schedule=args.get("lr_decay_style"),
+                             seed=args.get("seed"), source=log.source)
+    for log in run.deepspeed:
+        prof = _layout_records(log)
+        if prof:
+            p = prof[0]
+            return RunLayout(backend="deepspeed", dp=p["dp"], world_size=p["world_size"],
+                             micro_batch_size=p["micro_batch_size"], source=f"{log.source}:{p['line']}")
+    return RunLayout()
 
 
 def _megatron_first(run: Run) -> list[Table]:
@@ -186,7 +187,7 @@ def _layout_records(log: Table) -> list[Any]:
     return [r for r in log.rows() if r["kind"] == "flops_profile"]
 
 
-def _steps(run: Run, layout: dict[str, Any]) -> tuple[Table | None, str, str]:
+def _steps(run: Run, layout: RunLayout) -> tuple[Table | None, str, str]:
     """(steps table, MFU formula, where the warm-up count came from) from the best source present."""
     if run.metrics is not None and len(run.metrics):
         m = run.metrics.meta
@@ -198,7 +199,7 @@ def _steps(run: Run, layout: dict[str, Any]) -> tuple[Table | None, str, str]:
         return steps_from_metrics(run.metrics), formula, f"meta of {first}: warmup_steps={m.warmup_steps}"
     peak, dtype_note = None, ""
     if run.hardware is not None:
-        dtype = layout.get("dtype")
+        dtype = layout.dtype
         if dtype is None:
             dtype, dtype_note = "bf16", "; the log names no dtype, bf16 assumed"
         peak = run.hardware.peak_flops(dtype)
@@ -207,7 +208,7 @@ def _steps(run: Run, layout: dict[str, Any]) -> tuple[Table | None, str, str]:
         if _timed(t):
             if peak:
                 formula = (f"MFU = the log's TFLOP/s/GPU / {peak / 1e12:g} TFLOP/s ({run.hardware.name} "
-                           f"{layout.get('dtype') or 'bf16'} peak, {run.hardware_source}{dtype_note}); the TFLOP count "
+                           f"{layout.dtype or 'bf16'} peak, {run.hardware_source}{dtype_note}); the TFLOP count "
                            f"is Megatron's own (it may include recomputation)")
             else:
                 formula = ("unknown: the peak FLOP/s is not known for a foreign log; pass hardware=PROFILE "
@@ -242,7 +243,7 @@ def _unused_logs(run: Run, res: RunResult) -> list[str]:
                   lambda t: _timed(_STEPS_FROM[t.name](t))),
         "memory": (res.memory.source if res.memory is not None else None,
                    lambda t: t.name != "tensorboard" and len(_MEMORY_FROM[t.name](t)) > 0),
-        "layout": (res.layout.get("source") if run.resolved is None else None,
+        "layout": (res.layout.source if run.resolved is None else None,
                    lambda t: t.name != "tensorboard" and bool(_layout_records(t))),
     }
     out = []
@@ -344,8 +345,8 @@ def analyze_run(run: Run, *, ceilings: Sequence[Table] | None = None, ceiling_so
         res.ceiling_curves = ceiling_curves(ceil_tables)
     if run.trace is not None and len(run.trace):
         tr = run.trace
-        traces = res.traces = tr if isinstance(tr, TraceSet) else of_table(tr, layout_dims(layout))
-        traces.settle(layout_dims(layout))  # the layout may be known better than when the traces were read
+        traces = res.traces = tr if isinstance(tr, TraceSet) else of_table(tr, layout.dims())
+        traces.settle(layout.dims())  # the layout may be known better than when the traces were read
         res.breakdown = traces.breakdown()
         res.exposed = traces.exposed()
         res.kernel_types = traces.kernel_types()
@@ -388,11 +389,6 @@ def analyze_run(run: Run, *, ceilings: Sequence[Table] | None = None, ceiling_so
     res.unused = _unused_logs(run, res)
     res.distributions = _distributions(res)
     return res
-
-
-def layout_dims(layout: dict[str, Any]) -> dict[str, int]:
-    """The parallel degrees a layout states (tp, pp, dp): collectives.group_size_hint's `layout`."""
-    return {k: layout[k] for k in ("tp", "pp", "dp") if layout.get(k)}
 
 
 # Each per-rank table's quantities, with the side that is bad, as distributions (rank_distributions) and by what the
@@ -455,16 +451,16 @@ CPU_BASIS = ("compute = CPU ops on the training thread(s) (those holding the Pro
               "time during which the training thread computes (analysis.analyzers.trace_analysis)")
 
 
-def _overlap_allowed(layout: dict[str, Any], run: Run) -> tuple[bool | None, str]:
-    if layout.get("dp") is None and layout.get("zero_stage") is None and layout.get("pp") is None:
+def _overlap_allowed(layout: RunLayout) -> tuple[bool | None, str]:
+    if layout.dp is None and layout.zero_stage is None and layout.pp is None:
         return None, "the layout is unknown (foreign trace) and data-parallel communication usually can overlap"
     reasons = []
-    if (layout.get("dp") or 1) > 1:
-        reasons.append(f"dp={layout['dp']} (gradient reduction can overlap the backward pass)")
-    if layout.get("zero_stage") == 3:
+    if (layout.dp or 1) > 1:
+        reasons.append(f"dp={layout.dp} (gradient reduction can overlap the backward pass)")
+    if layout.zero_stage == 3:
         reasons.append("ZeRO-3 (parameter gathers can be prefetched)")
-    if (layout.get("pp") or 1) > 1:
-        reasons.append(f"pp={layout['pp']} (sends overlap other micro-batches)")
+    if (layout.pp or 1) > 1:
+        reasons.append(f"pp={layout.pp} (sends overlap other micro-batches)")
     return (True, " and ".join(reasons)) if reasons else (False, "")
 
 
@@ -483,7 +479,7 @@ def diagnose(results: Sequence[RunResult]) -> list[D.Finding]:
         out += D.warmup_in_window(r.label, r.step_times, ours=r.run.run_dir)
         out += D.slow_transport(r.label, nccl_logs(r.run), expect_net=_expect_net(r.run))
         out += D.extra_collectives(r.label, r.vs_layout)
-        allows, why = _overlap_allowed(r.layout, r.run)
+        allows, why = _overlap_allowed(r.layout)
         out += D.no_overlap(r.label, r.breakdown, allows=allows, why=why)
         out += D.straggler(r.label, r.stragglers)
         out += D.late_rank(r.label, r.rank_arrivals, r.arrivals)
@@ -491,8 +487,8 @@ def diagnose(results: Sequence[RunResult]) -> list[D.Finding]:
         out += D.memory_near_limit(r.label, r.memory)
         out += D.low_busbw(r.label, r.bandwidth)
     if len(results) > 1:
-        out += D.mismatched_runs([(r.label, r.layout.get("global_batch_size"), r.layout.get("seq_len"),
-                                   r.layout.get("source") or "?") for r in results])
+        out += D.mismatched_runs([(r.label, r.layout.global_batch_size, r.layout.seq_len, r.layout.source or "?")
+                                  for r in results])
     return out
 
 
@@ -502,7 +498,7 @@ def _trace_reader(jobs: int | None, progress: Callable[[str, int, int], None] | 
     kernel diff needs."""
     def read(run: Run, files: list[Path]) -> TraceSet:
         tell = (lambda done, total: progress(run.label, done, total)) if progress is not None else None
-        return read_traces(files, layout=layout_dims(layout_of(run)), jobs=jobs, progress=tell, rel=run.rel,
+        return read_traces(files, layout=layout_of(run).dims(), jobs=jobs, progress=tell, rel=run.rel,
                            relabel=run.relabel, kernels=kernels)
     return read
 

@@ -124,11 +124,12 @@ def _runs_blocks(rep: Report) -> list[Block]:
     rows = []
     for r in rep.runs:
         lay = r.layout
-        desc = ", ".join(f"{k}={lay[k]}" for k in ("backend", "tp", "pp", "dp", "zero_stage", "sp", "micro_batch_size",
-                                                    "global_batch_size", "seq_len", "dtype") if lay.get(k) is not None)
+        stated = ((k, getattr(lay, k)) for k in ("backend", "tp", "pp", "dp", "zero_stage", "sp", "micro_batch_size",
+                                                 "global_batch_size", "seq_len", "dtype"))
+        desc = ", ".join(f"{k}={v}" for k, v in stated if v is not None)
         rows.append([r.label, str(r.run.root), "our run directory" if r.run.run_dir else "foreign files",
-                     desc or "unknown", lay.get("hardware") or "unknown",
-                     str(len(r.run.files)), str(len(r.run.skipped)), lay.get("source") or "–"])
+                     desc or "unknown", lay.hardware or "unknown",
+                     str(len(r.run.files)), str(len(r.run.skipped)), lay.source or "–"])
     out.append(Block("table", headers=["run", "path", "kind", "layout", "hardware", "files used", "skipped", "source"],
                      rows=rows))
     if rep.inputs_missing:

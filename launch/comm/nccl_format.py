@@ -71,6 +71,38 @@ def format_nccl_tests(op: str, rows: Iterable[Mapping[str, Any]], header: Mappin
         raise ValueError(f"format_nccl_tests: unknown collective {op!r}; known: {', '.join(OPS)}")
     # None means "not known" in parsed meta; print nccl-tests' default (or what the rows imply) instead.
     header = {k: v for k, v in (header or {}).items() if v is not None}
+    lines_by_key = _lines_by_key(rows)
+    in_place_only = bool(lines_by_key) and all(set(p) == {"in-place"} for p in lines_by_key.values())
+    order = ["in-place"] if in_place_only else ["out-of-place", "in-place"]
+    for key, placements in lines_by_key.items():
+        if set(placements) != set(order):
+            raise ValueError(f"format_nccl_tests: size {key[0]} has {sorted(placements)}, need {order}")
+
+    program = f"{op}_perf"
+    out = _preamble(program, header, [k[0] for k in lines_by_key]) + _column_header(in_place_only)
+    busbws: list[float] = []
+    errors = 0
+    for (size, count, dtype, redop, root), placements in lines_by_key.items():
+        text = "%12li  %12li  %8s  %6s  %6s" % (size, count if count is not None else 0, dtype or "float",
+                                                 redop or "none", "%6i" % (root if root is not None else -1))
+        for placement in order:
+            r = placements[placement]
+            wrong = r.get("wrong")
+            body = "  %7s  %6s  %6s" % (float_field(r["time_us"], TIME_WIDTH), float_field(r["algbw_GBps"], BW_WIDTH),
+                                        float_field(r["busbw_GBps"], BW_WIDTH))
+            text += body + ("  %6g" % wrong if wrong is not None else "    N/A")
+            busbws.append(r["busbw_GBps"])
+            errors += wrong or 0
+        out.append(text)
+    avg = header.get("avg_busbw_GBps", math.fsum(busbws) / len(busbws) if busbws else 0.0)
+    out.append("# %-20s : %d %s" % ("Out of bounds values", errors, "FAILED" if errors else "OK"))
+    out.append("# %-20s : %g " % ("Avg bus bandwidth", avg))
+    out += ["#", f"# Collective test concluded: {program}", ""]
+    return "\n".join(out)
+
+
+def _lines_by_key(rows: Iterable[Mapping[str, Any]]) -> dict[tuple, dict[str, Mapping[str, Any]]]:
+    """The rows of each printed line, {(size, count, dtype, redop, root): {placement: row}}, in first-seen order."""
     lines_by_key: dict[tuple, dict[str, Mapping[str, Any]]] = {}
     for row in rows:
         key = (row["size_bytes"], row.get("count"), row.get("dtype"), row.get("redop"), row.get("root"))
@@ -78,14 +110,11 @@ def format_nccl_tests(op: str, rows: Iterable[Mapping[str, Any]], header: Mappin
         if row["placement"] in placements:
             raise ValueError(f"format_nccl_tests: two {row['placement']} rows for size {row['size_bytes']}")
         placements[row["placement"]] = row
-    in_place_only = bool(lines_by_key) and all(set(p) == {"in-place"} for p in lines_by_key.values())
-    order = ["in-place"] if in_place_only else ["out-of-place", "in-place"]
-    for key, placements in lines_by_key.items():
-        if set(placements) != set(order):
-            raise ValueError(f"format_nccl_tests: size {key[0]} has {sorted(placements)}, need {order}")
+    return lines_by_key
 
-    sizes = [k[0] for k in lines_by_key]
-    program = f"{op}_perf"
+
+def _preamble(program: str, header: Mapping[str, Any], sizes: list[int]) -> list[str]:
+    """The lines before the column header: versions, the test's start, its settings and its devices."""
     out: list[str] = []
     if header.get("nccl_version"):
         code = _version_code(header["nccl_version"])
@@ -116,39 +145,24 @@ def format_nccl_tests(op: str, rows: Iterable[Mapping[str, Any]], header: Mappin
         out.append("%s on %10s device %2d [%s] %s" % (who, d["host"], d["device"], d.get("busid", ""),
                                                       d.get("name", "")))
     out.append("#")
+    return out
+
+
+def _column_header(in_place_only: bool) -> list[str]:
+    """The three column-header lines: placements, field names, units."""
     blank = "# %10s  %12s  %8s  %6s  %6s" % ("", "", "", "", "")
     if in_place_only:
-        out.append(blank + "           in-place          ")
-        out.append("# %10s  %12s  %8s  %6s  %6s  %7s  %6s  %6s %6s" % (
-            "size", "count", "type", "redop", "root", "time", "algbw", "busbw", "#wrong"))
-        out.append("# %10s  %12s  %8s  %6s  %6s  %7s  %6s  %6s  %5s" % (
-            "(B)", "(elements)", "", "", "", "(us)", "(GB/s)", "(GB/s)", ""))
-    else:
-        out.append(blank + "           out-of-place                       in-place          ")
-        out.append("# %10s  %12s  %8s  %6s  %6s  %7s  %6s  %6s  %6s  %7s  %6s  %6s  %6s " % (
-            "size", "count", "type", "redop", "root", "time", "algbw", "busbw", "#wrong",
-            "time", "algbw", "busbw", "#wrong"))
-        out.append("# %10s  %12s  %8s  %6s  %6s  %7s  %6s  %6s  %6s  %7s  %6s  %6s  %6s " % (
-            "(B)", "(elements)", "", "", "", "(us)", "(GB/s)", "(GB/s)", "", "(us)", "(GB/s)", "(GB/s)", ""))
-    busbws: list[float] = []
-    errors = 0
-    for (size, count, dtype, redop, root), placements in lines_by_key.items():
-        text = "%12li  %12li  %8s  %6s  %6s" % (size, count if count is not None else 0, dtype or "float",
-                                                 redop or "none", "%6i" % (root if root is not None else -1))
-        for placement in order:
-            r = placements[placement]
-            wrong = r.get("wrong")
-            body = "  %7s  %6s  %6s" % (float_field(r["time_us"], TIME_WIDTH), float_field(r["algbw_GBps"], BW_WIDTH),
-                                        float_field(r["busbw_GBps"], BW_WIDTH))
-            text += body + ("  %6g" % wrong if wrong is not None else "    N/A")
-            busbws.append(r["busbw_GBps"])
-            errors += wrong or 0
-        out.append(text)
-    avg = header.get("avg_busbw_GBps", math.fsum(busbws) / len(busbws) if busbws else 0.0)
-    out.append("# %-20s : %d %s" % ("Out of bounds values", errors, "FAILED" if errors else "OK"))
-    out.append("# %-20s : %g " % ("Avg bus bandwidth", avg))
-    out += ["#", f"# Collective test concluded: {program}", ""]
-    return "\n".join(out)
+        return [blank + "           in-place          ",
+                "# %10s  %12s  %8s  %6s  %6s  %7s  %6s  %6s %6s" % (
+                    "size", "count", "type", "redop", "root", "time", "algbw", "busbw", "#wrong"),
+                "# %10s  %12s  %8s  %6s  %6s  %7s  %6s  %6s  %5s" % (
+                    "(B)", "(elements)", "", "", "", "(us)", "(GB/s)", "(GB/s)", "")]
+    return [blank + "           out-of-place                       in-place          ",
+            "# %10s  %12s  %8s  %6s  %6s  %7s  %6s  %6s  %6s  %7s  %6s  %6s  %6s " % (
+                "size", "count", "type", "redop", "root", "time", "algbw", "busbw", "#wrong",
+                "time", "algbw", "busbw", "#wrong"),
+            "# %10s  %12s  %8s  %6s  %6s  %7s  %6s  %6s  %6s  %7s  %6s  %6s  %6s " % (
+                "(B)", "(elements)", "", "", "", "(us)", "(GB/s)", "(GB/s)", "", "(us)", "(GB/s)", "(GB/s)", "")]
 
 
 def _step_factor(sizes: list[int]) -> int:

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from analysis.__main__ import main, parse_args
+from analysis.__main__ import COMMANDS, main, read_args
 from analysis.report import build_report, render_markdown, write_report
 from tests.unit.report_support import (
     ALCF,
@@ -50,7 +50,7 @@ def test_foreign_folders_side_by_side(foreign):
     big, _, alcf, _, tr = rep.runs
     s = next(big.stats.rows())
     assert s["steps_measured"] == 18 and s["steps_dropped"] == 2
-    assert big.layout["tp"] == 4 and big.layout["pp"] == 8 and big.layout["world_size"] == 32
+    assert big.layout.tp == 4 and big.layout.pp == 8 and big.layout.world_size == 32
     assert next(alcf.stats.rows())["tokens_per_s_per_device"] is not None
     assert len(big.memory) == 32 and big.memory.column("predicted_what")[0].startswith("none")
     assert big.timers and alcf.timers  # Megatron timers; ALCF also DeepSpeed's
@@ -169,7 +169,7 @@ def test_a_resolved_grid_the_run_contradicts_is_not_believed(tmp_path):
     assert traces_world == {2} and "distributedInfo" in w and "says world_size 2" in w
     assert "metrics' meta record" in w and "world_size=2, tp=1, pp=1, dp=2" in w
     assert r.run.resolved is None and r.run.plan is None and r.vs_layout is None and r.run.hardware is None
-    assert (r.layout["pp"], r.layout["dp"], r.layout["world_size"]) == (1, 2, 2)
+    assert (r.layout.pp, r.layout.dp, r.layout.world_size) == (1, 2, 2)
     # the file as written is left alone, and an unedited run gets no such warning
     assert json.loads((run / "resolved.json").read_text())["grid"]["pp"] == 3
     (clean,) = build_report([(None, make_run_dir(tmp_path / "other", plan=False))]).runs
@@ -298,12 +298,13 @@ def test_memory_plot_numbers_runs_whose_labels_share_a_prefix(tmp_path, monkeypa
 
 # ---------------------------------------------------------------------------------------- CLI
 
-def test_parse_args_labels_options_and_outputs(tmp_path):
+def test_read_args_labels_options_and_outputs(tmp_path):
     p = tmp_path / "x=y"
     p.mkdir()
-    inputs, opts, outs = parse_args(["zero2=/some/where", str(p), "ceiling=/c", "-o", "a.html", "-ob.md"])
-    assert inputs == [("zero2", "/some/where"), (None, str(p))]
-    assert opts == {"ceiling": "/c"} and outs == ["a.html", "b.md"]
+    args = read_args(COMMANDS["report"], ["zero2=/some/where", str(p), "ceiling=/c", "-o", "a.html", "-ob.md",
+                                          "--jobs=3"])
+    assert args.inputs == (("zero2", "/some/where"), (None, str(p)))
+    assert args.options == {"ceiling": "/c"} and args.flags == {"output": ("a.html", "b.md"), "jobs": 3}
 
 
 def test_cli_errors_are_one_line_and_exit_2(tmp_path, capsys):
@@ -412,4 +413,4 @@ def test_a_run_written_before_the_world_size_rename_is_still_read(tmp_path):
     rep = build_report([("run", d)])
     run = rep.runs[0]
     assert "metrics/rank0.jsonl" in {p for p, _ in run.run.files} and run.run.metrics is not None
-    assert run.layout["world_size"] == 2 and run.stats is not None
+    assert run.layout.world_size == 2 and run.stats is not None
