@@ -13,8 +13,8 @@ analyses use no others either; the printed numbers show they come out the same).
 Ours runs in the README's own install (the interpreter running this script, the project installed as README
 says), HTA in a venv of its own, since it is not among the project's dependencies. Two rows for ours: the three
 analyses as a script (the same work as HTA's side), and `python -m analysis doctor TRACE` as a user runs it (its
-whole CLI, every doctor finding). The header says whether ours ran with the C fast path (analysis/parsers/_kscan.c,
-_kinflate.c; built by `pip install -e .`).
+whole CLI, every doctor finding). The header says whether ours ran with the compiled path (the C scanner
+analysis/parsers/_kscan.c, built by `pip install -e .`, and libdeflate from the deflate wheel) or a fallback.
 
 HTA lives in its own venv, never in the project's environment:
     python -m venv /tmp/htavenv && /tmp/htavenv/bin/pip install HolisticTraceAnalysis==0.5.0 ijson
@@ -55,10 +55,11 @@ import json, sys
 from analysis.parsers.kineto import parse_kineto
 from analysis.analyzers import trace_analysis as ta
 t = parse_kineto(sys.argv[1], categories=ta.GPU_ANALYSIS_CATEGORIES)
-tb = ta.temporal_breakdown(t)
-ov = ta.comm_comp_overlap(t)
-kb = ta.kernel_breakdown(t)
-kt = ta.kernel_type_breakdown(t)
+scopes = ta.TraceScopes(t)  # the table's scope, derived once for the four analyses (as the report does)
+tb = ta.temporal_breakdown(t, scopes=scopes)
+ov = ta.comm_comp_overlap(t, scopes=scopes)
+kb = ta.kernel_breakdown(t, scopes=scopes)
+kt = ta.kernel_type_breakdown(t, scopes=scopes)
 types = {}
 for r in kt.rows():
     types[r["kernel_type"]] = types.get(r["kernel_type"], 0) + r["time_us"]
@@ -197,7 +198,8 @@ def fmt(x: float | None, spec: str = ".2f") -> str:
 
 def fast_path(python: Path, env: dict[str, str]) -> str:
     code = ("from analysis.parsers import kineto as k, kineto_source as s; "
-            "print('C fast path' if k._kscan and s._kinflate else 'pure Python (C fast path not built)')")
+            "print(('C scanner' if k._kscan else 'no C scanner: msgspec') + ', '"
+            " + ('libdeflate' if s._libdeflate else 'no libdeflate: zlib'))")
     out = subprocess.run([str(python), "-c", code], env=env, cwd=REPO, capture_output=True, text=True)
     return out.stdout.strip() or f"cannot import analysis: {out.stderr.strip().splitlines()[-1:]}"
 

@@ -1,12 +1,12 @@
 """Parse PyTorch profiler (Kineto) Chrome traces, `.json` or `.json.gz`, into one table of events.
 
-The file is read as a stream, so the working memory is a few MiB whatever the trace size; only the
+The file is read as a stream, so the working memory is a few MiB whatever the trace size (a gzip file as the
+profiler writes it, up to 32 MiB of JSON, is inflated whole first: kineto_source); only the
 table itself grows with the number of events kept (about 200 bytes a row). Two paths give the same
-table: the C fast path (_kscan.c scans well-formed events straight into the columns; _kinflate.c
-inflates gzip in a second thread without the GIL), built by `pip install` where a compiler is, and
-the Python path it hands anything unusual to (and the only one without the build, or with
-LAYOUTLAB_KINETO_PURE=1): chunks cut at event boundaries, each batch decoded at once by msgspec
-into small typed structs holding only the fields used here (_kineto_structs.py). A trace
+table: the C scanner (_kscan.c scans well-formed events straight into the columns), built by
+`pip install` where a compiler is, and the Python path it hands anything unusual to (and the only one
+without the build, or with LAYOUTLAB_KINETO_PURE=1): chunks cut at event boundaries, each batch decoded
+at once by msgspec into small typed structs holding only the fields used here (_kineto_structs.py). A trace
 that a crashed run left half-written, a gzip stream cut short, or bytes that are not JSON give the
 events read up to that point (and after it, where the scanner can find the next event again) plus
 a warning naming the file and the byte offset in the decompressed JSON text.

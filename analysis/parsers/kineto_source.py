@@ -1,20 +1,18 @@
 """The bytes of a Kineto trace file, decompressed chunk by chunk, with warnings instead of exceptions.
 
-A plain file is read in CHUNK_BYTES blocks. A gzip file that is one whole member (what the profiler writes) of at
-most WHOLE_GUNZIP_BYTES is inflated by libdeflate in one call (three times zlib's speed, without the GIL: the time a
-worker process spends per rank); any other (a stream cut short, damaged, concatenated members, zero padding, larger)
-is inflated by zlib, which yields everything before a cut and reads through members and padding, or, above
-THREAD_GUNZIP_BYTES and where the optional C extension _kinflate.c is built, by a second thread that never takes
-the GIL. Damage gives the bytes before it and one warning naming the compressed offset.
+A plain file is read in CHUNK_BYTES blocks. A gzip file that is one whole member (what the profiler writes) of at most
+WHOLE_GUNZIP_BYTES (32 MiB) is inflated by libdeflate in one call (a third of zlib's time where a worker process
+reuses the output's pages, from one to the next rank: the time it spends per rank). Any other (a stream cut short,
+damaged, concatenated members, zero padding, larger), and every gzip file where libdeflate cannot be loaded, streams
+through zlib, which yields everything before a cut and reads through members and padding. Damage gives the bytes
+before it and one warning naming the compressed offset.
 """
 from __future__ import annotations
 
 import ctypes
 import os
 import zlib
-from typing import Any, Callable, Iterator
-
-import deflate._deflate
+from typing import Callable, Iterator
 
 
 class _Libdeflate:
@@ -50,23 +48,29 @@ class _Libdeflate:
         return out if status == 0 and used.value == len(raw) and made.value == size else None  # 0: LIBDEFLATE_SUCCESS
 
 
-# LAYOUTLAB_KINETO_PURE=1 turns the compiled paths off: libdeflate's one call, the C inflater and the C scanner
+def _load_libdeflate() -> _Libdeflate | None:
+    """libdeflate from the deflate wheel; None where the package cannot be imported, its library cannot be loaded or
+    lacks a symbol (its exports are not the package's API): every gzip file then streams through zlib, the same
+    bytes."""
+    try:
+        from deflate import _deflate
+
+        return _Libdeflate(_deflate.__file__)
+    except (ImportError, OSError, AttributeError):
+        return None
+
+
+# LAYOUTLAB_KINETO_PURE=1 turns the compiled paths off: libdeflate's one call and the C scanner
 # (analysis.parsers.kineto).
 PURE = os.environ.get("LAYOUTLAB_KINETO_PURE", "") not in ("", "0")
-_libdeflate: Any = None if PURE else _Libdeflate(deflate._deflate.__file__)
-# The C inflater (analysis/parsers/_kinflate.c, built by `pip install`, optional).
-_kinflate: Any = None
-if not PURE:
-    try:
-        from analysis.parsers import _kinflate
-    except ImportError:
-        _kinflate = None
+_libdeflate = None if PURE else _load_libdeflate()
 
 CHUNK_BYTES = 1 << 20          # decompressed bytes handed to the decoder at a time
 _RAW_READ_BYTES = 1 << 16       # compressed bytes read at a time
-WHOLE_GUNZIP_BYTES = 1 << 28  # one-member gzip files inflating to at most this are inflated in one call (libdeflate)
-THREAD_GUNZIP_BYTES = 1 << 18  # gzip files larger than this are inflated by a second thread (_kinflate)
-_GUNZIP_AHEAD = 4               # decompressed chunks it may run ahead
+# One-member gzip files inflating to at most this are inflated in one call (libdeflate). glibc serves a larger block
+# with fresh pages from mmap every time, never reused: faulting them in and scanning text no longer in cache made
+# libdeflate's one call 10% slower than zlib's stream on 62 MiB of JSON, and 9% faster where the pages were reused.
+WHOLE_GUNZIP_BYTES = 32 << 20
 
 
 class Source:
@@ -97,15 +101,12 @@ class Source:
                         yield whole[start:start + CHUNK_BYTES]
                     return
                 fh.seek(0)
-                if _kinflate is not None and os.fstat(fh.fileno()).st_size > THREAD_GUNZIP_BYTES:
-                    yield from self._gunzip_in_thread(fh)
-                else:
-                    yield from self._gunzip(fh, self.warn)
+                yield from self._gunzip(fh)
             else:
                 while block := fh.read(CHUNK_BYTES):
                     yield block
 
-    def _gunzip(self, fh, warn: Callable[[str], None]) -> Iterator[bytes]:
+    def _gunzip(self, fh) -> Iterator[bytes]:
         # zlib rather than gzip.GzipFile: a cut-short stream still yields everything before the
         # cut, and the compressed offset of the failure is known.
         inflater = zlib.decompressobj(31)
@@ -125,48 +126,22 @@ class Source:
                     # at a time, from the state before it, and keep what precedes the damage (a failed check of
                     # the trailer loses nothing).
                     yield from _inflate_until_damage(before, data)
-                    warn(f"{self.name}: gzip data corrupt after compressed byte {fed} ({exc}); the events before "
-                         f"the damage are kept, which lies within the last {self.size - fed:,} compressed bytes")
+                    self.warn(f"{self.name}: gzip data corrupt after compressed byte {fed} ({exc}); the events "
+                              f"before the damage are kept, which lies within the last {self.size - fed:,} "
+                              f"compressed bytes")
                     return
                 if out:
                     yield out
                 data = inflater.unused_data if inflater.eof else inflater.unconsumed_tail
             fed += len(raw)
         if not inflater.eof:
-            warn(f"{self.name}: gzip stream ends early at compressed byte {fed} "
-                 f"(file cut short, e.g. by a crashed run); the events before the cut are kept")
-
-    def _gunzip_in_thread(self, fh) -> Iterator[bytes]:
-        """_gunzip done by _kinflate.Reader in a second thread that never takes the GIL, a few chunks
-        ahead of the scanning (inflation is a third of the time of a gzipped trace otherwise). The
-        warnings are _gunzip's; on corrupt data the output up to the failure is kept (zlib's
-        decompressobj drops the output of the call that fails)."""
-        import threading
-
-        reader = _kinflate.Reader(fh.fileno(), CHUNK_BYTES, _GUNZIP_AHEAD)
-        worker = threading.Thread(target=reader.run, name="kineto-gunzip", daemon=True)
-        worker.start()
-        try:
-            while (block := reader.next()) is not None:
-                yield block
-        finally:
-            reader.close()
-            worker.join()
-        status, code, message, fed, errno = reader.outcome()
-        if status == 1:
             self.warn(f"{self.name}: gzip stream ends early at compressed byte {fed} "
                       f"(file cut short, e.g. by a crashed run); the events before the cut are kept")
-        elif status == 2:
-            self.warn(f"{self.name}: gzip data corrupt after compressed byte {fed} (Error {code} while "
-                      f"decompressing data: {message}); the events before the damage are kept, "
-                      f"which lies within the last {self.size - fed:,} compressed bytes")
-        elif status == 3:
-            self.warn(f"{self.name}: cannot read after compressed byte {fed} ({os.strerror(errno)})")
 
 
 def _gunzip_whole(fh) -> bytearray | None:
     """The file inflated by libdeflate in one call where it is one undamaged gzip member of at most
-    WHOLE_GUNZIP_BYTES, else None (the streaming readers then give what it holds, with their warnings): a cut, damage,
+    WHOLE_GUNZIP_BYTES, else None (zlib's stream then gives what it holds, with its warnings): a cut, damage,
     a second member, padding or anything after the member all leave input unconsumed or fail the member's own check."""
     if os.fstat(fh.fileno()).st_size > WHOLE_GUNZIP_BYTES:
         return None

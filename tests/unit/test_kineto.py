@@ -478,14 +478,22 @@ def test_gpu_analysis_categories_keep_the_gpu_answers(sampled, diff):
             assert list(ta.kernel_diff(part, part, **kw).rows()) == list(ta.kernel_diff(full, full, **kw).rows())
 
 
-def test_analyses_of_one_table_share_its_scope_until_it_is_freed():
+def test_analyses_given_one_trace_scopes_derive_the_scope_once(monkeypatch):
     t = parse_kineto(RANK0)
-    first = ta.temporal_breakdown(t)
-    assert id(t) in ta._SCOPES
-    assert list(ta.temporal_breakdown(t).rows()) == list(first.rows())
-    key = id(t)
-    del t
-    assert key not in ta._SCOPES
+    alone = [list(f(t).rows()) for f in (ta.temporal_breakdown, ta.comm_comp_overlap, ta.kernel_breakdown)]
+    derived = []
+    scope = ta._scope
+    monkeypatch.setattr(ta, "_scope", lambda *a: derived.append(a[1:]) or scope(*a))
+    scopes = ta.TraceScopes(t)
+    shared = [list(f(t, scopes=scopes).rows()) for f in (ta.temporal_breakdown, ta.comm_comp_overlap,
+                                                          ta.kernel_breakdown)]
+    assert derived == [(False, True, None)]  # (include_last_step, hta_rounding, job_steps)
+    for a, b in zip(alone, shared, strict=True):
+        assert a == b
+    ta.temporal_breakdown(t)  # no scopes given: derived for that call alone
+    assert len(derived) == 2
+    with pytest.raises(ValueError, match="one TraceScopes per table"):
+        ta.temporal_breakdown(parse_kineto(RANK1), scopes=scopes)
 
 
 # --- streaming, layouts and bad input -------------------------------------------------------------

@@ -1,8 +1,10 @@
-"""The C fast path of the Kineto parser (_kscan: event scanner, _kinflate: gzip reader thread) gives
-the same tables as the pure-Python path, on the real traces and on arbitrary events.
+"""The compiled path of the Kineto parser (_kscan: the C event scanner; libdeflate, through ctypes, for a gzip file
+that is one member) gives the same tables as the pure path (msgspec and zlib), on the real traces and on arbitrary
+events.
 
-The pure path is what a machine without a C compiler runs; `pure` below switches the fast path off
-the way LAYOUTLAB_KINETO_PURE=1 does. Comparisons are by repr, so 1 vs 1.0 vs True differ.
+The pure path is what a machine without a C compiler or without the deflate wheel runs; `pure_path` below switches
+the compiled parts off the way LAYOUTLAB_KINETO_PURE=1 does, and the subprocess tests make their imports fail.
+Comparisons are by repr, so 1 vs 1.0 vs True differ.
 """
 from __future__ import annotations
 
@@ -10,11 +12,12 @@ import contextlib
 import gzip
 import json
 import os
+import pickle
+import re
 import shutil
 import subprocess
 import sys
 import sysconfig
-import threading
 import zlib
 from importlib.util import find_spec
 from pathlib import Path
@@ -26,24 +29,23 @@ from hypothesis import strategies as st
 from analysis.analyzers import trace_analysis as ta
 from analysis.parsers import kineto, kineto_source
 from analysis.parsers.kineto import parse_kineto
-from tests.unit.test_kineto import _SMALL, _event, _modern_trace
+from tests.unit.test_kineto import _SMALL, _event
 
 REPO = Path(__file__).resolve().parents[2]
 FIX = REPO / "tests" / "fixtures" / "kineto"
 TRACES = sorted(FIX.glob("*.json.gz"))
 
-needs_fast = pytest.mark.skipif(kineto._kscan is None or kineto_source._kinflate is None,
-                                reason="C fast path not built (no compiler at install time)")
+needs_fast = pytest.mark.skipif(kineto._kscan is None, reason="C fast path not built (no compiler at install time)")
 
 
 @contextlib.contextmanager
 def pure_path():
-    saved = kineto._kscan, kineto_source._kinflate, kineto_source._libdeflate
-    kineto._kscan = kineto_source._kinflate = kineto_source._libdeflate = None
+    saved = kineto._kscan, kineto_source._libdeflate
+    kineto._kscan = kineto_source._libdeflate = None
     try:
         yield
     finally:
-        kineto._kscan, kineto_source._kinflate, kineto_source._libdeflate = saved
+        kineto._kscan, kineto_source._libdeflate = saved
 
 
 def _pure(path, **kw):
@@ -76,10 +78,15 @@ def test_fast_path_is_built_where_a_compiler_is():
     if shutil.which(cc) is None or not Path(sysconfig.get_paths()["include"], "Python.h").exists():
         pytest.skip(f"no C compiler ({cc}) or Python headers here: the pure path is the only one")
     assert find_spec("analysis.parsers._kscan"), "analysis/parsers/_kscan.c was not built: run `pip install -e .`"
-    include_dirs = ("/usr/include", "/usr/local/include", sysconfig.get_paths()["include"])
-    if any(Path(d, "zlib.h").exists() for d in include_dirs):
-        assert find_spec("analysis.parsers._kinflate"), ("analysis/parsers/_kinflate.c was not built although "
-                                                         "zlib.h is there: run `pip install -e .`")
+
+
+def test_libdeflate_loads_from_the_pinned_wheel():
+    """deflate==0.9.0 is a dependency: where it is installed its library must load, or every gzipped trace would
+    stream through zlib, the same bytes three times slower, and no other test would tell."""
+    if kineto_source.PURE:
+        pytest.skip("LAYOUTLAB_KINETO_PURE=1 switches libdeflate off")
+    assert find_spec("deflate"), "the deflate wheel is a dependency: run `pip install -e .`"
+    assert kineto_source._libdeflate is not None, "deflate/_deflate's libdeflate symbols could not be loaded"
 
 
 @needs_fast
@@ -177,45 +184,39 @@ def test_any_truncation_or_garbage_reads_the_same(tmp_path, cut, junk, at):
     _same(parse_kineto(p), _pure(p))
 
 
-# --- the gzip reader thread ----------------------------------------------------------------------------
+# --- gzip: libdeflate's one call, zlib's stream ----------------------------------------------------------
 
-def _read_all(path: Path, chunk: int = 1 << 20, ahead: int = 4) -> tuple[bytes, tuple]:
-    reader = kineto_source._kinflate.Reader(os.open(path, os.O_RDONLY), chunk, ahead)
-    worker = threading.Thread(target=reader.run)
-    worker.start()
-    parts = []
-    while (block := reader.next()) is not None:
-        parts.append(block)
-    worker.join()
-    return b"".join(parts), reader.outcome()
-
-
-@needs_fast
-def test_reader_inflates_members_padding_and_reports_cuts(tmp_path):
-    doc = json.dumps(_modern_trace(1)).encode() * 50
-    p = tmp_path / "multi.gz"
-    p.write_bytes(gzip.compress(doc[:1000]) + gzip.compress(doc[1000:]) + b"\0" * 700)
-    data, outcome = _read_all(p, chunk=4096, ahead=2)
-    assert data == doc and outcome[0] == 0
-    whole = gzip.compress(doc)
-    p.write_bytes(whole[:len(whole) // 2])
-    data, (status, _, _, fed, _) = _read_all(p, chunk=4096)
-    assert status == 1 and fed == len(whole) // 2 and doc.startswith(data) and 0 < len(data) < len(doc)
-    bad = bytearray(whole)
-    bad[len(bad) // 2:len(bad) // 2 + 64] = b"\xff" * 64
+def test_damage_inside_the_stream_keeps_what_precedes_it(tmp_path):
+    """Bytes overwritten in the middle of the deflate data: libdeflate refuses the member; zlib's stream gives all that
+    the bytes before the damage hold (what a file cut there gives), then what the damaged bytes decode to until zlib
+    sees the damage, and one warning in zlib's words whose offset lies before the damage; both paths keep the same
+    events."""
+    real = (FIX / "hta_trace_diff_test.json.gz").read_bytes()
+    doc = gzip.decompress(real)
+    at = len(real) // 2
+    bad = bytearray(real)
+    bad[at:at + 64] = b"\xff" * 64
+    p = tmp_path / "damaged.json.gz"
     p.write_bytes(bytes(bad))
-    data, (status, code, message, _, _) = _read_all(p, chunk=4096)
-    assert status == 2 and code == -3 and message  # Z_DATA_ERROR and doc.startswith(data)
-    t = parse_kineto(p)  # through the parser: a warning in _gunzip's words, the events before kept
-    assert any("gzip data corrupt after compressed byte" in w and "Error -3 while decompressing" in w
-               for w in t.warnings)
+    warnings: list[str] = []
+    data = b"".join(kineto_source.Source(p, "damaged", warnings.append).chunks())
+    intact = zlib.decompressobj(31).decompress(real[:at])
+    assert doc.startswith(intact) and data.startswith(intact) and len(intact) <= len(data) < len(doc)
+    (w,) = warnings
+    m = re.fullmatch(r"damaged: gzip data corrupt after compressed byte (\d+) \(Error -3 while decompressing data: "
+                     r".+\); the events before the damage are kept, which lies within the last ([\d,]+) compressed "
+                     r"bytes", w)
+    assert m, w
+    fed = int(m.group(1))
+    assert at - (1 << 16) < fed <= at and int(m.group(2).replace(",", "")) == len(real) - fed
+    fast = parse_kineto(p)
+    _same(fast, _pure(p))
+    assert 0 < len(fast) < len(parse_kineto(FIX / "hta_trace_diff_test.json.gz"))
 
 
-@needs_fast
 def test_a_gzip_that_fails_its_check_keeps_every_event_on_both_paths(tmp_path):
-    """A flipped byte in the CRC trailer: the pure path lost every event of the block whose inflation failed, while
-    the threaded one kept them; both keep all (the data was inflated before the check failed). Mid-stream damage
-    is covered by test_reader_inflates_members_padding_and_reports_cuts and the property tests of test_kineto."""
+    """A flipped byte in the CRC trailer: libdeflate refuses the member, and zlib's stream, which inflated every block
+    before the check failed, keeps every event, with a warning."""
     whole = (FIX / "hta_trace_diff_test.json.gz").read_bytes()
     bad = bytearray(whole)
     bad[-6] ^= 0xFF
@@ -233,10 +234,10 @@ def _source_bytes(path: Path) -> bytes:
 
 @pytest.mark.skipif(kineto_source._libdeflate is None, reason="LAYOUTLAB_KINETO_PURE=1: no compiled path")
 def test_one_member_is_inflated_in_one_call_and_anything_else_streams(tmp_path, monkeypatch):
-    """libdeflate takes a file only when it is one whole gzip member (its trailer the file's last eight bytes); members,
-    padding, a cut and a damaged trailer go to the streaming readers, which read them as before: the bytes equal
-    Python's gzip module's (or zlib's up to a cut), and the whole-member path gives the profiler's own file the same
-    bytes as zlib."""
+    """libdeflate takes a file only when it is one whole gzip member (its trailer the file's last eight bytes) of at
+    most WHOLE_GUNZIP_BYTES; members, padding, a cut, a damaged trailer and a larger member go to zlib's stream, which
+    reads them as before: the bytes equal Python's gzip module's (or zlib's up to a cut), and the whole-member path
+    gives the profiler's own file the same bytes as zlib."""
     taken = []
     whole_of = kineto_source._gunzip_whole
     monkeypatch.setattr(kineto_source, "_gunzip_whole", lambda fh: taken.append(whole_of(fh)) or taken[-1])
@@ -263,35 +264,68 @@ def test_one_member_is_inflated_in_one_call_and_anything_else_streams(tmp_path, 
     inflater = zlib.decompressobj(31)
     assert _source_bytes(p) == inflater.decompress(cut) and taken == [None]
     bad = bytearray(real)
-    bad[-6] ^= 0xFF  # the CRC: libdeflate refuses, zlib's stream keeps every event (test below)
+    bad[-6] ^= 0xFF  # the CRC: libdeflate refuses, zlib's stream keeps every event (test above)
     p.write_bytes(bytes(bad))
+    taken.clear()
+    assert _source_bytes(p) == doc and taken == [None]
+    monkeypatch.setattr(kineto_source, "WHOLE_GUNZIP_BYTES", len(doc) - 1)
+    p.write_bytes(real)
     taken.clear()
     assert _source_bytes(p) == doc and taken == [None]
 
 
-@needs_fast
-def test_reader_stops_when_the_consumer_does(tmp_path):
-    """A parse abandoned half way (generator closed) stops and joins the inflating thread."""
-    p = tmp_path / "big.json.gz"
-    # > _GUNZIP_AHEAD chunks ahead; two members, so not libdeflate's one call but the thread
-    p.write_bytes(gzip.compress(os.urandom(12 << 20), compresslevel=1) + gzip.compress(b"{}"))
-    assert p.stat().st_size > kineto_source.THREAD_GUNZIP_BYTES
-    source = kineto_source.Source(p, str(p), lambda w: None)
-    chunks = source.chunks()
-    assert next(chunks)
-    assert any(t.name == "kineto-gunzip" for t in threading.enumerate())  # blocked, the ring full
-    before = threading.active_count()
-    chunks.close()
-    assert threading.active_count() <= before - 1
-    assert not any(t.name == "kineto-gunzip" for t in threading.enumerate())
-
-
 def test_pure_switch_turns_the_fast_path_off():
     code = ("from analysis.parsers import kineto, kineto_source; "
-            "print(kineto._kscan is None, kineto_source._kinflate is None, kineto_source._libdeflate is None)")
+            "print(kineto._kscan is None, kineto_source._libdeflate is None)")
     env = dict(os.environ, LAYOUTLAB_KINETO_PURE="1", PYTHONPATH=str(REPO))
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
-    assert out.stdout.split() == ["True", "True", "True"]
+    assert out.stdout.split() == ["True", "True"]
+
+
+# A process whose compiled parts cannot be had, as `how` says: `import` of the C scanner and of the deflate wheel
+# fails (nothing built, the wheel missing), or a deflate package whose library lacks libdeflate's symbols, or is no
+# library at all. It says which parts it got, then pickles each trace's table and analyses.
+_CRIPPLED = """
+import pickle, sys, types
+how, library, out, traces = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4:]
+if how == "imports fail":
+    sys.modules["analysis.parsers._kscan"] = None
+    sys.modules["deflate"] = None
+else:
+    sys.modules["deflate"] = types.SimpleNamespace(_deflate=types.SimpleNamespace(__file__=library))
+from analysis.parsers import kineto, kineto_source
+from tests.unit.test_kineto_fast import _analyses
+print(kineto._kscan is None, kineto_source._libdeflate is None)
+tables = {p: kineto.parse_kineto(p) for p in traces}
+with open(out, "wb") as fh:
+    pickle.dump({p: (t.columns, t.warnings, t.meta, _analyses(t)) for p, t in tables.items()}, fh)
+"""
+
+
+@pytest.mark.parametrize("how", ["imports fail", "symbols missing", "not a library"])
+def test_without_its_compiled_parts_the_parser_gives_the_same_tables(tmp_path, how):
+    """The fallbacks as a machine without them runs them (the imports and the library lookup fail in a fresh
+    process, not module attributes set afterwards): msgspec where the C scanner is missing, zlib's stream where
+    libdeflate is; every fixture's table and analyses equal this process's, on its compiled path where built."""
+    import msgspec._core
+
+    library = {"imports fail": "", "symbols missing": msgspec._core.__file__, "not a library": str(TRACES[0])}[how]
+    out = tmp_path / "tables.pickle"
+    run = subprocess.run([sys.executable, "-c", _CRIPPLED, how, library, str(out), *map(str, TRACES)], cwd=REPO,
+                         env=dict(os.environ, PYTHONPATH=str(REPO)), capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert run.stdout.split() == [str(how == "imports fail" or kineto._kscan is None), "True"]
+    with open(out, "rb") as fh:
+        crippled = pickle.load(fh)
+    assert list(crippled) == list(map(str, TRACES))
+    for path in TRACES:
+        columns, warnings, meta, analyses = crippled[str(path)]
+        table = parse_kineto(path)
+        assert list(columns) == list(table.columns)
+        for c in columns:
+            assert [repr(v) for v in columns[c]] == [repr(v) for v in table.columns[c]], (path.name, c)
+        assert warnings == table.warnings and meta == table.meta
+        assert analyses == _analyses(table), path.name
 
 
 def test_kineto_suite_passes_on_the_pure_path():
@@ -373,19 +407,6 @@ def test_scan_refuses_a_position_outside_the_buffer():
     with pytest.raises(ValueError, match="pos outside"):
         kineto._kscan.scan(b"{}]", 4, ctx)
     assert kineto._kscan.scan(b"{}]", 0, ctx)[:3] == (2, 1, 1)
-
-
-@needs_fast
-def test_reader_closed_before_it_ran_returns_nothing(tmp_path):
-    p = tmp_path / "x.gz"
-    p.write_bytes(gzip.compress(b"{}"))
-    reader = kineto_source._kinflate.Reader(os.open(p, os.O_RDONLY), 4096, 2)
-    reader.close()
-    got = []
-    t = threading.Thread(target=lambda: got.append(reader.next()), daemon=True)
-    t.start()
-    t.join(5)
-    assert not t.is_alive() and got == [None]
 
 
 # Columns that pick apart the C twins of the row selections and time bounds: ties between 1 and 1.0 (min and max
