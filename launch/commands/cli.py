@@ -15,7 +15,7 @@ from launch.run.checkpoints import ResumeError
 # subcommand -> its module under launch/commands (imported only when that subcommand runs: the dry run stays fast)
 COMMANDS = {"run": "run", "plan": "plan", "calibrate": "calibrate", "recommend": "recommend", "sweep": "sweep",
             "export": "export", "export-accelerate": "export_accelerate", "prepare-data": "prepare_data",
-            "docs": "docs"}
+            "rehearse": "rehearse", "docs": "docs"}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

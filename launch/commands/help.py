@@ -29,10 +29,13 @@ ABOUT = {
     "prepare-data": ("tokenize a corpus once into Megatron's indexed format (data.source=megatron)",
                      "python -m launch prepare-data tests/fixtures/text/corpus.jsonl out=data/corpus "
                      "data.tokenizer=tests/fixtures/tokenizer"),
+    "rehearse": ("the recipe's own training step at its real shapes on this CPU (fake process group, fake tensors), "
+                 "its memory, FLOPs and collectives beside the plan's",
+                 "python -m launch rehearse recipes/7b_fsdp2"),
     "docs": ("write the generated docs: the field table from the schema, the recipe index and each recipe's numbers",
              "python -m launch docs check=true"),
 }
-TAKES_A_RECIPE = ("run", "sweep", "recommend", "calibrate", "export-accelerate")
+TAKES_A_RECIPE = ("run", "sweep", "recommend", "calibrate", "export-accelerate", "rehearse")
 
 
 def overview(commands: Mapping[str, str]) -> str:

@@ -208,24 +208,30 @@ def _skeleton(resolved: Resolved):
     return model
 
 
-def _materialise(parts: list, resolved: Resolved, device) -> None:
-    """Allocate this rank's shards and fill them from rank 0's full model (each part takes the tensors it names);
-    recompute the non-persistent buffers (the rotary frequencies), which no state dict carries."""
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+def allocate(part, device) -> None:
+    """This rank's shards of `part`, unfilled, and the non-persistent buffers (the rotary frequencies), which no state
+    dict carries, recomputed."""
     from torch.distributed.fsdp import FSDPModule
+
+    part.to_empty(device=device)
+    if part.config.tie_word_embeddings and not isinstance(part, FSDPModule):
+        # to_empty gives plain (not FSDP2-managed) tied parameters two storages: tie them again. This part is the
+        # whole Hugging Face model: the resolver refuses tied embeddings with a pipeline.
+        part.tie_weights()
+    rotary = part.model.rotary_emb
+    with torch.device("cpu"):
+        fresh = type(rotary)(part.config)
+    for name, buf in fresh.named_buffers():
+        rotary.get_buffer(name).copy_(buf)
+
+
+def _materialise(parts: list, resolved: Resolved, device) -> None:
+    """Allocate this rank's shards and fill them from rank 0's full model (each part takes the tensors it names)."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 
     full = common.build_model(resolved).state_dict() if dist.get_rank() == 0 else {}
     for part in parts:  # every rank holds vpp parts: the broadcasts pair up
-        part.to_empty(device=device)
-        if part.config.tie_word_embeddings and not isinstance(part, FSDPModule):
-            # to_empty gives plain (not FSDP2-managed) tied parameters two storages: tie them again. This part is the
-            # whole Hugging Face model: the resolver refuses tied embeddings with a pipeline.
-            part.tie_weights()
-        rotary = part.model.rotary_emb
-        with torch.device("cpu"):
-            fresh = type(rotary)(part.config)
-        for name, buf in fresh.named_buffers():
-            rotary.get_buffer(name).copy_(buf)
+        allocate(part, device)
         # a copy each time: set_model_state_dict writes the part's DTensors back into the dict it is given
         set_model_state_dict(part, dict(full), options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True,
                                                                   strict=len(parts) == 1 and resolved.grid.pp == 1))
@@ -250,7 +256,7 @@ class TorchTrainer:
             _apply_compile(part, train.compile)
             _apply_dp(part, self.mesh, resolved, ctx.cuda)
         with common.model_build(ctx.run, ctx.env.rank):  # the meta skeleton costs nothing; this is where memory comes
-            _materialise(parts, resolved, torch.device("cpu") if par.offload_params != "none" else ctx.device)
+            self.materialise_parts(parts, torch.device("cpu") if par.offload_params != "none" else ctx.device)
         for part in parts:
             part.train()  # transformers builds models in eval mode
         self.parts = parts
@@ -294,6 +300,11 @@ class TorchTrainer:
             self.mask = torch.full((seq, seq), torch.finfo(torch.float32).min, device=ctx.device).triu(1)[None, None]
         self.schedule = self._pipeline(pp_rank) if par.pp > 1 else None
         self._alone = False  # loss() has set FSDP2 to compute without data-parallel traffic
+
+    def materialise_parts(self, parts: list, device) -> None:
+        """The seam between the build and its memory: launch.ranks.rehearse allocates the parts as fake tensors here
+        instead, after the same parallelisation."""
+        _materialise(parts, self.resolved, device)
 
     def _pipeline(self, pp_rank: int):
         """torch.distributed.pipelining over this rank's chunks: 1F1B, interleaved 1F1B with parallel.vpp > 1. The
@@ -376,19 +387,19 @@ class TorchTrainer:
 
     def _accumulated(self, micro_batch: Callable) -> list:
         """Without pipelining: forward and backward of each micro-batch in turn (DDP reduces at the last)."""
+        return [self.micro_step(micro_batch(micro), micro) for micro in range(self.resolved.grad_accum)]
+
+    def micro_step(self, rows, micro: int):
+        """Forward and backward of the step's micro-batch `micro` (launch.ranks.rehearse runs them one by one)."""
         ga, cuda = self.resolved.grad_accum, self.cuda
-        losses = []
-        for micro in range(ga):
-            rows = micro_batch(micro)
-            sync = self.model.no_sync() if self.ddp and micro < ga - 1 else contextlib.nullcontext()
-            with sync:
-                with common.region("forward", cuda):
-                    loss = self._loss(self.model, rows)
-                with common.region("backward", cuda):
-                    scaled = loss / ga
-                    (self.scaler.scale(scaled) if self.scaler is not None else scaled).backward()
-            losses.append(_local(loss.detach()).float())  # a replicated DTensor under loss_parallel
-        return losses
+        sync = self.model.no_sync() if self.ddp and micro < ga - 1 else contextlib.nullcontext()
+        with sync:
+            with common.region("forward", cuda):
+                loss = self._loss(self.model, rows)
+            with common.region("backward", cuda):
+                scaled = loss / ga
+                (self.scaler.scale(scaled) if self.scaler is not None else scaled).backward()
+        return _local(loss.detach()).float()  # a replicated DTensor under loss_parallel
 
     def _pipelined(self, micro_batch: Callable) -> list:
         """The step's micro-batches through the schedule; the last stage's mean loss goes to every stage (the loop
@@ -408,9 +419,13 @@ class TorchTrainer:
         return [p for part in self.parts for p in part.parameters()]
 
     def _clip(self) -> float:
-        """The whole gradient's L2 norm, then clipping to train.grad_clip. Gradients live on different meshes (with TP
-        but no SP the norms' are sharded over dp alone, the rest over dp × tp): each mesh's norm is reduced over it,
-        the parts are combined, and with pipelining the stages' squares are summed over pp."""
+        return float(self.clipped_norm())
+
+    def clipped_norm(self):
+        """The whole gradient's L2 norm, then clipping to train.grad_clip; the norm stays a tensor (no host sync:
+        launch.ranks.rehearse runs this on fake tensors). Gradients live on different meshes (with TP but no SP the
+        norms' are sharded over dp alone, the rest over dp × tp): each mesh's norm is reduced over it, the parts are
+        combined, and with pipelining the stages' squares are summed over pp."""
         from torch.distributed.tensor import DTensor
 
         by_mesh: dict = {}
@@ -429,7 +444,7 @@ class TorchTrainer:
         if clip > 0:
             for params in by_mesh.values():  # foreach kernels take one mesh at a time
                 torch.nn.utils.clip_grads_with_norm_(params, clip, norm, foreach=True)
-        return float(norm)
+        return norm
 
     def evaluate(self, micro_batch: Callable, count: int):
         """Forward only under no_grad; with pipelining, the schedule's eval() one global batch (its grad_accum

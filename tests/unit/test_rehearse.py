@@ -1,0 +1,132 @@
+"""`python -m launch rehearse`: the torch backend's own step at Llama-2-7B's real per-layer shapes (2 of its layers,
+sequence 512) on a fake process group, held to hand-computed FLOPs, collective counts and message sizes, and to
+AdamW's state bytes; what cannot be rehearsed is refused in one line, exit 2, before any rank starts.
+
+Full size (7b_fsdp2, 7b_tp2_fsdp2_sp) takes ~25 s a recipe on 2 cores: bench/results/rehearsal.txt holds those."""
+import json
+from pathlib import Path
+
+import pytest
+
+from launch.commands.cli import main
+from launch.outputs import folder_problem
+from launch.run.rehearsal import is_our_rehearsal
+from tests.conftest import REPO, RECIPES
+
+LLAMA_2_7B = REPO / "launch" / "config" / "catalogue" / "models" / "llama-2-7b.json"
+LAYERS, SEQ = 2, 512
+H, I, V, HEADS, HEAD_DIM = 4096, 11008, 32000, 32, 128  # Llama-2-7B's shapes, written out for the oracle
+MATMUL = LAYERS * (4 * H * H + 3 * H * I) + V * H  # every Linear: q, k, v, o, gate, up, down per layer; lm_head
+BLOCK = 4 * H * H + 3 * H * I + 2 * H  # one decoder layer's parameters (two RMSNorm weights)
+ROOT = 2 * V * H + H  # FSDP2's root unit: embedding, lm_head (untied), final norm
+TENSORS = 9 * LAYERS + 3  # parameter tensors: 7 Linear + 2 norms per layer; embedding, norm, lm_head
+
+
+@pytest.fixture(scope="module")
+def two_layers(tmp_path_factory) -> Path:
+    """Llama-2-7B's config.json from the catalogue, with 2 layers."""
+    config = {k: v for k, v in json.loads(LLAMA_2_7B.read_text()).items() if not k.startswith("_")}
+    assert (config["hidden_size"], config["intermediate_size"], config["vocab_size"]) == (H, I, V)
+    config["num_hidden_layers"] = LAYERS
+    path = tmp_path_factory.mktemp("model") / "config.json"
+    path.write_text(json.dumps(config))
+    return path
+
+
+def _rehearse(recipe: str, config: Path, out: Path) -> dict:
+    assert main(["rehearse", str(RECIPES / recipe), f"model.config={config}", f"batch.seq_len={SEQ}",
+                 f"out={out}"]) == 0
+    record = json.loads((out / "rehearsal.json").read_text())
+    assert record["status"] == "done" and len(record["ranks"]) == 1  # every rank alike without a pipeline
+    return record["ranks"][0]
+
+
+@pytest.fixture(scope="module")
+def fsdp2(two_layers, tmp_path_factory) -> tuple[Path, dict]:
+    out = tmp_path_factory.mktemp("fsdp2") / "rehearsal"
+    return out, _rehearse("7b_fsdp2", two_layers, out)
+
+
+def test_fsdp2_flops_are_six_times_the_matmul_parameters_per_token(fsdp2):
+    _, r = fsdp2
+    tokens = 4 * SEQ  # global batch 16 over dp 4: 4 micro-batches of 1 × 512 tokens on each rank
+    assert r["flops_counted"] == 6 * MATMUL * tokens
+    # the CPU attention kernel's FLOPs, from the formula: 12 · heads · head_dim · s per token and layer
+    assert r["flops_attention_formula"] == 12 * LAYERS * HEADS * HEAD_DIM * SEQ * tokens
+    assert r["flops_planned"] == pytest.approx(r["flops_measured"], rel=1e-3)
+
+
+def test_fsdp2_collectives_follow_its_units(fsdp2):
+    """FSDP2 units: each block and the root. zero_stage 3 reshards every unit after its forward (root included: the
+    trainer sets reshard_after_forward=True on it), so each is gathered before its forward and again before its
+    backward, and its fp32 gradient reduce-scattered once, every micro-batch; then one all-reduce (the norm)."""
+    _, r = fsdp2
+    ga, units = 4, LAYERS + 1
+    assert r["collectives_measured"] == {"all_gather": 2 * units * ga, "reduce_scatter": units * ga, "all_reduce": 1}
+    messages = {(c["kind"], c["message_bytes"]): c["calls"] for c in r["collective_messages_measured"]}
+    assert messages[("all_gather", 2 * BLOCK)] == 2 * LAYERS * ga  # bf16 parameters
+    assert messages[("all_gather", 2 * ROOT)] == 2 * ga
+    assert messages[("reduce_scatter", 4 * BLOCK)] == LAYERS * ga  # fp32 gradients
+    assert messages[("reduce_scatter", 4 * ROOT)] == ga
+    # the plan's kinds and counts, less the loop's loss mean, which the rehearsal does not run
+    assert r["collectives_planned"] == {**r["collectives_measured"], "all_reduce": 2}
+
+
+def test_fsdp2_memory_holds_a_quarter_of_the_fp32_model_and_adams_state(fsdp2):
+    out, r = fsdp2
+    kinds = r["peak_by_kind_measured"]
+    shard = 4 * (LAYERS * BLOCK + ROOT) // 4  # fp32 parameters over 4 ranks (no padding: 4 divides every dim 0)
+    assert kinds["Sharded Param"] == shard
+    assert kinds["OptState"] == 2 * shard + 4 * TENSORS  # exp_avg and exp_avg_sq, and a 4-byte step per tensor
+    assert r["peak_bytes_measured"] == sum(kinds.values())
+    assert r["peak_at"].startswith("micro-batch")
+    for field in ("peak_bytes_measured", "peak_bytes_planned", "flops_measured", "flops_planned",
+                  "collectives_measured", "collectives_planned"):
+        assert field in r
+    assert is_our_rehearsal(out) and folder_problem(out, ours=is_our_rehearsal, writer="w") is None
+    assert {p.name for p in out.iterdir()} >= {"resolved.json", "plan.json", "measured_rank0.json", "rehearsal.json"}
+
+
+def test_tp2_sp_over_fsdp2_counts_the_tp_plans_collectives(two_layers, tmp_path):
+    """TP 2 + SP × FSDP2 over dp 2 (8 micro-batches a rank). Per micro-batch, torchtitan's plan with SP: each layer
+    gathers the sequence before attention and before the MLP and reduce-scatters after each (the backward mirrors:
+    4 all-gathers and 4 reduce-scatters); the embedding reduce-scatters into the sequence shards and the output layer
+    gathers them (again mirrored in the backward); the vocabulary-parallel loss all-reduces 3 times, and each of the
+    2·L + 1 sequence-parallel norms all-reduces its weight's gradient. FSDP2 over dp as above; the gradient norm is
+    reduced over dp and over tp."""
+    r = _rehearse("7b_tp2_fsdp2_sp", two_layers, tmp_path / "tp2sp")
+    ga, units, tp = 8, LAYERS + 1, 2
+    assert r["flops_counted"] == 6 * MATMUL * ga * SEQ / tp
+    sp = ga * (4 * LAYERS + 2)
+    assert r["collectives_measured"] == {"all_gather": sp + 2 * units * ga, "reduce_scatter": sp + units * ga,
+                                         "all_reduce": 3 * ga + (2 * LAYERS + 1) * ga + 2}
+    messages = {(c["kind"], c["message_bytes"]): c["calls"] for c in r["collective_messages_measured"]}
+    activation = SEQ * H * 2  # the whole sequence's hidden states in bf16
+    assert messages[("all_gather", activation)] == messages[("reduce_scatter", activation)] == sp
+
+
+@pytest.mark.parametrize("recipe, args, says", [
+    ("7b_zero3", [], 'backend="deepspeed" cannot be rehearsed'),
+    ("7b_tp4", [], 'backend="megatron" cannot be rehearsed'),
+])
+def test_what_cannot_be_rehearsed_is_one_line(recipe, args, says, tmp_path, capsys):
+    out = tmp_path / "never"
+    assert main(["rehearse", str(RECIPES / recipe), *args, f"out={out}"]) == 2
+    err = capsys.readouterr().err
+    assert says in err and err.count("\n") == 1, err
+    assert not out.exists()  # refused before anything is written or any rank starts
+
+
+@pytest.mark.parametrize("foreign", ["file", "folder"])
+def test_out_never_replaces_what_is_not_ours(foreign, tmp_path, capsys):
+    target = tmp_path / "mine"
+    if foreign == "file":
+        target.write_text("my notes")
+    else:
+        target.mkdir()
+        (target / "notes.txt").write_text("my notes")
+    assert main(["rehearse", str(RECIPES / "7b_fsdp2"), f"out={target}"]) == 2
+    err = capsys.readouterr().err
+    assert "out=" in err and err.count("\n") == 1, err
+    assert (target.read_text() if foreign == "file" else (target / "notes.txt").read_text()) == "my notes"
+    assert foreign == "file" or sorted(p.name for p in target.iterdir()) == ["notes.txt"]
