@@ -125,6 +125,29 @@ def exported_losses(folder: Path, meta, steps: tuple[int, ...]) -> list[float]:
     return out
 
 
+# README's test command runs on two pytest-xdist workers (pyproject: -n 2 --dist loadgroup): a multi-rank run leaves a
+# core idle ~40% of its time (one process imports torch, torchrun starts, ranks rendezvous), which the other worker's
+# tests fill. The session's shared runs live in one worker each, so the tests that read one backend's shared runs
+# are one group, kept on one worker; the other tests spread.
+XDIST_GROUPS = {"test_deepspeed_": "deepspeed", "test_report_e2e": "deepspeed", "test_commbench": "deepspeed",
+                "test_megatron_": "megatron", "test_torch_": "torch", "test_fp16_scaling": "torch"}
+
+
+def xdist_group(item) -> str | None:
+    """The group of a test that reads shared runs: by its module, or for test_state_bytes by the backend it checks."""
+    module = item.module.__name__.rsplit(".", 1)[-1]
+    if module == "test_state_bytes":
+        return item.callspec.params["name"].split("_", 1)[0]
+    return next((group for prefix, group in XDIST_GROUPS.items() if module.startswith(prefix)), None)
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        group = xdist_group(item) if item.path.parent.name == "dist" else None
+        if group:
+            item.add_marker(pytest.mark.xdist_group(group))
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -11,7 +11,8 @@ from tests.conftest import REPO
 from tests.dist.conftest import SHORT
 from tests.dist.test_deepspeed_checkpoint import no_rank_left
 
-pytestmark = [pytest.mark.dist, pytest.mark.slow]
+# -m full (CI): the Accelerate launch: a feature over tiny_zero2's layout.
+pytestmark = [pytest.mark.dist, pytest.mark.slow, pytest.mark.full]
 TOL = 1e-5
 
 

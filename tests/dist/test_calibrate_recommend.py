@@ -14,7 +14,8 @@ import pytest
 from tests.conftest import REPO
 from tests.dist.conftest import TINY, free_port
 
-pytestmark = [pytest.mark.dist, pytest.mark.slow]
+# -m full (CI): calibrate's in-situ timing on three backends, then recommend verify: a feature, its layouts the parity tests'.
+pytestmark = [pytest.mark.dist, pytest.mark.slow, pytest.mark.full]
 
 SMALL = ("batch.global_batch_size=4", "batch.micro_batch_size=2")
 ROW = re.compile(r"^\s+(\d+)\s+(\d+)\s+\w+\s+\w+\s+-?\d+\s+([\d.]+)\s+[\d.]+\s+[\d.]+\s+\d+\s+([\d.]+)\s")

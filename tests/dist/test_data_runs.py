@@ -11,7 +11,8 @@ from launch.run.checkpoints import MARKER, complete_checkpoints
 from tests.conftest import REPO
 from tests.dist.conftest import SHORT, TORCH, train
 
-pytestmark = [pytest.mark.dist, pytest.mark.slow]
+# -m full (CI): the three data sources and their resume; text data trains in README's suite (test_deepspeed_run).
+pytestmark = [pytest.mark.dist, pytest.mark.slow, pytest.mark.full]
 CORPUS = REPO / "tests" / "fixtures" / "text" / "genesis.jsonl"  # public domain (its README)
 TOKENIZER = REPO / "tests" / "fixtures" / "tokenizer"
 REAL = (*SHORT, "train.steps=12", "train.checkpoint_every=6", "train.eval_every=4", "data.valid_fraction=0.15",

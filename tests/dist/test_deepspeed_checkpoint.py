@@ -23,7 +23,11 @@ def interrupted(shared_run):
     return lambda runs, zero: interrupted_copy(shared_run(*DS_DP2[zero]), runs)
 
 
-@pytest.mark.parametrize("zero", [2, 3])
+# ZeRO-3's resume and reshard stay in README's suite; ZeRO-2's are -m full (CI)
+BOTH = [pytest.param(2, marks=pytest.mark.full), 3]
+
+
+@pytest.mark.parametrize("zero", BOTH)
 def test_resume_same_layout_reproduces_losses(runs_root, interrupted, zero):
     runs = runs_root / f"resume_z{zero}"
     full = interrupted(runs, zero)
@@ -34,7 +38,7 @@ def test_resume_same_layout_reproduces_losses(runs_root, interrupted, zero):
     assert max(abs(a - b) for a, b in zip(resumed.losses(), full.losses()[5:])) <= TOL
 
 
-@pytest.mark.parametrize("zero", [2, 3])
+@pytest.mark.parametrize("zero", BOTH)
 def test_two_rank_checkpoint_resumes_on_one_rank(runs_root, interrupted, zero):
     runs = runs_root / f"reshard_z{zero}"
     full = interrupted(runs, zero)
@@ -46,6 +50,7 @@ def test_two_rank_checkpoint_resumes_on_one_rank(runs_root, interrupted, zero):
     assert (full.root / "checkpoints" / "step5_universal" / "zero").is_dir()
 
 
+@pytest.mark.full
 def test_autotp_tp2dp2_checkpoint_resumes_on_one_rank(runs_root, shared_run):
     runs = runs_root / "reshard_tp"
     full = interrupted_copy(shared_run(*ds_autotp(4, 1)), runs)  # the AutoTP parity test's run
@@ -82,6 +87,7 @@ def test_export_loads_in_transformers_and_reproduces_the_loss(runs_root, interru
     assert warm.losses()[0] == pytest.approx(first, abs=TOL)
 
 
+@pytest.mark.full
 def test_killed_run_resumes_from_its_last_checkpoint(runs_root):
     runs = runs_root / "killed"
     args = ["bash", "launch/run.sh", "recipes/tiny_zero2", *SHORT, "train.steps=400", "train.checkpoint_every=3"]
@@ -126,6 +132,7 @@ def no_rank_left(run_root) -> bool:
     return True
 
 
+@pytest.mark.full
 def test_a_different_configuration_starts_fresh_with_a_note(runs_root, interrupted):
     runs = runs_root / "identity"
     first = interrupted(runs, 2)  # its newest complete checkpoint is step 5
@@ -137,6 +144,7 @@ def test_a_different_configuration_starts_fresh_with_a_note(runs_root, interrupt
     assert f"resuming {first.root} at step 5" in longer.proc.stdout
 
 
+@pytest.mark.full
 def test_another_layout_of_the_recipe_is_not_resumed_by_itself(runs_root, interrupted):
     """README's own override example after a ZeRO-2 run: the ZeRO-3 run starts fresh and says why, instead of
     refusing the earlier checkpoint (run.resume=auto resumes only its own configuration)."""

@@ -8,7 +8,8 @@ import pytest
 from tests.dist.conftest import SHORT, train
 from tests.dist.test_deepspeed_checkpoint import no_rank_left
 
-pytestmark = [pytest.mark.dist, pytest.mark.slow]
+# -m full (CI): a crashing and a stalled rank: the watchdog, over tiny_zero2's layout.
+pytestmark = [pytest.mark.dist, pytest.mark.slow, pytest.mark.full]
 
 
 def test_crashing_rank_names_itself_and_the_step(runs_root):

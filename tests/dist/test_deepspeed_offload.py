@@ -3,7 +3,8 @@ import pytest
 
 from tests.dist.conftest import DS_DP2, train
 
-pytestmark = [pytest.mark.dist, pytest.mark.slow]
+# -m full (CI): its first run builds DeepSpeed's CPU Adam (~100 s once per machine); the torch backend's offload layout stays in README's suite.
+pytestmark = [pytest.mark.dist, pytest.mark.slow, pytest.mark.full]
 
 
 def test_offload_matches_device_losses(runs_root, shared_run):

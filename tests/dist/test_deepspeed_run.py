@@ -83,6 +83,7 @@ def test_real_text_trains_and_matches_one_rank(runs_root, repo):
     assert max(abs(a - b) for a, b in zip(losses, one.losses())) <= 1e-5
 
 
+@pytest.mark.full  # the deepspeed launcher: a feature over a layout README's suite trains
 def test_deepspeed_launcher_gives_the_same_run(runs_root, shared_run):
     a = shared_run(*DS_DP2[2])  # torchrun, the default launcher
     b = train(runs_root / "launch_ds", *DS_DP2[2], "run.launcher=deepspeed")
@@ -90,6 +91,7 @@ def test_deepspeed_launcher_gives_the_same_run(runs_root, shared_run):
     assert b.losses(0) == pytest.approx(a.losses(0), abs=1e-6) and b.losses(1) == b.losses(0)
 
 
+@pytest.mark.full  # torch.compile's first compile (~20 s); test_torch_parity's compile_ac_full stays in README's suite
 def test_compiled_engine_trains_the_same_and_attention_implementations_agree(runs_root, shared_run):
     """train.compile on the DeepSpeed backend is DeepSpeed's engine.compile(); train.attention=eager is Hugging Face's
     unfused attention. Both must leave the losses of the shared ZeRO-2 run (SDPA, eager mode) as they are."""

@@ -19,7 +19,8 @@ from tests.conftest import REPO
 from tests.dist.conftest import SHORT, train
 from tests.dist.test_deepspeed_checkpoint import no_rank_left
 
-pytestmark = [pytest.mark.dist, pytest.mark.slow]
+# -m full (CI): SLURM stand-in, requeue and elastic restart: features over the one-rank reference's layout.
+pytestmark = [pytest.mark.dist, pytest.mark.slow, pytest.mark.full]
 TOL = 1e-5
 
 # Stands in for SLURM's srun on one machine: one task per node of the allocation, each with the variables srun

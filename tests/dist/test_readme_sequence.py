@@ -10,7 +10,8 @@ import pytest
 from launch.run.metrics import read_metrics
 from tests.conftest import REPO
 
-pytestmark = [pytest.mark.dist, pytest.mark.slow]
+# -m full (CI): README's commands in order: a feature over layouts the parity tests train.
+pytestmark = [pytest.mark.dist, pytest.mark.slow, pytest.mark.full]
 SHORT = ("train.steps=4", "train.warmup_steps=1", "train.lr_warmup_steps=1")
 DOCUMENTED = [  # (the command as README or docs/ show it, what this test appends to keep it short)
     ("bash launch/run.sh recipes/tiny_zero2 parallel.zero_stage=3 parallel.tp=2 hardware.gpus_per_node=4",

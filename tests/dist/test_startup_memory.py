@@ -12,7 +12,8 @@ from launch.config.models import load_model
 from tests.conftest import REPO
 from tests.dist.conftest import train
 
-pytestmark = [pytest.mark.dist, pytest.mark.slow]
+# -m full (CI): start-up memory per rank: a feature measured on the parity tests' layouts.
+pytestmark = [pytest.mark.dist, pytest.mark.slow, pytest.mark.full]
 CONFIG = REPO / "tests" / "fixtures" / "models" / "tall-llama" / "config.json"
 ONE_STEP = (f"model.config={CONFIG}", "train.steps=1", "train.warmup_steps=0", "train.lr_warmup_steps=0",
             "batch.seq_len=32", "batch.micro_batch_size=2", "batch.global_batch_size=4", "hardware.gpus_per_node=2",

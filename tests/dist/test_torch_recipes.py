@@ -9,7 +9,8 @@ import pytest
 
 from tests.conftest import REPO
 
-pytestmark = [pytest.mark.dist, pytest.mark.slow]
+# -m full (CI): FSDP2 against ZeRO-3 as a sweep: test_torch_parity compares the same two runs.
+pytestmark = [pytest.mark.dist, pytest.mark.slow, pytest.mark.full]
 SWEEP = "bash launch/sweep.sh recipes/tiny_fsdp2 recipes/tiny_zero2 parallel.zero_stage=3"
 
 

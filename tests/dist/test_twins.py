@@ -2,7 +2,12 @@
 twins held equal (the seed's 7B matrix; the T4 ladder; the multi-node layouts), each sweep ending in its report.
 
 The oracle is the run's own metrics read here: every step recorded, the loss finite and lower at the end than at the
-start (a tiny model at lr 3e-3 falls from ln 512 ≈ 6.24 within a few steps), and the report naming every run."""
+start (a tiny model at lr 3e-3 falls from ln 512 ≈ 6.24 within a few steps), and the report naming every run.
+
+README's test command trains every layout once, not every twin: a twin whose layout (backend, which of tp, pp and dp
+it splits, sp, vpp, ZeRO stage, offload, checkpointing, dtype) another default test already trains
+(tests/dist/conftest.py's layouts), or an earlier twin of the same group trains, sweeps only under `-m full`, which CI
+runs after README's command: between them every twin trains once."""
 import math
 import os
 import re
@@ -11,8 +16,10 @@ from pathlib import Path
 
 import pytest
 
+from launch.config.resolve import resolve_path
 from launch.run.metrics import read_metrics
 from tests.conftest import REPO, RECIPES
+from tests.dist.conftest import DS_DP2, MEGATRON, MEGATRON_LAYOUTS, SHORT, TINY, TORCH, TORCH_LAYOUTS
 
 pytestmark = [pytest.mark.dist, pytest.mark.slow]
 STEPS = 6
@@ -28,8 +35,61 @@ GROUPS = {  # sweeps hold the batch, the sequence and the steps equal; each grou
 }
 
 
+def layout(recipe, *overrides: str) -> tuple:
+    """What a run's parallel layout is, as the resolver settles it: which dimensions it splits (tp, pp, dp: a degree of
+    2 runs the same code as 4 or 8, and a CPU twin has 2 or 4 ranks where its sibling has 8 or more), and the fields a
+    twin shares with its GPU sibling (backend, sp, vpp, ZeRO stage, offload, checkpointing, dtype)."""
+    r = resolve_path(recipe, overrides)
+    par, g = r.recipe.parallel, r.grid
+    return (r.recipe.backend, g.tp > 1, g.pp > 1, g.dp > 1, par.sp, par.vpp, par.zero_stage, par.offload_params,
+            par.offload_optimizer, r.recipe.train.activation_checkpointing, r.recipe.precision.dtype)
+
+
+def _trained_elsewhere() -> set[tuple]:
+    """The layouts README's test command trains outside this file (the parity, checkpoint and collective tests)."""
+    from tests.dist.test_megatron_collectives import RUNS as MEGATRON_PROFILED
+
+    return ({layout(TINY, *o) for o in DS_DP2.values()} | {layout(MEGATRON, *SHORT, *o) for o in MEGATRON_LAYOUTS.values()}
+            | {layout(MEGATRON, *o) for o in MEGATRON_PROFILED.values()}
+            | {layout(TORCH, *SHORT, *o) for o in TORCH_LAYOUTS.values()})
+
+
+def _split() -> tuple[dict[str, list[str]], dict[str, list[str]]]:
+    """Each group's twins as (README's command trains them, only `-m full` does)."""
+    seen = _trained_elsewhere()
+    default: dict[str, list[str]] = {}
+    full: dict[str, list[str]] = {}
+    for group, twins in GROUPS.items():
+        for twin in twins:
+            key = layout(RECIPES / twin, f"batch.global_batch_size={GLOBAL_BATCH}")
+            (full if key in seen else default).setdefault(group, []).append(twin)
+            seen.add(key)
+        if len(default.get(group, ())) == 1 or len(full.get(group, ())) == 1:  # a sweep compares two or more recipes
+            default[group] = twins
+            full.pop(group, None)
+    return default, full
+
+
+DEFAULT, FULL = _split()
+SWEEPS = [pytest.param(twins, id=group) for group, twins in sorted(DEFAULT.items())] + [
+    pytest.param(twins, id=f"{group}-rest", marks=pytest.mark.full) for group, twins in sorted(FULL.items())]
+
+
 def test_the_groups_hold_every_twin():
     assert sorted(t for group in GROUPS.values() for t in group) == TWINS and len(GROUPS["7b_matrix"]) >= 10
+
+
+def test_the_default_sweeps_train_every_layout_of_the_twins():
+    """README's command (default sweeps and conftest's layouts) trains every layout some twin has; with `-m full` the
+    two lists together hold every twin once."""
+    default = [t for twins in DEFAULT.values() for t in twins]
+    rest = [t for twins in FULL.values() for t in twins]
+    assert sorted(default + rest) == TWINS
+    trained = _trained_elsewhere() | {layout(RECIPES / t, f"batch.global_batch_size={GLOBAL_BATCH}") for t in default}
+    for twin in TWINS:
+        assert layout(RECIPES / twin, f"batch.global_batch_size={GLOBAL_BATCH}") in trained, twin
+    # a layout the conftest runs train is left to -m full: the 7B matrix's DDP cell is the torch DDP parity run's
+    assert "tiny_7b_ddp" in rest and layout(RECIPES / "tiny_7b_ddp") == layout(TORCH, *SHORT, *TORCH_LAYOUTS["ddp"])
 
 
 def _losses(run: Path) -> list[float]:
@@ -41,9 +101,8 @@ def _losses(run: Path) -> list[float]:
     return []
 
 
-@pytest.mark.parametrize("group", sorted(GROUPS))
-def test_every_twin_trains(tmp_path, group):
-    twins = GROUPS[group]
+@pytest.mark.parametrize("twins", SWEEPS)
+def test_every_twin_trains(tmp_path, twins):
     p = subprocess.run(["bash", "launch/sweep.sh", *(f"recipes/{t}" for t in twins), f"train.steps={STEPS}",
                         f"batch.global_batch_size={GLOBAL_BATCH}"],
                        cwd=REPO, capture_output=True, text=True, timeout=900,

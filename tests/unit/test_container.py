@@ -5,6 +5,8 @@ import shutil
 import subprocess
 import tomllib
 
+import pytest
+
 from tests.conftest import REPO
 
 DOCKERFILE = REPO / "Dockerfile"
@@ -63,6 +65,7 @@ PYPI = "https://pypi.org/simple"
 PLATFORMS = [f"manylinux_2_{v}_x86_64" for v in range(35, 16, -1)] + ["manylinux2014_x86_64", "linux_x86_64"]
 
 
+@pytest.mark.full  # pip resolves every pin against PyPI for the image's platform (~45 s): CI runs it
 def test_the_images_python_install_resolves_for_its_platform(tmp_path):
     """pip's own resolver, as the image runs it, for the image's platform and Python, from PyPI, downloading metadata
     only: a pin that does not exist or does not resolve fails here, and torch's CUDA major is the base image's. DeepSpeed
