@@ -141,6 +141,7 @@ def xdist_group(item) -> str | None:
     return next((group for prefix, group in XDIST_GROUPS.items() if module.startswith(prefix)), None)
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which turns the marker into the item's group
 def pytest_collection_modifyitems(config, items):
     for item in items:
         group = xdist_group(item) if item.path.parent.name == "dist" else None

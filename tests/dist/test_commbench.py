@@ -42,7 +42,7 @@ def check_op(root, op, n, participants=None):
     return result, t
 
 
-@pytest.mark.parametrize("gpus, dtype", [(2, "float32"), (4, "bfloat16")])
+@pytest.mark.parametrize("gpus, dtype", [(2, "float32"), pytest.param(4, "bfloat16", marks=pytest.mark.full)])
 def test_sweep_all_collectives_correct_and_read_back(shared_run, gpus, dtype):
     t = shared_run(*commbench(gpus, dtype))
     for op in OPS:

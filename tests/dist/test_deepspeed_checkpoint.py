@@ -38,7 +38,8 @@ def test_resume_same_layout_reproduces_losses(runs_root, interrupted, zero):
     assert max(abs(a - b) for a, b in zip(resumed.losses(), full.losses()[5:])) <= TOL
 
 
-@pytest.mark.parametrize("zero", BOTH)
+@pytest.mark.full  # the universal conversion; the same-layout resume stays in README's suite
+@pytest.mark.parametrize("zero", [2, 3])
 def test_two_rank_checkpoint_resumes_on_one_rank(runs_root, interrupted, zero):
     runs = runs_root / f"reshard_z{zero}"
     full = interrupted(runs, zero)

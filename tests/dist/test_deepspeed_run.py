@@ -73,6 +73,7 @@ def test_activation_checkpointing_same_losses_and_recomputes(runs_root, shared_r
     assert calls["forward_calls_per_layer"] == [40, 40, 40, 40]
 
 
+@pytest.mark.full  # text data on the ranks; tests/unit/test_data.py reads the same rows in README's suite
 def test_real_text_trains_and_matches_one_rank(runs_root, repo):
     corpus = repo / "tests" / "fixtures" / "text" / "corpus.jsonl"
     args = (*SHORT, "data.source=text", f'data.path="{corpus}"', "batch.seq_len=64", "parallel.zero_stage=2")

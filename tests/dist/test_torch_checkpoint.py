@@ -86,6 +86,7 @@ def test_checkpoint_of_another_model_is_refused_in_one_line(runs_root, interrupt
     assert said and "q_proj.bias: checkpoint missing" in said[0] and "run.resume=never" in said[0], said
 
 
+@pytest.mark.full  # export: DeepSpeed's and Megatron's stay in README's suite
 def test_export_loads_in_transformers_and_reproduces_the_loss(runs_root, interrupted):
     full = interrupted(runs_root / "torch_export", "tp2_dp2")
     out = runs_root / "torch_exported"

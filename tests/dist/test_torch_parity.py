@@ -30,7 +30,9 @@ def runs(shared_run):
     return lambda name: shared_run(*SHORT, *TORCH_LAYOUTS[name], recipe=TORCH)
 
 
-@pytest.mark.parametrize("name", list(TORCH_LAYOUTS))
+# torch.compile is a feature over ac_full's layout, and its first compile costs ~20 s: -m full (CI)
+@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.full) if n == "compile_ac_full" else n
+                                  for n in TORCH_LAYOUTS])
 def test_layout_matches_one_rank(runs, one_rank_reference, name):
     t = runs(name)
     ref = one_rank_reference
@@ -69,6 +71,7 @@ def test_checkpointing_recomputes_the_blocks_it_names(runs):
     assert _layer_calls(runs("tp2_sp_selective")) == [2 * forwards, forwards, 2 * forwards, forwards]
 
 
+@pytest.mark.full  # reads compile_ac_full's run (-m full)
 def test_compile_compiled_every_block_without_breaks(runs):
     """Compiled with full checkpointing inside each block (torchtitan's order: AC, then compile); its losses are in
     test_layout_matches_one_rank."""
