@@ -104,7 +104,8 @@ def test_resume_reproduces_the_uninterrupted_losses(runs_root, run_of, name):
 
 
 @pytest.mark.parametrize("override, field", [("parallel.tp=1", "parallel.tp=2 (now 1)"),
-                                             ("hardware.gpus_per_node=2", "parallel.dp=2 (now 1)")])
+                                             pytest.param("hardware.gpus_per_node=2", "parallel.dp=2 (now 1)",
+                                                          marks=pytest.mark.full)])
 def test_resume_onto_another_layout_is_refused_before_launch(runs_root, run_of, override, field):
     runs = runs_root / f"mc_refuse_{override.split('=')[0]}"
     full = interrupted_copy(run_of("tp2_zero3"), runs)

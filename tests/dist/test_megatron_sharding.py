@@ -20,7 +20,9 @@ import pytest
 
 from tests.conftest import REPO
 
-pytestmark = [pytest.mark.dist]
+# -m full (CI): Megatron's GPT chunks against Hugging Face for the other models (Qwen2's tied embeddings and biases,
+# one KV head); test_megatron_parity holds every layout to the one-rank run in README's suite.
+pytestmark = [pytest.mark.dist, pytest.mark.full]
 
 RANK_SCRIPT = REPO / "tests" / "dist" / "megatron_shard_rank.py"
 LAYOUTS = ("tp2", "tp2_sp", "pp2", "pp2_vpp2")

@@ -52,7 +52,7 @@ def _trained_elsewhere() -> set[tuple]:
     return ({layout(TINY, *o) for o in DS_DP2.values()} | {layout(MEGATRON, *SHORT, *o) for o in MEGATRON_LAYOUTS.values()}
             | {layout(MEGATRON, *o) for o in MEGATRON_PROFILED.values()}
             | {layout(TORCH, *SHORT, *o) for o in TORCH_LAYOUTS.values()}
-            # test_deepspeed_run's checkpointed ZeRO-3; test_fp16_scaling's fp16 DDP and FSDP2
+            # test_deepspeed_run's checkpointed ZeRO-3; fp16 DDP (test_fp16_scaling) and FSDP2 (test_torch_parity)
             | {layout(TINY, *DS_DP2[3], "train.activation_checkpointing=full")}
             | {layout(recipe, "precision.dtype=fp16", "hardware.gpus_per_node=2", "batch.micro_batch_size=2")
                for recipe in (RECIPES / "tiny_ddp", RECIPES / "tiny_fsdp2")})
