@@ -24,7 +24,7 @@ from launch.errors import ConfigError
 from launch.outputs import claim_folder, folder_problem, write_text_atomic
 from launch.plan.build import plan_resolved
 from launch.run import envinfo
-from launch.run.rehearsal import REHEARSAL, SCHEMA, Measured, is_our_rehearsal, measured_path, rehearsal_record
+from launch.run.rehearsal import DDP_BUCKETS, REHEARSAL, SCHEMA, Measured, is_our_rehearsal, measured_path, rehearsal_record
 from launch.run.rundir import RunDir, runs_root
 from launch.units import human_bytes
 
@@ -65,7 +65,9 @@ def cmd_rehearse(args: Sequence[str]) -> int:
             _write_status(root, resolved, f"rank {rank} stopped (exit {rc}); see {run.stderr(rank)}")
             return rc
         measured.append(Measured.from_json(measured_path(root, rank).read_text(encoding="utf-8")))
-    record = rehearsal_record(resolved.recipe_name, plan, resolved.world_size, measured, time.perf_counter() - start)
+    ddp = resolved.recipe.parallel.zero_stage == 0 and resolved.grid.dp > 1
+    record = rehearsal_record(resolved.recipe_name, plan, resolved.world_size, measured, time.perf_counter() - start,
+                              [DDP_BUCKETS] if ddp else [])
     write_text_atomic(root / REHEARSAL, json.dumps({**record, "status": "done"}, indent=1) + "\n")
     _table(record, console)
     console.print(f"wrote {safe(str(root / REHEARSAL))}", soft_wrap=True)
@@ -82,12 +84,6 @@ def _refuse_what_cannot_be_rehearsed(resolved: Resolved) -> None:
         raise ConfigError(path, "parallel.pp", r.parallel.pp, "cannot be rehearsed: the trainer's pipeline stages "
                           "receive their input shapes from the previous stage over the process group at the first "
                           "step, which a fake process group never delivers", "rehearse the layout with parallel.pp=1")
-    if r.parallel.zero_stage == 0 and resolved.grid.dp > 1:
-        raise ConfigError(path, "parallel.zero_stage", 0, "(DDP) cannot be rehearsed: DistributedDataParallel's "
-                          "constructor checks every parameter's shape across the ranks in C++ "
-                          "(dist._verify_params_across_processes), which reads the storage fake tensors do not have "
-                          "(RuntimeError: the tensor's data is not allocated yet)",
-                          "rehearse a sharded layout (parallel.zero_stage=3: FSDP2)")
     if r.parallel.offload_params != "none":
         raise ConfigError(path, "parallel.offload_params", r.parallel.offload_params, "cannot be rehearsed: on this "
                           "CPU the offloaded and the device-resident state land on one device, which the memory "
@@ -121,8 +117,12 @@ def _table(record: dict, console) -> None:
         t.add_column(col, justify="left" if col in ("rank", "figure") else "right")
     for r in record["ranks"]:
         who = f"{r['rank']} ({safe(r['role'])})"
-        t.add_row(who, "peak memory", human_bytes(r["peak_bytes_measured"]), human_bytes(r["peak_bytes_planned"]),
+        t.add_row(who, "peak memory, before the allowance", human_bytes(r["peak_bytes_measured"]), human_bytes(r["peak_bytes_planned"]),
                   _ratio(r["peak_ratio"]))
+        for ph in r["phases"]:
+            t.add_row("", f"  at its {ph['phase']}", _bytes(ph["bytes_measured"]), _bytes(ph["bytes_planned"]),
+                      _ratio(ph["ratio"]))
+        t.add_row("", "  + allowance (planned)", "", human_bytes(r["allowance_planned"]), "")
         t.add_row("", "FLOPs", f"{r['flops_measured']:.4g}", f"{r['flops_planned']:.4g}", _ratio(r["flops_ratio"]))
         for kind in sorted(set(r["collectives_measured"]) | set(r["collectives_planned"])):
             got, want = r["collectives_measured"].get(kind, 0), r["collectives_planned"].get(kind, 0)
@@ -131,14 +131,19 @@ def _table(record: dict, console) -> None:
     for r in record["ranks"]:
         kinds = ", ".join(f"{safe(k)} {human_bytes(n)}" for k, n in sorted(r["peak_by_kind_measured"].items(),
                                                                           key=lambda kv: -kv[1]))
-        console.print(f"rank {r['rank']}: peak ({safe(r['tracker'])}) {kinds}; at {safe(r['peak_at'])}", soft_wrap=True)
+        console.print(f"rank {r['rank']}: peak ({safe(r['tracker'])}) {kinds}; at {safe(r['peak_at'])}; planned at "
+                      f"its {safe(r['peak_phase_planned'] or 'each kind’s own peak, added')}", soft_wrap=True)
         console.print(f"  FLOPs: {r['flops_counted']:.4g} counted by FlopCounterMode + "
                       f"{r['flops_attention_formula']:.4g} attention from the formula (the CPU attention kernel is not "
                       "counted)", soft_wrap=True)
         console.print(f"  {r['micro_batches_run']} of {r['micro_batches_per_step']} micro-batches run, "
                       f"{safe(r['optimizer'])}, {r['seconds']:.0f} s", soft_wrap=True)
-    for note in record["not_rehearsed"]:
-        console.print(f"  not rehearsed: {safe(note)}", soft_wrap=True)
+    for note in record["notes"]:
+        console.print(f"  note: {safe(note)}", soft_wrap=True)
+
+
+def _bytes(x: int | None) -> str:
+    return "n/a" if x is None else human_bytes(x)
 
 
 def _ratio(x: float | None) -> str:

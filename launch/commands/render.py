@@ -122,6 +122,11 @@ def _memory_table(plan: Plan, headroom: float, console) -> None:
             mem.host_bytes)), "yes" if mem.total <= rp.usable_bytes else "NO")
     console.print(t)
     worst = plan.worst()
+    mem = worst.memory[worst.implementation]
+    if mem.phases:
+        each = ", ".join(f"{phase} {human_bytes(n)}" for phase, n in mem.phases.items())
+        console.print(f"  the step's peak is its {mem.peak_phase}: the kinds are what a rank holds then; each phase's "
+                      f"peak before the allowance: {each}", soft_wrap=True)
     others = ", ".join(f"{acc} {human_bytes(m.total)}" for acc, m in worst.memory.items() if acc != worst.implementation)
     console.print(f"  accounting: {worst.implementation} * is the fit check's (the backend's own); for reference "
                   f"{others}; usable device memory {human_bytes(worst.usable_bytes)} of "

@@ -19,8 +19,10 @@ from launch.plan.memory import (
     host_bytes_per_node,
     in_flight,
     model_states,
+    phased,
     stage_activations,
     stage_params,
+    torch_phases,
 )
 from launch.plan.time import layout_timing, step_time
 from launch.plan.timing import Timing
@@ -45,11 +47,7 @@ def make_plan(layout: Layout, recipe_name: str = "", machine: Machine | None = N
         params, layers = stage_params(layout, st)
         acts = stage_activations(layout, st)
         buf = buffers(layout, params)
-        mem = {}
-        for acc in ACCOUNTINGS:
-            w, gr, o, host = model_states(layout, params, acc, st)
-            body = w + gr + o + acts + buf
-            mem[acc] = Memory(w, gr, o, acts, buf, allowance_fixed + int(FRAGMENTATION * body), host)
+        mem = {acc: _memory(layout, params, acc, st, acts, buf, allowance_fixed) for acc in ACCOUNTINGS}
         members = g.stage_span(st)  # a range: a stage of a million ranks is not listed rank by rank
         if g.pp == 1:
             kind = "all ranks"
@@ -95,6 +93,21 @@ def make_plan(layout: Layout, recipe_name: str = "", machine: Machine | None = N
                  f"{hw.host_memory_bytes / GiB:.0f} GiB × (1 - headroom)")
     return Plan(recipe_name, layout.backend, hw.name, g.to_dict(), tuple(ranks), tuple(comm),
                 step_time(layout, comm, timing), tuple(notes), host, int(hw.host_memory_bytes * (1 - layout.headroom)))
+
+
+def _memory(layout: Layout, params: int, accounting: str, stage: int, acts: int, buf: int, allowance_fixed: int) -> Memory:
+    """One rank's memory in one accounting: the torch backend's step phase by phase where it is planned so (no
+    pipeline, nothing offloaded), its peak phase's kinds; otherwise each kind's own peak, added. The allowance is
+    computed on what it is added to."""
+    w, gr, o, host = model_states(layout, params, accounting, stage)
+    if accounting == "torch" and phased(layout):
+        phases = torch_phases(layout, params, stage)
+        peak = max(phases, key=lambda ph: ph.total)
+        return Memory(peak.weights, peak.grads, peak.optimizer, peak.activations, 0,
+                      allowance_fixed + int(FRAGMENTATION * peak.total), host,
+                      {ph.phase: ph.total for ph in phases}, peak.phase)
+    body = w + gr + o + acts + buf
+    return Memory(w, gr, o, acts, buf, allowance_fixed + int(FRAGMENTATION * body), host)
 
 
 def placement_notes(layout: Layout, timing: Timing, comm: list[Comm]) -> list[str]:

@@ -250,6 +250,11 @@ def _torch_dp_traffic(layout: Layout, timing: Timing, grp: Sequence[int], stage:
                              f"replicas, {reduced}"))
     out.append(_comm(layout, timing, "dp", "all_reduce", grp, 1, 4, "one fp32: the logged loss mean (the loop)",
                      after_step=True))
+    if layout.dtype == "fp16" and layout.zero_stage > 0:
+        # ShardedGradScaler.unscale_, per optimizer (one per model part): DTensor's unscale kernel reduces the
+        # found-inf flag over the gradients' mesh, then unscale_ all-reduces it over dp (counted by the rehearsal).
+        out.append(_comm(layout, timing, "dp", "all_reduce", grp, 2 * layout.vpp, 4,
+                         "fp16: ShardedGradScaler's found-inf flag, twice per optimizer", after_step=True))
     return out + _torch_norm_calls(layout, timing, g.rank(0, 0, stage), "dp")
 
 
@@ -268,7 +273,9 @@ def _torch_norm_calls(layout: Layout, timing: Timing, first: int, over: str) -> 
                       "the gradient norm's squares summed over the pipeline stages", after_step=True)] if g.pp > 1 else []
     calls = 1 + (g.tp > 1 and not layout.sp)
     grp = g.dp_span(first)[:layout.hpz] if layout.hpz > 1 else g.dp_span(first)  # hybrid: the shard group's only
-    return [_comm(layout, timing, "dp", "all_reduce", grp, calls, 4,
+    # get_total_norm reduces every gradient tensor's partial norm, one fp32 each, in one call per mesh.
+    tensors = len(rank_parameters(layout, g.coords(first)[2]))
+    return [_comm(layout, timing, "dp", "all_reduce", grp, calls, 4 * tensors / calls,
                   "the gradient norm's partial sums over dp" + (", one per mesh" if calls > 1 else ""),
                   after_step=True)] if g.dp > 1 else []
 

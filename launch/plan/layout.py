@@ -88,6 +88,10 @@ class Memory:
     buffers: int
     allowance: int
     host_bytes: int
+    # Where the kinds above are the peak of the step's phases (launch.plan.memory.PHASES, the torch accounting): each
+    # phase's bytes before the allowance, and which phase is the peak. Empty where each kind's own peak is added.
+    phases: Mapping[str, int] = field(default_factory=dict)
+    peak_phase: str = ""
 
     @property
     def model_states(self) -> int:

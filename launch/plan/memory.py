@@ -33,6 +33,9 @@ from launch.plan.layout import Layout, RankPlan, bucket, int_or, persistence_thr
 from launch.units import GiB
 
 ACCOUNTINGS = ("zero_paper", "deepspeed", "megatron", "torch")
+# The step's phases whose peaks the torch accounting plans, in the order they happen (the rehearsal measures each):
+# the last micro-batch's forward with its loss, its backward (gradients being reduced), and the optimizer step.
+PHASES = ("forward", "backward", "optimizer step")
 # A fixed runtime allowance (CUDA context, NCCL channels, cuBLAS workspace) plus allocator
 # fragmentation as a fraction of everything else; both are stated in plan.json.
 RUNTIME_ALLOWANCE_GPU = 1 * GiB
@@ -131,6 +134,16 @@ def fsdp_units(layout: Layout, stage: int = 0) -> tuple[int, int]:
         elif info.layer == 0:
             block += n
     return root, block
+
+
+def output_layer_params(layout: Layout) -> int:
+    """Parameters of the output layer (final norm and output projection; the embedding where they are tied) on one
+    rank of the last stage: the first gradients the backward makes, held unsharded in FSDP2's root unit until the
+    embedding's arrive at its end."""
+    m, t = layout.model, layout.grid.tp
+    tied = getattr(m, "tie_word_embeddings", False)
+    return sum(info.numel // t if _tp_split(layout, info.split) else info.numel for info in m.parameters()
+               if info.layer == m.num_layers or (tied and info.layer == -1))
 
 
 def fsdp_gathered(layout: Layout, params: int, stage: int = 0) -> int:
@@ -259,13 +272,13 @@ def _torch_states(layout: Layout, params: int, stage: int) -> tuple[int, int, in
 class ActTerm:
     name: str
     bytes: float  # for one micro-batch, one layer, no parallelism
-    region: str  # "tp": split over t; "replicated": split over t only with SP
+    region: str  # "tp": split over t; "replicated": split over t only with SP; "whole": never split
     scores: bool = False  # s×s attention terms, dropped by selective recompute
 
 
 def activation_terms(arch: str, s: int, b: int, h: int, a: int, *, ffn: int = 0, kv_heads: int = 0,
                      head_dim: int = 0, e: int = 2, hf_norm: bool = False, attention: str = "sdpa",
-                     fused_qkv: bool = False) -> list[ActTerm]:
+                     fused_qkv: bool = False, sp_gathered_inputs: bool = False) -> list[ActTerm]:
     """Bytes saved for backward by one transformer layer.
 
     "gpt": Korthikanti et al. 2022, §4.1 (16-bit activations, 1-byte dropout masks, 4h MLP):
@@ -282,6 +295,9 @@ def activation_terms(arch: str, s: int, b: int, h: int, a: int, *, ffn: int = 0,
            and the output's reshaped copy that the output projection keeps.
            fused_qkv (Megatron-Core): v is a view of the fused q/k/v projection's output, which it keeps whole
            (q and k before RoPE too) wherever v itself is saved.
+           sp_gathered_inputs (DTensor's SequenceParallel, the torch backend): the attention's and the MLP's inputs
+           are the all-gathered sequence, which the column-parallel projections save whole (Megatron-Core saves its
+           shard and gathers it again in the backward); measured by `python -m launch rehearse`.
     """
     sbh = s * b * h
     if arch == "gpt":
@@ -300,7 +316,8 @@ def activation_terms(arch: str, s: int, b: int, h: int, a: int, *, ffn: int = 0,
         sbf = s * b * ffn
         norm_in = 4 * sbh if hf_norm else e * sbh
         q = e * s * b * a * head_dim
-        terms = [ActTerm("norm1_input", norm_in, "replicated"), ActTerm("attn_input", e * sbh, "replicated"),
+        gathered = "whole" if sp_gathered_inputs else "replicated"
+        terms = [ActTerm("norm1_input", norm_in, "replicated"), ActTerm("attn_input", e * sbh, gathered),
                  ActTerm("attn_q", q, "tp"), ActTerm("attn_out", q, "tp")]
         if attention in ("sdpa", "te"):  # Transformer Engine's fused attention keeps what flash attention keeps
             terms += [ActTerm("attn_k_v", 2 * e * kv, "tp"), ActTerm("attn_lse", 4 * b * a * s, "tp")]
@@ -311,7 +328,7 @@ def activation_terms(arch: str, s: int, b: int, h: int, a: int, *, ffn: int = 0,
             raise ValueError(f"unknown attention {attention!r}")
         if fused_qkv and (attention in ("sdpa", "te") or kv_heads == a):
             terms.append(ActTerm("attn_qkv_kept", q + e * kv, "tp"))  # the fused output's q and k parts, before RoPE
-        terms += [ActTerm("norm2_input", norm_in, "replicated"), ActTerm("mlp_input", e * sbh, "replicated"),
+        terms += [ActTerm("norm2_input", norm_in, "replicated"), ActTerm("mlp_input", e * sbh, gathered),
                   ActTerm("gate_out", e * sbf, "tp"), ActTerm("up_out", e * sbf, "tp"),
                   ActTerm("silu_out", e * sbf, "tp"), ActTerm("down_input", e * sbf, "tp")]
         if hf_norm and e != 4:
@@ -331,7 +348,7 @@ def layer_activation_bytes(terms: list[ActTerm], *, t: int = 1, sp: bool = False
     for term in terms:
         if activation_checkpointing == "selective" and term.scores:
             continue
-        split = t if (term.region == "tp" or sp) else 1
+        split = t if term.region == "tp" or (sp and term.region == "replicated") else 1
         total += term.bytes / split
     return total
 
@@ -343,7 +360,7 @@ def _model_terms(layout: Layout, b: int) -> list[ActTerm]:
     hf = traits(layout.backend).hf_modules
     return activation_terms("llama", layout.seq_len, b, m.hidden_size, m.num_heads, ffn=m.intermediate_size,
                             kv_heads=m.num_kv_heads, head_dim=m.head_dim, e=layout.elem_bytes, hf_norm=hf,
-                            attention=layout.attention, fused_qkv=not hf)
+                            attention=layout.attention, fused_qkv=not hf, sp_gathered_inputs=hf and layout.sp)
 
 
 def in_flight(layout: Layout, stage: int) -> float:
@@ -357,30 +374,146 @@ def in_flight(layout: Layout, stage: int) -> float:
     return float(held)
 
 
-def stage_activations(layout: Layout, stage: int) -> int:
+@dataclass(frozen=True)
+class StageActivations:
+    """Bytes one rank of a pipeline stage keeps for backward, for one micro-batch in flight."""
+
+    layers: float  # what the decoder layers save in the forward (under full checkpointing: each one's input)
+    recomputed: float  # one layer's whole set, alive while it is recomputed in the backward (full checkpointing)
+    norm_input: float  # the last stage's final-norm input
+    logits: float  # elements of the last stage's logits on this rank (its share of the vocabulary under TP)
+    in_flight: float  # micro-batches whose activations the stage holds at its peak (`in_flight`)
+
+
+def _checkpointed_input(layout: Layout, terms: list[ActTerm]) -> float | None:
+    """What a fully checkpointed layer keeps: its input. The torch backend's FSDP2 casts each unit's input to the
+    compute dtype (MixedPrecisionPolicy's cast_forward_inputs); under DDP's autocast the residual stream stays fp32.
+    Elsewhere the first term (the norm's input) stands for it."""
+    if traits(layout.backend).accounting != "torch":
+        return None
+    rows = layout.seq_len * layout.micro_batch_size * layout.model.hidden_size
+    return (layout.elem_bytes if layout.zero_stage > 0 else 4) * rows
+
+
+def stage_activation_parts(layout: Layout, stage: int) -> StageActivations:
     m, t, p = layout.model, layout.grid.tp, layout.grid.pp
     b = layout.micro_batch_size
     terms = _model_terms(layout, b)
     layers = m.num_layers // p
     ac = layout.activation_checkpointing
+    x = _checkpointed_input(layout, terms)
     if ac == "selective" and traits(layout.backend).selective == "every_other_block":
         # Blocks 0, n, 2n, ... recompute fully (launch.config.backends.SELECTIVE_EVERY); the others save everything.
         full = -(-layers // SELECTIVE_EVERY)
-        stored = (full * layer_activation_bytes(terms, t=t, sp=layout.sp, activation_checkpointing="full")
+        stored = (full * layer_activation_bytes(terms, t=t, sp=layout.sp, activation_checkpointing="full",
+                                                layer_input_bytes=x)
                   + (layers - full) * layer_activation_bytes(terms, t=t, sp=layout.sp))
         ac = "full"  # one recomputed block's activations are alive at once, as below
     else:
-        stored = layers * layer_activation_bytes(terms, t=t, sp=layout.sp, activation_checkpointing=ac)
-    if ac == "full":
-        # While one layer is recomputed, its full activation set is alive once.
-        stored += layer_activation_bytes(terms, t=t, sp=layout.sp, activation_checkpointing="none")
+        stored = layers * layer_activation_bytes(terms, t=t, sp=layout.sp, activation_checkpointing=ac,
+                                                 layer_input_bytes=x)
+    # While one layer is recomputed, its full activation set is alive once.
+    recomputed = layer_activation_bytes(terms, t=t, sp=layout.sp, activation_checkpointing="none") if ac == "full" else 0
+    norm_input = logits = 0.0
     if stage == p - 1:
-        # Output layer: final-norm input, 16-bit logits, the fp32 upcast and log-softmax of the loss, and at
-        # the start of the backward the fp32 gradient of the logits beside them.
         vocab_split = t if traits(layout.backend).vocab_parallel else 1
-        sbv = layout.seq_len * b * m.vocab_size
-        stored += layout.elem_bytes * layout.seq_len * b * m.hidden_size + (layout.elem_bytes + 12) * sbv / vocab_split
-    return int(stored * in_flight(layout, stage))
+        norm_input = layout.elem_bytes * layout.seq_len * b * m.hidden_size
+        logits = layout.seq_len * b * m.vocab_size / vocab_split
+    return StageActivations(stored, recomputed, norm_input, logits, in_flight(layout, stage))
+
+
+def stage_activations(layout: Layout, stage: int) -> int:
+    """The activations' peak, as the accountings that add each kind's peak count it: every layer's saved tensors,
+    one recomputed layer and, on the last stage, the output layer at the start of the backward (final-norm input,
+    16-bit logits, the fp32 upcast and log-softmax of the loss, and the fp32 gradient of the logits beside them),
+    for each micro-batch in flight."""
+    a = stage_activation_parts(layout, stage)
+    output = a.norm_input + (layout.elem_bytes + 12) * a.logits
+    return int((a.layers + a.recomputed + output) * a.in_flight)
+
+
+# --------------------------------------------------------------------------- the torch backend's step, phase by phase
+
+
+# Bytes per logit (beyond the logits themselves, in the compute dtype) the torch backend's loss keeps, at the loss and
+# in its backward, measured by `python -m launch rehearse`: cross_entropy on the fp32 upcast keeps the log-softmax
+# (8: the upcast is alive until the log-softmax exists) and adds the fp32 gradient of the logits in the backward (10);
+# DTensor's loss_parallel (TP, the vocabulary split) keeps the upcast, the log-softmax and its own fp32 intermediates.
+LOSS_BYTES = {"cross_entropy": (8, 10), "loss_parallel": (14, 16)}
+
+
+@dataclass(frozen=True)
+class PhaseMemory:
+    """What one rank holds at the peak of one phase of the step (PHASES), by kind, in bytes."""
+
+    phase: str
+    weights: int
+    grads: int
+    optimizer: int
+    activations: int
+
+    @property
+    def total(self) -> int:
+        return self.weights + self.grads + self.optimizer + self.activations
+
+
+def phased(layout: Layout) -> bool:
+    """Whether the torch accounting plans this layout phase by phase (checked against the rehearsal): without a
+    pipeline (its stages hold several micro-batches' activations and gradients at once) and without offloading."""
+    return layout.grid.pp == 1 and layout.offload_params == "none" and layout.offload_optimizer == "none"
+
+
+def torch_phases(layout: Layout, params: int, stage: int = 0) -> list[PhaseMemory]:
+    """The torch backend's rank (DDP or FSDP2, no pipeline) at the peak of each phase of the last micro-batch and the
+    step after it, as torch's FSDPMemTracker / MemTracker see them in `python -m launch rehearse`:
+
+    forward   the model states (the gradients held only when earlier micro-batches made them) and the larger of: the
+              first units gathered beside their all-gather buffers as it begins; every layer's saved activations with
+              the larger of the units gathered while the last layers run and the output layer at the loss (FSDP2 at
+              zero_stage 3 has resharded every unit by then; at 2 they all stay gathered);
+    backward  the gradients held (sharded), the activations not yet freed, and the larger of the loss's gradient of
+              the logits and the first layers' backward: the units gathered, one recomputed layer (full checkpointing),
+              the unit's unsharded gradients in the compute dtype and their fp32 copy being reduce-scattered;
+    optimizer step  the model states alone (AdamW fused, as on a GPU: no temporaries).
+    """
+    e, g = layout.elem_bytes, layout.grid
+    a = stage_activation_parts(layout, stage)
+    layers = int(a.layers)
+    at_loss, in_loss_backward = LOSS_BYTES["loss_parallel" if g.tp > 1 else "cross_entropy"]
+    output_forward = int(a.norm_input + (e + at_loss) * a.logits)
+    output_backward = int(a.norm_input + (e + in_loss_backward) * a.logits)
+    if layout.zero_stage == 0:
+        # DDP: fp32 parameters, their gradients (views of the reduce buckets, allocated when DDP wraps the model) and
+        # AdamW's m and v, whole; under autocast the 16-bit copies of the weights, cast once per forward and kept
+        # until the backward has used them.
+        copies = e * params if layout.dtype != "fp32" else 0
+        fw = PhaseMemory("forward", 4 * params + copies, 4 * params, 8 * params, layers + output_forward)
+        bw = PhaseMemory("backward", 4 * params + copies, 4 * params, 8 * params,
+                         layers + max(output_backward, int(a.recomputed)))
+        return [fw, bw, PhaseMemory("optimizer step", 4 * params, 4 * params, 8 * params, 0)]
+    shard = -(-params // (layout.hpz if layout.hpz > 1 else g.dp))  # hybrid sharding: within its groups
+    root, block = fsdp_units(layout, stage)
+    gathered = e * fsdp_gathered(layout, params, stage)
+    after_forward = e * params if layout.zero_stage == 2 else 0  # units still gathered once the forward is done
+    held = 4 * shard if layout.grad_accum > 1 else 0  # the sharded gradients of the earlier micro-batches
+    # The output layer's unsharded gradients (its root unit reduces them with the embedding's, at the end), a block's,
+    # and the block's fp32 copy, the reduce-scatter's input.
+    out = output_layer_params(layout) if stage == g.pp - 1 else 0
+    reducing = e * (out + block) + 4 * block
+    # As the forward begins, the root and the first block are gathered while their all-gather outputs are still
+    # held (the tracker's all-gather buffers): twice their bytes, beside no activations yet.
+    starting = 2 * e * min(params, root + block)
+    if starting >= layers + max(gathered, after_forward + output_forward):
+        fw = PhaseMemory("forward", 4 * shard + starting, held, 8 * shard, 0)
+    elif gathered >= after_forward + output_forward:
+        fw = PhaseMemory("forward", 4 * shard + gathered, held, 8 * shard, layers)
+    else:
+        fw = PhaseMemory("forward", 4 * shard + after_forward, held, 8 * shard, layers + output_forward)
+    if gathered + reducing + int(a.recomputed) >= after_forward + output_backward:
+        bw = PhaseMemory("backward", 4 * shard + gathered, held + reducing, 8 * shard, layers + int(a.recomputed))
+    else:
+        bw = PhaseMemory("backward", 4 * shard + after_forward, held, 8 * shard, layers + output_backward)
+    return [fw, bw, PhaseMemory("optimizer step", 4 * shard, 4 * shard, 8 * shard, 0)]
 
 
 # --------------------------------------------------------------------------- buffers

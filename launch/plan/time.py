@@ -7,7 +7,7 @@ from statistics import NormalDist
 
 from launch.comm.commbench_spec import backend_of
 from launch.config import calibration as cal
-from launch.config.backends import traits
+from launch.config.backends import SELECTIVE_EVERY, traits
 from launch.config.dsconfig import layer_params_per_rank
 from launch.config.models import ModelSpec
 from launch.plan.collectives import communication, pipeline_exchanges
@@ -32,6 +32,24 @@ def model_flops_per_token(model: ModelSpec, seq_len: int) -> float:
 
 
 
+def recompute_flops_per_token(layout: Layout) -> float:
+    """FLOPs activation checkpointing adds. Full, on the deepspeed and megatron backends: one more forward of the
+    whole model (2N, a third of 6N, lm_head included as before). The torch backend checkpoints whole decoder blocks
+    (every block under "full"; under "selective" blocks 0, n, 2n, ...: launch.config.backends.SELECTIVE_EVERY) with
+    torch's non-reentrant checkpoint, which stops recomputing once the saved tensors the backward needs are back: each
+    block's forward again but its last matmul (down_proj, whose output nothing saves), and its attention (counted by
+    `python -m launch rehearse`: FlopCounterMode over the real step)."""
+    ac, m = layout.activation_checkpointing, layout.model
+    if traits(layout.backend).accounting != "torch":
+        return 2 * m.param_counts().flops_params + 4 * m.num_layers * m.num_heads * m.head_dim * layout.seq_len \
+            if ac == "full" else 0.0
+    blocks = {"none": 0, "full": m.num_layers, "selective": -(-m.num_layers // SELECTIVE_EVERY)}[ac]
+    pc = m.param_counts()
+    down_proj = m.intermediate_size * m.hidden_size
+    per_block = 2 * (pc.attention_per_layer + pc.mlp_per_layer - down_proj) + 4 * m.num_heads * m.head_dim * layout.seq_len
+    return blocks * per_block
+
+
 @dataclass(frozen=True)
 class _Compute:
     """The compute of one step, the TP time beside it and the bubble, as one time source found them."""
@@ -48,8 +66,7 @@ def step_time(layout: Layout, comm: list[Comm], timing: Timing = Timing()) -> St
     g, hw = layout.grid, layout.hardware
     tokens = layout.global_batch_size * layout.seq_len
     model_flops = model_flops_per_token(layout.model, layout.seq_len) * tokens
-    recompute_factor = {"none": 1.0, "selective": 1.0, "full": 4 / 3}[layout.activation_checkpointing]  # one more forward of 2N
-    hw_flops = model_flops * recompute_factor
+    hw_flops = model_flops + recompute_flops_per_token(layout) * tokens
     peak = hw.peak_flops(layout.dtype)
     ga = max(1, layout.grad_accum)
     params, _ = stage_params(layout, 0)

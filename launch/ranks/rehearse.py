@@ -28,7 +28,7 @@ from typing import Callable
 import torch
 import torch.distributed as dist
 from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
-from torch.distributed._tools.mem_tracker import MemTracker
+from torch.distributed._tools.mem_tracker import _TOTAL_KEY as _TOTAL, MemTracker
 from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.debug import CommDebugMode
@@ -36,14 +36,19 @@ from torch.distributed.tensor.debug._comm_mode import c10d_collective_ops
 from torch.utils.flop_counter import FlopCounterMode, _FlopCounterMode
 
 from launch.config.resolve import Resolved
+from launch.plan.collectives import DDP_BUCKET_BYTES, DDP_FIRST_BUCKET_BYTES
 from launch.plan.layout import Plan
+from launch.plan.memory import PHASES
 from launch.ranks.trainers.common import RankEnv
+from launch.ranks.trainers.loop import start_loss_mean
 from launch.ranks.trainers.protocol import BuildContext
-from launch.ranks.trainers.torch_backend import TorchTrainer, allocate
-from launch.run.rehearsal import Collective, Measured, measured_path
+from launch.ranks.trainers.torch_backend import TorchTrainer, _wrap_ddp, allocate
+from launch.run.rehearsal import Collective, Measured, PhasePeak, measured_path
 from launch.run.rundir import RunDir
+from launch.units import MiB
 
 USAGE = "usage: python -m launch.ranks.rehearse RUN_DIR RANK"
+DDP_BUCKET_CAPS_MB = [DDP_FIRST_BUCKET_BYTES // MiB, DDP_BUCKET_BYTES // MiB]
 UNMASKED_SDPA = "sdpa_unmasked"  # Hugging Face's sdpa attention function, registered without a mask function
 # Collective kinds by the torch op's name (c10d's and the functional collectives'), in the plan's vocabulary
 # (launch.plan.layout.Comm.collective); the first prefix that matches names it.
@@ -114,6 +119,22 @@ class RehearsedTrainer(TorchTrainer):
             for group in optimizer.param_groups:
                 group["foreach"], group["fused"] = False, True
 
+    def wrap_ddp(self, part, local_rank: int):
+        """DDP as training wraps the model, less what reads values fake tensors do not hold: the start-up's shape check
+        and broadcast of rank 0's weights (init_sync), the bucket rebuild after the first backward (it broadcasts the
+        gradients' arrival order), and the completion of the C++ reducer's all-reduce (a hook runs the same all-reduce
+        of each bucket, in place, through torch's dispatcher, where the instruments see it). The buckets are built at
+        once with the caps the rebuild uses (1 MiB, then 25 MiB), in the reverse order of the parameters, the order a
+        decoder's gradients arrive in; DDP's first, single bucket lasts until the rebuild, which is declined. The
+        gradients exist before DDP wraps the model, so that they become views of its buckets, as they are from a
+        training step's second on (the first step's no_sync micro-batches make separate ones)."""
+        for p in part.parameters():
+            p.grad = torch.zeros_like(p)
+        ddp = _wrap_ddp(part, self.mesh, self.cuda, local_rank, init_sync=False, bucket_cap_mb_list=DDP_BUCKET_CAPS_MB)
+        ddp.register_comm_hook(None, _all_reduce_bucket)
+        ddp.reducer = _BucketsAsBuilt(ddp.reducer)
+        return ddp
+
     def materialise_parts(self, parts: list, device) -> None:
         from torch._subclasses.fake_tensor import FakeTensorMode
 
@@ -122,6 +143,27 @@ class RehearsedTrainer(TorchTrainer):
         self._fake.enter_context(FakeTensorMode(allow_non_fake_inputs=True))
         for part in parts:
             allocate(part, device)
+
+
+def _all_reduce_bucket(state, bucket):
+    grads = bucket.buffer()
+    dist.all_reduce(grads)
+    done = torch.futures.Future()
+    done.set_result(grads)
+    return done
+
+
+@dataclass(frozen=True)
+class _BucketsAsBuilt:
+    """DDP's reducer, whose bucket rebuild (DDP._pre_forward asks for it once) is declined."""
+
+    reducer: object
+
+    def __getattr__(self, name: str):
+        return getattr(self.reducer, name)
+
+    def _rebuild_buckets(self) -> bool:
+        return False
 
 
 def _unmasked_sdpa(parts: list) -> None:
@@ -142,7 +184,8 @@ def _create_optimizer_state(trainer: TorchTrainer) -> None:
     step of the model, and the same state)."""
     for part in trainer.parts:
         for p in part.parameters():
-            p.grad = torch.zeros_like(p)
+            if p.grad is None:  # DDP's are its buckets' views already (RehearsedTrainer.wrap_ddp)
+                p.grad = torch.zeros_like(p)
     for optimizer in trainer.optimizers:
         optimizer.step()
         optimizer.zero_grad(set_to_none=not trainer.ddp)
@@ -184,16 +227,19 @@ def _phases(trainer: TorchTrainer, resolved: Resolved, bar: _Progress) -> list[_
     gradients of the earlier ones held, as in 2..G-1), then the step's tail as train_step runs it."""
     ga, batch, vocab = resolved.grad_accum, resolved.recipe.batch, resolved.model.vocab_size
 
+    losses = []
+
     def micro(i: int) -> Callable[[], None]:
         def run() -> None:
-            trainer.micro_step(torch.randint(0, vocab, (batch.micro_batch_size, batch.seq_len)), i)
+            losses.append(trainer.micro_step(torch.randint(0, vocab, (batch.micro_batch_size, batch.seq_len)), i))
             bar.backward_done(len(trainer.decoder_layers))
         return run
 
     phases = [_Phase(f"micro-batch 1 of {ga}", max(ga - 1, 1), True, micro(0))]
     if ga > 1:
         phases.append(_Phase(f"micro-batch {ga} of {ga}", 1, True, micro(ga - 1)))
-    return phases + [_Phase("gradient norm, clipping and optimizer step", 1, False, lambda: _tail(trainer))]
+    return phases + [_Phase("gradient norm, clipping, optimizer step and the loss mean", 1, False,
+                            lambda: _tail(trainer, losses[-1]))]
 
 
 def _measure(trainer: TorchTrainer, resolved: Resolved, rank: int, role: str, bar: _Progress,
@@ -202,7 +248,7 @@ def _measure(trainer: TorchTrainer, resolved: Resolved, rank: int, role: str, ba
     tracker = (_FSDPTracker(trainer.parts[0], trainer.optimizers[0]) if isinstance(trainer.parts[0], FSDPModule)
                else _Tracker())
     tracker.track_external(trainer.model, *trainer.optimizers)  # FSDPMemTracker: a no-op, it finds them itself
-    tracker.propagation = propagation
+    tracker.propagation, tracker.phase_peaks = propagation, {}
     flops = _RankFlops(propagation)
     counted, attention, messages = 0.0, 0.0, Counter()
     with propagation, tracker, flops:
@@ -225,7 +271,8 @@ def _measure(trainer: TorchTrainer, resolved: Resolved, rank: int, role: str, ba
     optimizer = trainer.optimizers[0]
     return Measured(
         rank=rank, role=role, peak_bytes=total, peak_by_kind={k: n for k, n in peak.items() if n},
-        peak_at=tracker.peak_at, flops_counted=counted, flops_attention=attention, attention_note=ATTENTION_NOTE,
+        peak_at=tracker.peak_at, phase_peaks=tuple(tracker.phase_peaks[p] for p in PHASES if p in tracker.phase_peaks),
+        flops_counted=counted, flops_attention=attention, attention_note=ATTENTION_NOTE,
         collectives=tuple(Collective(kind, size, n) for (kind, size), n in sorted(messages.items())),
         micro_batches_run=min(resolved.grad_accum, 2), micro_batches_per_step=resolved.grad_accum,
         tracker=type(tracker).__bases__[-1].__name__,
@@ -233,10 +280,10 @@ def _measure(trainer: TorchTrainer, resolved: Resolved, rank: int, role: str, ba
         seconds=time.perf_counter() - start)
 
 
-def _tail(trainer: TorchTrainer) -> None:
+def _tail(trainer: TorchTrainer, loss) -> None:
     """train_step after the micro-batches, without its host syncs (fake tensors hold no values): the scaler's unscale,
     the clipped gradient norm, each optimizer's step (GradScaler.step would first read whether the gradients
-    overflowed) and zero_grad."""
+    overflowed) and zero_grad; then the loop's data-parallel loss mean."""
     if trainer.scaler is not None:
         for optimizer in trainer.optimizers:
             trainer.scaler.unscale_(optimizer)
@@ -244,6 +291,7 @@ def _tail(trainer: TorchTrainer) -> None:
     for optimizer in trainer.optimizers:
         optimizer.step()
         optimizer.zero_grad(set_to_none=not trainer.ddp)
+    start_loss_mean(trainer, loss)
 
 
 ATTENTION_NOTE = ("FlopCounterMode has no formula for the CPU kernel of scaled_dot_product_attention: added from the "
@@ -295,10 +343,12 @@ class _Marking:
 
 class _PeakMoment:
     """A memory tracker that skips DTensor's propagation (_Propagation) and remembers when in the step its peak was
-    reached: the phase, forward or backward, and the innermost module running."""
+    reached (the phase, forward or backward, and the innermost module running), and the peak of each of the plan's
+    phases (launch.plan.memory.PHASES: forward with the loss, backward, optimizer step) with the kinds held then."""
 
     phase, in_model, peak_at = "", False, ""
     propagation: _Propagation
+    phase_peaks: dict
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         if self.propagation.active:
@@ -308,11 +358,23 @@ class _PeakMoment:
     def _update_peak_stats(self, peak_state) -> None:
         before = dict(self._peak_mem)
         super()._update_peak_stats(peak_state)
+        backward = self._mod_tracker.is_bw
         if self._peak_mem != before:
-            where = max(self._mod_tracker.parents, key=lambda name: name.count("."))
-            where = "the loss, outside the model's modules" if where == "Global" else where
-            self.peak_at = (f"{self.phase}, {'backward' if self._mod_tracker.is_bw else 'forward'}, in {where}"
+            self.peak_at = (f"{self.phase}, {'backward' if backward else 'forward'}, in {self._innermost()}"
                             if self.in_model else self.phase)
+        step_phase = ("backward" if backward else "forward") if self.in_model else "optimizer step"
+        now = sum(snap[_TOTAL] for snap in self._curr_mem_snap.values())
+        held = self.phase_peaks.get(step_phase)
+        if held is None or now > held.bytes:
+            kinds: Counter = Counter()
+            for snap in self._curr_mem_snap.values():
+                kinds.update({getattr(k, "value", k): n for k, n in snap.items() if k != _TOTAL and n})
+            at = f"{self.phase}, in {self._innermost()}" if self.in_model else self.phase
+            self.phase_peaks[step_phase] = PhasePeak(step_phase, now, dict(kinds), at)
+
+    def _innermost(self) -> str:
+        where = max(self._mod_tracker.parents, key=lambda name: name.count("."))
+        return "the loss, outside the model's modules" if where == "Global" else where
 
 
 class _FSDPTracker(_PeakMoment, FSDPMemTracker):

@@ -16,8 +16,13 @@ from pathlib import Path
 from typing import Mapping
 
 from launch.plan.layout import Plan
+from launch.plan.memory import PHASES
 
 REHEARSAL = "rehearsal.json"
+# The catalogue's record of every torch-backend GPU recipe rehearsed at full size (recipes/rehearsed.json, written by
+# bench/rehearse_catalogue.py, shown by the catalogue beside the plan).
+CATALOGUE = "rehearsed.json"
+CATALOGUE_SCHEMA = "layoutlab rehearsed catalogue 1"
 SCHEMA = "layoutlab rehearsal 1"  # rehearsal.json's mark: a folder holding it is ours (launch.outputs rules)
 # What a rehearsed rank runs and what it leaves out; rehearsal.json states it beside the numbers.
 METHOD = ("the torch backend's TorchTrainer built as for training (model on meta, its parallelize order, "
@@ -26,8 +31,10 @@ METHOD = ("the torch backend's TorchTrainer built as for training (model on meta
           "first and last micro-batches run (micro-batches 2..G-1 repeat the first's work, counted as copies of it), "
           "then the gradient norm, clipping and the optimizer step; train_step's host syncs (float(norm), "
           "GradScaler.step's overflow check) cannot run on fake tensors and are left out")
-OUTSIDE_THE_STEP = ("the loop's logged-loss mean (one 4-byte all_reduce over dp per step), which the plan counts: the "
-                 "rehearsal runs the trainer's step, not the loop")
+# What the plan counts that the rehearsal measures otherwise; rehearsal.json states it beside the numbers.
+DDP_BUCKETS = ("DDP's buckets are assigned in the parameters' order, its first assignment (the rebuild that orders "
+               "them by the gradients' arrival from the second step on reads values fake tensors do not hold): their "
+               "all-reduces can number one more or fewer than the plan's, which follows the arrival order")
 
 
 @dataclass(frozen=True)
@@ -35,6 +42,16 @@ class Collective:
     kind: str  # the plan's names (launch.plan.layout.Comm.collective): all_gather, reduce_scatter, all_reduce, ...
     message_bytes: int  # per call, nccl-tests' S (all_gather: the gathered output; reduce_scatter: the input)
     calls: int  # per step
+
+
+@dataclass(frozen=True)
+class PhasePeak:
+    """The most one rank held during one of the plan's phases of the step (launch.plan.memory.PHASES)."""
+
+    phase: str
+    bytes: int
+    by_kind: Mapping[str, int]  # the tracker's kinds at that instant
+    at: str  # the micro-batch and the innermost module running
 
 
 @dataclass(frozen=True)
@@ -46,6 +63,7 @@ class Measured:
     peak_bytes: int  # torch's memory tracker, over the measured step
     peak_by_kind: Mapping[str, int]  # the tracker's kinds at that instant
     peak_at: str  # when in the step: the phase, forward or backward, the innermost module
+    phase_peaks: tuple[PhasePeak, ...]  # in the order of launch.plan.memory.PHASES
     flops_counted: float  # FlopCounterMode, the rank's own tensors
     flops_attention: float  # scaled_dot_product_attention on the CPU, which FlopCounterMode does not count: the formula
     attention_note: str
@@ -66,7 +84,8 @@ class Measured:
     @classmethod
     def from_json(cls, text: str) -> "Measured":
         d = json.loads(text)
-        return cls(**{**d, "collectives": tuple(Collective(**c) for c in d["collectives"])})
+        return cls(**{**d, "collectives": tuple(Collective(**c) for c in d["collectives"]),
+                      "phase_peaks": tuple(PhasePeak(**p) for p in d["phase_peaks"])})
 
 
 def measured_path(root: Path, rank: int) -> Path:
@@ -91,21 +110,37 @@ def _ratio(planned: float, measured: float) -> float | None:
     return planned / measured if measured else None
 
 
+def _phases(measured: Measured, planned: Mapping[str, int]) -> list[dict]:
+    """Each phase of the step (launch.plan.memory.PHASES) that was measured or planned: its peak both ways."""
+    got = {p.phase: p for p in measured.phase_peaks}
+    out = []
+    for phase in PHASES:
+        m, want = got.get(phase), planned.get(phase)
+        out.append({"phase": phase, "bytes_measured": m.bytes if m else None, "bytes_planned": want,
+                    "ratio": _ratio(want, m.bytes) if m and want is not None else None,
+                    "by_kind_measured": dict(m.by_kind) if m else {}, "at": m.at if m else ""})
+    return out
+
+
 def compare(measured: Measured, plan: Plan, world_size: int) -> dict:
     """One rehearsed rank in rehearsal.json: each measured figure beside the plan's and planned / measured. The plan's
     FLOPs are per step for the whole job (hardware FLOPs: with recomputation), shared evenly by its ranks."""
     rp = next(r for r in plan.ranks if measured.rank in r.ranks)
     mem = rp.memory[rp.implementation]
+    # The tracker sees tensors, not the CUDA context, NCCL's buffers or the allocator's fragmentation: the plan's
+    # peak is compared before its allowance, which is stated beside it.
+    planned = mem.total - mem.allowance
     flops_planned = plan.step.hardware_flops_per_step / world_size
     planned_calls = calls_by_kind(plan.comm)
     measured_calls = calls_by_kind(measured.collectives)
     return {
         "rank": measured.rank, "role": measured.role,
-        "peak_bytes_measured": measured.peak_bytes, "peak_bytes_planned": mem.total,
-        "peak_ratio": _ratio(mem.total, measured.peak_bytes),
+        "peak_bytes_measured": measured.peak_bytes, "peak_bytes_planned": planned,
+        "peak_ratio": _ratio(planned, measured.peak_bytes), "allowance_planned": mem.allowance,
         "peak_by_kind_measured": dict(measured.peak_by_kind),
         "peak_by_kind_planned": {**asdict(mem), "total": mem.total, "accounting": rp.implementation},
-        "peak_at": measured.peak_at, "tracker": measured.tracker,
+        "peak_at": measured.peak_at, "peak_phase_planned": mem.peak_phase, "tracker": measured.tracker,
+        "phases": _phases(measured, mem.phases),
         "flops_measured": measured.flops, "flops_counted": measured.flops_counted,
         "flops_attention_formula": measured.flops_attention, "attention_note": measured.attention_note,
         "flops_planned": flops_planned, "flops_ratio": _ratio(flops_planned, measured.flops),
@@ -118,10 +153,12 @@ def compare(measured: Measured, plan: Plan, world_size: int) -> dict:
     }
 
 
-def rehearsal_record(recipe: str, plan: Plan, world_size: int, ranks: list[Measured], seconds: float) -> dict:
+def rehearsal_record(recipe: str, plan: Plan, world_size: int, ranks: list[Measured], seconds: float,
+                     notes: list[str]) -> dict:
+    """rehearsal.json: `notes`, what the plan counts that the rehearsal measures otherwise (DDP_BUCKETS)."""
     return {"schema": SCHEMA, "recipe": recipe, "backend": plan.backend, "hardware": plan.hardware,
             "grid": dict(plan.grid), "world_size": world_size, "seconds": seconds, "method": METHOD,
-            "not_rehearsed": [OUTSIDE_THE_STEP], "ranks": [compare(m, plan, world_size) for m in ranks]}
+            "notes": notes, "ranks": [compare(m, plan, world_size) for m in ranks]}
 
 
 def is_our_rehearsal(folder: Path) -> bool:
@@ -130,3 +167,27 @@ def is_our_rehearsal(folder: Path) -> bool:
         return json.loads((folder / REHEARSAL).read_text(encoding="utf-8")).get("schema") == SCHEMA
     except (OSError, ValueError, AttributeError):
         return False
+
+
+@dataclass(frozen=True)
+class RehearsedPeak:
+    """A recipe's worst rank as recorded in recipes/rehearsed.json."""
+
+    peak_bytes: int
+    role: str
+    measured: str  # when (UTC)
+    versions: str  # torch's and transformers'
+
+
+def recorded_peaks(path: Path) -> dict[str, RehearsedPeak]:
+    """recipe name -> its worst rehearsed rank, from the catalogue's record (none where the file is absent)."""
+    if not path.is_file():
+        return {}
+    d = json.loads(path.read_text(encoding="utf-8"))
+    if d.get("schema") != CATALOGUE_SCHEMA:
+        raise ValueError(f"{path}: not a {CATALOGUE_SCHEMA!r} record (schema {d.get('schema')!r})")
+    out = {}
+    for name, rec in d["recipes"].items():
+        worst = max(rec["ranks"], key=lambda r: r["peak_bytes"])
+        out[name] = RehearsedPeak(worst["peak_bytes"], worst["role"], d["measured"], d["versions"])
+    return out

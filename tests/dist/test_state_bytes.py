@@ -83,7 +83,11 @@ def test_state_bytes_match_plan(shared_run, name):
 def torch_between_steps(want: dict[str, int], layout: Layout, params: int, stage: int) -> dict[str, int]:
     """The torch accounting as PyTorch holds it between steps. DDP: as planned (fp32 parameters, the reduce buckets its
     gradients are views of, AdamW's m and v; these runs are fp32, so no autocast copies). FSDP2: the plan's gathered
-    units (`fsdp_gathered`, alive only while they compute) are resharded, and zero_grad frees the sharded gradients."""
+    units (`fsdp_gathered`, alive only while they compute) are resharded, and zero_grad frees the sharded gradients.
+    Without a pipeline the plan's kinds are those of its peak phase (launch.plan.memory.torch_phases), where what is
+    gathered depends on the phase: the fp32 shard left between steps is half of AdamW's m and v (8 B a parameter)."""
     if layout.zero_stage == 0:
         return want
+    if layout.grid.pp == 1:
+        return {**want, "weights": want["optimizer"] // 2, "grads": 0}
     return {**want, "weights": want["weights"] - layout.elem_bytes * fsdp_gathered(layout, params, stage), "grads": 0}

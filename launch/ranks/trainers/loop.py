@@ -265,7 +265,6 @@ def _step(s: _Training, step: int, pending: _Finished | None) -> _Finished:
     """One optimizer step (0-based `step`). The previous step's record is written after it, once this step's
     compute has hidden that step's loss reduction; this step's is returned, to be written one step later."""
     import torch
-    import torch.distributed as dist
 
     r = s.resolved.recipe
     s.watchdog.beat(step + 1, "step")
@@ -293,14 +292,21 @@ def _step(s: _Training, step: int, pending: _Finished | None) -> _Finished:
         # weights/grads/optimizer predict, as held between steps (sizes only, no device sync).
         s.run.write_text_atomic(s.run.state_bytes(s.env.rank),
                                 json.dumps({**s.trainer.state_bytes(), "after_step": step + 1}))
-    # The data-parallel mean of the loss is reduced asynchronously and written one step later, so
-    # the collective overlaps the next step's compute instead of sitting on every step's critical path.
-    loss = out.loss.detach().float().reshape(())
-    work = dist.all_reduce(loss, group=s.trainer.dp_group, async_op=True) if s.trainer.dp_world > 1 else None
+    loss, work = start_loss_mean(s.trainer, out.loss)
     valid_loss = _evaluate(s, step)
     _emit(s, pending)
     return _Finished(step, lr, seconds, out.grad_norm, loss, work, common.memory_fields(s.cuda),
                      feed.rows * s.trainer.dp_world, feed.seconds, valid_loss, out.loss_scale, out.skipped)
+
+
+def start_loss_mean(trainer, loss):
+    """(the loss as a 4-byte scalar, the all-reduce summing it over data parallelism, or None alone). The mean is
+    reduced asynchronously and written one step later, so that the collective overlaps the next step's compute
+    instead of sitting on every step's critical path. launch.ranks.rehearse runs it after the step it measures."""
+    import torch.distributed as dist
+
+    loss = loss.detach().float().reshape(())
+    return loss, (dist.all_reduce(loss, group=trainer.dp_group, async_op=True) if trainer.dp_world > 1 else None)
 
 
 def _emit(s: _Training, f: _Finished | None, wait: bool = True) -> None:

@@ -189,13 +189,14 @@ def _apply_dp(part, mesh, resolved: Resolved, cuda: bool) -> None:
     fully_shard(part, **kw)
 
 
-def _wrap_ddp(model, mesh, cuda: bool, local_rank: int):
+def _wrap_ddp(model, mesh, cuda: bool, local_rank: int, **rehearsal):
+    """`rehearsal`: DistributedDataParallel's own keywords, which launch.ranks.rehearse sets where fake tensors need."""
     from torch.nn.parallel import DistributedDataParallel
 
     # Gradients as views of the reduce buckets: one copy of them, not two.
     # No buffer broadcast before every forward: the only buffers are the rotary frequencies, equal on every rank.
     return DistributedDataParallel(model, process_group=mesh["dp"].get_group(), gradient_as_bucket_view=True,
-                                   broadcast_buffers=False, device_ids=[local_rank] if cuda else None)
+                                   broadcast_buffers=False, device_ids=[local_rank] if cuda else None, **rehearsal)
 
 
 def _skeleton(resolved: Resolved):
@@ -262,7 +263,7 @@ class TorchTrainer:
         self.parts = parts
         self.decoder_layers = [layer for part in parts for layer in _layers(part).values()]
         self.ddp = par.zero_stage == 0 and resolved.grid.dp > 1  # the resolver refuses DDP with TP or PP
-        self.model = _wrap_ddp(parts[0], self.mesh, ctx.cuda, ctx.env.local_rank) if self.ddp else parts[0]
+        self.model = self.wrap_ddp(parts[0], ctx.env.local_rank) if self.ddp else parts[0]
         dp_mesh = self.mesh["dp"]
         self.dp_rank, self.dp_world = dp_mesh.get_local_rank(), dp_mesh.size()
         self.dp_group = dp_mesh.get_group() if self.dp_world > 1 else None
@@ -305,6 +306,11 @@ class TorchTrainer:
         """The seam between the build and its memory: launch.ranks.rehearse allocates the parts as fake tensors here
         instead, after the same parallelisation."""
         _materialise(parts, self.resolved, device)
+
+    def wrap_ddp(self, part, local_rank: int):
+        """The seam where DDP takes the model: launch.ranks.rehearse wraps it without the start-up's value checks,
+        which fake tensors cannot answer."""
+        return _wrap_ddp(part, self.mesh, self.cuda, local_rank)
 
     def _pipeline(self, pp_rank: int):
         """torch.distributed.pipelining over this rank's chunks: 1F1B, interleaved 1F1B with parallel.vpp > 1. The
