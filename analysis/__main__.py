@@ -337,6 +337,10 @@ def _report(name: str, args: CommandLine) -> int:
         print(f"replacing the earlier report {path}")
     for path in write_report(rep, outputs):
         print(f"wrote {path}")
+    from analysis.report.sections import console_answer
+
+    for line in console_answer(rep):
+        print(printable(line))
     warned = sum(len(r.run.warnings) for r in rep.runs)
     if warned:
         print(f"{warned} warning(s) about partial or unreadable inputs: see the report's Warnings section")

@@ -10,6 +10,7 @@ from analysis.analyzers import curves as C
 from analysis.analyzers import doctor as D
 from analysis.analyzers.collectives import NCCL_TESTS_OP
 from analysis.analyzers.distributions import PER_RANK_ROWS_MAX
+from analysis.report import answer as A
 from analysis.report import plots
 from analysis.report.data import CPU_BASIS, MAX_WARNINGS_SHOWN, Report, RunResult, bar_segments
 
@@ -610,10 +611,98 @@ def _definitions_blocks(rep: Report) -> list[Block]:
     return [Block("h2", "Definitions"), Block("list", "", items=items)]
 
 
+def answer_lines(ans: A.Answer) -> list[str]:
+    """The answer in sentences: per group, the fastest run and its margin (or why the runs race in groups), then each
+    slower run's difference and its largest parts."""
+    out = []
+    if len(ans.groups) > 1:
+        out.append(f"The runs differ in {ans.differs}: each group of runs that share them is ranked on its own "
+                   f"({len(ans.groups)} groups).")
+    for g in ans.groups:
+        fast = [s for s in g.standings if s.tokens_per_s_per_device is not None]
+        where = f" among runs of {g.shared}" if len(ans.groups) > 1 else ""
+        if not fast:
+            out.append(f"No step records{where}: nothing to rank.")
+        elif len(fast) == 1:
+            out.append(f"{fast[0].label}{where}: {_num(fast[0].tokens_per_s_per_device)} tokens/s/GPU, the only "
+                       "run with step records" + ("." if len(g.standings) == 1 else " in its group."))
+        else:
+            a, b = fast[0], fast[1]
+            out.append(f"Fastest{where}: {a.label}, {_num(a.tokens_per_s_per_device)} tokens/s/GPU, "
+                       f"{a.tokens_per_s_per_device / b.tokens_per_s_per_device - 1:.1%} ahead of {b.label}.")
+        out += [_why_line(w) for w in g.why]
+    return out
+
+
+def _why_line(w: A.WhySlower) -> str:
+    head = (f"{w.label} is {_ms(w.delta_s)} ms a step slower than {w.best} "
+            f"({w.delta_s / w.best_step_s:+.0%})" if w.best_step_s else f"{w.label} vs {w.best}")
+    plan = f"; its plan predicted {_ms(w.predicted_delta_s)} ms" if w.predicted_delta_s is not None else ""
+    if w.missing:
+        return f"{head}: {w.missing}{plan}."
+    worse = [p for p in w.parts if p.delta_s >= max(1e-4, 0.05 * w.delta_s)][:2]  # the parts that matter
+    named = ", ".join(f"{p.name} {_ms(p.delta_s)} ms" for p in worse) or "no part larger"
+    return f"{head}: most of it {named}{plan} (traces: {w.evidence})."
+
+
+def _answer_blocks(rep: Report) -> list[Block]:
+    """The first screen: the ranking, the winner and why each other run was slower (analysis.report.answer)."""
+    ans = A.answer(rep)
+    out = [Block("h2", "The answer"), Block("list", "", items=answer_lines(ans))]
+    for g in ans.groups:
+        if len(ans.groups) > 1:
+            out.append(Block("p", f"Ranked by tokens/s/GPU: runs of {g.shared}."))
+        rows = [[str(i + 1), s.label, _ms(s.step_s), _num(s.tokens_per_s_per_device), _pct(s.mfu_pct),
+                 _pct(s.memory_pct), {True: "yes", False: "no", None: "–"}[s.loss_agrees], s.loss_note,
+                 s.finding or "–", s.source] for i, s in enumerate(g.standings)]
+        out.append(Block("table", headers=["#", "run", "step ms (median)", "tokens/s/GPU", "MFU %",
+                                           "peak memory % of device", f"loss agrees (≤ {A.AGREE_REL:.0%})",
+                                           "loss compared", "most severe finding", "source"], rows=rows))
+        # the parts that differ by a tenth of a millisecond or more somewhere, largest first
+        names = [n for n in dict.fromkeys(p.name for w in g.why for p in w.parts)
+                 if any(abs(p.delta_s) >= 1e-4 for w in g.why for p in w.parts if p.name == n)]
+        split = [[w.label, w.best, _ms(w.delta_s), _ms(w.predicted_delta_s),
+                  *(_ms(next((p.delta_s for p in w.parts if p.name == n), None)) for n in names),
+                  w.missing or w.evidence] for w in g.why]
+        if split:
+            out.append(Block("p", "Why slower than the fastest: each part's milliseconds a step, this run's minus the "
+                             "fastest's (the traces' shares of the profiled window × the median step; recompute: the "
+                             "compute share the run's plan attributes to recomputed FLOPs; idle holds a pipeline's "
+                             "bubble and the host's gaps, which the traces do not tell apart); plan: the plans' step "
+                             "times, the same difference."))
+            out.append(Block("table", headers=["run", "fastest", "step +ms", "plan +ms", *names, "source"],
+                             rows=split))
+    return out
+
+
+CONSOLE_LINES = 25  # the answer printed after the report is written: one screen
+
+
+def console_answer(rep: Report) -> list[str]:
+    """The answer for the terminal: each group's ranking as aligned rows, then the sentences; at most CONSOLE_LINES,
+    the rest in the report."""
+    ans = A.answer(rep)
+    lines = []
+    for g in ans.groups:
+        rows = [(str(i + 1), s.label, _ms(s.step_s), _num(s.tokens_per_s_per_device), _pct(s.mfu_pct),
+                 _pct(s.memory_pct), {True: "agrees", False: "DIFFERS", None: "–"}[s.loss_agrees])
+                for i, s in enumerate(g.standings)]
+        head = ("#", "run", "step ms", "tokens/s/GPU", "MFU %", "mem %", "loss")
+        widths = [max(len(r[k]) for r in [head, *rows]) for k in range(len(head))]
+        if len(ans.groups) > 1:
+            lines.append(f"runs of {g.shared}:")
+        lines += ["  " + "  ".join(c.ljust(w) if k < 2 else c.rjust(w) for k, (c, w) in
+                                   enumerate(zip(r, widths, strict=True))) for r in [head, *rows]]
+    lines += answer_lines(ans)
+    if len(lines) > CONSOLE_LINES:
+        lines = lines[:CONSOLE_LINES - 1] + [f"... {len(lines) - CONSOLE_LINES + 1} more line(s): the report's first "
+                                             "section holds them all"]
+    return lines
+
+
 def report_blocks(rep: Report) -> list[Block]:
-    labels = ", ".join(r.label for r in rep.runs) or "no runs"
-    head = [Block("h2", f"{len(rep.runs)} run(s): {labels}")]
-    return (head + _runs_blocks(rep) + _doctor_blocks(rep) + _speed_blocks(rep) + _curve_blocks(rep) + _memory_blocks(rep)
+    head = [Block("h2", f"{len(rep.runs)} run(s)")]
+    return (head + _answer_blocks(rep) + _runs_blocks(rep) + _doctor_blocks(rep) + _speed_blocks(rep) + _curve_blocks(rep) + _memory_blocks(rep)
             + _time_blocks(rep) + _collective_blocks(rep) + _comm_file_blocks(rep) + _straggler_blocks(rep) + _diff_blocks(rep)
             + _prediction_blocks(rep) + _definitions_blocks(rep))
 

@@ -1,0 +1,145 @@
+"""The report's answer, computed: among runs that can be compared, which was fastest per GPU and by how much, and
+why each other one was slower, its median step minus the fastest's split into the parts its traces measure.
+analysis.report.sections renders it as the report's first screen; analysis.__main__ prints it after writing.
+
+Runs race only against runs of the same model, global batch, sequence length and hardware (the same tokens per
+step on the same device: RACE_WHEN_SAME); others form groups of their own, each ranked, and the answer says so."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from analysis.report.data import Report, RunResult, bar_segments
+
+RACE_WHEN_SAME = ("model", "global_batch_size", "seq_len", "hardware")
+# Loss curves agree when, at every step both logged, they differ by at most this share of the loss (bf16 layouts of
+# one recipe differ by 1e-3 at most in the tiny matrix; a different data order or seed moves it by tens of percent).
+AGREE_REL = 0.02
+
+
+@dataclass(frozen=True)
+class Standing:
+    """One run in its group's ranking."""
+
+    label: str
+    step_s: float | None  # median step time
+    tokens_per_s_per_device: float | None
+    mfu_pct: float | None
+    memory_pct: float | None  # the highest rank's peak as a share of its device
+    loss_agrees: bool | None  # with the first run that has a curve (the report's curve pairs); None: not compared
+    loss_note: str  # why not compared, or against which run
+    finding: str  # the doctor's most severe finding on this run ('' if none): "rule: message"
+    source: str  # where its step times come from
+
+
+@dataclass(frozen=True)
+class Part:
+    """One part of a step, in seconds: the run's, the fastest run's, and the difference."""
+
+    name: str  # compute, recompute, exposed <collective>, other, idle
+    run_s: float
+    best_s: float
+
+    @property
+    def delta_s(self) -> float:
+        return self.run_s - self.best_s
+
+
+@dataclass(frozen=True)
+class WhySlower:
+    """A run's median step against the fastest run's of its group."""
+
+    label: str
+    best: str
+    delta_s: float
+    best_step_s: float
+    parts: tuple[Part, ...]  # largest difference first; empty where a split is missing
+    missing: str  # why there is no split ('' when there is one)
+    evidence: str  # the traces the split comes from
+    predicted_delta_s: float | None  # the plans' step times, the same difference
+
+
+@dataclass(frozen=True)
+class Group:
+    shared: str  # what its runs share ("model llama-2-7b, global batch 16, ...")
+    standings: tuple[Standing, ...]  # fastest first; runs without step records last
+    why: tuple[WhySlower, ...]
+
+
+@dataclass(frozen=True)
+class Answer:
+    groups: tuple[Group, ...]
+    differs: str  # what separates the groups ('' with one group)
+
+
+def answer(rep: Report) -> Answer:
+    groups: dict[tuple, list[RunResult]] = {}
+    for r in rep.runs:
+        groups.setdefault(tuple(getattr(r.layout, k) for k in RACE_WHEN_SAME), []).append(r)
+    keys = list(groups)
+    differs = ", ".join(k.replace("_", " ") for i, k in enumerate(RACE_WHEN_SAME)
+                        if len({key[i] for key in keys}) > 1)
+    return Answer(tuple(_group(rep, key, runs) for key, runs in groups.items()), differs)
+
+
+def _group(rep: Report, key: tuple, runs: list[RunResult]) -> Group:
+    shared = ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in zip(RACE_WHEN_SAME, key, strict=True) if v is not None)
+    ranked = sorted(runs, key=lambda r: -(_stat(r, "tokens_per_s_per_device") or -1.0))
+    standings = tuple(_standing(rep, r) for r in ranked)
+    best = ranked[0]
+    why = tuple(_why(r, best) for r in ranked[1:]
+                if _stat(r, "step_time_median_s") is not None and _stat(best, "step_time_median_s") is not None)
+    return Group(shared or "nothing the runs state", standings, why)
+
+
+def _stat(r: RunResult, column: str) -> float | None:
+    if r.stats is None or not len(r.stats):
+        return None
+    return next(r.stats.rows()).get(column)
+
+
+def _standing(rep: Report, r: RunResult) -> Standing:
+    memory = max((m["pct_of_device"] for m in r.memory.rows() if m["pct_of_device"] is not None), default=None) \
+        if r.memory is not None else None
+    agrees, note = None, "no loss curve"
+    pair = next((p for p in rep.curve_pairs if r.label in (p.first, p.other)), None)
+    if pair is not None:
+        other = pair.other if r.label == pair.first else pair.first
+        if pair.not_comparable:
+            note = f"not expected to agree with {other}: {pair.not_comparable}"
+        elif pair.comparison.max_rel_diff is None:
+            note = f"no step in common with {other}"
+        else:
+            agrees = pair.comparison.max_rel_diff <= AGREE_REL
+            note = f"against {other}: at most {pair.comparison.max_rel_diff:.1%} apart"
+    finding = next((f for sev in ("warn", "info") for f in rep.findings if f.run == r.label and f.severity == sev), None)
+    return Standing(r.label, _stat(r, "step_time_median_s"), _stat(r, "tokens_per_s_per_device"), _stat(r, "mfu_pct"),
+                    memory, agrees, note, f"{finding.rule}: {finding.message}" if finding else "",
+                    r.run.relabel(next(r.stats.rows())["source"]) if r.stats is not None and len(r.stats) else "–")
+
+
+def _parts(r: RunResult, step_s: float) -> dict[str, float]:
+    """The run's median step split by its traces' shares (compute, exposed collectives, other, idle); the compute
+    share its plan attributes to recomputation (hardware minus model FLOPs) named apart."""
+    shares = bar_segments(r)
+    out = {name: pct / 100 * step_s for name, pct in shares.items()}
+    plan = r.run.plan
+    if plan is not None and plan.step.hardware_flops_per_step:
+        recompute = 1 - plan.step.model_flops_per_step / plan.step.hardware_flops_per_step
+        out["recompute"] = out.get("compute", 0.0) * recompute
+        out["compute"] = out.get("compute", 0.0) - out["recompute"]
+    return out
+
+
+def _why(r: RunResult, best: RunResult) -> WhySlower:
+    step, best_step = _stat(r, "step_time_median_s"), _stat(best, "step_time_median_s")
+    predicted = (r.run.plan.step.total_s - best.run.plan.step.total_s
+                 if r.run.plan is not None and best.run.plan is not None else None)
+    missing = [x.label for x in (r, best) if x.breakdown is None or not len(x.breakdown)]
+    if missing:
+        return WhySlower(r.label, best.label, step - best_step, best_step, (), f"no traces for {' and '.join(missing)}: "
+                         "the step time is measured, its split is not", "", predicted)
+    mine, theirs = _parts(r, step), _parts(best, best_step)
+    parts = sorted((Part(n, mine.get(n, 0.0), theirs.get(n, 0.0)) for n in {*mine, *theirs}),
+                   key=lambda p: -p.delta_s)
+    return WhySlower(r.label, best.label, step - best_step, best_step, tuple(parts), "",
+                     f"{r.label}: {r.breakdown.source}; {best.label}: {best.breakdown.source}", predicted)
+

@@ -1,0 +1,81 @@
+"""The report's first screen (analysis.report.answer, rendered by analysis.report.sections): runs ranked by
+tokens/s/GPU within groups that share model, global batch, sequence and hardware; the fastest named with its margin;
+each slower run's step difference split into the parts its traces measure. The runs here are built with a known
+cause (an all-reduce made longer in every step of one run's traces) and the sentence must name it and its size."""
+import json
+from pathlib import Path
+
+import pytest
+
+from analysis.__main__ import main
+from analysis.report.sections import CONSOLE_LINES
+from tests.unit.report_support import make_run_dir
+
+COMPUTE_US = 10_000
+
+
+def _trace(path: Path, rank: int, comm_us: int, steps: int = 4) -> None:
+    """A CPU rank's Kineto trace: each ProfilerStep is COMPUTE_US of a matmul, then a gloo all-reduce of comm_us
+    on the same thread (nothing overlaps it: all of it is exposed)."""
+    events, t = [], 0
+    for s in range(1, steps + 1):
+        events += [{"ph": "X", "cat": "user_annotation", "name": f"ProfilerStep#{s}", "pid": 1, "tid": 1, "ts": t,
+                    "dur": COMPUTE_US + comm_us},
+                   {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": 1, "tid": 1, "ts": t, "dur": COMPUTE_US},
+                   {"ph": "X", "cat": "cpu_op", "name": "gloo:all_reduce", "pid": 1, "tid": 1, "ts": t + COMPUTE_US,
+                    "dur": comm_us, "args": {"Input Dims": [[1024]], "Input type": ["float"]}}]
+        t += COMPUTE_US + comm_us
+    path.write_text(json.dumps({"traceEvents": events, "distributedInfo": {
+        "backend": "gloo", "rank": rank, "world_size": 2, "pg_config": [{"pg_name": "0", "pg_size": 2}]}}))
+
+
+def _run(root: Path, name: str, comm_us: int | None, *overrides: str) -> Path:
+    """tiny_zero2's run whose metrics say each step took COMPUTE_US + comm_us; with its traces unless comm_us is None."""
+    step_s = (COMPUTE_US + (comm_us or 2_000)) / 1e6
+    d = make_run_dir(root, name, step_times=[step_s] * 12, traces=False, overrides=overrides)
+    if comm_us is not None:
+        (d / "traces").mkdir()
+        for rank in range(2):
+            _trace(d / "traces" / f"rank{rank}.json", rank, comm_us)
+    return d
+
+
+def _report(tmp_path: Path, capsys, *runs: Path) -> tuple[str, list[str]]:
+    out = tmp_path / "report.md"
+    assert main(["report", *map(str, runs), "-o", str(out)]) == 0
+    printed = [line for line in capsys.readouterr().out.splitlines() if not line.startswith("wrote ")]
+    return out.read_text(), printed
+
+
+def test_the_slower_run_is_explained_by_the_cause_put_there(tmp_path, capsys):
+    fast = _run(tmp_path, "20260101-000000", 2_000)
+    slow = _run(tmp_path, "20260101-000001", 8_000)  # +6 ms of exposed all-reduce in every step
+    md, printed = _report(tmp_path, capsys, slow, fast)
+    answer = md[md.index("## The answer"):md.index("## Runs")]
+    assert md.index("## The answer") < md.index("## Runs")  # the answer before any inventory
+    assert "Fastest: tiny_zero2/20260101-000000, 21,333 tokens/s/GPU, 50.0% ahead of tiny_zero2/20260101-000001" \
+        in answer  # 8 sequences × 64 tokens / 12 ms / 2 ranks; 18 ms for the other
+    line = next(x for x in answer.splitlines() if x.startswith("- tiny_zero2/20260101-000001 is"))
+    assert "6.0 ms a step slower" in line and "most of it exposed all_reduce" in line, line
+    named = float(line.split("most of it exposed all_reduce ")[1].split(" ms")[0])
+    assert named == pytest.approx(6.0, rel=0.15)
+    # the console says the same after writing, on one screen
+    assert any("most of it exposed all_reduce" in x for x in printed) and len(printed) <= CONSOLE_LINES
+    assert printed[1].split()[:2] == ["1", "tiny_zero2/20260101-000000"]
+
+
+def test_runs_of_another_batch_race_in_their_own_group_and_runs_without_traces_get_no_split(tmp_path, capsys):
+    a = _run(tmp_path, "20260101-000000", 2_000)
+    b = _run(tmp_path, "20260101-000001", None)  # no traces
+    c = _run(tmp_path, "20260101-000002", 2_000, "batch.global_batch_size=16")
+    md, _ = _report(tmp_path, capsys, a, b, c)
+    answer = md[md.index("## The answer"):md.index("## Runs")]
+    assert "The runs differ in global batch size" in answer and "(2 groups)" in answer
+    assert "no traces for tiny_zero2/20260101-000001: the step time is measured, its split is not" in answer
+    assert "tiny_zero2/20260101-000002 among runs of model tiny-llama, global batch size 16" in answer
+
+
+def test_one_run_alone_gets_its_own_line(tmp_path, capsys):
+    md, printed = _report(tmp_path, capsys, _run(tmp_path, "20260101-000000", 2_000))
+    assert "- tiny_zero2/20260101-000000: 21,333 tokens/s/GPU, the only run with step records." in md
+    assert "Fastest" not in md and len(printed) == 3  # the ranking's header, its row, the sentence
