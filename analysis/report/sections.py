@@ -135,12 +135,6 @@ def _runs_blocks(rep: Report) -> list[Block]:
                      rows=rows))
     if rep.inputs_missing:
         out.append(Block("list", "Inputs not found", items=rep.inputs_missing))
-    for r in rep.runs:
-        items = [f"{p} — {', '.join(k)}" for p, k in r.run.files]
-        ours = [f"{p} — ours, not evidence: {what}" for p, what in r.run.ours]
-        skipped = [f"{p} — skipped: {why}" for p, why in r.run.skipped]
-        out.append(Block("details", f"{r.label}: {len(items)} file(s) used, {len(ours)} of ours not analysed, "
-                                    f"{len(skipped)} skipped", items=items + ours + skipped))
     apart = [f"{r.label}: {r.run.segment}" for r in rep.runs if r.run.segment]
     if apart:
         out.append(Block("list", "Several runs in one file, each reported as a run of its own", items=apart))
@@ -158,6 +152,18 @@ def _runs_blocks(rep: Report) -> list[Block]:
             if len(ws) > MAX_WARNINGS_SHOWN:
                 shown.append(f"… {len(ws) - MAX_WARNINGS_SHOWN} more")
             out.append(Block("list", f"{label}: {len(ws)} warning(s)", items=shown))
+    return out
+
+
+def _files_blocks(rep: Report) -> list[Block]:
+    """The inventory, last: every file each run's numbers came from, ours not analysed, and what was skipped."""
+    out = [Block("h2", "Files read")]
+    for r in rep.runs:
+        items = [f"{p} — {', '.join(k)}" for p, k in r.run.files]
+        ours = [f"{p} — ours, not evidence: {what}" for p, what in r.run.ours]
+        skipped = [f"{p} — skipped: {why}" for p, why in r.run.skipped]
+        out.append(Block("details", f"{r.label}: {len(items)} file(s) used, {len(ours)} of ours not analysed, "
+                                    f"{len(skipped)} skipped", items=items + ours + skipped))
     return out
 
 
@@ -192,10 +198,12 @@ def _speed_blocks(rep: Report) -> list[Block]:
     out.append(Block("table", headers=["run", "step time median, ms", "p10–p90, ms", "mean, ms", "CV %",
                                        "tokens/s/GPU", "TFLOP/s/GPU", "MFU %", "steps measured / dropped",
                                        "warm-up rule", "step time from", "source"], rows=rows))
-    formulas = [f"{r.label}: {next(r.stats.rows())['mfu_formula']}" for r in rep.runs
-                if r.stats is not None and len(r.stats) and next(r.stats.rows())["mfu_formula"]]
+    formulas: dict[str, list[str]] = {}  # each formula once, with the runs that use it
+    for r in rep.runs:
+        if r.stats is not None and len(r.stats) and next(r.stats.rows())["mfu_formula"]:
+            formulas.setdefault(next(r.stats.rows())["mfu_formula"], []).append(r.label)
     if formulas:
-        out.append(Block("list", "MFU formula per run", items=formulas))
+        out.append(Block("list", "MFU formula", items=[f"{f} ({', '.join(runs)})" for f, runs in formulas.items()]))
     prof = [[r.label, str(p["step"] if p["step"] is not None else "–"), _sci(p["params_per_gpu"]),
              _sci(p["fwd_macs_per_gpu"]), _num(p["fwd_latency_ms"]), _num(p["bwd_latency_ms"]),
              _num(p["step_latency_ms"]), _num(p["iter_latency_ms"]),
@@ -704,7 +712,7 @@ def report_blocks(rep: Report) -> list[Block]:
     head = [Block("h2", f"{len(rep.runs)} run(s)")]
     return (head + _answer_blocks(rep) + _runs_blocks(rep) + _doctor_blocks(rep) + _speed_blocks(rep) + _curve_blocks(rep) + _memory_blocks(rep)
             + _time_blocks(rep) + _collective_blocks(rep) + _comm_file_blocks(rep) + _straggler_blocks(rep) + _diff_blocks(rep)
-            + _prediction_blocks(rep) + _definitions_blocks(rep))
+            + _prediction_blocks(rep) + _files_blocks(rep) + _definitions_blocks(rep))
 
 
 def _plot(draw: Callable[..., bytes], *args: Any) -> bytes:
