@@ -9,7 +9,7 @@ holding its name, its description and the block.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
@@ -17,7 +17,8 @@ from launch.commands.render import gib, ranks_text, step_parts, timing_label
 from launch.config.resolve import Resolved, resolve_path
 from launch.errors import ConfigError
 from launch.plan.build import plan_resolved
-from launch.plan.layout import Comm, Memory, Plan
+from launch.plan.layout import Comm, Plan
+from launch.run.rehearsal import CATALOGUE, RehearsedPeak, recorded_peaks
 from launch.units import human_bytes, human_count
 
 BASE = "base"  # the defaults every recipe extends: not a layout of its own
@@ -40,6 +41,7 @@ class Entry:
     plan: Plan
     twin: str | None  # the shipped tiny_<name>, if any
     sibling: str | None  # for tiny_<X>: the shipped X it is the twin of
+    rehearsed: RehearsedPeak | None  # its worst rank's peak as recorded in recipes/rehearsed.json, if rehearsed
 
     @property
     def on_cpu(self) -> bool:
@@ -51,13 +53,14 @@ def entries(recipes: Path) -> list[Entry]:
     machine: a calibration found under the runs folder, which a dry run would use, never reaches the catalogue)."""
     folders = sorted(p.parent for p in recipes.glob("*/recipe.toml") if p.parent.name != BASE)
     names = {f.name for f in folders}
+    rehearsed = recorded_peaks(recipes / CATALOGUE)
     out = []
     for folder in folders:
         resolved = resolve_path(folder)
         twin = TWIN_PREFIX + folder.name
         sibling = folder.name.removeprefix(TWIN_PREFIX) if folder.name.startswith(TWIN_PREFIX) else None
         out.append(Entry(folder.name, resolved, plan_resolved(resolved), twin if twin in names else None,
-                         sibling if sibling in names else None))
+                         sibling if sibling in names else None, rehearsed.get(folder.name)))
     return out
 
 
@@ -146,17 +149,27 @@ def model(r: Resolved) -> str:
     return f"{cell(r.model.name)} ({human_count(r.model.param_counts().total)})"
 
 
+def rehearsed_cell(e: Entry) -> str:
+    """The rehearsed peak beside the plan's before its allowance: `49.97 (plan 50.49)`; a dash where not rehearsed."""
+    if e.rehearsed is None:
+        return "—"
+    worst = e.plan.worst()
+    mem = worst.memory[worst.implementation]
+    return f"{gib(e.rehearsed.peak_bytes)} (plan {gib(mem.total - mem.allowance)})"
+
+
 def index_table(found: Sequence[Entry], device: str, relation: str) -> list[str]:
     """One row per recipe; `relation` names the last column: its tiny twin (GPU recipes) or what it is the twin of."""
-    lines = [f"| recipe | backend | model | devices | layout | dtype | fits | memory/{device} GiB | usable GiB | "
-             f"step ms | tokens/s/{device} | MFU | timing | {relation} |",
-             "|---|---|---|---|---|---|---|--:|--:|--:|--:|--:|---|---|"]
+    lines = [f"| recipe | backend | model | devices | layout | dtype | fits | memory/{device} GiB | rehearsed GiB | "
+             f"usable GiB | step ms | tokens/s/{device} | MFU | timing | {relation} |",
+             "|---|---|---|---|---|---|---|--:|--:|--:|--:|--:|--:|---|---|"]
     for e in found:
         r, s, worst = e.resolved, e.plan.step, e.plan.worst()
         lines.append(f"| {link(e.name)} | {r.recipe.backend} | {model(r)} | {devices(r)} | {layout(r)} | "
                      f"{r.recipe.precision.dtype} | {fits(e)} | {gib(worst.memory[worst.implementation].total)} | "
-                     f"{gib(worst.usable_bytes)} | {s.total_s * 1e3:.1f} | {s.tokens_per_s_per_device:,.0f} | "
-                     f"{s.mfu:.1%} | {s.timing} ({cell(e.plan.hardware)}) | {link(e.twin or e.sibling)} |")
+                     f"{rehearsed_cell(e)} | {gib(worst.usable_bytes)} | {s.total_s * 1e3:.1f} | "
+                     f"{s.tokens_per_s_per_device:,.0f} | {s.mfu:.1%} | {s.timing} ({cell(e.plan.hardware)}) | "
+                     f"{link(e.twin or e.sibling)} |")
     return lines
 
 
@@ -167,8 +180,11 @@ def index_block(found: Sequence[Entry]) -> str:
         INDEX_BEGIN, GENERATED.format("each recipe's plan"), "",
         "### GPU recipes", "",
         "Devices: nodes × GPUs per node × hardware profile. Memory: the worst rank's, by the backend's own "
-        "accounting, against the usable memory (device memory less `plan.headroom`). Step time, tokens/s and MFU: "
-        "predicted from the profile named under timing.", "",
+        "accounting, against the usable memory (device memory less `plan.headroom`). Rehearsed: the worst rank's "
+        "peak as torch's memory tracker measured it over the recipe's real step at full size (`python -m launch "
+        "rehearse recipes/NAME`, recorded in [rehearsed.json](rehearsed.json)), beside the plan's peak before its "
+        "allowance; torch-backend recipes only. Step time, tokens/s and MFU: predicted from the profile named "
+        "under timing.", "",
         *index_table(gpu, "GPU", "tiny twin"), "",
         "### CPU recipes", "",
         "The tiny ones CI trains on CPU ranks (gloo); a twin runs its sibling's layout on the tiny model.", "",
@@ -176,11 +192,14 @@ def index_block(found: Sequence[Entry]) -> str:
         INDEX_END])
 
 
+MEMORY_PARTS = ("weights", "grads", "optimizer", "activations", "buffers", "allowance", "host_bytes")
+
+
 def memory_table(plan: Plan) -> list[str]:
-    """Every part of the worst rank's memory record, its total, and the device's memory."""
+    """Every kind of the worst rank's memory record, its total, and the device's memory."""
     worst = plan.worst()
     mem = worst.memory[worst.implementation]
-    parts = [(f.name.removesuffix("_bytes").replace("_", " "), getattr(mem, f.name)) for f in fields(Memory)]
+    parts = [(name.removesuffix("_bytes").replace("_", " "), getattr(mem, name)) for name in MEMORY_PARTS]
     cols = [*parts, ("total", mem.total), ("usable", worst.usable_bytes), ("device", worst.device_memory_bytes)]
     return ["| " + " | ".join(name for name, _ in cols) + " |", "|" + "--:|" * len(cols),
             "| " + " | ".join(gib(n) for _, n in cols) + " |"]
@@ -220,6 +239,7 @@ def numbers_block(e: Entry) -> str:
         f"{worst.implementation} accounting; host memory per node {gib(plan.host_bytes_per_node)} of "
         f"{gib(plan.host_usable_bytes)} usable. The plan: {fits(e, 'fits', 'does not fit')}.", "",
         *memory_table(plan), "",
+        *phases_line(plan), *rehearsed_line(e),
         f"**Predicted step** ({timing_label(plan)}): {step_parts(plan)}; "
         f"{s.tokens_per_s_per_device:,.0f} tokens/s/GPU, MFU {s.mfu:.1%}.", "",
         "**Communication per step**, per rank" + (" of the first pipeline stage (the one the plan times)"
@@ -228,6 +248,31 @@ def numbers_block(e: Entry) -> str:
     if r.recipe.hardware.nodes > 1:
         lines += [*inter_node(plan, r.recipe.hardware.nodes), ""]
     return "\n".join([*lines, NUMBERS_END])
+
+
+def phases_line(plan: Plan) -> list[str]:
+    """Where the kinds above are the peak of the step's phases (the torch accounting): each phase's bytes."""
+    worst = plan.worst()
+    mem = worst.memory[worst.implementation]
+    if not mem.phases:
+        return []
+    each = ", ".join(f"{phase} {gib(n)}" for phase, n in mem.phases.items())
+    return [f"The kinds are what the rank holds at the step's peak, its {mem.peak_phase}; each phase's peak before "
+            f"the allowance (GiB): {each}.", ""]
+
+
+def rehearsed_line(e: Entry) -> list[str]:
+    """The rehearsed peak beside the plan's, with when and with what it was measured."""
+    if e.rehearsed is None:
+        return []
+    worst = e.plan.worst()
+    mem = worst.memory[worst.implementation]
+    planned = mem.total - mem.allowance
+    return [f"**Rehearsed** (`python -m launch rehearse recipes/{e.name}`: torch's memory tracker over this step at "
+            f"full size, on a fake process group, {cell(e.rehearsed.versions)}, {e.rehearsed.measured}): peak "
+            f"{gib(e.rehearsed.peak_bytes)} GiB on {cell(e.rehearsed.role)}, against the plan's "
+            f"{gib(planned)} GiB before its {gib(mem.allowance)} GiB allowance (planned / rehearsed "
+            f"{planned / e.rehearsed.peak_bytes:.3f}).", ""]
 
 
 def recipe_readme(e: Entry, text: str | None) -> str:
