@@ -33,10 +33,13 @@ OPTIONS = (Option("out", "the folder to write (default runs/rehearsals/<recipe>/
 WRITER = "`python -m launch rehearse`"
 # Why a backend's step is not rehearsed: the rank program builds the torch backend's trainer only.
 UNREHEARSED_BACKENDS = {
-    "deepspeed": "DeepSpeed's engine (its own comm layer, allocator and ZeRO partitioner) has not been brought under a "
-                 "fake process group and FakeTensorMode; its memory estimators stay the plan's check",
-    "megatron": "Megatron-Core's parallel_state, fused layers and distributed optimizer have not been brought under a "
-                "fake process group and FakeTensorMode; its accounting stays checked by the tiny twins",
+    "deepspeed": "DeepSpeed 0.19.8's engine, tried on a fake process group under FakeTensorMode, stops in its "
+                 "module cast (RuntimeError: _apply(): Couldn't swap Linear.weight: nn.Module._apply swaps fake "
+                 "parameters); its memory estimators stay the plan's check",
+    "megatron": "Megatron-Core 0.16.1, tried on a fake process group under FakeTensorMode (parallel_state without "
+                "gloo groups), stops in its rotary embedding, which moves inv_freq to torch.cuda.current_device() "
+                "(AssertionError: Torch not compiled with CUDA enabled), and its data parallelism here is "
+                "DeepSpeed's engine, whose module cast fails on fake parameters; its accounting stays checked by the tiny twins",
 }
 
 
