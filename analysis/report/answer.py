@@ -6,6 +6,7 @@ Runs race only against runs of the same model, global batch, sequence length and
 step on the same device: RACE_WHEN_SAME); others form groups of their own, each ranked, and the answer says so."""
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from analysis.report.data import Report, RunResult, bar_segments
 
@@ -26,7 +27,7 @@ class Standing:
     memory_pct: float | None  # the highest rank's peak as a share of its device
     loss_agrees: bool | None  # with the first run that has a curve (the report's curve pairs); None: not compared
     loss_note: str  # why not compared, or against which run
-    finding: str  # the doctor's most severe finding on this run ('' if none): "rule: message"
+    finding: str  # the doctor's most severe finding on this run ('' if none): its rule (the Doctor section holds it)
     source: str  # where its step times come from
 
 
@@ -109,11 +110,20 @@ def _standing(rep: Report, r: RunResult) -> Standing:
             note = f"no step in common with {other}"
         else:
             agrees = pair.comparison.max_rel_diff <= AGREE_REL
-            note = f"against {other}: at most {pair.comparison.max_rel_diff:.1%} apart"
+            rel = pair.comparison.max_rel_diff
+            note = f"vs {other}: ≤ {rel:.1%}" if rel >= 1e-3 else f"vs {other}: ≤ {rel:.0e}"
     finding = next((f for sev in ("warn", "info") for f in rep.findings if f.run == r.label and f.severity == sev), None)
     return Standing(r.label, _stat(r, "step_time_median_s"), _stat(r, "tokens_per_s_per_device"), _stat(r, "mfu_pct"),
-                    memory, agrees, note, f"{finding.rule}: {finding.message}" if finding else "",
-                    r.run.relabel(next(r.stats.rows())["source"]) if r.stats is not None and len(r.stats) else "–")
+                    memory, agrees, note, f"{finding.rule} ({finding.severity})" if finding else "",
+                    _files(r.run.relabel(next(r.stats.rows())["source"])) if r.stats is not None and len(r.stats)
+                    else "–")
+
+
+def _files(source: str) -> str:
+    """A list of one file per rank as one pattern: 'metrics/rank*.jsonl (4 files)'."""
+    names = source.split(", ")
+    patterns = {re.sub(r"\d+", "*", n) for n in names}
+    return f"{patterns.pop()} ({len(names)} files)" if len(names) > 2 and len(patterns) == 1 else source
 
 
 def _parts(r: RunResult, step_s: float) -> dict[str, float]:
@@ -141,5 +151,5 @@ def _why(r: RunResult, best: RunResult) -> WhySlower:
     parts = sorted((Part(n, mine.get(n, 0.0), theirs.get(n, 0.0)) for n in {*mine, *theirs}),
                    key=lambda p: -p.delta_s)
     return WhySlower(r.label, best.label, step - best_step, best_step, tuple(parts), "",
-                     f"{r.label}: {r.breakdown.source}; {best.label}: {best.breakdown.source}", predicted)
+                     f"{r.label}: {_files(r.breakdown.source)}; {best.label}: {_files(best.breakdown.source)}", predicted)
 

@@ -622,6 +622,11 @@ def _definitions_blocks(rep: Report) -> list[Block]:
 def answer_lines(ans: A.Answer) -> list[str]:
     """The answer in sentences: per group, the fastest run and its margin (or why the runs race in groups), then each
     slower run's difference and its largest parts."""
+    return winner_lines(ans) + [_why_line(w) for g in ans.groups for w in g.why]
+
+
+def winner_lines(ans: A.Answer) -> list[str]:
+    """Per group, the fastest run and its margin, after why the runs race in groups where they do."""
     out = []
     if len(ans.groups) > 1:
         out.append(f"The runs differ in {ans.differs}: each group of runs that share them is ranked on its own "
@@ -638,7 +643,6 @@ def answer_lines(ans: A.Answer) -> list[str]:
             a, b = fast[0], fast[1]
             out.append(f"Fastest{where}: {a.label}, {_num(a.tokens_per_s_per_device)} tokens/s/GPU, "
                        f"{a.tokens_per_s_per_device / b.tokens_per_s_per_device - 1:.1%} ahead of {b.label}.")
-        out += [_why_line(w) for w in g.why]
     return out
 
 
@@ -656,7 +660,8 @@ def _why_line(w: A.WhySlower) -> str:
 def _answer_blocks(rep: Report) -> list[Block]:
     """The first screen: the ranking, the winner and why each other run was slower (analysis.report.answer)."""
     ans = A.answer(rep)
-    out = [Block("h2", "The answer"), Block("list", "", items=answer_lines(ans))]
+    # The winner and the ranking first (the first screen), then why each other run was slower.
+    out = [Block("h2", f"The answer: {len(rep.runs)} run(s)"), Block("list", "", items=winner_lines(ans))]
     for g in ans.groups:
         if len(ans.groups) > 1:
             out.append(Block("p", f"Ranked by tokens/s/GPU: runs of {g.shared}."))
@@ -665,16 +670,19 @@ def _answer_blocks(rep: Report) -> list[Block]:
                  s.finding or "–", s.source] for i, s in enumerate(g.standings)]
         out.append(Block("table", headers=["#", "run", "step ms (median)", "tokens/s/GPU", "MFU %",
                                            "peak memory % of device", f"loss agrees (≤ {A.AGREE_REL:.0%})",
-                                           "loss compared", "most severe finding", "source"], rows=rows))
+                                           "loss compared (largest relative gap)", "most severe finding (Doctor)",
+                                           "source"], rows=rows))
         # the parts that differ by a tenth of a millisecond or more somewhere, largest first
         names = [n for n in dict.fromkeys(p.name for w in g.why for p in w.parts)
                  if any(abs(p.delta_s) >= 1e-4 for w in g.why for p in w.parts if p.name == n)]
         split = [[w.label, w.best, _ms(w.delta_s), _ms(w.predicted_delta_s),
                   *(_ms(next((p.delta_s for p in w.parts if p.name == n), None)) for n in names),
                   w.missing or w.evidence] for w in g.why]
+        if g.why:
+            out.append(Block("list", "Why slower than the fastest", items=[_why_line(w) for w in g.why]))
         if split:
-            out.append(Block("p", "Why slower than the fastest: each part's milliseconds a step, this run's minus the "
-                             "fastest's (the traces' shares of the profiled window × the median step; recompute: the "
+            out.append(Block("p", "The split: each part's milliseconds a step, this run's minus the fastest's (the "
+                             "traces' shares of the profiled window × the median step; recompute: the "
                              "compute share the run's plan attributes to recomputed FLOPs; idle holds a pipeline's "
                              "bubble and the host's gaps, which the traces do not tell apart); plan: the plans' step "
                              "times, the same difference."))
@@ -709,8 +717,7 @@ def console_answer(rep: Report) -> list[str]:
 
 
 def report_blocks(rep: Report) -> list[Block]:
-    head = [Block("h2", f"{len(rep.runs)} run(s)")]
-    return (head + _answer_blocks(rep) + _runs_blocks(rep) + _doctor_blocks(rep) + _speed_blocks(rep) + _curve_blocks(rep) + _memory_blocks(rep)
+    return (_answer_blocks(rep) + _runs_blocks(rep) + _doctor_blocks(rep) + _speed_blocks(rep) + _curve_blocks(rep) + _memory_blocks(rep)
             + _time_blocks(rep) + _collective_blocks(rep) + _comm_file_blocks(rep) + _straggler_blocks(rep) + _diff_blocks(rep)
             + _prediction_blocks(rep) + _files_blocks(rep) + _definitions_blocks(rep))
 

@@ -86,7 +86,7 @@ def test_the_report_of_a_log_holding_three_runs_compares_them_and_names_where_ea
     assert main(["report", str(THREE), "-o", str(out)]) == 0
     md = out.read_text()
     runs = md[md.index("## Runs"):]
-    assert "## 3 run(s)" in md and all(f"| {THREE.stem}#{k} |" in runs for k in (1, 2, 3))
+    assert "## The answer: 3 run(s)" in md and all(f"| {THREE.stem}#{k} |" in runs for k in (1, 2, 3))
     listed = md.split("**Several runs in one file, each reported as a run of its own**")[1].split("\n\n")[1]
     assert [line.split(": ")[1].split(" of ")[0] for line in listed.splitlines()] == [
         f"lines {w['first']}–{w['last']}" for w in want]

@@ -151,3 +151,6 @@ def test_the_tiny_matrix_report_in_docs_covers_every_7b_twin():
     assert sorted(runs) == sorted(p.name for p in SHIPPED if p.name.startswith("tiny_7b_"))
     time_went = report.split("## Where the time went", 1)[1].split("\n## ", 1)[0]
     assert "No profiler trace" not in time_went and all(f"| {run} |" in time_went for run in runs)
+    # README quotes the report's answer: the lines it quotes are the report's own
+    quoted = re.findall(r"^> (\S.*)$", (REPO / "README.md").read_text(), re.M)
+    assert quoted and all(line in report for line in quoted), quoted
