@@ -46,27 +46,36 @@ def row(name: str, rank: dict, seconds: float) -> str:
 
 
 def main(names: list[str]) -> int:
+    if any(a.startswith("-") for a in names):
+        print(__doc__.strip())
+        return 0 if set(names) <= {"-h", "--help"} else 2
     torch_gpu = [e.name for e in entries(RECIPES) if e.resolved.recipe.backend == "torch" and not e.on_cpu]
+    unknown = [n for n in names if n not in torch_gpu]
+    if unknown:
+        print(f"error: {', '.join(unknown)}: not a torch-backend GPU recipe of recipes/ (those: {', '.join(torch_gpu)})",
+              file=sys.stderr)
+        return 2
     chosen = names or torch_gpu
     recorded_path = RECIPES / CATALOGUE
     recorded = json.loads(recorded_path.read_text()) if recorded_path.is_file() else {}
     recipes = dict(recorded.get("recipes", {})) if names else {}
     lines = []
+    stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%MZ")
+    versions = f"torch {torch.__version__}, transformers {transformers.__version__}"
     with tempfile.TemporaryDirectory() as tmp:
         for name in chosen:
             record, seconds = rehearse(name, Path(tmp) / name)
-            recipes[name] = {"seconds": round(seconds, 1),
+            # when and with what each recipe was rehearsed: a partial rerun leaves the others' as they were
+            recipes[name] = {"measured": stamp, "versions": versions, "seconds": round(seconds, 1),
                              "ranks": [{"rank": r["rank"], "role": r["role"], "peak_bytes": r["peak_bytes_measured"],
                                         "phases": {p["phase"]: p["bytes_measured"] for p in r["phases"]},
                                         "peak_at": r["peak_at"]} for r in record["ranks"]]}
             for r in record["ranks"]:
                 lines.append(row(name, r, seconds))
                 print(lines[-1], flush=True)
-    stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%MZ")
-    versions = f"torch {torch.__version__}, transformers {transformers.__version__}"
     recorded_path.write_text(json.dumps({
-        "schema": CATALOGUE_SCHEMA, "written_by": "python bench/rehearse_catalogue.py", "measured": stamp,
-        "versions": versions, "recipes": dict(sorted(recipes.items()))}, indent=1) + "\n")
+        "schema": CATALOGUE_SCHEMA, "written_by": "python bench/rehearse_catalogue.py",
+        "recipes": dict(sorted(recipes.items()))}, indent=1) + "\n")
     header = [
         "# python bench/rehearse_catalogue.py: every torch-backend GPU recipe rehearsed at full size, one after another",
         f"# {stamp}, 2-core CPU machine, {versions}. One rank per distinct role (every rank alike without a pipeline).",

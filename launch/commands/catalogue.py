@@ -154,8 +154,7 @@ def rehearsed_cell(e: Entry) -> str:
     if e.rehearsed is None:
         return "—"
     worst = e.plan.worst()
-    mem = worst.memory[worst.implementation]
-    return f"{gib(e.rehearsed.peak_bytes)} (plan {gib(mem.total - mem.allowance)})"
+    return f"{gib(e.rehearsed.peak_bytes)} (plan {gib(worst.memory[worst.implementation].before_allowance)})"
 
 
 def index_table(found: Sequence[Entry], device: str, relation: str) -> list[str]:
@@ -192,14 +191,11 @@ def index_block(found: Sequence[Entry]) -> str:
         INDEX_END])
 
 
-MEMORY_PARTS = ("weights", "grads", "optimizer", "activations", "buffers", "allowance", "host_bytes")
-
-
 def memory_table(plan: Plan) -> list[str]:
     """Every kind of the worst rank's memory record, its total, and the device's memory."""
     worst = plan.worst()
     mem = worst.memory[worst.implementation]
-    parts = [(name.removesuffix("_bytes").replace("_", " "), getattr(mem, name)) for name in MEMORY_PARTS]
+    parts = [(name.removesuffix("_bytes").replace("_", " "), n) for name, n in mem.kinds().items()]
     cols = [*parts, ("total", mem.total), ("usable", worst.usable_bytes), ("device", worst.device_memory_bytes)]
     return ["| " + " | ".join(name for name, _ in cols) + " |", "|" + "--:|" * len(cols),
             "| " + " | ".join(gib(n) for _, n in cols) + " |"]
@@ -267,7 +263,7 @@ def rehearsed_line(e: Entry) -> list[str]:
         return []
     worst = e.plan.worst()
     mem = worst.memory[worst.implementation]
-    planned = mem.total - mem.allowance
+    planned = mem.before_allowance
     return [f"**Rehearsed** (`python -m launch rehearse recipes/{e.name}`: torch's memory tracker over this step at "
             f"full size, on a fake process group, {cell(e.rehearsed.versions)}, {e.rehearsed.measured}): peak "
             f"{gib(e.rehearsed.peak_bytes)} GiB on {cell(e.rehearsed.role)}, against the plan's "

@@ -93,6 +93,17 @@ class Memory:
     phases: Mapping[str, int] = field(default_factory=dict)
     peak_phase: str = ""
 
+    KINDS = ("weights", "grads", "optimizer", "activations", "buffers", "allowance", "host_bytes")
+
+    def kinds(self) -> dict[str, int]:
+        """Its byte counts by kind (not the phases)."""
+        return {k: getattr(self, k) for k in self.KINDS}
+
+    @property
+    def before_allowance(self) -> int:
+        """The peak torch's memory tracker can see (the rehearsal): the total less the runtime allowance."""
+        return self.total - self.allowance
+
     @property
     def model_states(self) -> int:
         return self.weights + self.grads + self.optimizer

@@ -141,9 +141,8 @@ def output_layer_params(layout: Layout) -> int:
     rank of the last stage: the first gradients the backward makes, held unsharded in FSDP2's root unit until the
     embedding's arrive at its end."""
     m, t = layout.model, layout.grid.tp
-    tied = getattr(m, "tie_word_embeddings", False)
     return sum(info.numel // t if _tp_split(layout, info.split) else info.numel for info in m.parameters()
-               if info.layer == m.num_layers or (tied and info.layer == -1))
+               if info.layer == m.num_layers or (m.tie_word_embeddings and info.layer == -1))
 
 
 def fsdp_gathered(layout: Layout, params: int, stage: int = 0) -> int:
@@ -385,7 +384,7 @@ class StageActivations:
     in_flight: float  # micro-batches whose activations the stage holds at its peak (`in_flight`)
 
 
-def _checkpointed_input(layout: Layout, terms: list[ActTerm]) -> float | None:
+def _checkpointed_input(layout: Layout) -> float | None:
     """What a fully checkpointed layer keeps: its input. The torch backend's FSDP2 casts each unit's input to the
     compute dtype (MixedPrecisionPolicy's cast_forward_inputs); under DDP's autocast the residual stream stays fp32.
     Elsewhere the first term (the norm's input) stands for it."""
@@ -401,7 +400,7 @@ def stage_activation_parts(layout: Layout, stage: int) -> StageActivations:
     terms = _model_terms(layout, b)
     layers = m.num_layers // p
     ac = layout.activation_checkpointing
-    x = _checkpointed_input(layout, terms)
+    x = _checkpointed_input(layout)
     if ac == "selective" and traits(layout.backend).selective == "every_other_block":
         # Blocks 0, n, 2n, ... recompute fully (launch.config.backends.SELECTIVE_EVERY); the others save everything.
         full = -(-layers // SELECTIVE_EVERY)
@@ -498,8 +497,7 @@ def torch_phases(layout: Layout, params: int, stage: int = 0) -> list[PhaseMemor
     held = 4 * shard if layout.grad_accum > 1 else 0  # the sharded gradients of the earlier micro-batches
     # The output layer's unsharded gradients (its root unit reduces them with the embedding's, at the end), a block's,
     # and the block's fp32 copy, the reduce-scatter's input.
-    out = output_layer_params(layout) if stage == g.pp - 1 else 0
-    reducing = e * (out + block) + 4 * block
+    reducing = e * (output_layer_params(layout) + block) + 4 * block  # (no pipeline: this rank has the output layer)
     # As the forward begins, the root and the first block are gathered while their all-gather outputs are still
     # held (the tracker's all-gather buffers): twice their bytes, beside no activations yet.
     starting = 2 * e * min(params, root + block)

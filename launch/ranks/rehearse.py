@@ -124,8 +124,9 @@ class RehearsedTrainer(TorchTrainer):
         and broadcast of rank 0's weights (init_sync), the bucket rebuild after the first backward (it broadcasts the
         gradients' arrival order), and the completion of the C++ reducer's all-reduce (a hook runs the same all-reduce
         of each bucket, in place, through torch's dispatcher, where the instruments see it). The buckets are built at
-        once with the caps the rebuild uses (1 MiB, then 25 MiB), in the reverse order of the parameters, the order a
-        decoder's gradients arrive in; DDP's first, single bucket lasts until the rebuild, which is declined. The
+        once with the caps the rebuild uses (1 MiB, then 25 MiB), assigned in the parameters' order (the rebuild would
+        assign them in the gradients' arrival order); DDP's first, single bucket lasts until the rebuild, which is
+        declined. The
         gradients exist before DDP wraps the model, so that they become views of its buckets, as they are from a
         training step's second on (the first step's no_sync micro-batches make separate ones)."""
         for p in part.parameters():
@@ -206,7 +207,7 @@ class _Progress:
         for layer in trainer.decoder_layers:
             layer.register_forward_pre_hook(lambda *_: self.progress.advance(self.task))
 
-    def phase(self, label: str) -> None:
+    def begin(self, label: str) -> None:
         self.progress.update(self.task, description=label)
         self.progress.advance(self.task)
 
@@ -215,14 +216,14 @@ class _Progress:
 
 
 @dataclass(frozen=True)
-class _Phase:
+class _Pass:
     label: str
-    weight: int  # how many of the step's phases this one stands for
+    weight: int  # how many of the step's passes this one stands for
     in_model: bool  # forward and backward (else the step's tail)
     run: Callable[[], None]
 
 
-def _phases(trainer: TorchTrainer, resolved: Resolved, bar: _Progress) -> list[_Phase]:
+def _passes(trainer: TorchTrainer, resolved: Resolved, bar: _Progress) -> list[_Pass]:
     """The measured step: micro-batch 1 (weighed G-1: micro-batches 2..G-1 repeat its work), micro-batch G (the
     gradients of the earlier ones held, as in 2..G-1), then the step's tail as train_step runs it."""
     ga, batch, vocab = resolved.grad_accum, resolved.recipe.batch, resolved.model.vocab_size
@@ -235,10 +236,10 @@ def _phases(trainer: TorchTrainer, resolved: Resolved, bar: _Progress) -> list[_
             bar.backward_done(len(trainer.decoder_layers))
         return run
 
-    phases = [_Phase(f"micro-batch 1 of {ga}", max(ga - 1, 1), True, micro(0))]
+    phases = [_Pass(f"micro-batch 1 of {ga}", max(ga - 1, 1), True, micro(0))]
     if ga > 1:
-        phases.append(_Phase(f"micro-batch {ga} of {ga}", 1, True, micro(ga - 1)))
-    return phases + [_Phase("gradient norm, clipping, optimizer step and the loss mean", 1, False,
+        phases.append(_Pass(f"micro-batch {ga} of {ga}", 1, True, micro(ga - 1)))
+    return phases + [_Pass("gradient norm, clipping, optimizer step and the loss mean", 1, False,
                             lambda: _tail(trainer, losses[-1]))]
 
 
@@ -252,22 +253,22 @@ def _measure(trainer: TorchTrainer, resolved: Resolved, rank: int, role: str, ba
     flops = _RankFlops(propagation)
     counted, attention, messages = 0.0, 0.0, Counter()
     with propagation, tracker, flops:
-        for phase in _phases(trainer, resolved, bar):
+        for step_pass in _passes(trainer, resolved, bar):
             tracker.reset_mod_stats()  # per-module stats of one pass at a time (FSDPMemTracker's rule); the peak stays
-            bar.phase(phase.label)
-            tracker.phase, tracker.in_model = phase.label, phase.in_model
+            bar.begin(step_pass.label)
+            tracker.pass_label, tracker.in_model = step_pass.label, step_pass.in_model
             flops_before, calls_before = flops.get_total_flops(), list(trainer.layer_calls)
             # A CommDebugMode per pass: its module tracker registers a forward hook at every call of a module and
             # removes them only on exit, so a second pass through the same modules in one context breaks it.
             with _Collectives() as comms:
-                phase.run()
-            counted += phase.weight * (flops.get_total_flops() - flops_before)
-            attention += phase.weight * _attention_flops(trainer, resolved, calls_before)
-            messages.update({k: phase.weight * n for k, n in comms.messages.items()})
+                step_pass.run()
+            counted += step_pass.weight * (flops.get_total_flops() - flops_before)
+            attention += step_pass.weight * _attention_flops(trainer, resolved, calls_before)
+            messages.update({k: step_pass.weight * n for k, n in comms.messages.items()})
     peak: Counter = Counter()
     for kinds in tracker.get_tracker_snapshot("peak").values():
         peak.update({getattr(kind, "value", kind): n for kind, n in kinds.items()})
-    total = peak.pop("Total", 0)
+    total = peak.pop(_TOTAL, 0)
     optimizer = trainer.optimizers[0]
     return Measured(
         rank=rank, role=role, peak_bytes=total, peak_by_kind={k: n for k, n in peak.items() if n},
@@ -343,10 +344,10 @@ class _Marking:
 
 class _PeakMoment:
     """A memory tracker that skips DTensor's propagation (_Propagation) and remembers when in the step its peak was
-    reached (the phase, forward or backward, and the innermost module running), and the peak of each of the plan's
+    reached (the pass, forward or backward, and the innermost module running), and the peak of each of the plan's
     phases (launch.plan.memory.PHASES: forward with the loss, backward, optimizer step) with the kinds held then."""
 
-    phase, in_model, peak_at = "", False, ""
+    pass_label, in_model, peak_at = "", False, ""
     propagation: _Propagation
     phase_peaks: dict
 
@@ -360,8 +361,8 @@ class _PeakMoment:
         super()._update_peak_stats(peak_state)
         backward = self._mod_tracker.is_bw
         if self._peak_mem != before:
-            self.peak_at = (f"{self.phase}, {'backward' if backward else 'forward'}, in {self._innermost()}"
-                            if self.in_model else self.phase)
+            self.peak_at = (f"{self.pass_label}, {'backward' if backward else 'forward'}, in {self._innermost()}"
+                            if self.in_model else self.pass_label)
         step_phase = ("backward" if backward else "forward") if self.in_model else "optimizer step"
         now = sum(snap[_TOTAL] for snap in self._curr_mem_snap.values())
         held = self.phase_peaks.get(step_phase)
@@ -369,7 +370,7 @@ class _PeakMoment:
             kinds: Counter = Counter()
             for snap in self._curr_mem_snap.values():
                 kinds.update({getattr(k, "value", k): n for k, n in snap.items() if k != _TOTAL and n})
-            at = f"{self.phase}, in {self._innermost()}" if self.in_model else self.phase
+            at = f"{self.pass_label}, in {self._innermost()}" if self.in_model else self.pass_label
             self.phase_peaks[step_phase] = PhasePeak(step_phase, now, dict(kinds), at)
 
     def _innermost(self) -> str:

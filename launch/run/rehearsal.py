@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Mapping
 
+from launch.errors import ConfigError
 from launch.plan.layout import Plan
 from launch.plan.memory import PHASES
 
@@ -22,7 +23,7 @@ REHEARSAL = "rehearsal.json"
 # The catalogue's record of every torch-backend GPU recipe rehearsed at full size (recipes/rehearsed.json, written by
 # bench/rehearse_catalogue.py, shown by the catalogue beside the plan).
 CATALOGUE = "rehearsed.json"
-CATALOGUE_SCHEMA = "layoutlab rehearsed catalogue 1"
+CATALOGUE_SCHEMA = "layoutlab rehearsed catalogue 2"
 SCHEMA = "layoutlab rehearsal 1"  # rehearsal.json's mark: a folder holding it is ours (launch.outputs rules)
 # What a rehearsed rank runs and what it leaves out; rehearsal.json states it beside the numbers.
 METHOD = ("the torch backend's TorchTrainer built as for training (model on meta, its parallelize order, "
@@ -129,7 +130,7 @@ def compare(measured: Measured, plan: Plan, world_size: int) -> dict:
     mem = rp.memory[rp.implementation]
     # The tracker sees tensors, not the CUDA context, NCCL's buffers or the allocator's fragmentation: the plan's
     # peak is compared before its allowance, which is stated beside it.
-    planned = mem.total - mem.allowance
+    planned = mem.before_allowance
     flops_planned = plan.step.hardware_flops_per_step / world_size
     planned_calls = calls_by_kind(plan.comm)
     measured_calls = calls_by_kind(measured.collectives)
@@ -138,7 +139,7 @@ def compare(measured: Measured, plan: Plan, world_size: int) -> dict:
         "peak_bytes_measured": measured.peak_bytes, "peak_bytes_planned": planned,
         "peak_ratio": _ratio(planned, measured.peak_bytes), "allowance_planned": mem.allowance,
         "peak_by_kind_measured": dict(measured.peak_by_kind),
-        "peak_by_kind_planned": {**asdict(mem), "total": mem.total, "accounting": rp.implementation},
+        "peak_by_kind_planned": {**mem.kinds(), "total": mem.total, "accounting": rp.implementation},
         "peak_at": measured.peak_at, "peak_phase_planned": mem.peak_phase, "tracker": measured.tracker,
         "phases": _phases(measured, mem.phases),
         "flops_measured": measured.flops, "flops_counted": measured.flops_counted,
@@ -180,14 +181,22 @@ class RehearsedPeak:
 
 
 def recorded_peaks(path: Path) -> dict[str, RehearsedPeak]:
-    """recipe name -> its worst rehearsed rank, from the catalogue's record (none where the file is absent)."""
+    """recipe name -> its worst rehearsed rank, from the catalogue's record (none where the file is absent); a record
+    that cannot be read is refused in one line naming it and how to write it again."""
     if not path.is_file():
         return {}
-    d = json.loads(path.read_text(encoding="utf-8"))
-    if d.get("schema") != CATALOGUE_SCHEMA:
-        raise ValueError(f"{path}: not a {CATALOGUE_SCHEMA!r} record (schema {d.get('schema')!r})")
-    out = {}
-    for name, rec in d["recipes"].items():
-        worst = max(rec["ranks"], key=lambda r: r["peak_bytes"])
-        out[name] = RehearsedPeak(worst["peak_bytes"], worst["role"], d["measured"], d["versions"])
-    return out
+    fix = "write it again: python bench/rehearse_catalogue.py (or restore it from git)"
+    try:
+        d = json.loads(path.read_text(encoding="utf-8"))
+        if d.get("schema") != CATALOGUE_SCHEMA:
+            raise ConfigError(str(path), "schema", d.get("schema"), f"is not a {CATALOGUE_SCHEMA!r} record", fix)
+        out = {}
+        for name, rec in d["recipes"].items():
+            worst = max(rec["ranks"], key=lambda r: r["peak_bytes"])
+            if not isinstance(worst["peak_bytes"], int) or worst["peak_bytes"] <= 0:
+                raise ConfigError(str(path), f"recipes.{name}.ranks.peak_bytes", worst["peak_bytes"],
+                                  "is not a positive whole number of bytes", fix)
+            out[name] = RehearsedPeak(worst["peak_bytes"], worst["role"], rec["measured"], rec["versions"])
+        return out
+    except (ValueError, KeyError, TypeError, AttributeError) as e:
+        raise ConfigError(str(path), "(the file)", type(e).__name__, f"cannot be read: {e}", fix) from None

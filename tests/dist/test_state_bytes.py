@@ -85,9 +85,10 @@ def torch_between_steps(want: dict[str, int], layout: Layout, params: int, stage
     gradients are views of, AdamW's m and v; these runs are fp32, so no autocast copies). FSDP2: the plan's gathered
     units (`fsdp_gathered`, alive only while they compute) are resharded, and zero_grad frees the sharded gradients.
     Without a pipeline the plan's kinds are those of its peak phase (launch.plan.memory.torch_phases), where what is
-    gathered depends on the phase: the fp32 shard left between steps is half of AdamW's m and v (8 B a parameter)."""
+    gathered depends on the phase: between steps a rank holds its fp32 shard, 4 B a parameter over the shard group."""
     if layout.zero_stage == 0:
         return want
     if layout.grid.pp == 1:
-        return {**want, "weights": want["optimizer"] // 2, "grads": 0}
+        shard = -(-params // (layout.hpz if layout.hpz > 1 else layout.grid.dp))  # FSDP2 shards over dp (or hpZ)
+        return {**want, "weights": 4 * shard, "grads": 0}
     return {**want, "weights": want["weights"] - layout.elem_bytes * fsdp_gathered(layout, params, stage), "grads": 0}

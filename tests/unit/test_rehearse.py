@@ -1,4 +1,4 @@
-"""`python -m launch rehearse`: the torch backend's own step at Llama-2-7B's real per-layer shapes (2 of its layers,
+"""`python -m launch rehearse`: the torch backend's own step at Llama-2-7B's real per-layer shapes (4 of its layers,
 sequence 512) on a fake process group, held to hand-computed FLOPs, collective counts and message sizes, and to
 AdamW's state bytes; what cannot be rehearsed is refused in one line, exit 2, before any rank starts.
 
@@ -23,8 +23,8 @@ TENSORS = 9 * LAYERS + 3  # parameter tensors: 7 Linear + 2 norms per layer; emb
 
 
 @pytest.fixture(scope="module")
-def two_layers(tmp_path_factory) -> Path:
-    """Llama-2-7B's config.json from the catalogue, with 2 layers."""
+def few_layers(tmp_path_factory) -> Path:
+    """Llama-2-7B's config.json from the catalogue, with LAYERS layers."""
     config = {k: v for k, v in json.loads(LLAMA_2_7B.read_text()).items() if not k.startswith("_")}
     assert (config["hidden_size"], config["intermediate_size"], config["vocab_size"]) == (H, I, V)
     config["num_hidden_layers"] = LAYERS
@@ -42,9 +42,9 @@ def _rehearse(recipe: str, config: Path, out: Path) -> dict:
 
 
 @pytest.fixture(scope="module")
-def fsdp2(two_layers, tmp_path_factory) -> tuple[Path, dict]:
+def fsdp2(few_layers, tmp_path_factory) -> tuple[Path, dict]:
     out = tmp_path_factory.mktemp("fsdp2") / "rehearsal"
-    return out, _rehearse("7b_fsdp2", two_layers, out)
+    return out, _rehearse("7b_fsdp2", few_layers, out)
 
 
 def test_fsdp2_flops_are_six_times_the_matmul_parameters_per_token(fsdp2):
@@ -90,11 +90,12 @@ def test_fsdp2_memory_holds_a_quarter_of_the_fp32_model_and_adams_state(fsdp2):
 
 def test_fsdp2_plan_is_the_trackers_peak_phase_by_phase(fsdp2):
     """The plan's torch accounting is the peak over the step's phases, each within 5% of torch's FSDPMemTracker at
-    real per-layer shapes (2 layers, where the root unit, the embedding and output layer, weighs as much as the
-    blocks: another balance than at full size, bench/results/rehearsal.txt). The optimizer step holds the model
-    states alone: fp32 parameters, gradients, m and v sharded over 4 ranks, and AdamW's 4-byte step per tensor."""
+    real per-layer shapes (4 layers, where the root unit, the embedding and output layer, weighs as much as a third
+    of the blocks: another balance than at full size, bench/results/rehearsal.txt). The optimizer step holds the
+    model states alone: fp32 parameters, gradients, m and v sharded over 4 ranks, and AdamW's 4-byte step per
+    tensor."""
     _, r = fsdp2
-    assert [p["phase"] for p in r["phases"]] == ["forward", "backward", "optimizer step"]
+    assert all(p["bytes_measured"] and p["bytes_planned"] for p in r["phases"]), r["phases"]  # each phase both ways
     for p in r["phases"]:
         assert 0.95 <= p["ratio"] <= 1.05, p
     assert 0.95 <= r["peak_ratio"] <= 1.05
@@ -104,12 +105,12 @@ def test_fsdp2_plan_is_the_trackers_peak_phase_by_phase(fsdp2):
     assert r["peak_bytes_measured"] == max(p["bytes_measured"] for p in r["phases"])
 
 
-def test_ddp_rehearses_whole_states_and_one_all_reduce_per_bucket(two_layers, tmp_path):
+def test_ddp_rehearses_whole_states_and_one_all_reduce_per_bucket(few_layers, tmp_path):
     """DDP (7b_ddp: dp 4, 4 micro-batches, the last one synchronised) holds every state whole; its buckets, built with
     the caps DDP rebuilds them with (1 MiB, then 25 MiB), close at each fp32 Linear (each over 25 MiB; the norms
     join the next one): the embedding, 7 per layer, and the last layer's norms with the final norm and lm_head. Each
     is all-reduced once, then the loop's loss mean; the plan, in the gradients' arrival order, counts as many."""
-    r = _rehearse("7b_ddp", two_layers, tmp_path / "ddp")
+    r = _rehearse("7b_ddp", few_layers, tmp_path / "ddp")
     buckets = 1 + 7 * LAYERS + 1
     assert r["collectives_measured"] == r["collectives_planned"] == {"all_reduce": buckets + 1}
     step, params = r["phases"][2]["by_kind_measured"], LAYERS * BLOCK + ROOT
@@ -118,14 +119,14 @@ def test_ddp_rehearses_whole_states_and_one_all_reduce_per_bucket(two_layers, tm
         assert 0.95 <= p["ratio"] <= 1.05, p
 
 
-def test_tp2_sp_over_fsdp2_counts_the_tp_plans_collectives(two_layers, tmp_path):
+def test_tp2_sp_over_fsdp2_counts_the_tp_plans_collectives(few_layers, tmp_path):
     """TP 2 + SP × FSDP2 over dp 2 (8 micro-batches a rank). Per micro-batch, torchtitan's plan with SP: each layer
     gathers the sequence before attention and before the MLP and reduce-scatters after each (the backward mirrors:
     4 all-gathers and 4 reduce-scatters); the embedding reduce-scatters into the sequence shards and the output layer
     gathers them (again mirrored in the backward); the vocabulary-parallel loss all-reduces 3 times, and each of the
     2·L + 1 sequence-parallel norms all-reduces its weight's gradient. FSDP2 over dp as above; the gradient norm is
     reduced over dp and over tp, and the loop's loss mean over dp."""
-    r = _rehearse("7b_tp2_fsdp2_sp", two_layers, tmp_path / "tp2sp")
+    r = _rehearse("7b_tp2_fsdp2_sp", few_layers, tmp_path / "tp2sp")
     ga, units, tp = 8, LAYERS + 1, 2
     assert r["flops_counted"] == 6 * MATMUL * ga * SEQ / tp
     sp = ga * (4 * LAYERS + 2)
