@@ -36,6 +36,9 @@ BREAKDOWN_COLUMNS = {
     "other_pct": "other_us / span_us x 100",
     "idle_pct": "idle_us / span_us x 100",
     "overlap_pct": "overlapped_us / comm_us x 100 (HTA's comp_comm_overlap); None without communication",
+    "recompute_us": "time inside the trainer's recompute ranges (our torch ranks mark each checkpointed block's "
+                    "recomputation: launch.run.rundir.RECOMPUTE_REGION); None where the trace marks none",
+    "recompute_pct": "recompute_us / span_us x 100",
     "source": "trace file of the rank",
 }
 
@@ -45,6 +48,7 @@ def time_breakdown(trace: Table, *, scopes: ta.TraceScopes | None = None) -> Tab
     trace's trace_analysis.TraceScopes, shared with the caller's other analyses of it."""
     temporal = {r["rank"]: r for r in ta.temporal_breakdown(trace, scopes=scopes).rows()}
     exposed = {r["rank"]: r for r in ta.exposed_communication(trace, scopes=scopes).rows() if r["collective"] == "all"}
+    recompute = ta.recompute_time(trace, scopes=scopes)
     rows = []
     for rank, t in temporal.items():
         e = exposed.get(rank, {})
@@ -60,6 +64,8 @@ def time_breakdown(trace: Table, *, scopes: ta.TraceScopes | None = None) -> Tab
                      "compute_pct": pct(t["compute_time_us"]), "non_compute_pct": pct(t["non_compute_time_us"]),
                      "exposed_comm_pct": pct(exp), "other_pct": pct(other), "idle_pct": pct(t["idle_time_us"]),
                      "overlap_pct": 100.0 * overlapped / comm if comm else None,
+                     "recompute_us": recompute.get(rank), "recompute_pct": (
+                         pct(recompute[rank]) if recompute.get(rank) is not None else None),
                      "source": ta.rank_source(trace, rank)})
     return Table.from_rows("time_breakdown", BREAKDOWN_COLUMNS, rows, source=trace.source, warnings=trace.warnings)
 

@@ -57,6 +57,7 @@ from analysis.analyzers.collectives import (
 from analysis.parsers import kineto as _kineto
 from analysis.parsers.kineto import PROFILER_STEP, KinetoMeta, KinetoRanksMeta, gc_paused, rows_in, rows_not
 from analysis.table import Table
+from launch.run.rundir import RECOMPUTE_REGION
 
 _KINDS = ("computation", "communication", "memory")  # HTA's order: bit 1, 2, 4
 
@@ -337,6 +338,23 @@ class _Rank:
     def has_gpu(self) -> bool:
         return bool(self.gpu)
 
+    def recompute_us(self) -> float | None:
+        """The compute time inside the trainer's recompute ranges (launch.run.rundir.RECOMPUTE_REGION), a part of the
+        breakdown's compute (a recomputed block's own collectives stay communication): computation kernels under the
+        range on the GPU timeline where the rank has GPU activity (gpu_user_annotation), else the training thread's
+        compute under it; None where the trace holds no such range (a trainer that does not mark recomputation, or
+        none to mark)."""
+        name, cat = self.name, self.cat
+        if self.has_gpu():
+            marked = [i for i in self.rows if name[i] == RECOMPUTE_REGION and cat[i] == "gpu_user_annotation"]
+            compute = self.gpu_blocks("computation")
+        else:
+            marked = [i for i in self.rows if name[i] == RECOMPUTE_REGION and self.is_cpu(i)]
+            compute = self.cpu_sets()[2]
+        if not marked:
+            return None
+        return _measure(_intersect(_union(self.intervals(marked)), compute))
+
 
 class TraceScopes:
     """The per-rank scopes of one trace table, derived once per setting and shared by the analyses given it.
@@ -452,6 +470,12 @@ TEMPORAL_COLUMNS = {
 
 
 @_gc_paused
+def recompute_time(table: Table, *, include_last_step: bool = False, hta_rounding: bool = True,
+                   scopes: TraceScopes | None = None) -> dict[Any, float | None]:
+    """Per rank, the time its trainer spent recomputing checkpointed blocks, where its traces mark it (_Rank.recompute_us)."""
+    return {rk.rank: rk.recompute_us() for rk in _ranks(table, scopes, include_last_step, hta_rounding)}
+
+
 def temporal_breakdown(table: Table, *, include_last_step: bool = False, hta_rounding: bool = True,
                        scopes: TraceScopes | None = None) -> Table:
     """Per rank compute / non-compute / idle time: HTA's get_temporal_breakdown for GPU traces

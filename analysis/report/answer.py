@@ -6,6 +6,7 @@ Runs race only against runs of the same model, global batch, sequence length and
 step on the same device: RACE_WHEN_SAME); others form groups of their own, each ranked, and the answer says so."""
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
 from analysis.report.data import Report, RunResult, bar_segments
@@ -14,6 +15,7 @@ RACE_WHEN_SAME = ("model", "global_batch_size", "seq_len", "hardware")
 # Loss curves agree when, at every step both logged, they differ by at most this share of the loss (bf16 layouts of
 # one recipe differ by 1e-3 at most in the tiny matrix; a different data order or seed moves it by tens of percent).
 AGREE_REL = 0.02
+NO_RECOMPUTE = "none: its plan recomputes nothing"
 
 
 @dataclass(frozen=True)
@@ -25,7 +27,8 @@ class Standing:
     tokens_per_s_per_device: float | None
     mfu_pct: float | None
     memory_pct: float | None  # the highest rank's peak as a share of its device
-    loss_agrees: bool | None  # with the first run that has a curve (the report's curve pairs); None: not compared
+    loss_agrees: bool | None  # against its curve pair (the report's: each run against the first run with a curve,
+    # which is compared with the second); None: not compared
     loss_note: str  # why not compared, or against which run
     finding: str  # the doctor's most severe finding on this run ('' if none): its rule (the Doctor section holds it)
     source: str  # where its step times come from
@@ -56,13 +59,16 @@ class WhySlower:
     missing: str  # why there is no split ('' when there is one)
     evidence: str  # the traces the split comes from
     predicted_delta_s: float | None  # the plans' step times, the same difference
+    recompute: str = ""  # how recomputation was told apart from compute: measured, planned FLOPs, not separated
 
 
 @dataclass(frozen=True)
 class Group:
     shared: str  # what its runs share ("model llama-2-7b, global batch 16, ...")
-    standings: tuple[Standing, ...]  # fastest first; runs without step records last
+    standings: tuple[Standing, ...]  # fastest first; runs without a finite, positive speed last
     why: tuple[WhySlower, ...]
+    raced: int  # how many runs have a finite, positive speed (the first `raced` standings)
+    margin: float | None  # the fastest's tokens/s/GPU over the next one's, less 1 (None with fewer than two raced)
 
 
 @dataclass(frozen=True)
@@ -83,12 +89,18 @@ def answer(rep: Report) -> Answer:
 
 def _group(rep: Report, key: tuple, runs: list[RunResult]) -> Group:
     shared = ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in zip(RACE_WHEN_SAME, key, strict=True) if v is not None)
-    ranked = sorted(runs, key=lambda r: -(_stat(r, "tokens_per_s_per_device") or -1.0))
+    ranked = sorted(runs, key=lambda r: -_speed(r))
     standings = tuple(_standing(rep, r) for r in ranked)
-    best = ranked[0]
-    why = tuple(_why(r, best) for r in ranked[1:]
-                if _stat(r, "step_time_median_s") is not None and _stat(best, "step_time_median_s") is not None)
-    return Group(shared or "nothing the runs state", standings, why)
+    raced = [r for r in ranked if _speed(r) > 0 and (_stat(r, "step_time_median_s") or 0) > 0]
+    why = tuple(_why(r, raced[0]) for r in raced[1:])
+    margin = _speed(raced[0]) / _speed(raced[1]) - 1 if len(raced) > 1 else None
+    return Group(shared or "nothing the runs state", standings, why, len(raced), margin)
+
+
+def _speed(r: RunResult) -> float:
+    """tokens/s/GPU to rank by: a run whose speed is missing or not a number (a damaged log) ranks last."""
+    x = _stat(r, "tokens_per_s_per_device")
+    return x if x is not None and math.isfinite(x) else -1.0
 
 
 def _stat(r: RunResult, column: str) -> float | None:
@@ -126,30 +138,41 @@ def _files(source: str) -> str:
     return f"{patterns.pop()} ({len(names)} files)" if len(names) > 2 and len(patterns) == 1 else source
 
 
-def _parts(r: RunResult, step_s: float) -> dict[str, float]:
-    """The run's median step split by its traces' shares (compute, exposed collectives, other, idle); the compute
-    share its plan attributes to recomputation (hardware minus model FLOPs) named apart."""
-    shares = bar_segments(r)
-    out = {name: pct / 100 * step_s for name, pct in shares.items()}
+def _parts(r: RunResult, step_s: float) -> tuple[dict[str, float], str]:
+    """The run's median step split by its traces' shares (compute, exposed collectives, other, idle), with
+    recomputation named apart from compute, and how it was: measured inside the trainer's recompute ranges where the
+    traces mark them (the torch backend), else the compute share the plan attributes to it (hardware minus model
+    FLOPs), else not at all."""
+    out = {name: pct / 100 * step_s for name, pct in bar_segments(r).items()}
+    marked = [b["recompute_pct"] for b in r.breakdown.rows() if b.get("recompute_pct") is not None]
     plan = r.run.plan
-    if plan is not None and plan.step.hardware_flops_per_step:
-        recompute = 1 - plan.step.model_flops_per_step / plan.step.hardware_flops_per_step
-        out["recompute"] = out.get("compute", 0.0) * recompute
-        out["compute"] = out.get("compute", 0.0) - out["recompute"]
-    return out
+    if marked:
+        out["recompute"], how = sum(marked) / len(r.breakdown) / 100 * step_s, "measured"
+    elif plan is not None and plan.step.hardware_flops_per_step:
+        share = 1 - plan.step.model_flops_per_step / plan.step.hardware_flops_per_step
+        out["recompute"], how = out.get("compute", 0.0) * share, "planned FLOPs" if share else NO_RECOMPUTE
+    else:
+        return out, "not separated"
+    out["compute"] = out.get("compute", 0.0) - out["recompute"]
+    return out, how
 
 
 def _why(r: RunResult, best: RunResult) -> WhySlower:
     step, best_step = _stat(r, "step_time_median_s"), _stat(best, "step_time_median_s")
     predicted = (r.run.plan.step.total_s - best.run.plan.step.total_s
                  if r.run.plan is not None and best.run.plan is not None else None)
+    if r.layout.world_size != best.layout.world_size:
+        # per-GPU speeds race; steps of different rank counts do not split into parts of one another
+        return WhySlower(r.label, best.label, step - best_step, best_step, (), f"on {r.layout.world_size} ranks against "
+                         f"{best.layout.world_size}: its speed per GPU is compared, its step is not split", "", predicted)
     missing = [x.label for x in (r, best) if x.breakdown is None or not len(x.breakdown)]
     if missing:
         return WhySlower(r.label, best.label, step - best_step, best_step, (), f"no traces for {' and '.join(missing)}: "
                          "the step time is measured, its split is not", "", predicted)
-    mine, theirs = _parts(r, step), _parts(best, best_step)
+    (mine, how), (theirs, how_best) = _parts(r, step), _parts(best, best_step)
     parts = sorted((Part(n, mine.get(n, 0.0), theirs.get(n, 0.0)) for n in {*mine, *theirs}),
                    key=lambda p: -p.delta_s)
     return WhySlower(r.label, best.label, step - best_step, best_step, tuple(parts), "",
-                     f"{r.label}: {_files(r.breakdown.source)}; {best.label}: {_files(best.breakdown.source)}", predicted)
+                     f"{r.label}: {_files(r.breakdown.source)}; {best.label}: {_files(best.breakdown.source)}", predicted,
+                     how if how_best in (how, NO_RECOMPUTE) else f"{how} ({r.label}), {how_best} ({best.label})")
 

@@ -334,7 +334,8 @@ def _time_blocks(rep: Report) -> list[Block]:
             continue
         for b in r.breakdown.rows() if _per_rank(r, "breakdown") else ():
             rows.append([r.label, _num(b["rank"]), b["basis"], _us(b["span_us"]), _us(b["compute_us"]),
-                         _pct(b["compute_pct"]), _us(b["non_compute_us"]), _pct(b["non_compute_pct"]),
+                         _pct(b["compute_pct"]), _pct(b["recompute_pct"]), _us(b["non_compute_us"]),
+                         _pct(b["non_compute_pct"]),
                          _pct(b["exposed_comm_pct"]), _pct(b["other_pct"]), _us(b["idle_us"]), _pct(b["idle_pct"]),
                          _us(b["comm_us"]), _pct(b["overlap_pct"]), r.run.relabel(b["source"])])
         bars.append((r.label, bar_segments(r)))
@@ -343,7 +344,7 @@ def _time_blocks(rep: Report) -> list[Block]:
         # then splits into exposed communication and other activity.
         if rows:
             out.append(Block("table", headers=["run", "rank", "basis", "span, µs", "compute, µs", "compute %",
-                                               "non-compute, µs", "non-compute %", "of which exposed comm %",
+                                               "of which recompute %", "non-compute, µs", "non-compute %", "of which exposed comm %",
                                                "of which other %", "idle, µs", "idle %", "comm, µs", "overlap %",
                                                "source"], rows=rows))
         out += _spread(rep, "breakdown")
@@ -632,17 +633,16 @@ def winner_lines(ans: A.Answer) -> list[str]:
         out.append(f"The runs differ in {ans.differs}: each group of runs that share them is ranked on its own "
                    f"({len(ans.groups)} groups).")
     for g in ans.groups:
-        fast = [s for s in g.standings if s.tokens_per_s_per_device is not None]
+        fast = g.standings[:g.raced]
         where = f" among runs of {g.shared}" if len(ans.groups) > 1 else ""
         if not fast:
             out.append(f"No step records{where}: nothing to rank.")
-        elif len(fast) == 1:
+        elif g.margin is None:
             out.append(f"{fast[0].label}{where}: {_num(fast[0].tokens_per_s_per_device)} tokens/s/GPU, the only "
                        "run with step records" + ("." if len(g.standings) == 1 else " in its group."))
         else:
-            a, b = fast[0], fast[1]
-            out.append(f"Fastest{where}: {a.label}, {_num(a.tokens_per_s_per_device)} tokens/s/GPU, "
-                       f"{a.tokens_per_s_per_device / b.tokens_per_s_per_device - 1:.1%} ahead of {b.label}.")
+            out.append(f"Fastest{where}: {fast[0].label}, {_num(fast[0].tokens_per_s_per_device)} tokens/s/GPU, "
+                       f"{g.margin:.1%} ahead of {fast[1].label}.")
     return out
 
 
@@ -677,17 +677,18 @@ def _answer_blocks(rep: Report) -> list[Block]:
                  if any(abs(p.delta_s) >= 1e-4 for w in g.why for p in w.parts if p.name == n)]
         split = [[w.label, w.best, _ms(w.delta_s), _ms(w.predicted_delta_s),
                   *(_ms(next((p.delta_s for p in w.parts if p.name == n), None)) for n in names),
-                  w.missing or w.evidence] for w in g.why]
+                  w.recompute or "–", w.missing or w.evidence] for w in g.why]
         if g.why:
             out.append(Block("list", "Why slower than the fastest", items=[_why_line(w) for w in g.why]))
         if split:
             out.append(Block("p", "The split: each part's milliseconds a step, this run's minus the fastest's (the "
-                             "traces' shares of the profiled window × the median step; recompute: the "
+                             "traces' shares of the profiled window × the median step; recompute: measured inside the "
+                             "trainer's recompute ranges where its traces mark them (the torch backend), else the "
                              "compute share the run's plan attributes to recomputed FLOPs; idle holds a pipeline's "
                              "bubble and the host's gaps, which the traces do not tell apart); plan: the plans' step "
                              "times, the same difference."))
-            out.append(Block("table", headers=["run", "fastest", "step +ms", "plan +ms", *names, "source"],
-                             rows=split))
+            out.append(Block("table", headers=["run", "fastest", "step +ms", "plan +ms", *names, "recompute from",
+                                               "source"], rows=split))
     return out
 
 

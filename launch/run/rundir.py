@@ -16,6 +16,9 @@ from pathlib import Path
 from launch.outputs import claim_folder, folder_problem, write_text_atomic
 
 SUBDIRS = ("metrics", "logs", "traces", "nccl", "commbench", "tensorboard", "checkpoints")
+# The named range (torch.profiler record_function, NVTX) a rank puts around each checkpointed block's recomputation in
+# the backward, so that its traces measure recomputation apart from compute (analysis.analyzers.trace_analysis).
+RECOMPUTE_REGION = "recompute"
 # Files of a run directory that are ours but no evidence for a report (glob relative to the root -> what it is): the
 # analysis lists them as ours instead of as files it could not read.
 NOT_EVIDENCE = {

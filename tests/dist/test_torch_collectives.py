@@ -25,9 +25,13 @@ from collections import Counter
 
 import pytest
 
+from analysis.analyzers.breakdown import time_breakdown
+from analysis.parsers.kineto import parse_kineto_ranks
+from launch.config.backends import SELECTIVE_EVERY
 from launch.config.resolve import Resolved
 from launch.plan.collectives import communication
 from launch.plan.layout import Layout
+from launch.run.rundir import RECOMPUTE_REGION
 from tests.dist.conftest import SHORT, TORCH, TORCH_LAYOUTS
 
 pytestmark = [pytest.mark.dist, pytest.mark.slow]
@@ -89,3 +93,22 @@ def test_trace_counts_equal_the_plan(shared_run, name):
     for rank in range(resolved.world_size):
         stage = resolved.grid.coords(rank)[2]
         assert counted(t.root / "traces" / f"rank{rank}.json") == planned(t, stage), rank
+
+
+def test_each_recomputation_is_marked_and_the_report_measures_it(shared_run):
+    """Selective checkpointing recomputes blocks 0 and 2 of the 4 (SELECTIVE_EVERY) in each micro-batch's backward
+    (2 per step here), each inside one RECOMPUTE_REGION range: counted here with json in the traced step, then
+    measured by the report's breakdown on every rank, a part of its compute."""
+    t = shared_run(*SHORT, *TORCH_LAYOUTS["tp2_sp_selective"], recipe=TORCH)
+    resolved = Resolved.load(t.root / "resolved.json")
+    assert (SELECTIVE_EVERY, resolved.grad_accum, resolved.model.num_layers) == (2, 2, 4)
+    for rank in range(resolved.world_size):
+        events = [e for e in json.loads((t.root / "traces" / f"rank{rank}.json").read_text())["traceEvents"]
+                  if e.get("ph") == "X"]
+        (window,) = [e for e in events if e["name"].startswith("step ")]
+        marks = [e for e in events if e["name"] == RECOMPUTE_REGION and e.get("cat") == "user_annotation"
+                 and window["ts"] <= e["ts"] <= window["ts"] + window["dur"]]
+        assert len(marks) == 2 * 2, rank  # 2 blocks × 2 micro-batches
+    rows = list(time_breakdown(parse_kineto_ranks(sorted((t.root / "traces").glob("rank*.json")))).rows())
+    assert len(rows) == resolved.world_size
+    assert all(0 < b["recompute_us"] <= b["compute_us"] for b in rows), rows

@@ -9,34 +9,43 @@ import pytest
 
 from analysis.__main__ import main
 from analysis.report.sections import CONSOLE_LINES
+from launch.run.rundir import RECOMPUTE_REGION
 from tests.unit.report_support import make_run_dir
 
 COMPUTE_US = 10_000
 
 
-def _trace(path: Path, rank: int, comm_us: int, steps: int = 4) -> None:
-    """A CPU rank's Kineto trace: each ProfilerStep is COMPUTE_US of a matmul, then a gloo all-reduce of comm_us
-    on the same thread (nothing overlaps it: all of it is exposed)."""
+def _trace(path: Path, rank: int, comm_us: int, steps: int = 4, recompute_us: int = 0) -> None:
+    """A CPU rank's Kineto trace: each ProfilerStep is COMPUTE_US of a matmul, then recompute_us of another inside the
+    trainer's recompute range (RECOMPUTE_REGION, as the torch backend marks it), then a gloo all-reduce of comm_us on
+    the same thread (nothing overlaps it: all of it is exposed)."""
     events, t = [], 0
     for s in range(1, steps + 1):
+        compute = COMPUTE_US + recompute_us
         events += [{"ph": "X", "cat": "user_annotation", "name": f"ProfilerStep#{s}", "pid": 1, "tid": 1, "ts": t,
-                    "dur": COMPUTE_US + comm_us},
+                    "dur": compute + comm_us},
                    {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": 1, "tid": 1, "ts": t, "dur": COMPUTE_US},
-                   {"ph": "X", "cat": "cpu_op", "name": "gloo:all_reduce", "pid": 1, "tid": 1, "ts": t + COMPUTE_US,
+                   {"ph": "X", "cat": "cpu_op", "name": "gloo:all_reduce", "pid": 1, "tid": 1, "ts": t + compute,
                     "dur": comm_us, "args": {"Input Dims": [[1024]], "Input type": ["float"]}}]
-        t += COMPUTE_US + comm_us
+        if recompute_us:
+            events += [{"ph": "X", "cat": "user_annotation", "name": RECOMPUTE_REGION, "pid": 1, "tid": 1,
+                        "ts": t + COMPUTE_US, "dur": recompute_us},
+                       {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": 1, "tid": 1, "ts": t + COMPUTE_US,
+                        "dur": recompute_us}]
+        t += compute + comm_us
     path.write_text(json.dumps({"traceEvents": events, "distributedInfo": {
         "backend": "gloo", "rank": rank, "world_size": 2, "pg_config": [{"pg_name": "0", "pg_size": 2}]}}))
 
 
-def _run(root: Path, name: str, comm_us: int | None, *overrides: str) -> Path:
-    """tiny_zero2's run whose metrics say each step took COMPUTE_US + comm_us; with its traces unless comm_us is None."""
-    step_s = (COMPUTE_US + (comm_us or 2_000)) / 1e6
+def _run(root: Path, name: str, comm_us: int | None, *overrides: str, recompute_us: int = 0) -> Path:
+    """tiny_zero2's run whose metrics say each step took COMPUTE_US + recompute_us + comm_us; with its traces unless
+    comm_us is None."""
+    step_s = (COMPUTE_US + recompute_us + (comm_us or 2_000)) / 1e6
     d = make_run_dir(root, name, step_times=[step_s] * 12, traces=False, overrides=overrides)
     if comm_us is not None:
         (d / "traces").mkdir()
         for rank in range(2):
-            _trace(d / "traces" / f"rank{rank}.json", rank, comm_us)
+            _trace(d / "traces" / f"rank{rank}.json", rank, comm_us, recompute_us=recompute_us)
     return d
 
 
@@ -79,3 +88,17 @@ def test_one_run_alone_gets_its_own_line(tmp_path, capsys):
     md, printed = _report(tmp_path, capsys, _run(tmp_path, "20260101-000000", 2_000))
     assert "- tiny_zero2/20260101-000000: 21,333 tokens/s/GPU, the only run with step records." in md
     assert "Fastest" not in md and len(printed) == 3  # the ranking's header, its row, the sentence
+
+
+def test_recomputation_the_traces_mark_is_measured_not_estimated(tmp_path, capsys):
+    """The torch backend marks each recomputation (RECOMPUTE_REGION): a run that recomputes 4 ms a step is slower by
+    its recomputation, measured from the marked ranges, not from the plan's FLOPs."""
+    fast = _run(tmp_path, "20260101-000000", 2_000)
+    slow = _run(tmp_path, "20260101-000001", 2_000, recompute_us=4_000)
+    md, _ = _report(tmp_path, capsys, fast, slow)
+    line = next(x for x in md.splitlines() if x.startswith("- tiny_zero2/20260101-000001 is"))
+    assert "4.0 ms a step slower" in line and "most of it recompute" in line, line
+    named = float(line.split("most of it recompute ")[1].split(" ms")[0])
+    assert named == pytest.approx(4.0, rel=0.15)
+    split = md[md.index("| run | fastest |"):].split("\n")[2]
+    assert "| measured |" in split, split

@@ -43,6 +43,7 @@ from launch.ranks.trainers import common
 from launch.ranks.trainers.protocol import BuildContext, StepOutput
 from launch.torchtools.untrusted import DCP_METADATA, UntrustedFileError, dcp_reader, read_dcp_metadata
 from launch.run.checkpoints import Checkpoint, ResumeError
+from launch.run.rundir import RECOMPUTE_REGION
 
 
 def init_distributed(resolved: Resolved, cuda: bool) -> None:
@@ -153,15 +154,19 @@ def _apply_tp(part, tp_mesh, sp: bool) -> None:
         part.lm_head.weight = part.model.embed_tokens.weight
 
 
-def _apply_ac(part, mode: str) -> None:
+def _apply_ac(part, mode: str, marked: bool, cuda: bool) -> None:
+    """Checkpoint every block ("full") or every SELECTIVE_EVERY-th; `marked`: each recomputation runs inside the named
+    range RECOMPUTE_REGION, which the traces show (not under train.compile: Dynamo traces no context function but
+    selective checkpointing's)."""
     from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
 
     if mode == "none":
         return
     every = 1 if mode == "full" else SELECTIVE_EVERY
+    marks = {"context_fn": lambda: (contextlib.nullcontext(), common.region(RECOMPUTE_REGION, cuda))} if marked else {}
     for i, layer in _layers(part).items():
         if i % every == 0:
-            _set_layer(part, i, checkpoint_wrapper(layer, preserve_rng_state=False))
+            _set_layer(part, i, checkpoint_wrapper(layer, preserve_rng_state=False, **marks))
 
 
 def _apply_compile(part, on: bool) -> None:
@@ -253,7 +258,7 @@ class TorchTrainer:
         for part in parts:
             if par.tp > 1:
                 _apply_tp(part, self.mesh["tp"], par.sp)
-            _apply_ac(part, train.activation_checkpointing)
+            _apply_ac(part, train.activation_checkpointing, marked=not train.compile, cuda=ctx.cuda)
             _apply_compile(part, train.compile)
             _apply_dp(part, self.mesh, resolved, ctx.cuda)
         with common.model_build(ctx.run, ctx.env.rank):  # the meta skeleton costs nothing; this is where memory comes
