@@ -1,7 +1,7 @@
 """Per-rank numbers as distributions over the ranks, so that a run of many ranks gives a table a person can read: for
 each quantity its minimum, median, 90th percentile and maximum over the ranks and the ranks furthest on its bad side,
-by name. The report shows these in place of one row per rank for runs of more than PER_RANK_ROWS_MAX ranks (smaller
-runs keep their rows)."""
+by name. The report shows these as each run's row (runs of several ranks); every rank's row of a run of up to
+PER_RANK_ROWS_MAX ranks goes to its appendix."""
 from __future__ import annotations
 
 import statistics

@@ -7,7 +7,6 @@ step on the same device: RACE_WHEN_SAME); others form groups of their own, each 
 from __future__ import annotations
 
 import math
-import re
 from dataclasses import dataclass
 from analysis.report.data import Report, RunResult, bar_segments
 
@@ -57,7 +56,7 @@ class WhySlower:
     best_step_s: float
     parts: tuple[Part, ...]  # largest difference first; empty where a split is missing
     missing: str  # why there is no split ('' when there is one)
-    evidence: str  # the traces the split comes from
+    sources: tuple[str, str]  # the traces the split comes from: the run's, the fastest's
     predicted_delta_s: float | None  # the plans' step times, the same difference
     recompute: str = ""  # how recomputation was told apart from compute: measured, planned FLOPs, not separated
 
@@ -127,15 +126,7 @@ def _standing(rep: Report, r: RunResult) -> Standing:
     finding = next((f for sev in ("warn", "info") for f in rep.findings if f.run == r.label and f.severity == sev), None)
     return Standing(r.label, _stat(r, "step_time_median_s"), _stat(r, "tokens_per_s_per_device"), _stat(r, "mfu_pct"),
                     memory, agrees, note, f"{finding.rule} ({finding.severity})" if finding else "",
-                    _files(r.run.relabel(next(r.stats.rows())["source"])) if r.stats is not None and len(r.stats)
-                    else "–")
-
-
-def _files(source: str) -> str:
-    """A list of one file per rank as one pattern: 'metrics/rank*.jsonl (4 files)'."""
-    names = source.split(", ")
-    patterns = {re.sub(r"\d+", "*", n) for n in names}
-    return f"{patterns.pop()} ({len(names)} files)" if len(names) > 2 and len(patterns) == 1 else source
+                    r.run.relabel(next(r.stats.rows())["source"]) if r.stats is not None and len(r.stats) else "–")
 
 
 def _parts(r: RunResult, step_s: float) -> tuple[dict[str, float], str]:
@@ -164,15 +155,16 @@ def _why(r: RunResult, best: RunResult) -> WhySlower:
     if r.layout.world_size != best.layout.world_size:
         # per-GPU speeds race; steps of different rank counts do not split into parts of one another
         return WhySlower(r.label, best.label, step - best_step, best_step, (), f"on {r.layout.world_size} ranks against "
-                         f"{best.layout.world_size}: its speed per GPU is compared, its step is not split", "", predicted)
+                         f"{best.layout.world_size}: its speed per GPU is compared, its step is not split", ("", ""),
+                         predicted)
     missing = [x.label for x in (r, best) if x.breakdown is None or not len(x.breakdown)]
     if missing:
         return WhySlower(r.label, best.label, step - best_step, best_step, (), f"no traces for {' and '.join(missing)}: "
-                         "the step time is measured, its split is not", "", predicted)
+                         "the step time is measured, its split is not", ("", ""), predicted)
     (mine, how), (theirs, how_best) = _parts(r, step), _parts(best, best_step)
     parts = sorted((Part(n, mine.get(n, 0.0), theirs.get(n, 0.0)) for n in {*mine, *theirs}),
                    key=lambda p: -p.delta_s)
     return WhySlower(r.label, best.label, step - best_step, best_step, tuple(parts), "",
-                     f"{r.label}: {_files(r.breakdown.source)}; {best.label}: {_files(best.breakdown.source)}", predicted,
+                     (r.breakdown.source, best.breakdown.source), predicted,
                      how if how_best in (how, NO_RECOMPUTE) else f"{how} ({r.label}), {how_best} ({best.label})")
 

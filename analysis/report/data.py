@@ -15,7 +15,7 @@ from analysis.analyzers.breakdown import kernel_totals_diff, nsys_stats_totals
 from analysis.analyzers.ceilings import ceiling_curves, nccl_ceilings
 from analysis.analyzers.collective_calls import collectives_vs_layout, expected_from_resolved
 from analysis.analyzers.collectives import REDUCTIONS
-from analysis.analyzers.distributions import PER_RANK_ROWS_MAX, rank_distributions
+from analysis.analyzers.distributions import rank_distributions
 from analysis.analyzers.memory import memory_from_deepspeed, memory_from_megatron, memory_from_metrics, memory_vs_plan
 from analysis.analyzers.rank_traces import TraceSet, of_table, read_traces
 from analysis.analyzers.run_layout import RunLayout
@@ -59,7 +59,7 @@ class RunResult:
     stragglers: Table | None = None
     arrivals: Table | None = None  # where each collective waited, per collective type (analysis.analyzers.arrivals)
     rank_arrivals: Table | None = None  # the same per rank
-    # runs of more than PER_RANK_ROWS_MAX ranks: each per-rank table (breakdown, exposed, kernel_types, stragglers,
+    # runs of several ranks: each per-rank table (breakdown, exposed, kernel_types, stragglers,
     # rank_arrivals, memory) as rank_distributions, shown in place of its rows
     distributions: dict[str, Table] = field(default_factory=dict)
     timers: list[Table] = field(default_factory=list)
@@ -406,12 +406,12 @@ SPREAD: dict[str, tuple[str | None, tuple[tuple[str, str], ...]]] = {
 
 
 def _distributions(res: RunResult) -> dict[str, Table]:
-    """The run's per-rank tables as distributions over its ranks, for a run of more than PER_RANK_ROWS_MAX ranks
+    """The run's per-rank tables as distributions over its ranks, for a run of several ranks: the report's row per run
     (each table counted on its own: the memory records may cover other ranks than the traces)."""
     out = {}
     for key, (by, quantities) in SPREAD.items():
         t = getattr(res, key)
-        if t is not None and len(set(t.columns["rank"])) > PER_RANK_ROWS_MAX:
+        if t is not None and len(set(t.columns["rank"])) > 1:
             out[key] = rank_distributions(t, quantities, by=by)
     return out
 

@@ -31,6 +31,7 @@ def render_markdown(rep: Report, out_path: str | os.PathLike[str]) -> list[Path]
     written = [out]
     lines = [*MD_HEAD.splitlines(), ""]
     n_img = 0
+    folds = []  # the per-rank tables, kept for the appendix at the end
     for b in report_blocks(rep):
         if b.kind in ("h2", "h3"):
             lines += [("## " if b.kind == "h2" else "### ") + _md_cell(b.text), ""]
@@ -41,10 +42,10 @@ def render_markdown(rep: Report, out_path: str | os.PathLike[str]) -> list[Path]
                 lines += [f"**{_md_cell(b.text)}**", ""]
             lines += [f"- {_md_cell(i)}" for i in b.items] + [""]
         elif b.kind == "table":
-            lines.append("| " + " | ".join(_md_cell(h) for h in b.headers) + " |")
-            lines.append("|" + "---|" * len(b.headers))
-            lines += ["| " + " | ".join(_md_cell(c) for c in row) + " |" for row in b.rows]
-            lines.append("")
+            lines += _md_table(b)
+        elif b.kind == "fold":
+            folds.append(b)
+            lines += [f"*{_md_cell(b.text)}: in the appendix.*", ""]
         elif b.kind == "img":
             n_img += 1
             plots_dir.mkdir(parents=True, exist_ok=True)
@@ -52,8 +53,17 @@ def render_markdown(rep: Report, out_path: str | os.PathLike[str]) -> list[Path]
             write_bytes_atomic(f, b.png)
             written.append(f)
             lines += [f"![{_md_cell(b.text)}]({plots_dir.name}/{f.name})", "", f"*{_md_cell(b.text)}*", ""]
+    if folds:
+        lines += ["## Appendix: every rank", ""]
+        for b in folds:
+            lines += [f"### {_md_cell(b.text)}", "", *_md_table(b)]
     write_text_atomic(out, "\n".join(lines))
     return written
+
+
+def _md_table(b) -> list[str]:
+    return ["| " + " | ".join(_md_cell(h) for h in b.headers) + " |", "|" + "---|" * len(b.headers),
+            *("| " + " | ".join(_md_cell(c) for c in row) + " |" for row in b.rows), ""]
 
 
 # ---- HTML
@@ -96,20 +106,9 @@ def render_html(rep: Report, out_path: str | os.PathLike[str]) -> list[Path]:
             parts.append(f"<details><summary>{e(b.text)}</summary><ul>"
                          + "".join(f"<li>{e(i)}</li>" for i in b.items) + "</ul></details>")
         elif b.kind == "table":
-            src_col = len(b.headers) - 1 if b.headers and b.headers[-1] == "source" else -1
-            sev_col = list(b.headers).index("severity") if "severity" in b.headers else -1
-            rows = []
-            for row in b.rows:
-                cls = " class='warn'" if sev_col >= 0 and row[sev_col] == "warn" else ""
-                cells = []
-                for i, c in enumerate(row):
-                    c = str(c)
-                    kind = " class='src'" if i == src_col else (" class='n'" if _is_num(c) else "")
-                    title = f" title='source: {e(row[src_col])}'" if src_col >= 0 and i != src_col else ""
-                    cells.append(f"<td{kind}{title}>{e(c)}</td>")
-                rows.append(f"<tr{cls}>" + "".join(cells) + "</tr>")
-            parts.append("<table><thead><tr>" + "".join(f"<th>{e(h)}</th>" for h in b.headers)
-                         + "</tr></thead><tbody>" + "".join(rows) + "</tbody></table>")
+            parts.append(_html_table(b, e))
+        elif b.kind == "fold":
+            parts.append(f"<details><summary>{e(b.text)}</summary>{_html_table(b, e)}</details>")
         elif b.kind == "img":
             data = base64.b64encode(b.png).decode("ascii")
             parts.append(f"<figure><img alt='{e(b.text)}' src='data:image/png;base64,{data}'>"
@@ -118,6 +117,24 @@ def render_html(rep: Report, out_path: str | os.PathLike[str]) -> list[Path]:
     out = Path(out_path)
     write_text_atomic(out, "".join(parts))
     return [out]
+
+
+def _html_table(b, e) -> str:
+    """A table; the source column's cells small, numbers right-aligned, each cell titled by its row's source."""
+    src_col = len(b.headers) - 1 if b.headers and b.headers[-1] == "source" else -1
+    sev_col = list(b.headers).index("severity") if "severity" in b.headers else -1
+    rows = []
+    for row in b.rows:
+        cls = " class='warn'" if sev_col >= 0 and row[sev_col] == "warn" else ""
+        cells = []
+        for i, c in enumerate(row):
+            c = str(c)
+            kind = " class='src'" if i == src_col else (" class='n'" if _is_num(c) else "")
+            title = f" title='source: {e(row[src_col])}'" if src_col >= 0 and i != src_col else ""
+            cells.append(f"<td{kind}{title}>{e(c)}</td>")
+        rows.append(f"<tr{cls}>" + "".join(cells) + "</tr>")
+    return ("<table><thead><tr>" + "".join(f"<th>{e(h)}</th>" for h in b.headers) + "</tr></thead><tbody>"
+            + "".join(rows) + "</tbody></table>")
 
 
 def write_report(rep: Report, outputs: Iterable[str | os.PathLike[str]]) -> list[Path]:

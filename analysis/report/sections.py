@@ -3,6 +3,7 @@ that both renderers (analysis.report.render) write; numbers are formatted here, 
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
@@ -61,9 +62,12 @@ def _pct(x: Any) -> str:
 
 
 def _files(text: str) -> str:
-    """A list of files (', '-joined) as it reads in a cell: whole up to PER_RANK_ROWS_MAX names, else the first and
-    the last and how many."""
+    """A list of files (', '-joined) as it reads in a cell: one file per rank as one pattern ('traces/rank*.json
+    (4 files)'), else whole up to PER_RANK_ROWS_MAX names, else the first and the last and how many."""
     names = text.split(", ")
+    patterns = {re.sub(r"\d+", "*", n) for n in names}
+    if len(names) > 2 and len(patterns) == 1:
+        return f"{patterns.pop()} ({len(names):,} files)"
     if len(names) <= PER_RANK_ROWS_MAX:
         return text
     return f"{names[0]}, {names[1]} … {names[-1]} ({len(names):,} files)"
@@ -83,36 +87,56 @@ _SPREAD_LABELS: dict[str, tuple[str, Callable[[Any], str]]] = {
 
 
 def _spread(rep: Report, key: str, grouped_by: str = "") -> list[Block]:
-    """The distribution table of `key` (a RunResult.distributions key) of the runs with more than PER_RANK_ROWS_MAX
-    ranks, which their per-rank rows leave out."""
-    rows = []
+    """One row per run of several ranks (and per `grouped_by` value): each quantity of `key` (a RunResult.distributions
+    key) as its median over the ranks, its range, and the rank furthest on its bad side."""
+    quantities: dict[str, None] = {}
+    rows: dict[tuple[str, Any], dict[str, Any]] = {}
     for r in rep.runs:
-        if key not in r.distributions:
-            continue
-        for d in r.distributions[key].rows():
-            label, fmt = _SPREAD_LABELS[d["quantity"]]
-            worst = ", ".join(f"rank {_num(rank)} ({fmt(v)})" for rank, v in d["worst"])
-            rows.append([r.label, *([d["group"]] if grouped_by else []), label, _num(d["ranks"]), fmt(d["min"]),
-                         fmt(d["median"]), fmt(d["p90"]), fmt(d["max"]), f"{d['bad']}: {worst}",
-                         _files(r.run.relabel(d["source"]))])
+        for d in r.distributions[key].rows() if key in r.distributions else ():
+            quantities[d["quantity"]] = None
+            row = rows.setdefault((r.label, d["group"]), {"ranks": d["ranks"], "source": r.run.relabel(d["source"])})
+            row[d["quantity"]] = d
     if not rows:
         return []
-    return [Block("p", f"Runs of more than {PER_RANK_ROWS_MAX} ranks, over their ranks: minimum, median, 90th "
-                       f"percentile and maximum, and the ranks furthest on the bad side."),
-            Block("table", headers=["run", *([grouped_by] if grouped_by else []), "quantity", "ranks", "min",
-                                    "median", "p90", "max", "worst ranks", "source"], rows=rows)]
+
+    def cell(d: dict | None) -> str:
+        if d is None:
+            return "–"
+        _, fmt = _SPREAD_LABELS[d["quantity"]]
+        rank, _worst = d["worst"][0]
+        return f"{fmt(d['median'])} ({fmt(d['min'])}–{fmt(d['max'])}; {d['bad']}est rank {_num(rank)})"
+
+    table = [[label, *([group] if grouped_by else []), _num(row["ranks"]), *(cell(row.get(q)) for q in quantities),
+              _files(row["source"])] for (label, group), row in rows.items()]
+    return [Block("p", f"A row per run of several ranks: each quantity's median over its ranks, then its range and the "
+                       f"rank furthest on the bad side (every rank's row, for runs of up to {PER_RANK_ROWS_MAX} ranks, "
+                       f"in the appendix; the three worst ranks in the doctor's findings)."),
+            Block("table", headers=["run", *([grouped_by] if grouped_by else []), "ranks",
+                                    *(_SPREAD_LABELS[q][0] for q in quantities), "source"], rows=table)]
 
 
 def _per_rank(r: RunResult, key: str) -> bool:
-    """Whether the run's `key` table is shown a row per rank (else as a distribution: _spread)."""
+    """Whether the run's `key` table is shown a row per rank in its section (one rank: its row is the run's; else the
+    run's row is its distribution: _spread)."""
     return key not in r.distributions
+
+
+def _folded(r: RunResult, key: str) -> bool:
+    """Whether the run's per-rank rows of `key` are kept in the appendix (Block "fold"): runs of several ranks, up to
+    PER_RANK_ROWS_MAX; larger runs read as their distribution alone."""
+    t = getattr(r, key)
+    return key in r.distributions and t is not None and len(set(t.columns["rank"])) <= PER_RANK_ROWS_MAX
+
+
+def _fold(title: str, headers: Sequence[str], rows: list) -> list[Block]:
+    return [Block("fold", f"{title}, every rank", headers=headers, rows=rows)] if rows else []
 
 
 @dataclass
 class Block:
     """A unit of rendered content: a heading, text, a table or a figure."""
 
-    kind: str  # h2 | h3 | p | table | img | list | details
+    kind: str  # h2 | h3 | p | table | img | list | details | fold (a table of detail: the appendix, or <details>)
     text: str = ""
     headers: Sequence[str] = ()
     rows: Sequence[Sequence[str]] = ()
@@ -296,7 +320,7 @@ def _curve_blocks(rep: Report) -> list[Block]:
 
 def _memory_blocks(rep: Report) -> list[Block]:
     out = [Block("h2", "Memory")]
-    rows, groups = [], []
+    rows, groups, folded = [], [], []
     dev = None
     for r in rep.runs:
         if r.memory is None or not len(r.memory):
@@ -304,19 +328,23 @@ def _memory_blocks(rep: Report) -> list[Block]:
             continue
         ranks = []
         for m in r.memory.rows():
+            row = [r.label, _num(m["rank"]), nice_bytes(m["measured_bytes"]), m["measured_what"],
+                   nice_bytes(m["predicted_bytes"]), _num(m["measured_over_predicted"]),
+                   nice_bytes(m["device_memory_bytes"]), _pct(m["pct_of_device"]),
+                   r.run.relabel(m["predicted_what"] or "–"), r.run.relabel(m["source"] or "–")]
             if _per_rank(r, "memory"):
-                rows.append([r.label, _num(m["rank"]), nice_bytes(m["measured_bytes"]), m["measured_what"],
-                             nice_bytes(m["predicted_bytes"]), _num(m["measured_over_predicted"]),
-                             nice_bytes(m["device_memory_bytes"]), _pct(m["pct_of_device"]),
-                             r.run.relabel(m["predicted_what"] or "–"), r.run.relabel(m["source"] or "–")])
+                rows.append(row)
+            elif _folded(r, "memory"):
+                folded.append(row)
             ranks.append((_num(m["rank"]), m["measured_bytes"] / 2**30,
                           m["predicted_bytes"] / 2**30 if m["predicted_bytes"] else None))
             dev = dev or m["device_memory_bytes"]
         groups.append((r.label, ranks))
+    headers = ["run", "rank", "peak", "measured as", "predicted", "measured / predicted", "device", "% of device",
+               "prediction from", "source"]
     if rows or not any("memory" in r.distributions for r in rep.runs):
-        out.append(Block("table", headers=["run", "rank", "peak", "measured as", "predicted", "measured / predicted",
-                                           "device", "% of device", "prediction from", "source"], rows=rows))
-    out += _spread(rep, "memory")
+        out.append(Block("table", headers=headers, rows=rows))
+    out += _spread(rep, "memory") + _fold("Memory", headers, folded)
     if groups:
         same_dev = len({m["device_memory_bytes"] for r in rep.runs if r.memory is not None
                         for m in r.memory.rows()}) == 1
@@ -328,54 +356,57 @@ def _memory_blocks(rep: Report) -> list[Block]:
 
 def _time_blocks(rep: Report) -> list[Block]:
     out = [Block("h2", "Where the time went")]
-    rows, bars = [], []
+    rows, bars, folded = [], [], []
     for r in rep.runs:
         if r.breakdown is None:
             continue
-        for b in r.breakdown.rows() if _per_rank(r, "breakdown") else ():
-            rows.append([r.label, _num(b["rank"]), b["basis"], _us(b["span_us"]), _us(b["compute_us"]),
-                         _pct(b["compute_pct"]), _pct(b["recompute_pct"]), _us(b["non_compute_us"]),
-                         _pct(b["non_compute_pct"]),
-                         _pct(b["exposed_comm_pct"]), _pct(b["other_pct"]), _us(b["idle_us"]), _pct(b["idle_pct"]),
-                         _us(b["comm_us"]), _pct(b["overlap_pct"]), r.run.relabel(b["source"])])
+        for b in r.breakdown.rows():
+            row = [r.label, _num(b["rank"]), b["basis"], _us(b["span_us"]), _us(b["compute_us"]),
+                   _pct(b["compute_pct"]), _pct(b["recompute_pct"]), _us(b["non_compute_us"]),
+                   _pct(b["non_compute_pct"]), _pct(b["exposed_comm_pct"]), _pct(b["other_pct"]), _us(b["idle_us"]),
+                   _pct(b["idle_pct"]), _us(b["comm_us"]), _pct(b["overlap_pct"]), r.run.relabel(b["source"])]
+            (rows if _per_rank(r, "breakdown") else folded if _folded(r, "breakdown") else []).append(row)
         bars.append((r.label, bar_segments(r)))
     if bars:
         # HTA's temporal breakdown as it prints it, absolute times in µs beside the shares; the non-compute share
         # then splits into exposed communication and other activity.
+        headers = ["run", "rank", "basis", "span, µs", "compute, µs", "compute %", "of which recompute %",
+                   "non-compute, µs", "non-compute %", "of which exposed comm %", "of which other %", "idle, µs",
+                   "idle %", "comm, µs", "overlap %", "source"]
         if rows:
-            out.append(Block("table", headers=["run", "rank", "basis", "span, µs", "compute, µs", "compute %",
-                                               "of which recompute %", "non-compute, µs", "non-compute %", "of which exposed comm %",
-                                               "of which other %", "idle, µs", "idle %", "comm, µs", "overlap %",
-                                               "source"], rows=rows))
-        out += _spread(rep, "breakdown")
+            out.append(Block("table", headers=headers, rows=rows))
+        out += _spread(rep, "breakdown") + _fold("Where the time went", headers, folded)
         out.append(Block("img", "Share of the measured span per run (mean over ranks): compute, each collective's "
                                 "exposed time, other non-compute activity, idle. Sources: the trace files above.",
                          png=_plot(plots.time_breakdown_bars, bars)))
-        ex_rows = []
+        ex_rows, ex_folded = [], []
         for r in rep.runs:
-            if r.exposed is None or not _per_rank(r, "exposed"):
+            if r.exposed is None:
                 continue
             for e in r.exposed.rows():
-                ex_rows.append([r.label, _num(e["rank"]), e["collective"], e["basis"], _us_ms(e["comm_time_us"]),
-                                _us_ms(e["exposed_us"]), _pct(e["exposed_pct_of_span"]), r.run.relabel(e["source"])])
+                row = [r.label, _num(e["rank"]), e["collective"], e["basis"], _us_ms(e["comm_time_us"]),
+                       _us_ms(e["exposed_us"]), _pct(e["exposed_pct_of_span"]), r.run.relabel(e["source"])]
+                (ex_rows if _per_rank(r, "exposed") else ex_folded if _folded(r, "exposed") else []).append(row)
         ex_spread = _spread(rep, "exposed", "collective")
         if ex_rows or ex_spread:
             out.append(Block("h3", "Exposed communication per collective"))
+        ex_headers = ["run", "rank", "collective", "basis", "time, ms", "exposed, ms", "exposed % of span", "source"]
         if ex_rows:
-            out.append(Block("table", headers=["run", "rank", "collective", "basis", "time, ms", "exposed, ms",
-                                               "exposed % of span", "source"], rows=ex_rows))
-        out += ex_spread
-        kt_rows = [[r.label, _num(k["rank"]), k["kernel_type"], f"{k['time_us']:,.0f}", _pct(k["share_pct"]),
-                    r.run.relabel(r.kernel_types.source)]
-                   for r in rep.runs if r.kernel_types is not None and _per_rank(r, "kernel_types")
-                   for k in r.kernel_types.rows()]
+            out.append(Block("table", headers=ex_headers, rows=ex_rows))
+        out += ex_spread + _fold("Exposed communication per collective", ex_headers, ex_folded)
+        kt_rows, kt_folded = [], []
+        for r in rep.runs:
+            for k in r.kernel_types.rows() if r.kernel_types is not None else ():
+                row = [r.label, _num(k["rank"]), k["kernel_type"], f"{k['time_us']:,.0f}", _pct(k["share_pct"]),
+                       r.run.relabel(r.kernel_types.source)]
+                (kt_rows if _per_rank(r, "kernel_types") else kt_folded if _folded(r, "kernel_types") else []).append(row)
         kt_spread = _spread(rep, "kernel_types", "kernel type")
         if kt_rows or kt_spread:
             out.append(Block("h3", "GPU kernel types (HTA's get_gpu_kernel_breakdown)"))
+        kt_headers = ["run", "rank", "kernel type", "time, µs", "share of the rank %", "source"]
         if kt_rows:
-            out.append(Block("table", headers=["run", "rank", "kernel type", "time, µs", "share of the rank %",
-                                               "source"], rows=kt_rows))
-        out += kt_spread
+            out.append(Block("table", headers=kt_headers, rows=kt_rows))
+        out += kt_spread + _fold("GPU kernel types", kt_headers, kt_folded)
         notes = sorted({f"{r.label}: {n}" for r in rep.runs for n in r.notes})
         if notes:
             out.append(Block("list", "Basis of the numbers", items=notes))
@@ -531,38 +562,44 @@ def _comm_file_blocks(rep: Report) -> list[Block]:
 
 def _straggler_blocks(rep: Report) -> list[Block]:
     out = [Block("h2", "Stragglers")]
-    rows = []
+    rows, folded = [], []
     for r in rep.runs:
         if r.stragglers is None:
             continue
         for s in r.stragglers.rows():
+            row = [r.label, _num(s["rank"]), _num(s["steps"]), _us_ms(s["step_time_us"]), _us_ms(s["comm_time_us"]),
+                   _pct(s["step_excess_pct"]), _pct(s["comm_deficit_pct"]), "yes" if s["straggler"] else "no",
+                   s["reason"] or "–", r.run.relabel(s["source"])]
             if _per_rank(r, "stragglers") or s["straggler"]:  # a flagged rank keeps its row in any run
-                rows.append([r.label, _num(s["rank"]), _num(s["steps"]), _us_ms(s["step_time_us"]),
-                             _us_ms(s["comm_time_us"]), _pct(s["step_excess_pct"]), _pct(s["comm_deficit_pct"]),
-                             "yes" if s["straggler"] else "no", s["reason"] or "–", r.run.relabel(s["source"])])
+                rows.append(row)
+            elif _folded(r, "stragglers"):
+                folded.append(row)
     spread = _spread(rep, "stragglers")
+    headers = ["run", "rank", "steps", "median step, ms", "comm/step, ms", "step excess %", "comm deficit %",
+               "straggler", "reason", "source"]
     if rows or spread:
         if rows:
-            out.append(Block("table", headers=["run", "rank", "steps", "median step, ms", "comm/step, ms",
-                                               "step excess %", "comm deficit %", "straggler", "reason", "source"],
-                             rows=rows))
-        out += spread
+            out.append(Block("table", headers=headers, rows=rows))
+        out += spread + _fold("Stragglers", headers, folded)
         out.append(Block("p", f"Rule (trace_analysis.stragglers, threshold {D.STRAGGLER_PCT:g}%): a rank is compared "
                               f"with the median of the other ranks; slower steps, or less time waiting in collectives "
                               f"than the others (it arrives last), mark it."))
     else:
         out.append(Block("p", "No per-rank traces. " + FILL_TRACE))
-    arrived = [[r.label, _num(a["rank"]), _num(a["calls"]), _num(a["last"]), _pct(a["last_pct"]), _us_ms(a["late_us"]),
-                _us_ms(a["wait_us"]), r.run.relabel(a["source"])]
-               for r in rep.runs if r.rank_arrivals is not None and _per_rank(r, "rank_arrivals")
-               for a in r.rank_arrivals.rows()]
+    arrived, folded = [], []
+    for r in rep.runs:
+        for a in r.rank_arrivals.rows() if r.rank_arrivals is not None else ():
+            row = [r.label, _num(a["rank"]), _num(a["calls"]), _num(a["last"]), _pct(a["last_pct"]),
+                   _us_ms(a["late_us"]), _us_ms(a["wait_us"]), r.run.relabel(a["source"])]
+            (arrived if _per_rank(r, "rank_arrivals") else folded if _folded(r, "rank_arrivals") else []).append(row)
     spread = _spread(rep, "rank_arrivals")
     if arrived or spread:
         out.append(Block("h3", "Who the collectives waited for"))
+        headers = ["run", "rank", "matched calls", "arrived last", "last, % of calls", "late, ms", "waited, ms",
+                   "source"]
         if arrived:
-            out.append(Block("table", headers=["run", "rank", "matched calls", "arrived last", "last, % of calls",
-                                               "late, ms", "waited, ms", "source"], rows=arrived))
-        out += spread
+            out.append(Block("table", headers=headers, rows=arrived))
+        out += spread + _fold("Who the collectives waited for", headers, folded)
         out.append(Block("p", f"Per rank over the collective calls matched across ranks (Collectives: where each "
                               f"collective waited): late = its start − the first rank's start, waited = the last "
                               f"rank's start − its start, summed. Doctor rule late_rank: last at ≥ "
@@ -654,7 +691,11 @@ def _why_line(w: A.WhySlower) -> str:
         return f"{head}: {w.missing}{plan}."
     worse = [p for p in w.parts if p.delta_s >= max(1e-4, 0.05 * w.delta_s)][:2]  # the parts that matter
     named = ", ".join(f"{p.name} {_ms(p.delta_s)} ms" for p in worse) or "no part larger"
-    return f"{head}: most of it {named}{plan} (traces: {w.evidence})."
+    return f"{head}: most of it {named}{plan} (traces: {_evidence(w)})."
+
+
+def _evidence(w: A.WhySlower) -> str:
+    return f"{w.label}: {_files(w.sources[0])}; {w.best}: {_files(w.sources[1])}"
 
 
 def _answer_blocks(rep: Report) -> list[Block]:
@@ -667,7 +708,7 @@ def _answer_blocks(rep: Report) -> list[Block]:
             out.append(Block("p", f"Ranked by tokens/s/GPU: runs of {g.shared}."))
         rows = [[str(i + 1), s.label, _ms(s.step_s), _num(s.tokens_per_s_per_device), _pct(s.mfu_pct),
                  _pct(s.memory_pct), {True: "yes", False: "no", None: "–"}[s.loss_agrees], s.loss_note,
-                 s.finding or "–", s.source] for i, s in enumerate(g.standings)]
+                 s.finding or "–", _files(s.source)] for i, s in enumerate(g.standings)]
         out.append(Block("table", headers=["#", "run", "step ms (median)", "tokens/s/GPU", "MFU %",
                                            "peak memory % of device", f"loss agrees (≤ {A.AGREE_REL:.0%})",
                                            "loss compared (largest relative gap)", "most severe finding (Doctor)",
@@ -677,7 +718,7 @@ def _answer_blocks(rep: Report) -> list[Block]:
                  if any(abs(p.delta_s) >= 1e-4 for w in g.why for p in w.parts if p.name == n)]
         split = [[w.label, w.best, _ms(w.delta_s), _ms(w.predicted_delta_s),
                   *(_ms(next((p.delta_s for p in w.parts if p.name == n), None)) for n in names),
-                  w.recompute or "–", w.missing or w.evidence] for w in g.why]
+                  w.recompute or "–", w.missing or _evidence(w)] for w in g.why]
         if g.why:
             out.append(Block("list", "Why slower than the fastest", items=[_why_line(w) for w in g.why]))
         if split:

@@ -129,7 +129,8 @@ def test_the_report_shows_htas_kernel_types_to_the_microsecond(tmp_path):
     render_markdown(rep, out)
     md = out.read_text()
     assert "### GPU kernel types (HTA's get_gpu_kernel_breakdown)" in md
-    section = md.split("### GPU kernel types")[1].split("\n\n")[1]
+    # the section holds the run's row (its distribution); every rank's row is in the appendix
+    section = md.split("### GPU kernel types, every rank")[1].split("\n\n")[1]
     summed: dict[str, int] = {}
     for line in section.splitlines()[2:]:
         cells = [c.strip() for c in line.strip("|").split("|")]

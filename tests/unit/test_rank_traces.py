@@ -8,6 +8,7 @@ import gzip
 import io
 import json
 import re
+import statistics
 import weakref
 from pathlib import Path
 
@@ -146,6 +147,8 @@ def test_progress_bar_on_a_terminal_only(tmp_path, monkeypatch, capsys, terminal
 
 
 def test_many_ranks_read_as_distributions(tmp_path):
+    """A run of more than PER_RANK_ROWS_MAX ranks reads as its distributions alone; smaller runs of several ranks have
+    their row per run too, and every rank's row in the appendix (test_a_few_ranks_fold_into_the_appendix)."""
     ranks = PER_RANK_ROWS_MAX + 2
     _copies(GLOO, tmp_path / "job", ranks)
     (r,) = build_report([(None, tmp_path / "job")], jobs=2).runs
@@ -158,6 +161,21 @@ def test_many_ranks_read_as_distributions(tmp_path):
     out = tmp_path / "r.md"
     assert main(["report", str(tmp_path / "job"), "-o", str(out), "--jobs", "2"]) == 0
     md = out.read_text()
-    assert f"Runs of more than {PER_RANK_ROWS_MAX} ranks" in md
-    assert f"| job | {ranks - 1} | cpu_ops |" not in md  # no row per rank
-    assert "| job | idle % |" in md and f"({ranks} files)" in md
+    assert "A row per run of several ranks: each quantity's median over its ranks" in md
+    assert f"| job | {ranks - 1} | cpu_ops |" not in md  # no row per rank, not even in the appendix
+    # the run's one row: idle % as its median (range; the rank furthest on the bad side), the files as one pattern
+    row = next(line for line in md.splitlines() if line.startswith(f"| job | {ranks} |"))
+    low, high = f"{values[0]:.1f}", f"{values[-1]:.1f}"
+    assert f"{statistics.median(values):.1f} ({low}–{high}; highest rank " in row and f"({ranks} files)" in row, row
+
+
+def test_a_few_ranks_fold_into_the_appendix(tmp_path):
+    """Two ranks: the section holds the run's row (its distribution), the appendix every rank's, the HTML a <details>."""
+    _copies(GLOO, tmp_path / "job", 2)
+    out = tmp_path / "r.md"
+    assert main(["report", str(tmp_path / "job"), "-o", str(out), "-o", str(tmp_path / "r.html")]) == 0
+    md = out.read_text()
+    section, appendix = md.split("## Where the time went", 1)[1].split("\n## ", 1)[0], md.split("## Appendix: every rank")[1]
+    assert "| job | 2 |" in section and "| job | 1 | cpu_ops |" not in section  # the run's row: 2 ranks
+    assert "| job | 0 | cpu_ops |" in appendix and "| job | 1 | cpu_ops |" in appendix
+    assert "<details><summary>Where the time went, every rank</summary><table>" in (tmp_path / "r.html").read_text()
