@@ -59,6 +59,7 @@ class WhySlower:
     sources: tuple[str, str]  # the traces the split comes from: the run's, the fastest's
     predicted_delta_s: float | None  # the plans' step times, the same difference
     recompute: str = ""  # how recomputation was told apart from compute: measured, planned FLOPs, not separated
+    planned_parts: tuple[Part, ...] = ()  # the plans' split of the same difference (empty without both plans)
 
 
 @dataclass(frozen=True)
@@ -148,6 +149,16 @@ def _parts(r: RunResult, step_s: float) -> tuple[dict[str, float], str]:
     return out, how
 
 
+def _planned_parts(plan) -> dict[str, float]:
+    """A plan's step time in the split's parts: compute and recompute (its FLOPs' shares of the compute time), the
+    collectives on the critical path, the pipeline bubble (idle in traces), offload traffic."""
+    t = plan.step
+    share = 1 - t.model_flops_per_step / t.hardware_flops_per_step if t.hardware_flops_per_step else 0.0
+    return {"compute": t.compute_s * (1 - share), "recompute": t.compute_s * share,
+            "exposed communication": t.tp_comm_s + t.pp_comm_s + t.dp_exposed_s, "bubble": t.bubble_s,
+            "offload": t.offload_s}
+
+
 def _why(r: RunResult, best: RunResult) -> WhySlower:
     step, best_step = _stat(r, "step_time_median_s"), _stat(best, "step_time_median_s")
     predicted = (r.run.plan.step.total_s - best.run.plan.step.total_s
@@ -164,7 +175,12 @@ def _why(r: RunResult, best: RunResult) -> WhySlower:
     (mine, how), (theirs, how_best) = _parts(r, step), _parts(best, best_step)
     parts = sorted((Part(n, mine.get(n, 0.0), theirs.get(n, 0.0)) for n in {*mine, *theirs}),
                    key=lambda p: -p.delta_s)
+    planned = ()
+    if r.run.plan is not None and best.run.plan is not None:
+        a, b = _planned_parts(r.run.plan), _planned_parts(best.run.plan)
+        planned = tuple(Part(n, a[n], b[n]) for n in a)
     return WhySlower(r.label, best.label, step - best_step, best_step, tuple(parts), "",
                      (r.breakdown.source, best.breakdown.source), predicted,
-                     how if how_best in (how, NO_RECOMPUTE) else f"{how} ({r.label}), {how_best} ({best.label})")
+                     how if how_best in (how, NO_RECOMPUTE) else f"{how} ({r.label}), {how_best} ({best.label})",
+                     planned)
 

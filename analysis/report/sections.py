@@ -730,6 +730,7 @@ def _answer_blocks(rep: Report) -> list[Block]:
                              "times, the same difference."))
             out.append(Block("table", headers=["run", "fastest", "step +ms", "plan +ms", *names, "recompute from",
                                                "source"], rows=split))
+        out += _planned_split(g)
     return out
 
 
@@ -756,6 +757,20 @@ def console_answer(rep: Report) -> list[str]:
         lines = lines[:CONSOLE_LINES - 1] + [f"... {len(lines) - CONSOLE_LINES + 1} more line(s): the report's first "
                                              "section holds them all"]
     return lines
+
+
+def _planned_split(g: A.Group) -> list[Block]:
+    """The plans' split of each difference, beside the measured one: the same parts where the plan has them."""
+    withplan = [w for w in g.why if w.planned_parts]
+    if not withplan:
+        return []
+    names = [p.name for p in withplan[0].planned_parts]
+    rows = [[w.label, w.best, _ms(w.predicted_delta_s), *(_ms(p.delta_s) for p in w.planned_parts),
+             "plan.json of each run"] for w in withplan]
+    return [Block("p", "The plans' split of the same differences, ms a step (compute and recompute by their FLOPs; "
+                       "exposed communication: the collectives on the plan's critical path, all kinds together; the "
+                       "pipeline bubble, which traces count as idle; offload traffic)."),
+            Block("table", headers=["run", "fastest", "plan +ms", *names, "source"], rows=rows)]
 
 
 def report_blocks(rep: Report) -> list[Block]:
