@@ -7,7 +7,7 @@ step on the same device: RACE_WHEN_SAME); others form groups of their own, each 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from analysis.report.data import Report, RunResult, bar_segments
 
 RACE_WHEN_SAME = ("model", "global_batch_size", "seq_len", "hardware")
@@ -15,6 +15,9 @@ RACE_WHEN_SAME = ("model", "global_batch_size", "seq_len", "hardware")
 # one recipe differ by 1e-3 at most in the tiny matrix; a different data order or seed moves it by tens of percent).
 AGREE_REL = 0.02
 NO_RECOMPUTE = "none: its plan recomputes nothing"
+# The doctor's rules (analysis.analyzers.doctor.RULES) that name the rank the others waited for: the cause a slower
+# run's split shows only as idle and exposed communication.
+WAITED_FOR = ("late_rank", "straggler")
 
 
 @dataclass(frozen=True)
@@ -60,6 +63,7 @@ class WhySlower:
     predicted_delta_s: float | None  # the plans' step times, the same difference
     recompute: str = ""  # how recomputation was told apart from compute: measured, planned FLOPs, not separated
     planned_parts: tuple[Part, ...] = ()  # the plans' split of the same difference (empty without both plans)
+    waited_for: str = ""  # the doctor's finding of a rank the others waited for in this run, "rule: message"
 
 
 @dataclass(frozen=True)
@@ -92,9 +96,14 @@ def _group(rep: Report, key: tuple, runs: list[RunResult]) -> Group:
     ranked = sorted(runs, key=lambda r: -_speed(r))
     standings = tuple(_standing(rep, r) for r in ranked)
     raced = [r for r in ranked if _speed(r) > 0 and (_stat(r, "step_time_median_s") or 0) > 0]
-    why = tuple(_why(r, raced[0]) for r in raced[1:])
+    why = tuple(replace(_why(r, raced[0]), waited_for=_waited_for(rep, r)) for r in raced[1:])
     margin = _speed(raced[0]) / _speed(raced[1]) - 1 if len(raced) > 1 else None
     return Group(shared or "nothing the runs state", standings, why, len(raced), margin)
+
+
+def _waited_for(rep: Report, r: RunResult) -> str:
+    found = next((f for rule in WAITED_FOR for f in rep.findings if f.run == r.label and f.rule == rule), None)
+    return f"{found.rule}: {found.message}" if found else ""
 
 
 def _speed(r: RunResult) -> float:

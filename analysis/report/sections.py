@@ -691,7 +691,8 @@ def _why_line(w: A.WhySlower) -> str:
         return f"{head}: {w.missing}{plan}."
     worse = [p for p in w.parts if p.delta_s >= max(1e-4, 0.05 * w.delta_s)][:2]  # the parts that matter
     named = ", ".join(f"{p.name} {_ms(p.delta_s)} ms" for p in worse) or "no part larger"
-    return f"{head}: most of it {named}{plan} (traces: {_evidence(w)})."
+    waited = f"; the doctor: {w.waited_for}" if w.waited_for else ""
+    return f"{head}: most of it {named}{waited}{plan} (traces: {_evidence(w)})."
 
 
 def _evidence(w: A.WhySlower) -> str:

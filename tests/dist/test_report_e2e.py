@@ -12,9 +12,10 @@ import sys
 import pytest
 
 from analysis.report import build_report, write_report
+from analysis.report.answer import answer
 from launch.run.metrics import read_metrics
 from tests.conftest import REPO
-from tests.dist.conftest import DS_DP2, commbench
+from tests.dist.conftest import DS_DP2, commbench, train
 
 pytestmark = [pytest.mark.dist, pytest.mark.slow]
 
@@ -77,3 +78,20 @@ def test_cli_on_a_real_run(two_runs, tmp_path):
                        cwd=REPO, capture_output=True, text=True, timeout=120)
     assert p.returncode == 0, p.stderr
     assert (tmp_path / "r.md").is_file()
+
+
+@pytest.mark.full
+def test_a_delayed_rank_is_named_with_its_cost(two_runs, runs_root):
+    """A straggler of known cost: LAYOUTLAB_FAULT=slow:1:40 holds rank 1 for 40 ms at the start of every step of the
+    ZeRO-2 run's layout. The answer ranks the delayed run second, its median step 40 ms slower (±15%), split into
+    rank 1's idle time and rank 0's exposed all-reduce (waiting for it), which add up to the delay within 15%, and
+    names rank 1 from the doctor's findings."""
+    plain = two_runs[0]
+    delayed = train(runs_root / "delayed", *DS_DP2[2], env_extra={"LAYOUTLAB_FAULT": "slow:1:40"})
+    (group,) = answer(build_report([("plain", plain.root), ("delayed", delayed.root)])).groups
+    assert [s.label for s in group.standings] == ["plain", "delayed"]
+    (why,) = group.why
+    assert why.delta_s == pytest.approx(0.040, rel=0.15)
+    waited = sum(p.delta_s for p in why.parts if p.name in ("idle", "exposed all_reduce"))
+    assert waited == pytest.approx(0.040, rel=0.15), why.parts
+    assert "rank 1" in why.waited_for, why.waited_for

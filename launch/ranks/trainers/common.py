@@ -239,11 +239,16 @@ def inject_fault(rank: int, step: int, run: RunDir) -> None:
     """Chaos testing: LAYOUTLAB_FAULT="hang:RANK:STEP", "crash:RANK:STEP" or "kill:RANK:STEP" makes that rank
     stall, raise, or die by SIGKILL (as the OOM killer ends it) at the start of that step, to show how the job
     comes down (tests use it; users may too). A fault fires once per run directory, so that a group torchrun
-    restarts (run.max_restarts) runs through."""
+    restarts (run.max_restarts) runs through. "slow:RANK:MS" delays that rank by MS milliseconds at the start of
+    every step: a straggler whose cost is known, for checking what the report says of it."""
     spec = os.environ.get("LAYOUTLAB_FAULT")
     if not spec:
         return
     kind, r, s = spec.split(":")
+    if kind == "slow":
+        if int(r) == rank:
+            time.sleep(int(s) / 1e3)
+        return
     if int(r) != rank or int(s) != step:
         return
     try:  # the marker is the claim: a restarted rank finds it and goes on
