@@ -185,16 +185,20 @@ def cmd_plan(args: Sequence[str]) -> int:
     if Path(stem).is_dir() or stem.endswith(("/", ".")):
         raise ConfigError("command line", "out", stem, "names a folder, not a file name",
                           f"give a name in it, e.g. out={Path(stem) / 'plan'} (.png, .html and .json are added)")
-    png_path, html_path, json_path = (Path(f"{stem}.{ext}") for ext in ("png", "html", "json"))
-    for path in (png_path, html_path, json_path):  # all three checked before any is written
+    html_path, json_path = (Path(f"{stem}.{ext}") for ext in ("html", "json"))
+    # A static chart per model, each readable at its size (STEM.png for one model, STEM_MODEL.png for several); the
+    # page shows every model.
+    charted = [m for m in models if any(r.model == m for r in rows)]
+    pngs = {m: Path(f"{stem}.png") if len(models) == 1 else Path(f"{stem}_{m}.png") for m in charted}
+    for path in (*pngs.values(), html_path, json_path):  # every file checked before any is written
         problem = file_problem(path, ours=ours, writer="`python -m launch plan`")
         if problem:
             raise ConfigError("command line", "out", opts["out"] or stem, f"{path} {problem}",
                               "choose another out= (.png, .html and .json are added to it)")
-    png_path.parent.mkdir(parents=True, exist_ok=True)
-    # The PNG stays one static chart of one model, readable at its size; the page shows every model.
-    write_bytes_atomic(png_path, chart_png([r for r in rows if r.model == first.model.name],
-                                           _title(first.model.name, first)))
+    html_path.parent.mkdir(parents=True, exist_ok=True)
+    for model, png_path in pngs.items():
+        mine = [r for r in rows if r.model == model]
+        write_bytes_atomic(png_path, chart_png(mine, _title(model, mine[0].layout)))
     write_text_atomic(html_path, render_page(rows, models, opts["world_size"],
                                              _title(" · ".join(models), first)))
     write_text_atomic(json_path, json.dumps(
@@ -208,5 +212,5 @@ def cmd_plan(args: Sequence[str]) -> int:
         else:
             console.print(f"{model}: no layout on these GPU counts (global batch size {first.global_batch_size} must "
                           f"divide by micro_batch_size × dp)", soft_wrap=True)
-    console.print(f"wrote {png_path}, {html_path}, {json_path}", soft_wrap=True)
+    console.print(f"wrote {', '.join(map(str, pngs.values()))}, {html_path}, {json_path}", soft_wrap=True)
     return 0

@@ -225,7 +225,9 @@ def layouts_table(rows, title: str, console) -> None:
 
     rows, best = ordered(rows)
     unit, per = table_unit(max(r.plan.worst().memory[r.plan.worst().implementation].total for r in rows))
-    t = Table(title=f"{safe(title)}\n(memory per GPU in {unit}; fits: best = the fastest that fits at its GPU count)",
+    # each line made safe on its own: safe() writes a line break as the two characters \n
+    heading = "\n".join(safe(line) for line in title.split("\n"))
+    t = Table(title=f"{heading}\n(memory per GPU in {unit}; fits: best = the fastest that fits at its GPU count)",
               title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False)
     for col in ("GPUs", "layout", "states", "acts", "total", "fits", "step ms", "tok/s/GPU", "timing"):
         t.add_column(col, justify="left" if col in ("layout", "timing") else "right", no_wrap=True)

@@ -102,6 +102,21 @@ def test_plan_command_writes_chart(tmp_path):
     assert p.returncode == 2 and "world_size" in p.stderr
 
 
+def test_plan_of_several_models_charts_each_under_a_title_without_escapes(tmp_path):
+    """A chart per model (a newcomer's finding: the PNG named after four models drew the first alone), and the
+    table's two-line title printed as two lines, not with a literal backslash-n."""
+    out = tmp_path / "p"
+    p = subprocess.run([sys.executable, "-m", "launch", "plan", "model=llama-2-7b,tinyllama-1.1b", "world_size=4",
+                        f"out={out}"], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    charts = [(tmp_path / f"p_{m}.png").read_bytes() for m in ("llama-2-7b", "tinyllama-1.1b")]
+    assert all(c[:8] == b"\x89PNG\r\n\x1a\n" for c in charts) and charts[0] != charts[1]
+    assert not (tmp_path / "p.png").exists()
+    assert "\\n" not in p.stdout
+    titles = [line for line in p.stdout.splitlines() if "memory per GPU by layout" in line]
+    assert [t.split(" on ")[0].strip() for t in titles] == ["llama-2-7b", "tinyllama-1.1b"], p.stdout
+
+
 def test_nsys_profile_wraps_the_launch_and_exports_sqlite():
     p, _ = run("recipes/7b_zero3_ac", "run.profile=nsys", "--dry-run")
     assert p.returncode == 0, p.stderr
