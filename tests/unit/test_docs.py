@@ -111,6 +111,9 @@ def test_generated_docs_are_current():
     r = subprocess.run([sys.executable, "-m", "launch", "docs", "check=true"], cwd=REPO,
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr + r.stdout
+    # says so rather than nothing: every generated file counted, none stale
+    count = re.search(r"^(\d+) generated file\(s\) .*: 0 stale, (\d+) current$", r.stdout, re.M)
+    assert count and count[1] == count[2], r.stdout
 
 
 def test_the_pages_show_runnable_commands():
