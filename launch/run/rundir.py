@@ -22,6 +22,7 @@ RECOMPUTE_REGION = "recompute"
 # Files of a run directory that are ours but no evidence for a report (glob relative to the root -> what it is): the
 # analysis lists them as ours instead of as files it could not read.
 NOT_EVIDENCE = {
+    "data/*.npy": "the corpus as the run tokenized it (launch/data/check.py)",
     "launch_cmd.txt": "the launch command", "launch_cmd_node*.txt": "a node's launch command",
     "env_node*.json": "a node's environment record", "deepspeed_env": "DeepSpeed's launcher environment",
     "logs/rank*.out": "a rank's stdout", "logs/rank*.err": "a rank's stderr",

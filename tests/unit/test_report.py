@@ -372,8 +372,14 @@ def test_step_times_without_physical_sense_are_dropped_with_a_warning(tmp_path):
 
 
 def test_our_own_non_evidence_files_are_listed_as_ours_not_skipped(tmp_path):
-    """logs/rank*.err, state_bytes_*, layout_*, an earlier report inside the run: ours, so not 'skipped'."""
+    """logs/rank*.err, state_bytes_*, layout_*, an earlier report inside the run, the corpus the run tokenized into
+    data/ (a newcomer's finding: it read as skipped): ours, so not 'skipped'."""
+    import numpy as np
+
     d = make_run_dir(tmp_path, traces=False)
+    (d / "data").mkdir()
+    for name in ("train.npy", "valid.npy"):
+        np.save(d / "data" / name, np.arange(64, dtype=np.uint16))
     (d / "logs").mkdir(exist_ok=True)
     for name in ("rank0.err", "rank0.out", "state_bytes_rank0.json", "layout_rank0.json"):
         (d / "logs" / name).write_text("{}\n" if name.endswith(".json") else "warning: something\n")
@@ -382,7 +388,8 @@ def test_our_own_non_evidence_files_are_listed_as_ours_not_skipped(tmp_path):
     rep = build_report([("run", d)])
     run = rep.runs[0].run
     assert {p for p, _ in run.ours} >= {"logs/rank0.err", "logs/rank0.out", "logs/state_bytes_rank0.json",
-                                        "logs/layout_rank0.json", "report.md", "launch_cmd.txt", "checkpoints"}
+                                        "logs/layout_rank0.json", "report.md", "launch_cmd.txt", "checkpoints",
+                                        "data/train.npy", "data/valid.npy"}
     assert [p for p, _ in run.skipped] == ["notes.txt"]
     render_markdown(rep, tmp_path / "r.md")
     md = (tmp_path / "r.md").read_text()
