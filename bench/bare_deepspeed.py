@@ -3,6 +3,10 @@ config as a layoutlab run (read from its resolved.json), timing each step the sa
 
     torchrun --nproc-per-node 2 bench/bare_deepspeed.py RUN_DIR OUT.json
 """
+from _cli import help_or_usage  # bench/ is the folder of the script run (python bench/NAME.py)
+
+help_or_usage(__doc__)
+
 import json
 import os
 import sys

@@ -8,6 +8,10 @@ Every rank builds the seeded model (the same weights as layoutlab's rank 0 build
 block and then the root (reshard_after_forward as parallel.zero_stage says), AdamW, Hugging Face's own loss (labels),
 torch's clip_grad_norm_, the recipe's learning-rate schedule.
 """
+from _cli import help_or_usage  # bench/ is the folder of the script run (python bench/NAME.py)
+
+help_or_usage(__doc__)
+
 import json
 import os
 import sys

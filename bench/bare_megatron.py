@@ -10,6 +10,10 @@ are not TP duplicates, summed over the model-parallel group) and torch.optim.Ada
 /work/shared/probes/mcore_train_probe.py does: Megatron's FP32Optimizer and DistributedOptimizer allocate on
 'cuda'. Only zero_stage 0 is like for like (DeepSpeed ZeRO-0 over the same DP group on layoutlab's side).
 """
+from _cli import help_or_usage  # bench/ is the folder of the script run (python bench/NAME.py)
+
+help_or_usage(__doc__)
+
 import datetime as dt
 import json
 import os

@@ -10,6 +10,10 @@
 The corpus is tests/fixtures/text/corpus.jsonl's documents repeated (each copy numbered) up to `documents`, tokenized
 with the fixture tokenizer (tests/fixtures/tokenizer); the machine's cores are shared by both sides in turn.
 """
+from _cli import help_or_usage  # bench/ is the folder of the script run (python bench/NAME.py)
+
+help_or_usage(__doc__)
+
 import json
 import os
 import re

@@ -6,6 +6,10 @@ model, weights, batches and layout, measured in one invocation. Prints the ratio
 Default layout: TP 2 × DP 2 on 4 gloo ranks with parallel.zero_stage=0 (the baseline has no ZeRO) and
 batch.seq_len=128, so that a step is long enough to time; measured and checked as bench/compare_bare.py says.
 """
+from _cli import help_or_usage  # bench/ is the folder of the script run (python bench/NAME.py)
+
+help_or_usage(__doc__)
+
 import sys
 
 from compare_bare import compare

@@ -10,6 +10,10 @@ metrics, the issue's definition. Prints predicted vs measured per layout, the me
 whose measured times differ by more than the noise (the larger of the two layouts' spread between rounds).
 Targets: every layout within 20 %, MAPE <= 10 %, the order right. Baseline: the measurement itself.
 """
+from _cli import help_or_usage  # bench/ is the folder of the script run (python bench/NAME.py)
+
+help_or_usage(__doc__)
+
 import json
 import os
 import statistics

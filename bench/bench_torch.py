@@ -6,6 +6,10 @@ and layout, measured in one invocation. Prints the ratio (target <= 1.05).
 Default layout: FSDP2 full sharding over 4 gloo ranks (hardware.gpus_per_node=4) with batch.seq_len=128, so that a
 step is long enough to time; measured and checked as bench/compare_bare.py says.
 """
+from _cli import help_or_usage  # bench/ is the folder of the script run (python bench/NAME.py)
+
+help_or_usage(__doc__)
+
 import sys
 
 from compare_bare import compare

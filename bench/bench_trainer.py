@@ -6,6 +6,10 @@ batches, 2 gloo ranks, measured in one invocation. Prints the ratio (target <= 1
 Both sides skip the recipe's warm-up steps and take the median of the rest; the two alternate
 (ours, bare, ours, bare) so that machine noise hits both.
 """
+from _cli import help_or_usage  # bench/ is the folder of the script run (python bench/NAME.py)
+
+help_or_usage(__doc__)
+
 import json
 import os
 import statistics

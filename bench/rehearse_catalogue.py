@@ -8,7 +8,11 @@ catalogue (`python -m launch docs`) shows beside the plan and tests/unit/test_re
 """
 from __future__ import annotations
 
-import datetime as dt
+from _cli import help_or_usage  # bench/ is the folder of the script run (python bench/NAME.py)
+
+help_or_usage(__doc__)
+
+import datetime as dt  # noqa: E402
 import json
 import subprocess
 import sys
@@ -46,9 +50,6 @@ def row(name: str, rank: dict, seconds: float) -> str:
 
 
 def main(names: list[str]) -> int:
-    if any(a.startswith("-") for a in names):
-        print(__doc__.strip())
-        return 0 if set(names) <= {"-h", "--help"} else 2
     torch_gpu = [e.name for e in entries(RECIPES) if e.resolved.recipe.backend == "torch" and not e.on_cpu]
     unknown = [n for n in names if n not in torch_gpu]
     if unknown:
