@@ -102,6 +102,7 @@ def test_plan_command_writes_chart(tmp_path):
     assert p.returncode == 2 and "world_size" in p.stderr
 
 
+@pytest.mark.full  # the one-model chart is test_plan_command_writes_chart's, in the default suite
 def test_plan_of_several_models_charts_each_under_a_title_without_escapes(tmp_path):
     """A chart per model (a newcomer's finding: the PNG named after four models drew the first alone), and the
     table's two-line title printed as two lines, not with a literal backslash-n."""

@@ -105,6 +105,7 @@ def test_fsdp2_plan_is_the_trackers_peak_phase_by_phase(fsdp2):
     assert r["peak_bytes_measured"] == max(p["bytes_measured"] for p in r["phases"])
 
 
+@pytest.mark.full  # DDP trains in the default suite (test_torch_parity); its rehearsal here, with the longer suite
 def test_ddp_rehearses_whole_states_and_one_all_reduce_per_bucket(few_layers, tmp_path):
     """DDP (7b_ddp: dp 4, 4 micro-batches, the last one synchronised) holds every state whole; its buckets, built with
     the caps DDP rebuilds them with (1 MiB, then 25 MiB), close at each fp32 Linear (each over 25 MiB; the norms
