@@ -116,9 +116,10 @@ JOBS = Flag(("--jobs",), "jobs", "N", "worker processes that read a run's trace 
 RUN_INPUTS = "[LABEL=]PATH ... [ceiling=PATH] [hardware=PROFILE] [device_memory_gib=N] [--jobs N]"
 COMMANDS = {c.name: c for c in (
     Command("report", f"python -m analysis report {RUN_INPUTS} -o OUT.html|OUT.md",
-            "The comparative report of the runs side by side (analysis.report): steps, memory, where the time went, "
-            "collectives, stragglers, the doctor's findings, prediction against measurement. On a terminal a "
-            "progress bar over each run's ranks goes to stderr.",
+            "The comparative report of the runs side by side (analysis.report), opening with its answer: the runs "
+            "ranked, the fastest named, why each other one was slower; then steps, memory, where the time went, "
+            "collectives, stragglers, the doctor's findings, prediction against measurement. The answer is printed "
+            "here too after writing; on a terminal a progress bar over each run's ranks goes to stderr.",
             RUN_OPTIONS, (Flag(("-o", "--output"), "output", "OUT", "the report to write; the suffix picks the format "
                                "(.html: one self-contained file; .md: figures beside it in <name>_plots/); repeat "
                                "it for both", "a file name (OUT.html or OUT.md)", repeat=True), JOBS), labels=True),
