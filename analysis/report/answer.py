@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
+
+from analysis.analyzers import doctor as D
 from analysis.report.data import Report, RunResult, bar_segments
 
 RACE_WHEN_SAME = ("model", "global_batch_size", "seq_len", "hardware")
@@ -31,8 +33,10 @@ class Standing:
     memory_pct: float | None  # the highest rank's peak as a share of its device
     loss_agrees: bool | None  # against its curve pair (the report's: each run against the first run with a curve,
     # which is compared with the second); None: not compared
-    loss_note: str  # why not compared, or against which run
-    finding: str  # the doctor's most severe finding on this run ('' if none): its rule (the Doctor section holds it)
+    loss_against: str  # the run its loss was compared with ('' where none was)
+    loss_gap: float | None  # the largest relative loss gap at the steps both logged; None: not compared
+    loss_why_not: str  # why it was not compared ('' where it was)
+    finding: D.Finding | None  # the doctor's most severe finding on this run
     source: str  # where its step times come from
 
 
@@ -63,7 +67,7 @@ class WhySlower:
     predicted_delta_s: float | None  # the plans' step times, the same difference
     recompute: str = ""  # how recomputation was told apart from compute: measured, planned FLOPs, not separated
     planned_parts: tuple[Part, ...] = ()  # the plans' split of the same difference (empty without both plans)
-    waited_for: str = ""  # the doctor's finding of a rank the others waited for in this run, "rule: message"
+    waited_for: D.Finding | None = None  # the doctor's finding of a rank the others waited for in this run
 
 
 @dataclass(frozen=True)
@@ -101,9 +105,8 @@ def _group(rep: Report, key: tuple, runs: list[RunResult]) -> Group:
     return Group(shared or "nothing the runs state", standings, why, len(raced), margin)
 
 
-def _waited_for(rep: Report, r: RunResult) -> str:
-    found = next((f for rule in WAITED_FOR for f in rep.findings if f.run == r.label and f.rule == rule), None)
-    return f"{found.rule}: {found.message}" if found else ""
+def _waited_for(rep: Report, r: RunResult) -> D.Finding | None:
+    return next((f for rule in WAITED_FOR for f in rep.findings if f.run == r.label and f.rule == rule), None)
 
 
 def _speed(r: RunResult) -> float:
@@ -121,21 +124,16 @@ def _stat(r: RunResult, column: str) -> float | None:
 def _standing(rep: Report, r: RunResult) -> Standing:
     memory = max((m["pct_of_device"] for m in r.memory.rows() if m["pct_of_device"] is not None), default=None) \
         if r.memory is not None else None
-    agrees, note = None, "no loss curve"
+    other, gap, why_not = "", None, "no loss curve"
     pair = next((p for p in rep.curve_pairs if r.label in (p.first, p.other)), None)
     if pair is not None:
         other = pair.other if r.label == pair.first else pair.first
-        if pair.not_comparable:
-            note = f"not expected to agree with {other}: {pair.not_comparable}"
-        elif pair.comparison.max_rel_diff is None:
-            note = f"no step in common with {other}"
-        else:
-            agrees = pair.comparison.max_rel_diff <= AGREE_REL
-            rel = pair.comparison.max_rel_diff
-            note = f"vs {other}: ≤ {rel:.1%}" if rel >= 1e-3 else f"vs {other}: ≤ {rel:.0e}"
+        gap = None if pair.not_comparable else pair.comparison.max_rel_diff
+        why_not = (f"not expected to agree: {pair.not_comparable}" if pair.not_comparable
+                   else "no step in common" if gap is None else "")
     finding = next((f for sev in ("warn", "info") for f in rep.findings if f.run == r.label and f.severity == sev), None)
     return Standing(r.label, _stat(r, "step_time_median_s"), _stat(r, "tokens_per_s_per_device"), _stat(r, "mfu_pct"),
-                    memory, agrees, note, f"{finding.rule} ({finding.severity})" if finding else "",
+                    memory, None if gap is None else gap <= AGREE_REL, other, gap, why_not, finding,
                     r.run.relabel(next(r.stats.rows())["source"]) if r.stats is not None and len(r.stats) else "–")
 
 

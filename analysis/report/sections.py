@@ -691,12 +691,21 @@ def _why_line(w: A.WhySlower) -> str:
         return f"{head}: {w.missing}{plan}."
     worse = [p for p in w.parts if p.delta_s >= max(1e-4, 0.05 * w.delta_s)][:2]  # the parts that matter
     named = ", ".join(f"{p.name} {_ms(p.delta_s)} ms" for p in worse) or "no part larger"
-    waited = f"; the doctor: {w.waited_for}" if w.waited_for else ""
+    waited = f"; the doctor: {w.waited_for.rule}: {w.waited_for.message}" if w.waited_for else ""
     return f"{head}: most of it {named}{waited}{plan} (traces: {_evidence(w)})."
 
 
 def _evidence(w: A.WhySlower) -> str:
     return f"{w.label}: {_files(w.sources[0])}; {w.best}: {_files(w.sources[1])}"
+
+
+def _loss_note(s: A.Standing) -> str:
+    """Against which run the loss was compared and its largest relative gap, or why it was not."""
+    if s.loss_gap == 0:
+        return f"vs {s.loss_against}: equal"
+    if s.loss_gap is not None:
+        return f"vs {s.loss_against}: ≤ {s.loss_gap:.1%}" if s.loss_gap >= 1e-3 else f"vs {s.loss_against}: ≤ {s.loss_gap:.0e}"
+    return f"vs {s.loss_against}: {s.loss_why_not}" if s.loss_against else s.loss_why_not
 
 
 def _answer_blocks(rep: Report) -> list[Block]:
@@ -708,8 +717,9 @@ def _answer_blocks(rep: Report) -> list[Block]:
         if len(ans.groups) > 1:
             out.append(Block("p", f"Ranked by tokens/s/GPU: runs of {g.shared}."))
         rows = [[str(i + 1), s.label, _ms(s.step_s), _num(s.tokens_per_s_per_device), _pct(s.mfu_pct),
-                 _pct(s.memory_pct), {True: "yes", False: "no", None: "–"}[s.loss_agrees], s.loss_note,
-                 s.finding or "–", _files(s.source)] for i, s in enumerate(g.standings)]
+                 _pct(s.memory_pct), {True: "yes", False: "no", None: "–"}[s.loss_agrees], _loss_note(s),
+                 f"{s.finding.rule} ({s.finding.severity})" if s.finding else "–", _files(s.source)]
+                for i, s in enumerate(g.standings)]
         out.append(Block("table", headers=["#", "run", "step ms (median)", "tokens/s/GPU", "MFU %",
                                            "peak memory % of device", f"loss agrees (≤ {A.AGREE_REL:.0%})",
                                            "loss compared (largest relative gap)", "most severe finding (Doctor)",

@@ -95,4 +95,4 @@ def test_a_delayed_rank_is_named_with_its_cost(two_runs, runs_root):
     assert why.delta_s == pytest.approx(0.150, rel=0.15)
     waited = sum(p.delta_s for p in why.parts if p.name in ("idle", "exposed all_reduce"))
     assert waited == pytest.approx(0.150, rel=0.15), why.parts
-    assert "rank 1" in why.waited_for, why.waited_for
+    assert "rank 1" in why.waited_for.message, why.waited_for
