@@ -185,18 +185,25 @@ def compare(a: Table, b: Table) -> CurveComparison:
 
 
 AGREE_WHEN_SAME = ("model", "dtype", "global_batch_size", "seq_len", "steps", "lr", "lr_warmup_steps", "lr_schedule",
-                   "seed")
+                   "seed", "data", "corpus", "tokenizer")
+# What the report says when none of them differs.
+AGREE_SUMMARY = "same model, precision, batch, sequence, steps, schedule, seed, data, corpus and tokenizer"
 
 
 def comparable(layout_a: RunLayout, layout_b: RunLayout) -> str:
     """Why two runs' curves should not be expected to agree ('' when they should: the same model, precision, global
-    batch, sequence length, step count (the schedule's length), learning rate, warm-up, schedule and seed, as far as
-    the layouts say; a fact one of them does not state is a reason too)."""
+    batch, sequence length, step count (the schedule's length), learning rate, warm-up, schedule, seed, data source,
+    corpus content and tokenizer, as far as the layouts say; a fact one of them does not state is a reason too). Two
+    corpora differ by content, not by path; the reason names both paths."""
     why = []
     for key in AGREE_WHEN_SAME:
         x, y = getattr(layout_a, key), getattr(layout_b, key)
         if x is None or y is None:
             why.append(f"{key} unknown")
+        elif x != y and key == "corpus" and "synthetic" in (x, y):
+            continue  # the source differs, and synthetic rows have no corpus: `data` says it
+        elif x != y and key == "corpus":
+            why.append(f"corpus {layout_a.data_path or x} ({x}) vs {layout_b.data_path or y} ({y})")
         elif x != y:
             why.append(f"{key} {x} vs {y}")
     return "; ".join(why)

@@ -28,6 +28,10 @@ class RunLayout:
     lr_warmup_steps: int | None = None  # learning-rate warm-up steps
     lr_schedule: str | None = None  # learning-rate schedule after the warm-up
     seed: int | None = None  # the run's random seed
+    data: str | None = None  # where its rows come from: synthetic, text, parquet or megatron (data.source)
+    data_path: str | None = None  # the corpus as the recipe names it (data.path); None for synthetic rows
+    corpus: str | None = None  # the rows' content: the first 12 hex digits of the corpora's digest, or "synthetic"
+    tokenizer: str | None = None  # "byte", a tokenizer folder, "model (<weights>)", or "none" for synthetic ids
     source: str | None = None  # the file (or record) the layout came from; None: nothing states it
 
     def dims(self) -> dict[str, int]:

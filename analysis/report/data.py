@@ -128,7 +128,7 @@ def layout_of(run: Run) -> RunLayout:
                          dtype=rc.precision.dtype, world_size=g.world, hardware=run.resolved.hardware.name,
                          model=run.resolved.model.name, steps=rc.train.steps, lr=rc.train.lr,
                          lr_warmup_steps=rc.train.lr_warmup_steps, lr_schedule=rc.train.lr_schedule,
-                         seed=rc.train.seed, source=run.resolved_source)
+                         seed=rc.train.seed, **_data_identity(run.resolved), source=run.resolved_source)
     if run.metrics is not None and run.metrics.meta.ranks:
         m = run.metrics.meta
         return RunLayout(backend=m.backend, tp=m.tp, pp=m.pp, dp=m.dp, zero_stage=m.zero_stage,
@@ -143,6 +143,18 @@ def layout_of(run: Run) -> RunLayout:
     if run.hardware is not None:
         out = replace(out, hardware=run.hardware.name)
     return out
+
+
+def _data_identity(resolved) -> dict[str, str | None]:
+    """What a run read, for the curves' comparison: the source, the corpus by path and by content (the data check's
+    digest of the token streams, in resolved.json; an older run without one: unknown), and the tokenizer."""
+    d = resolved.recipe.data
+    if d.source == "synthetic":
+        return {"data": "synthetic", "data_path": None, "corpus": "synthetic", "tokenizer": "none"}
+    fingerprint = resolved.data_fingerprint
+    tokenizer = f"model ({resolved.recipe.model.weights})" if d.tokenizer == "model" else d.tokenizer
+    return {"data": d.source, "data_path": d.path, "corpus": fingerprint[:12] if fingerprint else None,
+            "tokenizer": tokenizer}
 
 
 def _log_layout(run: Run) -> RunLayout:

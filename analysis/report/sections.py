@@ -305,7 +305,7 @@ def _curve_blocks(rep: Report) -> list[Block]:
                                 _sci(None if p.comparison.max_rel_diff is None else 100 * p.comparison.max_rel_diff),
                                 str(p.comparison.at_step) if p.comparison.at_step is not None else "–",
                                 _sci(p.comparison.mean_abs_diff),
-                                "yes: same model, precision, batch, sequence, steps, schedule and seed" if not p.not_comparable
+                                f"yes: {C.AGREE_SUMMARY}" if not p.not_comparable
                                 else f"no: {p.not_comparable}", p.sources] for p in rep.curve_pairs]))
     val = [[r.label, "–" if v.iteration is None else str(v.iteration), v.what or "–", _num(v.loss, 4), _sci(v.ppl),
             r.run.relabel(v.source)] for r in rep.runs for v in r.validation]

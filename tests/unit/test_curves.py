@@ -56,7 +56,7 @@ def test_two_of_our_runs_overlay_and_the_gap_is_the_largest_loss_difference(tmp_
     assert pair.comparison.common_steps == 10 and pair.not_comparable == ""
     assert pair.comparison.max_abs_diff == pytest.approx(max(diffs), rel=1e-12) == pytest.approx(0.125)
     assert pair.comparison.at_step == 7  # the bump was put on the seventh step (s = 6)
-    assert "## Training curves" in md and "yes: same model, precision, batch, sequence, steps, schedule and seed" in md
+    assert "## Training curves" in md and "yes: same model, precision, batch, sequence, steps, schedule, seed, data, corpus and tokenizer" in md
     assert "0.125" in md and "figure" in md
 
 
@@ -80,6 +80,34 @@ def test_runs_with_another_length_schedule_or_seed_are_not_expected_to_agree(tmp
     rep, md = _report(tmp_path, a, b)
     (pair,) = rep.curve_pairs
     assert pair.not_comparable == why and f"no: {why}" in md
+
+
+def _text_run(root: Path, name: str, fingerprint: str) -> Path:
+    """A run of text rows whose data check read a corpus of this digest (resolved.json's data_fingerprint, which the
+    launcher writes before any rank starts)."""
+    d = make_run_dir(root, name, steps=6, overrides=['data.source="text"', 'data.path="corpus.txt"'])
+    resolved = json.loads((d / "resolved.json").read_text())
+    resolved["data_fingerprint"] = fingerprint
+    (d / "resolved.json").write_text(json.dumps(resolved))
+    return d
+
+
+@pytest.mark.parametrize("second, why", [
+    ("synthetic", "data text vs synthetic; tokenizer byte vs none"),
+    ("other corpus", f"corpus {{path}} ({'a' * 12}) vs {{path}} ({'b' * 12})"),
+    ("same corpus", "")])
+def test_runs_that_read_other_data_are_not_expected_to_agree(tmp_path, second, why):
+    """A newcomer's synthetic-data run beside a text-corpus run showed 'expected to agree: yes' and a 127% loss gap:
+    what the rows are (source, corpus content, tokenizer) decides the loss as much as the schedule. Two corpora at one
+    path differ by content; synthetic rows have no corpus to name beside the source."""
+    a = _text_run(tmp_path / "a", "20260101-000000", "a" * 64)
+    b = (make_run_dir(tmp_path / "b", "20260101-000001", steps=6) if second == "synthetic" else
+         _text_run(tmp_path / "b", "20260101-000001", ("b" if second == "other corpus" else "a") * 64))
+    why = why.format(path=json.loads((a / "resolved.json").read_text())["recipe"]["data"]["path"])
+    rep, md = _report(tmp_path, a, b)
+    (pair,) = rep.curve_pairs
+    assert pair.not_comparable == why
+    assert (f"no: {why}" if why else "yes: same model") in md
 
 
 def test_a_nan_loss_is_left_out_of_the_curve_and_counted(tmp_path):
