@@ -27,7 +27,7 @@ from launch.config.resolve import Resolved
 from launch.config.schema import ADAM_EPS
 from launch.data.rows import Synthetic, micro_batch
 from launch.torchtools.hf import hf_config
-from launch.ranks.schedule import lr_at
+from launch.config.schedule import lr_at
 
 run_dir, out = sys.argv[1], sys.argv[2]
 resolved = Resolved.load(os.path.join(run_dir, "resolved.json"))

@@ -35,7 +35,7 @@ from megatron.core.transformer.module import param_is_not_shared
 
 from launch.config.resolve import Resolved
 from launch.data.rows import micro_batch
-from launch.ranks.schedule import lr_at
+from launch.config.schedule import lr_at
 from launch.ranks.trainers import cpu_compat
 from launch.ranks.trainers import megatron_model as mm
 from launch.ranks.data import sources

@@ -16,7 +16,7 @@ from typing import Sequence
 
 from launch.commands.args import Option, read, text
 from launch.config.resolve import Resolved, resolve_path
-from launch.commands.run import check_inputs
+from launch.commands.run import check_inputs, check_resume
 from launch.config.schema import TOKENIZER_NAMES
 from launch.errors import ConfigError
 from launch.plan.build import plan_resolved
@@ -66,6 +66,10 @@ def export_accelerate(resolved: Resolved, out: Path | None, environ) -> tuple[Ru
         raise ConfigError("environment", "MASTER_ADDR", None, f"is needed for {resolved.recipe.hardware.nodes} nodes "
                           "(accelerate's main_process_ip)", "export MASTER_ADDR=<node 0's address>")
     resolved, data = check_inputs(resolved)  # before the folder exists: bad input is one line, nothing is written
+    # Decided here, as run.sh decides (an unfinished run of this configuration, or the one run.resume names), and
+    # pinned in the printed command: the ranks Accelerate starts later do not choose again among whatever runs of
+    # the recipe exist by then (they resumed another run's finished step-80 checkpoint of a 60-step recipe).
+    resumed = None if resolved.recipe.run.resume == "never" else check_resume(resolved, None)
     if out is not None:
         try:  # exclusive: a folder that appeared since the check is never joined
             out.parent.mkdir(parents=True, exist_ok=True)
@@ -88,7 +92,7 @@ def export_accelerate(resolved: Resolved, out: Path | None, environ) -> tuple[Ru
               "# Precision lives in the DeepSpeed JSON. On CPU ranks, Accelerator.num_processes reads 1 under DeepSpeed:\n"
               "# take rank and world size from torch.distributed in your own script.\n")
     run.write_text_atomic(run.root / CONFIG_NAME, header + yaml.safe_dump(config, sort_keys=False))
-    env = launcher.rank_env(resolved, str(run.root), environ)
+    env = launcher.rank_env(resolved, str(run.root), environ, resume="" if resumed is None else str(resumed.dir))
     argv = ["accelerate", "launch", "--config_file", str(run.root / CONFIG_NAME), "-m", launcher.TRAIN_MODULE,
             str(run.root)]
     command = launcher.LaunchCommand(tuple(argv), env).shell()

@@ -65,7 +65,7 @@ def cmd_run(args: Sequence[str]) -> int:
     _refuse_a_wrong_start(resolved, joined, bench)
     resumed = None
     if not bench and resolved.recipe.run.resume != "never":
-        resumed = _check_resume(resolved, joined)
+        resumed = check_resume(resolved, joined)
         if resumed is not None and resumed.step >= resolved.recipe.train.steps:
             print(f"nothing to do: {resumed.dir} already holds step {resumed.step} of train.steps="
                   f"{resolved.recipe.train.steps}; set run.resume=never to train again from scratch, or raise train.steps")
@@ -171,7 +171,7 @@ def untrusted_files(path: Path) -> str | None:
     return said[-1].removeprefix("error: ") if said else f"the check of {path} failed (exit {p.returncode})"
 
 
-def _check_resume(resolved: Resolved, joined: str | None):
+def check_resume(resolved: Resolved, joined: str | None):
     """Refuse an impossible resume before any rank starts (the trainer checks again, for the record). A run directory
     this node joins that holds checkpoints of its own (a requeued SLURM job keeps its id, so its directory) continues
     from its newest, as its rank 0 will, whatever newer checkpoint another run of the recipe wrote meanwhile."""

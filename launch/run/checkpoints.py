@@ -19,6 +19,8 @@ from typing import Any
 
 from launch.config.backends import traits
 from launch.config.resolve import Resolved
+from launch.config.schedule import lr_at
+from launch.errors import ConfigError
 from launch.outputs import write_text_atomic
 
 MARKER = "layoutlab_checkpoint.json"  # written last, by rank 0, after every rank finished saving
@@ -88,7 +90,42 @@ def marker_info(resolved: Resolved, step: int) -> dict[str, Any]:
     """What the completion marker records: the step, the layout that wrote it and the training it continues."""
     return {"step": step, "backend": resolved.recipe.backend, **layout_of(resolved),
             "zero_stage": resolved.recipe.parallel.zero_stage, "model": resolved.model.name,
-            "identity": run_identity(resolved)}
+            "train_steps": resolved.recipe.train.steps, "identity": run_identity(resolved)}
+
+
+def planned_steps(ckpt: Checkpoint) -> int | None:
+    """train.steps of the run that wrote `ckpt`: its marker's, else (a marker from before it recorded them) its run
+    directory's resolved.json; None where neither says."""
+    steps = ckpt.info.get("train_steps")
+    if isinstance(steps, int) and not isinstance(steps, bool):
+        return steps
+    try:
+        return Resolved.load(ckpt.path.parent / "resolved.json").recipe.train.steps
+    except (OSError, ConfigError):
+        return None
+
+
+def finished(ckpt: Checkpoint) -> bool:
+    """Whether `ckpt` is the end of the run that wrote it (its step reached that run's train.steps)."""
+    steps = planned_steps(ckpt)
+    return steps is not None and ckpt.step >= steps
+
+
+def schedule_break(ckpt: Checkpoint, resolved: Resolved) -> str:
+    """Why continuing `ckpt` under `resolved` would break the learning-rate schedule its run followed ('' when it
+    continues): a decaying schedule is laid over train.steps, so another step count re-stretches it and the rate jumps
+    at the first step resumed (3e-4 to 7.5e-4 when a finished cosine run was extended). Constant schedules, and
+    warm-ups not yet over, continue whatever the step count."""
+    was = planned_steps(ckpt)
+    t = resolved.recipe.train
+    if was is None or was == t.steps:
+        return ""
+    rate = {"lr": t.lr, "min_lr": t.min_lr, "warmup": t.lr_warmup_steps, "schedule": t.lr_schedule}
+    before, after = lr_at(ckpt.step, total=was, **rate), lr_at(ckpt.step, total=t.steps, **rate)
+    if abs(after - before) <= 1e-9 * max(abs(before), abs(after)):
+        return ""
+    return (f"train.steps={t.steps} re-stretches the {t.lr_schedule} learning-rate schedule its run laid over {was} "
+            f"steps: step {ckpt.step + 1} would train at {after:.3g} where that schedule gives {before:.3g}")
 
 
 def to_universal(ckpt: Checkpoint) -> Path:
@@ -167,13 +204,7 @@ def choose_resume(resolved: Resolved, runs_dir: Path) -> ResumeChoice:
     if how == "never":
         return ResumeChoice(None, ())
     if how == "auto":
-        ckpt, notes = find_resume(runs_dir, resolved)
-        if ckpt is not None:
-            return ResumeChoice(ckpt, (*notes, f"resuming {ckpt.path.parent} at step {ckpt.step} (run.resume=auto: "
-                                              "the newest checkpoint of this configuration; run.resume=never starts "
-                                              "fresh)"))
-        return ResumeChoice(None, tuple(notes) + (("starting fresh: no earlier run of this recipe has this "
-                                                  "configuration",) if notes else ()))
+        return find_resume(runs_dir, resolved)
     ckpt = explicit_resume(Path(how), resolved)
     return ResumeChoice(ckpt, (f"resuming {ckpt.dir} at step {ckpt.step} (run.resume names it)",))
 
@@ -194,29 +225,57 @@ def explicit_resume(path: Path, resolved: Resolved) -> Checkpoint:
     if diff:
         raise ResumeError(f"{ckpt.dir}: trains a different configuration (differs in {', '.join(diff)}); resume it "
                           "with the recipe and overrides that wrote it, or set run.resume=never")
+    broken = schedule_break(ckpt, resolved)
+    if broken:
+        raise ResumeError(f"{ckpt.dir}: {broken}; resume it with train.steps={planned_steps(ckpt)}, or train with "
+                          "train.lr_schedule=constant where a run is to be extended")
     return ckpt
 
 
-def find_resume(runs_dir: Path, resolved: Resolved) -> tuple[Checkpoint | None, list[str]]:
-    """The newest complete checkpoint among the runs of a recipe (runs/<recipe>/*) of the same identity
-    (run_identity), and a note for each newer one passed over because it belongs to a different configuration."""
-    notes: list[str] = []
+def find_resume(runs_dir: Path, resolved: Resolved) -> ResumeChoice:
+    """`run.resume=auto`: the newest complete checkpoint of an unfinished run of this recipe (runs/<recipe>/*) of the
+    same identity (run_identity) whose learning-rate schedule it continues, and what to tell the user, in as few
+    lines as there are kinds of run passed over: damaged markers (each named), runs of another configuration (counted,
+    the newest named with how it differs), and runs of this configuration that finished or whose schedule another
+    train.steps would re-stretch (the newest named: a new run starts beside it)."""
     if not runs_dir.is_dir():
-        return None, notes
+        return ResumeChoice(None, ())
     want = json.loads(json.dumps(run_identity(resolved)))
     # Newest first by when each run last completed a checkpoint: folder names do not sort by time once SLURM's
     # `slurm-<job id>` folders sit beside UTC stamps.
     damaged: list[str] = []
-    latest = [(found[-1], d) for d in runs_dir.iterdir()
-              if (found := complete_checkpoints(d / "checkpoints", damaged))]
-    notes += damaged
-    latest.sort(key=lambda cd: (_marker_mtime(cd[0]), cd[1].name), reverse=True)
-    for newest, _ in latest:
+    latest = [found[-1] for d in runs_dir.iterdir() if (found := complete_checkpoints(d / "checkpoints", damaged))]
+    latest.sort(key=lambda c: (_marker_mtime(c), c.path.parent.name), reverse=True)
+    other: list[tuple[Checkpoint, list[str]]] = []
+    done: list[tuple[Checkpoint, str]] = []
+    chosen = None
+    for newest in latest:
         diff = _differs(want, _identity_of(newest))
-        if not diff:
-            return newest, notes
-        notes.append(f"{newest.dir}: not resumed, it trains a different configuration (differs in {', '.join(diff)})")
-    return None, notes
+        if diff:
+            other.append((newest, diff))
+        elif finished(newest):
+            done.append((newest, f"finished at step {newest.step}"))
+        elif broken := schedule_break(newest, resolved):
+            done.append((newest, broken))
+        else:
+            chosen = newest
+            break
+    lines = list(damaged)
+    if other:
+        ckpt, diff = other[0]
+        more = f"{len(other)} earlier runs of this recipe train" if len(other) > 1 else "an earlier run trains"
+        lines.append(f"not resumed: {more} a different configuration (the newest, {ckpt.path.parent}, differs in "
+                     f"{', '.join(diff)})")
+    if done and chosen is None:
+        ckpt, why = done[0]
+        lines.append(f"starting a new run: the newest run of this configuration, {ckpt.path.parent}, {why} "
+                     f"(run.resume={ckpt.path.parent} continues it where its schedule allows)")
+    if chosen is not None:
+        lines.append(f"resuming {chosen.path.parent} at step {chosen.step} (run.resume=auto: the newest unfinished run "
+                     "of this configuration; run.resume=never starts fresh)")
+    elif lines and not done:
+        lines.append("starting fresh: no earlier run of this recipe has this configuration")
+    return ResumeChoice(chosen, tuple(lines))
 
 
 def _marker_mtime(ckpt: Checkpoint) -> float:
@@ -263,4 +322,6 @@ def _marker(path: Path) -> dict[str, Any] | str:
             return f"{key}={v!r} is not a whole number from {low}"
     if not isinstance(info.get("backend"), str) or not isinstance(info.get("identity", {}), dict):
         return "names no backend, or its identity is not an object"
+    if path.parent.name != f"step{info['step']}":  # resume and the schedule go by the step: the folder must agree
+        return f"step={info['step']} is not its folder's ({path.parent.name})"
     return info

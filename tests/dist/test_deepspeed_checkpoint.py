@@ -139,10 +139,11 @@ def test_a_different_configuration_starts_fresh_with_a_note(runs_root, interrupt
     first = interrupted(runs, 2)  # its newest complete checkpoint is step 5
     other = train(runs, *CKPT, "train.steps=5", "batch.seq_len=48")
     assert other.metrics().meta.start_step == 0 and other.metrics().meta.resumed_from is None
-    assert "not resumed, it trains a different configuration (differs in seq_len)" in other.proc.stdout
-    longer = train(runs, *CKPT, "train.steps=8")  # same configuration, more steps: continues the first run
-    assert longer.metrics().meta.start_step == 5
-    assert f"resuming {first.root} at step 5" in longer.proc.stdout
+    assert (f"not resumed: an earlier run trains a different configuration (the newest, {first.root}, differs in "
+            "seq_len)") in other.proc.stdout
+    same = train(runs, *CKPT)  # the first run's configuration and schedule: continues it
+    assert same.metrics().meta.start_step == 5
+    assert f"resuming {first.root} at step 5" in same.proc.stdout
 
 
 @pytest.mark.full

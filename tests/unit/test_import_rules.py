@@ -60,7 +60,7 @@ BREAKS = [
     (RANKS, "launch/torchtools/indexed.py", "import launch.ranks.data"),
     (TORCHTOOLS, "launch/commands/export.py", "import launch.torchtools.export"),
     (TORCHTOOLS, "launch/run/checkpoints.py", "import launch.torchtools.untrusted"),
-    ("Rank code reads the launcher's names in launch.run.rankenv, never the launcher", "launch/ranks/schedule.py",
+    ("Rank code reads the launcher's names in launch.run.rankenv, never the launcher", "launch/ranks/data.py",
      "import launch.run.launcher"),
     (ROOMS, "launch/config/resolve.py", "import launch.commands.cli"),
     (ROOMS, "launch/torchtools/untrusted.py", "import launch.commands.cli"),

@@ -21,7 +21,7 @@ def _run_with_checkpoint(runs, name, overrides, step=5):
 
 def test_auto_resumes_the_same_configuration_and_says_so(tmp_path):
     root = _run_with_checkpoint(tmp_path, "20261201-000000", [])
-    choice = choose_resume(resolve_path(TINY, ["train.steps=40"]), tmp_path / "tiny_zero2")  # more steps: same run
+    choice = choose_resume(resolve_path(TINY, []), tmp_path / "tiny_zero2")
     assert choice.checkpoint is not None and choice.checkpoint.dir == root / "checkpoints" / "step5"
     assert choice.lines[-1].startswith(f"resuming {root} at step 5")
 
@@ -37,8 +37,74 @@ def test_auto_starts_fresh_beside_another_configuration_and_says_why(tmp_path, o
     choice = choose_resume(resolve_path(TINY, []), tmp_path / "tiny_zero2")
     assert choice.checkpoint is None
     note, last = choice.lines
-    assert note.startswith(f"{root / 'checkpoints' / 'step5'}: not resumed") and differs in note.split("differs in")[1]
+    assert note.startswith(f"not resumed: an earlier run trains a different configuration (the newest, {root}, ")
+    assert differs in note.split("differs in")[1]
     assert last.startswith("starting fresh")
+
+
+def test_many_runs_of_other_configurations_are_one_line(tmp_path):
+    """A newcomer's every run printed one 'not resumed' line per earlier run: they are counted in one."""
+    for i, other in enumerate((["parallel.zero_stage=3"], ["batch.micro_batch_size=1"], ["parallel.zero_stage=1"])):
+        newest = _run_with_checkpoint(tmp_path, f"2026120{i + 1}-000000", other)
+    choice = choose_resume(resolve_path(TINY, []), tmp_path / "tiny_zero2")
+    assert choice.checkpoint is None
+    assert choice.lines == (f"not resumed: 3 earlier runs of this recipe train a different configuration (the newest, "
+                            f"{newest}, differs in zero_stage)",
+                            "starting fresh: no earlier run of this recipe has this configuration")
+
+
+def test_a_finished_run_is_not_continued_a_new_one_starts_and_says_so(tmp_path):
+    """Re-running the quickstart after it finished trained nothing ('nothing to do'), and the Accelerate launch
+    resumed a finished step-80 run of another train.steps: auto continues only an unfinished run."""
+    done = _run_with_checkpoint(tmp_path, "20261201-000000", ["train.steps=8"], step=8)
+    for steps in (8, 12):
+        choice = choose_resume(resolve_path(TINY, [f"train.steps={steps}"]), tmp_path / "tiny_zero2")
+        assert choice.checkpoint is None
+        assert choice.lines == (f"starting a new run: the newest run of this configuration, {done}, finished at step 8 "
+                                f"(run.resume={done} continues it where its schedule allows)",)
+
+
+def test_an_unfinished_run_whose_schedule_would_stretch_is_passed_over_and_named(tmp_path):
+    """A cosine schedule laid over 20 steps, cut at step 12, continued over 40 would jump from lr_at(12, total=20) to
+    lr_at(12, total=40): computed here from the cosine formula itself."""
+    import math
+
+    cut = _run_with_checkpoint(tmp_path, "20261201-000000", ["train.steps=20"], step=12)
+    t = resolve_path(TINY, ["train.steps=40"]).recipe.train
+    assert t.lr_schedule == "cosine"
+
+    def cosine(total):
+        progress = (12 - t.lr_warmup_steps) / (total - t.lr_warmup_steps)
+        return t.min_lr + (t.lr - t.min_lr) * 0.5 * (1 + math.cos(math.pi * progress))
+
+    choice = choose_resume(resolve_path(TINY, ["train.steps=40"]), tmp_path / "tiny_zero2")
+    assert choice.checkpoint is None
+    (line,) = choice.lines
+    assert line.startswith(f"starting a new run: the newest run of this configuration, {cut}, train.steps=40 "
+                           "re-stretches the cosine learning-rate schedule its run laid over 20 steps: step 13 would "
+                           f"train at {cosine(40):.3g} where that schedule gives {cosine(20):.3g}"), line
+    assert choose_resume(resolve_path(TINY, ["train.steps=20"]), tmp_path / "tiny_zero2").checkpoint.step == 12
+
+
+def test_extending_a_finished_run_is_refused_unless_its_schedule_continues(tmp_path):
+    done = _run_with_checkpoint(tmp_path, "20261201-000000", ["train.steps=8"], step=8)
+    with pytest.raises(ResumeError, match=r"re-stretches the cosine .* resume it with train.steps=8"):
+        choose_resume(resolve_path(TINY, [f"run.resume={done}", "train.steps=16"]), tmp_path)
+    flat = _run_with_checkpoint(tmp_path, "20261202-000000", ["train.steps=8", "train.lr_schedule=constant"], step=8)
+    choice = choose_resume(resolve_path(TINY, [f"run.resume={flat}", "train.steps=16", "train.lr_schedule=constant"]),
+                           tmp_path)
+    assert choice.checkpoint.dir == flat / "checkpoints" / "step8"
+
+
+def test_a_marker_whose_step_is_not_its_folders_is_not_resumed(tmp_path):
+    import json
+
+    root = _run_with_checkpoint(tmp_path, "20261201-000000", [], step=3)
+    path = root / "checkpoints" / "step3" / "layoutlab_checkpoint.json"
+    path.write_text(json.dumps({**json.loads(path.read_text()), "step": 99}))
+    choice = choose_resume(resolve_path(TINY, []), tmp_path / "tiny_zero2")
+    assert choice.checkpoint is None
+    assert any("step=99 is not its folder's (step3)" in line for line in choice.lines), choice.lines
 
 
 def test_auto_passes_over_a_newer_other_configuration_for_its_own(tmp_path):
@@ -110,3 +176,31 @@ def test_a_misspelt_resume_mode_is_refused_not_taken_as_a_path(value):
 
     with pytest.raises(ConfigError, match="is neither auto, never nor a path"):
         resolve_path(TINY, [f"run.resume={value}"])
+
+
+def test_the_accelerate_export_decides_as_run_sh_and_pins_it_in_its_command(tmp_path, monkeypatch, capsys):
+    """The command export-accelerate prints resumed another run's finished checkpoint when Accelerate started it: the
+    choice is now made at export, by run.sh's rule, and travels in the command (an empty pin: start fresh)."""
+    import shlex
+
+    from launch.commands.cli import main
+    from launch.run.rankenv import RESUME_PINNED
+
+    runs = tmp_path / "runs"
+    monkeypatch.setenv("LAYOUTLAB_RUNS", str(runs))
+    for key in ("MASTER_ADDR", "MASTER_PORT", "LAYOUTLAB_RUN_DIR"):
+        monkeypatch.delenv(key, raising=False)
+    done = _run_with_checkpoint(runs, "20261201-000000", ["train.steps=8"], step=8)
+
+    def pinned(out: str) -> str:
+        assert main(["export-accelerate", str(TINY), "train.steps=8", f"out={tmp_path / out}"]) == 0
+        printed = capsys.readouterr().out
+        command = printed.strip().splitlines()[-1]
+        (pin,) = [w.split("=", 1)[1] for w in shlex.split(command) if w.startswith(f"{RESUME_PINNED}=")]
+        return pin, printed
+
+    pin, printed = pinned("a")
+    assert pin == "" and f"starting a new run: the newest run of this configuration, {done}, finished" in printed
+    cut = _run_with_checkpoint(runs, "20261202-000000", ["train.steps=8"], step=4)
+    pin, printed = pinned("b")
+    assert pin == str(cut / "checkpoints" / "step4") and f"resuming {cut} at step 4" in printed

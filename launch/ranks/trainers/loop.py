@@ -23,7 +23,7 @@ from launch.config.backends import traits
 from launch.config.resolve import Resolved
 from launch.plan.time import model_flops_per_token
 from launch.ranks.data import Sources, sources
-from launch.ranks.schedule import lr_at
+from launch.config.schedule import lr_at
 from launch.ranks.trainers import common
 from launch.ranks.trainers.protocol import BuildContext, Trainer
 from launch.run import checkpoints
@@ -134,6 +134,13 @@ def _resume_choice(run: RunDir, resolved: Resolved, terminal) -> checkpoints.Che
 
 def _train(run: RunDir, resolved: Resolved, env: common.RankEnv, terminal, cuda: bool, watchdog) -> int:
     built = _build(run, resolved, env, terminal, cuda, watchdog)
+    steps = resolved.recipe.train.steps
+    if built.start_step >= steps:  # launched again after it finished (by hand: accelerate launch, twice)
+        if env.rank == 0:
+            print(f"nothing to do: {built.resume_from.dir} already holds step {built.start_step} of train.steps="
+                  f"{steps}; start a new run, or continue it with run.resume=DIR and more train.steps",
+                  file=terminal, flush=True)
+        return 0
     s = _start(run, resolved, env, terminal, cuda, watchdog, built, sources(resolved, run.data))
     _finish(s, _steps(s))
     return 0
