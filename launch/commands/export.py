@@ -30,7 +30,7 @@ def cmd_export(args: Sequence[str]) -> int:
         raise ConfigError(run_dir, "run_dir", run_dir, "is not a run directory (no resolved.json)", "pass runs/<recipe>/<stamp>")
     run = RunDir.open(run_dir)
     resolved = Resolved.load(run.resolved)  # damaged: one line here, not a traceback in the export process
-    inputs = export_inputs(run, resolved.recipe.model.weights)
+    inputs = export_inputs(run, resolved.recipe)
     problem = export_target_problem(Path(out), inputs=inputs) if out else None
     if problem:  # before the export starts: nothing of the user's is touched
         raise ConfigError("command line", "out", out, problem, "name a new folder, or an earlier export's")

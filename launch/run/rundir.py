@@ -13,6 +13,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from launch.config.schema import TOKENIZER_NAMES
 from launch.outputs import claim_folder, folder_problem, write_text_atomic
 
 SUBDIRS = ("metrics", "logs", "traces", "nccl", "commbench", "tensorboard", "checkpoints")
@@ -196,7 +197,9 @@ def is_our_export(folder: Path) -> bool:
     return isinstance(written, list) and held <= {*map(str, written), EXPORT_MARKER}
 
 
-def export_inputs(run: RunDir, weights: str | None) -> tuple[Path, ...]:
-    """What an export reads, which its folder may neither be, lie in nor hold: the run's record, its checkpoints and
-    the weights the run started from (`model.weights`: an export over them would lose the run's starting point)."""
-    return (run.resolved, run.checkpoints) + ((Path(weights),) if weights else ())
+def export_inputs(run: RunDir, recipe) -> tuple[Path, ...]:
+    """What an export reads, which its folder may neither be, lie in nor hold: the run's record, its checkpoints, the
+    weights the run started from (`model.weights`: an export over them would lose the run's starting point) and the
+    tokenizer folder it copies (`data.tokenizer`, where it names one)."""
+    tokenizer = recipe.data.tokenizer if recipe.data.tokenizer not in TOKENIZER_NAMES else None
+    return (run.resolved, run.checkpoints) + tuple(Path(p) for p in (recipe.model.weights, tokenizer) if p)

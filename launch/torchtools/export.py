@@ -12,12 +12,15 @@ import os
 import shutil
 import sys
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
 
 from launch.config.backends import traits
 from launch.config.resolve import Resolved
+from launch.data.tokenizer import tokenizer_folder
 from launch.errors import ConfigError
 from launch.torchtools import untrusted
+from launch.torchtools.hf import byte_tokenizer
 from launch.run.checkpoints import ResumeError, complete_checkpoints
 from launch.run.rundir import EXPORT_MARKER, RunDir, export_inputs, export_target_problem
 
@@ -56,7 +59,7 @@ def export(run_dir: str | Path, step: int | None = None, out: str | Path | None 
         raise ConfigError(str(ckpt.dir), "parameters", sorted(set(missing) - tied)[:5] or sorted(unexpected)[:5],
                           "do not match the model in resolved.json", "export a checkpoint of this run's own model")
     target = Path(out) if out else run.root / "export" / ckpt.tag
-    problem = export_target_problem(target, inputs=export_inputs(run, resolved.recipe.model.weights))
+    problem = export_target_problem(target, inputs=export_inputs(run, resolved.recipe))
     if problem:
         raise ConfigError("command line", "out", str(target), problem, "name a new folder, or an earlier export's")
     # Written whole beside the target, marked, then swapped in: an earlier export of ours is replaced only once the
@@ -64,6 +67,7 @@ def export(run_dir: str | Path, step: int | None = None, out: str | Path | None 
     staging = target.parent / f".{target.name}.export-{os.getpid()}"
     target.parent.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(staging, safe_serialization=True)
+    tokenizer = save_tokenizer(resolved, staging)
     files = sorted(p.name for p in staging.iterdir())  # what a later export may replace (rundir.is_our_export)
     (staging / EXPORT_MARKER).write_text(json.dumps({"run": str(run.root), "checkpoint": str(ckpt.dir),
                                                      "files": files}) + "\n")
@@ -74,7 +78,42 @@ def export(run_dir: str | Path, step: int | None = None, out: str | Path | None 
     staging.rename(target)
     if old is not None:
         shutil.rmtree(old)
-    return target
+    return Exported(target, tokenizer)
+
+
+@dataclass(frozen=True)
+class Exported:
+    folder: Path
+    tokenizer: str  # what the folder holds of the tokenizer, in words ('' where it holds none)
+
+    def lines(self) -> list[str]:
+        """What the command prints: the folder, then how to load it."""
+        how = [f"{self.folder}", f"load it with: AutoModelForCausalLM.from_pretrained({str(self.folder)!r})"]
+        if self.tokenizer:
+            return [*how, f"and AutoTokenizer.from_pretrained({str(self.folder)!r}) ({self.tokenizer})"]
+        return [*how, "(no tokenizer: the run trained on synthetic token ids)"]
+
+
+# What a Hugging Face tokenizer folder holds that AutoTokenizer reads (tokenizer.model: a slow tokenizer's own file).
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
+                   "tokenizer.model")
+
+
+def save_tokenizer(resolved: Resolved, folder: Path) -> str:
+    """The tokenizer the run read its rows with, into the export `folder`, so that AutoTokenizer loads it beside the
+    model: the files of its tokenizer folder, or the byte tokenizer written as a transformers one. Returns what it
+    wrote, in words; '' for synthetic rows, which no tokenizer made."""
+    data = resolved.recipe.data
+    if data.source == "synthetic":
+        return ""
+    source = tokenizer_folder(data.tokenizer, resolved.recipe.model.weights, resolved.recipe_path)
+    if source is None:
+        byte_tokenizer().save_pretrained(folder)
+        return "the byte tokenizer the run read its rows with: ids 0-255 are UTF-8 bytes, 256 ends a document"
+    copied = [name for name in TOKENIZER_FILES if (source / name).is_file()]
+    for name in copied:  # read and written, not linked: the export stands alone
+        (folder / name).write_bytes((source / name).read_bytes())
+    return f"copied from {source}: {', '.join(copied)}"
 
 
 def warnings_to(path: Path) -> None:
@@ -101,7 +140,7 @@ def main(argv: list[str]) -> int:
     warnings_to(RunDir.open(run_dir).logs / "export.err")
     untrusted.guard()
     try:
-        print(export(run_dir, None if step == "-" else int(step), None if out == "-" else out))
+        print("\n".join(export(run_dir, None if step == "-" else int(step), None if out == "-" else out).lines()))
     except (ConfigError, untrusted.UntrustedFileError, ResumeError) as e:  # the user's to mend: one line
         print(f"error: {e}", file=sys.stderr)
         return 2

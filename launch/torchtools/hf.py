@@ -1,7 +1,9 @@
-"""A catalogue model as `transformers` builds it: the one place a model spec becomes a transformers config."""
+"""A catalogue model as `transformers` builds it: the one place a model spec becomes a transformers config; and the
+byte tokenizer (launch/data/tokenizer.py) as a `transformers` tokenizer, for exports of runs that read bytes."""
 from __future__ import annotations
 
 from launch.config.models import ModelSpec
+from launch.data.tokenizer import EOS_BYTE
 
 
 def hf_config(spec: ModelSpec):
@@ -15,3 +17,27 @@ def hf_config(spec: ModelSpec):
     config = AutoConfig.for_model(model_type, **cfg)
     config.architectures = [spec.architecture]
     return config
+
+
+BYTE_EOS_TOKEN = "<|endoftext|>"
+
+
+def _bytes_to_unicode() -> dict[int, str]:
+    """GPT-2's printable stand-in for each byte, which `tokenizers`' ByteLevel pre-tokenizer maps bytes to."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    others = [b for b in range(256) if b not in printable]  # controls, space: the code points past 255, in order
+    return {b: chr(b) for b in printable} | {b: chr(256 + i) for i, b in enumerate(others)}
+
+
+def byte_tokenizer():
+    """launch.data.tokenizer's "byte" tokenizer as a transformers fast tokenizer: each UTF-8 byte its own id (0-255),
+    the end-of-document token EOS_BYTE; no merges, no prefix space, no template."""
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {ch: b for b, ch in _bytes_to_unicode().items()} | {BYTE_EOS_TOKEN: EOS_BYTE}
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.add_special_tokens([AddedToken(BYTE_EOS_TOKEN, special=True)])
+    return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=BYTE_EOS_TOKEN)

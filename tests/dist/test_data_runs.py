@@ -85,3 +85,27 @@ def test_resume_reads_exactly_the_rows_the_uninterrupted_run_read(runs, runs_roo
         assert (a.valid_loss is None) == (b.valid_loss is None)
         if a.valid_loss is not None:
             assert abs(a.valid_loss - b.valid_loss) <= 1e-5
+
+
+def test_the_export_of_a_text_run_loads_model_and_tokenizer_in_transformers(runs, tmp_path):
+    """The export holds what the run read with: AutoTokenizer loads it and encodes the corpus as the tokenizer
+    folder does (read here with `tokenizers`), and the model scores those ids below the loss the run started at."""
+    import json
+
+    import torch
+    from tokenizers import Tokenizer
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    out = tmp_path / "export"
+    p = subprocess.run([sys.executable, "-m", "launch", "export", str(runs["parquet"].root), f"out={out}"], cwd=REPO,
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert p.stdout.splitlines()[-1].startswith(f"and AutoTokenizer.from_pretrained({str(out)!r}) (copied from")
+    tok = AutoTokenizer.from_pretrained(out)
+    model = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32)
+    text = json.loads(CORPUS.read_text().splitlines()[0])["text"]
+    ids = tok(text).input_ids
+    assert ids == Tokenizer.from_file(str(TOKENIZER / "tokenizer.json")).encode(text).ids
+    with torch.no_grad():
+        loss = model(torch.tensor([ids[:32]]), labels=torch.tensor([ids[:32]])).loss.item()
+    assert loss < runs["parquet"].metrics().steps[0].loss  # trained: below where the run started
