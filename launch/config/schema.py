@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import os
+import re
 import tomllib
 import types
 import typing
@@ -498,10 +499,14 @@ def _try(opt: Any, value: Any) -> tuple[bool, Any]:
         return ok, float(value) if ok else None
     if opt is str:
         return isinstance(value, str), value
-    if get_origin(opt) is tuple:  # tuple[T, ...]: a TOML array of T
+    if get_origin(opt) is tuple:  # tuple[T, ...]: a TOML array of T, or the comma form a command line writes
+        item = get_args(opt)[0]
+        if isinstance(value, str):  # a,b: as `plan model=a,b` takes its lists
+            value = [int(w) if item is int and re.fullmatch(r"[+-]?\d{1,19}", w) else w
+                     for w in (w.strip() for w in value.split(",")) if w]
         if not isinstance(value, (list, tuple)):
             return False, None
-        items = [_try(get_args(opt)[0], v) for v in value]
+        items = [_try(item, v) for v in value]
         return all(ok for ok, _ in items), tuple(v for _, v in items)
     return False, None
 
@@ -516,7 +521,8 @@ def _describe(typ: Any) -> str:
             words.append(" | ".join(f'"{a}"' if isinstance(a, str) else str(a) for a in get_args(opt)))
         elif get_origin(opt) is tuple:
             item = get_args(opt)[0]
-            words.append("a list of " + {int: "integers", str: "strings"}.get(item, _describe(item)))
+            words.append("a list of " + {int: "integers", str: "strings"}.get(item, _describe(item))
+                         + (' (a,b or ["a", "b"])' if item is str else " (0,1 or [0, 1])"))
         else:
             words.append({int: "an integer", float: "a number", bool: "true or false", str: "a string"}.get(opt, str(opt)))
     return " or ".join(words)

@@ -48,6 +48,20 @@ def test_max_bytes_default_comes_from_the_profile_and_survives_resolved_json():
     assert resolve_path(TINY, [*BENCH, "commbench.max_bytes=1024"]).recipe.commbench.max_bytes == 1024
 
 
+@pytest.mark.parametrize("comma, toml", [("commbench.ops=all_reduce,all_gather", 'commbench.ops=["all_reduce", "all_gather"]'),
+                                         ("commbench.ops=all_reduce", 'commbench.ops=["all_reduce"]'),
+                                         ("commbench.ranks=0,1", "commbench.ranks=[0, 1]")])
+def test_a_list_field_takes_the_comma_form_as_plan_does(comma, toml):
+    """`plan model=a,b` took commas while commbench.ops refused them: every list takes both forms."""
+    assert resolve_path(TINY, [*BENCH, comma]).recipe.commbench == resolve_path(TINY, [*BENCH, toml]).recipe.commbench
+
+
+@pytest.mark.parametrize("override, shows", [("commbench.ops=5", 'a list of strings (a,b or ["a", "b"])'),
+                                             ("commbench.ranks=0,x", "a list of integers (0,1 or [0, 1])")])
+def test_a_bad_list_shows_the_forms_it_takes(override, shows):
+    assert shows in str(err(override))
+
+
 def test_dtype_names_agree_between_schema_and_sweep():
     assert set(typing.get_args(COMMBENCH_DTYPE)) == set(DTYPES)
 
