@@ -15,14 +15,34 @@ from launch.units import GiB, KiB, MiB, human_bytes, human_count
 
 def make_console():
     """A console as wide as COLUMNS says, the terminal's own width, or 100 columns when the output is a file: the
-    tables below are laid out to fit 100."""
+    tables below are laid out to fit 100. Piped, a line of text is never wrapped (a pager or grep sees each message
+    whole, not cut mid-phrase); tables still fit the width."""
     import sys
 
     from rich.console import Console
 
-    width = int(os.environ["COLUMNS"]) if os.environ.get("COLUMNS", "").isdigit() else (
-        None if sys.stdout.isatty() else 100)
-    return Console(width=width, highlight=False)
+    tty = sys.stdout.isatty()
+    width = int(os.environ["COLUMNS"]) if os.environ.get("COLUMNS", "").isdigit() else (None if tty else 100)
+    return Console(width=width, highlight=False, soft_wrap=not tty)
+
+
+def add_columns(table, columns: Sequence[tuple[str, str]], rows: Sequence[Sequence[str]]) -> None:
+    """Columns that shrink by kind when the console is narrow, never by cutting a number: "number" (right-aligned,
+    as wide as its widest cell), "name" (left, as wide as its widest cell: a layout or run label read whole), "text"
+    (left, wraps first). A header wraps at its spaces; no column is narrower than its longest header word."""
+    for i, (name, kind) in enumerate(columns):
+        widest = max([len(r[i]) for r in rows] + [max(map(len, name.split()), default=0)])
+        table.add_column(name, justify="right" if kind == "number" else "left",
+                         min_width=widest if kind in ("number", "name") else None)
+
+
+def bar_width(console, columns: Sequence[tuple[str, str]], rows: Sequence[Sequence[str]], most: int = 24) -> int:
+    """How many cells a bar column may take beside `columns` (laid out by add_columns) on this console: what is left
+    once every other column has its cells and the borders theirs, at most `most`; 0 leaves the bar out."""
+    needed = sum(max([len(r[i]) for r in rows] + [max(map(len, name.split()), default=0)]) + 3
+                 for i, (name, _) in enumerate(columns)) + 4
+    room = min(most, console.width - needed)
+    return room if room >= 4 else 0
 
 
 def gib(n: float) -> str:
@@ -256,16 +276,21 @@ def recommendation(recipe_name: str, rec, shown: int, console) -> None:
                                           if rec.closest else ""))
         return
     t = Table(title="layouts that fit, fastest first (predicted)", title_justify="left")
-    for col in ("#", "layout", "step ms", "tokens/s/device", "memory/rank GiB", "comm ms", "timing", ""):
-        t.add_column(col, justify="right" if col in ("#", "step ms", "tokens/s/device", "memory/rank GiB", "comm ms")
-                     else "left", no_wrap=col in ("layout", ""))
-    best = fit[0].plan.step.tokens_per_s_per_device
+    columns = [("#", "number"), ("layout", "name"), ("step ms", "number"), ("tokens/s /device", "number"),
+               ("memory /rank GiB", "number"), ("comm ms", "number"), ("timing", "name")]
+    rows = []
     for i, c in enumerate(fit[:shown], 1):
         s, worst = c.plan.step, c.plan.worst()
-        bar = "█" * max(1, round(24 * s.tokens_per_s_per_device / best))
-        t.add_row(str(i), escape(c.label), f"{s.total_s * 1e3:.1f}", f"{s.tokens_per_s_per_device:,.0f}",
-                  f"{worst.memory[worst.implementation].total / GiB:.2f}", f"{sum(x.time_s for x in c.plan.comm) * 1e3:.1f}",
-                  s.timing, bar)
+        rows.append([str(i), escape(c.label), f"{s.total_s * 1e3:.1f}", f"{s.tokens_per_s_per_device:,.0f}",
+                     f"{worst.memory[worst.implementation].total / GiB:.2f}",
+                     f"{sum(x.time_s for x in c.plan.comm) * 1e3:.1f}", s.timing])
+    add_columns(t, columns, rows)
+    bar = bar_width(console, columns, rows)  # tokens/s/device against the fastest, where the console has room
+    if bar:
+        t.add_column("", no_wrap=True)
+    best = fit[0].plan.step.tokens_per_s_per_device
+    for row, c in zip(rows, fit, strict=False):
+        t.add_row(*row, *(["█" * max(1, round(bar * c.plan.step.tokens_per_s_per_device / best))] if bar else []))
     console.print(t)
     if len(fit) > shown:
         console.print(f"  … and {len(fit) - shown} more that fit (top={len(fit)} lists them all)")

@@ -1,4 +1,5 @@
-"""Output for people: a run's plan summary in at most 15 lines, dry-run tables within 100 columns, sizes and counts in
+"""Output for people: a run's plan summary in at most 15 lines, dry-run tables within 100 columns (piped text is not
+wrapped), sizes and counts in
 adaptive units, every predicted time labelled with where its figures come from."""
 import io
 import os
@@ -48,6 +49,11 @@ def test_the_dry_run_fits_100_columns_but_for_the_commands_to_copy(recipe):
     assert p.returncode == 0, p.stderr
     commands = [ln for ln in p.stdout.splitlines() if "-m torch.distributed.run" in ln or "-m launch.ranks" in ln
                 or ln.startswith(("deepspeed ", "  node "))]
-    wide = [ln for ln in p.stdout.splitlines() if len(ln) > 100 and ln not in commands]
-    assert not wide, wide
+    drawn = set("─━│┃┏┓┗┛┡┩└┘┌┐╇╈┳┻┼")
+    wide = [ln for ln in p.stdout.splitlines() if len(ln) > 100 and ln not in commands and drawn & set(ln)]
+    assert not wide, wide  # tables and rules fit 100 columns
     assert "memory per rank (" in p.stdout and "communication per step" in p.stdout
+    # piped, a message is not wrapped mid-phrase: each of the plan's notes is one whole line
+    plan = plan_resolved(resolve_path(RECIPES / recipe, []))
+    lines = p.stdout.splitlines()
+    assert plan.notes and all(f"  note: {n}" in lines for n in plan.notes), (plan.notes, p.stdout)

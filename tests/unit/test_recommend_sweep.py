@@ -8,7 +8,7 @@ import pytest
 
 from launch.commands.cli import main
 from launch.config.resolve import resolve_path
-from launch.plan.search import candidates, layouts, ranked
+from launch.plan.search import candidates, layouts, ranked, search
 from launch.run import envinfo
 
 RECIPES = Path(__file__).resolve().parents[2] / "recipes"
@@ -350,3 +350,34 @@ def test_sweep_members_write_no_final_checkpoint_unless_asked():
     asked = member("b", str(RECIPES / "tiny_zero2"), ["run.save_final=true"])
     assert default.resolved.recipe.run.save_final is False and asked.resolved.recipe.run.save_final is True
     assert resolve_path(RECIPES / "tiny_zero2", []).recipe.run.save_final is True  # a run's own default
+
+
+def test_piped_recommend_keeps_every_number_whole_and_every_message_on_one_line(tmp_path):
+    """Piped or under 120 columns the table showed `st…` and `28…`, and the dropped reasons wrapped mid-phrase:
+    columns now narrow by kind (headers wrap at their spaces, the bar goes first) and piped text is not wrapped. The
+    oracle is the ranking itself (plan.search.search, as recommend calls it): its figures appear in the output as
+    written at every width."""
+    import os
+    import re
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO
+
+    recipe = str(RECIPES / "tiny_zero2")  # LAYOUTLAB_RUNS below holds no calibration: nominal figures both sides
+    rec = search(recipe, [], envinfo.machine())
+    fit = rec.ranked
+    want = [(f"{c.plan.step.total_s * 1e3:.1f}", f"{c.plan.step.tokens_per_s_per_device:,.0f}") for c in fit[:3]]
+    for width in ("60", "80", "100"):
+        env = {**os.environ, "COLUMNS": width, "LAYOUTLAB_RUNS": str(tmp_path)}
+        out = subprocess.run([sys.executable, "-m", "launch", "recommend", recipe, "top=3"], cwd=REPO, env=env,
+                             capture_output=True, text=True, timeout=120).stdout
+        rows = [line for line in out.splitlines() if re.match(r"│ \d+ │", line)]
+        assert "…" not in "".join(rows), (width, out)
+        for row, (step_ms, tokens) in zip(rows, want, strict=True):
+            cells = [c.strip() for c in row.strip("│").split("│")]
+            assert cells[2] == step_ms and cells[3] == tokens, (width, row)
+        for why, n in rec.dropped:  # each reason whole on its own line
+            assert f"  dropped {n}: {why}" in out.splitlines(), (width, why, out)
+        assert all(line.startswith(("  ", "recommend", "layouts", "┏", "┃", "┡", "│", "└")) for line in
+                   out.splitlines() if line), (width, out)
