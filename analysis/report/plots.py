@@ -12,6 +12,7 @@ from typing import Mapping, Sequence
 
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
+from matplotlib.ticker import ScalarFormatter
 
 from analysis.analyzers.ceilings import Panel
 from analysis.analyzers.curves import segments
@@ -148,6 +149,11 @@ def busbw_vs_size(points: Sequence[tuple[str, Sequence[tuple[float, float]]]],
 
 
 def training_curves(series: Sequence[tuple[str, Sequence[int], Mapping[str, Sequence[float | None]]]]) -> bytes:
+    """training_curves_figure as PNG bytes."""
+    return _png(training_curves_figure(series))
+
+
+def training_curves_figure(series: Sequence[tuple[str, Sequence[int], Mapping[str, Sequence[float | None]]]]) -> Figure:
     """Three panels side by side — loss, gradient norm, learning rate — against the step, one line per run; a
     missing value leaves a gap. A run's validation loss (`valid_loss`, where it has one) is drawn on the loss panel in
     the run's colour, dashed with markers. A run whose steps fall back or jump far (another job in the same file:
@@ -161,7 +167,8 @@ def training_curves(series: Sequence[tuple[str, Sequence[int], Mapping[str, Sequ
                 rows.append([])
             rows[k].append((i, f"{label} #{k + 1}" if len(parts) > 1 else label, steps[a:b],
                             {key: vals[a:b] for key, vals in values.items()}))
-    fig = Figure(figsize=(11, 3.2 * len(rows)))
+    # constrained: each panel's tick labels get their own room, not the next panel's (they were drawn over it)
+    fig = Figure(figsize=(11, 3.2 * len(rows)), layout="constrained")
     grid = fig.subplots(len(rows), 3, squeeze=False)
     for k, (axes, row) in enumerate(zip(grid, rows, strict=True)):
         for ax, (key, title) in zip(axes, panels, strict=True):
@@ -176,9 +183,13 @@ def training_curves(series: Sequence[tuple[str, Sequence[int], Mapping[str, Sequ
             ax.set_title(title if len(rows) == 1 else f"{title} (segment {k + 1})")
             ax.set_xlabel("step")
             ax.grid(alpha=0.3)
+            # learning rates (1e-5..1e-3) as 0.5 … 3.0 with ×10⁻⁴ once above the axis, not "0.00030" per tick
+            formatter = ScalarFormatter(useMathText=True)
+            formatter.set_powerlimits((-2, 3))
+            ax.yaxis.set_major_formatter(formatter)
         if axes[0].get_legend_handles_labels()[0]:
             axes[0].legend(fontsize=7)
-    return _png(fig)
+    return fig
 
 
 # ------------------------------------------------------------------------ busbw vs size (python -m analysis busbw)

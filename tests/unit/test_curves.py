@@ -321,3 +321,31 @@ def test_tensorboard_validation_tags_fill_the_validation_column():
     rows = [{"run": "r", "file": "f", "tag": tag, "step": 4, "value": 3.5} for tag in ("valid/loss", "lm loss validation")]
     tb = Table.from_rows("tensorboard", {"run": "", "file": "", "tag": "", "step": "", "value": ""}, rows, source="tb")
     assert C.curves_from_tensorboard(tb).columns["valid_loss"] == [3.5]
+
+
+def test_no_tick_label_of_the_curves_is_drawn_over_another_or_over_the_next_panel():
+    """The learning-rate panel's labels (0.00005 … 0.00030) ran into the gradient-norm panel: matplotlib's own
+    extents of every drawn label, after layout, are the oracle."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    from analysis.report.plots import training_curves_figure
+
+    steps = list(range(1, 61))
+    lr = [3e-4 * s / 5 if s < 5 else 3e-5 + 2.7e-4 * 0.5 * (1 + math.cos(math.pi * (s - 5) / 55)) for s in steps]
+    fig = training_curves_figure([("tiny_zero2/20261206-000000", steps,
+                                   {"loss": [6 - 0.05 * s for s in steps], "grad_norm": [1 / s for s in steps],
+                                    "lr": lr})])
+    FigureCanvasAgg(fig).draw()
+    r = fig.canvas.get_renderer()
+
+    def drawn(axis, limits):  # the labels of the ticks inside the view (matplotlib keeps one past each end)
+        lo, hi = sorted(limits)
+        return [t.label1 for t in axis.get_major_ticks() if lo <= t.get_loc() <= hi and t.label1.get_visible()]
+
+    labels = [(i, t.get_text(), t.get_window_extent(r)) for i, ax in enumerate(fig.axes)
+              for t in (*drawn(ax.xaxis, ax.get_xlim()), *drawn(ax.yaxis, ax.get_ylim()), ax.yaxis.get_offset_text())
+              if t.get_text()]
+    assert any(i == 2 for i, _, _ in labels)
+    for n, (i, a, box) in enumerate(labels):
+        assert not [b for _, b, other in labels[n + 1:] if box.overlaps(other)], (i, a)
+        assert not [j for j, ax in enumerate(fig.axes) if j != i and box.overlaps(ax.get_window_extent(r))], (i, a)
