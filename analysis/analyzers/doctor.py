@@ -16,9 +16,10 @@ thresholds. Rules and thresholds:
                        communication is >= 10% of the measured span (median over ranks)
   straggler            analysis.analyzers.trace_analysis.stragglers flags a rank (> 10% slower steps, or
                        > 10% of a step less waiting in collectives than the others)
-  late_rank            a rank arrives last at >= 75% of the collective calls matched across ranks (at least
-                       4 calls; analysis.analyzers.arrivals) and arrival skew is >= 10% of those calls' time:
-                       everyone waits for it
+  late_rank            a rank's late arrivals are >= 75% of the arrival skew of the collective calls matched
+                       across ranks (at least 4 calls; analysis.analyzers.arrivals) and arrival skew is >= 10%
+                       of those calls' time: everyone waits for it. By time, not by count: a rank 150 ms late
+                       once a step outweighs another last by microseconds at every other call
   idle_device          idle >= 20% of the measured span on some rank (GPU: no kernel running; CPU
                        basis: the training thread neither computes nor waits in a collective)
   memory_near_limit    a rank's peak is >= 95% of the device memory
@@ -58,8 +59,9 @@ RULES = {
     "no_overlap": f"layout allows overlap, < {OVERLAP_MIN_PCT:g}% of communication overlapped and exposed "
                   f"communication >= {EXPOSED_MIN_PCT:g}% of the span (median over ranks)",
     "straggler": f"trace_analysis.stragglers with threshold {STRAGGLER_PCT:g}%",
-    "late_rank": f"a rank arrives last at >= {LATE_RANK_PCT:g}% of the collective calls matched across ranks (at "
-                 f"least {LATE_RANK_MIN_CALLS}) and arrival skew is >= {SKEW_MIN_PCT:g}% of those calls' time",
+    "late_rank": f"a rank's late arrivals are >= {LATE_RANK_PCT:g}% of the arrival skew of the collective calls "
+                 f"matched across ranks (at least {LATE_RANK_MIN_CALLS}) and arrival skew is >= {SKEW_MIN_PCT:g}% of "
+                 "those calls' time",
     "idle_device": f"idle >= {IDLE_PCT:g}% of the measured span on a rank",
     "memory_near_limit": f"peak >= {MEMORY_LIMIT_PCT:g}% of device memory",
     "low_busbw": f"achieved busbw < {BUSBW_MIN_PCT:g}% of the nccl-tests large-message busbw",
@@ -196,12 +198,12 @@ def late_rank(run: str, by_rank: Table | None, by_collective: Table | None) -> l
     total = skew + sum(r["transfer_us"] for r in by_collective.rows())
     if not total or 100.0 * skew / total < SKEW_MIN_PCT:
         return []
-    late = [r for r in by_rank.rows() if r["calls"] >= LATE_RANK_MIN_CALLS and r["last_pct"] >= LATE_RANK_PCT]
+    late = [r for r in by_rank.rows() if r["calls"] >= LATE_RANK_MIN_CALLS and 100.0 * r["late_us"] / skew >= LATE_RANK_PCT]
     per_coll = ", ".join(f"{r['collective']} {r['skew_us'] / 1e3:.3g} of {(r['skew_us'] + r['transfer_us']) / 1e3:.3g} "
                          f"ms" for r in by_collective.rows())
     return [Finding("late_rank", "warn", run,
-                    f"rank {r['rank']} arrives last at {r['last_pct']:.0f}% of the matched collective calls: the other "
-                    f"ranks wait for it",
+                    f"rank {r['rank']} holds the others up: {100.0 * r['late_us'] / skew:.0f}% of the arrival skew at "
+                    f"collectives is waiting for it (it arrives last at {r['last_pct']:.0f}% of the matched calls)",
                     (f"{r['source']}: last at {r['last']} of {r['calls']} calls, {r['late_us'] / 1e3:.3g} ms after the "
                      f"first rank in total",
                      f"{by_collective.source}: arrival skew {skew / 1e3:.3g} ms of the calls' {total / 1e3:.3g} ms "
