@@ -1,4 +1,8 @@
 """Real runs through `bash launch/run.sh`, on gloo CPU ranks, each in its own runs/ folder."""
+import fcntl
+import hashlib
+import importlib.metadata
+import json
 import os
 import shutil
 import socket
@@ -130,7 +134,9 @@ def exported_losses(folder: Path, meta, steps: tuple[int, ...]) -> list[float]:
 # tests fill. The session's shared runs live in one worker each, so the tests that read one backend's shared runs
 # are one group, kept on one worker; the other tests spread.
 XDIST_GROUPS = {"test_deepspeed_": "deepspeed", "test_report_e2e": "deepspeed", "test_commbench": "deepspeed",
-                "test_megatron_": "megatron", "test_torch_": "torch", "test_fp16_scaling": "torch"}
+                "test_megatron_": "megatron", "test_torch_": "torch", "test_fp16_scaling": "torch",
+                # modules whose tests share a module fixture: trained once, on one worker
+                "test_data_runs": "data", "test_multinode": "slurm"}
 
 
 def xdist_group(item) -> str | None:
@@ -197,29 +203,70 @@ def runs_root(tmp_path_factory) -> Path:
     return tmp_path_factory.mktemp("runs")
 
 
+def code_digest() -> str:
+    """What a shared run's outcome depends on: the launcher and rank code, the recipes and DeepSpeed configs, this
+    file's layouts, and the versions of the libraries that train."""
+    h = hashlib.sha256()
+    for folder in ("launch", "recipes", "ds_configs"):
+        for path in sorted((REPO / folder).rglob("*")):
+            if path.is_file() and "__pycache__" not in path.parts and path.suffix not in (".so", ".o"):
+                h.update(str(path.relative_to(REPO)).encode() + b"\0" + path.read_bytes())
+    h.update(Path(__file__).read_bytes())
+    for package in ("torch", "deepspeed", "megatron-core", "transformers"):
+        h.update(importlib.metadata.version(package).encode())
+    return h.hexdigest()[:16]
+
+
+# Written last beside a cached run's folder (not in it: the report reads every file there): the run completed, where
+# it is, and its launch's output.
+CACHED = "cached_run.json"
+
+
 @pytest.fixture(scope="session")
-def shared_run(runs_root):
+def shared_run(request, runs_root):
     """`shared_run(*overrides, recipe=...)`: the run of that recipe and those overrides, trained the first time a
     test asks and handed to every later test that asks for the same one. A run costs ~15-30 s of start-up on 2
     cores whatever its steps, so tests that can read one run (parity, partitions, state bytes, collectives) share
-    it instead of each training its own. Callers only read it; a test that changes a run works on a copy."""
+    it instead of each training its own. Callers only read it; a test that changes a run works on a copy.
+
+    The runs are kept in pytest's cache (.pytest_cache/d/layoutlab-shared-runs/<code digest>/), so CI's second
+    invocation (`-m full`, after README's command) and a developer's next one read the runs the first trained
+    instead of training them again; any change to the code, recipes or library versions (code_digest) trains anew.
+    A file lock per run keeps the two xdist workers from training one run twice; `--cache-clear` empties it."""
+    cache = getattr(request.config, "cache", None)  # None under -p no:cacheprovider: this session's runs only
+    root = (Path(cache.mkdir("layoutlab-shared-runs")) if cache else runs_root / "shared") / code_digest()
     done: dict[tuple[str, tuple[str, ...]], Trained] = {}
 
     def get(*overrides: str, recipe: str = TINY) -> Trained:
         key = (recipe, overrides)
         if key not in done:
-            done[key] = train(runs_root / "shared" / str(len(done)), *overrides, recipe=recipe)
+            done[key] = _cached(root / hashlib.sha256(repr(key).encode()).hexdigest()[:16], recipe, overrides)
         return done[key]
 
     return get
 
 
+def _cached(entry: Path, recipe: str, overrides: tuple[str, ...]) -> Trained:
+    """The run of `recipe` and `overrides` kept in `entry`, trained there first when it is not complete."""
+    entry.parent.mkdir(parents=True, exist_ok=True)
+    with open(entry.with_suffix(".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # the other worker, asking for the same run, waits and then reads it
+        if not (entry / CACHED).is_file():
+            shutil.rmtree(entry, ignore_errors=True)  # a run cut short (a failed or killed session): train again
+            t = train(entry, *overrides, recipe=recipe)
+            (entry / CACHED).write_text(json.dumps({"recipe": recipe, "overrides": list(overrides),
+                                                    "run": str(t.root.relative_to(entry)), "args": t.proc.args,
+                                                    "stdout": t.proc.stdout, "stderr": t.proc.stderr}))
+            return t
+    said = json.loads((entry / CACHED).read_text())
+    return Trained(entry / said["run"], subprocess.CompletedProcess(said["args"], 0, said["stdout"], said["stderr"]))
+
+
 @pytest.fixture(scope="session")
-def one_rank_reference(runs_root) -> Trained:
+def one_rank_reference(shared_run) -> Trained:
     """tiny_zero2 SHORT on one rank, ZeRO-0, the whole global batch in two micro-batches: the oracle that every
     layout, launcher and restart of the same global batch must reproduce (fp32, to 1e-5)."""
-    t = train(runs_root / "ref", *SHORT, "hardware.gpus_per_node=1", "batch.micro_batch_size=4",
-              "parallel.zero_stage=0")
+    t = shared_run(*SHORT, "hardware.gpus_per_node=1", "batch.micro_batch_size=4", "parallel.zero_stage=0")
     losses = t.losses()
     assert len(losses) == 10
     t.norms = [s.grad_norm for s in t.metrics().steps]

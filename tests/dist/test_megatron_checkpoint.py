@@ -52,7 +52,7 @@ def export(root, out) -> None:
     p = subprocess.run([sys.executable, "-m", "launch", "export", str(root), "step=5", f"out={out}"], cwd=REPO,
                        capture_output=True, text=True, timeout=300, check=False)
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-3000:]
-    assert p.stdout.strip().splitlines()[-1] == str(out)
+    assert p.stdout.strip().splitlines()[0] == str(out)  # then how to load it
     assert (out / "model.safetensors").is_file() and (out / "config.json").is_file()
     # Megatron's Apex / Transformer Engine fallback warnings go to the run's log, not the terminal
     assert "Warning" not in p.stderr, p.stderr[-2000:]

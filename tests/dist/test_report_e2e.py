@@ -86,8 +86,9 @@ def test_a_delayed_rank_is_named_with_its_cost(two_runs, runs_root):
     the ZeRO-2 run's layout (long beside the step, ~30 ms, so that the two runs' noise on a shared machine stays
     inside the tolerance). The answer ranks the delayed run second; its median step is slower by the split's waiting
     parts, rank 1's idle time and rank 0's exposed all-reduce (waiting for it), which add up to the delay within 15%,
-    plus the two runs' compute difference, which on a machine shared with the other worker (CI's measured +32 ms) is
-    bounded by the plain run's own step, doubled; and it names rank 1 from the doctor's findings."""
+    plus or minus the two runs' compute difference, which on a machine shared with the other worker (CI's measured
+    +32 ms; the plain run may come from an earlier session's cache) is bounded by the plain run's own step, doubled;
+    and it names rank 1 from the doctor's findings."""
     plain = two_runs[0]
     delayed = train(runs_root / "delayed", *DS_DP2[2], env_extra={"LAYOUTLAB_FAULT": "slow:1:150"})
     (group,) = answer(build_report([("plain", plain.root), ("delayed", delayed.root)])).groups
@@ -95,5 +96,5 @@ def test_a_delayed_rank_is_named_with_its_cost(two_runs, runs_root):
     (why,) = group.why
     waited = sum(p.delta_s for p in why.parts if p.name in ("idle", "exposed all_reduce"))
     assert waited == pytest.approx(0.150, rel=0.15), why.parts
-    assert 0.150 * 0.85 <= why.delta_s <= waited + 2 * group.standings[0].step_s, (why.delta_s, why.parts)
+    assert abs(why.delta_s - waited) <= 2 * group.standings[0].step_s, (why.delta_s, why.parts)
     assert "rank 1" in why.waited_for.message, why.waited_for
