@@ -32,8 +32,8 @@ def close(a: list[float], b: list[float]) -> float:
 
 
 @pytest.fixture(scope="module")
-def reference(runs_root):
-    t = train(runs_root / "mc_ref", *SHORT, *ONE_RANK, recipe=MEGATRON)
+def reference(shared_run):
+    t = shared_run(*SHORT, *ONE_RANK, recipe=MEGATRON)
     losses = t.losses()
     assert len(losses) == 10
     assert sum(losses[-3:]) / 3 < sum(losses[:3]) / 3 - 0.2, f"loss did not fall: {losses}"
