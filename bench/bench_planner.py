@@ -20,6 +20,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -59,6 +60,11 @@ def spearman(a, b):
     return num / den if den else 1.0
 
 
+def progress(line: str) -> None:
+    """Where the bench is, on stderr: it takes minutes, and its table on stdout stays the result alone."""
+    print(f"[{time.strftime('%H:%M:%S')}] {line}", file=sys.stderr, flush=True)
+
+
 def main(argv):
     opts = dict(a.split("=", 1) for a in argv)
     steps, rounds = int(opts.get("steps", 40)), int(opts.get("rounds", 2))
@@ -66,14 +72,18 @@ def main(argv):
     tmp = Path(tempfile.mkdtemp(prefix="bench_planner_"))
     env = {**os.environ, "LAYOUTLAB_RUNS": str(tmp / "runs")}
     calib = opts.get("calibration")
+    total = rounds * len(LAYOUTS)
     if calib is None:
         calib = str(tmp / "calibration.json")
+        progress(f"calibrating this machine first ({recipe}; a few minutes: `python -m launch calibrate` says how many)")
         subprocess.run([sys.executable, "-m", "launch", "calibrate", recipe, f"out={calib}"], cwd=REPO, env=env,
                        check=True, stdout=subprocess.DEVNULL)
     predicted, measured = {}, {name: [] for name in LAYOUTS}
     names = list(LAYOUTS)
     for rnd in range(rounds):
         for name in names if rnd % 2 == 0 else names[::-1]:
+            done = sum(map(len, measured.values()))
+            progress(f"round {rnd + 1}/{rounds}: {name} ({done + 1}/{total} runs of {steps} steps)")
             before = set((tmp / "runs").glob("*/*")) if (tmp / "runs").exists() else set()
             subprocess.run(["bash", "launch/run.sh", recipe, *LAYOUTS[name], f"train.steps={steps}",
                             "train.checkpoint_every=0", "run.resume=never", f"hardware.profile={calib}"],
