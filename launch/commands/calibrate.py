@@ -61,7 +61,7 @@ INTERLEAVE_US = 500.0  # compute between calls: about one decoder layer's forwar
 
 USAGE = ("usage: python -m launch calibrate [recipes/NAME] [key=value ...] [out=PATH] [backends=NAME,...] "
          "[iters=N]")
-ITERS = 20  # timed iterations per pass (whole steps: 1.5 × as many), after WARMUP_ITERS
+ITERS = cal.ITERS
 WARMUP_ITERS = 3
 
 
@@ -122,9 +122,14 @@ def cmd_calibrate(args: Sequence[str]) -> int:
         data.save(RunDir(root).data, write_atomic)  # every pass maps the one tokenized corpus
     out = out or root / FILE_NAME
     started = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+    gpn = resolved.recipe.hardware.gpus_per_node
+    expected = cal.expected_s(resolved.world_size, gpn, len(a.backends), a.iters)
+    every, passes = cal.launches(resolved.world_size, gpn, len(a.backends))
     print(f"calibrate: {resolved.recipe_name} ({resolved.model.name}, {resolved.recipe.precision.dtype}, seq_len "
           f"{resolved.recipe.batch.seq_len}) on {resolved.world_size} {resolved.hardware.name} rank(s); work in {root}",
           flush=True)
+    print(f"calibrate: about {expected / 60:.0f} min ({every} launches of ranks, {passes} of them timing {a.iters} "
+          f"iterations per pass; as measured on a 2-core CPU machine: fewer backends= or iters= take less)", flush=True)
     notes: list[str] = []
     # The collectives are swept before the compute figures and again after them, and fitted on both: one sweep
     # measures each size within ~50 ms, one phase of gloo's latency, which moves from second to second on a shared
@@ -137,7 +142,7 @@ def cmd_calibrate(args: Sequence[str]) -> int:
     compute, samples = _compute(recipe, overrides, resolved, root, a.backends, a.iters, notes)
     clock.next("collectives, second sweep")
     last = _collectives(recipe, overrides, resolved, root, "last", notes)
-    clock.done()
+    clock.done(expected)
     calib = Calibration(created=started, machine_kind=envinfo.machine_kind(),
                         versions={k: v for k, v in envinfo.package_versions().items() if k in MEASURED_PACKAGES},
                         base_profile=resolved.hardware.name, world_size=resolved.world_size,
@@ -183,8 +188,8 @@ class _Stages:
         self.index += 1
         print(f"[{self.index}/{self.total}] {what} ({time.monotonic() - self.start:.0f} s so far)", flush=True)
 
-    def done(self) -> None:
-        print(f"measured in {time.monotonic() - self.start:.0f} s", flush=True)
+    def done(self, expected_s: float) -> None:
+        print(f"measured in {time.monotonic() - self.start:.0f} s (expected about {expected_s:.0f} s)", flush=True)
 
 
 STEADY_SPREAD = 0.15  # the two collective sweeps agree within this (median over sizes) on a quiet machine

@@ -236,7 +236,7 @@ def numbers_block(e: Entry) -> str:
         f"{gib(plan.host_usable_bytes)} usable. The plan: {fits(e, 'fits', 'does not fit')}.", "",
         *memory_table(plan), "",
         *phases_line(plan), *rehearsed_line(e),
-        f"**Predicted step** ({timing_label(plan)}): {step_parts(plan)}; "
+        f"**Predicted step** ({timing_label(plan, r)}): {step_parts(plan)}; "
         f"{s.tokens_per_s_per_device:,.0f} tokens/s/GPU, MFU {s.mfu:.1%}.", "",
         "**Communication per step**, per rank" + (" of the first pipeline stage (the one the plan times)"
                                                   if r.grid.pp > 1 else "") + ":", "",

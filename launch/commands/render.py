@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 from typing import Sequence
 
+from launch.config import calibration as cal
+from launch.config.backends import BACKENDS
 from launch.config.resolve import Resolved
 from launch.errors import printable
 from launch.plan.layout import Plan
@@ -64,7 +66,7 @@ def render(resolved: Resolved, plan: Plan, cmd: launcher.LaunchCommand, console,
     _memory_table(plan, r.plan.headroom, console)
     _comm_table(plan, console)
     s = plan.step
-    console.print(f"predicted step ({timing_label(plan)}): {step_parts(plan)}; "
+    console.print(f"predicted step ({timing_label(plan, resolved)}): {step_parts(plan)}; "
                   f"{s.tokens_per_s_per_device:,.0f} tokens/s/device, MFU {s.mfu:.1%}")
     console.print(f"  model FLOPs/step {s.model_flops_per_step:.3e} (6·N + 12·L·h·s per token, torchtitan); {safe(s.assumptions)}")
     for n in plan.notes:
@@ -185,12 +187,17 @@ def step_parts(plan: Plan) -> str:
             f"{s.dp_comm_s * 1e3:.1f}) + offload {s.offload_s * 1e3:.1f}")
 
 
-def timing_label(plan: Plan) -> str:
-    """Beside every predicted time: where its figures come from."""
+def timing_label(plan: Plan, resolved: Resolved) -> str:
+    """Beside every predicted time: where its figures come from; for a nominal profile what runs measured against
+    them, and on CPU ranks how long measuring this machine takes."""
     if plan.step.timing == "calibrated":
         return "calibrated"
+    hw = resolved.hardware
+    calibrate = cal.expected_s(resolved.world_size, resolved.recipe.hardware.gpus_per_node, len(BACKENDS))
     return (f"nominal: the {plan.hardware} profile's figures, not measured here"
-            + ("; `python -m launch calibrate` measures this machine" if plan.hardware == "cpu" else ""))
+            + (f"; {hw.nominal_measured}" if hw.nominal_measured else "")
+            + (f"; `python -m launch calibrate` (about {calibrate / 60:.0f} min) measures this machine"
+               if hw.device_type == "cpu" else ""))
 
 
 def summary(resolved: Resolved, plan: Plan, cmd: launcher.LaunchCommand, run_dir: str, console) -> None:
@@ -214,7 +221,7 @@ def summary(resolved: Resolved, plan: Plan, cmd: launcher.LaunchCommand, run_dir
     console.print(f"  memory per rank {human_bytes(mem.total)} of {human_bytes(worst.usable_bytes)} usable "
                   f"({worst.implementation} accounting): {'fits' if plan.fits else 'DOES NOT FIT'}")
     console.print(f"  predicted step {s.total_s * 1e3:.1f} ms, {s.tokens_per_s_per_device:,.0f} tokens/s/device, MFU "
-                  f"{s.mfu:.1%} ({safe(timing_label(plan))})")
+                  f"{s.mfu:.1%} ({safe(timing_label(plan, resolved))})")
     console.print(f"  run directory {safe(run_dir)}  (plan.json: the whole plan; launch_cmd.txt: the command)")
 
 

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from launch import inputs
+from launch.config.grid import divisors
 from launch.errors import ConfigError
 
 KIND = "layoutlab-calibration"
@@ -51,6 +52,29 @@ MEASURED_PACKAGES = ("torch", "deepspeed")
 # fed-back copies beside the file it used, as <stem>.verified-<stamp>.json.
 RUNS_FOLDER = "calibration"
 FILE_NAME = "calibration.json"
+ITERS = 20  # timed iterations per pass, calibrate's default (whole steps: 1.5 × as many), after its warm-up ones
+
+# What calibrate took on the 2-core, 24 GiB CPU machine this project is tested on (tiny_zero2's model, 2 ranks, three
+# backends; bench/results/calibrate.txt): each launch of ranks (torchrun, imports, the model built, a sweep or the
+# passes' warm-up) and each timed iteration of one pass launch (every micro-batch size and checkpointing mode of it).
+LAUNCH_S = 10.0
+PASS_ITER_S = 1.15
+
+
+def launches(world_size: int, gpus_per_node: int, backends: int) -> tuple[int, int]:
+    """(every launch of ranks calibrate makes, those that time passes): two collective sweeps per group size of 2 or
+    more dividing the world, one Adam and data probe, one pass launch per backend and TP degree of a node."""
+    from launch.config.grid import divisors
+
+    sweeps = 2 * sum(1 for d in divisors(world_size) if d >= 2)
+    passes = backends * len(divisors(gpus_per_node))
+    return sweeps + 1 + passes, passes
+
+
+def expected_s(world_size: int, gpus_per_node: int, backends: int, iters: int = ITERS) -> float:
+    """About how long calibrate takes on a machine like the one LAUNCH_S and PASS_ITER_S were measured on."""
+    every, passes = launches(world_size, gpus_per_node, backends)
+    return every * LAUNCH_S + passes * iters * PASS_ITER_S
 
 
 @dataclass(frozen=True)

@@ -33,6 +33,9 @@ class HardwareProfile:
     intra_node_latency_us: float = 0.0
     inter_node_latency_us: float = 0.0
     calibration: Mapping | None = None  # launch/config/calibration.py's document; None: a nominal profile
+    # What runs on this profile measured against its nominal figures, said beside every nominal prediction ('' where
+    # nothing was measured): a newcomer's first predicted step should not read as a measurement
+    nominal_measured: str = ""
 
     @property
     def nominal(self) -> bool:

@@ -68,6 +68,11 @@ def test_calibrate_then_recommend_verify(tmp_path):
                for x in doc["compute"]["passes"])
     assert [(e["backend"], e["zero_stage"]) for e in doc["compute"]["engine"]] == [
         (b, z) for b in ("deepspeed", "megatron") for z in (0, 1, 2, 3)] + [("torch", z) for z in (0, 2, 3)]
+    # The duration it announced counted the launches it then made (each announced by its own line).
+    (every, passes), = [(int(a), int(b)) for a, b in re.findall(r"\((\d+) launches of ranks, (\d+) of them timing",
+                                                               p.stdout)]
+    made = re.findall(r"^calibrate: (collectives on|Adam and making|\w+ at tp=)", p.stdout, re.M)
+    assert (every, passes) == (len(made), sum(m.endswith("at tp=") for m in made)), made
     # What calibrate prints is what it wrote (it once printed the zeros the engine costs were fitted from).
     printed = re.findall(r"(\w+) engine ZeRO-(\d): \+([\d.]+) ms per micro-step, \+([\d.]+) ms per step, "
                          r"\+([\d.]+) ms per micro-step under full", p.stdout)
