@@ -107,7 +107,11 @@ def parse_toml(path: str | Path, *, context: str, field: str, fix: str = "give t
     return check_numbers(doc, path)
 
 
-def parse_json(path: str | Path, *, context: str, field: str, fix: str = "give the path of the file you meant") -> Any:
+def parse_json(path: str | Path, *, context: str, field: str, fix: str = "give the path of the file you meant",
+               numbers: bool = True) -> Any:
+    """A JSON document whose every number a field can take (check_numbers); `numbers=False` for files whose other
+    writers put numbers there that no field of ours reads (transformers writes model_max_length = 1e30 as "no
+    limit"): their caller checks the values it takes."""
     text = _text_of_document(path, context=context, field=field, fix=fix, what="a configuration")
     try:
         doc = json.loads(text)
@@ -116,7 +120,16 @@ def parse_json(path: str | Path, *, context: str, field: str, fix: str = "give t
                           "fix the JSON syntax") from None
     except ValueError as e:  # an integer past Python's digit limit
         raise _number_too_long(path, "json", e) from None
-    return check_numbers(doc, path)
+    return check_numbers(doc, path) if numbers else doc
+
+
+def parse_json_object(path: str | Path, *, context: str, field: str, numbers: bool = True) -> dict:
+    """parse_json of a file that must hold one JSON object (a configuration), or a ConfigError saying it does not."""
+    doc = parse_json(path, context=context, field=field, numbers=numbers)
+    if not isinstance(doc, dict):
+        raise ConfigError(str(path), field, json.dumps(doc)[:40], "is not a JSON object",
+                          "use the file its library wrote (an object of settings)")
+    return doc
 
 
 @dataclass(frozen=True)

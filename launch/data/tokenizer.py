@@ -86,14 +86,17 @@ def _eos_id(folder: Path, backend, context: str, spec: str) -> int:
     """tokenizer_config.json's eos_token, else config.json's eos_token_id (the first of a list)."""
     cfg = folder / "tokenizer_config.json"
     if cfg.is_file():
-        token = inputs.parse_json(cfg, context=context, field="data.tokenizer").get("eos_token")
+        # transformers' own files hold numbers no field of ours takes (model_max_length = 1e30 for "no limit"):
+        # only the end-of-document token is read, and checked below
+        token = inputs.parse_json_object(cfg, context=context, field="data.tokenizer", numbers=False).get("eos_token")
         if isinstance(token, dict):
             token = token.get("content")
         if isinstance(token, str) and backend.token_to_id(token) is not None:
             return int(backend.token_to_id(token))
     model_cfg = folder / "config.json"
     if model_cfg.is_file():
-        eos = inputs.parse_json(model_cfg, context=context, field="data.tokenizer").get("eos_token_id")
+        eos = inputs.parse_json_object(model_cfg, context=context, field="data.tokenizer",
+                                       numbers=False).get("eos_token_id")
         eos = eos[0] if isinstance(eos, list) and eos else eos
         if isinstance(eos, int) and not isinstance(eos, bool) and 0 <= eos < backend.get_vocab_size(True):
             return eos

@@ -56,3 +56,33 @@ def test_the_printed_hint_loads_both(tokenizer, tmp_path):
     assert first == str(tmp_path)
     assert model == f"load it with: AutoModelForCausalLM.from_pretrained({str(tmp_path)!r})"
     assert tok.startswith(f"and AutoTokenizer.from_pretrained({str(tmp_path)!r}) (")
+
+
+def test_a_tokenizer_that_transformers_saved_is_read_back_for_data(tmp_path):
+    """transformers' save_pretrained writes model_max_length = 1e30 ("no limit") when a tokenizer has none, as real
+    model repositories carry it; prepare-data refused it as "not a finite number within 64 bits". An export's
+    tokenizer is now a data.tokenizer like any other."""
+    from launch.data.tokenizer import load_tokenizer
+
+    save_tokenizer(_resolved(), tmp_path)
+    assert json.loads((tmp_path / "tokenizer_config.json").read_text())["model_max_length"] > 2**64
+    tok = load_tokenizer(str(tmp_path), None, "test")
+    (ids,) = tok.encode(["héllo"])
+    assert ids.tolist() == [*"héllo".encode("utf-8"), 256]
+
+
+@pytest.mark.parametrize("name, text", [("tokenizer_config.json", "[1, 2]"), ("tokenizer_config.json", '"eos"'),
+                                        ("config.json", "[]"), ("config.json", "7")])
+def test_a_tokenizer_file_that_is_json_but_no_object_is_one_line(tmp_path, name, text):
+    from launch.data.tokenizer import load_tokenizer
+    from launch.errors import ConfigError
+
+    (tmp_path / "tokenizer.json").write_bytes((FOLDER / "tokenizer.json").read_bytes())
+    if name == "config.json":  # read when tokenizer_config.json names no end-of-document token
+        (tmp_path / "tokenizer_config.json").write_text("{}")
+    (tmp_path / name).write_text(text)
+    with pytest.raises(ConfigError) as e:
+        load_tokenizer(str(tmp_path), None, "recipe.toml")
+    said = str(e.value)
+    assert said.startswith(f"{tmp_path / name}: data.tokenizer=") and "is not a JSON object" in said, said
+    assert "\n" not in said
