@@ -280,7 +280,7 @@ def read_calibration(path: Path, *, context: str, field_name: str = "hardware.pr
         raise bad(f"is calibration version {raw.get('version')!r}; this code reads {VERSION}")
     try:
         calib = Calibration.from_dict(raw)
-    except (KeyError, TypeError, ValueError) as e:
+    except (KeyError, TypeError, ValueError, OverflowError) as e:  # OverflowError: 1e400 (inf) for a whole number
         raise bad(f"is damaged ({type(e).__name__}: {e})")
     for c in calib.collectives:
         # α = 0 with β = ∞ would make the collective free.

@@ -259,6 +259,17 @@ def test_a_bad_calibration_file_is_one_line_exit_2(tmp_path, capsys, content, sa
     assert says in err and "hardware.profile" in err and str(path) in err
 
 
+@pytest.mark.parametrize("field", ["world_size", "ranks_per_node"])
+def test_a_whole_number_of_1e400_is_one_line_not_an_overflow(tmp_path, capsys, field):
+    """JSON reads 1e400 as infinity; the int() of it raised OverflowError through the reader (a traceback)."""
+    text = json.dumps(_calibration().to_dict()).replace(f'"{field}": 2', f'"{field}": 1e400', 1)
+    assert '1e400' in text
+    path = _write(tmp_path, text)
+    assert main(["run", str(RECIPES / "tiny_zero2"), f"hardware.profile={path}", "--dry-run"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "is damaged (OverflowError" in err and str(path) in err, err
+
+
 def test_an_impossible_fit_is_refused(tmp_path, capsys):
     d = _calibration().to_dict()
     d["collectives"][0]["alpha_s"] = float("nan")
