@@ -590,7 +590,8 @@ class _Parser:
                 if len(s.bad_factor) > _MAX_FACTOR_WARNINGS:
                     self.warnings.append(f"{self.name}: … and {len(s.bad_factor) - _MAX_FACTOR_WARNINGS} more "
                                          f"rows of section {s.index} disagree with the bus factor")
-            if s.nrows and s.facts.get("avg_busbw_GBps") is None:
+            # no footer line at all: a footer whose figure was dropped (inf, negative) is warned of where it is dropped
+            if s.nrows and s.facts.get("avg_busbw_GBps") is None and s.facts.get("avg_busbw_line") is None:
                 sizes = [r["size_bytes"] for r in self.rows if r["section"] == s.index and r["size_bytes"] is not None]
                 top, want = max(sizes, default=None), s.facts.get("max_bytes") or s.log_facts.get("max_bytes")
                 self.warnings.append(

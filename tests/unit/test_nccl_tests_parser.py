@@ -1,6 +1,7 @@
 """nccl-tests / rccl-tests parser: values checked against the fixture text (see fixtures/nccl/README.md)."""
 from __future__ import annotations
 
+import re
 import statistics
 from pathlib import Path
 
@@ -426,3 +427,16 @@ def test_writer_round_trip_property(op, sizes, values, nranks, validation):
     assert without_position(back.rows()) == without_position(rows)
     assert back.meta.nranks == nranks
     assert not [w for w in back.warnings if "is not algbw" in w]
+
+
+def test_a_footer_reading_inf_is_a_dropped_figure_not_a_run_cut_short(tmp_path):
+    """`# Avg bus bandwidth : inf` is a footer whose figure is impossible: the run finished, and the warning says the
+    figure was dropped, not that the table ends without its footer."""
+    src = FIXTURES / "c_allgather_v2_17_2node_16gpu.txt"
+    text = src.read_text()
+    assert re.search(r"# Avg bus bandwidth\s*: [\d.]+", text)
+    path = tmp_path / "inf.txt"
+    path.write_text(re.sub(r"(# Avg bus bandwidth\s*: )[\d.]+", r"\1inf", text))
+    warnings = parse_nccl_tests(path).warnings
+    assert any("avg_busbw_GBps dropped as physically impossible" in w for w in warnings), warnings
+    assert not any("cut short" in w for w in warnings), warnings
