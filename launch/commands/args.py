@@ -66,8 +66,9 @@ def read(args: Sequence[str], *, command: str, usage: str, options: Sequence[Opt
         key, eq, value = a.partition("=")
         if not eq:
             if values or dotted or len(pos) >= positional[1]:
-                raise ConfigError("command line", "argument", a, "is not key=value" if len(pos) >= positional[1]
-                                  else "comes after a key=value option", usage)
+                problem = ("comes after a key=value option" if len(pos) < positional[1] else "is not key=value"
+                           if positional[1] <= 1 else f"is one more than the {positional[1]:,} inputs {command} takes")
+                raise ConfigError("command line", "argument", a, problem, usage)
             pos.append(a)
             continue
         if key in known:

@@ -116,3 +116,11 @@ def test_export_refuses_a_unicode_digit_before_any_process_starts(capsys):
 def test_a_misspelt_top_level_recipe_key_gets_its_name(capsys):
     assert main(["run", str(REPO / "recipes/tiny_zero2"), "backedn=megatron", "--dry-run"]) == 2
     assert "did you mean backend=?" in capsys.readouterr().err
+
+
+def test_one_input_past_the_limit_is_named_as_such(capsys):
+    """prepare-data takes 10,000 inputs: the 10,001st was "not key=value", which it was never asked to be."""
+    assert main(["prepare-data", *["corpus.txt"] * 10_001, "out=/nonexistent/x"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.splitlines()[0].endswith("is one more than the 10,000 inputs prepare-data takes; usage: python -m "
+                                        "launch prepare-data FILE|FOLDER|GLOB... out=PREFIX [data.tokenizer=byte|model|DIR]")
