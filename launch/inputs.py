@@ -8,8 +8,10 @@ integer past 64 bits: launch/sense.py). The resolver checks each value's sense a
 """
 from __future__ import annotations
 
+import errno
 import json
 import math
+import stat
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,6 +24,26 @@ MAX_BYTES = 16 * 2**20  # far beyond any recipe, config or calibration; a larger
 MAX_DEPTH = 64  # recipes nest 3 deep, DeepSpeed configs 4; Python's parsers recurse and would crash near 1,000
 
 
+def not_a_file(path: Path) -> str | None:
+    """What `path` is when it is not a regular file, in words ("does not exist", "is a FIFO (named pipe)", "is a
+    folder", ...), without opening it (a FIFO's open blocks until a writer comes); None for a regular file."""
+    try:
+        mode = path.stat().st_mode
+    except FileNotFoundError:
+        return "is a link to nothing" if path.is_symlink() else "does not exist"
+    except RuntimeError:  # a symlink loop on some Python versions
+        return "is a loop of symbolic links"
+    except OSError as e:
+        return ("is a loop of symbolic links" if e.errno == errno.ELOOP else
+                f"cannot be looked at ({e.strerror or type(e).__name__})")
+    for test, what in ((stat.S_ISREG, None), (stat.S_ISDIR, "is a folder"), (stat.S_ISFIFO, "is a FIFO (named pipe)"),
+                       (stat.S_ISSOCK, "is a socket"), (stat.S_ISCHR, "is a character device"),
+                       (stat.S_ISBLK, "is a block device")):
+        if test(mode):
+            return what
+    return "is not a regular file"
+
+
 def read_text(path: str | Path, *, context: str, field: str, fix: str = "give the path of the file you meant") -> str:
     """The file's text, or a ConfigError (file, field, value, problem, fix)."""
     text_path = str(path)
@@ -29,10 +51,9 @@ def read_text(path: str | Path, *, context: str, field: str, fix: str = "give th
         raise ConfigError(context, field, text_path.replace("\x00", "\\0"), "holds a NUL byte", fix)
     p = Path(path)
     try:
-        if not p.exists():
-            raise ConfigError(context, field, text_path, "does not exist", fix)
-        if not p.is_file():
-            raise ConfigError(context, field, text_path, "is not a regular file (a folder or a device)", fix)
+        problem = not_a_file(p)
+        if problem:
+            raise ConfigError(context, field, text_path, problem, fix)
         size = p.stat().st_size
         if size > MAX_BYTES:
             raise ConfigError(context, field, text_path, f"is {size:,} bytes, more than {MAX_BYTES:,}", fix)

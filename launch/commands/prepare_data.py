@@ -14,6 +14,7 @@ import tempfile
 from pathlib import Path
 from typing import Sequence
 
+from launch import inputs
 from launch.commands.args import Option, choice, read, text
 from launch.config.schema import TOKENIZER_NAMES
 from launch.data.check import INDEXED_MODULE
@@ -81,8 +82,9 @@ def cmd_prepare_data(args: Sequence[str]) -> int:
     except CorpusError as e:
         raise ConfigError(e.file, "argument", e.file, e.problem, e.fix) from None
     for f in files:
-        if not f.is_file():
-            raise ConfigError("command line", "argument", str(f), "does not exist", "give the corpus files to tokenize")
+        problem = inputs.not_a_file(f)
+        if problem:
+            raise ConfigError("command line", "argument", str(f), problem, "give the corpus files to tokenize")
     tok = o["data.tokenizer"]
     tok = tok if tok in TOKENIZER_NAMES else str(Path(tok).expanduser().resolve())
     load_tokenizer(tok, o["model.weights"], "command line")

@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator
 
+from launch import inputs
+
 SUFFIXES = {"text": (".txt", ".jsonl"), "parquet": (".parquet",)}
 PREPARED = ".prepared.json"  # PREFIX.prepared.json: the tokenizer and counts `prepare-data` wrote a prefix with
 MAX_DAMAGED = 0.01
@@ -105,10 +107,9 @@ def _fix(f: Path, source: str, text_field: str) -> str:
 
 
 def _check_file(f: Path) -> None:
-    if not f.exists():
-        raise CorpusError(f, "", "does not exist", "give the path of the file you meant")
-    if not f.is_file():
-        raise CorpusError(f, "", "is not a regular file", "give a file, a folder of them or a glob")
+    problem = inputs.not_a_file(f)
+    if problem:
+        raise CorpusError(f, "", problem, "give a file, a folder of them or a glob")
     if f.stat().st_size == 0:
         raise CorpusError(f, "", "is empty", "remove it or give the file you meant")
 
