@@ -21,7 +21,7 @@ from launch.data.check import INDEXED_MODULE
 from launch.data.corpus import PREPARED, SUFFIXES, CorpusError, corpus_files
 from launch.data.tokenizer import load_tokenizer
 from launch.errors import ConfigError
-from launch.outputs import place_problem
+from launch.outputs import input_problem, place_problem
 
 USAGE = "usage: python -m launch prepare-data FILE|FOLDER|GLOB... out=PREFIX [data.tokenizer=byte|model|DIR]"
 OPTIONS = (Option("out", "the prefix to write: PREFIX.bin and PREFIX.idx (never replaced)", text),
@@ -43,11 +43,13 @@ def _source(given: Sequence[str]) -> str:
     return "parquet" if all(parquet(p) for p in given) else "text"
 
 
-def _prefix(out: str) -> str:
-    """The absolute prefix `out=` names, or one line saying why it names none."""
+def _prefix(out: str, inputs_read: list[Path]) -> str:
+    """The absolute prefix `out=` names, or one line saying why it names none: it may neither lie inside nor be
+    what the command reads (`inputs_read`: the files and folders given, the tokenizer's folder)."""
     fix = "give a new prefix such as out=data/corpus (writes data/corpus.bin and data/corpus.idx)"
     path = Path(out).expanduser()
-    problem = place_problem(path)  # before resolving: a dangling link would name its target, elsewhere
+    problem = place_problem(path) or input_problem(path, inputs_read)  # before resolving: a dangling link would
+    # name its target, elsewhere
     if problem:
         raise ConfigError("command line", "out", out, problem, fix)
     if out.endswith(("/", os.sep)) or path.is_dir():
@@ -88,7 +90,8 @@ def cmd_prepare_data(args: Sequence[str]) -> int:
     tok = o["data.tokenizer"]
     tok = tok if tok in TOKENIZER_NAMES else str(Path(tok).expanduser().resolve())
     load_tokenizer(tok, o["model.weights"], "command line")
-    prefix = _prefix(o["out"])
+    given = [Path(g).expanduser() for g in a.positional if Path(g).expanduser().exists()]  # globs: their files
+    prefix = _prefix(o["out"], [*given, *files, *([Path(tok)] if tok not in TOKENIZER_NAMES else [])])
     spec = {"out": prefix, "files": [str(f) for f in files], "source": source, "text_field": o["data.text_field"],
             "tokenizer": tok, "model_weights": str(Path(o["model.weights"]).resolve()) if o["model.weights"] else None}
     with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:

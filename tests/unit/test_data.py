@@ -388,6 +388,29 @@ def test_prepare_data_refuses_outs_that_name_no_new_prefix(tmp_path, monkeypatch
     assert sorted(f.name for f in tmp_path.iterdir()) == ["file", "gone.bin", "home"]
 
 
+def test_prepare_data_never_writes_inside_what_it_reads(tmp_path, capsys):
+    """README: no command's output lies inside or is one of its inputs; prepare-data wrote a prefix inside the corpus
+    folder it read (and the tokenizer folder is an input as much)."""
+    from launch.commands.cli import main
+
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    (corpus / "a.jsonl").write_text(CORPUS.read_text())
+    tokenizer = tmp_path / "tok"
+    tokenizer.mkdir()
+    for f in TOKENIZER.iterdir():
+        if f.is_file():
+            (tokenizer / f.name).write_bytes(f.read_bytes())
+    for given, out, says in ((corpus, corpus / "prep", f"lies inside an input of this command ({corpus})"),
+                             (corpus / "a.jsonl", corpus / "a.jsonl", f"is an input of this command ({corpus / 'a.jsonl'})"),
+                             (corpus, tokenizer / "p", f"lies inside an input of this command ({tokenizer})")):
+        assert main(["prepare-data", str(given), f"out={out}", f"data.tokenizer={tokenizer}"]) == 2
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and says in err, err
+    assert sorted(p.name for p in corpus.iterdir()) == ["a.jsonl"]
+    assert sorted(p.name for p in tokenizer.iterdir()) == sorted(p.name for p in TOKENIZER.iterdir() if p.is_file())
+
+
 def test_the_corpus_digest_changes_with_its_text(tmp_path):
     f = tmp_path / "c.jsonl"
     f.write_text(CORPUS.read_text())
