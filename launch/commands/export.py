@@ -43,7 +43,10 @@ def cmd_export(args: Sequence[str]) -> int:
                           f"pick one of the complete steps ({listed})" if listed else
                           "train with train.checkpoint_every>0 (a final checkpoint is always written)")
     default = run.root / "export" / found[-1].tag
-    problem = None if out else export_target_problem(default, inputs=inputs)
+    # Inside a run directory (perhaps someone else's) no link is followed to write: RUN/export -> elsewhere was
+    linked = next((p for p in (run.root / "export", default) if p.is_symlink()), None)
+    problem = None if out else (f"is a symbolic link inside the run directory ({linked} -> {os.readlink(linked)})"
+                                if linked else export_target_problem(default, inputs=inputs))
     if problem:
         raise ConfigError(str(run.root), "export", str(default), problem, "name another folder with out=")
     cmd = [sys.executable, "-m", "launch.torchtools.export", run_dir, "-" if step is None else str(step), out or "-"]

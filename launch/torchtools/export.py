@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import stat
 import sys
 import warnings
 from dataclasses import dataclass
@@ -119,12 +120,21 @@ def save_tokenizer(resolved: Resolved, folder: Path) -> str:
 def warnings_to(path: Path) -> None:
     """Python warnings of the libraries (torch deprecations, Megatron's Apex/TE fallbacks) into a log file, not the
     terminal: the user asked for an export, not for their advice; errors still reach the terminal. A run directory
-    we may not write (a colleague's) keeps them in a temporary file instead."""
+    we may not write (a colleague's), or whose log is a link, a FIFO or anything but a file, keeps them in a temporary
+    file instead."""
     import tempfile
 
     try:
+        if path.parent.is_symlink():  # RUN/logs pointing elsewhere: nothing is written through it
+            raise OSError("logs is a symbolic link")
         path.parent.mkdir(parents=True, exist_ok=True)
-        log = open(path, "a", encoding="utf-8")  # noqa: SIM115 - open for the life of the process
+        # Appended only to a regular file of its own: never through a link at the name (O_NOFOLLOW), never into a
+        # FIFO (O_NONBLOCK: the open fails without a reader instead of waiting for one)
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK, 0o644)
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            os.close(fd)
+            raise OSError("not a regular file")
+        log = os.fdopen(fd, "a", encoding="utf-8")  # noqa: SIM115 - open for the life of the process
     except OSError:
         log = tempfile.NamedTemporaryFile("a", prefix="layoutlab-export-", suffix=".err", delete=False)  # noqa: SIM115
 

@@ -65,3 +65,48 @@ def test_a_stale_run_dir_in_the_environment_never_joins_an_earlier_run(tmp_path,
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "LAYOUTLAB_RUN_DIR" in err and "node 0 never joins one" in err
     assert {p: p.read_bytes() for p in earlier.rglob("*") if p.is_file()} == before
+
+
+@pytest.mark.parametrize("plant", ["link", "fifo", "logs link"])
+def test_the_export_log_is_never_written_through_what_a_run_directory_holds(tmp_path, plant):
+    """A run directory from elsewhere whose logs/export.err is a link to the user's file: export appended torch's
+    warnings to it. Now only a regular file of its own is appended to; anything else sends them to a temporary file."""
+    import warnings
+
+    from launch.torchtools.export import warnings_to
+
+    victim = tmp_path / "mine.txt"
+    victim.write_text("my notes\n")
+    logs = tmp_path / "run" / "logs"
+    if plant == "logs link":
+        (tmp_path / "elsewhere").mkdir()
+        logs.parent.mkdir()
+        logs.symlink_to(tmp_path / "elsewhere")
+    else:
+        logs.mkdir(parents=True)
+        if plant == "link":
+            (logs / "export.err").symlink_to(victim)
+        else:
+            os.mkfifo(logs / "export.err")
+    before = warnings.showwarning
+    try:
+        warnings_to(logs / "export.err")
+        warnings.warn("a library's advice", UserWarning, stacklevel=1)
+    finally:
+        warnings.showwarning = before
+    assert victim.read_text() == "my notes\n"
+    if plant == "logs link":
+        assert not any((tmp_path / "elsewhere").iterdir())
+
+
+def test_an_export_folder_that_is_a_link_inside_the_run_is_refused(tmp_path, capsys):
+    run = make_run_dir(tmp_path / "runs", traces=False)
+    theirs = tmp_path / "theirs"
+    theirs.mkdir()
+    (run / "export").symlink_to(theirs)
+    (run / "checkpoints" / "step12" / "layoutlab_checkpoint.json").write_text(
+        '{"step": 12, "backend": "deepspeed", "zero_stage": 2, "tp": 1, "dp": 2}')
+    assert main(["export", str(run)]) == 2
+    err = capsys.readouterr().err
+    assert "is a symbolic link inside the run directory" in err and err.count("\n") == 1
+    assert not any(theirs.iterdir())
