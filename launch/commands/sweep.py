@@ -20,6 +20,7 @@ from typing import Callable, Sequence
 
 from launch.commands.args import read
 from launch.commands.render import make_console, sweep_table
+from launch.commands.run import check_inputs
 from launch.config.resolve import Resolved, resolve_path
 from launch.errors import ConfigError
 from launch.plan.build import plan_resolved
@@ -172,6 +173,8 @@ def cmd_sweep(args: Sequence[str]) -> int:
         raise ConfigError("command line", "recipes", recipes, "names fewer than two recipes: nothing to compare", USAGE)
     members = distinct_labels([member("", r, overrides) for r in recipes])
     check_equal(members)
+    for m in members:  # as run.sh checks them, before the dry run's table and the sweep's folder: one line, nothing made
+        check_inputs(m.resolved)
     sweep_table(plan_rows(members), f"sweep of {len(members)} runs" + (f" ({' '.join(overrides)})" if overrides else ""),
                 make_console())
     if dry:

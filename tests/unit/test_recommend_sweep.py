@@ -381,3 +381,17 @@ def test_piped_recommend_keeps_every_number_whole_and_every_message_on_one_line(
             assert f"  dropped {n}: {why}" in out.splitlines(), (width, why, out)
         assert all(line.startswith(("  ", "recommend", "layouts", "┏", "┃", "┡", "│", "└")) for line in
                    out.splitlines() if line), (width, out)
+
+
+@pytest.mark.parametrize("dry", [True, False])
+def test_sweep_checks_every_members_data_as_run_sh_does(tmp_path, capsys, monkeypatch, dry):
+    """sweep.sh --dry-run passed a missing corpus that run.sh --dry-run refuses, and the real sweep then made member run
+    directories that each failed: the sweep checks every member's inputs first, before its folder exists."""
+    monkeypatch.setenv("LAYOUTLAB_RUNS", str(tmp_path / "runs"))
+    bad = tmp_path / "missing.jsonl"
+    argv = ["sweep", str(RECIPES / "tiny_zero2"), str(RECIPES / "tiny_tp2_zero3"), 'data.source="text"',
+            f"data.path={bad}", *(["--dry-run"] if dry else [])]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and f'data.path="{bad}" does not exist' in err, err
+    assert not (tmp_path / "runs").exists()
