@@ -100,6 +100,18 @@ TORCH_LAYOUTS = {
 }
 
 
+# README's command trains each backend's parallel dimensions on 2 ranks; a layout of 4 ranks (two dimensions combined:
+# TP x DP, TP x PP, PP x DP, hybrid sharding) trains under -m full, which CI runs after it: each costs ~25 s of a
+# 2-core machine, and together they put README's command past its 12 minutes.
+FOUR_RANKS = "hardware.gpus_per_node=4"
+
+
+def two_ranks_first(cases, *full: str) -> list:
+    """Parametrize values for `cases` (name -> the overrides of its run): a name whose run takes 4 ranks, or is one of
+    `full` (for another reason its caller gives), is marked full."""
+    return [pytest.param(n, marks=pytest.mark.full) if FOUR_RANKS in o or n in full else n for n, o in cases.items()]
+
+
 # A small collective sweep (8 B .. 16 KiB): read back by the commbench tests; on 2 ranks, the report test's ceiling.
 BENCH = ("run.mode=commbench", "commbench.max_bytes=16384", "commbench.warmup_iters=1", "commbench.iters=2")
 

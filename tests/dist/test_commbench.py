@@ -57,6 +57,7 @@ def test_sweep_all_collectives_correct_and_read_back(shared_run, gpus, dtype):
     assert not any((t.root / "metrics").iterdir())  # no trainer ran
 
 
+@pytest.mark.full  # 4 ranks (conftest.two_ranks_first)
 def test_dp_sub_group_of_a_tp2_layout_is_what_gets_measured(runs_root):
     # llama-2-7b does not fit 4 CPU ranks for training; the sweep does not care.
     layout = ("hardware.gpus_per_node=4", "parallel.tp=2", "batch.global_batch_size=16", 'model.name="llama-2-7b"')

@@ -27,8 +27,9 @@ def test_zero_stage_matches_one_rank(shared_run, reference, zero):
     assert t.losses(0) == t.losses(1)  # the logged loss is the data-parallel mean: same on every rank
 
 
-@pytest.mark.parametrize("gpus, zero", [(2, 0), (2, 3), (4, 1), (4, 3)], ids=["tp2", "tp2_zero3", "tp2dp2_zero1",
-                                                                              "tp2dp2_zero3"])
+@pytest.mark.parametrize("gpus, zero", [pytest.param(2, 0, id="tp2"), pytest.param(2, 3, id="tp2_zero3"),
+                                        pytest.param(4, 1, id="tp2dp2_zero1", marks=pytest.mark.full),  # 4 ranks
+                                        pytest.param(4, 3, id="tp2dp2_zero3", marks=pytest.mark.full)])
 def test_autotp_matches_one_rank(shared_run, reference, gpus, zero):
     t = shared_run(*ds_autotp(gpus, zero))
     for rank in range(gpus):
@@ -36,6 +37,7 @@ def test_autotp_matches_one_rank(shared_run, reference, gpus, zero):
         assert max(abs(a - b) for a, b in zip(losses, reference.losses(), strict=True)) <= TOL, (gpus, zero, rank, losses)
 
 
+@pytest.mark.full  # 4 ranks (conftest.two_ranks_first)
 def test_zero3_with_hpz_matches_one_rank(runs_root, reference):
     """ZeRO++ hpZ on 4 ranks (secondary groups of 2), with every parameter gathered on every use so that the
     backward really reads the secondary partition."""

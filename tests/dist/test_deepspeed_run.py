@@ -12,7 +12,8 @@ from tests.dist.conftest import DS_DP2, SHORT, ds_autotp, train
 pytestmark = [pytest.mark.dist, pytest.mark.slow]
 
 
-@pytest.mark.parametrize("gpus, tp", [(2, 1), (4, 2)], ids=["zero3_dp2", "tp2_zero3_dp2"])
+@pytest.mark.parametrize("gpus, tp", [pytest.param(2, 1, id="zero3_dp2"),
+                                      pytest.param(4, 2, id="tp2_zero3_dp2", marks=pytest.mark.full)])  # 4 ranks
 def test_zero3_partitions_match_planner(shared_run, gpus, tp):
     t = shared_run(*(DS_DP2[3] if tp == 1 else ds_autotp(gpus, 3)))  # the parity tests' runs of these layouts
     resolved = Resolved.load(t.root / "resolved.json")

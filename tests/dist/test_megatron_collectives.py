@@ -51,6 +51,7 @@ def expected(resolved: Resolved, rank: int) -> Counter:
                                       first_stage=stage == 0, last_stage=stage == par.pp - 1)})
 
 
+@pytest.mark.full  # 4 ranks (conftest.two_ranks_first)
 def test_tp_by_pp_stage_counts(shared_run):
     """TP2 × PP2: the first stage has the embedding's collectives, the last the output layer's and the loss's."""
     t = shared_run(*RUNS["tp2_pp2"], recipe=MEGATRON)

@@ -19,7 +19,7 @@ from launch.plan.layout import Layout
 
 from launch.plan.memory import chunk_layers, zero3_partition_numel
 from launch.config.resolve import Resolved
-from tests.dist.conftest import MEGATRON, MEGATRON_LAYOUTS as LAYOUTS, SHORT, train
+from tests.dist.conftest import MEGATRON, MEGATRON_LAYOUTS as LAYOUTS, SHORT, train, two_ranks_first
 
 pytestmark = [pytest.mark.dist, pytest.mark.slow]
 TOL = 1e-5
@@ -56,7 +56,7 @@ def runs(shared_run):
     return lambda name: shared_run(*SHORT, *LAYOUTS[name], recipe=MEGATRON)
 
 
-@pytest.mark.parametrize("name", list(LAYOUTS))
+@pytest.mark.parametrize("name", two_ranks_first(LAYOUTS))
 def test_layout_matches_one_rank(runs, reference, name):
     t = runs(name)
     resolved = Resolved.load(t.root / "resolved.json")
@@ -65,7 +65,7 @@ def test_layout_matches_one_rank(runs, reference, name):
     assert [s.grad_norm for s in t.metrics().steps] == pytest.approx(reference.norms, rel=1e-4)
 
 
-@pytest.mark.parametrize("name", ["tp2_pp2", "tp2_dp2_zero3", "pp2_vpp2"])
+@pytest.mark.parametrize("name", two_ranks_first({n: LAYOUTS[n] for n in ("tp2_pp2", "tp2_dp2_zero3", "pp2_vpp2")}))
 def test_logged_grid_and_parameters_equal_the_plan(runs, name):
     """The trainer's rank grid (as logged) and each rank's stored parameter count against the dry-run's plan."""
     t = runs(name)
@@ -89,6 +89,7 @@ def test_logged_grid_and_parameters_equal_the_plan(runs, name):
         assert held == want, (name, rank, held, want)
 
 
+@pytest.mark.full  # reads tp2_pp2's run: 4 ranks (conftest.two_ranks_first)
 def test_seeds_per_rank_are_megatrons(runs):
     """Megatron's rule (its _set_random_seed and model_parallel_cuda_manual_seed): the default seed is
     seed + 100 × pp rank, the same on every TP rank; the tracker's tensor-model-parallel stream is that + 2718 +

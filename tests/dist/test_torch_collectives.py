@@ -32,7 +32,7 @@ from launch.config.resolve import Resolved
 from launch.plan.collectives import communication
 from launch.plan.layout import Layout
 from launch.run.rundir import RECOMPUTE_REGION
-from tests.dist.conftest import SHORT, TORCH, TORCH_LAYOUTS
+from tests.dist.conftest import SHORT, TORCH, TORCH_LAYOUTS, two_ranks_first
 
 pytestmark = [pytest.mark.dist, pytest.mark.slow]
 OPS = {"c10d::allreduce_": "all_reduce", "c10d::_allgather_base_": "all_gather",
@@ -85,7 +85,7 @@ HAND = {
 }
 
 
-@pytest.mark.parametrize("name", list(HAND))
+@pytest.mark.parametrize("name", two_ranks_first({n: TORCH_LAYOUTS[n] for n in HAND}))
 def test_trace_counts_equal_the_plan(shared_run, name):
     t = shared_run(*SHORT, *TORCH_LAYOUTS[name], recipe=TORCH)
     resolved = Resolved.load(t.root / "resolved.json")

@@ -15,7 +15,7 @@ import re
 
 import pytest
 
-from tests.dist.conftest import DS_DP2, SHORT, TORCH, TORCH_LAYOUTS
+from tests.dist.conftest import DS_DP2, SHORT, TORCH, TORCH_LAYOUTS, two_ranks_first
 
 pytestmark = [pytest.mark.dist, pytest.mark.slow]
 TOL = 1e-5
@@ -30,9 +30,9 @@ def runs(shared_run):
     return lambda name: shared_run(*SHORT, *TORCH_LAYOUTS[name], recipe=TORCH)
 
 
-# torch.compile is a feature over ac_full's layout, and its first compile costs ~20 s: -m full (CI)
-@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.full) if n == "compile_ac_full" else n
-                                  for n in TORCH_LAYOUTS])
+# torch.compile is a feature over ac_full's layout, and its first compile costs ~20 s: -m full (CI); so are the layouts
+# of 4 ranks (conftest.two_ranks_first)
+@pytest.mark.parametrize("name", two_ranks_first(TORCH_LAYOUTS, "compile_ac_full"))
 def test_layout_matches_one_rank(runs, one_rank_reference, name):
     t = runs(name)
     ref = one_rank_reference

@@ -4,10 +4,10 @@ twins held equal (the seed's 7B matrix; the T4 ladder; the multi-node layouts), 
 The oracle is the run's own metrics read here: every step recorded, the loss finite and lower at the end than at the
 start (a tiny model at lr 3e-3 falls from ln 512 ≈ 6.24 within a few steps), and the report naming every run.
 
-README's test command trains every layout once, not every twin: a twin whose layout (backend, which of tp, pp and dp
-it splits, sp, vpp, ZeRO stage, offload, checkpointing, dtype) another default test already trains
-(tests/dist/conftest.py's layouts), or an earlier twin of the same group trains, sweeps only under `-m full`, which CI
-runs after README's command: between them every twin trains once."""
+README's test command trains every layout of 2 ranks once, not every twin: a twin of 4 ranks (conftest.two_ranks_first),
+or whose layout (backend, which of tp, pp and dp it splits, sp, vpp, ZeRO stage, offload, checkpointing, dtype)
+another default test already trains (tests/dist/conftest.py's layouts), or an earlier twin of the same group trains,
+sweeps only under `-m full`, which CI runs after README's command: between them every twin trains once."""
 import math
 import os
 import re
@@ -58,6 +58,10 @@ def _trained_elsewhere() -> set[tuple]:
                for recipe in (RECIPES / "tiny_ddp", RECIPES / "tiny_fsdp2")})
 
 
+def _two_ranks(twin: str) -> bool:
+    return resolve_path(RECIPES / twin, [f"batch.global_batch_size={GLOBAL_BATCH}"]).world_size <= 2
+
+
 def _split() -> tuple[dict[str, list[str]], dict[str, list[str]]]:
     """Each group's twins as (README's command trains them, only `-m full` does)."""
     seen = _trained_elsewhere()
@@ -66,22 +70,28 @@ def _split() -> tuple[dict[str, list[str]], dict[str, list[str]]]:
     for group, twins in GROUPS.items():
         for twin in twins:
             key = layout(RECIPES / twin, f"batch.global_batch_size={GLOBAL_BATCH}")
-            (full if key in seen else default).setdefault(group, []).append(twin)
+            (default if _two_ranks(twin) and key not in seen else full).setdefault(group, []).append(twin)
             seen.add(key)
         if len(default.get(group, ())) == 1 or len(full.get(group, ())) == 1:  # a sweep compares two or more recipes
-            default[group] = twins
-            full.pop(group, None)
+            full[group] = twins
+            default.pop(group, None)
     return default, full
 
 
 DEFAULT, FULL = _split()
-# A sweep of more than this many twins is split in two: one sweep of 13 four-rank twins took 206 s of one xdist worker
-# while the other idled at the end of the suite.
-SWEEP_MAX = 7
+# A sweep of more twins than this is split into sweeps of at most as many: one sweep of 13 four-rank twins took 206 s
+# of one xdist worker while the other idled at the end of the suite.
+SWEEP_MAX = 6
+
+
+def _parts(twins: list[str]) -> list[list[str]]:
+    n = -(-len(twins) // SWEEP_MAX)
+    return [twins[i::n] for i in range(n)]
+
+
 SWEEPS = [pytest.param(twins, id=group) for group, twins in sorted(DEFAULT.items())] + [
     pytest.param(part, id=f"{group}-rest{'' if len(twins) <= SWEEP_MAX else i + 1}", marks=pytest.mark.full)
-    for group, twins in sorted(FULL.items())
-    for i, part in enumerate([twins] if len(twins) <= SWEEP_MAX else [twins[::2], twins[1::2]])]
+    for group, twins in sorted(FULL.items()) for i, part in enumerate(_parts(twins))]
 
 
 def test_the_groups_hold_every_twin():
@@ -89,13 +99,13 @@ def test_the_groups_hold_every_twin():
 
 
 def test_the_default_sweeps_train_every_layout_of_the_twins():
-    """README's command (default sweeps and conftest's layouts) trains every layout some twin has; with `-m full` the
-    two lists together hold every twin once."""
+    """README's command (default sweeps and conftest's layouts) trains every layout of 2 ranks some twin has; with
+    `-m full` the two lists together hold every twin once."""
     default = [t for twins in DEFAULT.values() for t in twins]
     rest = [t for twins in FULL.values() for t in twins]
     assert sorted(default + rest) == TWINS
     trained = _trained_elsewhere() | {layout(RECIPES / t, f"batch.global_batch_size={GLOBAL_BATCH}") for t in default}
-    for twin in TWINS:
+    for twin in filter(_two_ranks, TWINS):
         assert layout(RECIPES / twin, f"batch.global_batch_size={GLOBAL_BATCH}") in trained, twin
     # a layout the conftest runs train is left to -m full: the 7B matrix's DDP cell is the torch DDP parity run's
     assert "tiny_7b_ddp" in rest and layout(RECIPES / "tiny_7b_ddp") == layout(TORCH, *SHORT, *TORCH_LAYOUTS["ddp"])
