@@ -13,6 +13,7 @@ unpickling anything, and exits 2.
 from __future__ import annotations
 
 import importlib
+import io
 import sys
 from pathlib import Path
 
@@ -110,7 +111,81 @@ def read_dcp_metadata(path: Path):
     if outside:
         raise UntrustedFileError(f"{path}: names {outside[0]!r} as a data file, which is not a file of this checkpoint "
                                  "folder; refused")
+    _check_slices(path.parent, storage)
     return metadata
+
+
+def _check_slices(folder: Path, storage: dict) -> None:
+    """Every data file the metadata names is a regular file of the folder (looked at, never opened, before: a FIFO
+    would hang the read), and every item's bytes lie inside it (a shard cut short, or another checkpoint's)."""
+    from launch import inputs
+
+    sizes: dict[str, int] = {}
+    for name in sorted({info.relative_path for info in storage.values()}):
+        problem = inputs.not_a_file(folder / name)
+        if problem:
+            raise UntrustedFileError(f"{folder / name}: {problem}; the checkpoint's metadata names it as a data file")
+        sizes[name] = (folder / name).stat().st_size
+    for index, info in storage.items():
+        offset, length = getattr(info, "offset", None), getattr(info, "length", None)
+        if not (type(offset) is int and type(length) is int and 0 <= offset and 0 <= length
+                and offset + length <= sizes[info.relative_path]):
+            raise UntrustedFileError(
+                f"{folder / info.relative_path}: {sizes[info.relative_path]:,} bytes, where the metadata places "
+                f"{getattr(index, 'fqn', index)} at bytes {offset}+{length}: cut short, or not this checkpoint's file")
+
+
+class _Slice(io.RawIOBase):
+    """Bytes [offset, offset + length) of a file as a seekable file of their own: torch's zip reader takes the item
+    DCP stored there without the rest of the shard being read."""
+
+    def __init__(self, f, offset: int, length: int) -> None:
+        self.f, self.offset, self.length, self.pos = f, offset, length, 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self.pos
+
+    def seek(self, pos: int, whence: int = io.SEEK_SET) -> int:
+        self.pos = max(0, min(self.length, {io.SEEK_SET: 0, io.SEEK_CUR: self.pos, io.SEEK_END: self.length}[whence] + pos))
+        return self.pos
+
+    def readinto(self, buffer) -> int:
+        self.f.seek(self.offset + self.pos)
+        data = self.f.read(min(len(buffer), self.length - self.pos))
+        buffer[:len(data)] = data
+        self.pos += len(data)
+        return len(data)
+
+
+def _check_dcp_items(meta_path: Path) -> None:
+    """Every item of a DCP checkpoint (each a torch.save archive at its place in a data file, loaded weights-only on
+    the ranks) names no object outside ALLOWED: read from its pickle's opcodes, before any rank starts."""
+    import torch
+
+    folder = meta_path.parent
+    storage = getattr(read_dcp_metadata(meta_path), "storage_data", None) or {}
+    by_file: dict[str, list] = {}
+    for index, info in storage.items():
+        by_file.setdefault(info.relative_path, []).append((index, info))
+    for name, items in sorted(by_file.items()):
+        with open(folder / name, "rb") as f:
+            for index, info in items:
+                try:
+                    found = torch.serialization.get_unsafe_globals_in_checkpoint(_Slice(f, info.offset, info.length))
+                except Exception as e:  # not a torch archive where the metadata says one is
+                    raise UntrustedFileError(f"{folder / name}: {getattr(index, 'fqn', index)} at byte {info.offset:,} "
+                                             f"is not a stored item ({_first_line(e)}); refused, never unpickled") from None
+                unknown = [g for g in found if g not in ALLOWED]
+                if unknown:
+                    raise UntrustedFileError(f"{folder / name}: {getattr(index, 'fqn', index)} names {unknown[0]}, "
+                                             "which torch.distributed.checkpoint never stores; refused, never unpickled "
+                                             "(a pickle runs what it names)")
 
 
 def dcp_reader(folder: Path):
@@ -139,7 +214,7 @@ def check(paths: list[Path]) -> None:
     for path in paths:
         if path.is_dir():
             for meta in sorted(path.rglob(DCP_METADATA)):
-                read_dcp_metadata(meta)
+                _check_dcp_items(meta)
         files = sorted(p for p in path.rglob("*") if p.suffix in CHECKPOINT_SUFFIXES) if path.is_dir() else [path]
         for f in files:
             try:

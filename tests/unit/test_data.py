@@ -3,6 +3,7 @@
 Oracles: the `tokenizers` library's own encode of each document (plus the end-of-document id), the corpus's own bytes,
 Megatron-Core's IndexedDataset reading a prepared prefix, and the rows a 1-rank layout reads."""
 import json
+import struct
 import subprocess
 import sys
 
@@ -362,8 +363,26 @@ def test_a_dictionary_encoded_parquet_column_is_text(tmp_path):
 
 def test_damaged_indexes_are_one_line(prepared, tmp_path, capsys):
     idx, bin_ = prepared[0].with_suffix(".idx").read_bytes(), prepared[0].with_suffix(".bin").read_bytes()
+    # Megatron's MMIDIDX layout, read here with struct: a 34-byte header (magic, version, dtype code, sequence and
+    # document counts), then int32 lengths, int64 byte pointers, int64 document boundaries
+    n, d = struct.unpack_from("<QQ", idx, 18)
+    assert len(idx) == 34 + 12 * n + 8 * d and n >= 3
+    mid = n // 2
+
+    def patched(offset: int, fmt: str, value: int) -> bytes:
+        out = bytearray(idx)
+        struct.pack_into(fmt, out, offset, value)
+        return bytes(out)
+
+    pointer = struct.unpack_from("<q", idx, 34 + 4 * n + 8 * mid)[0]
     cases = {"short_idx": (idx[:12], bin_, "is not a readable Megatron index"),
-             "odd_bin": (idx, bin_ + b"\0", "not a whole number of 2-byte ids")}
+             "odd_bin": (idx, bin_ + b"\0", "not a whole number of 2-byte ids"),
+             # a middle length or pointer that lies: the dry run read only the last sequence and passed both
+             "negative_length": (patched(34 + 4 * mid, "<i", -5), bin_, f"gives sequence {mid:,} a length of -5"),
+             "middle_pointer": (patched(34 + 4 * n + 8 * mid, "<q", pointer + 2), bin_,
+                                f"points sequence {mid:,} at byte {pointer + 2:,}; the lengths before it end at byte "
+                                f"{pointer:,}"),
+             "documents": (patched(34 + 12 * n + 8 * (d - 1), "<q", n + 7), bin_, "do not run from 0 up to its")}
     for name, (i, b, problem) in cases.items():
         (tmp_path / f"{name}.idx").write_bytes(i)
         (tmp_path / f"{name}.bin").write_bytes(b)

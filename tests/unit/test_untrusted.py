@@ -186,5 +186,36 @@ def test_export_of_a_damaged_dcp_checkpoint_is_one_line(tmp_path):
     p = subprocess.run([sys.executable, "-m", "launch", "export", str(run), f"out={bad}"], cwd=REPO,
                        capture_output=True, text=True, timeout=300)
     assert p.returncode == 2 and p.stderr.count("\n") == 1, p.stderr[-3000:]
-    assert "step5: torch.distributed.checkpoint could not read it (EOFError)" in p.stderr
+    # named before any read, by the file and the item whose bytes it lacks
+    assert f"{data}: 100 bytes, where the metadata places model." in p.stderr and "cut short" in p.stderr, p.stderr
     assert not bad.exists()
+
+
+def test_a_dcp_checkpoint_is_checked_item_by_item_before_any_rank(tmp_path):
+    """The pre-launch check read .metadata but not the .distcp shards: an item whose pickle names os.system, a shard
+    cut short and a FIFO in a shard's place were met only on the ranks (the FIFO hung export for ever). Each is now
+    one refusal naming the file, from the items' opcodes and the files' sizes; nothing is unpickled or opened."""
+    import os
+
+    import torch.distributed.checkpoint as dcp
+
+    def saved(name, state):
+        folder = tmp_path / name
+        dcp.save(state, checkpoint_id=str(folder), no_dist=True)
+        (data,) = sorted(folder.glob("*.distcp"))
+        return folder, data
+
+    ok, _ = saved("ok", {"model": {"w": torch.ones(4, 4)}, "step": 5})
+    untrusted.check([ok])
+    payload, _ = saved("payload", {"model": {"w": torch.ones(4, 4)}, "extra": os.system})
+    with pytest.raises(untrusted.UntrustedFileError, match=r"extra names (posix|os)\.system"):
+        untrusted.check([payload])
+    cut, data = saved("cut", {"model": {"w": torch.ones(64, 64)}})
+    data.write_bytes(data.read_bytes()[:-10])
+    with pytest.raises(untrusted.UntrustedFileError, match=r"where the metadata places model\.w at bytes 0\+"):
+        untrusted.check([cut])
+    fifo, data = saved("fifo", {"model": {"w": torch.ones(4, 4)}})
+    data.unlink()
+    os.mkfifo(data)
+    with pytest.raises(untrusted.UntrustedFileError, match="is a FIFO"):
+        untrusted.check([fifo])
