@@ -91,7 +91,10 @@ def test_export_loads_in_transformers_and_reproduces_the_loss(runs_root, interru
 @pytest.mark.full
 def test_killed_run_resumes_from_its_last_checkpoint(runs_root):
     runs = runs_root / "killed"
-    args = ["bash", "launch/run.sh", "recipes/tiny_zero2", *SHORT, "train.steps=400", "train.checkpoint_every=3"]
+    # a constant learning rate: the resumed run stops 3 steps on, and another train.steps under a decaying schedule
+    # is another run (checkpoints.schedule_break)
+    args = ["bash", "launch/run.sh", "recipes/tiny_zero2", *SHORT, "train.steps=400", "train.checkpoint_every=3",
+            "train.lr_schedule=constant"]
     env = {**os.environ, "LAYOUTLAB_RUNS": str(runs), "MASTER_PORT": str(free_port())}
     proc = subprocess.Popen(args, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             start_new_session=True)
@@ -115,7 +118,8 @@ def test_killed_run_resumes_from_its_last_checkpoint(runs_root):
     done = {c.step for c in complete_checkpoints(killed_root / "checkpoints")}
     m = read_metrics(killed_root / "metrics" / "rank0.jsonl")  # logs stay readable after a kill
     assert m.meta is not None and len(m.steps) >= max(done)
-    resumed = train(runs, *SHORT, "train.steps=400", "train.checkpoint_every=3", "train.steps=" + str(max(done) + 3))
+    resumed = train(runs, *SHORT, "train.steps=400", "train.checkpoint_every=3", "train.lr_schedule=constant",
+                    "train.steps=" + str(max(done) + 3))
     assert resumed.metrics().meta.start_step == max(done)
 
 
