@@ -67,6 +67,9 @@ def export(run_dir: str | Path, step: int | None = None, out: str | Path | None 
     # new one is complete, and save_pretrained never sees a folder with anyone's files in it.
     staging = target.parent / f".{target.name}.export-{os.getpid()}"
     target.parent.mkdir(parents=True, exist_ok=True)
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # "Writing model shards: 100%": the command prints what it wrote, once
     model.save_pretrained(staging, safe_serialization=True)
     tokenizer = save_tokenizer(resolved, staging)
     files = sorted(p.name for p in staging.iterdir())  # what a later export may replace (rundir.is_our_export)
