@@ -54,7 +54,7 @@ def open_prefix(prefix: str):
                             ds.index.dtype().itemsize, bin_.stat().st_size)
     if problem:
         which, what = problem
-        raise ValueError(f"{idx if which == 'idx' else bin_}: {what}")
+        raise ValueError(f"{idx if which == 'idx' else bin_} {what}")
     return ds
 
 
