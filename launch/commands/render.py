@@ -28,21 +28,25 @@ def make_console():
     return Console(width=width, highlight=False, soft_wrap=not tty)
 
 
+def _least_width(i: int, name: str, rows: Sequence[Sequence[str]]) -> int:
+    """Column `i`'s widest cell, or its header's longest word where that is wider (headers wrap at their spaces)."""
+    return max([len(r[i]) for r in rows] + [max(map(len, name.split()), default=0)])
+
+
 def add_columns(table, columns: Sequence[tuple[str, str]], rows: Sequence[Sequence[str]]) -> None:
     """Columns that shrink by kind when the console is narrow, never by cutting a number: "number" (right-aligned,
     as wide as its widest cell), "name" (left, as wide as its widest cell: a layout or run label read whole), "text"
     (left, wraps first). A header wraps at its spaces; no column is narrower than its longest header word."""
     for i, (name, kind) in enumerate(columns):
-        widest = max([len(r[i]) for r in rows] + [max(map(len, name.split()), default=0)])
         table.add_column(name, justify="right" if kind == "number" else "left",
-                         min_width=widest if kind in ("number", "name") else None)
+                         min_width=_least_width(i, name, rows) if kind in ("number", "name") else None)
 
 
 def bar_width(console, columns: Sequence[tuple[str, str]], rows: Sequence[Sequence[str]], most: int = 24) -> int:
     """How many cells a bar column may take beside `columns` (laid out by add_columns) on this console: what is left
-    once every other column has its cells and the borders theirs, at most `most`; 0 leaves the bar out."""
-    needed = sum(max([len(r[i]) for r in rows] + [max(map(len, name.split()), default=0)]) + 3
-                 for i, (name, _) in enumerate(columns)) + 4
+    once every other column has its cells and the borders (3 a column, 4 more) theirs, at most `most`; 0 leaves the
+    bar out."""
+    needed = sum(_least_width(i, name, rows) + 3 for i, (name, _) in enumerate(columns)) + 4
     room = min(most, console.width - needed)
     return room if room >= 4 else 0
 

@@ -64,8 +64,6 @@ PASS_ITER_S = 1.15
 def launches(world_size: int, gpus_per_node: int, backends: int) -> tuple[int, int]:
     """(every launch of ranks calibrate makes, those that time passes): two collective sweeps per group size of 2 or
     more dividing the world, one Adam and data probe, one pass launch per backend and TP degree of a node."""
-    from launch.config.grid import divisors
-
     sweeps = 2 * sum(1 for d in divisors(world_size) if d >= 2)
     passes = backends * len(divisors(gpus_per_node))
     return sweeps + 1 + passes, passes
