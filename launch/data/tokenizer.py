@@ -57,13 +57,18 @@ def tokenizer_folder(spec: str, model_weights: str | None, context: str) -> Path
     return Path(spec)
 
 
+def tokenizer_file(folder: Path) -> Path:
+    """The tokenizer.json that data.tokenizer's folder (or the file it names) stands for."""
+    return folder / TOKENIZER_FILE if folder.is_dir() else folder
+
+
 def load_tokenizer(spec: str, model_weights: str | None, context: str) -> Tokenizer:
     """`data.tokenizer` loaded, or one ConfigError naming what is missing."""
     folder = tokenizer_folder(spec, model_weights, context)
     if folder is None:
         return BYTE
     fix = "give a local Hugging Face tokenizer folder holding tokenizer.json (or \"byte\")"
-    path = folder / TOKENIZER_FILE if folder.is_dir() else folder
+    path = tokenizer_file(folder)
     if not path.is_file():
         missing = "does not exist" if not folder.exists() else f"holds no {TOKENIZER_FILE}"
         if (folder / "tokenizer.model").is_file():

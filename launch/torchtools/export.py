@@ -18,7 +18,7 @@ from pathlib import Path
 
 from launch.config.backends import traits
 from launch.config.resolve import Resolved
-from launch.data.tokenizer import tokenizer_folder
+from launch.data.tokenizer import TOKENIZER_FILE, tokenizer_file, tokenizer_folder
 from launch.errors import ConfigError
 from launch.torchtools import untrusted
 from launch.torchtools.hf import byte_tokenizer
@@ -110,10 +110,15 @@ def save_tokenizer(resolved: Resolved, folder: Path) -> str:
     data = resolved.recipe.data
     if data.source == "synthetic":
         return ""
-    source = tokenizer_folder(data.tokenizer, resolved.recipe.model.weights, resolved.recipe_path)
-    if source is None:
+    named = tokenizer_folder(data.tokenizer, resolved.recipe.model.weights, resolved.recipe_path)
+    if named is None:
         byte_tokenizer().save_pretrained(folder)
         return "the byte tokenizer the run read its rows with: ids 0-255 are UTF-8 bytes, 256 ends a document"
+    source = tokenizer_file(named).parent  # data.tokenizer may name the folder or its tokenizer.json
+    if not (source / TOKENIZER_FILE).is_file():
+        raise ConfigError(resolved.recipe_path, "data.tokenizer", data.tokenizer,
+                          f"no longer holds the {TOKENIZER_FILE} the run read its rows with ({source})",
+                          "restore it, or load the export with the tokenizer you trained with")
     copied = [name for name in TOKENIZER_FILES if (source / name).is_file()]
     for name in copied:  # read and written, not linked: the export stands alone
         (folder / name).write_bytes((source / name).read_bytes())

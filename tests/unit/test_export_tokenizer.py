@@ -86,3 +86,17 @@ def test_a_tokenizer_file_that_is_json_but_no_object_is_one_line(tmp_path, name,
     said = str(e.value)
     assert said.startswith(f"{tmp_path / name}: data.tokenizer=") and "is not a JSON object" in said, said
     assert "\n" not in said
+
+
+def test_a_tokenizer_named_by_its_file_is_copied_from_its_folder_and_a_missing_one_is_one_line(tmp_path):
+    """data.tokenizer may name the tokenizer.json itself (load_tokenizer takes it): its folder's files are copied;
+    a folder that no longer holds it refuses the export instead of printing a loading hint that fails."""
+    from launch.errors import ConfigError
+
+    (tmp_path / "a").mkdir()  # the export's folder, which save_pretrained has made by then
+    said = save_tokenizer(_resolved(f'data.tokenizer="{FOLDER / "tokenizer.json"}"'), tmp_path / "a")
+    assert said == f"copied from {FOLDER}: tokenizer.json, tokenizer_config.json"
+    gone = tmp_path / "gone"
+    gone.mkdir()
+    with pytest.raises(ConfigError, match="no longer holds the tokenizer.json"):
+        save_tokenizer(_resolved(f'data.tokenizer="{gone}"'), tmp_path / "b")
