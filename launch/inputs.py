@@ -31,8 +31,8 @@ def not_a_file(path: Path) -> str | None:
         mode = path.stat().st_mode
     except FileNotFoundError:
         return "is a link to nothing" if path.is_symlink() else "does not exist"
-    except RuntimeError:  # a symlink loop on some Python versions
-        return "is a loop of symbolic links"
+    except ValueError:  # a NUL byte: no file system holds such a name
+        return "holds a NUL byte"
     except OSError as e:
         return ("is a loop of symbolic links" if e.errno == errno.ELOOP else
                 f"cannot be looked at ({e.strerror or type(e).__name__})")

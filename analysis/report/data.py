@@ -151,7 +151,7 @@ def _data_identity(resolved) -> dict[str, str | None]:
     d = resolved.recipe.data
     if d.source == "synthetic":
         return {"data": "synthetic", "data_path": None, "corpus": "synthetic", "tokenizer": "none"}
-    fingerprint = resolved.data_fingerprint
+    fingerprint = resolved.data_fingerprint if isinstance(resolved.data_fingerprint, str) else None
     tokenizer = f"model ({resolved.recipe.model.weights})" if d.tokenizer == "model" else d.tokenizer
     return {"data": d.source, "data_path": d.path, "corpus": fingerprint[:12] if fingerprint else None,
             "tokenizer": tokenizer}

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
+from launch import inputs
 from launch.comm import commbench_spec
 from launch.config import commbench, dsconfig
 from launch.config.backends import BACKENDS, BackendTraits, traits
@@ -117,6 +118,9 @@ class Resolved:
 
     @classmethod
     def load(cls, path: str | Path) -> "Resolved":
+        problem = inputs.not_a_file(Path(path))  # looked at first: a FIFO in a run directory would hang the read
+        if problem:
+            raise ConfigError(str(path), "(file)", str(path), problem, "use an intact copy of the run directory")
         try:
             text = Path(path).read_text(encoding="utf-8")
         except (OSError, UnicodeDecodeError) as e:

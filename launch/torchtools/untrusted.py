@@ -107,7 +107,8 @@ def read_dcp_metadata(path: Path):
     except Exception as e:  # truncated, or not a pickle at all
         raise UntrustedFileError(f"{path}: not readable as checkpoint metadata ({_first_line(e)})") from None
     # DCP reads each tensor from the file its metadata names: only files of this folder
-    outside = sorted(str(f) for f in files if not isinstance(f, str) or not f or "/" in f or "\\" in f or f in (".", ".."))
+    outside = sorted(str(f) for f in files if not isinstance(f, str) or not f or "/" in f or "\\" in f or "\x00" in f
+                     or f in (".", ".."))
     if outside:
         raise UntrustedFileError(f"{path}: names {outside[0]!r} as a data file, which is not a file of this checkpoint "
                                  "folder; refused")

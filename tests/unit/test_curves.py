@@ -349,3 +349,12 @@ def test_no_tick_label_of_the_curves_is_drawn_over_another_or_over_the_next_pane
     for n, (i, a, box) in enumerate(labels):
         assert not [b for _, b, other in labels[n + 1:] if box.overlaps(other)], (i, a)
         assert not [j for j, ax in enumerate(fig.axes) if j != i and box.overlaps(ax.get_window_extent(r))], (i, a)
+
+
+def test_a_data_fingerprint_that_is_no_digest_reads_as_unknown(tmp_path):
+    """resolved.json is a file the user may hand us damaged: a number where the digest belongs broke the report."""
+    a = _text_run(tmp_path / "a", "20260101-000000", "a" * 64)
+    b = _text_run(tmp_path / "b", "20260101-000001", 5)
+    rep, _ = _report(tmp_path, a, b)
+    (pair,) = rep.curve_pairs
+    assert pair.not_comparable == "corpus unknown"

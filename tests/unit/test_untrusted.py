@@ -219,3 +219,19 @@ def test_a_dcp_checkpoint_is_checked_item_by_item_before_any_rank(tmp_path):
     os.mkfifo(data)
     with pytest.raises(untrusted.UntrustedFileError, match="is a FIFO"):
         untrusted.check([fifo])
+
+
+def test_a_dcp_data_file_named_with_a_nul_byte_is_refused_in_one_line(tmp_path):
+    """A crafted .metadata whose data file name holds a NUL: Path.stat raised ValueError through the check."""
+    import torch.distributed.checkpoint as dcp
+
+    folder = tmp_path / "ckpt"
+    dcp.save({"model": {"w": torch.ones(2)}}, checkpoint_id=str(folder), no_dist=True)
+    meta = untrusted.read_dcp_metadata(folder / ".metadata")
+    for info in meta.storage_data.values():
+        info.relative_path = "a\x00b.distcp"
+    import pickle
+
+    (folder / ".metadata").write_bytes(pickle.dumps(meta))
+    with pytest.raises(untrusted.UntrustedFileError, match="is not a file of this checkpoint folder"):
+        untrusted.check([folder])
