@@ -68,7 +68,8 @@ def cmd_run(args: Sequence[str]) -> int:
         resumed = check_resume(resolved, joined)
         if resumed is not None and resumed.step >= resolved.recipe.train.steps:
             print(f"nothing to do: {resumed.dir} already holds step {resumed.step} of train.steps="
-                  f"{resolved.recipe.train.steps}; set run.resume=never to train again from scratch, or raise train.steps")
+                  f"{resolved.recipe.train.steps}; set run.resume=never to train again from scratch, or raise train.steps (a run on a constant "
+                  "train.lr_schedule continues; a cosine or linear one is laid over its steps)")
             return 0
     run = RunDir.join(joined) if joined else RunDir.create(resolved.recipe_name)
     # the checkpoint checked above is the one the ranks load (a concurrent run's newer one is not picked up)

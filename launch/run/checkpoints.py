@@ -105,27 +105,21 @@ def planned_steps(ckpt: Checkpoint) -> int | None:
         return None
 
 
-def finished(ckpt: Checkpoint) -> bool:
-    """Whether `ckpt` is the end of the run that wrote it (its step reached that run's train.steps)."""
-    steps = planned_steps(ckpt)
-    return steps is not None and ckpt.step >= steps
-
-
-def schedule_break(ckpt: Checkpoint, resolved: Resolved) -> str:
-    """Why continuing `ckpt` under `resolved` would break the learning-rate schedule its run followed ('' when it
-    continues): a decaying schedule is laid over train.steps, so another step count re-stretches it and the rate jumps
-    at the first step resumed (3e-4 to 7.5e-4 when a finished cosine run was extended). Constant schedules, and
-    warm-ups not yet over, continue whatever the step count."""
-    was = planned_steps(ckpt)
+def schedule_break(step: int, was: int | None, resolved: Resolved) -> str:
+    """Why continuing a checkpoint of `step`, written by a run laid over `was` steps (planned_steps), under `resolved`
+    would break the learning-rate schedule that run followed ('' when it continues): a decaying schedule is laid over
+    train.steps, so another step count re-stretches it and the rate jumps at the first step resumed (3e-4 to 7.5e-4
+    when a finished cosine run was extended). Constant schedules, and warm-ups not yet over, continue whatever the
+    step count."""
     t = resolved.recipe.train
     if was is None or was == t.steps:
         return ""
     rate = {"lr": t.lr, "min_lr": t.min_lr, "warmup": t.lr_warmup_steps, "schedule": t.lr_schedule}
-    before, after = lr_at(ckpt.step, total=was, **rate), lr_at(ckpt.step, total=t.steps, **rate)
+    before, after = lr_at(step, total=was, **rate), lr_at(step, total=t.steps, **rate)
     if abs(after - before) <= 1e-9 * max(abs(before), abs(after)):
         return ""
     return (f"train.steps={t.steps} re-stretches the {t.lr_schedule} learning-rate schedule its run laid over {was} "
-            f"steps: step {ckpt.step + 1} would train at {after:.3g} where that schedule gives {before:.3g}")
+            f"steps: step {step + 1} would train at {after:.3g} where that schedule gives {before:.3g}")
 
 
 def to_universal(ckpt: Checkpoint) -> Path:
@@ -150,7 +144,8 @@ def to_universal(ckpt: Checkpoint) -> Path:
 def training_identity(resolved: Resolved) -> dict[str, Any]:
     """What a checkpoint must share with a run to continue it: model, data, batch, sequence length, dtype and
     optimizer settings. The layout (tp, dp, ZeRO stage, offload, nodes) may differ: resharding is supported,
-    within the limits check_resume_compatible states; train.steps may grow."""
+    within the limits check_resume_compatible states; train.steps may change where the schedule continues
+    (schedule_break)."""
     r = resolved.recipe
     t = r.train
     return {
@@ -225,9 +220,10 @@ def explicit_resume(path: Path, resolved: Resolved) -> Checkpoint:
     if diff:
         raise ResumeError(f"{ckpt.dir}: trains a different configuration (differs in {', '.join(diff)}); resume it "
                           "with the recipe and overrides that wrote it, or set run.resume=never")
-    broken = schedule_break(ckpt, resolved)
+    was = planned_steps(ckpt)
+    broken = schedule_break(ckpt.step, was, resolved)
     if broken:
-        raise ResumeError(f"{ckpt.dir}: {broken}; resume it with train.steps={planned_steps(ckpt)}, or train with "
+        raise ResumeError(f"{ckpt.dir}: {broken}; resume it with train.steps={was}, or train with "
                           "train.lr_schedule=constant where a run is to be extended")
     return ckpt
 
@@ -253,9 +249,11 @@ def find_resume(runs_dir: Path, resolved: Resolved) -> ResumeChoice:
         diff = _differs(want, _identity_of(newest))
         if diff:
             other.append((newest, diff))
-        elif finished(newest):
+            continue
+        was = planned_steps(newest)
+        if was is not None and newest.step >= was:
             done.append((newest, f"finished at step {newest.step}"))
-        elif broken := schedule_break(newest, resolved):
+        elif broken := schedule_break(newest.step, was, resolved):
             done.append((newest, broken))
         else:
             chosen = newest

@@ -138,7 +138,7 @@ def _train(run: RunDir, resolved: Resolved, env: common.RankEnv, terminal, cuda:
     if built.start_step >= steps:  # launched again after it finished (by hand: accelerate launch, twice)
         if env.rank == 0:
             print(f"nothing to do: {built.resume_from.dir} already holds step {built.start_step} of train.steps="
-                  f"{steps}; start a new run, or continue it with run.resume=DIR and more train.steps",
+                  f"{steps}; start a new run (a constant train.lr_schedule continues with more train.steps)",
                   file=terminal, flush=True)
         return 0
     s = _start(run, resolved, env, terminal, cuda, watchdog, built, sources(resolved, run.data))
