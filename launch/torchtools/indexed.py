@@ -22,6 +22,8 @@ from pathlib import Path
 
 import numpy as np
 
+from launch import inputs
+
 from launch.data.corpus import PREPARED
 
 MAX_SCAN_BYTES = 4 * 2**30  # the check reads every id of a .bin up to this size for the largest id
@@ -34,14 +36,16 @@ def _megatron():
     return indexed_dataset
 
 
-def open_prefix(prefix: str):
-    """Megatron's IndexedDataset for `prefix`, its .bin checked to hold every sequence the .idx points at; a damaged
-    pair raises ValueError with one line."""
+def open_prefix(prefix: str, whole: bool = False):
+    """Megatron's IndexedDataset for `prefix`; a damaged pair raises ValueError with one line. `whole`: every entry of
+    the index checked against the .bin (index_problem: the pre-launch check, `check` below); else, on the ranks that
+    read what that check passed, only that the .bin reaches the last sequence's end."""
     ix = _megatron()
     idx, bin_ = Path(prefix + ".idx"), Path(prefix + ".bin")
     for p in (idx, bin_):
-        if not p.is_file():
-            raise ValueError(f"{p} does not exist (an indexed dataset is PREFIX.idx + PREFIX.bin)")
+        problem = inputs.not_a_file(p)
+        if problem:
+            raise ValueError(f"{p} {problem} (an indexed dataset is PREFIX.idx + PREFIX.bin)")
         if p.stat().st_size == 0:
             raise ValueError(f"{p} is empty")
     try:
@@ -50,8 +54,10 @@ def open_prefix(prefix: str):
         raise ValueError(f"{idx} is not a readable Megatron index ({str(e) or type(e).__name__})") from None
     if len(ds) == 0:
         raise ValueError(f"{idx} holds no sequences")
-    problem = index_problem(ds.sequence_lengths, ds.index.sequence_pointers, ds.document_indices,
-                            ds.index.dtype().itemsize, bin_.stat().st_size)
+    itemsize, size = ds.index.dtype().itemsize, bin_.stat().st_size
+    end = int(ds.index.sequence_pointers[-1]) + int(ds.sequence_lengths[-1]) * itemsize
+    problem = (index_problem(ds.sequence_lengths, ds.index.sequence_pointers, ds.document_indices, itemsize, size)
+               if whole else ("bin", f"is truncated: {size:,} bytes, the index needs {end:,}") if size < end else None)
     if problem:
         which, what = problem
         raise ValueError(f"{idx if which == 'idx' else bin_} {what}")
@@ -65,9 +71,9 @@ def index_problem(lengths: np.ndarray, pointers: np.ndarray, documents: np.ndarr
     where the lengths before it end, as Megatron's builder writes them (a pointer that lies sends a rank past the
     file, or into another sequence); the document boundaries start at 0, never fall back and end at the last
     sequence; the .bin holds every id the index points at and no fraction of one. The first offender is named."""
-    lengths = np.asarray(lengths).astype(np.int64)
-    pointers = np.asarray(pointers).astype(np.int64)
-    documents = np.asarray(documents).astype(np.int64)
+    lengths = np.asarray(lengths).astype(np.int64, copy=False)
+    pointers = np.asarray(pointers).astype(np.int64, copy=False)
+    documents = np.asarray(documents).astype(np.int64, copy=False)
     bad = np.flatnonzero(lengths <= 0)
     if bad.size:
         return "idx", f"gives sequence {bad[0]:,} a length of {lengths[bad[0]]:,}"
@@ -122,7 +128,7 @@ def check(prefixes: list[str]) -> int:
     scanned = 0  # bytes of ids read for the largest id, over all prefixes
     for prefix in prefixes:
         try:
-            ds = open_prefix(prefix)
+            ds = open_prefix(prefix, whole=True)
         except ValueError as e:
             print(f"error: {e}", file=sys.stderr)
             return 2
