@@ -184,10 +184,12 @@ def compare(a: Table, b: Table) -> CurveComparison:
     return CurveComparison(len(common), worst, rel, at, sum(d for d, _ in diffs) / len(diffs))
 
 
-AGREE_WHEN_SAME = ("model", "dtype", "global_batch_size", "seq_len", "steps", "lr", "lr_warmup_steps", "lr_schedule",
-                   "seed", "data", "corpus", "tokenizer")
-# What the report says when none of them differs.
-AGREE_SUMMARY = "same model, precision, batch, sequence, steps, schedule, seed, data, corpus and tokenizer"
+# What two runs must share for their curves to agree step by step, each with the word the report says it in.
+AGREE_WHEN_SAME = {"model": "model", "dtype": "precision", "global_batch_size": "batch", "seq_len": "sequence",
+                   "steps": "steps", "lr": "schedule", "lr_warmup_steps": "schedule", "lr_schedule": "schedule",
+                   "seed": "seed", "data": "data", "corpus": "corpus", "tokenizer": "tokenizer"}
+_WORDS = list(dict.fromkeys(AGREE_WHEN_SAME.values()))
+AGREE_SUMMARY = f"same {', '.join(_WORDS[:-1])} and {_WORDS[-1]}"  # said when none of them differs
 
 
 def comparable(layout_a: RunLayout, layout_b: RunLayout) -> str:

@@ -572,7 +572,7 @@ def _straggler_blocks(rep: Report) -> list[Block]:
                    s["reason"] or "–", r.run.relabel(s["source"])]
             if _per_rank(r, "stragglers") or s["straggler"]:  # a flagged rank keeps its row in any run
                 rows.append(row)
-            elif _folded(r, "stragglers"):
+            if _folded(r, "stragglers"):  # the appendix holds every rank, a flagged one too
                 folded.append(row)
     spread = _spread(rep, "stragglers")
     headers = ["run", "rank", "steps", "median step, ms", "comm/step, ms", "step excess %", "comm deficit %",

@@ -197,11 +197,13 @@ def timing_label(plan: Plan, resolved: Resolved) -> str:
     if plan.step.timing == "calibrated":
         return "calibrated"
     hw = resolved.hardware
-    calibrate = cal.expected_s(resolved.world_size, resolved.recipe.hardware.gpus_per_node, len(BACKENDS))
-    return (f"nominal: the {plan.hardware} profile's figures, not measured here"
-            + (f"; {hw.nominal_measured}" if hw.nominal_measured else "")
-            + (f"; `python -m launch calibrate` (about {calibrate / 60:.0f} min) measures this machine"
-               if hw.device_type == "cpu" else ""))
+    label = f"nominal: the {plan.hardware} profile's figures, not measured here" + (
+        f"; {hw.nominal_measured}" if hw.nominal_measured else "")
+    if hw.device_type != "cpu":
+        return label
+    installed = sum(not t.missing_packages() for t in BACKENDS.values())  # what calibrate times by default
+    calibrate = cal.expected_s(resolved.world_size, resolved.recipe.hardware.gpus_per_node, installed)
+    return label + f"; `python -m launch calibrate` (about {calibrate / 60:.0f} min) measures this machine"
 
 
 def summary(resolved: Resolved, plan: Plan, cmd: launcher.LaunchCommand, run_dir: str, console) -> None:

@@ -173,8 +173,12 @@ def cmd_sweep(args: Sequence[str]) -> int:
         raise ConfigError("command line", "recipes", recipes, "names fewer than two recipes: nothing to compare", USAGE)
     members = distinct_labels([member("", r, overrides) for r in recipes])
     check_equal(members)
+    checked = set()
     for m in members:  # as run.sh checks them, before the dry run's table and the sweep's folder: one line, nothing made
-        check_inputs(m.resolved)
+        inputs = (m.resolved.recipe.data, m.resolved.recipe.model.weights)
+        if inputs not in checked:  # members of one sweep mostly read one corpus: tokenized once here, not per member
+            check_inputs(m.resolved)
+            checked.add(inputs)
     sweep_table(plan_rows(members), f"sweep of {len(members)} runs" + (f" ({' '.join(overrides)})" if overrides else ""),
                 make_console())
     if dry:

@@ -501,9 +501,9 @@ def _try(opt: Any, value: Any) -> tuple[bool, Any]:
         return isinstance(value, str), value
     if get_origin(opt) is tuple:  # tuple[T, ...]: a TOML array of T, or the comma form a command line writes
         item = get_args(opt)[0]
-        if isinstance(value, str):  # a,b: as `plan model=a,b` takes its lists
-            value = [int(w) if item is int and re.fullmatch(r"[+-]?\d{1,19}", w) else w
-                     for w in (w.strip() for w in value.split(",")) if w]
+        if isinstance(value, str):  # a,b: as `plan model=a,b` takes its lists; an empty item stays one (refused)
+            value = [int(w) if item is int and re.fullmatch(r"[+-]?[0-9]{1,18}", w) else w
+                     for w in (w.strip() for w in value.split(","))]
         if not isinstance(value, (list, tuple)):
             return False, None
         items = [_try(item, v) for v in value]
