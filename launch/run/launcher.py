@@ -83,9 +83,12 @@ def _rendezvous(resolved, environ: Mapping[str, str]) -> tuple[nodes.Placement, 
     p = nodes.placement(environ, resolved.recipe.hardware.nodes)
     multi = resolved.recipe.hardware.nodes > 1
     addr = p.master_addr or (NODE0_PLACEHOLDER if multi else "127.0.0.1")
-    # One node: a fixed port would make two jobs on one host meet in the same rendezvous store. Several nodes
+    # One node: a fixed port would make two jobs on one host meet in the same rendezvous store. torchrun binds port
+    # 0 itself (its --standalone form): a port chosen here and bound seconds later was taken in between by another
+    # job's gloo connection, and torch's rendezvous then joined that socket as a client and failed. Several nodes
     # must agree on it without talking, hence the default.
-    port = p.master_port or (str(nodes.DEFAULT_PORT) if multi else str(free_port()))
+    one_node = "0" if resolved.recipe.run.launcher == "torchrun" else str(free_port())
+    port = p.master_port or (str(nodes.DEFAULT_PORT) if multi else one_node)
     return p, addr, port
 
 
@@ -163,12 +166,29 @@ def node_commands(resolved, run_dir: str, *, environ: Mapping[str, str] | None =
         for n, host in ((n, hosts[n]) for n in node_ranks)]
 
 
+FIRST_CHOSEN_PORT = 20000
+
+
 def free_port() -> int:
+    """A port free now, for a launcher that must be told one (DeepSpeed's runner, Accelerate, a one-rank group).
+    Chosen below the kernel's ephemeral range, where no process's outgoing or port-0 socket (gloo opens dozens) can
+    take it before the launcher binds it; at random there, so two jobs starting together rarely pick the same."""
+    import random
     import socket
 
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+    try:
+        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32768
+    candidates = random.sample(range(FIRST_CHOSEN_PORT, low), min(64, max(0, low - FIRST_CHOSEN_PORT)))
+    for port in [*candidates, 0]:
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return sock.getsockname()[1]
+    raise OSError("no free TCP port on 127.0.0.1")
 
 
 def local_gpu_count() -> int:

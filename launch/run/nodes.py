@@ -17,8 +17,9 @@ from launch.run.rundir import runs_root
 
 # torchrun's and DeepSpeed's default: without a scheduler, every node must arrive at the same port on its own.
 DEFAULT_PORT = 29500
-# Under SLURM the port follows the job id, so that two jobs sharing their first node do not meet in one store.
-SLURM_PORT_BASE, SLURM_PORT_SPAN = 20000, 20000
+# Under SLURM the port follows the job id, so that two jobs sharing their first node do not meet in one store; below
+# Linux's ephemeral range (32768 and up), where no other process's port-0 or outgoing socket can hold it.
+SLURM_PORT_BASE, SLURM_PORT_SPAN = 20000, 12000
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,6 @@ import importlib.metadata
 import json
 import os
 import shutil
-import socket
 import subprocess
 from pathlib import Path
 
@@ -167,12 +166,6 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.xdist_group(group))
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 class Trained:
     def __init__(self, root: Path, proc: subprocess.CompletedProcess):
         self.root, self.proc = root, proc
@@ -186,7 +179,8 @@ class Trained:
 
 def train(runs: Path, *overrides: str, recipe: str = TINY, timeout: int = 300, check: bool = True,
           env_extra: dict | None = None) -> Trained:
-    env = {**os.environ, "LAYOUTLAB_RUNS": str(runs), "MASTER_PORT": str(free_port()), **(env_extra or {})}
+    # No MASTER_PORT: the launcher's own choice (torchrun binds port 0) is what keeps runs side by side apart.
+    env = {**{k: v for k, v in os.environ.items() if k != "MASTER_PORT"}, "LAYOUTLAB_RUNS": str(runs), **(env_extra or {})}
     before = set(runs.glob("*/*")) if runs.exists() else set()
     p = subprocess.run(["bash", "launch/run.sh", recipe, *overrides], cwd=REPO, env=env, capture_output=True,
                        text=True, timeout=timeout)

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from tests.conftest import REPO
-from tests.dist.conftest import TINY, free_port
+from tests.dist.conftest import TINY
 
 # -m full (CI): calibrate's in-situ timing on three backends, then recommend verify: a feature, its layouts the parity tests'.
 pytestmark = [pytest.mark.dist, pytest.mark.slow, pytest.mark.full]
@@ -22,7 +22,7 @@ ROW = re.compile(r"^\s+(\d+)\s+(\d+)\s+\w+\s+\w+\s+-?\d+\s+([\d.]+)\s+[\d.]+\s+[
 
 
 def _run(args, runs, timeout):
-    env = {**os.environ, "LAYOUTLAB_RUNS": str(runs), "MASTER_PORT": str(free_port()), "COLUMNS": "200"}
+    env = {**os.environ, "LAYOUTLAB_RUNS": str(runs), "COLUMNS": "200"}
     return subprocess.run([sys.executable, "-m", "launch", *args], cwd=REPO, env=env, capture_output=True, text=True,
                           timeout=timeout)
 

@@ -11,7 +11,7 @@ from analysis.parsers.nccl_tests import parse_nccl_tests
 from launch.comm.commbench_spec import NCCL_TESTS_OP, OPS, read_result
 from launch.comm.nccl_format import BW_WIDTH, TIME_WIDTH, bus_factor, float_field
 from tests.conftest import REPO
-from tests.dist.conftest import BENCH, TINY, commbench, free_port, train
+from tests.dist.conftest import BENCH, TINY, commbench, train
 
 pytestmark = [pytest.mark.dist, pytest.mark.slow]
 
@@ -129,7 +129,7 @@ def test_what_gloo_can_run_is_what_the_validation_says(tmp_path):
 
     (tmp_path / "probe.py").write_text(PROBE)
     p = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--rdzv-backend", "c10d",
-                        "--rdzv-endpoint", f"127.0.0.1:{free_port()}", str(tmp_path / "probe.py")], cwd=REPO,
+                        "--rdzv-endpoint", "127.0.0.1:0", str(tmp_path / "probe.py")], cwd=REPO,
                        capture_output=True, text=True, timeout=180,
                        env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)})
     assert p.returncode == 0, p.stderr[-3000:]

@@ -9,7 +9,7 @@ import pytest
 from launch.run.metrics import read_metrics
 from launch.run.checkpoints import complete_checkpoints
 from tests.conftest import REPO
-from tests.dist.conftest import DS_DP2, EVERY_5, SHORT, ds_autotp, exported_losses, free_port, interrupted_copy, train
+from tests.dist.conftest import DS_DP2, EVERY_5, SHORT, ds_autotp, exported_losses, interrupted_copy, train
 
 pytestmark = [pytest.mark.dist, pytest.mark.slow]
 CKPT = (*SHORT, *EVERY_5)
@@ -95,7 +95,7 @@ def test_killed_run_resumes_from_its_last_checkpoint(runs_root):
     # is another run (checkpoints.schedule_break)
     args = ["bash", "launch/run.sh", "recipes/tiny_zero2", *SHORT, "train.steps=400", "train.checkpoint_every=3",
             "train.lr_schedule=constant"]
-    env = {**os.environ, "LAYOUTLAB_RUNS": str(runs), "MASTER_PORT": str(free_port())}
+    env = {**os.environ, "LAYOUTLAB_RUNS": str(runs)}
     proc = subprocess.Popen(args, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             start_new_session=True)
     deadline = time.time() + 240

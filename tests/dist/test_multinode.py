@@ -55,19 +55,19 @@ printf '%s\n' "$*" >> "$FAKE_SRUN_DIR/scontrol"
 
 
 def free_slurm_job_id() -> int:
-    """A job id whose derived rendezvous port (launch/run/nodes.py: 20000 + id mod 20000) is free on this machine."""
+    """A job id whose derived rendezvous port (launch/run/nodes.py: 20000 + id mod 12000) is free on this machine."""
     import random
     import socket
 
     for _ in range(200):
-        job = random.randrange(1, 20000)
+        job = random.randrange(1, 12000)
         with socket.socket() as sock:
             try:
                 sock.bind(("127.0.0.1", 20000 + job))
             except OSError:
                 continue
         return job
-    raise AssertionError("no free port in 20000-39999")
+    raise AssertionError("no free port in 20000-31999")
 
 
 @dataclass

@@ -46,7 +46,7 @@ def test_slurm_nodes_derive_rank_address_port_and_run_dir_without_exports(monkey
     for node in (0, 1):
         argv = launcher.build(r, "RUN", environ=slurm_env(node)).argv
         i = argv.index("--node-rank")
-        # 20000 + 4242 mod 20000: both nodes reach the same port without talking.
+        # 20000 + 4242 mod 12000: both nodes reach the same port without talking.
         assert argv[i:i + 8] == ("--node-rank", str(node), "--rdzv-backend", "c10d", "--rdzv-endpoint", "cpu01:24242",
                                  "--rdzv-id", "4242")
         assert shared_run_dir(r, slurm_env(node)) == str(tmp_path / "tiny_zero2" / "slurm-4242")
@@ -319,8 +319,22 @@ def test_a_one_node_run_inside_a_slurm_allocation_keeps_its_own_port_and_run_dir
     launcher.preflight(r, environ=env)  # neither "out of range" nor "does not match SLURM_NNODES"
     argv = launcher.build(r, "RUN", environ=env).argv
     endpoint = argv[argv.index("--rdzv-endpoint") + 1]
-    assert endpoint.startswith("127.0.0.1:") and endpoint != "127.0.0.1:24242"  # a free port, not the job's
+    assert endpoint == "127.0.0.1:0"  # torchrun binds a free port itself, not the job's
     assert shared_run_dir(r, env) is None
+
+
+def test_a_port_chosen_ahead_of_its_launcher_lies_below_the_ephemeral_range():
+    """DeepSpeed's runner must be told its port; one chosen by binding port 0 sits in the range every other
+    process's gloo sockets are drawn from, and CI lost a run to one taken in the seconds before the launcher bound it."""
+    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    r = resolve_path(REPO / "recipes/tiny_zero2", ["run.launcher=deepspeed"])
+    env = {k: v for k, v in os.environ.items() if k not in ("MASTER_PORT", "SLURM_JOB_ID")}
+    ports = []
+    for _ in range(20):
+        argv = launcher.build(r, "RUN", environ=env).argv
+        ports.append(int(argv[argv.index("--master_port") + 1]))
+    assert all(20000 <= port < low for port in ports), ports
+    assert len(set(ports)) > 1  # drawn at random, so two jobs starting together rarely meet
 
 
 def test_an_empty_hostfile_is_refused_in_one_line(tmp_path):
