@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
-from launch.commands.render import gib, ranks_text, step_parts, timing_label
+from launch.commands.render import gib, mfu_terms, ranks_text, step_parts, timing_label
 from launch.config.resolve import Resolved, resolve_path
 from launch.errors import ConfigError
 from launch.plan.build import plan_resolved
@@ -237,7 +237,8 @@ def numbers_block(e: Entry) -> str:
         *memory_table(plan), "",
         *phases_line(plan), *rehearsed_line(e),
         f"**Predicted step** ({timing_label(plan, r)}): {step_parts(plan)}; "
-        f"{s.tokens_per_s_per_device:,.0f} tokens/s/GPU, MFU {s.mfu:.1%}.", "",
+        f"{s.tokens_per_s_per_device:,.0f} tokens/s/GPU, MFU {s.mfu:.1%}."
+        + (f" What sets the MFU, as shares of the step: {' · '.join(mfu_terms(plan))}." if mfu_terms(plan) else ""), "",
         "**Communication per step**, per rank" + (" of the first pipeline stage (the one the plan times)"
                                                   if r.grid.pp > 1 else "") + ":", "",
         *comm_table(plan.comm), ""]

@@ -72,6 +72,9 @@ def render(resolved: Resolved, plan: Plan, cmd: launcher.LaunchCommand, console,
     s = plan.step
     console.print(f"predicted step ({timing_label(plan, resolved)}): {step_parts(plan)}; "
                   f"{s.tokens_per_s_per_device:,.0f} tokens/s/device, MFU {s.mfu:.1%}")
+    if mfu_terms(plan):
+        for line in _mfu_lines(plan):
+            console.print(line)
     console.print(f"  model FLOPs/step {s.model_flops_per_step:.3e} (6·N + 12·L·h·s per token, torchtitan); {safe(s.assumptions)}")
     for n in plan.notes:
         console.print(f"  note: {safe(n)}")
@@ -189,6 +192,23 @@ def step_parts(plan: Plan) -> str:
     return (f"{s.total_s * 1e3:.1f} ms = compute {s.compute_s * 1e3:.1f} + bubble {s.bubble_s * 1e3:.1f} + tp/sp "
             f"{s.tp_comm_s * 1e3:.1f} + pp {s.pp_comm_s * 1e3:.1f} + exposed dp {s.dp_exposed_s * 1e3:.1f} (of "
             f"{s.dp_comm_s * 1e3:.1f}) + offload {s.offload_s * 1e3:.1f}")
+
+
+def mfu_terms(plan: Plan) -> list[str]:
+    """Why the MFU is what it is: the step's share of each kind, the GEMMs' rate beside theirs (none when measured)."""
+    s = plan.step
+    return [f"{name} {share:.0%}" + (f" (at {s.gemm_peak_share:.0%} of peak)" if name == "GEMMs" else "")
+            for name, share in s.terms().items() if share >= 0.005]
+
+
+def _mfu_lines(plan: Plan, width: int = 96) -> list[str]:
+    """The dry run's lines for mfu_terms, each within `width` columns."""
+    lines = [f"  MFU {plan.step.mfu:.1%}, what sets it (shares of the step):"]
+    for part in mfu_terms(plan):
+        if len(lines[-1]) + len(part) + 3 > width:
+            lines.append("   ")
+        lines[-1] += f" {part} ·"
+    return [line.rstrip(" ·") for line in lines]
 
 
 def timing_label(plan: Plan, resolved: Resolved) -> str:

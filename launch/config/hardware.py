@@ -14,6 +14,63 @@ _DIR = Path(__file__).parent / "catalogue" / "hardware"
 
 
 @dataclass(frozen=True)
+class AttentionEfficiency:
+    """A fused attention kernel's share of the dtype's dense peak, on its own FLOP count (the causal half)."""
+
+    forward: float
+    backward: float
+
+
+@dataclass(frozen=True)
+class Efficiency:
+    """What the compute model (launch/plan/compute.py) needs beyond peak and bandwidth, each a share measured on the
+    device by its source: the best GEMM's share of dense peak, the matrix dimension at which a GEMM runs at half that
+    (the efficiency curve: thin and small matrices run further from peak), the share of memory bandwidth streaming
+    kernels reach, and each fused attention kernel's (by `train.attention`: sdpa, te) forward and backward."""
+
+    gemm: float
+    gemm_half_dim: float
+    memory: float
+    attention: Mapping[str, AttentionEfficiency]
+    sources: str
+
+    FIELDS = ("gemm", "gemm_half_dim", "memory", "attention", "sources")
+
+    def to_dict(self) -> dict:
+        return {"gemm": self.gemm, "gemm_half_dim": self.gemm_half_dim, "memory": self.memory,
+                "attention": {k: {"forward": a.forward, "backward": a.backward} for k, a in self.attention.items()},
+                "sources": self.sources}
+
+    @classmethod
+    def from_dict(cls, d: Mapping, where: str) -> "Efficiency":
+        """`where`: the profile, named in the one line a missing or impossible number gets."""
+        def share(field: str, value, high: float = 1.0) -> float:
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= high:
+                raise ConfigError(where, f"efficiency.{field}", value, f"is not a number in (0, {high:g}]",
+                                  "set it from a measurement on the device (launch/config/catalogue/hardware/*.json "
+                                  "name theirs in efficiency.sources)")
+            return float(value)
+
+        if not isinstance(d, Mapping):
+            raise ConfigError(where, "efficiency", d, "is not an object", f"give it the fields {', '.join(cls.FIELDS)}")
+        for field in cls.FIELDS:
+            if field not in d:
+                raise ConfigError(where, f"efficiency.{field}", "(missing)", "is needed by the step-time model",
+                                  f"add it, as the shipped profiles do (launch/config/catalogue/hardware/h100-sxm.json)")
+        attention = d["attention"]
+        if not isinstance(attention, Mapping):
+            raise ConfigError(where, "efficiency.attention", attention, "is not an object",
+                              'map each fused kernel to its shares: {"sdpa": {"forward": 0.4, "backward": 0.3}}')
+        kernels = {}
+        for kernel, a in attention.items():
+            a = a if isinstance(a, Mapping) else {}
+            kernels[str(kernel)] = AttentionEfficiency(*(share(f"attention.{kernel}.{k}", a.get(k))
+                                                         for k in ("forward", "backward")))
+        return cls(share("gemm", d["gemm"]), share("gemm_half_dim", d["gemm_half_dim"], 1e6),
+                   share("memory", d["memory"]), kernels, str(d["sources"]))
+
+
+@dataclass(frozen=True)
 class HardwareProfile:
     name: str
     device: str
@@ -25,7 +82,6 @@ class HardwareProfile:
     nic_GBps_per_device: float  # one device's share of the node's network
     intra_node_link: str
     inter_node_link: str
-    achievable_mfu: float  # the fraction of peak the step-time prediction assumes
     host_memory_bytes: int
     sources: str
     # Per collective call: a small message's time in nccl-tests (gloo: commbench). 0 in files written before
@@ -36,6 +92,7 @@ class HardwareProfile:
     # What runs on this profile measured against its nominal figures, said beside every nominal prediction ('' where
     # nothing was measured): a newcomer's first predicted step should not read as a measurement
     nominal_measured: str = ""
+    efficiency: Efficiency | None = None  # every shipped profile sets it; resolved.json of older runs lacks it
 
     @property
     def nominal(self) -> bool:
@@ -59,11 +116,20 @@ class HardwareProfile:
         d["peak_tflops"] = dict(self.peak_tflops)
         if d["calibration"] is None:
             del d["calibration"]
+        d["efficiency"] = self.efficiency.to_dict() if self.efficiency else None
         return d
 
     @classmethod
-    def from_dict(cls, d: Mapping) -> "HardwareProfile":
-        return cls(**{**d, "peak_tflops": dict(d["peak_tflops"])})
+    def from_dict(cls, d: Mapping, where: str = "") -> "HardwareProfile":
+        """`where`: the file, named when its efficiency block lacks a number. A profile written before the compute
+        model (resolved.json of older runs: `achievable_mfu`, no efficiency) reads with the shipped profile's."""
+        d = {k: v for k, v in d.items() if k != "achievable_mfu"}
+        eff = d.get("efficiency")
+        if eff is None and d.get("name") in profile_names():
+            eff = json.loads((_DIR / f"{d['name']}.json").read_text())["efficiency"]
+        where = where or f"hardware profile {d.get('name')}"
+        efficiency = Efficiency.from_dict(eff, where) if eff is not None else None
+        return cls(**{**d, "peak_tflops": dict(d["peak_tflops"]), "efficiency": efficiency})
 
 
 def profile_names() -> list[str]:
@@ -96,4 +162,5 @@ def load_profile(name: str, *, context: str = "", field: str = "hardware.profile
         return HardwareProfile(**{**base.__dict__, "calibration": {**calib.to_dict(), "source_path": str(path.resolve())},
                                   "sources": f"calibrated {calib.created} on {calib.machine_kind} ({path}); "
                                              f"memory and links from the nominal {base.name} profile: {base.sources}"})
-    return HardwareProfile.from_dict(json.loads((_DIR / f"{name}.json").read_text()))
+    path = _DIR / f"{name}.json"
+    return HardwareProfile.from_dict(json.loads(path.read_text()), str(path))

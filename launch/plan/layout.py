@@ -37,7 +37,8 @@ class Layout:
     global_batch_size: int
     seq_len: int
     activation_checkpointing: str = "none"  # none | selective | full
-    attention: str = "sdpa"  # sdpa (fused: no s×s scores kept) | eager (the softmax materialised)
+    attention: str = "sdpa"  # sdpa (fused: no s×s scores kept) | eager (the softmax materialised) | te
+    compile: bool = False  # train.compile: the blocks' memory-bound work fused (launch/plan/compute.py)
     sp: bool = False
     vpp: int = 1
     offload_optimizer: str = "none"
@@ -69,7 +70,7 @@ class Layout:
             zero_stage=rc.parallel.zero_stage, dtype=rc.precision.dtype,
             micro_batch_size=rc.batch.micro_batch_size, global_batch_size=rc.batch.global_batch_size,
             seq_len=rc.batch.seq_len, activation_checkpointing=rc.train.activation_checkpointing,
-            attention=rc.train.attention, sp=rc.parallel.sp,
+            attention=rc.train.attention, compile=rc.train.compile, sp=rc.parallel.sp,
             vpp=rc.parallel.vpp, offload_optimizer=rc.parallel.offload_optimizer,
             offload_params=rc.parallel.offload_params,
             ds_zero=dict(r.ds_config.get("zero_optimization", {})), headroom=rc.plan.headroom,
@@ -164,6 +165,25 @@ class StepTime:
     assumptions: str
     timing: str = "nominal"  # "calibrated": compute and collectives from a calibration file; else "nominal"
     correction: float = 1.0  # the calibration's measured/predicted ratio from verified runs, already in total_s
+    # The nominal compute by kind (launch/plan/compute.py; 0 where calibrated: measured passes are not split), each
+    # already in compute_s: GEMMs, fused attention, memory-bound work (norms, RoPE, SwiGLU, loss), the optimizer step,
+    # and the GEMMs' FLOP rate as a share of dense peak.
+    gemm_s: float = 0.0
+    attention_s: float = 0.0
+    memory_s: float = 0.0
+    optimizer_s: float = 0.0
+    recompute_s: float = 0.0
+    gemm_peak_share: float = 0.0
+
+    def terms(self) -> dict[str, float]:
+        """What sets the MFU: each kind's share of the step (empty where the compute was measured, not modelled)."""
+        if not self.gemm_s or not self.total_s:
+            return {}
+        return {"GEMMs": self.gemm_s / self.total_s, "attention": self.attention_s / self.total_s,
+                "memory-bound": self.memory_s / self.total_s,
+                "optimizer and shard copies": self.optimizer_s / self.total_s,
+                "exposed communication": (self.tp_comm_s + self.pp_comm_s + self.dp_exposed_s) / self.total_s,
+                "bubble": self.bubble_s / self.total_s, "offload": self.offload_s / self.total_s}
 
 
 @dataclass(frozen=True)

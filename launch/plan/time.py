@@ -11,8 +11,9 @@ from launch.config.backends import SELECTIVE_EVERY, traits
 from launch.config.dsconfig import layer_params_per_rank
 from launch.config.models import ModelSpec
 from launch.plan.collectives import communication, pipeline_exchanges
+from launch.plan.compute import Compute, compute, fusion, optimizer_partition
 from launch.plan.layout import Comm, Layout, StepTime, prefetch_bucket
-from launch.plan.memory import chunk_layers, rank_parameters, stage_params
+from launch.plan.memory import chunk_layers, stage_params
 from launch.plan.timing import Timing
 
 PCIE_GBps = 25.0  # host<->device copies for offloaded optimizer state (PCIe 4 x16, effective)
@@ -58,6 +59,26 @@ class _Compute:
     tp_s: float  # TP/SP collectives on the critical path
     bubble_s: float | None  # None: the nominal formula's share of the compute
     how: str
+    parts: Compute | None = None  # the nominal model's compute by kind
+
+
+def _nominal_compute(layout: Layout, tp: float, ga: int) -> _Compute:
+    """The compute model's step (launch/plan/compute.py) on the nominal profile; the pipeline bubble is the other
+    stages' first micro-batch under 1F1B, (p-1)/(v·m) of the passes when interleaved."""
+    c = compute(layout)
+    hw, g = layout.hardware, layout.grid
+    if g.pp == 1:
+        bubble = 0.0
+    elif layout.vpp == 1:
+        bubble = sum(c.per_micro_batch_s) - c.per_micro_batch_s[c.stage]
+    else:
+        bubble = c.per_micro_batch_s[c.stage] * (g.pp - 1) / layout.vpp
+    how = (f"compute from the model's shapes on {hw.name} (nominal): GEMMs at up to {hw.efficiency.gemm:.0%} of "
+           f"{layout.dtype} peak by shape, attention ({layout.attention}) by its kernel, memory-bound work "
+           f"({fusion(layout)}) over {hw.efficiency.memory:.0%} of {hw.hbm_GBps:g} GB/s; collectives "
+           f"{hw.intra_node_latency_us:g}/{hw.inter_node_latency_us:g} µs per call (intra/inter-node, nominal) + "
+           "bytes over the nominal bus bandwidth")
+    return _Compute(c.total_s, tp, bubble, how, c)
 
 
 def step_time(layout: Layout, comm: list[Comm], timing: Timing = Timing()) -> StepTime:
@@ -75,10 +96,7 @@ def step_time(layout: Layout, comm: list[Comm], timing: Timing = Timing()) -> St
     if compute_c is not None:
         found = _calibrated_compute(layout, comm, timing, tp, ga)
     else:
-        found = _Compute(hw_flops / g.world / (peak * hw.achievable_mfu), tp, None,
-                         f"compute at {hw.achievable_mfu:.0%} of {hw.name} {layout.dtype} peak (nominal); collectives "
-                         f"{hw.intra_node_latency_us:g}/{hw.inter_node_latency_us:g} µs per call (intra/inter-node, "
-                         "nominal) + bytes over the nominal bus bandwidth")
+        found = _nominal_compute(layout, tp, ga)
     compute, tp, compute_how = found.compute_s, found.tp_s, found.how
     bubble = found.bubble_s
     if bubble is None:
@@ -102,7 +120,11 @@ def step_time(layout: Layout, comm: list[Comm], timing: Timing = Timing()) -> St
         total *= correction
         compute_how += (f"; × {correction:.3f}, the measured/predicted ratio of {len(timing.calibration.verified)} "
                         "verified run(s)")
+    parts = found.parts
     return StepTime(
+        gemm_s=parts.gemm_s if parts else 0.0, attention_s=parts.attention_s if parts else 0.0,
+        memory_s=parts.memory_s if parts else 0.0, optimizer_s=parts.optimizer_s if parts else 0.0,
+        recompute_s=parts.recompute_s if parts else 0.0, gemm_peak_share=parts.gemm_peak_share if parts else 0.0,
         model_flops_per_step=model_flops, hardware_flops_per_step=hw_flops, compute_s=compute, bubble_s=bubble,
         tp_comm_s=tp, pp_comm_s=pp, dp_comm_s=dp, dp_exposed_s=dp_exposed, offload_s=offload, total_s=total,
         tokens_per_s_per_device=tokens / total / g.world if total else 0.0,
@@ -136,8 +158,7 @@ def _calibrated_compute(layout: Layout, comm: list[Comm], timing: Timing, tp: fl
     passes = ga * stages[slowest]
     bubble = sum(stages) - stages[slowest]
     # Adam on each stage's partition at once after the flush: the largest finishes last.
-    part = max(sum(rank_parameters(layout, s)) for s in range(g.pp))
-    part = part if layout.zero_stage == 0 else -(-part // g.dp)
+    part = optimizer_partition(layout)
     data = compute_c.data_s.get(str(layout.micro_batch_size), 0.0)
     compute = ga * (engine + data) + eng.step_s + compute_c.adam_s(part)
     # Ranks that wait for one another each step finish with the slowest: the expected maximum of n ranks'

@@ -1,0 +1,128 @@
+"""The planner's tokens/s/GPU and memory against published BF16 runs of dense Llama training, in one invocation.
+
+    python bench/bench_published.py
+
+Plans each row below (the torch backend: FSDP2, DTensor TP with sequence parallelism, as torchtitan trains) on the
+hardware profile of the GPUs that ran it, and prints predicted / measured tokens/s/GPU and memory for each, with
+the mean absolute percentage error (MAPE) of the rows the profiles' figures were fitted on ("fit") and of the rows
+kept aside to check the model ("check"). Baseline, computed in the same run: the old model, the same plan with its
+compute at a fixed 40% of dense peak (45% on A100), the planner's step time before launch/plan/compute.py.
+Target: MAPE <= 15% on the check rows; no row that ran in 80 GB planned not to fit an 80 GB card.
+"""
+from _cli import help_or_usage  # bench/ is the folder of the script run (python bench/NAME.py)
+
+help_or_usage(__doc__)
+
+import statistics
+import sys
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from launch.config.grid import RankGrid  # noqa: E402
+from launch.config.hardware import load_profile  # noqa: E402
+from launch.config.models import load_model  # noqa: E402
+from launch.plan.build import make_plan  # noqa: E402
+from launch.plan.layout import Layout  # noqa: E402
+
+GiB = 2**30
+TT_H100 = "pytorch/torchtitan benchmarks/llama3_h100_202412_torchtitan.md (Dec 2024; H100 96GB HBM2e, 500 W)"
+TT_ASYNC = "pytorch/torchtitan benchmarks/asyncTP_llama3_h100_2025-06_torchtitan.md (vanilla TP column)"
+TT_A100 = "pytorch/torchtitan docs/performance.md @3faaa1a0d (Aug 2024; 64 A100 80GB, local batch 1)"
+# The old model's fixed share of dense peak, by profile (the shipped profiles' achievable_mfu before the compute model).
+OLD_MFU = {"h100-hbm2e-96gb": 0.40, "h100-sxm": 0.40, "a100-80gb": 0.45}
+OLD_PEAK = {"h100-hbm2e-96gb": 989e12}  # the old model knew only the SXM datasheet's peak
+
+
+@dataclass(frozen=True)
+class Row:
+    label: str
+    source: str
+    model: str
+    hardware: str
+    world: int
+    tp: int
+    activation_checkpointing: str  # torchtitan's op-level selective runs as ours (every other block): the nearest
+    compile: bool
+    local_batch: int
+    seq_len: int
+    tokens_per_s: float  # per GPU
+    memory_gib: float | None  # the largest rank's, as published (None: not published)
+    role: str  # "fit": the profile's efficiency figures were fitted on it; "check": kept aside
+
+
+ROWS = (
+    Row("8B FSDP 8, selective", TT_H100, "llama-3.1-8b", "h100-hbm2e-96gb", 8, 1, "selective", False, 2, 8192, 5762,
+        82.4, "fit"),
+    Row("8B FSDP 8, selective, compile", TT_H100, "llama-3.1-8b", "h100-hbm2e-96gb", 8, 1, "selective", True, 2, 8192,
+        6667, 77.0, "check"),
+    Row("8B FSDP 128, selective", TT_H100, "llama-3.1-8b", "h100-hbm2e-96gb", 128, 1, "selective", False, 2, 8192,
+        5605, 67.0, "check"),
+    Row("8B FSDP 128, selective, compile", TT_H100, "llama-3.1-8b", "h100-hbm2e-96gb", 128, 1, "selective", True, 2,
+        8192, 6514, 62.0, "check"),
+    Row("8B FSDP 8 x TP 8, selective, compile", TT_ASYNC, "llama-3.1-8b", "h100-hbm2e-96gb", 64, 8, "selective", True,
+        12, 8192, 4378, None, "check"),
+    Row("70B FSDP 32 x TP 8, full, compile", TT_ASYNC, "llama-3.1-70b", "h100-hbm2e-96gb", 256, 8, "full", True, 16,
+        8192, 597.3, None, "check"),
+    Row("8B FSDP 64, selective", TT_A100, "llama-3.1-8b", "a100-80gb", 64, 1, "selective", False, 1, 8192, 2904, None,
+        "fit"),
+    Row("70B FSDP 64, full", TT_A100, "llama-3.1-70b", "a100-80gb", 64, 1, "full", False, 1, 8192, 331, None, "check"),
+)
+
+
+def layout(row: Row) -> Layout:
+    dp = row.world // row.tp
+    grid = RankGrid(row.tp, 1, dp, min(8, row.world), max(1, row.world // 8))
+    return Layout(backend="torch", model=load_model(row.model), hardware=load_profile(row.hardware), grid=grid,
+                  zero_stage=3, dtype="bf16", micro_batch_size=row.local_batch, global_batch_size=row.local_batch * dp,
+                  seq_len=row.seq_len, activation_checkpointing=row.activation_checkpointing, compile=row.compile,
+                  sp=row.tp > 1)
+
+
+def old_tokens_per_s(row: Row, plan) -> float:
+    """The same plan with the old fixed-MFU compute in place of the compute model's."""
+    s, lay = plan.step, layout(row)
+    peak = OLD_PEAK.get(row.hardware, lay.hardware.peak_flops("bf16"))
+    old_compute = s.hardware_flops_per_step / lay.grid.world / (peak * OLD_MFU[row.hardware])
+    # the bubble is 0 here (no pipeline); the exposed communication hides behind the old compute as it did
+    total = s.total_s - s.compute_s + old_compute
+    return lay.global_batch_size * lay.seq_len / total / lay.grid.world
+
+
+def mape(pairs) -> float:
+    return 100 * statistics.fmean(abs(p / m - 1) for p, m in pairs) if pairs else float("nan")
+
+
+def main() -> None:
+    print(f"{'row':40} {'role':5} {'pred':>7} {'meas':>7} {'p/m':>5} {'old':>7} {'old/m':>5} "
+          f"{'MFU':>5} {'mem GiB':>7} {'meas':>5} {'80 GB':>6}")
+    now, before, refused = {"fit": [], "check": []}, {"fit": [], "check": []}, []
+    for row in ROWS:
+        plan = make_plan(layout(row))
+        s = plan.step
+        worst = plan.worst()
+        mem = worst.memory[worst.implementation].total / GiB
+        on_80 = make_plan(replace(layout(row), hardware=replace(load_profile(row.hardware), memory_bytes=80 * 10**9)))
+        fits_80 = on_80.fits
+        if row.memory_gib is not None and row.memory_gib * GiB <= 80 * 10**9 * 0.9 and not fits_80:
+            refused.append(row.label)
+        old = old_tokens_per_s(row, plan)
+        now[row.role].append((s.tokens_per_s_per_device, row.tokens_per_s))
+        before[row.role].append((old, row.tokens_per_s))
+        print(f"{row.label:40} {row.role:5} {s.tokens_per_s_per_device:7.0f} {row.tokens_per_s:7.0f} "
+              f"{s.tokens_per_s_per_device / row.tokens_per_s:5.2f} {old:7.0f} {old / row.tokens_per_s:5.2f} "
+              f"{s.mfu:5.1%} {mem:7.1f} {row.memory_gib if row.memory_gib else '-':>5} {'fits' if fits_80 else 'no':>6}")
+    print()
+    for role in ("fit", "check"):
+        print(f"MAPE {role:5} rows: compute model {mape(now[role]):5.1f}%   old fixed-MFU model {mape(before[role]):5.1f}%"
+              f"   ({len(now[role])} rows)")
+    print(f"MAPE all rows:   compute model {mape(now['fit'] + now['check']):5.1f}%   "
+          f"old fixed-MFU model {mape(before['fit'] + before['check']):5.1f}%")
+    print("rows that ran within 90% of 80 GB but are planned not to fit an 80 GB card: "
+          + (", ".join(refused) if refused else "none"))
+    print("sources: " + "; ".join(sorted({r.source for r in ROWS})))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,240 @@
+"""The compute of one step on one rank, from the model's shapes on that rank: every GEMM at the fraction of dense peak
+its shape allows, attention by the kernel the run uses, the memory-bound work (norms, RoPE, SwiGLU, residual adds,
+the loss, the optimizer step) as bytes over the profile's memory bandwidth, as fused as the run makes it, and the
+recomputation exactly as the memory model keeps activations. The nominal step time's compute (launch.plan.time);
+a calibration replaces it with measured passes."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from launch.config.backends import SELECTIVE_EVERY, traits
+from launch.plan.layout import Layout
+from launch.plan.memory import chunk_layers, rank_parameters
+
+# Bytes one token moves through the memory-bound work of a decoder layer's forward, per element of the tensor each
+# op reads: (RMSNorm per hidden element, residual add per hidden element, RoPE per query/key element, SwiGLU per
+# intermediate element, the attention output's copy back to (tokens, hidden), the grouped K/V repeated for the
+# kernel, cross-entropy per logit), by fusion level, for 2-byte activations. Counted from the kernels each runs:
+# eager Hugging Face / torchtitan RMSNorm upcasts to fp32 and runs six kernels (36 B an element), rotate_half RoPE
+# five (26 B), silu then mul (10 B), an fp32 log_softmax with its backward (36 B a logit); torch.compile and
+# Megatron's fused kernels (Transformer Engine, Apex) read and write each tensor once (norm 4 B, RoPE 4 B, SwiGLU
+# 6 B, cross-entropy 12 B: its fp32 softmax kept in registers, the logits read and their gradient written).
+@dataclass(frozen=True)
+class Elementwise:
+    norm: float
+    residual: float
+    rope: float
+    swiglu: float
+    attention_out: float
+    repeat_kv: float
+    loss: float
+
+
+ELEMENTWISE = {
+    "eager": Elementwise(norm=36, residual=6, rope=26, swiglu=10, attention_out=4, repeat_kv=4, loss=36),
+    "compiled": Elementwise(norm=4, residual=6, rope=4, swiglu=6, attention_out=4, repeat_kv=4, loss=12),
+    "fused": Elementwise(norm=4, residual=6, rope=4, swiglu=6, attention_out=0, repeat_kv=0, loss=12),
+}
+# A backward reads what its forward saved and writes the gradients: twice the forward's bytes.
+BACKWARD_BYTES = 2.0
+# Flash-style kernels compute the causal half of the scores; their backward does 2.5× the forward's matmul work
+# (it recomputes the scores: five matmuls against two).
+CAUSAL_SHARE = 0.5
+FLASH_BACKWARD_WORK = 2.5
+# Eager attention materialises the scores: bytes per score element, forward (write, scale and mask, fp32 softmax)
+# and backward (the softmax gradient read and written), at 2-byte activations.
+EAGER_SCORE_BYTES = (12, 16)
+# The optimizer step's bytes per parameter of the rank's partition: Adam reads parameter, gradient and both moments
+# and writes three of them (28 B in fp32); torch's foreach AdamW (the torch backend) makes a second pass through its
+# temporaries, DeepSpeed's and Megatron's fused Adam one, plus the 16-bit copy of the parameters they write.
+OPTIMIZER_BYTES = {"torch": 56, "fused": 30}
+# Copies sharded data parallelism adds per parameter of the rank's model shard, in 2-byte elements' bytes: each
+# all-gather writes the gathered parameters out of the flat buffer (FSDP2's copy-out, DeepSpeed's partitioned
+# parameters: read and write, 4 B) once in the forward and again in the backward of every micro-batch; each step's
+# gradients are cast to fp32 and packed for the reduce-scatter (6 + 8 B). ZeRO-1/2 pack and cast the gradients only.
+GATHER_COPY_BYTES = 4
+REDUCE_COPY_BYTES = 14
+
+
+@dataclass(frozen=True)
+class Compute:
+    """One step's compute on the slowest pipeline stage's rank, by kind (seconds; recomputation included in each)."""
+
+    gemm_s: float
+    attention_s: float
+    memory_s: float  # norms, RoPE, SwiGLU, residual adds, the loss: memory-bound
+    optimizer_s: float  # the optimizer step and the copies sharded data parallelism makes around its collectives
+    recompute_s: float  # of the above, what activation checkpointing adds
+    gemm_peak_share: float  # the GEMMs' FLOPs over their time, as a share of the dtype's dense peak
+    stage: int  # the pipeline stage that sets the pace
+    per_micro_batch_s: tuple[float, ...]  # each stage's forward + backward of one micro-batch
+
+    @property
+    def total_s(self) -> float:
+        return self.gemm_s + self.attention_s + self.memory_s + self.optimizer_s
+
+
+def fusion(layout: Layout) -> str:
+    """How fused the run's memory-bound work is: Megatron's own kernels (Transformer Engine, Apex), a compiled torch
+    or DeepSpeed module, or eager."""
+    if layout.backend == "megatron" and layout.hardware.device_type == "cuda":
+        return "fused"
+    return "compiled" if layout.compile else "eager"
+
+
+@dataclass(frozen=True)
+class _Rates:
+    """The profile's figures the model reads, for the layout's dtype."""
+
+    peak: float  # FLOP/s
+    gemm: float
+    gemm_half_dim: float
+    bandwidth: float  # bytes/s streaming kernels reach
+    attention: tuple[float, float]  # forward, backward share of peak (the fused kernel in use)
+
+
+def _rates(layout: Layout) -> _Rates:
+    hw = layout.hardware
+    eff = hw.efficiency
+    kernel = eff.attention.get(layout.attention)
+    return _Rates(hw.peak_flops(layout.dtype), eff.gemm, eff.gemm_half_dim, hw.hbm_GBps * 1e9 * eff.memory,
+                  (kernel.forward, kernel.backward) if kernel else (0.0, 0.0))
+
+
+def gemm_s(m: int, n: int, k: int, rates: _Rates, elem: int) -> float:
+    """One (m × k) · (k × n) GEMM: its FLOPs at the profile's best GEMM efficiency, less for each dimension near or
+    below the half dimension (a thin or small matrix leaves tensor cores idle: tiles half filled, too few waves),
+    unless moving its three matrices takes longer."""
+    shape = (m / (m + rates.gemm_half_dim)) * (n / (n + rates.gemm_half_dim)) * (k / (k + rates.gemm_half_dim))
+    flops_s = 2.0 * m * n * k / (rates.peak * rates.gemm * shape)
+    bytes_s = (m * k + k * n + m * n) * elem / rates.bandwidth
+    return max(flops_s, bytes_s)
+
+
+@dataclass(frozen=True)
+class _Layer:
+    """One decoder layer's work on one rank for one micro-batch, forward (a backward: twice its GEMMs)."""
+
+    gemm_s: float
+    gemm_flops: float
+    down_proj_s: float  # torch's non-reentrant checkpoint stops before it when recomputing
+    down_proj_flops: float
+    attention_fwd_s: float
+    attention_bwd_s: float
+    memory_s: float
+
+
+def _layer(layout: Layout, rates: _Rates) -> _Layer:
+    m, t, b, s = layout.model, layout.grid.tp, layout.micro_batch_size, layout.seq_len
+    e = layout.elem_bytes
+    tokens = b * s
+    h, f, d = m.hidden_size, m.intermediate_size // t, m.head_dim
+    q, kv = m.num_heads * d // t, m.num_kv_heads * d // t
+    # Megatron fuses Q, K, V into one GEMM and gate with up into another; Hugging Face and torchtitan modules run each.
+    gemms = ([(tokens, q + 2 * kv, h), (tokens, h, q), (tokens, 2 * f, h)] if fusion(layout) == "fused"
+             else [(tokens, q, h), (tokens, kv, h), (tokens, kv, h), (tokens, h, q), (tokens, f, h), (tokens, f, h)])
+    gemms.append((tokens, h, f))  # down_proj, last
+    times = [gemm_s(*g, rates, e) for g in gemms]
+    flops = [2.0 * a * b_ * c for a, b_, c in gemms]
+    heads = m.num_heads // t
+    if layout.attention == "eager":
+        scores = b * heads * s * s
+        matmuls = 2 * heads * b * gemm_s(s, s, d, rates, e)
+        attn_fwd = matmuls + scores * EAGER_SCORE_BYTES[0] * e / 2 / rates.bandwidth
+        attn_bwd = 2 * matmuls + scores * EAGER_SCORE_BYTES[1] * e / 2 / rates.bandwidth
+    else:
+        work = 4.0 * b * s * s * heads * d * CAUSAL_SHARE
+        attn_fwd = work / (rates.peak * rates.attention[0])
+        attn_bwd = FLASH_BACKWARD_WORK * work / (rates.peak * rates.attention[1])
+    ew = ELEMENTWISE[fusion(layout)]
+    # With sequence parallelism the norms and residual adds run on the rank's share of the sequence.
+    h_local = h / t if layout.sp else h
+    per_token = (2 * ew.norm * h_local + 2 * ew.residual * h_local + ew.rope * (q + kv) + ew.swiglu * f
+                 + ew.attention_out * q + (ew.repeat_kv * 2 * q if kv < q else 0)) * e / 2
+    return _Layer(sum(times), sum(flops), times[-1], flops[-1], attn_fwd, attn_bwd, tokens * per_token / rates.bandwidth)
+
+
+@dataclass(frozen=True)
+class _Work:
+    """Seconds by kind, and the GEMMs' FLOPs."""
+
+    gemm_s: float = 0.0
+    attention_s: float = 0.0
+    memory_s: float = 0.0
+    gemm_flops: float = 0.0
+
+    def __add__(self, o: "_Work") -> "_Work":
+        return _Work(self.gemm_s + o.gemm_s, self.attention_s + o.attention_s, self.memory_s + o.memory_s,
+                     self.gemm_flops + o.gemm_flops)
+
+    def __mul__(self, k: float) -> "_Work":
+        return _Work(self.gemm_s * k, self.attention_s * k, self.memory_s * k, self.gemm_flops * k)
+
+    @property
+    def total_s(self) -> float:
+        return self.gemm_s + self.attention_s + self.memory_s
+
+
+def _trained(layer: _Layer) -> _Work:
+    """Forward and backward of one layer."""
+    return _Work(3 * layer.gemm_s, layer.attention_fwd_s + layer.attention_bwd_s, (1 + BACKWARD_BYTES) * layer.memory_s,
+                 3 * layer.gemm_flops)
+
+
+def _recomputed(layout: Layout, layer: _Layer) -> _Work:
+    """What activation checkpointing adds per decoder layer, as launch.plan.memory keeps their activations: "full"
+    recomputes the layer's forward (on the torch backend, torch's non-reentrant checkpoint stops before the block's
+    last matmul, whose output nothing saves); "selective" recomputes Megatron's core attention in every layer, or on
+    the torch backend every SELECTIVE_EVERY-th block as "full" does (a share 1/SELECTIVE_EVERY of the layers)."""
+    ac = layout.activation_checkpointing
+    if ac == "none":
+        return _Work()
+    if ac == "selective" and traits(layout.backend).selective == "core_attention":
+        return _Work(attention_s=layer.attention_fwd_s)
+    torch_blocks = traits(layout.backend).accounting == "torch"
+    share = 1.0 if ac == "full" else 1.0 / SELECTIVE_EVERY
+    return _Work(layer.gemm_s - (layer.down_proj_s if torch_blocks else 0.0), layer.attention_fwd_s, layer.memory_s,
+                 layer.gemm_flops - (layer.down_proj_flops if torch_blocks else 0.0)) * share
+
+
+def _head(layout: Layout, rates: _Rates) -> _Work:
+    """The output layer and the loss for one micro-batch, forward and backward (TP splits the vocabulary on every
+    backend: launch.plan.memory counts the output layer so)."""
+    m = layout.model
+    tokens = layout.micro_batch_size * layout.seq_len
+    vocab = m.vocab_size // layout.grid.tp
+    loss = tokens * vocab * ELEMENTWISE[fusion(layout)].loss * layout.elem_bytes / 2 / rates.bandwidth
+    return _Work(3 * gemm_s(tokens, vocab, m.hidden_size, rates, layout.elem_bytes), 0.0, loss,
+                 6.0 * tokens * vocab * m.hidden_size)
+
+
+def optimizer_partition(layout: Layout) -> int:
+    """Parameters the largest pipeline stage's rank steps: its whole shard without ZeRO, else 1/dp of it."""
+    part = max(sum(rank_parameters(layout, s)) for s in range(layout.grid.pp))
+    return part if layout.zero_stage == 0 else -(-part // layout.grid.dp)
+
+
+def compute(layout: Layout) -> Compute:
+    rates = _rates(layout)
+    g = layout.grid
+    ga = max(1, layout.grad_accum)
+    layer = _layer(layout, rates)
+    head = _head(layout, rates)
+    stages, recomputed = [], []
+    for s in range(g.pp):
+        n = sum(map(len, chunk_layers(layout.model.num_layers, g.pp, layout.vpp, s)))
+        re = _recomputed(layout, layer) * n
+        recomputed.append(re)
+        stages.append(_trained(layer) * n + re + (head if s == g.pp - 1 else _Work()))
+    slowest = max(range(g.pp), key=lambda s: stages[s].total_s)
+    w = stages[slowest]
+    kind = "torch" if traits(layout.backend).accounting == "torch" else "fused"
+    optimizer = optimizer_partition(layout) * OPTIMIZER_BYTES[kind] / rates.bandwidth
+    shard = max(sum(rank_parameters(layout, s)) for s in range(g.pp))
+    if g.dp > 1 and layout.zero_stage > 0:
+        gathers = 2 * ga if layout.zero_stage == 3 else 0
+        optimizer += shard * (gathers * GATHER_COPY_BYTES + REDUCE_COPY_BYTES) / rates.bandwidth
+    return Compute(gemm_s=ga * w.gemm_s, attention_s=ga * w.attention_s, memory_s=ga * w.memory_s,
+                   optimizer_s=optimizer, recompute_s=ga * recomputed[slowest].total_s,
+                   gemm_peak_share=w.gemm_flops / w.gemm_s / rates.peak if w.gemm_s else 0.0,
+                   stage=slowest, per_micro_batch_s=tuple(st.total_s for st in stages))
