@@ -63,9 +63,13 @@ def test_calibrate_then_recommend_verify(tmp_path):
              for tp, sp in ((1, False), (2, False), (2, True)) for b in (1, 2, 4) for ac in ("none", "full", "selective")}
     assert passes == want
     assert all(x["forward_s"] > 0 and x["backward_s"] > 0 for x in doc["compute"]["passes"])
-    # Where the forward went: some of it before the first decoder layer, most inside the layers, some after.
-    assert all(0 < x["embedding_forward_s"] < x["layers_forward_s"] < x["forward_s"] - x["embedding_forward_s"]
-               for x in doc["compute"]["passes"])
+    # Where the forward went: some of it before the first decoder layer, some inside the layers, some after, in every
+    # pass; most inside the layers over the passes (one pass's order is a timing a loaded machine can upset: CI saw it).
+    assert all(0 < x["embedding_forward_s"] and 0 < x["layers_forward_s"]
+               and x["embedding_forward_s"] + x["layers_forward_s"] < x["forward_s"] for x in doc["compute"]["passes"])
+    shares = [(x["embedding_forward_s"] / x["forward_s"], x["layers_forward_s"] / x["forward_s"])
+              for x in doc["compute"]["passes"]]
+    assert sum(e < layers for e, layers in shares) > 0.8 * len(shares), shares
     assert [(e["backend"], e["zero_stage"]) for e in doc["compute"]["engine"]] == [
         (b, z) for b in ("deepspeed", "megatron") for z in (0, 1, 2, 3)] + [("torch", z) for z in (0, 2, 3)]
     # The duration it announced counted the launches it then made (each announced by its own line).
