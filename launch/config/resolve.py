@@ -467,6 +467,14 @@ def _check_gpu_features(r: Recipe, w: Where, hw: HardwareProfile) -> None:
                           f"is Megatron-Core's Transformer Engine spec, which runs on GPUs only (here backend "
                           f"\"{r.backend}\" on {hw.device})",
                           'set train.attention="sdpa" (fused attention through torch on every backend)')
+    kernels = hw.efficiency.attention if hw.efficiency else {}
+    if r.train.attention != "eager" and r.train.attention not in kernels:
+        # The step-time model times a fused kernel at the profile's measured shares of peak; without them it cannot.
+        raise ConfigError(w("train.attention"), "train.attention", r.train.attention,
+                          f"has no efficiency figures in the {hw.name} profile (efficiency.attention lists "
+                          f"{', '.join(sorted(kernels)) or 'none'})",
+                          f'set train.attention to one of {", ".join(sorted(kernels))}, or add the kernel\'s measured '
+                          "forward and backward shares to the profile")
 
 
 def _warnings(r: Recipe, model: ModelSpec, bt: BackendTraits) -> tuple[str, ...]:

@@ -114,3 +114,12 @@ def test_a_profile_written_before_the_compute_model_reads_with_the_shipped_figur
     read = HardwareProfile.from_dict(old)
     assert read.efficiency == load_profile("h100-sxm").efficiency
     assert replace(read, efficiency=None).to_dict()["efficiency"] is None
+
+
+def test_a_kernel_the_profile_has_no_figures_for_is_refused_before_launch():
+    """A T4 has no Transformer Engine figures (its profile lists sdpa only): the plan could not time te there."""
+    over = ["backend=megatron", "train.attention=te", "parallel.zero_stage=1", "precision.dtype=fp32"]
+    with pytest.raises(ConfigError, match=r'train.attention="te" has no efficiency figures in the t4 profile'):
+        resolve_path(REPO / "recipes/0.5b_t4_ddp", over)
+    assert resolve_path(REPO / "recipes/0.5b_t4_ddp", over[:1] + ["train.attention=eager"] + over[2:]).recipe \
+        .train.attention == "eager"  # eager attention needs no kernel figures: its GEMMs and bytes are timed
