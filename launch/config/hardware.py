@@ -92,7 +92,7 @@ class HardwareProfile:
     # What runs on this profile measured against its nominal figures, said beside every nominal prediction ('' where
     # nothing was measured): a newcomer's first predicted step should not read as a measurement
     nominal_measured: str = ""
-    efficiency: Efficiency | None = None  # every shipped profile sets it; resolved.json of older runs lacks it
+    efficiency: Efficiency | None = None  # from_dict always sets it (resolved.json of older runs: the shipped one's)
 
     @property
     def nominal(self) -> bool:
@@ -126,10 +126,14 @@ class HardwareProfile:
         d = {k: v for k, v in d.items() if k != "achievable_mfu"}
         eff = d.get("efficiency")
         if eff is None and d.get("name") in profile_names():
-            eff = json.loads((_DIR / f"{d['name']}.json").read_text())["efficiency"]
+            eff = json.loads((_DIR / f"{d['name']}.json").read_text()).get("efficiency")
         where = where or f"hardware profile {d.get('name')}"
-        efficiency = Efficiency.from_dict(eff, where) if eff is not None else None
-        return cls(**{**d, "peak_tflops": dict(d["peak_tflops"]), "efficiency": efficiency})
+        if eff is None:
+            raise ConfigError(where, "efficiency", "(missing)",
+                              "is needed by the step-time model, and no shipped profile of that name has it",
+                              "resolve the recipe again with this checkout, or add an efficiency block as the shipped "
+                              "profiles have (launch/config/catalogue/hardware/h100-sxm.json)")
+        return cls(**{**d, "peak_tflops": dict(d["peak_tflops"]), "efficiency": Efficiency.from_dict(eff, where)})
 
 
 def profile_names() -> list[str]:

@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from launch.config.backends import SELECTIVE_EVERY, traits
+from launch.errors import ConfigError
 from launch.plan.layout import Layout
 from launch.plan.memory import chunk_layers, rank_parameters
 
@@ -50,8 +51,9 @@ EAGER_SCORE_BYTES = (12, 16)
 OPTIMIZER_BYTES = {"torch": 56, "fused": 30}
 # Copies sharded data parallelism adds per parameter of the rank's model shard, in 2-byte elements' bytes: each
 # all-gather writes the gathered parameters out of the flat buffer (FSDP2's copy-out, DeepSpeed's partitioned
-# parameters: read and write, 4 B) once in the forward and again in the backward of every micro-batch; each step's
-# gradients are cast to fp32 and packed for the reduce-scatter (6 + 8 B). ZeRO-1/2 pack and cast the gradients only.
+# parameters: read and write, 4 B): at ZeRO-3 in the forward and again in the backward of every micro-batch, FSDP2's
+# ZeRO-2 (no reshard after the forward) once a micro-batch; the gradients are cast to fp32 and packed for each
+# reduction (6 + 8 B): every micro-batch from ZeRO-2 up, once a step at ZeRO-1.
 GATHER_COPY_BYTES = 4
 REDUCE_COPY_BYTES = 14
 
@@ -75,9 +77,9 @@ class Compute:
 
 
 def fusion(layout: Layout) -> str:
-    """How fused the run's memory-bound work is: Megatron's own kernels (Transformer Engine, Apex), a compiled torch
-    or DeepSpeed module, or eager."""
-    if layout.backend == "megatron" and layout.hardware.device_type == "cuda":
+    """How fused the run's memory-bound work is: Transformer Engine's kernels (Megatron's te spec), a compiled torch or
+    DeepSpeed module, or eager (Megatron's local spec too: without Apex it runs torch's norm and an unfused RoPE)."""
+    if layout.attention == "te":
         return "fused"
     return "compiled" if layout.compile else "eager"
 
@@ -97,6 +99,10 @@ def _rates(layout: Layout) -> _Rates:
     hw = layout.hardware
     eff = hw.efficiency
     kernel = eff.attention.get(layout.attention)
+    if kernel is None and layout.attention != "eager":
+        # the resolver refuses it first (launch/config/resolve.py); a Layout built by hand meets this
+        raise ConfigError(f"hardware profile {hw.name}", f"efficiency.attention.{layout.attention}", "(missing)",
+                          "is needed to time this attention kernel", "use attention=sdpa, or add the kernel's shares")
     return _Rates(hw.peak_flops(layout.dtype), eff.gemm, eff.gemm_half_dim, hw.hbm_GBps * 1e9 * eff.memory,
                   (kernel.forward, kernel.backward) if kernel else (0.0, 0.0))
 
@@ -131,7 +137,7 @@ def _layer(layout: Layout, rates: _Rates) -> _Layer:
     h, f, d = m.hidden_size, m.intermediate_size // t, m.head_dim
     q, kv = m.num_heads * d // t, m.num_kv_heads * d // t
     # Megatron fuses Q, K, V into one GEMM and gate with up into another; Hugging Face and torchtitan modules run each.
-    gemms = ([(tokens, q + 2 * kv, h), (tokens, h, q), (tokens, 2 * f, h)] if fusion(layout) == "fused"
+    gemms = ([(tokens, q + 2 * kv, h), (tokens, h, q), (tokens, 2 * f, h)] if layout.backend == "megatron"
              else [(tokens, q, h), (tokens, kv, h), (tokens, kv, h), (tokens, h, q), (tokens, f, h), (tokens, f, h)])
     gemms.append((tokens, h, f))  # down_proj, last
     times = [gemm_s(*g, rates, e) for g in gemms]
@@ -229,11 +235,14 @@ def compute(layout: Layout) -> Compute:
     slowest = max(range(g.pp), key=lambda s: stages[s].total_s)
     w = stages[slowest]
     kind = "torch" if traits(layout.backend).accounting == "torch" else "fused"
-    optimizer = optimizer_partition(layout) * OPTIMIZER_BYTES[kind] / rates.bandwidth
+    # An offloaded optimizer steps on the host: launch.plan.time's offload term times it.
+    optimizer = (optimizer_partition(layout) * OPTIMIZER_BYTES[kind] / rates.bandwidth
+                 if layout.offload_optimizer == "none" else 0.0)
     shard = max(sum(rank_parameters(layout, s)) for s in range(g.pp))
     if g.dp > 1 and layout.zero_stage > 0:
-        gathers = 2 * ga if layout.zero_stage == 3 else 0
-        optimizer += shard * (gathers * GATHER_COPY_BYTES + REDUCE_COPY_BYTES) / rates.bandwidth
+        gathers = {3: 2 * ga, 2: ga if kind == "torch" else 0}.get(layout.zero_stage, 0)
+        reductions = ga if layout.zero_stage >= 2 else 1
+        optimizer += shard * (gathers * GATHER_COPY_BYTES + reductions * REDUCE_COPY_BYTES) / rates.bandwidth
     return Compute(gemm_s=ga * w.gemm_s, attention_s=ga * w.attention_s, memory_s=ga * w.memory_s,
                    optimizer_s=optimizer, recompute_s=ga * recomputed[slowest].total_s,
                    gemm_peak_share=w.gemm_flops / w.gemm_s / rates.peak if w.gemm_s else 0.0,

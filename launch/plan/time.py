@@ -57,12 +57,12 @@ class _Compute:
 
     compute_s: float
     tp_s: float  # TP/SP collectives on the critical path
-    bubble_s: float | None  # None: the nominal formula's share of the compute
+    bubble_s: float
     how: str
     parts: Compute | None = None  # the nominal model's compute by kind
 
 
-def _nominal_compute(layout: Layout, tp: float, ga: int) -> _Compute:
+def _nominal_compute(layout: Layout, tp: float) -> _Compute:
     """The compute model's step (launch/plan/compute.py) on the nominal profile; the pipeline bubble is the other
     stages' first micro-batch under 1F1B, (p-1)/(v·m) of the passes when interleaved."""
     c = compute(layout)
@@ -96,11 +96,9 @@ def step_time(layout: Layout, comm: list[Comm], timing: Timing = Timing()) -> St
     if compute_c is not None:
         found = _calibrated_compute(layout, comm, timing, tp, ga)
     else:
-        found = _nominal_compute(layout, tp, ga)
+        found = _nominal_compute(layout, tp)
     compute, tp, compute_how = found.compute_s, found.tp_s, found.how
     bubble = found.bubble_s
-    if bubble is None:
-        bubble = compute * (g.pp - 1) / (layout.vpp * max(ga, 1)) if g.pp > 1 else 0.0
     pp = _pp_critical_s(layout, comm, ga)
     dp = sum(c.time_s for c in comm if c.parallelism == "dp")
     dp_c = [c for c in comm if c.parallelism == "dp"]
@@ -130,8 +128,8 @@ def step_time(layout: Layout, comm: list[Comm], timing: Timing = Timing()) -> St
         tokens_per_s_per_device=tokens / total / g.world if total else 0.0,
         mfu=model_flops / total / g.world / peak if total and peak else 0.0,
         assumptions=f"{compute_how}; {overlap_how}; offload adds PCIe and host-Adam time"
-                    + ("" if g.pp == 1 else "; bubble " + ("the other stages' first micro-batch" if compute_c is not None
-                                                          else "(p-1)/(v·m) of the compute")
+                    + ("" if g.pp == 1 else "; bubble " + ("the other stages' first micro-batch" if layout.vpp == 1
+                                                          else "(p-1)/v of the slowest stage's micro-batch")
                        + ("; a send and a receive posted together wait once (1F1B)" if layout.vpp == 1 else "")),
         timing="calibrated" if compute_c is not None else "nominal", correction=correction,
     )

@@ -87,9 +87,9 @@ def _rendezvous(resolved, environ: Mapping[str, str]) -> tuple[nodes.Placement, 
     # 0 itself (its --standalone form): a port chosen here and bound seconds later was taken in between by another
     # job's gloo connection, and torch's rendezvous then joined that socket as a client and failed. Several nodes
     # must agree on it without talking, hence the default.
-    one_node = "0" if resolved.recipe.run.launcher == "torchrun" else str(free_port())
-    port = p.master_port or (str(nodes.DEFAULT_PORT) if multi else one_node)
-    return p, addr, port
+    if p.master_port or multi:
+        return p, addr, p.master_port or str(nodes.DEFAULT_PORT)
+    return p, addr, "0" if resolved.recipe.run.launcher == "torchrun" else str(free_port())
 
 
 def build(resolved, run_dir: str, *, environ: Mapping[str, str] | None = None, module: str = TRAIN_MODULE,
@@ -166,9 +166,6 @@ def node_commands(resolved, run_dir: str, *, environ: Mapping[str, str] | None =
         for n, host in ((n, hosts[n]) for n in node_ranks)]
 
 
-FIRST_CHOSEN_PORT = 20000
-
-
 def free_port() -> int:
     """A port free now, for a launcher that must be told one (DeepSpeed's runner, Accelerate, a one-rank group).
     Chosen below the kernel's ephemeral range, where no process's outgoing or port-0 socket (gloo opens dozens) can
@@ -180,7 +177,7 @@ def free_port() -> int:
         low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
     except (OSError, ValueError, IndexError):
         low = 32768
-    candidates = random.sample(range(FIRST_CHOSEN_PORT, low), min(64, max(0, low - FIRST_CHOSEN_PORT)))
+    candidates = random.sample(range(nodes.CHOSEN_PORTS_FROM, low), min(64, max(0, low - nodes.CHOSEN_PORTS_FROM)))
     for port in [*candidates, 0]:
         with socket.socket() as sock:
             try:

@@ -19,7 +19,9 @@ from launch.run.rundir import runs_root
 DEFAULT_PORT = 29500
 # Under SLURM the port follows the job id, so that two jobs sharing their first node do not meet in one store; below
 # Linux's ephemeral range (32768 and up), where no other process's port-0 or outgoing socket can hold it.
-SLURM_PORT_BASE, SLURM_PORT_SPAN = 20000, 12000
+# Ports layoutlab picks start here (below the ephemeral range): SLURM's derived ones and launcher.free_port's.
+CHOSEN_PORTS_FROM = 20000
+SLURM_PORT_BASE, SLURM_PORT_SPAN = CHOSEN_PORTS_FROM, 12000
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import REPO
-from tests.dist.conftest import TINY, free_port
+from tests.dist.conftest import TINY
 
 pytestmark = pytest.mark.gpu
 
@@ -21,7 +21,7 @@ HELD = ('model.name="qwen2.5-0.5b"', "precision.dtype=bf16", "batch.seq_len=1024
 
 
 def _run(args, runs, timeout):
-    env = {**os.environ, "LAYOUTLAB_RUNS": str(runs), "MASTER_PORT": str(free_port()), "COLUMNS": "200"}
+    env = {**os.environ, "LAYOUTLAB_RUNS": str(runs), "COLUMNS": "200"}
     return subprocess.run([sys.executable, "-m", "launch", *args], cwd=REPO, env=env, capture_output=True, text=True,
                           timeout=timeout)
 

@@ -13,7 +13,6 @@ import pytest
 from analysis.parsers.nccl_tests import parse_nccl_tests
 from launch.comm.commbench_spec import OPS, read_result
 from tests.conftest import REPO
-from tests.dist.conftest import free_port
 
 torch = pytest.importorskip("torch")
 GPUS = torch.cuda.device_count() if torch.cuda.is_available() else 0
@@ -28,7 +27,7 @@ def bench(runs, *overrides):
     p = subprocess.run(["bash", "launch/run.sh", "recipes/tiny_zero2", "run.mode=commbench", f"hardware.profile={PROFILE}",
                         f"hardware.gpus_per_node={GPUS}", f"batch.global_batch_size={4 * GPUS}", *overrides],
                        cwd=REPO, capture_output=True, text=True, timeout=900,
-                       env={**os.environ, "LAYOUTLAB_RUNS": str(runs), "MASTER_PORT": str(free_port())})
+                       env={**os.environ, "LAYOUTLAB_RUNS": str(runs)})
     new = sorted(set(runs.glob("*/*")) - before)
     assert p.returncode == 0 and len(new) == 1, p.stdout[-3000:] + p.stderr[-3000:]
     return new[0], p

@@ -123,3 +123,18 @@ def test_a_kernel_the_profile_has_no_figures_for_is_refused_before_launch():
         resolve_path(REPO / "recipes/0.5b_t4_ddp", over)
     assert resolve_path(REPO / "recipes/0.5b_t4_ddp", over[:1] + ["train.attention=eager"] + over[2:]).recipe \
         .train.attention == "eager"  # eager attention needs no kernel figures: its GEMMs and bytes are timed
+
+
+def test_an_offloaded_optimizer_is_not_also_stepped_on_the_device():
+    on_device = compute(layout(backend="deepspeed", zero_stage=2))
+    offloaded = compute(layout(backend="deepspeed", zero_stage=2, offload_optimizer="cpu"))
+    part = (8_030_261_248 // 8)  # Llama 3.1 8B's parameters over 8 data-parallel ranks, fused Adam's 30 B each
+    bw = H100["hbm_GBps"] * 1e9 * H100["efficiency"]["memory"]
+    assert on_device.optimizer_s - offloaded.optimizer_s == pytest.approx(part * 30 / bw, rel=1e-3)
+
+
+def test_an_old_profile_no_shipped_one_names_is_one_line():
+    old = {k: v for k, v in H100.items() if k != "efficiency"} | {"achievable_mfu": 0.4, "name": "my-cluster"}
+    with pytest.raises(ConfigError, match="efficiency") as e:
+        HardwareProfile.from_dict(old, "runs/x/resolved.json")
+    assert "runs/x/resolved.json" in str(e.value) and "\n" not in str(e.value)
