@@ -43,7 +43,7 @@ class Row:
     hardware: str
     world: int
     tp: int
-    activation_checkpointing: str  # torchtitan's op-level selective runs as ours (every other block): the nearest
+    activation_checkpointing: str  # torchtitan's "selective" rows ran its op policy, ours under that name
     compile: bool
     local_batch: int
     seq_len: int

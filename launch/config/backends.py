@@ -69,8 +69,9 @@ class BackendTraits:
     step: StepCollectives
     features: frozenset[str]  # of "pp", "sp", "vpp", "selective", "hpz" (ZeRO++ hierarchical partitioning), "compile"
     # What train.activation_checkpointing="selective" recomputes: "core_attention" (Megatron: the attention
-    # scores, dropped from the saved activations) or "every_other_block" (torchtitan's layer policy with
-    # n = SELECTIVE_EVERY: those blocks recompute fully, the others save everything).
+    # scores, dropped from the saved activations) or "op" (torchtitan's op policy: every block keeps its matmuls'
+    # outputs but every second one, attention's and the reductions'; the rest is recomputed). The torch backend's
+    # "every_other_block" is torchtitan's layer policy with n = SELECTIVE_EVERY (feature "every_other_block").
     selective: str
     pp_zero_stages: tuple[int, ...]  # ZeRO stages that combine with pipeline parallelism
     sp_zero_stages: tuple[int, ...]  # ZeRO stages that combine with sequence parallelism
@@ -111,7 +112,7 @@ class BackendTraits:
         return importlib.import_module(self.trainer)
 
 
-SELECTIVE_EVERY = 2  # torch backend, selective: every second decoder block recomputes (torchtitan's default n)
+SELECTIVE_EVERY = 2  # torch backend, every_other_block: every second decoder block recomputes (torchtitan's default n)
 
 
 def _deepspeed_check(w: Callable[[str], str], recipe, model, grad_accum: int) -> None:
@@ -287,7 +288,7 @@ BACKENDS: dict[str, BackendTraits] = {
         step=StepCollectives(pp_loss_broadcast=True),
         # "hpz": parallel.zero_hpz_partition_size is FSDP2's hybrid sharding here (shard within the group, replicate
         # across groups), not ZeRO++'s secondary partition.
-        features=frozenset({"pp", "vpp", "sp", "selective", "compile", "hpz"}), selective="every_other_block",
+        features=frozenset({"pp", "vpp", "sp", "selective", "every_other_block", "compile", "hpz"}), selective="op",
         # torch.distributed.pipelining drives FSDP2 chunks (its stages reduce at the last micro-batch); DDP under a
         # pipeline would need autocast around the schedule's forwards alone: not built. Tied embeddings with PP: the
         # two copies of the matrix would live on different stages (pp_tied_embeddings).

@@ -344,13 +344,15 @@ def _check_features(r: Recipe, w: Where, bt: BackendTraits) -> None:
     """Features that only some backends have (launch/config/backends.py)."""
     par, train = r.parallel, r.train
     with_feature = {f: sorted(n for n, b in BACKENDS.items() if f in b.features)
-                    for f in ("pp", "sp", "vpp", "selective", "hpz", "compile")}
+                    for f in ("pp", "sp", "vpp", "selective", "every_other_block", "hpz", "compile")}
     ac = train.activation_checkpointing
     for dotted, value, feature, used, off in [("parallel.pp", par.pp, "pp", par.pp > 1, "1"),
                                               ("parallel.sp", par.sp, "sp", par.sp, "false"),
                                               ("parallel.vpp", par.vpp, "vpp", par.vpp > 1, "1"),
                                               ("train.activation_checkpointing", ac, "selective", ac == "selective",
                                                '"full"'),
+                                              ("train.activation_checkpointing", ac, "every_other_block",
+                                               ac == "every_other_block", '"full"'),
                                               ("parallel.zero_hpz_partition_size", par.zero_hpz_partition_size, "hpz",
                                                par.zero_hpz_partition_size > 1, "1"),
                                               ("train.compile", train.compile, "compile", train.compile, "false")]:

@@ -101,7 +101,9 @@ class TrainSection:
     adam_beta1: float = 0.9
     adam_beta2: float = 0.95
     grad_clip: float = 1.0  # 0 disables clipping
-    activation_checkpointing: Literal["none", "full", "selective"] = "none"
+    # selective: Megatron recomputes its core attention; the torch backend runs torchtitan's op policy. every_other_block:
+    # torchtitan's layer policy (the torch backend), every second block recomputed whole
+    activation_checkpointing: Literal["none", "full", "selective", "every_other_block"] = "none"
     compile: bool = False  # torch: each decoder block compiled; deepspeed: engine.compile() (ZeRO 0-2)
     # sdpa: fused attention through torch's scaled_dot_product_attention on every backend (flash / memory-efficient
     # kernels on GPUs), keeping no s × s scores; eager: the scores materialised (Hugging Face's eager attention,

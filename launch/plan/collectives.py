@@ -64,12 +64,16 @@ def tp_calls(backend: str, *, sp: bool, layers: int, micro_batches: int, activat
     tc = bt.tp_sp if sp else bt.tp
     if tc is None:
         raise ValueError(f'backend "{backend}" has no sequence parallelism')
-    # A recomputed layer runs its forward collectives again: every layer under full recompute; under the torch
-    # backend's selective policy every SELECTIVE_EVERY-th block (Megatron's selective recomputes no collective).
+    # A recomputed layer runs its forward collectives again: every layer under full recompute, every SELECTIVE_EVERY-th
+    # block under every_other_block; under the torch backend's op policy every layer its all-gathers alone (it keeps
+    # the reductions' outputs); Megatron's selective recomputes no collective.
+    again = tc.layer_forward if tc.recompute_forward is None else tc.recompute_forward
     if activation_checkpointing == "full":
         recomputed = layers
-    elif activation_checkpointing == "selective" and bt.selective == "every_other_block":
+    elif activation_checkpointing == "every_other_block":
         recomputed = -(-layers // SELECTIVE_EVERY)
+    elif activation_checkpointing == "selective" and bt.selective == "op":
+        recomputed, again = layers, {"all_gather": tc.layer_forward.get("all_gather", 0)}
     else:
         recomputed = 0
     head = Counter(tc.embedding if first_stage else {}) + Counter(tc.output if last_stage else {})
@@ -79,8 +83,8 @@ def tp_calls(backend: str, *, sp: bool, layers: int, micro_batches: int, activat
     out = []
     for coll in sorted(set(tc.layer_forward) | set(tc.layer_backward) | set(head)
                        | ({"all_reduce"} if loss or norms else set()) | ({"all_gather"} if logits else set())):
-        again = (tc.layer_forward if tc.recompute_forward is None else tc.recompute_forward).get(coll, 0)
-        in_layers = tc.layer_forward.get(coll, 0) * layers + again * recomputed + tc.layer_backward.get(coll, 0) * layers
+        in_layers = (tc.layer_forward.get(coll, 0) * layers + again.get(coll, 0) * recomputed
+                     + tc.layer_backward.get(coll, 0) * layers)
         out.append(TpCalls(coll, in_layers * micro_batches, head.get(coll, 0) * micro_batches,
                            (loss if coll == "all_reduce" else 0) * micro_batches,
                            (logits if coll == "all_gather" else 0) * micro_batches,

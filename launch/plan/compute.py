@@ -6,11 +6,12 @@ a calibration replaces it with measured passes."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Mapping
 
 from launch.config.backends import SELECTIVE_EVERY, traits
 from launch.errors import ConfigError
 from launch.plan.layout import Layout
-from launch.plan.memory import chunk_layers, rank_parameters
+from launch.plan.memory import OP_POLICY_RECOMPUTED, chunk_layers, rank_parameters
 
 # Bytes one token moves through the memory-bound work of a decoder layer's forward, per element of the tensor each
 # op reads: (RMSNorm per hidden element, residual add per hidden element, RoPE per query/key element, SwiGLU per
@@ -121,13 +122,18 @@ def gemm_s(m: int, n: int, k: int, rates: _Rates, elem: int) -> float:
 class _Layer:
     """One decoder layer's work on one rank for one micro-batch, forward (a backward: twice its GEMMs)."""
 
-    gemm_s: float
-    gemm_flops: float
-    down_proj_s: float  # torch's non-reentrant checkpoint stops before it when recomputing
-    down_proj_flops: float
+    gemms: Mapping[str, tuple[float, float]]  # by module name: (seconds, FLOPs) of its forward
     attention_fwd_s: float
     attention_bwd_s: float
     memory_s: float
+
+    @property
+    def gemm_s(self) -> float:
+        return sum(sec for sec, _ in self.gemms.values())
+
+    @property
+    def gemm_flops(self) -> float:
+        return sum(fl for _, fl in self.gemms.values())
 
 
 def _layer(layout: Layout, rates: _Rates) -> _Layer:
@@ -136,12 +142,14 @@ def _layer(layout: Layout, rates: _Rates) -> _Layer:
     tokens = b * s
     h, f, d = m.hidden_size, m.intermediate_size // t, m.head_dim
     q, kv = m.num_heads * d // t, m.num_kv_heads * d // t
-    # Megatron fuses Q, K, V into one GEMM and gate with up into another; Hugging Face and torchtitan modules run each.
-    gemms = ([(tokens, q + 2 * kv, h), (tokens, h, q), (tokens, 2 * f, h)] if layout.backend == "megatron"
-             else [(tokens, q, h), (tokens, kv, h), (tokens, kv, h), (tokens, h, q), (tokens, f, h), (tokens, f, h)])
-    gemms.append((tokens, h, f))  # down_proj, last
-    times = [gemm_s(*g, rates, e) for g in gemms]
-    flops = [2.0 * a * b_ * c for a, b_, c in gemms]
+    # Megatron fuses Q, K, V into one GEMM and gate with up into another; Hugging Face and torchtitan modules run each,
+    # in this order (the op policy's count: launch.plan.memory.OP_POLICY_RECOMPUTED).
+    shapes = ({"linear_qkv": (tokens, q + 2 * kv, h), "linear_proj": (tokens, h, q), "linear_fc1": (tokens, 2 * f, h),
+               "linear_fc2": (tokens, h, f)} if layout.backend == "megatron"
+              else {"q_proj": (tokens, q, h), "k_proj": (tokens, kv, h), "v_proj": (tokens, kv, h),
+                    "o_proj": (tokens, h, q), "gate_proj": (tokens, f, h), "up_proj": (tokens, f, h),
+                    "down_proj": (tokens, h, f)})
+    gemms = {name: (gemm_s(*shape, rates, e), 2.0 * shape[0] * shape[1] * shape[2]) for name, shape in shapes.items()}
     heads = m.num_heads // t
     if layout.attention == "eager":
         scores = b * heads * s * s
@@ -157,7 +165,7 @@ def _layer(layout: Layout, rates: _Rates) -> _Layer:
     h_local = h / t if layout.sp else h
     per_token = (2 * ew.norm * h_local + 2 * ew.residual * h_local + ew.rope * (q + kv) + ew.swiglu * f
                  + ew.attention_out * q + (ew.repeat_kv * 2 * q if kv < q else 0)) * e / 2
-    return _Layer(sum(times), sum(flops), times[-1], flops[-1], attn_fwd, attn_bwd, tokens * per_token / rates.bandwidth)
+    return _Layer(gemms, attn_fwd, attn_bwd, tokens * per_token / rates.bandwidth)
 
 
 @dataclass(frozen=True)
@@ -190,17 +198,21 @@ def _trained(layer: _Layer) -> _Work:
 def _recomputed(layout: Layout, layer: _Layer) -> _Work:
     """What activation checkpointing adds per decoder layer, as launch.plan.memory keeps their activations: "full"
     recomputes the layer's forward (on the torch backend, torch's non-reentrant checkpoint stops before the block's
-    last matmul, whose output nothing saves); "selective" recomputes Megatron's core attention in every layer, or on
-    the torch backend every SELECTIVE_EVERY-th block as "full" does (a share 1/SELECTIVE_EVERY of the layers)."""
+    last matmul, whose output nothing saves); "selective" recomputes Megatron's core attention, or on the torch
+    backend (torchtitan's op policy) the matmuls it does not keep and every memory-bound op, not attention;
+    "every_other_block" recomputes every SELECTIVE_EVERY-th block as "full" does (a share of the layers)."""
     ac = layout.activation_checkpointing
     if ac == "none":
         return _Work()
-    if ac == "selective" and traits(layout.backend).selective == "core_attention":
+    policy = traits(layout.backend).selective
+    if ac == "selective" and policy == "core_attention":
         return _Work(attention_s=layer.attention_fwd_s)
-    torch_blocks = traits(layout.backend).accounting == "torch"
-    share = 1.0 if ac == "full" else 1.0 / SELECTIVE_EVERY
-    return _Work(layer.gemm_s - (layer.down_proj_s if torch_blocks else 0.0), layer.attention_fwd_s, layer.memory_s,
-                 layer.gemm_flops - (layer.down_proj_flops if torch_blocks else 0.0)) * share
+    if ac == "selective" and policy == "op":
+        again = [layer.gemms[name] for name in OP_POLICY_RECOMPUTED]
+        return _Work(sum(sec for sec, _ in again), 0.0, layer.memory_s, sum(fl for _, fl in again))
+    last = layer.gemms["down_proj"] if traits(layout.backend).accounting == "torch" else (0.0, 0.0)
+    share = 1.0 / SELECTIVE_EVERY if ac == "every_other_block" else 1.0
+    return _Work(layer.gemm_s - last[0], layer.attention_fwd_s, layer.memory_s, layer.gemm_flops - last[1]) * share
 
 
 def _head(layout: Layout, rates: _Rates) -> _Work:

@@ -394,6 +394,27 @@ def _checkpointed_input(layout: Layout) -> float | None:
     return (layout.elem_bytes if layout.zero_stage > 0 else 4) * rows
 
 
+# torchtitan's op policy (launch/ranks/trainers/torch_backend.py: op_policy) on a Hugging Face Llama block, whose
+# matmuls run q, k, v, o, gate, up, down: it keeps every second one's output from the first (q, v, gate, down) and
+# recomputes the others; the one home of which, for memory, FLOPs and time.
+OP_POLICY_RECOMPUTED = ("k_proj", "o_proj", "up_proj")
+
+
+def op_policy_layer_bytes(layout: Layout, b: int, block_input: float) -> float:
+    """What one block keeps under the op policy for one micro-batch: its input, the kept matmuls' outputs (q and v
+    split over TP, gate too; down's partial sums whole), attention's output and fp32 log-sum-exp, and with TP each
+    reduction's output (o's and down's: whole after an all-reduce, a sequence shard after SP's reduce-scatter).
+    Measured by `python -m launch rehearse` (FSDPMemTracker's activations)."""
+    m, t, e = layout.model, layout.grid.tp, layout.elem_bytes
+    rows = layout.seq_len * b
+    q, kv = m.num_heads * m.head_dim, m.num_kv_heads * m.head_dim
+    kept = e * rows * (2 * q + kv + m.intermediate_size) / t + 4 * b * m.num_heads * layout.seq_len / t
+    kept += e * rows * m.hidden_size  # down_proj's output: the whole hidden size, partial sums under TP
+    if t > 1:
+        kept += 2 * e * rows * m.hidden_size / (t if layout.sp else 1)
+    return (block_input / t if layout.sp else block_input) + kept
+
+
 def stage_activation_parts(layout: Layout, stage: int) -> StageActivations:
     m, t, p = layout.model, layout.grid.tp, layout.grid.pp
     b = layout.micro_batch_size
@@ -401,7 +422,10 @@ def stage_activation_parts(layout: Layout, stage: int) -> StageActivations:
     layers = m.num_layers // p
     ac = layout.activation_checkpointing
     x = _checkpointed_input(layout)
-    if ac == "selective" and traits(layout.backend).selective == "every_other_block":
+    if ac == "selective" and traits(layout.backend).selective == "op":
+        stored = layers * op_policy_layer_bytes(layout, b, x if x is not None else terms[0].bytes)
+        ac = "full"  # one recomputed block's activations are alive at once, as below
+    elif ac == "every_other_block":
         # Blocks 0, n, 2n, ... recompute fully (launch.config.backends.SELECTIVE_EVERY); the others save everything.
         full = -(-layers // SELECTIVE_EVERY)
         stored = (full * layer_activation_bytes(terms, t=t, sp=layout.sp, activation_checkpointing="full",

@@ -13,7 +13,7 @@ from launch.config.models import ModelSpec
 from launch.plan.collectives import communication, pipeline_exchanges
 from launch.plan.compute import Compute, compute, fusion, optimizer_partition
 from launch.plan.layout import Comm, Layout, StepTime, prefetch_bucket
-from launch.plan.memory import chunk_layers, stage_params
+from launch.plan.memory import OP_POLICY_RECOMPUTED, chunk_layers, stage_params
 from launch.plan.timing import Timing
 
 PCIE_GBps = 25.0  # host<->device copies for offloaded optimizer state (PCIe 4 x16, effective)
@@ -35,16 +35,22 @@ def model_flops_per_token(model: ModelSpec, seq_len: int) -> float:
 
 def recompute_flops_per_token(layout: Layout) -> float:
     """FLOPs activation checkpointing adds. Full, on the deepspeed and megatron backends: one more forward of the
-    whole model (2N, a third of 6N, lm_head included as before). The torch backend checkpoints whole decoder blocks
-    (every block under "full"; under "selective" blocks 0, n, 2n, ...: launch.config.backends.SELECTIVE_EVERY) with
-    torch's non-reentrant checkpoint, which stops recomputing once the saved tensors the backward needs are back: each
-    block's forward again but its last matmul (down_proj, whose output nothing saves), and its attention (counted by
-    `python -m launch rehearse`: FlopCounterMode over the real step)."""
+    whole model (2N, a third of 6N, lm_head included as before). The torch backend checkpoints decoder blocks with
+    torch's non-reentrant checkpoint, which stops recomputing once the saved tensors the backward needs are back:
+    under "full" (every block) and "every_other_block" (blocks 0, n, 2n, ...: launch.config.backends.SELECTIVE_EVERY)
+    each checkpointed block's forward again but its last matmul (down_proj, whose output nothing saves), and its
+    attention; under "selective" (torchtitan's op policy) the matmuls it does not keep
+    (launch.plan.memory.OP_POLICY_RECOMPUTED) in every block. Counted by `python -m launch rehearse`
+    (FlopCounterMode over the real step)."""
     ac, m = layout.activation_checkpointing, layout.model
     if traits(layout.backend).accounting != "torch":
         return 2 * m.param_counts().flops_params + 4 * m.num_layers * m.num_heads * m.head_dim * layout.seq_len \
             if ac == "full" else 0.0
-    blocks = {"none": 0, "full": m.num_layers, "selective": -(-m.num_layers // SELECTIVE_EVERY)}[ac]
+    h, q, kv = m.hidden_size, m.num_heads * m.head_dim, m.num_kv_heads * m.head_dim
+    if ac == "selective":
+        sizes = {"k_proj": h * kv, "o_proj": q * h, "up_proj": h * m.intermediate_size}
+        return m.num_layers * 2 * sum(sizes[name] for name in OP_POLICY_RECOMPUTED)
+    blocks = {"none": 0, "full": m.num_layers, "every_other_block": -(-m.num_layers // SELECTIVE_EVERY)}[ac]
     pc = m.param_counts()
     down_proj = m.intermediate_size * m.hidden_size
     per_block = 2 * (pc.attention_per_layer + pc.mlp_per_layer - down_proj) + 4 * m.num_heads * m.head_dim * layout.seq_len

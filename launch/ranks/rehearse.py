@@ -297,12 +297,15 @@ def _tail(trainer: TorchTrainer, loss) -> None:
 
 ATTENTION_NOTE = ("FlopCounterMode has no formula for the CPU kernel of scaled_dot_product_attention: added from the "
                   "formula, 4·b·s²·(heads/tp)·head_dim per layer forward (the forward calls counted, recomputation "
-                  "included) and twice that per backward, as the plan's 12·L·heads·head_dim·s per token")
+                  "included but the op policy's, which keeps attention's output) and twice that per backward, as the "
+                  "plan's 12·L·heads·head_dim·s per token")
 
 
 def _attention_flops(trainer: TorchTrainer, resolved: Resolved, calls_before: list[int]) -> float:
     forwards = sum(trainer.layer_calls) - sum(calls_before)
     backwards = sum(1 for now, then in zip(trainer.layer_calls, calls_before, strict=True) if now > then)
+    if resolved.recipe.train.activation_checkpointing == "selective":
+        forwards = backwards  # the op policy keeps attention's output: a block's recomputation runs no attention
     m, b = resolved.model, resolved.recipe.batch
     per_pass = 4 * b.micro_batch_size * b.seq_len ** 2 * (m.num_heads // resolved.grid.tp) * m.head_dim
     return per_pass * (forwards + 2 * backwards)

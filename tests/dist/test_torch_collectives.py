@@ -27,7 +27,6 @@ import pytest
 
 from analysis.analyzers.breakdown import time_breakdown
 from analysis.parsers.kineto import parse_kineto_ranks
-from launch.config.backends import SELECTIVE_EVERY
 from launch.config.resolve import Resolved
 from launch.plan.collectives import communication
 from launch.plan.layout import Layout
@@ -78,14 +77,18 @@ HAND = {
     # Hybrid sharding, DP 4 in shard groups of 2 (one micro-batch): gathers and reduce-scatters within the group as
     # at DP 2, then each reduced shard all-reduced across the 2 replicas, one call per unit; the norm in the group.
     "hsdp": {"all_gather": 10, "reduce_scatter": 5, "all_reduce": 5 + 1},
-    # Selective checkpointing recomputes blocks 0 and 2: their forward collectives run again up to the last one the
+    # every_other_block recomputes blocks 0 and 2: their forward collectives run again up to the last one the
     # backward needs (the two input gathers and o_proj's reduce-scatter; not down_proj's).
-    "tp2_sp_selective": {"all_gather": 2 * (2 * 4 + 2 * 2 + 1 + 2 * 4 + 1), "reduce_scatter": 2 * (2 * 4 + 1 * 2 + 1 + 2 * 4 + 1),
+    "tp2_sp_every_other_block": {"all_gather": 2 * (2 * 4 + 2 * 2 + 1 + 2 * 4 + 1),
+                                 "reduce_scatter": 2 * (2 * 4 + 1 * 2 + 1 + 2 * 4 + 1), "all_reduce": 2 * (3 + 9) + 1},
+    # selective (the op policy) recomputes every block but keeps the reductions' outputs: each block's two input
+    # gathers run again, no reduce-scatter does.
+    "tp2_sp_selective": {"all_gather": 2 * (2 * 4 + 2 * 4 + 1 + 2 * 4 + 1), "reduce_scatter": 2 * (2 * 4 + 1 + 2 * 4 + 1),
                          "all_reduce": 2 * (3 + 9) + 1},
 }
 
 
-@pytest.mark.parametrize("name", two_ranks_first({n: TORCH_LAYOUTS[n] for n in HAND}))
+@pytest.mark.parametrize("name", two_ranks_first({n: TORCH_LAYOUTS[n] for n in HAND}, "tp2_sp_every_other_block"))
 def test_trace_counts_equal_the_plan(shared_run, name):
     t = shared_run(*SHORT, *TORCH_LAYOUTS[name], recipe=TORCH)
     resolved = Resolved.load(t.root / "resolved.json")
@@ -96,19 +99,19 @@ def test_trace_counts_equal_the_plan(shared_run, name):
 
 
 def test_each_recomputation_is_marked_and_the_report_measures_it(shared_run):
-    """Selective checkpointing recomputes blocks 0 and 2 of the 4 (SELECTIVE_EVERY) in each micro-batch's backward
-    (2 per step here), each inside one RECOMPUTE_REGION range: counted here with json in the traced step, then
-    measured by the report's breakdown on every rank, a part of its compute."""
+    """Selective checkpointing (the op policy) recomputes each of the 4 blocks in each micro-batch's backward (2 per
+    step here), each inside one RECOMPUTE_REGION range: counted here with json in the traced step, then measured by
+    the report's breakdown on every rank, a part of its compute."""
     t = shared_run(*SHORT, *TORCH_LAYOUTS["tp2_sp_selective"], recipe=TORCH)
     resolved = Resolved.load(t.root / "resolved.json")
-    assert (SELECTIVE_EVERY, resolved.grad_accum, resolved.model.num_layers) == (2, 2, 4)
+    assert (resolved.grad_accum, resolved.model.num_layers) == (2, 4)
     for rank in range(resolved.world_size):
         events = [e for e in json.loads((t.root / "traces" / f"rank{rank}.json").read_text())["traceEvents"]
                   if e.get("ph") == "X"]
         (window,) = [e for e in events if e["name"].startswith("step ")]
         marks = [e for e in events if e["name"] == RECOMPUTE_REGION and e.get("cat") == "user_annotation"
                  and window["ts"] <= e["ts"] <= window["ts"] + window["dur"]]
-        assert len(marks) == 2 * 2, rank  # 2 blocks × 2 micro-batches
+        assert len(marks) == 4 * 2, rank  # 4 blocks × 2 micro-batches
     rows = list(time_breakdown(parse_kineto_ranks(sorted((t.root / "traces").glob("rank*.json")))).rows())
     assert len(rows) == resolved.world_size
     assert all(0 < b["recompute_us"] <= b["compute_us"] for b in rows), rows

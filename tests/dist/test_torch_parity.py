@@ -31,8 +31,9 @@ def runs(shared_run):
 
 
 # torch.compile is a feature over ac_full's layout, and its first compile costs ~20 s: -m full (CI); so are the layouts
-# of 4 ranks (conftest.two_ranks_first)
-@pytest.mark.parametrize("name", two_ranks_first(TORCH_LAYOUTS, "compile_ac_full"))
+# of 4 ranks (conftest.two_ranks_first) and the every-other-block policy (a checkpoint_wrapper on half the blocks, the
+# code path of full checkpointing, which README's command trains)
+@pytest.mark.parametrize("name", two_ranks_first(TORCH_LAYOUTS, "compile_ac_full", "tp2_sp_every_other_block"))
 def test_layout_matches_one_rank(runs, one_rank_reference, name):
     t = runs(name)
     ref = one_rank_reference
@@ -62,13 +63,20 @@ def _layer_calls(t, rank: int = 0) -> list[int]:
     return json.loads((t.root / "logs" / f"layer_calls_rank{rank}.json").read_text())["forward_calls_per_layer"]
 
 
+FORWARDS = 10 * 2  # steps × micro-batches per rank (2 on each of the data-parallel pair, 2 at TP 2 alone)
+
+
 def test_checkpointing_recomputes_the_blocks_it_names(runs):
     """Same losses (test_layout_matches_one_rank), more forward calls: full runs every block twice per micro-batch,
-    selective every second block (blocks 0 and 2 of 4), the others once."""
-    forwards = 10 * 2  # steps × micro-batches per rank (2 on each of the data-parallel pair, 2 at TP 2 alone)
-    assert _layer_calls(runs("fsdp2_z3")) == [forwards] * 4
-    assert _layer_calls(runs("ac_full")) == [2 * forwards] * 4
-    assert _layer_calls(runs("tp2_sp_selective")) == [2 * forwards, forwards, 2 * forwards, forwards]
+    and so does selective (torchtitan's op policy checkpoints every block, keeping some of its ops' outputs)."""
+    assert _layer_calls(runs("fsdp2_z3")) == [FORWARDS] * 4
+    assert _layer_calls(runs("ac_full")) == [2 * FORWARDS] * 4
+    assert _layer_calls(runs("tp2_sp_selective")) == [2 * FORWARDS] * 4
+
+
+@pytest.mark.full  # reads tp2_sp_every_other_block's run (-m full)
+def test_every_other_block_recomputes_blocks_0_and_2(runs):
+    assert _layer_calls(runs("tp2_sp_every_other_block")) == [2 * FORWARDS, FORWARDS, 2 * FORWARDS, FORWARDS]
 
 
 @pytest.mark.full  # reads compile_ac_full's run (-m full)

@@ -53,7 +53,7 @@ def test_every_subcommand_answers_help(command, capsys):
     assert out.startswith("usage: ") and f"example: {ABOUT[command][1]}" in out, out
     if command in TAKES_A_RECIPE:  # every recipe key, with its type, default and the schema's comment
         for key, shown in (("parallel.tp", "int = 1"), ("run.resume", 'str = "auto"'),
-                           ("train.activation_checkpointing", '"none" | "full" | "selective" = "none"')):
+                           ("train.activation_checkpointing", '"none" | "full" | "selective" | "every_other_block" = "none"')):
             line = next(ln for ln in out.splitlines() if ln.split() and ln.split()[0] == key)
             assert shown in line, line
         assert "tiny_zero2" in out.split("recipes: ", 1)[1].splitlines()[0]

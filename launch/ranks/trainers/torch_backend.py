@@ -9,8 +9,9 @@ Parallelism is applied one function per dimension, in this order, from the rank 
      torch.distributed.pipelining (1F1B, interleaved 1F1B with parallel.vpp > 1);
   3. `_apply_tp`: tensor (+ sequence) parallelism, torchtitan's Llama plan through `parallelize_module`; the output
      layer keeps its logits split over the vocabulary and the loss is computed in `loss_parallel`;
-  4. `_apply_ac`: activation checkpointing, `full` (every block) or `selective` (every second block: torchtitan's
-     layer policy with n = 2, SELECTIVE_EVERY), each chosen block wrapped in `checkpoint_wrapper`;
+  4. `_apply_ac`: activation checkpointing, each chosen block wrapped in `checkpoint_wrapper`: `full` (every block),
+     `selective` (torchtitan's op policy on every block: `op_policy`) or `every_other_block` (torchtitan's layer
+     policy with n = 2, SELECTIVE_EVERY);
   5. `_apply_compile`: every block compiled in place (`Module.compile`), so parameter names, and with them
      checkpoints, are the eager model's;
   6. `_apply_dp`: zero_stage 0 torch DDP (bucketed all-reduce overlapped with the backward), 2 FSDP2 keeping the
@@ -154,19 +155,71 @@ def _apply_tp(part, tp_mesh, sp: bool) -> None:
         part.lm_head.weight = part.model.embed_tokens.weight
 
 
+def op_policy():
+    """torchtitan's selective op policy (its `_op_sac_save_list` and `_custom_policy`): a checkpointed block keeps the
+    outputs of its matmuls but every second one, of attention and of the collectives that reduce (so the backward
+    never repeats a reduction); everything else (norms, RoPE, SwiGLU's elementwise ops, the other matmuls, the
+    all-gathers of sequence parallelism) is recomputed. `_scaled_dot_product_flash_attention_for_cpu` is the CPU
+    ranks' attention kernel; `all_reduce` is what TP without sequence parallelism reduces with (torchtitan always
+    runs SP). A fresh count per checkpoint context, the forward's and the recomputation's apart."""
+    from collections import defaultdict
+
+    from torch.utils.checkpoint import CheckpointPolicy
+
+    ops = torch.ops.aten
+    save = {ops.mm.default, ops._scaled_dot_product_efficient_attention.default,
+            ops._scaled_dot_product_flash_attention.default, ops._scaled_dot_product_cudnn_attention.default,
+            ops._scaled_dot_product_flash_attention_for_cpu.default,
+            torch.ops._c10d_functional.reduce_scatter_tensor.default, torch.ops._c10d_functional.all_reduce.default,
+            ops.max.default}
+    meta = defaultdict(int)
+
+    def policy(ctx, func, *args, **kwargs):
+        key = f"{'recompute' if ctx.is_recompute else 'forward'}_mm_count"
+        if func == ops.mm.default:
+            meta[key] += 1
+        keep = func in save and not (func == ops.mm.default and meta[key] % 2 == 0)
+        return CheckpointPolicy.MUST_SAVE if keep else CheckpointPolicy.PREFER_RECOMPUTE
+
+    return policy
+
+
+class _Both:
+    """Two context managers entered as one (the op policy's recompute context inside the named range)."""
+
+    def __init__(self, outer, inner):
+        self.outer, self.inner = outer, inner
+
+    def __enter__(self):
+        self.outer.__enter__()
+        return self.inner.__enter__()
+
+    def __exit__(self, *exc):
+        try:
+            return self.inner.__exit__(*exc)
+        finally:
+            self.outer.__exit__(*exc)
+
+
 def _apply_ac(part, mode: str, marked: bool, cuda: bool) -> None:
-    """Checkpoint every block ("full") or every SELECTIVE_EVERY-th; `marked`: each recomputation runs inside the named
-    range RECOMPUTE_REGION, which the traces show (not under train.compile: Dynamo traces no context function but
-    selective checkpointing's)."""
+    """Checkpoint every block ("full"), every block under the op policy ("selective"), or every SELECTIVE_EVERY-th
+    ("every_other_block"); `marked`: each recomputation runs inside the named range RECOMPUTE_REGION, which the
+    traces show (not under train.compile: Dynamo traces no context function but selective checkpointing's)."""
     from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+    from torch.utils.checkpoint import create_selective_checkpoint_contexts
 
     if mode == "none":
         return
-    every = 1 if mode == "full" else SELECTIVE_EVERY
-    marks = {"context_fn": lambda: (contextlib.nullcontext(), common.region(RECOMPUTE_REGION, cuda))} if marked else {}
+
+    def context():
+        forward, recompute = (create_selective_checkpoint_contexts(op_policy()) if mode == "selective"
+                              else (contextlib.nullcontext(), contextlib.nullcontext()))
+        return forward, (_Both(common.region(RECOMPUTE_REGION, cuda), recompute) if marked else recompute)
+
+    every = SELECTIVE_EVERY if mode == "every_other_block" else 1
     for i, layer in _layers(part).items():
         if i % every == 0:
-            _set_layer(part, i, checkpoint_wrapper(layer, preserve_rng_state=False, **marks))
+            _set_layer(part, i, checkpoint_wrapper(layer, preserve_rng_state=False, context_fn=context))
 
 
 def _apply_compile(part, on: bool) -> None:
