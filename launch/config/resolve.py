@@ -447,6 +447,11 @@ def _check_precision(loaded: LoadedRecipe, hw: HardwareProfile, bt: BackendTrait
     if hw.device_type == "cpu" and r.precision.dtype == "fp16" and bt.uses_deepspeed:
         raise ConfigError(w("precision.dtype"), "precision.dtype", "fp16",
                           "is not supported by DeepSpeed on CPU ranks", 'set precision.dtype="fp32" or "bf16"')
+    if r.precision.grad_reduce_dtype == "bf16" and r.precision.dtype != "bf16":
+        # fp16 gradients cast to bf16 would lose precision for no bytes saved; fp32 ones would halve their precision
+        raise ConfigError(w("precision.grad_reduce_dtype"), "precision.grad_reduce_dtype", "bf16",
+                          f'reduces gradients in bf16, which needs precision.dtype="bf16" (got "{r.precision.dtype}")',
+                          'set precision.grad_reduce_dtype="fp32", or precision.dtype="bf16"')
     power, dotted = r.precision.initial_loss_scale_power, "precision.initial_loss_scale_power"
     if dotted in loaded.origin and r.precision.dtype != "fp16":
         # bf16 and fp32 keep fp32's exponent range and scale no loss: the power set would change nothing
@@ -539,6 +544,9 @@ def _deepspeed_config(loaded: LoadedRecipe, r: Recipe, grad_accum: int, hw: Hard
         "zero_optimization.stage": (par.zero_stage, "parallel.zero_stage"),
         "bf16.enabled": (r.precision.dtype == "bf16", "precision.dtype"),
         "fp16.enabled": (r.precision.dtype == "fp16", "precision.dtype"),
+        # DeepSpeed reduces in the model's 16-bit dtype unless told otherwise
+        **({"communication_data_type": (r.precision.grad_reduce_dtype, "precision.grad_reduce_dtype")}
+           if r.precision.dtype != "fp32" else {}),
         # the deepspeed backend's loss scaler (the megatron backend refuses fp16: launch/config/backends.py)
         **({"fp16.initial_scale_power": (r.precision.initial_loss_scale_power, "precision.initial_loss_scale_power")}
            if r.precision.dtype == "fp16" else {}),

@@ -77,6 +77,10 @@ class PrecisionSection:
     # fp16 only: dynamic loss scaling starts at 2**this (16: torch's GradScaler's and DeepSpeed's default); a step
     # whose scaled gradients overflow is skipped and the scale halved (DeepSpeed: after fp16.hysteresis overflows)
     initial_loss_scale_power: int = 16
+    # The dtype data parallelism reduces gradients in: fp32 (torchtitan's and Megatron-LM's default with 16-bit
+    # training) or bf16 (half the bytes; NeMo's performance recipes), bf16 needing precision.dtype=bf16. DeepSpeed's
+    # communication_data_type, FSDP2's reduce_dtype, DDP's bf16 compression hook.
+    grad_reduce_dtype: Literal["fp32", "bf16"] = "fp32"
 
 
 @dataclass(frozen=True)

@@ -112,13 +112,14 @@ def communication(layout: Layout, timing: Timing = Timing(), stage: int = 0) -> 
         if z == 0:
             # The engine's allreduce_gradients buckets by a fixed element count (engine.py), not reduce_bucket_size.
             calls = -(-params // ZERO0_BUCKET_ELEMENTS)
-            out.append(_comm(layout, timing, "dp", "all_reduce", grp, calls, params * e / calls,
+            out.append(_comm(layout, timing, "dp", "all_reduce", grp, calls, params * layout.grad_reduce_bytes / calls,
                              f"gradient all-reduce at the accumulation boundary, one call per {ZERO0_BUCKET_ELEMENTS:,} "
                              "elements"))
         elif z in (1, 2):
             reduce_calls = -(-params // bucket(layout, "reduce_bucket_size"))
             rs_calls = reduce_calls * (mbs if z == 2 else 1)
-            out.append(_comm(layout, timing, "dp", "reduce_scatter", grp, rs_calls, params * e / reduce_calls,
+            out.append(_comm(layout, timing, "dp", "reduce_scatter", grp, rs_calls,
+                             params * layout.grad_reduce_bytes / reduce_calls,
                              "gradient reduce-scatter per reduce bucket " + ("every micro-step (ZeRO-2)" if z == 2 else
                                                                              "at the boundary (ZeRO-1)")))
             # One all_gather_into_tensor per parameter group (runtime/utils.all_gather_dp_groups): one here.
@@ -211,18 +212,23 @@ def ddp_buckets(tensors: list[int], elem_bytes: int = 4) -> list[int]:
 
 def _torch_dp_traffic(layout: Layout, timing: Timing, grp: Sequence[int], stage: int) -> list[Comm]:
     """The torch backend over the data-parallel group (counted in traces: tests/dist/test_torch_collectives.py). DDP:
-    one all-reduce per bucket of fp32 gradients at the last micro-batch (the others run under no_sync). FSDP2, every
+    one all-reduce per bucket of gradients (precision.grad_reduce_dtype) at the last micro-batch (the others run under
+    no_sync). FSDP2, every
     micro-batch: one all-gather per unit (each decoder block and the root) before its forward, again before its
     backward at stage 3, and one fp32 reduce-scatter per unit after its backward. Then the loop's loss mean and the
     gradient norm's reductions (`_torch_norm_calls`)."""
     g, e, mbs, layers = layout.grid, layout.elem_bytes, layout.grad_accum, layout.model.num_layers // layout.grid.pp
+    grb = layout.grad_reduce_bytes
+    reduced_dtype = "bf16" if grb == 2 else "fp32"
     tensors = rank_parameters(layout, stage)
     params = sum(tensors)
     out = []
     if layout.zero_stage == 0:
         sizes = ddp_buckets(tensors)
-        out.append(_comm(layout, timing, "dp", "all_reduce", grp, len(sizes), sum(sizes) / len(sizes),
-                         f"DDP: fp32 gradients, {len(sizes)} bucket(s) at the last micro-batch, overlapping the backward"))
+        # buckets are cut by the fp32 gradients' bytes; the bf16 compression hook (grad_reduce_dtype) halves each call
+        out.append(_comm(layout, timing, "dp", "all_reduce", grp, len(sizes), sum(sizes) / len(sizes) * grb / 4,
+                         f"DDP: {reduced_dtype} gradients, {len(sizes)} bucket(s) at the last micro-batch, overlapping "
+                         "the backward"))
     else:
         # Roots with parameters: one without a pipeline; with one, the parts of this stage that hold the embedding
         # (virtual stage 0) or the output layer (the last virtual stage).
@@ -246,10 +252,10 @@ def _torch_dp_traffic(layout: Layout, timing: Timing, grp: Sequence[int], stage:
         hybrid = layout.hpz
         shard_grp = grp[:hybrid] if hybrid > 1 else grp  # the data-parallel group's first shard group
         out.append(_comm(layout, timing, "dp", "all_gather", shard_grp, gathers, e * params / units, how))
-        out.append(_comm(layout, timing, "dp", "reduce_scatter", shard_grp, scatters, 4 * params / units,
-                         f"FSDP2: fp32 gradients, one call per unit after its backward, {reduced}"))
+        out.append(_comm(layout, timing, "dp", "reduce_scatter", shard_grp, scatters, grb * params / units,
+                         f"FSDP2: {reduced_dtype} gradients, one call per unit after its backward, {reduced}"))
         if hybrid > 1:
-            out.append(_comm(layout, timing, "dp", "all_reduce", grp[::hybrid], scatters, 4 * params / units / hybrid,
+            out.append(_comm(layout, timing, "dp", "all_reduce", grp[::hybrid], scatters, grb * params / units / hybrid,
                              f"hybrid sharding: each reduced shard all-reduced across the {len(grp) // hybrid} "
                              f"replicas, {reduced}"))
     out.append(_comm(layout, timing, "dp", "all_reduce", grp, 1, 4, "one fp32: the logged loss mean (the loop)",
@@ -313,7 +319,8 @@ def _zero3_traffic(layout: Layout, timing: Timing, grp: Sequence[int], reduce_ca
             out.append(_comm(layout, timing, "dp", "all_gather", grp, times * len(fetched), msg,
                              "ZeRO-3: one gather per partitioned parameter before its forward"
                              + (" and again before its backward" if again else "") + " every micro-step"))
-    out.append(_comm(layout, timing, "dp", "reduce_scatter", grp, mbs * reduce_calls, params * e / reduce_calls,
+    out.append(_comm(layout, timing, "dp", "reduce_scatter", grp, mbs * reduce_calls,
+                     params * layout.grad_reduce_bytes / reduce_calls,
                      "ZeRO-3: gradients every micro-step, one call per reduce bucket"))
     if persistent:
         out.append(_comm(layout, timing, "dp", "all_gather", grp, len(persistent), e * sum(persistent) / len(persistent),

@@ -39,6 +39,7 @@ class Layout:
     activation_checkpointing: str = "none"  # none | selective | full
     attention: str = "sdpa"  # sdpa (fused: no s×s scores kept) | eager (the softmax materialised) | te
     compile: bool = False  # train.compile: the blocks' memory-bound work fused (launch/plan/compute.py)
+    grad_reduce_dtype: str = "fp32"  # precision.grad_reduce_dtype (with a 16-bit dtype; fp32 training reduces fp32)
     sp: bool = False
     vpp: int = 1
     offload_optimizer: str = "none"
@@ -56,6 +57,11 @@ class Layout:
         return 4 if self.dtype == "fp32" else 2
 
     @property
+    def grad_reduce_bytes(self) -> int:
+        """Bytes per gradient element data parallelism reduces (every backend honours precision.grad_reduce_dtype)."""
+        return 2 if self.grad_reduce_dtype == "bf16" and self.dtype == "bf16" else 4
+
+    @property
     def hpz(self) -> int:
         """ZeRO++ hpZ's secondary partition group size (DeepSpeed), or the torch backend's hybrid-sharding group
         (FSDP2 shards within it, replicates across); 1: off. ZeRO-3 only, as both apply it."""
@@ -70,7 +76,8 @@ class Layout:
             zero_stage=rc.parallel.zero_stage, dtype=rc.precision.dtype,
             micro_batch_size=rc.batch.micro_batch_size, global_batch_size=rc.batch.global_batch_size,
             seq_len=rc.batch.seq_len, activation_checkpointing=rc.train.activation_checkpointing,
-            attention=rc.train.attention, compile=rc.train.compile, sp=rc.parallel.sp,
+            attention=rc.train.attention, compile=rc.train.compile, grad_reduce_dtype=rc.precision.grad_reduce_dtype,
+            sp=rc.parallel.sp,
             vpp=rc.parallel.vpp, offload_optimizer=rc.parallel.offload_optimizer,
             offload_params=rc.parallel.offload_params,
             ds_zero=dict(r.ds_config.get("zero_optimization", {})), headroom=rc.plan.headroom,

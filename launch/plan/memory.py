@@ -520,8 +520,8 @@ def torch_phases(layout: Layout, params: int, stage: int = 0) -> list[PhaseMemor
     after_forward = e * params if layout.zero_stage == 2 else 0  # units still gathered once the forward is done
     held = 4 * shard if layout.grad_accum > 1 else 0  # the sharded gradients of the earlier micro-batches
     # The output layer's unsharded gradients (its root unit reduces them with the embedding's, at the end), a block's,
-    # and the block's fp32 copy, the reduce-scatter's input.
-    reducing = e * (output_layer_params(layout) + block) + 4 * block  # (no pipeline: this rank has the output layer)
+    # and the block's copy in precision.grad_reduce_dtype, the reduce-scatter's input.
+    reducing = e * (output_layer_params(layout) + block) + layout.grad_reduce_bytes * block  # (this rank: the output layer)
     # As the forward begins, the root and the first block are gathered while their all-gather outputs are still
     # held (the tracker's all-gather buffers): twice their bytes, beside no activations yet.
     starting = 2 * e * min(params, root + block)

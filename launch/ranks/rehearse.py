@@ -132,7 +132,8 @@ class RehearsedTrainer(TorchTrainer):
         for p in part.parameters():
             p.grad = torch.zeros_like(p)
         ddp = _wrap_ddp(part, self.mesh, self.cuda, local_rank, init_sync=False, bucket_cap_mb_list=DDP_BUCKET_CAPS_MB)
-        ddp.register_comm_hook(None, _all_reduce_bucket)
+        bf16 = self.resolved.recipe.precision.grad_reduce_dtype == "bf16"
+        ddp.register_comm_hook(None, _all_reduce_bucket_bf16 if bf16 else _all_reduce_bucket)
         ddp.reducer = _BucketsAsBuilt(ddp.reducer)
         return ddp
 
@@ -149,6 +150,17 @@ class RehearsedTrainer(TorchTrainer):
 def _all_reduce_bucket(state, bucket):
     grads = bucket.buffer()
     dist.all_reduce(grads)
+    done = torch.futures.Future()
+    done.set_result(grads)
+    return done
+
+
+def _all_reduce_bucket_bf16(state, bucket):
+    """What DDP's bf16_compress_hook does (precision.grad_reduce_dtype=bf16), in the dispatcher's sight."""
+    grads = bucket.buffer()
+    compressed = grads.to(torch.bfloat16)
+    dist.all_reduce(compressed)
+    grads.copy_(compressed)
     done = torch.futures.Future()
     done.set_result(grads)
     return done

@@ -574,3 +574,12 @@ def storage_bytes(tensors, seen: set[int]) -> int:
             seen.add(s.data_ptr())
             total += s.nbytes()
     return total
+
+
+def say_reduce_dtype(engine) -> None:
+    """Rank 0 says what the DeepSpeed engine reduces data-parallel gradients in, read from the engine itself
+    (precision.grad_reduce_dtype composes its communication_data_type)."""
+    import torch.distributed as dist
+
+    if dist.get_rank() == 0:
+        print(f"deepspeed: data-parallel gradients reduced in {engine.communication_data_type}", flush=True)

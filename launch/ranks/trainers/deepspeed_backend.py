@@ -56,6 +56,7 @@ class DeepSpeedTrainer:
         self.layer_calls = [] if resolved.recipe.train.compile else common.count_layer_calls(model)
         self.decoder_layers = list(model.model.layers)
         self.engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=ds_config)
+        common.say_reduce_dtype(self.engine)
         if resolved.recipe.train.compile:
             self.engine.compile()  # DeepSpeed's own entry: torch.compile of the module, its ZeRO hooks kept eager
         if par.tp > 1:

@@ -192,6 +192,7 @@ class MegatronTrainer:
         ds_config = json.loads(json.dumps(resolved.ds_config))
         self.engine, _, _, _ = deepspeed.initialize(model=self.module, model_parameters=self.module.parameters(),
                                                     config=ds_config, mpu=MegatronMPU())
+        common.say_reduce_dtype(self.engine)
         if self.engine.dp_world_size != self.dp_world:
             raise RuntimeError(f"DeepSpeed formed data-parallel groups of {self.engine.dp_world_size} ranks; "
                                f"Megatron's grid has {self.dp_world}")

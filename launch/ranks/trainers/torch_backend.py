@@ -239,12 +239,26 @@ def _apply_dp(part, mesh, resolved: Resolved, cuda: bool) -> None:
     dp_mesh = mesh["dp_replicate", "dp_shard"] if par.zero_hpz_partition_size > 1 else mesh["dp"]
     kw = {"mesh": dp_mesh, "reshard_after_forward": par.zero_stage == 3}
     if dtype != torch.float32:
-        kw["mp_policy"] = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32)
+        reduce = common.torch_dtype(resolved.recipe.precision.grad_reduce_dtype)
+        kw["mp_policy"] = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=reduce)
     if par.offload_params != "none":
         kw["offload_policy"] = CPUOffloadPolicy(pin_memory=cuda)
     for layer in _layers(part).values():
         fully_shard(layer, **kw)
     fully_shard(part, **kw)
+
+
+def _bf16_all_reduce(group, bucket):
+    """precision.grad_reduce_dtype=bf16 under DDP: the bucket's fp32 gradients (DDP's autocast keeps fp32 parameters)
+    averaged in bf16, then copied back; torch's own bf16_compress_hook does the same but runs only over NCCL."""
+    grads = bucket.buffer()
+    compressed = grads.to(torch.bfloat16).div_(group.size())
+    work = dist.all_reduce(compressed, group=group, async_op=True)
+
+    def back(_):
+        return grads.copy_(compressed)
+
+    return work.get_future().then(back)
 
 
 def _wrap_ddp(model, mesh, cuda: bool, local_rank: int, **rehearsal):
@@ -368,7 +382,10 @@ class TorchTrainer:
     def wrap_ddp(self, part, local_rank: int):
         """The seam where DDP takes the model: launch.ranks.rehearse wraps it without the start-up's value checks,
         which fake tensors cannot answer."""
-        return _wrap_ddp(part, self.mesh, self.cuda, local_rank)
+        ddp = _wrap_ddp(part, self.mesh, self.cuda, local_rank)
+        if self.resolved.recipe.precision.grad_reduce_dtype == "bf16":
+            ddp.register_comm_hook(self.mesh["dp"].get_group(), _bf16_all_reduce)
+        return ddp
 
     def _pipeline(self, pp_rank: int):
         """torch.distributed.pipelining over this rank's chunks: 1F1B, interleaved 1F1B with parallel.vpp > 1. The
