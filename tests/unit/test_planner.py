@@ -147,8 +147,13 @@ def test_pipeline_stages_split_layers_and_embeddings():
 
 
 def test_zero3_moves_one_and_a_half_times_the_bytes_of_dp():
-    def dp_bytes(z):
-        return sum(c.bytes_per_rank for c in communication(layout(dp=8, zero=z)) if c.parallelism == "dp")
+    """The ZeRO paper's accounting, 16-bit gradients reduced in 16 bits (precision.grad_reduce_dtype=bf16)."""
+    def dp_bytes(z, reduce="bf16"):
+        return sum(c.bytes_per_rank for c in communication(layout(dp=8, zero=z, grad_reduce_dtype=reduce))
+                   if c.parallelism == "dp")
+
+    # fp32 reductions (the default) move twice the bytes (ZeRO-0 moves gradients alone, and a few bytes of the loss)
+    assert dp_bytes(0, "fp32") == pytest.approx(2 * dp_bytes(0), rel=1e-6)
 
     assert dp_bytes(1) == pytest.approx(dp_bytes(0), rel=1e-6)
     assert dp_bytes(2) == pytest.approx(dp_bytes(0), rel=1e-6)
