@@ -34,8 +34,9 @@ def model_flops_per_token(model: ModelSpec, seq_len: int) -> float:
 
 
 def recompute_flops_per_token(layout: Layout) -> float:
-    """FLOPs activation checkpointing adds. Full, on the deepspeed and megatron backends: one more forward of the
-    whole model (2N, a third of 6N, lm_head included as before). The torch backend checkpoints decoder blocks with
+    """FLOPs activation checkpointing adds. Full, on the deepspeed and megatron backends: one more forward of every
+    decoder layer (Hugging Face's gradient checkpointing and Megatron's full recompute both stop at the layers: the
+    output layer runs once, as launch.plan.compute times it). The torch backend checkpoints decoder blocks with
     torch's non-reentrant checkpoint, which stops recomputing once the saved tensors the backward needs are back:
     under "full" (every block) and "every_other_block" (blocks 0, n, 2n, ...: launch.config.backends.SELECTIVE_EVERY)
     each checkpointed block's forward again but its last matmul (down_proj, whose output nothing saves), and its
@@ -44,8 +45,8 @@ def recompute_flops_per_token(layout: Layout) -> float:
     (FlopCounterMode over the real step)."""
     ac, m = layout.activation_checkpointing, layout.model
     if traits(layout.backend).accounting != "torch":
-        return 2 * m.param_counts().flops_params + 4 * m.num_layers * m.num_heads * m.head_dim * layout.seq_len \
-            if ac == "full" else 0.0
+        layers = m.param_counts().flops_params - m.vocab_size * m.hidden_size  # less the output layer
+        return 2 * layers + 4 * m.num_layers * m.num_heads * m.head_dim * layout.seq_len if ac == "full" else 0.0
     h, q, kv = m.hidden_size, m.num_heads * m.head_dim, m.num_kv_heads * m.head_dim
     if ac == "selective":
         sizes = {"k_proj": h * kv, "o_proj": q * h, "up_proj": h * m.intermediate_size}

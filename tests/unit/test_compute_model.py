@@ -138,3 +138,13 @@ def test_an_old_profile_no_shipped_one_names_is_one_line():
     with pytest.raises(ConfigError, match="efficiency") as e:
         HardwareProfile.from_dict(old, "runs/x/resolved.json")
     assert "runs/x/resolved.json" in str(e.value) and "\n" not in str(e.value)
+
+
+def test_full_recompute_flops_are_the_layers_forward_not_the_output_layers():
+    """Llama 3.1 8B: 6,979,588,096 parameters outside the embedding and output layer (32 × (4096² · 2 + 4096 · 1024 · 2
+    + 3 · 4096 · 14336) + the 65 norms' 4096 each); a forward is 2 FLOPs each per token, plus attention's 4·L·h·s."""
+    plan = make_plan(layout(backend="deepspeed", activation_checkpointing="full"))
+    tokens = 16 * 8192
+    per_token = 2 * 6_979_588_096 + 4 * 32 * 4096 * 8192
+    assert plan.step.hardware_flops_per_step - plan.step.model_flops_per_step == pytest.approx(tokens * per_token,
+                                                                                               rel=1e-12)
