@@ -216,10 +216,12 @@ def _apply_ac(part, mode: str, marked: bool, cuda: bool) -> None:
                               else (contextlib.nullcontext(), contextlib.nullcontext()))
         return forward, (_Both(common.region(RECOMPUTE_REGION, cuda), recompute) if marked else recompute)
 
+    # Under train.compile a context function must return dispatch modes (the op policy's); the named range is not one.
+    kw = {"context_fn": context} if mode == "selective" or marked else {}
     every = SELECTIVE_EVERY if mode == "every_other_block" else 1
     for i, layer in _layers(part).items():
         if i % every == 0:
-            _set_layer(part, i, checkpoint_wrapper(layer, preserve_rng_state=False, context_fn=context))
+            _set_layer(part, i, checkpoint_wrapper(layer, preserve_rng_state=False, **kw))
 
 
 def _apply_compile(part, on: bool) -> None:
