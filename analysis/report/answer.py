@@ -157,11 +157,16 @@ def _parts(r: RunResult, step_s: float) -> tuple[dict[str, float], str]:
 
 
 def _planned_parts(plan) -> dict[str, float]:
-    """A plan's step time in the split's parts: compute and recompute (its FLOPs' shares of the compute time), the
-    collectives on the critical path, the pipeline bubble (idle in traces), offload traffic."""
+    """A plan's step time in the split's parts: compute and recompute (the compute model's own recompute time; a
+    calibrated plan's measured passes are split by their FLOPs' shares), the collectives on the critical path, the
+    pipeline bubble (idle in traces), offload traffic."""
     t = plan.step
-    share = 1 - t.model_flops_per_step / t.hardware_flops_per_step if t.hardware_flops_per_step else 0.0
-    return {"compute": t.compute_s * (1 - share), "recompute": t.compute_s * share,
+    if t.gemm_s:  # the compute model timed the recomputation itself (launch/plan/compute.py)
+        recompute = t.recompute_s
+    else:
+        share = 1 - t.model_flops_per_step / t.hardware_flops_per_step if t.hardware_flops_per_step else 0.0
+        recompute = t.compute_s * share
+    return {"compute": t.compute_s - recompute, "recompute": recompute,
             "exposed communication": t.tp_comm_s + t.pp_comm_s + t.dp_exposed_s, "bubble": t.bubble_s,
             "offload": t.offload_s}
 

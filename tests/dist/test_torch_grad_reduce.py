@@ -38,7 +38,8 @@ def test_ddp_reduces_through_the_bf16_hook(shared_run):
 
 
 @pytest.mark.full
-@pytest.mark.parametrize("asked, engine", [("fp32", "torch.float32"), ("bf16", "torch.bfloat16")])
-def test_deepspeed_engine_reduces_in_the_dtype_asked(shared_run, asked, engine):
-    run = shared_run(*SHORT, *BF16, f"precision.grad_reduce_dtype={asked}", recipe="recipes/tiny_zero2")
-    assert f"deepspeed: data-parallel gradients reduced in {engine}" in (run.root / "logs" / "rank0.out").read_text()
+def test_deepspeed_engine_reduces_in_the_dtype_asked(shared_run):
+    """bf16 asked, against DeepSpeed's engine's own answer (the fp32 default's composition: test_grad_reduce_dtype.py)."""
+    run = shared_run(*SHORT, *BF16, "precision.grad_reduce_dtype=bf16", recipe="recipes/tiny_zero2")
+    said = (run.root / "logs" / "rank0.out").read_text()
+    assert "deepspeed: data-parallel gradients reduced in torch.bfloat16" in said, said[-2000:]
