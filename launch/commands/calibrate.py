@@ -5,8 +5,9 @@ On the ranks the recipe would train on (CPU ranks here, GPUs there) it runs
      at once, with compute interleaved between the calls as in a step (`commbench.interleave_us`), before the
      figures below and again after them, and fits a latency + bandwidth line per collective and group size over
      both sweeps' points (launch/config/calibration.py);
-  2. one probe per local rank at the same time (launch/ranks/calibrate_rank.py): torch Adam over flat partitions and
-     making the micro-batches;
+  2. one probe per local rank at the same time (launch/ranks/calibrate_rank.py): torch Adam over flat partitions,
+     making the micro-batches, and GEMMs, a streaming add and sdpa attention, to which the compute model's figures
+     are fitted (launch.config.calibration.Fitted: what times the layouts the passes do not cover);
   3. per backend and TP degree, the backend's own trainer on every rank of a node (launch/ranks/calibrate_pass.py):
      forward and backward for every micro-batch size and activation-checkpointing mode, TP collectives included,
      and where the forward goes (before, inside and after the decoder layers: the planner's pipeline stages),
@@ -41,8 +42,11 @@ from launch.config.calibration import (
     Calibration,
     Compute,
     EngineCost,
+    Fitted,
+    GemmPoint,
     Pass,
     fit_alpha_beta,
+    fit_gemm,
 )
 from launch.config.backends import traits
 from launch.config.commbench import groups_of
@@ -50,6 +54,7 @@ from launch.config.grid import divisors
 from launch.config.resolve import Resolved, resolve_path
 from launch.commands.run import check_inputs
 from launch.errors import ConfigError
+from launch.plan.compute import flash_attention_flops
 from launch.plan.search import MAX_MICRO_BATCH
 from launch.run import envinfo, launcher
 from launch.outputs import file_problem, write_atomic, write_new
@@ -167,6 +172,10 @@ def cmd_calibrate(args: Sequence[str]) -> int:
             print(f"  {e.backend} engine ZeRO-{e.zero_stage}: +{e.micro_step_s * 1e3:.2f} ms per micro-step, "
                   f"+{e.step_s * 1e3:.2f} ms per step, +{e.recompute_s * 1e3:.2f} ms per micro-step under full "
                   "checkpointing")
+        f = calib.compute.fitted
+        print(f"  compute model's figures at {f.dtype}: GEMMs up to {f.gemm_tflops:.3g} TFLOP/s (half of it at dimension "
+              f"{f.gemm_half_dim:.0f}), streaming {f.memory_GBps:.3g} GB/s, sdpa forward {f.attention_forward_tflops:.3g} / "
+              f"backward {f.attention_backward_tflops:.3g} TFLOP/s")
     noise = [n for n in notes if n.endswith(NOISE)]
     for n in notes:
         if not n.endswith(NOISE):
@@ -438,6 +447,48 @@ def _engine_costs(partial: Calibration, samples: list[StepSample], notes: list[s
     return tuple(out)
 
 
+# What the compute model's figures are fitted to, per rank: square GEMMs from a 32-wide one up to this many FLOPs
+# (the CPU's 2^10 square takes ~15 ms at fp32 on one core, a GPU's 2^14 ~10 ms), besides the model's own; an add over
+# this many elements (4× a CPU core's last-level cache share; a GPU's streams at full rate past ~1 GiB).
+GEMM_FLOPS_MAX = {"cpu": 2.2e9, "cuda": 9e12}
+MEMORY_NUMEL = {"cpu": 16 * 2**20, "cuda": 256 * 2**20}
+
+
+def fitted_spec(resolved: Resolved, micro_batch_size: int, iters: int) -> dict:
+    """The GEMM shapes, add and attention calibrate_rank times for Fitted: squares for the curve's best rate, and every
+    GEMM of a decoder layer and the output layer at the largest micro-batch and at tp = 1 and the node's largest TP
+    degree (thin shapes, which set the half dimension)."""
+    m, device = resolved.model, resolved.hardware.device_type
+    tokens = micro_batch_size * resolved.recipe.batch.seq_len
+    shapes = {(2**i,) * 3 for i in range(5, 15) if 2.0 * 8**i <= GEMM_FLOPS_MAX[device]}
+    for t in sorted({1, resolved.recipe.hardware.gpus_per_node}):
+        q, kv, f = m.num_heads * m.head_dim // t, m.num_kv_heads * m.head_dim // t, m.intermediate_size // t
+        for n, k in ((q, m.hidden_size), (kv, m.hidden_size), (m.hidden_size, q), (f, m.hidden_size),
+                     (m.hidden_size, f), (m.vocab_size // t, m.hidden_size)):
+            if 2.0 * tokens * n * k <= GEMM_FLOPS_MAX[device]:
+                shapes.add((tokens, n, k))
+    return {"dtype": resolved.recipe.precision.dtype, "gemm_shapes": sorted(shapes), "fitted_iters": iters,
+            "memory_numel": MEMORY_NUMEL[device],
+            "attention": {"batch": micro_batch_size, "heads": m.num_heads, "seq": resolved.recipe.batch.seq_len,
+                          "head_dim": m.head_dim}}
+
+
+def fit_figures(spec: dict, docs: list[dict]) -> Fitted:
+    """The compute model's figures from every rank's timings (the ranks ran at once, as training ranks do): per shape
+    the mean over ranks, then fit_gemm; the add's bytes over its mean time; sdpa's FLOPs (the compute model's count)
+    over its mean times."""
+    points = [GemmPoint(*shape, statistics.fmean(d["gemms"][i]["seconds"] for d in docs))
+              for i, shape in enumerate(map(tuple, spec["gemm_shapes"]))]
+    rate, half_dim = fit_gemm(points)
+    att = spec["attention"]
+    forward, backward = flash_attention_flops(att["batch"], att["heads"], att["seq"], att["head_dim"])
+    return Fitted(dtype=spec["dtype"], gemm_tflops=rate / 1e12, gemm_half_dim=half_dim,
+                  memory_GBps=docs[0]["memory_bytes"] / statistics.fmean(d["add_s"] for d in docs) / 1e9,
+                  attention_forward_tflops=forward / statistics.fmean(d["attention_forward_s"] for d in docs) / 1e12,
+                  attention_backward_tflops=backward / statistics.fmean(d["attention_backward_s"] for d in docs) / 1e12,
+                  gemm_points=tuple(points))
+
+
 def _compute(recipe: str, overrides: list[str], resolved: Resolved, root: Path, backends: Sequence[str], iters: int,
              notes: list[str]) -> tuple[Compute, list[StepSample]]:
     """The compute figures with engine costs of 0, and the whole steps that `_engine_costs` takes them from (against
@@ -448,7 +499,8 @@ def _compute(recipe: str, overrides: list[str], resolved: Resolved, root: Path, 
     total = m.param_counts().total
     cuda = resolved.hardware.device_type == "cuda"
     spec = {"resolved": str(root / "resolved.json"), "micro_batch_sizes": mbs, "data": str(RunDir(root).data),
-            "adam_numels": [max(1, total // d) for d in (1, 2, 4, 8)], "warmup_iters": WARMUP_ITERS, "iters": iters}
+            "adam_numels": [max(1, total // d) for d in (1, 2, 4, 8)], "warmup_iters": WARMUP_ITERS, "iters": iters,
+            **fitted_spec(resolved, max(mbs), max(1, iters // 4))}
     (root / "resolved.json").write_text(resolved.to_json() + "\n")
     (root / cal.RANK_SPEC_FILE).write_text(json.dumps(spec, indent=2) + "\n")
     threads = launcher.cpu_threads(gpn)
@@ -477,6 +529,7 @@ def _compute(recipe: str, overrides: list[str], resolved: Resolved, root: Path, 
                       adam_alpha_s=statistics.fmean(d["adam_alpha_s"] for d in docs),
                       adam_s_per_param=statistics.fmean(d["adam_s_per_param"] for d in docs),
                       data_s={b: statistics.fmean(d["data_s"][b] for d in docs) for b in docs[0]["data_s"]},
+                      fitted=fit_figures(spec, [d["fitted"] for d in docs]),
                       how=(f"passes: each backend's own model on all {gpn} ranks of a node at once, in tp-rank groups "
                            f"(TP collectives included, no gradient reduction or step), medians of {iters} iterations after "
                            f"{WARMUP_ITERS} warm-up, mean over ranks; engine costs: the real trainer's train_step at each ZeRO stage "

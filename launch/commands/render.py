@@ -216,6 +216,9 @@ def timing_label(plan: Plan, resolved: Resolved) -> str:
     them, and on CPU ranks how long measuring this machine takes."""
     if plan.step.timing == "calibrated":
         return "calibrated"
+    if plan.step.timing == "fitted":
+        return ("fitted: the compute model on this machine's calibrated figures; its measured passes do not cover this "
+                "layout (the plan's notes say why)")
     hw = resolved.hardware
     label = f"nominal: the {plan.hardware} profile's figures, not measured here" + (
         f"; {hw.nominal_measured}" if hw.nominal_measured else "")

@@ -42,7 +42,8 @@ class Machine:
 def compute_file(calib_dir: Path, index: int) -> Path:
     """What the per-rank probe of local rank `index` measured."""
     return calib_dir / f"compute_{index}.json"
-VERSION = 3  # 2: passes timed in situ per backend, TP collectives included; 3: where the forward goes, send_recv
+VERSION = 4  # 2: passes timed in situ per backend, TP collectives included; 3: where the forward goes, send_recv;
+# 4: the compute model's figures (GEMM curve, bandwidth, attention) fitted on the machine
 # The collectives the planner times from a calibration (pipeline stages send and receive, and the last one
 # broadcasts the loss); calibrate measures each on every group size a layout of the world can use.
 OPS = ("all_reduce", "all_gather", "reduce_scatter", "send_recv", "broadcast")
@@ -176,6 +177,70 @@ class EngineCost:
 
 
 @dataclass(frozen=True)
+class GemmPoint:
+    """One (m × k) · (k × n) GEMM timed on a rank: seconds per call."""
+
+    m: int
+    n: int
+    k: int
+    seconds: float
+
+    @property
+    def flops(self) -> float:
+        return 2.0 * self.m * self.n * self.k
+
+
+@dataclass(frozen=True)
+class Fitted:
+    """The compute model's figures (launch/plan/compute.py) measured on the machine at one dtype, every rank of a node
+    at once: the GEMM curve (rate = gemm_tflops × Π x/(x + gemm_half_dim) over m, n, k, fitted to the timed GEMMs),
+    the bandwidth an elementwise add streams at, and torch's fused attention (sdpa, causal) forward and backward on
+    the kernel's own FLOP count. The calibrated profile carries them (launch.config.hardware.load_profile), so that a
+    layout the measured passes do not cover (another model, micro-batch or checkpointing) is timed by the compute
+    model on this machine's figures rather than the data sheet's."""
+
+    dtype: str
+    gemm_tflops: float
+    gemm_half_dim: float
+    memory_GBps: float
+    attention_forward_tflops: float
+    attention_backward_tflops: float
+    gemm_points: tuple[GemmPoint, ...]
+
+    def numbers(self) -> dict[str, float]:
+        return {"gemm_tflops": self.gemm_tflops, "gemm_half_dim": self.gemm_half_dim, "memory_GBps": self.memory_GBps,
+                "attention_forward_tflops": self.attention_forward_tflops,
+                "attention_backward_tflops": self.attention_backward_tflops}
+
+
+def gemm_shape_factor(m: float, n: float, k: float, half_dim: float) -> float:
+    """The compute model's efficiency curve: each dimension near or below `half_dim` leaves the GEMM further from the
+    best rate (tiles half filled, too few waves)."""
+    return (m / (m + half_dim)) * (n / (n + half_dim)) * (k / (k + half_dim))
+
+
+# The half dimensions fit_gemm tries: log-spaced from 1 to 4096 (a GPU's is in the hundreds, a CPU core's tens).
+HALF_DIMS = tuple(2 ** (i / 8) for i in range(8 * 12 + 1))
+
+
+def fit_gemm(points: Sequence[GemmPoint]) -> tuple[float, float]:
+    """(best rate in FLOP/s, half dimension) of the efficiency curve closest to the points in log space (every
+    GEMM's relative error weighs the same): for each half dimension tried, the best rate is the geometric mean of
+    rate / shape factor; the half dimension with the smallest squared log error wins."""
+    pts = [p for p in points if p.seconds > 0 and math.isfinite(p.seconds)]
+    if not pts:
+        raise ValueError("no positive GEMM timings to fit")
+    best: tuple[float, float, float] | None = None
+    for h in HALF_DIMS:
+        logs = [math.log(p.flops / p.seconds / gemm_shape_factor(p.m, p.n, p.k, h)) for p in pts]
+        mean = sum(logs) / len(logs)
+        err = sum((x - mean) ** 2 for x in logs)
+        if best is None or err < best[0] - 1e-12:
+            best = (err, math.exp(mean), h)
+    return best[1], best[2]
+
+
+@dataclass(frozen=True)
 class Compute:
     model: str
     dtype: str
@@ -187,6 +252,7 @@ class Compute:
     adam_s_per_param: float
     how: str
     data_s: Mapping[str, float] = field(default_factory=dict)  # making one micro-batch, by micro-batch size
+    fitted: Fitted | None = None  # None only in a Compute being assembled; every file of VERSION 4 has it
 
     def find_pass(self, backend: str, tp: int, sp: bool, micro_batch_size: int,
                   activation_checkpointing: str) -> Pass | None:
@@ -237,7 +303,8 @@ class Calibration:
             engine=tuple(EngineCost(str(e["backend"]), int(e["zero_stage"]), _num(e["micro_step_s"]), _num(e["step_s"]),
                                     _num(e["recompute_s"])) for e in comp["engine"]),
             adam_alpha_s=_num(comp["adam_alpha_s"]), adam_s_per_param=_num(comp["adam_s_per_param"]),
-            how=str(comp["how"]), data_s={str(b): _num(v) for b, v in dict(comp.get("data_s", {})).items()})
+            how=str(comp["how"]), data_s={str(b): _num(v) for b, v in dict(comp.get("data_s", {})).items()},
+            fitted=_fitted(comp["fitted"]))
         return cls(created=str(d["created"]), machine_kind=str(d["machine_kind"]), versions=dict(d["versions"]),
                    base_profile=str(d["base_profile"]), world_size=int(d["world_size"]),
                    ranks_per_node=int(d["ranks_per_node"]),
@@ -247,6 +314,13 @@ class Calibration:
                                      for c in d["collectives"]),
                    compute=compute, notes=tuple(map(str, d.get("notes", ()))),
                    verified=tuple(dict(v) for v in d.get("verified", ())), correction=_num(d.get("correction", 1.0)))
+
+
+def _fitted(d: Mapping[str, Any]) -> Fitted:
+    return Fitted(dtype=str(d["dtype"]), **{k: _num(d[k]) for k in (
+        "gemm_tflops", "gemm_half_dim", "memory_GBps", "attention_forward_tflops", "attention_backward_tflops")},
+        gemm_points=tuple(GemmPoint(int(p["m"]), int(p["n"]), int(p["k"]), _num(p["seconds"]))
+                          for p in d["gemm_points"]))
 
 
 def _bool(value: Any) -> bool:
@@ -303,14 +377,21 @@ def read_calibration(path: Path, *, context: str, field_name: str = "hardware.pr
                             *((f"data_s[{b}]", v) for b, v in c.data_s.items())]:
             if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
                 raise bad(f"has an impossible {what} time {value!r}")
+        f = c.fitted
+        for what, value in f.numbers().items():
+            if not (math.isfinite(value) and value > 0):
+                raise bad(f"has an impossible fitted {what} {value!r}")
+        if not f.gemm_points or not all(min(p.m, p.n, p.k) > 0 and math.isfinite(p.seconds) and p.seconds > 0
+                                        for p in f.gemm_points):
+            raise bad("has impossible timed GEMMs")
     return calib
 
 
-def machine_problems(calib: Calibration, *, machine_kind: str, versions: Mapping[str, str | None], model: str,
-                     dtype: str, seq_len: int, ranks_per_node: int) -> list[str]:
-    """Why this calibration times nothing of a recipe on this machine (empty: it may time some of its layouts):
-    another kind of machine, ranks per node (each rank's threads and share of the machine follow from it), versions
-    of the packages whose speed it measured, or model shapes."""
+def host_problems(calib: Calibration, *, machine_kind: str, versions: Mapping[str, str | None],
+                  ranks_per_node: int) -> list[str]:
+    """Why this calibration measured another machine than the one a layout runs on (empty: this one): another kind of
+    machine, ranks per node (each rank's threads and share of the machine follow from it), or versions of the
+    packages whose speed it measured."""
     out = []
     if calib.machine_kind != machine_kind:
         out.append(f"it was measured on {calib.machine_kind!r}, this machine is {machine_kind!r}")
@@ -320,6 +401,14 @@ def machine_problems(calib: Calibration, *, machine_kind: str, versions: Mapping
     for pkg in MEASURED_PACKAGES:
         if calib.versions.get(pkg) != versions.get(pkg):
             out.append(f"it was measured with {pkg} {calib.versions.get(pkg)}, {versions.get(pkg)} is installed")
+    return out
+
+
+def machine_problems(calib: Calibration, *, machine_kind: str, versions: Mapping[str, str | None], model: str,
+                     dtype: str, seq_len: int, ranks_per_node: int) -> list[str]:
+    """Why this calibration's measured passes time nothing of a recipe on this machine (empty: they may time some of
+    its layouts): another machine (host_problems), or model shapes."""
+    out = host_problems(calib, machine_kind=machine_kind, versions=versions, ranks_per_node=ranks_per_node)
     c = calib.compute
     if c is None:
         out.append("it has no compute figures")

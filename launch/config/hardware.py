@@ -136,6 +136,31 @@ class HardwareProfile:
         return cls(**{**d, "peak_tflops": dict(d["peak_tflops"]), "efficiency": Efficiency.from_dict(eff, where)})
 
 
+def with_fitted(base: HardwareProfile, fitted, how: str) -> HardwareProfile:
+    """`base` with the compute model's figures a calibration fitted (launch.config.calibration.Fitted): its GEMM
+    curve, streaming bandwidth and sdpa attention rates as shares of the fitted dtype's peak. A peak or bandwidth the
+    machine beat is raised to what it reached, so that every share stays a share: the CPU profile's data-sheet guess
+    (one AVX2 core) is several times below a core with AMX at bf16. The rates are measured at one dtype; the shares
+    apply to the profile's other dtypes as the nominal ones do."""
+    peak = max(base.peak_tflops.get(fitted.dtype, 0.0), fitted.gemm_tflops, fitted.attention_forward_tflops,
+               fitted.attention_backward_tflops)
+    hbm = max(base.hbm_GBps, fitted.memory_GBps)
+    eff = base.efficiency
+    attention = {**eff.attention, "sdpa": AttentionEfficiency(fitted.attention_forward_tflops / peak,
+                                                              fitted.attention_backward_tflops / peak)}
+    nominal_peak = base.peak_tflops.get(fitted.dtype, 0.0)
+    raised = ([f"{fitted.dtype} peak {nominal_peak:g} -> {peak:.3g} TFLOP/s"] if peak > nominal_peak else []) + (
+        [f"bandwidth {base.hbm_GBps:g} -> {hbm:.3g} GB/s"] if hbm > base.hbm_GBps else [])
+    return HardwareProfile(**{
+        **base.__dict__, "peak_tflops": {**base.peak_tflops, fitted.dtype: peak}, "hbm_GBps": hbm,
+        "efficiency": Efficiency(gemm=fitted.gemm_tflops / peak, gemm_half_dim=fitted.gemm_half_dim,
+                                 memory=fitted.memory_GBps / hbm, attention=attention,
+                                 sources=f"{how}, at {fitted.dtype}" + (
+                                     f" (measured above the nominal figures: {', '.join(raised)})" if raised else "")
+                                 + f"; kernels it did not time ({', '.join(sorted(set(attention) - {'sdpa'})) or 'none'}): "
+                                   f"nominal: {eff.sources}")})
+
+
 def profile_names() -> list[str]:
     return sorted(p.stem for p in _DIR.glob("*.json"))
 
@@ -163,6 +188,8 @@ def load_profile(name: str, *, context: str = "", field: str = "hardware.profile
             raise ConfigError(str(path), "base_profile", calib.base_profile, "is not a shipped hardware profile",
                               f"use one of: {', '.join(profile_names())}")
         base = load_profile(calib.base_profile, context=str(path), field="base_profile")
+        base = with_fitted(base, calib.compute.fitted, f"fitted by `python -m launch calibrate` {calib.created} on "
+                                                       f"{calib.machine_kind}") if calib.compute else base
         return HardwareProfile(**{**base.__dict__, "calibration": {**calib.to_dict(), "source_path": str(path.resolve())},
                                   "sources": f"calibrated {calib.created} on {calib.machine_kind} ({path}); "
                                              f"memory and links from the nominal {base.name} profile: {base.sources}"})

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Mapping
 
 from launch.config.backends import SELECTIVE_EVERY, traits
+from launch.config.calibration import gemm_shape_factor
 from launch.errors import ConfigError
 from launch.plan.layout import Layout
 from launch.plan.memory import OP_POLICY_RECOMPUTED, chunk_layers, rank_parameters
@@ -112,10 +113,16 @@ def gemm_s(m: int, n: int, k: int, rates: _Rates, elem: int) -> float:
     """One (m × k) · (k × n) GEMM: its FLOPs at the profile's best GEMM efficiency, less for each dimension near or
     below the half dimension (a thin or small matrix leaves tensor cores idle: tiles half filled, too few waves),
     unless moving its three matrices takes longer."""
-    shape = (m / (m + rates.gemm_half_dim)) * (n / (n + rates.gemm_half_dim)) * (k / (k + rates.gemm_half_dim))
-    flops_s = 2.0 * m * n * k / (rates.peak * rates.gemm * shape)
+    flops_s = 2.0 * m * n * k / (rates.peak * rates.gemm * gemm_shape_factor(m, n, k, rates.gemm_half_dim))
     bytes_s = (m * k + k * n + m * n) * elem / rates.bandwidth
     return max(flops_s, bytes_s)
+
+
+def flash_attention_flops(batch: int, heads: int, seq: int, head_dim: int) -> tuple[float, float]:
+    """(forward, backward) FLOPs a fused causal attention kernel does: the causal half of the scores and of their
+    product with V; the backward 2.5× the forward. The count its efficiency is a share of (calibrate's too)."""
+    forward = 4.0 * batch * seq * seq * heads * head_dim * CAUSAL_SHARE
+    return forward, FLASH_BACKWARD_WORK * forward
 
 
 @dataclass(frozen=True)
@@ -157,9 +164,9 @@ def _layer(layout: Layout, rates: _Rates) -> _Layer:
         attn_fwd = matmuls + scores * EAGER_SCORE_BYTES[0] * e / 2 / rates.bandwidth
         attn_bwd = 2 * matmuls + scores * EAGER_SCORE_BYTES[1] * e / 2 / rates.bandwidth
     else:
-        work = 4.0 * b * s * s * heads * d * CAUSAL_SHARE
-        attn_fwd = work / (rates.peak * rates.attention[0])
-        attn_bwd = FLASH_BACKWARD_WORK * work / (rates.peak * rates.attention[1])
+        forward, backward = flash_attention_flops(b, heads, s, d)
+        attn_fwd = forward / (rates.peak * rates.attention[0])
+        attn_bwd = backward / (rates.peak * rates.attention[1])
     ew = ELEMENTWISE[fusion(layout)]
     # With sequence parallelism the norms and residual adds run on the rank's share of the sequence.
     h_local = h / t if layout.sp else h

@@ -1,6 +1,7 @@
 """FLOPs and the predicted step time: compute, pipeline bubble, exposed communication, offload."""
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from statistics import NormalDist
@@ -9,6 +10,7 @@ from launch.comm.commbench_spec import backend_of
 from launch.config import calibration as cal
 from launch.config.backends import SELECTIVE_EVERY, traits
 from launch.config.dsconfig import layer_params_per_rank
+from launch.config.hardware import load_profile
 from launch.config.models import ModelSpec
 from launch.plan.collectives import communication, pipeline_exchanges
 from launch.plan.compute import Compute, compute, fusion, optimizer_partition
@@ -80,10 +82,12 @@ def _nominal_compute(layout: Layout, tp: float) -> _Compute:
         bubble = sum(c.per_micro_batch_s) - c.per_micro_batch_s[c.stage]
     else:
         bubble = c.per_micro_batch_s[c.stage] * (g.pp - 1) / layout.vpp
-    how = (f"compute from the model's shapes on {hw.name} (nominal): GEMMs at up to {hw.efficiency.gemm:.0%} of "
+    figures = "nominal" if hw.nominal else "fitted on this machine by calibrate"
+    how = (f"compute from the model's shapes on {hw.name} ({figures}): GEMMs at up to {hw.efficiency.gemm:.0%} of "
            f"{layout.dtype} peak by shape, attention ({layout.attention}) by its kernel, memory-bound work "
-           f"({fusion(layout)}) over {hw.efficiency.memory:.0%} of {hw.hbm_GBps:g} GB/s; collectives "
-           f"{hw.intra_node_latency_us:g}/{hw.inter_node_latency_us:g} µs per call (intra/inter-node, nominal) + "
+           f"({fusion(layout)}) over {hw.efficiency.memory:.0%} of {hw.hbm_GBps:.3g} GB/s; collectives "
+           + ("on the calibration's measured α–β curves where it measured the group, else " if not hw.nominal else "")
+           + f"{hw.intra_node_latency_us:g}/{hw.inter_node_latency_us:g} µs per call (intra/inter-node, nominal) + "
            "bytes over the nominal bus bandwidth")
     return _Compute(c.total_s, tp, bubble, how, c)
 
@@ -91,6 +95,7 @@ def _nominal_compute(layout: Layout, tp: float) -> _Compute:
 def step_time(layout: Layout, comm: list[Comm], timing: Timing = Timing()) -> StepTime:
     """`comm`: pipeline stage 0's calls (communication(layout, timing)); the calibrated compute is the slowest
     stage's."""
+    layout = on_figures_of(layout, timing)
     g, hw = layout.grid, layout.hardware
     tokens = layout.global_batch_size * layout.seq_len
     model_flops = model_flops_per_token(layout.model, layout.seq_len) * tokens
@@ -138,7 +143,7 @@ def step_time(layout: Layout, comm: list[Comm], timing: Timing = Timing()) -> St
                     + ("" if g.pp == 1 else "; bubble " + ("the other stages' first micro-batch" if layout.vpp == 1
                                                           else "(p-1)/v of the slowest stage's micro-batch")
                        + ("; a send and a receive posted together wait once (1F1B)" if layout.vpp == 1 else "")),
-        timing="calibrated" if compute_c is not None else "nominal", correction=correction,
+        timing=timing.label, correction=correction,
     )
 
 
@@ -265,5 +270,18 @@ def layout_timing(layout: Layout, machine: cal.Machine | None) -> Timing:
         why.append("it does not time interleaved pipeline stages (vpp > 1)")
     if layout.offload_optimizer != "none" or layout.offload_params != "none":
         why.append("it does not time offloading")
-    return Timing(None, tuple(why)) if why else Timing(calib)
+    if not why:
+        return Timing(calib)
+    this_machine = not cal.host_problems(calib, machine_kind=machine.kind, versions=machine.versions,
+                                         ranks_per_node=layout.grid.gpus_per_node)
+    fitted = calib.compute.fitted if calib.compute else None
+    return Timing(None, tuple(why), calib if this_machine and fitted and fitted.dtype == layout.dtype else None)
+
+
+def on_figures_of(layout: Layout, timing: Timing) -> Layout:
+    """The layout on the hardware figures its timing stands on: a calibrated profile's fitted figures only where the
+    calibration measured this machine at the layout's dtype (Timing.machine), else its nominal base profile's."""
+    if layout.hardware.nominal or timing.calibration or timing.machine:
+        return layout
+    return dataclasses.replace(layout, hardware=load_profile(layout.hardware.calibration["base_profile"]))
 

@@ -2,8 +2,10 @@
 
 `calibrate` starts one of these per rank of a node at the same time (so they share the machine as training ranks
 do), each a world of 1 with the threads a training rank gets. Each times, at the recipe's sizes
-(`calibrate_spec.json`): torch Adam over flat fp32 partitions of several sizes, and making the micro-batches. It
-writes `compute_INDEX.json`. No communication is timed here (the collectives come from the commbench sweep), nor
+(`calibrate_spec.json`): torch Adam over flat fp32 partitions of several sizes, making the micro-batches, and what
+the compute model's figures are fitted to (launch.config.calibration.Fitted): GEMMs of the recipe's dtype from
+small squares to the model's own shapes, an elementwise add streaming through memory, and torch's fused attention
+(sdpa, causal) at the model's heads and sequence. It writes `compute_INDEX.json`. No communication is timed here (the collectives come from the commbench sweep), nor
 the passes and the engine (launch/ranks/calibrate_pass.py times them in situ).
 """
 from __future__ import annotations
@@ -60,6 +62,36 @@ def _adam(spec: dict, cuda: bool, sync) -> list[list[float]]:
     return points
 
 
+def _median(fn, sync, spec: dict) -> float:
+    for _ in range(spec["warmup_iters"]):
+        fn()
+    return statistics.median(_timed(fn, sync) for _ in range(spec["fitted_iters"]))
+
+
+def _fitted(spec: dict, device: str, sync) -> dict:
+    """Seconds per call of each GEMM shape, of an add over `memory_numel` elements, and of sdpa's forward and of its
+    forward + backward (the backward alone: their difference)."""
+    import torch
+
+    dtype = getattr(torch, {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}[spec["dtype"]])
+    gemms = []
+    for m, n, k in spec["gemm_shapes"]:
+        a, b = torch.randn(m, k, dtype=dtype, device=device), torch.randn(k, n, dtype=dtype, device=device)
+        gemms.append({"m": m, "n": n, "k": k, "seconds": _median(lambda: torch.mm(a, b), sync, spec)})
+    x, y = (torch.randn(spec["memory_numel"], dtype=dtype, device=device) for _ in range(2))
+    z = torch.empty_like(x)
+    add_s = _median(lambda: torch.add(x, y, out=z), sync, spec)
+    att = spec["attention"]
+    q, k, v = (torch.randn(att["batch"], att["heads"], att["seq"], att["head_dim"], dtype=dtype, device=device,
+                           requires_grad=True) for _ in range(3))
+    grad = torch.randn(att["batch"], att["heads"], att["seq"], att["head_dim"], dtype=dtype, device=device)
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    forward_s = _median(lambda: sdpa(q, k, v, is_causal=True), sync, spec)
+    both_s = _median(lambda: sdpa(q, k, v, is_causal=True).backward(grad), sync, spec)
+    return {"gemms": gemms, "add_s": add_s, "memory_bytes": 3 * x.numel() * x.element_size(),
+            "attention_forward_s": forward_s, "attention_backward_s": max(both_s - forward_s, 1e-9)}
+
+
 def main(argv: list[str]) -> int:
     from launch.config.calibration import fit_alpha_beta
     from launch.config.resolve import Resolved
@@ -79,7 +111,8 @@ def main(argv: list[str]) -> int:
     alpha, beta = fit_alpha_beta(adam_points)  # the same straight-line fit: seconds = alpha + numel / beta
     doc = {"index": index, "pid": os.getpid(), "threads": torch.get_num_threads(),
            "data_s": _data(resolved, spec),
-           "adam_points": adam_points, "adam_alpha_s": alpha, "adam_s_per_param": 0.0 if beta == float("inf") else 1 / beta}
+           "adam_points": adam_points, "adam_alpha_s": alpha, "adam_s_per_param": 0.0 if beta == float("inf") else 1 / beta,
+           "fitted": _fitted(spec, "cuda" if cuda else "cpu", sync)}
     compute_file(calib_dir, index).write_text(json.dumps(doc, indent=2) + "\n")
     return 0
 

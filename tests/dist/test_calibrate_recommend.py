@@ -105,6 +105,30 @@ def test_calibrate_then_recommend_verify(tmp_path):
                                 f"train.activation_checkpointing={ac}", f"hardware.profile={cal}"])
         assert plan_resolved(r, envinfo.machine()).step.total_s == pytest.approx(measured, rel=1e-6), (z, ga, ac)
 
+    # The compute model's figures: fitted to GEMMs every rank timed at once, each point the ranks' mean (their own
+    # files, read here); a layout the passes miss (seq_len 32) is timed on them, and its per-micro-batch work is of
+    # the order of the measured pass of the same layout at seq_len 64 (a work-only model: below it, as it counts half
+    # the tokens and no per-op overhead, which is most of a tiny model's pass; above a tenth of it).
+    fitted = doc["compute"]["fitted"]
+    assert fitted["dtype"] == "fp32" and all(fitted[k] > 0 for k in ("gemm_tflops", "gemm_half_dim", "memory_GBps"))
+    ranks = [json.loads(f.read_text())["fitted"] for f in sorted((runs / "calibration").glob("*/compute_*.json"))]
+    assert len(ranks) == 2
+    for i, point in enumerate(fitted["gemm_points"]):
+        assert point["seconds"] == pytest.approx(statistics.fmean(r["gemms"][i]["seconds"] for r in ranks), rel=1e-9)
+        assert all((r["gemms"][i]["m"], r["gemms"][i]["n"], r["gemms"][i]["k"]) == (point["m"], point["n"], point["k"])
+                   for r in ranks)
+    miss = resolve_path(TINY, [*SMALL, "backend=torch", "parallel.zero_stage=0", "batch.seq_len=32",
+                               f"hardware.profile={cal}"])
+    plan = plan_resolved(miss, envinfo.machine())
+    assert plan.step.timing == "fitted"
+    from launch.plan.compute import compute
+    from launch.plan.layout import Layout
+
+    (per_micro_batch,) = compute(Layout.from_resolved(miss)).per_micro_batch_s
+    (measured_pass,) = [x["forward_s"] + x["backward_s"] for x in doc["compute"]["passes"]
+                        if (x["backend"], x["tp"], x["micro_batch_size"], x["activation_checkpointing"]) == ("torch", 1, 2, "none")]
+    assert measured_pass / 10 < per_micro_batch < measured_pass, (per_micro_batch, measured_pass)
+
     held = [*SMALL, f"hardware.profile={cal}", "train.warmup_steps=2"]
     p = _run(["recommend", TINY, *held, "verify=true", "top=2", "steps=8"], runs, 600)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
