@@ -149,6 +149,11 @@ class KinetoRanksMeta(NamedTuple):
     adapted_from: str | None = None  # nsys_adapter: "nsys"
 
 
+# Events one trace's table holds: past this a trace keeps its first MAX_EVENTS and says so (a partial result). A
+# kept event costs ~210 bytes of table (bench/bench_trace_memory.py; bench/results/bench_trace_memory.txt):
+# 10 million are ~2 GiB, on a machine that reads every rank's trace in turn. A trace of 20 million tiny events
+# compresses to 5 MB, so the file's size bounds nothing.
+MAX_EVENTS = 10_000_000
 _SLOW_WINDOW = 1 << 16         # bytes the slow path decodes to text at a time (it is tried first)
 _MAX_PENDING_BYTES = 64 << 20   # an "event" still unfinished after this many bytes is garbage
 _MAX_WARNINGS_PER_KIND = 5
@@ -742,9 +747,13 @@ def _parse_kineto(path: str | os.PathLike[str], source: str, categories: Iterabl
     collector = _Collector(None, wanted)
     scanner = _Scanner(name, collector, warnings.append, collector.header)
     reader = Source(path, name, warnings.append)
+    capped = False
     for chunk in reader.chunks():
         scanner.feed(chunk)
-    if not reader.failed:
+        if len(collector.cols["ts_us"]) >= MAX_EVENTS:
+            capped = True
+            break
+    if not reader.failed and not capped:
         scanner.finish()
     top = scanner.top
     dist = top.get("distributedInfo") if isinstance(top.get("distributedInfo"), dict) else {}
@@ -778,10 +787,14 @@ def _parse_kineto(path: str | os.PathLike[str], source: str, categories: Iterabl
     if read_until is not None:
         late = sorted(int(m.group(1)) for i, n in enumerate(cols["name"]) if n.startswith("ProfilerStep")
                       and (m := PROFILER_STEP.match(n)) and ts[i] + dur[i] > read_until)
+        if capped:
+            warnings.append(f"{name}: more than {MAX_EVENTS:,} events (analysis.parsers.kineto.MAX_EVENTS, ~2 GiB of "
+                            f"table); the first {len(ts):,} are kept, up to ts {read_until} us, and the rest of the file "
+                            "is left out: profile fewer steps (torch.profiler's schedule) to read it whole")
         if late:
-            warnings.append(f"{name}: the trace is cut short at ts {read_until} us (the last event read); steps "
-                            f"that end after it (ProfilerStep {', '.join(f'#{n}' for n in late)}) have incomplete "
-                            f"events and are left out of the measured window")
+            warnings.append(f"{name}: the trace is {'read up to' if capped else 'cut short at'} ts {read_until} us "
+                            f"(the last event read); steps that end after it (ProfilerStep {', '.join(f'#{n}' for n in late)}) "
+                            "have incomplete events and are left out of the measured window")
     meta = KinetoMeta(
         rank=collector.rank,
         world_size=int_or_none(dist.get("world_size")),

@@ -703,3 +703,18 @@ def test_peak_memory_does_not_grow_with_trace_size(tmp_path):
     # and the whole growth is within twice what the bigger table holds (allocator slack)
     assert peaks[1] - tables[1] < 1.5 * (peaks[0] - tables[0]), (peaks, tables)
     assert peaks[1] - peaks[0] < 2 * (tables[1] - tables[0]), (peaks, tables)
+
+
+def test_a_trace_past_the_event_limit_keeps_its_first_events_and_says_so(full_rank0, monkeypatch):
+    """The table stops growing at MAX_EVENTS (checked per 1 MiB chunk of text): a partial result, the prefix of the
+    whole one, one warning naming the limit, and the steps the kept events do not finish left out as for a cut file."""
+    from analysis.parsers import kineto
+
+    monkeypatch.setattr(kineto, "MAX_EVENTS", 1000)
+    t = parse_kineto(RANK0)
+    assert 1000 <= len(t) < len(full_rank0)
+    assert t.column("ts_us") == full_rank0.column("ts_us")[:len(t)]
+    (limit,) = [w for w in t.warnings if "more than 1,000 events" in w]
+    assert f"the first {len(t):,} are kept" in limit and "MAX_EVENTS" in limit
+    assert not any("not closed" in w or "ends early" in w for w in t.warnings)  # a limit, not damage
+    assert t.meta.truncated and t.meta.read_until_us == t.column("ts_us")[-1]
