@@ -331,6 +331,12 @@ def _report(name: str, args: CommandLine) -> int:
             print(printable(f"    fix: {f.fix}"))
         if not rep.findings:
             print("no findings")
+        # what could not be read is said here too: "no findings" of an input nothing was read from misleads
+        warned = [w for r in rep.runs for w in r.run.warnings]
+        for w in warned[:5]:
+            print(printable(f"warning: {w}"))
+        if len(warned) > 5:
+            print(f"... and {len(warned) - 5} more warning(s): `python -m analysis report` lists them all")
         return 0
     from analysis.report.render import write_report
 

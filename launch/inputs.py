@@ -153,6 +153,26 @@ def parse_json_object(path: str | Path, *, context: str, field: str, numbers: bo
     return doc
 
 
+def load_json(path: str | Path, *, numbers: bool = True) -> Any:
+    """For readers that pass over a file they cannot use rather than refuse it (markers, sidecars, a candidate
+    output's own record): the document, or what is wrong with the file in words. The same checks as parse_json: a
+    FIFO is never opened (it would block), nesting is bounded before parsing (Python's parser recurses)."""
+    try:
+        return parse_json(path, context=str(path), field="(file)", numbers=numbers)
+    except ConfigError as e:
+        return _Problem(e.problem)
+
+
+class _Problem(str):
+    """load_json's answer for a file it could not use: `isinstance(doc, str)` alone cannot tell it from a document
+    that is a JSON string."""
+
+
+def unusable(doc: Any) -> bool:
+    """Whether load_json could not read the file (its answer is then the problem in words)."""
+    return isinstance(doc, _Problem)
+
+
 @dataclass(frozen=True)
 class StoredTensor:
     """One tensor of a safetensors file, as its header describes it."""

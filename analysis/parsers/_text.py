@@ -4,23 +4,30 @@ from __future__ import annotations
 import codecs
 import os
 import re
+from pathlib import Path
+
+from launch.inputs import not_a_file
 
 
 def read_source(path_or_text: str | os.PathLike[str], source: str = "") -> tuple[str, str, list[str]]:
     """Return (text, source name, warnings) for a path or for the text itself.
 
-    A `str` with no newline that names an existing file is read as a path; anything else is text.
+    A `str` with no newline that names an existing path is read as a path (one that is no regular file, such as a
+    FIFO, gives a warning naming what it is, unopened); anything else is text.
     Undecodable bytes are replaced rather than raised on, since corrupt logs are normal input.
     """
     warnings: list[str] = []
     is_path = isinstance(path_or_text, os.PathLike) or (
-        isinstance(path_or_text, str) and "\n" not in path_or_text and len(path_or_text) < 4096
-        and os.path.isfile(path_or_text))
+        isinstance(path_or_text, str) and "\n" not in path_or_text and "\0" not in path_or_text
+        and len(path_or_text) < 4096 and os.path.lexists(path_or_text))
     if not is_path:
         text = str(path_or_text)
         name = source or "<text>"
     else:
         name = source or os.fspath(path_or_text)
+        problem = not_a_file(Path(path_or_text))  # a FIFO's open would block until a writer comes
+        if problem:
+            return "", name, [f"{name}: {problem}; not read"]
         try:
             with open(path_or_text, "rb") as fh:
                 data = fh.read()

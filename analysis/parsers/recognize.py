@@ -36,6 +36,7 @@ from analysis.parsers._text import (
     wide_encoding,
 )
 from analysis.parsers.nccl_debug import LOG_LINE_START
+from launch.inputs import not_a_file
 from launch.run.rundir import NOT_EVIDENCE, RunDir
 
 KINDS: dict[str, str] = {
@@ -225,6 +226,9 @@ _EXCLUSIVE = {"nsys_sqlite", "tensorboard", "kineto_trace", "resolved", "plan", 
 def classify(path: str | os.PathLike[str]) -> Recognized:
     """The kinds of one file, judged by content, or the reason none applies."""
     p = Path(path)
+    problem = not_a_file(p)  # a FIFO reads as size 0, and opening it would block: say what it is
+    if problem:
+        return Recognized(p, (), problem)
     try:
         size = p.stat().st_size
     except OSError as exc:
@@ -293,7 +297,7 @@ def recognize(path: str | os.PathLike[str]) -> Inventory:
     root = Path(path)
     if not root.exists():
         return Inventory(root, (), (Recognized(root, (), "does not exist"),), ())
-    if root.is_file():
+    if not root.is_dir():  # a file, or a FIFO or device named as the input: classify says what it is
         r = classify(root)
         return Inventory(root, (r,) if r.kinds else (), () if r.kinds else (r,), ())
     found: list[Recognized] = []
@@ -372,7 +376,8 @@ def group_runs(inv: Inventory, label: str | None = None) -> list[RunFiles]:
         lbl = label or name or str(inv.root)
         warnings = inv.warnings
         if not foreign and not runs:
-            why = f"{len(loose_skipped)} skipped, each with its reason" if loose_skipped else "it is empty"
+            why = (f"{loose_skipped[0].path.name}: {loose_skipped[0].reason}" if len(loose_skipped) == 1 else
+                   f"{len(loose_skipped)} skipped, each with its reason" if loose_skipped else "it is empty")
             warnings += (f"{inv.root}: nothing recognised ({why}); there is nothing to report for it",)
         runs.append(RunFiles(lbl, root, False, tuple(foreign), tuple(loose_skipped), warnings))
     elif loose_skipped:

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
+from launch import inputs
 from launch.comm.nccl_format import (
     BUS_FACTORS,
     NCCL_TESTS_OP,
@@ -201,8 +202,13 @@ def write_result(run, result: dict) -> None:
 
 
 def read_result(path: str | Path) -> dict:
-    """A `commbench/<op>.json` that `write_result` wrote."""
-    data = json.loads(Path(path).read_text())
+    """A `commbench/<op>.json` that `write_result` wrote; ValueError naming what is wrong with any other file (a FIFO
+    is not opened: it would block, and `busbw DIR` reads whatever a folder holds)."""
+    data = inputs.load_json(path, numbers=False)  # an α–β point may be Infinity
+    if inputs.unusable(data):
+        raise ValueError(f"{path}: {data}")
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: is not a JSON object")
     if data.get("version") != RESULT_VERSION:
         raise ValueError(f"{path}: commbench result version {data.get('version')!r}, this code reads {RESULT_VERSION}")
     return data

@@ -4,9 +4,9 @@ only: the plans come computed (launch/commands/plan.py)."""
 from __future__ import annotations
 
 import io
-import json
 from pathlib import Path
 
+from launch import inputs
 from launch.units import GiB
 
 GENERATOR = "layoutlab plan"  # how the page, the PNG and the JSON of `python -m launch plan` say they are ours
@@ -30,10 +30,7 @@ def ours(path: Path) -> bool:
         return head.startswith(b"\x89PNG") and GENERATOR.encode() in head
     if path.suffix == ".html":
         return head.startswith(HTML_HEAD.encode())
-    try:
-        rows = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return False
+    rows = inputs.load_json(path)
     # non-empty: a plan always lists a layout, and `[]` is anyone's
     return isinstance(rows, list) and bool(rows) and all(
         isinstance(r, dict) and set(r) in (PLAN_ROW_KEYS, PLAN_ROW_KEYS_ONE_MODEL) for r in rows)

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from launch import inputs
 from launch.config.backends import traits
 from launch.config.resolve import Resolved
 from launch.config.schedule import lr_at
@@ -207,13 +208,17 @@ def choose_resume(resolved: Resolved, runs_dir: Path) -> ResumeChoice:
 def explicit_resume(path: Path, resolved: Resolved) -> Checkpoint:
     """The checkpoint a `run.resume=PATH` names: PATH is a run directory (its newest complete checkpoint) or one
     checkpoint folder (checkpoints/step{N}, with its completion marker)."""
+    damaged: list[str] = []
     if (path / MARKER).is_file():
-        found = [c for c in complete_checkpoints(path.parent) if c.tag == path.name]
+        found = [c for c in complete_checkpoints(path.parent, damaged) if c.tag == path.name]
+        damaged = [d for d in damaged if d.startswith(str(path / MARKER))]
     else:
-        found = complete_checkpoints(path / "checkpoints")
+        found = complete_checkpoints(path / "checkpoints", damaged)
     if not found:
+        # a marker that lies (step99 in folder step3) or is damaged is named: "no complete checkpoint" alone hid it
         raise ResumeError(f"run.resume={path} holds no complete checkpoint (a run directory with checkpoints/step*/"
-                          f"{MARKER}, or one such step folder); name one that does, or set run.resume=auto or never")
+                          f"{MARKER}, or one such step folder)" + (f" ({damaged[-1]})" if damaged else "")
+                          + "; name one that does, or set run.resume=auto or never")
     ckpt = found[-1]
     want = json.loads(json.dumps(training_identity(resolved)))
     diff = _differs(want, {k: v for k, v in ckpt.info.get("identity", {}).items() if k in want})
@@ -307,10 +312,9 @@ def complete_checkpoints(root: Path, damaged: list[str] | None = None) -> list[C
 
 def _marker(path: Path) -> dict[str, Any] | str:
     """A completion marker as marker_info wrote it, or what is wrong with it."""
-    try:
-        info = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as e:  # unreadable, not UTF-8, not JSON, a number past the parser's limit
-        return f"cannot be read ({type(e).__name__})"
+    info = inputs.load_json(path)  # a FIFO, a folder, nesting past the parser's recursion, not JSON, NaN
+    if inputs.unusable(info):
+        return str(info)
     if not isinstance(info, dict):
         return "is not a JSON object"
     info = {"pp": 1, "vpp": 1, **info}  # markers written before pipelines held no pp / vpp

@@ -204,7 +204,7 @@ def weights_preflight(recipe_path: str, folder: Path, model) -> None:
     which layoutlab never does: trust_remote_code stays off), and every tensor `model` needs, whole and of its
     shape: without this, a folder of other weights trained from random initialisation and exited 0."""
     from launch.errors import ConfigError
-    from launch.inputs import safetensors_header
+    from launch.inputs import parse_json, safetensors_header
 
     files = sorted(p.name for p in folder.iterdir()) if folder.is_dir() else []
     if not any(f.endswith(".safetensors") for f in files):
@@ -216,10 +216,10 @@ def weights_preflight(recipe_path: str, folder: Path, model) -> None:
                           "AutoModelForCausalLM as M; M.from_pretrained('IN').save_pretrained('OUT')\", then set "
                           "model.weights=OUT")
     for name in ("config.json", "tokenizer_config.json"):
-        try:
-            doc = json.loads((folder / name).read_text(encoding="utf-8"))
-        except (OSError, ValueError):
+        if not os.path.lexists(folder / name):
             continue
+        # numbers unchecked: transformers writes model_max_length = 1e30 there; only auto_map is read
+        doc = parse_json(folder / name, context=recipe_path, field="model.weights", numbers=False)
         if isinstance(doc, dict) and doc.get("auto_map"):
             raise ConfigError(str(folder / name), "auto_map", sorted(doc["auto_map"])[:3],
                               "asks transformers to run the folder's own Python code, which layoutlab never does",

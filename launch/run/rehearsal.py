@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Mapping
 
+from launch import inputs
 from launch.errors import ConfigError
 from launch.plan.layout import Plan
 from launch.plan.memory import PHASES
@@ -164,10 +165,8 @@ def rehearsal_record(recipe: str, plan: Plan, world_size: int, ranks: list[Measu
 
 def is_our_rehearsal(folder: Path) -> bool:
     """Whether `folder` is a rehearsal directory this project wrote: its rehearsal.json carries SCHEMA."""
-    try:
-        return json.loads((folder / REHEARSAL).read_text(encoding="utf-8")).get("schema") == SCHEMA
-    except (OSError, ValueError, AttributeError):
-        return False
+    doc = inputs.load_json(folder / REHEARSAL)
+    return isinstance(doc, dict) and doc.get("schema") == SCHEMA
 
 
 @dataclass(frozen=True)
@@ -187,7 +186,7 @@ def recorded_peaks(path: Path) -> dict[str, RehearsedPeak]:
         return {}
     fix = "write it again: python bench/rehearse_catalogue.py (or restore it from git)"
     try:
-        d = json.loads(path.read_text(encoding="utf-8"))
+        d = inputs.parse_json_object(path, context=str(path), field="(file)")
         if d.get("schema") != CATALOGUE_SCHEMA:
             raise ConfigError(str(path), "schema", d.get("schema"), f"is not a {CATALOGUE_SCHEMA!r} record", fix)
         out = {}

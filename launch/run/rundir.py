@@ -8,11 +8,11 @@ runs/<recipe>/<UTC yyyymmdd-hhmmss>/
 from __future__ import annotations
 
 import datetime as _dt
-import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from launch import inputs
 from launch.config.schema import TOKENIZER_NAMES
 from launch.outputs import claim_folder, folder_problem, write_text_atomic
 
@@ -189,10 +189,13 @@ def export_target_problem(out: Path, inputs: tuple[Path, ...] = ()) -> str | Non
 def is_our_export(folder: Path) -> bool:
     """Whether `folder` holds an earlier export and nothing else: its marker lists the files the export wrote, and a
     file added since (a model card, an adapter) makes the folder the user's, never replaced."""
+    doc = inputs.load_json(folder / EXPORT_MARKER)
+    if inputs.unusable(doc) or not isinstance(doc, dict):
+        return False
+    written = doc.get("files")
     try:
-        written = json.loads((folder / EXPORT_MARKER).read_text(encoding="utf-8")).get("files")
         held = {p.name for p in folder.iterdir()}
-    except (OSError, ValueError, AttributeError):
+    except OSError:
         return False
     return isinstance(written, list) and held <= {*map(str, written), EXPORT_MARKER}
 

@@ -139,11 +139,11 @@ def check(prefixes: list[str]) -> int:
             max_id = int(np.memmap(prefix + ".bin", dtype=ds.index.dtype, mode="r").max())
         sidecar = Path(prefix + PREPARED)
         made = None
-        if sidecar.is_file():
+        doc = inputs.load_json(sidecar) if os.path.lexists(sidecar) else None
+        if isinstance(doc, dict):
             try:
-                made = json.loads(sidecar.read_text(encoding="utf-8"))
-                made = {"tokenizer": str(made["tokenizer"]), "vocab_size": int(made["vocab_size"]),
-                        "tokenizer_sha256": str(made["tokenizer_sha256"])}
+                made = {"tokenizer": str(doc["tokenizer"]), "vocab_size": int(doc["vocab_size"]),
+                        "tokenizer_sha256": str(doc["tokenizer_sha256"])}
             except (ValueError, KeyError, TypeError):
                 made = None  # a damaged sidecar only loses the tokenizer comparison
         print(json.dumps({"prefix": prefix, "tokens": int(ds.sequence_lengths.sum(dtype=np.int64)),
