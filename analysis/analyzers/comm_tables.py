@@ -40,6 +40,7 @@ class NcclTestsAverage(NamedTuple):
     avg_busbw_GBps: float | None  # its `# Avg bus bandwidth` line (the mean busbw of every size and placement),
     # GB/s; None where the output lacks it (cut short: the parser's warnings say so)
     source: str  # file:line of that line; the file alone where the output lacks it
+    footer_printed: bool = False  # the line is there: a None average then read as no possible bandwidth (inf, nan)
 
 
 class NcclTestsRowsMeta(NamedTuple):
@@ -86,7 +87,8 @@ def nccl_tests_rows(table: Table) -> Table:
         if printed or sec.avg_busbw_GBps is not None:
             averages.append(NcclTestsAverage(
                 sec.op, *_ranks(sec), printed, sec.avg_busbw_GBps,
-                table.source if sec.avg_busbw_line is None else f"{table.source}:{sec.avg_busbw_line}"))
+                table.source if sec.avg_busbw_line is None else f"{table.source}:{sec.avg_busbw_line}",
+                sec.avg_busbw_line is not None))
     return Table.from_rows("nccl_tests_rows", NCCL_TESTS_ROWS, merged.values(), source=table.source,
                            warnings=table.warnings, meta=NcclTestsRowsMeta(averages))
 

@@ -78,7 +78,7 @@ _PERF_BINARY = re.compile(r"\b(" + "|".join(op for op, _ in _OP_ALIASES) + r")_p
 _DTYPES = sorted(["int8", "uint8", "int32", "uint32", "int64", "uint64", "half", "float", "double",
                   "bfloat16", "f8e4m3", "f8e5m2", "fp8_e4m3", "fp8_e5m2", "char", "int"], key=len, reverse=True)
 _REDOPS = sorted(["sum", "prod", "max", "min", "avg", "none", "mulsum", "premulsum"], key=len, reverse=True)
-_FLOAT = r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?|nan|inf"
+_FLOAT = r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?|[-+]?(?:nan|inf)"  # printf prints -inf and -nan too
 # What one field may look like, used to cut a field off the NCCL log text glued onto it.
 _FIELD_TEXT = {
     "size": r"\d+", "count": r"\d+", "root": r"-1|\d+", "type": "|".join(_DTYPES), "redop": "|".join(_REDOPS),

@@ -537,6 +537,7 @@ def _comm_file_blocks(rep: Report) -> list[Block]:
                          rows=[[r.label, a.op, f"{a.ranks} ({a.ranks_from})" if a.ranks is not None else "unknown",
                                 # %g: the footer's own printf format, so the figure reads as the file does
                                 str(a.rows), f"{a.avg_busbw_GBps:g}" if a.avg_busbw_GBps is not None
+                                else "printed, but no possible bandwidth (the warnings say what)" if a.footer_printed
                                 else "not printed (the output was cut short)", r.run.relabel(a.source)]
                                for r in rep.runs for t in r.nccl_rows for a in t.meta.averages]))
     # NCCL_DEBUG lines come in logs of their own and among an nccl-tests output's rows.

@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from launch import inputs
+from launch import inputs, sense
 from launch.config.grid import divisors
 from launch.errors import ConfigError
 
@@ -295,20 +295,20 @@ class Calibration:
         comp = d.get("compute")
         compute = None if comp is None else Compute(
             model=str(comp["model"]), dtype=str(comp["dtype"]),
-            seq_len=int(comp["seq_len"]), threads_per_rank=int(comp["threads_per_rank"]),
-            passes=tuple(Pass(str(p["backend"]), int(p["tp"]), _bool(p["sp"]), int(p["micro_batch_size"]), str(p["activation_checkpointing"]),
+            seq_len=_whole(comp["seq_len"]), threads_per_rank=_whole(comp["threads_per_rank"]),
+            passes=tuple(Pass(str(p["backend"]), _whole(p["tp"]), _bool(p["sp"]), _whole(p["micro_batch_size"]), str(p["activation_checkpointing"]),
                               _num(p["forward_s"]), _num(p["backward_s"]), _num(p["embedding_forward_s"]),
                               _num(p["layers_forward_s"]), _num(p.get("sd_s", 0.0)))
                          for p in comp["passes"]),
-            engine=tuple(EngineCost(str(e["backend"]), int(e["zero_stage"]), _num(e["micro_step_s"]), _num(e["step_s"]),
+            engine=tuple(EngineCost(str(e["backend"]), _whole(e["zero_stage"]), _num(e["micro_step_s"]), _num(e["step_s"]),
                                     _num(e["recompute_s"])) for e in comp["engine"]),
             adam_alpha_s=_num(comp["adam_alpha_s"]), adam_s_per_param=_num(comp["adam_s_per_param"]),
             how=str(comp["how"]), data_s={str(b): _num(v) for b, v in dict(comp.get("data_s", {})).items()},
             fitted=_fitted(comp["fitted"]))
         return cls(created=str(d["created"]), machine_kind=str(d["machine_kind"]), versions=dict(d["versions"]),
-                   base_profile=str(d["base_profile"]), world_size=int(d["world_size"]),
-                   ranks_per_node=int(d["ranks_per_node"]),
-                   collectives=tuple(AlphaBeta(str(c["op"]), int(c["group_size"]), str(c["link"]), _num(c["alpha_s"]),
+                   base_profile=str(d["base_profile"]), world_size=_whole(d["world_size"]),
+                   ranks_per_node=_whole(d["ranks_per_node"]),
+                   collectives=tuple(AlphaBeta(str(c["op"]), _whole(c["group_size"]), str(c["link"]), _num(c["alpha_s"]),
                                                _num(c["beta_Bps"]),
                                                tuple((_num(s), _num(t)) for s, t in c["points"]), str(c["how"]))
                                      for c in d["collectives"]),
@@ -319,8 +319,16 @@ class Calibration:
 def _fitted(d: Mapping[str, Any]) -> Fitted:
     return Fitted(dtype=str(d["dtype"]), **{k: _num(d[k]) for k in (
         "gemm_tflops", "gemm_half_dim", "memory_GBps", "attention_forward_tflops", "attention_backward_tflops")},
-        gemm_points=tuple(GemmPoint(int(p["m"]), int(p["n"]), int(p["k"]), _num(p["seconds"]))
+        gemm_points=tuple(GemmPoint(_whole(p["m"]), _whole(p["n"]), _whole(p["k"]), _num(p["seconds"]))
                           for p in d["gemm_points"]))
+
+
+def _whole(value: Any) -> int:
+    """A count of the file (ranks, a TP degree, a matrix dimension): a JSON integer within 64 bits, as every writer of
+    the file writes it; 2.5, "3", true and 2**64 + 1 are damage (int() took the first three and kept the last)."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < sense.COUNT_LIMIT:
+        raise TypeError(f"{value!r} is not a whole number within 64 bits")
+    return value
 
 
 def _bool(value: Any) -> bool:

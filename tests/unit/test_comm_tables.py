@@ -60,6 +60,20 @@ def test_an_output_without_its_average_says_so():
         "all_reduce", 2, "inferred from busbw/algbw", 2, None, str(path))
 
 
+@pytest.mark.parametrize("value", ["inf", "-inf", "nan", "-nan", "1e400"])
+def test_a_footer_that_is_no_bandwidth_is_dropped_not_called_cut_short(tmp_path, value):
+    """printf writes inf, -inf, nan and -nan; the footer is there (the run finished), its figure is impossible."""
+    text = (NCCL / "c_allreduce_v2_13_8xh100.txt").read_text()
+    (line,) = [n for n, m in enumerate(map(AVG.match, text.splitlines()), 1) if m]
+    path = tmp_path / "footer.txt"
+    path.write_text(re.sub(r"(Avg bus bandwidth *: *)\S+", rf"\g<1>{value}", text))
+    table = parse_nccl_tests(path)
+    assert not any("cut short" in w for w in table.warnings), table.warnings
+    assert any("avg_busbw_GBps dropped as physically impossible" in w for w in table.warnings), table.warnings
+    (a,) = nccl_tests_rows(table).meta.averages
+    assert (a.avg_busbw_GBps, a.footer_printed, a.source) == (None, True, f"{path}:{line}")
+
+
 def test_the_report_shows_the_average_nccl_tests_printed(tmp_path):
     rep = build_report([(None, ALLREDUCE_8XH100), (None, NCCL / "real_allreduce_h100pcie_2gpu_issue194_EXCERPT.txt")])
     out = tmp_path / "r.md"
