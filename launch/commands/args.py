@@ -32,6 +32,9 @@ from launch.options import (
 __all__ = ["TOP_LEVEL_KEYS", "Arguments", "Option", "boolean", "choice", "choice_list", "distinct", "read", "text",
            "text_list", "whole", "whole_list"]
 
+# Overrides one command line may hold: a recipe has ~100 fields; past this it is a script's runaway loop, refused
+# before every one is parsed, typed and echoed back in the run's summary.
+MAX_OVERRIDES = 10_000
 # The recipe's own undotted keys (`backend=megatron`): overrides like the dotted ones.
 TOP_LEVEL_KEYS = frozenset({"backend", "extends", "description"}) & set(Recipe.__dataclass_fields__)
 
@@ -79,6 +82,9 @@ def read(args: Sequence[str], *, command: str, usage: str, options: Sequence[Opt
             except ValueError as e:
                 raise ConfigError("command line", key, value, str(e), f"{key}: {known[key].doc}") from None
         elif overrides and ("." in key or key in TOP_LEVEL_KEYS):
+            if len(dotted) == MAX_OVERRIDES:
+                raise ConfigError("command line", "argument", a,
+                                  f"is one more than the {MAX_OVERRIDES:,} overrides {command} takes", usage)
             dotted.append(a)
         else:
             names = [*known, *(TOP_LEVEL_KEYS if overrides else ())]  # backedn= is the recipe's backend

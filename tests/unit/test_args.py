@@ -124,3 +124,12 @@ def test_one_input_past_the_limit_is_named_as_such(capsys):
     err = capsys.readouterr().err.strip()
     assert err.splitlines()[0].endswith("is one more than the 10,000 inputs prepare-data takes; usage: python -m "
                                         "launch prepare-data FILE|FOLDER|GLOB... out=PREFIX [data.tokenizer=byte|model|DIR]")
+
+
+def test_one_override_past_the_limit_is_named_as_such(capsys):
+    """10,001 overrides were each parsed, typed and echoed in one huge summary line; the limit is said before any is."""
+    many = [f"train.seed={i}" for i in range(10_001)]
+    assert main(["run", str(REPO / "recipes/tiny_zero2"), *many, "--dry-run"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1
+    assert 'argument="train.seed=10000" is one more than the 10,000 overrides run.sh takes' in err, err
