@@ -162,10 +162,14 @@ def check_inputs(resolved: Resolved) -> tuple[Resolved, DataCheck | None]:
     return (resolved if data is None else dataclasses.replace(resolved, data_fingerprint=data.fingerprint)), data
 
 
-def untrusted_files(path: Path) -> str | None:
-    """What launch.torchtools.untrusted says of the checkpoint files under `path` (None: nothing that would run code). A
+def untrusted_files(path: Path, resolved: Resolved | None = None) -> str | None:
+    """What launch.torchtools.untrusted says of the checkpoint files under `path` (None: nothing that would run code
+    and, with `resolved` on the torch backend, every model tensor a DCP checkpoint holds in the model's shape). A
     process of its own: it needs torch, which the CLI never imports."""
-    p = subprocess.run([sys.executable, "-m", "launch.torchtools.untrusted", str(path)], capture_output=True, text=True)
+    shapes = ({p.name: list(p.shape) for p in resolved.model.parameters()}
+              if resolved is not None and resolved.recipe.backend == "torch" else None)
+    p = subprocess.run([sys.executable, "-m", "launch.torchtools.untrusted", *(["--shapes=-"] if shapes else []),
+                        str(path)], input=json.dumps(shapes) if shapes else None, capture_output=True, text=True)
     if p.returncode == 0:
         return None
     said = p.stderr.strip().splitlines()  # one line: the check's own, or the last of whatever ended it
@@ -192,7 +196,7 @@ def check_resume(resolved: Resolved, joined: str | None):
         print(line)
     ckpt = choice.checkpoint
     if ckpt is not None:
-        refused = untrusted_files(ckpt.dir)
+        refused = untrusted_files(ckpt.dir, resolved)
         if refused:
             raise ResumeError(refused)
     first_node = nodes.placement(os.environ, resolved.recipe.hardware.nodes).node_rank == 0

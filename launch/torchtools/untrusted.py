@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import importlib
 import io
+import json
 import sys
 from pathlib import Path
 
@@ -189,6 +190,35 @@ def _check_dcp_items(meta_path: Path) -> None:
                                              "(a pickle runs what it names)")
 
 
+class CheckpointMismatchError(UntrustedFileError):
+    """A checkpoint whose tensors are not the model's (another model's shards, or a marker that lies about them):
+    refused before any rank starts, in the same one line."""
+
+
+# The key torch_backend saves a model tensor under in a DCP checkpoint: its state dict's "model" entry, flattened.
+DCP_MODEL_PREFIX = "model."
+
+
+def shape_mismatches(metadata, want: dict[str, tuple[int, ...]]) -> list[str]:
+    """Each model tensor (`want`: DCP key -> global shape) that the checkpoint's metadata lacks or holds in another
+    shape, in words; the ranks' check before loading and the driver's before launch both ask it."""
+    saved = getattr(metadata, "state_dict_metadata", None) or {}
+    wrong = []
+    for key, shape in want.items():
+        meta = saved.get(key)
+        have = tuple(getattr(meta, "size", ())) if meta is not None else None
+        if have != tuple(shape):
+            wrong.append(f"{key.removeprefix(DCP_MODEL_PREFIX)}: checkpoint {have if have is not None else 'missing'}, "
+                         f"model {tuple(shape)}")
+    return wrong
+
+
+def mismatch_text(folder: Path, wrong: list[str]) -> str:
+    more = f" (and {len(wrong) - 3} more)" if len(wrong) > 3 else ""
+    return (f"{folder}: checkpoint does not fit this model: {'; '.join(wrong[:3])}{more}; set run.resume=never to "
+            "start fresh")
+
+
 def dcp_reader(folder: Path):
     """torch.distributed.checkpoint's FileSystemReader for `folder`, reading its metadata through read_dcp_metadata.
     The tensors and other saved objects in its data files it reads with torch.load, weights-only (guard())."""
@@ -206,16 +236,21 @@ def dcp_reader(folder: Path):
     return Reader(str(folder))
 
 
-def check(paths: list[Path]) -> None:
+def check(paths: list[Path], shapes: dict[str, tuple[int, ...]] | None = None) -> None:
     """Raise UntrustedFileError for the first checkpoint file under `paths` (files or folders) that names an object
-    outside torch's weights-only set and ALLOWED, or a DCP metadata file that names one outside DCP_METADATA_GLOBALS.
-    Reads the pickles' opcodes only (the metadata through the restricted unpickler); runs nothing they name."""
+    outside torch's weights-only set and ALLOWED, or a DCP metadata file that names one outside DCP_METADATA_GLOBALS;
+    with `shapes` (DCP key -> the model's global shape), CheckpointMismatchError for a DCP checkpoint whose model
+    tensors are not those. Reads the pickles' opcodes only (the metadata through the restricted unpickler); runs
+    nothing they name."""
     import torch
 
     for path in paths:
         if path.is_dir():
             for meta in sorted(path.rglob(DCP_METADATA)):
                 _check_dcp_items(meta)
+                wrong = shape_mismatches(read_dcp_metadata(meta), shapes) if shapes else []
+                if wrong:
+                    raise CheckpointMismatchError(mismatch_text(meta.parent, wrong))
         files = sorted(p for p in path.rglob("*") if p.suffix in CHECKPOINT_SUFFIXES) if path.is_dir() else [path]
         for f in files:
             try:
@@ -234,7 +269,9 @@ def _first_line(e: Exception) -> str:
 
 
 def main(argv: list[str]) -> int:
-    """`python -m launch.torchtools.untrusted PATH ...`: exit 2 with one line when a checkpoint file would run code.
+    """`python -m launch.torchtools.untrusted [--shapes=-] PATH ...`: exit 2 with one line when a checkpoint file would
+    run code (or, with --shapes=- and the model's tensor names and shapes as JSON on stdin, when a DCP checkpoint holds
+    another model's tensors).
     `python -m launch.torchtools.untrusted ds_to_universal ARGS`: DeepSpeed's converter with every load weights-only."""
     if argv[:1] == ["ds_to_universal"]:
         from deepspeed.checkpoint import ds_to_universal
@@ -248,8 +285,12 @@ def main(argv: list[str]) -> int:
         sys.argv = ["ds_to_universal", *argv[1:]]
         ds_to_universal.main(ds_to_universal.parse_arguments())
         return 0
+    shapes = None
+    if argv[:1] == ["--shapes=-"]:  # the model's tensor names and shapes as JSON on stdin (the driver imports no torch)
+        shapes = {DCP_MODEL_PREFIX + k: tuple(v) for k, v in json.loads(sys.stdin.read()).items()}
+        argv = argv[1:]
     try:
-        check([Path(a) for a in argv])
+        check([Path(a) for a in argv], shapes)
     except UntrustedFileError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

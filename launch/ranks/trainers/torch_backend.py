@@ -42,7 +42,15 @@ from launch.plan.memory import chunk_layers
 from launch.torchtools.hf import hf_config
 from launch.ranks.trainers import common
 from launch.ranks.trainers.protocol import BuildContext, StepOutput
-from launch.torchtools.untrusted import DCP_METADATA, UntrustedFileError, dcp_reader, read_dcp_metadata
+from launch.torchtools.untrusted import (
+    DCP_METADATA,
+    DCP_MODEL_PREFIX,
+    UntrustedFileError,
+    dcp_reader,
+    mismatch_text,
+    read_dcp_metadata,
+    shape_mismatches,
+)
 from launch.run.checkpoints import Checkpoint, ResumeError
 from launch.run.rundir import RECOMPUTE_REGION
 
@@ -638,17 +646,10 @@ def _dcp_load(state: dict, ckpt: Checkpoint, **kwargs) -> None:
 def _check_shapes(ckpt: Checkpoint, model_sd: dict) -> None:
     """Every tensor this model loads must exist in the checkpoint with the same global shape: DCP would otherwise load
     a slice of a different model, or fail deep inside its planner."""
-    saved = read_dcp_metadata(ckpt.dir / DCP_METADATA).state_dict_metadata  # damage: UntrustedFileError, one line
-    wrong = []
-    for name, tensor in model_sd.items():
-        meta = saved.get(f"model.{name}")
-        have = tuple(getattr(meta, "size", ())) if meta is not None else None
-        if have != tuple(tensor.shape):
-            wrong.append(f"{name}: checkpoint {have if have is not None else 'missing'}, model {tuple(tensor.shape)}")
+    metadata = read_dcp_metadata(ckpt.dir / DCP_METADATA)  # damage: UntrustedFileError, one line
+    wrong = shape_mismatches(metadata, {DCP_MODEL_PREFIX + name: tuple(t.shape) for name, t in model_sd.items()})
     if wrong:
-        more = f" (and {len(wrong) - 3} more)" if len(wrong) > 3 else ""
-        raise ResumeError(f"{ckpt.dir}: checkpoint does not fit this model: {'; '.join(wrong[:3])}{more}; "
-                          "set run.resume=never to start fresh")
+        raise ResumeError(mismatch_text(ckpt.dir, wrong))
 
 
 def build(ctx: BuildContext) -> TorchTrainer:
