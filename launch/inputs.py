@@ -137,16 +137,19 @@ def parse_json(path: str | Path, *, context: str, field: str, fix: str = "give t
     try:
         doc = json.loads(text)
     except json.JSONDecodeError as e:
-        raise ConfigError(str(path), f"line {e.lineno} col {e.colno}", e.msg, "is not valid JSON",
-                          "fix the JSON syntax") from None
+        lines = text.splitlines()
+        snippet = lines[e.lineno - 1].strip()[:60] if 0 < e.lineno <= len(lines) else ""
+        raise ConfigError(str(path), f"line {e.lineno} col {e.colno}", snippet, f"is not valid JSON ({e.msg})",
+                          "fix the JSON syntax at that position (strict JSON: no comments, no trailing commas)") from None
     except ValueError as e:  # an integer past Python's digit limit
         raise _number_too_long(path, "json", e) from None
     return check_numbers(doc, path) if numbers else doc
 
 
-def parse_json_object(path: str | Path, *, context: str, field: str, numbers: bool = True) -> dict:
+def parse_json_object(path: str | Path, *, context: str, field: str, numbers: bool = True,
+                      fix: str = "give the path of the file you meant") -> dict:
     """parse_json of a file that must hold one JSON object (a configuration), or a ConfigError saying it does not."""
-    doc = parse_json(path, context=context, field=field, numbers=numbers)
+    doc = parse_json(path, context=context, field=field, numbers=numbers, fix=fix)
     if not isinstance(doc, dict):
         raise ConfigError(str(path), field, json.dumps(doc)[:40], "is not a JSON object",
                           "use the file its library wrote (an object of settings)")
@@ -159,8 +162,10 @@ def load_json(path: str | Path, *, numbers: bool = True) -> Any:
     FIFO is never opened (it would block), nesting is bounded before parsing (Python's parser recurses)."""
     try:
         return parse_json(path, context=str(path), field="(file)", numbers=numbers)
-    except ConfigError as e:
-        return _Problem(e.problem)
+    except ConfigError as e:  # what is wrong, with the field or place it is at ("step=inf is not a finite ...")
+        if e.field == "(file)":
+            return _Problem(e.problem)
+        return _Problem(str(ConfigError("", e.field, e.value, e.problem, "")).removeprefix(": ").removesuffix("; "))
 
 
 class _Problem(str):

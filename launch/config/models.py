@@ -304,36 +304,9 @@ def load_model(name: str | None = None, config_path: str | Path | None = None, *
 
 
 def _read_json(path: Path, where: str) -> dict[str, Any]:
-    shown = _display(path)
-    text = inputs.read_text(path, context=where, field="model.config",
-                            fix="point it at an existing HF config.json, or use model.name for a catalogue model")
-    if inputs.nesting(text) > inputs.MAX_DEPTH:
-        raise ConfigError(shown, "(nesting)", f"more than {inputs.MAX_DEPTH} levels", "nests too deep for a config.json",
-                          "an HF config.json is one object of key: value pairs")
-    try:
-        data = json.loads(text)
-    except ValueError as exc:
-        if not isinstance(exc, json.JSONDecodeError):  # an integer past Python's digit limit
-            raise ConfigError(shown, "json", str(exc).split(";")[0], "holds a number no field can take",
-                              "write the number you meant") from None
-        lines = text.splitlines()
-        snippet = lines[exc.lineno - 1].strip()[:60] if 0 < exc.lineno <= len(lines) else ""
-        raise ConfigError(
-            shown,
-            f"line {exc.lineno} col {exc.colno}",
-            snippet,
-            f"is not valid JSON ({exc.msg})",
-            "fix the JSON syntax at that position (HF config.json is strict JSON: no comments, no trailing commas)",
-        ) from exc
-    if not isinstance(data, dict):
-        raise ConfigError(
-            shown,
-            "(top level)",
-            type(data).__name__,
-            "is not a JSON object",
-            "an HF config.json is one object of key: value pairs",
-        )
-    return inputs.check_numbers(data, shown)
+    return inputs.parse_json_object(path.resolve(), context=where, field="model.config",
+                                    fix="point it at an existing HF config.json, or use model.name for a catalogue "
+                                        "model")
 
 
 def _parse(raw: Mapping[str, Any], spec_name: str, path: Path, context: str) -> ModelSpec:

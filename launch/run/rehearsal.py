@@ -187,6 +187,9 @@ def recorded_peaks(path: Path) -> dict[str, RehearsedPeak]:
     fix = "write it again: python bench/rehearse_catalogue.py (or restore it from git)"
     try:
         d = inputs.parse_json_object(path, context=str(path), field="(file)")
+    except ConfigError as e:  # the record is ours: its fix is to write it again, whatever the damage
+        raise ConfigError(e.file, e.field, e.value, e.problem, fix) from None
+    try:
         if d.get("schema") != CATALOGUE_SCHEMA:
             raise ConfigError(str(path), "schema", d.get("schema"), f"is not a {CATALOGUE_SCHEMA!r} record", fix)
         out = {}

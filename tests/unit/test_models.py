@@ -294,7 +294,7 @@ def test_json_that_is_not_an_object(tmp_path):
     path.write_text("[1, 2]")
     with pytest.raises(ConfigError) as info:
         load_model(config_path=path)
-    assert (info.value.field, info.value.value) == ("(top level)", "list")
+    assert (info.value.field, info.value.value, info.value.problem) == ("model.config", "[1, 2]", "is not a JSON object")
 
 
 def test_unsupported_architecture_lists_supported(tmp_path):
