@@ -46,7 +46,6 @@ from launch.config.calibration import (
     GemmPoint,
     Pass,
     fit_alpha_beta,
-    fit_gemm,
 )
 from launch.config.backends import traits
 from launch.config.commbench import groups_of
@@ -54,7 +53,7 @@ from launch.config.grid import divisors
 from launch.config.resolve import Resolved, resolve_path
 from launch.commands.run import check_inputs
 from launch.errors import ConfigError
-from launch.plan.compute import flash_attention_flops
+from launch.plan.compute import fit_gemm, flash_attention_flops
 from launch.plan.search import MAX_MICRO_BATCH
 from launch.run import envinfo, launcher
 from launch.outputs import file_problem, write_atomic, write_new
@@ -173,9 +172,9 @@ def cmd_calibrate(args: Sequence[str]) -> int:
                   f"+{e.step_s * 1e3:.2f} ms per step, +{e.recompute_s * 1e3:.2f} ms per micro-step under full "
                   "checkpointing")
         f = calib.compute.fitted
-        print(f"  compute model's figures at {f.dtype}: GEMMs up to {f.gemm_tflops:.3g} TFLOP/s (half of it at dimension "
-              f"{f.gemm_half_dim:.0f}), streaming {f.memory_GBps:.3g} GB/s, sdpa forward {f.attention_forward_tflops:.3g} / "
-              f"backward {f.attention_backward_tflops:.3g} TFLOP/s")
+        print(f"  compute model's figures at {f.dtype}: GEMMs up to {f.gemm_tflops:.3g} TFLOP/s (each dimension at "
+              f"{f.gemm_half_dim:.0f} halves it), streaming {f.memory_GBps:.3g} GB/s, sdpa forward "
+              f"{f.attention_forward_tflops:.3g} / backward {f.attention_backward_tflops:.3g} TFLOP/s")
     noise = [n for n in notes if n.endswith(NOISE)]
     for n in notes:
         if not n.endswith(NOISE):
@@ -447,9 +446,12 @@ def _engine_costs(partial: Calibration, samples: list[StepSample], notes: list[s
     return tuple(out)
 
 
-# What the compute model's figures are fitted to, per rank: square GEMMs from a 32-wide one up to this many FLOPs
-# (the CPU's 2^10 square takes ~15 ms at fp32 on one core, a GPU's 2^14 ~10 ms), besides the model's own; an add over
-# this many elements (4× a CPU core's last-level cache share; a GPU's streams at full rate past ~1 GiB).
+# What the compute model's figures are fitted to, per rank: square GEMMs from this side (a GPU's below 256 are all
+# launch, no curve) up to this many FLOPs (the CPU's 2^10 square takes ~15 ms at fp32 on one core, a GPU's 2^14
+# ~10 ms), besides the model's own; sdpa at the model's shapes, one sequence where the micro-batch would pass the same
+# bound ×4; an add over this many elements (4× a CPU core's last-level cache share; a GPU's streams at full rate past
+# ~1 GiB).
+GEMM_SMALLEST_LOG2 = {"cpu": 5, "cuda": 8}
 GEMM_FLOPS_MAX = {"cpu": 2.2e9, "cuda": 9e12}
 MEMORY_NUMEL = {"cpu": 16 * 2**20, "cuda": 256 * 2**20}
 
@@ -460,17 +462,19 @@ def fitted_spec(resolved: Resolved, micro_batch_size: int, iters: int) -> dict:
     degree (thin shapes, which set the half dimension)."""
     m, device = resolved.model, resolved.hardware.device_type
     tokens = micro_batch_size * resolved.recipe.batch.seq_len
-    shapes = {(2**i,) * 3 for i in range(5, 15) if 2.0 * 8**i <= GEMM_FLOPS_MAX[device]}
+    shapes = {(2**i,) * 3 for i in range(GEMM_SMALLEST_LOG2[device], 15) if 2.0 * 8**i <= GEMM_FLOPS_MAX[device]}
     for t in sorted({1, resolved.recipe.hardware.gpus_per_node}):
         q, kv, f = m.num_heads * m.head_dim // t, m.num_kv_heads * m.head_dim // t, m.intermediate_size // t
         for n, k in ((q, m.hidden_size), (kv, m.hidden_size), (m.hidden_size, q), (f, m.hidden_size),
                      (m.hidden_size, f), (m.vocab_size // t, m.hidden_size)):
             if 2.0 * tokens * n * k <= GEMM_FLOPS_MAX[device]:
                 shapes.add((tokens, n, k))
+    seq = resolved.recipe.batch.seq_len
+    forward, _ = flash_attention_flops(micro_batch_size, m.num_heads, seq, m.head_dim)
+    batch = micro_batch_size if forward <= 4 * GEMM_FLOPS_MAX[device] else 1
     return {"dtype": resolved.recipe.precision.dtype, "gemm_shapes": sorted(shapes), "fitted_iters": iters,
             "memory_numel": MEMORY_NUMEL[device],
-            "attention": {"batch": micro_batch_size, "heads": m.num_heads, "seq": resolved.recipe.batch.seq_len,
-                          "head_dim": m.head_dim}}
+            "attention": {"batch": batch, "heads": m.num_heads, "seq": seq, "head_dim": m.head_dim}}
 
 
 def fit_figures(spec: dict, docs: list[dict]) -> Fitted:

@@ -167,7 +167,7 @@ def untrusted_files(path: Path, resolved: Resolved | None = None) -> str | None:
     and, with `resolved` on the torch backend, every model tensor a DCP checkpoint holds in the model's shape). A
     process of its own: it needs torch, which the CLI never imports."""
     shapes = ({p.name: list(p.shape) for p in resolved.model.parameters()}
-              if resolved is not None and resolved.recipe.backend == "torch" else None)
+              if resolved is not None and traits(resolved.recipe.backend).checkpoint_format == "dcp" else None)
     p = subprocess.run([sys.executable, "-m", "launch.torchtools.untrusted", *(["--shapes=-"] if shapes else []),
                         str(path)], input=json.dumps(shapes) if shapes else None, capture_output=True, text=True)
     if p.returncode == 0:

@@ -207,37 +207,10 @@ class Fitted:
     attention_backward_tflops: float
     gemm_points: tuple[GemmPoint, ...]
 
+    RATES = ("gemm_tflops", "gemm_half_dim", "memory_GBps", "attention_forward_tflops", "attention_backward_tflops")
+
     def numbers(self) -> dict[str, float]:
-        return {"gemm_tflops": self.gemm_tflops, "gemm_half_dim": self.gemm_half_dim, "memory_GBps": self.memory_GBps,
-                "attention_forward_tflops": self.attention_forward_tflops,
-                "attention_backward_tflops": self.attention_backward_tflops}
-
-
-def gemm_shape_factor(m: float, n: float, k: float, half_dim: float) -> float:
-    """The compute model's efficiency curve: each dimension near or below `half_dim` leaves the GEMM further from the
-    best rate (tiles half filled, too few waves)."""
-    return (m / (m + half_dim)) * (n / (n + half_dim)) * (k / (k + half_dim))
-
-
-# The half dimensions fit_gemm tries: log-spaced from 1 to 4096 (a GPU's is in the hundreds, a CPU core's tens).
-HALF_DIMS = tuple(2 ** (i / 8) for i in range(8 * 12 + 1))
-
-
-def fit_gemm(points: Sequence[GemmPoint]) -> tuple[float, float]:
-    """(best rate in FLOP/s, half dimension) of the efficiency curve closest to the points in log space (every
-    GEMM's relative error weighs the same): for each half dimension tried, the best rate is the geometric mean of
-    rate / shape factor; the half dimension with the smallest squared log error wins."""
-    pts = [p for p in points if p.seconds > 0 and math.isfinite(p.seconds)]
-    if not pts:
-        raise ValueError("no positive GEMM timings to fit")
-    best: tuple[float, float, float] | None = None
-    for h in HALF_DIMS:
-        logs = [math.log(p.flops / p.seconds / gemm_shape_factor(p.m, p.n, p.k, h)) for p in pts]
-        mean = sum(logs) / len(logs)
-        err = sum((x - mean) ** 2 for x in logs)
-        if best is None or err < best[0] - 1e-12:
-            best = (err, math.exp(mean), h)
-    return best[1], best[2]
+        return {k: getattr(self, k) for k in self.RATES}
 
 
 @dataclass(frozen=True)
@@ -252,7 +225,7 @@ class Compute:
     adam_s_per_param: float
     how: str
     data_s: Mapping[str, float] = field(default_factory=dict)  # making one micro-batch, by micro-batch size
-    fitted: Fitted | None = None  # None only in a Compute being assembled; every file of VERSION 4 has it
+    fitted: Fitted | None = None  # every file of VERSION 4 has it (read_calibration); older runs' resolved.json not
 
     def find_pass(self, backend: str, tp: int, sp: bool, micro_batch_size: int,
                   activation_checkpointing: str) -> Pass | None:
@@ -304,7 +277,7 @@ class Calibration:
                                     _num(e["recompute_s"])) for e in comp["engine"]),
             adam_alpha_s=_num(comp["adam_alpha_s"]), adam_s_per_param=_num(comp["adam_s_per_param"]),
             how=str(comp["how"]), data_s={str(b): _num(v) for b, v in dict(comp.get("data_s", {})).items()},
-            fitted=_fitted(comp["fitted"]))
+            fitted=_fitted(comp.get("fitted")))  # None in resolved.json of runs calibrated before VERSION 4
         return cls(created=str(d["created"]), machine_kind=str(d["machine_kind"]), versions=dict(d["versions"]),
                    base_profile=str(d["base_profile"]), world_size=_whole(d["world_size"]),
                    ranks_per_node=_whole(d["ranks_per_node"]),
@@ -316,9 +289,10 @@ class Calibration:
                    verified=tuple(dict(v) for v in d.get("verified", ())), correction=_num(d.get("correction", 1.0)))
 
 
-def _fitted(d: Mapping[str, Any]) -> Fitted:
-    return Fitted(dtype=str(d["dtype"]), **{k: _num(d[k]) for k in (
-        "gemm_tflops", "gemm_half_dim", "memory_GBps", "attention_forward_tflops", "attention_backward_tflops")},
+def _fitted(d: Mapping[str, Any] | None) -> Fitted | None:
+    if d is None:
+        return None
+    return Fitted(dtype=str(d["dtype"]), **{k: _num(d[k]) for k in Fitted.RATES},
         gemm_points=tuple(GemmPoint(_whole(p["m"]), _whole(p["n"]), _whole(p["k"]), _num(p["seconds"]))
                           for p in d["gemm_points"]))
 
@@ -386,6 +360,10 @@ def read_calibration(path: Path, *, context: str, field_name: str = "hardware.pr
             if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
                 raise bad(f"has an impossible {what} time {value!r}")
         f = c.fitted
+        if f is None:
+            raise bad("has no fitted compute figures (compute.fitted)")
+        if f.dtype != c.dtype:
+            raise bad(f"fitted its compute figures at {f.dtype!r}, its passes at {c.dtype!r}")
         for what, value in f.numbers().items():
             if not (math.isfinite(value) and value > 0):
                 raise bad(f"has an impossible fitted {what} {value!r}")
@@ -426,18 +404,21 @@ def machine_problems(calib: Calibration, *, machine_kind: str, versions: Mapping
     return out
 
 
-def problems(calib: Calibration, *, machine_kind: str, versions: Mapping[str, str | None],
-             needs: Sequence[tuple[str, int, str]], model: str, dtype: str, seq_len: int, ranks_per_node: int,
-             backend: str, tp: int, sp: bool, micro_batch_size: int, activation_checkpointing: str,
-             zero_stage: int) -> list[str]:
-    """Why this calibration cannot time a layout (empty: it can). `needs`: the (collective, group size) pairs the
-    layout calls; `ranks_per_node`: the layout's."""
+def missing_collectives(calib: Calibration, needs: Sequence[tuple[str, int, str]]) -> list[str]:
+    """The (collective, group size, link) calls of a layout the calibration did not measure, in words: those are
+    timed on the nominal figures, the rest of the layout on the calibration."""
+    measured = ", ".join(sorted({f"{c.op}/{c.group_size}/{c.link}" for c in calib.collectives}))
+    return [f"it has no {op} on {n} ranks {link.replace('_', '-')} (measured: {measured or 'none'})"
+            for op, n, link in needs if calib.alpha_beta(op, n, link) is None]
+
+
+def problems(calib: Calibration, *, machine_kind: str, versions: Mapping[str, str | None], model: str, dtype: str,
+             seq_len: int, ranks_per_node: int, backend: str, tp: int, sp: bool, micro_batch_size: int,
+             activation_checkpointing: str, zero_stage: int) -> list[str]:
+    """Why this calibration's measured passes cannot time a layout (empty: they can); `ranks_per_node`: the
+    layout's."""
     out = machine_problems(calib, machine_kind=machine_kind, versions=versions, model=model, dtype=dtype,
                            seq_len=seq_len, ranks_per_node=ranks_per_node)
-    for op, n, link in needs:
-        if calib.alpha_beta(op, n, link) is None:
-            out.append(f"it has no {op} on {n} ranks {link.replace('_', '-')} (measured: "
-                       + ", ".join(sorted({f"{c.op}/{c.group_size}/{c.link}" for c in calib.collectives})) + ")")
     c = calib.compute
     if c is None:
         return out  # machine_problems said so

@@ -7,7 +7,6 @@ never imported here; tests/unit/test_models.py checks every count against a real
 from __future__ import annotations
 
 import difflib
-import json
 import math
 from dataclasses import dataclass, field, fields
 from pathlib import Path

@@ -71,10 +71,12 @@ def make_plan(layout: Layout, recipe_name: str = "", machine: Machine | None = N
     ]
     if timing.calibration is not None:
         notes.append(f"time: calibrated on {timing.calibration.machine_kind} at {timing.calibration.created} "
-                     f"(hardware.profile is a calibration file)")
-    elif timing.machine is not None:
-        notes.append(f"time: fitted: the compute model on the figures calibrated on {timing.machine.machine_kind} at "
-                     f"{timing.machine.created} (GEMM curve, bandwidth, attention) and its collectives' α–β curves "
+                     f"(hardware.profile is a calibration file)" + (
+                         "; on nominal figures, the calls it did not measure: " + "; ".join(timing.why_nominal)
+                         if timing.why_nominal else ""))
+    elif timing.fitted_on is not None:
+        notes.append(f"time: fitted: the compute model on the figures calibrated on {timing.fitted_on.machine_kind} at "
+                     f"{timing.fitted_on.created} (GEMM curve, bandwidth, attention) and its collectives' α–β curves "
                      "where it measured the group; its measured passes do not time this layout because "
                      + "; ".join(timing.why_nominal))
     elif timing.why_nominal:

@@ -5,11 +5,12 @@ recomputation exactly as the memory model keeps activations. The nominal step ti
 a calibration replaces it with measured passes."""
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
-from typing import Mapping
+from typing import Mapping, Sequence
 
 from launch.config.backends import SELECTIVE_EVERY, traits
-from launch.config.calibration import gemm_shape_factor
+from launch.config.calibration import GemmPoint
 from launch.errors import ConfigError
 from launch.plan.layout import Layout
 from launch.plan.memory import OP_POLICY_RECOMPUTED, chunk_layers, rank_parameters
@@ -84,6 +85,33 @@ def fusion(layout: Layout) -> str:
     if layout.attention == "te":
         return "fused"
     return "compiled" if layout.compile else "eager"
+
+
+def gemm_shape_factor(m: float, n: float, k: float, half_dim: float) -> float:
+    """The compute model's efficiency curve: each dimension near or below `half_dim` leaves the GEMM further from the
+    best rate (tiles half filled, too few waves)."""
+    return (m / (m + half_dim)) * (n / (n + half_dim)) * (k / (k + half_dim))
+
+
+# The half dimensions fit_gemm tries: log-spaced from 1 to 4096 (a GPU's is in the hundreds, a CPU core's tens).
+HALF_DIMS = tuple(2 ** (i / 8) for i in range(8 * 12 + 1))
+
+
+def fit_gemm(points: Sequence[GemmPoint]) -> tuple[float, float]:
+    """(best rate in FLOP/s, half dimension) of the efficiency curve closest to the points in log space (every
+    GEMM's relative error weighs the same): for each half dimension tried, the best rate is the geometric mean of
+    rate / shape factor; the half dimension with the smallest squared log error wins."""
+    pts = [p for p in points if p.seconds > 0 and math.isfinite(p.seconds)]
+    if not pts:
+        raise ValueError("no positive GEMM timings to fit")
+    best: tuple[float, float, float] | None = None
+    for h in HALF_DIMS:
+        logs = [math.log(p.flops / p.seconds / gemm_shape_factor(p.m, p.n, p.k, h)) for p in pts]
+        mean = sum(logs) / len(logs)
+        err = sum((x - mean) ** 2 for x in logs)
+        if best is None or err < best[0] - 1e-12:
+            best = (err, math.exp(mean), h)
+    return best[1], best[2]
 
 
 @dataclass(frozen=True)

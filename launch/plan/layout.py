@@ -170,7 +170,9 @@ class StepTime:
     tokens_per_s_per_device: float
     mfu: float
     assumptions: str
-    timing: str = "nominal"  # "calibrated": compute and collectives from a calibration file; else "nominal"
+    # "calibrated": a calibration's passes and collectives; "fitted": the compute model on figures a calibration
+    # fitted on this machine (launch.plan.timing.Timing); else "nominal"
+    timing: str = "nominal"
     correction: float = 1.0  # the calibration's measured/predicted ratio from verified runs, already in total_s
     # The nominal compute by kind (launch/plan/compute.py; 0 where calibrated: measured passes are not split), each
     # already in compute_s: GEMMs, fused attention, memory-bound work (norms, RoPE, SwiGLU, loss), the optimizer step,

@@ -222,11 +222,13 @@ def search(recipe: str, overrides: Sequence[str], machine: Machine | None = None
 
 
 def ranked(cands: Sequence[Candidate]) -> list[Candidate]:
-    """The layouts that fit, fastest first. Once any is timed by a calibration, only calibrated ones are ranked:
-    nominal figures of the same machine are not comparable with measured ones."""
+    """The layouts that fit, fastest first, of the best-founded timing any has (calibrated, then fitted, then
+    nominal): measured passes, the compute model on this machine's figures and the data sheet's do not compare."""
     fit = [c for c in cands if c.fits]
-    if any(c.plan.step.timing == "calibrated" for c in fit):
-        fit = [c for c in fit if c.plan.step.timing == "calibrated"]
+    for timing in ("calibrated", "fitted"):
+        if any(c.plan.step.timing == timing for c in fit):
+            fit = [c for c in fit if c.plan.step.timing == timing]
+            break
     return sorted(fit, key=lambda c: -c.plan.step.tokens_per_s_per_device)
 
 

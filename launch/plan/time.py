@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from dataclasses import dataclass
 from statistics import NormalDist
@@ -10,7 +11,7 @@ from launch.comm.commbench_spec import backend_of
 from launch.config import calibration as cal
 from launch.config.backends import SELECTIVE_EVERY, traits
 from launch.config.dsconfig import layer_params_per_rank
-from launch.config.hardware import load_profile
+from launch.config.hardware import HardwareProfile, load_profile
 from launch.config.models import ModelSpec
 from launch.plan.collectives import communication, pipeline_exchanges
 from launch.plan.compute import Compute, compute, fusion, optimizer_partition
@@ -253,15 +254,18 @@ def _prefetched_share(layout: Layout) -> float:
 
 
 def layout_timing(layout: Layout, machine: cal.Machine | None) -> Timing:
-    """The calibration of `layout.hardware` when it covers this layout on `machine`, else nominal with why. The machine
-    arrives as data (the planner probes none); without one a calibration cannot be checked, so it is not used."""
+    """The calibration of `layout.hardware` when its measured passes cover this layout on `machine` (the collectives
+    it did not measure on nominal figures, said); else its fitted figures when it measured this machine at the
+    layout's dtype; else nominal; with why. The machine arrives as data (the planner probes none); without one a
+    calibration cannot be checked, so it is not used."""
     if layout.hardware.nominal:
         return Timing()
     if machine is None:
         return Timing(None, ("no machine was given to check it against (the plan is for no particular machine)",))
     calib = cal.Calibration.from_dict(layout.hardware.calibration)
     needs = sorted({(c.collective, c.group_size, c.link) for c in communication(layout)})
-    why = cal.problems(calib, machine_kind=machine.kind, versions=machine.versions, needs=needs,
+    missing = tuple(cal.missing_collectives(calib, needs))
+    why = cal.problems(calib, machine_kind=machine.kind, versions=machine.versions,
                        model=layout.model.name, dtype=layout.dtype, seq_len=layout.seq_len,
                        ranks_per_node=layout.grid.gpus_per_node, tp=layout.grid.tp, micro_batch_size=layout.micro_batch_size,
                        backend=layout.backend, sp=layout.sp, activation_checkpointing=layout.activation_checkpointing,
@@ -271,17 +275,22 @@ def layout_timing(layout: Layout, machine: cal.Machine | None) -> Timing:
     if layout.offload_optimizer != "none" or layout.offload_params != "none":
         why.append("it does not time offloading")
     if not why:
-        return Timing(calib)
+        return Timing(calib, missing)
     this_machine = not cal.host_problems(calib, machine_kind=machine.kind, versions=machine.versions,
                                          ranks_per_node=layout.grid.gpus_per_node)
     fitted = calib.compute.fitted if calib.compute else None
-    return Timing(None, tuple(why), calib if this_machine and fitted and fitted.dtype == layout.dtype else None)
+    return Timing(None, (*why, *missing), calib if this_machine and fitted and fitted.dtype == layout.dtype else None)
+
+
+@functools.lru_cache(maxsize=None)
+def _nominal_profile(name: str) -> HardwareProfile:
+    """A shipped profile, read once: step_time asks it for every layout recommend and plan search."""
+    return load_profile(name)
 
 
 def on_figures_of(layout: Layout, timing: Timing) -> Layout:
     """The layout on the hardware figures its timing stands on: a calibrated profile's fitted figures only where the
-    calibration measured this machine at the layout's dtype (Timing.machine), else its nominal base profile's."""
-    if layout.hardware.nominal or timing.calibration or timing.machine:
+    calibration measured this machine at the layout's dtype (Timing.fitted_on), else its nominal base profile's."""
+    if layout.hardware.nominal or timing.calibration or timing.fitted_on:
         return layout
-    return dataclasses.replace(layout, hardware=load_profile(layout.hardware.calibration["base_profile"]))
-
+    return dataclasses.replace(layout, hardware=_nominal_profile(layout.hardware.calibration["base_profile"]))

@@ -17,23 +17,24 @@ def bus_factor(collective: str, n: int) -> float:
 @dataclass(frozen=True)
 class Timing:
     """Where a plan's times come from: a calibration that covers the layout (its measured passes, engine costs and
-    collectives); else, when one was measured on this machine at the layout's dtype (`machine`), the compute model
+    collectives); else, when one was measured on this machine at the layout's dtype (`fitted_on`), the compute model
     on its fitted figures (the calibrated profile's efficiency) and its collectives' α–β curves where it measured
-    the group; else the nominal profile. `why_nominal`: why the calibration's passes do not time the layout."""
+    the group; else the nominal profile. `why_nominal`: what of the layout the calibration does not time (its
+    passes, or collectives it did not measure, which take the nominal figures)."""
 
     calibration: cal.Calibration | None = None
     why_nominal: tuple[str, ...] = ()
-    machine: cal.Calibration | None = None
+    fitted_on: cal.Calibration | None = None
 
     @property
     def label(self) -> str:
         """StepTime.timing: "calibrated", "fitted" or "nominal"."""
-        return "calibrated" if self.calibration else "fitted" if self.machine else "nominal"
+        return "calibrated" if self.calibration else "fitted" if self.fitted_on else "nominal"
 
     def call(self, collective: str, n: int, link: str, nominal_busbw: float, nominal_latency_us: float,
              nbytes: float) -> tuple[float, float, float]:
         """(seconds per call, latency µs, busbw GB/s) of one call moving an nbytes message (nccl-tests' size)."""
-        measured = self.calibration or self.machine
+        measured = self.calibration or self.fitted_on
         fit = measured.alpha_beta(collective, n, link) if measured else None
         if fit is not None:
             busbw = fit.beta_Bps * bus_factor(collective, n) / 1e9 if math.isfinite(fit.beta_Bps) else math.inf

@@ -300,7 +300,7 @@ def complete_checkpoints(root: Path, damaged: list[str] | None = None) -> list[C
     if root.is_dir():
         for d in root.iterdir():
             marker = d / MARKER
-            if marker.is_file():
+            if os.path.lexists(marker):  # a FIFO or link there is named by _marker, not passed over in silence
                 info = _marker(marker)
                 if isinstance(info, str):
                     if damaged is not None:

@@ -190,7 +190,7 @@ def is_our_export(folder: Path) -> bool:
     """Whether `folder` holds an earlier export and nothing else: its marker lists the files the export wrote, and a
     file added since (a model card, an adapter) makes the folder the user's, never replaced."""
     doc = inputs.load_json(folder / EXPORT_MARKER)
-    if inputs.unusable(doc) or not isinstance(doc, dict):
+    if not isinstance(doc, dict):  # unreadable (load_json's problem), or not our marker's object
         return False
     written = doc.get("files")
     try:

@@ -195,8 +195,10 @@ class CheckpointMismatchError(UntrustedFileError):
     refused before any rank starts, in the same one line."""
 
 
-# The key torch_backend saves a model tensor under in a DCP checkpoint: its state dict's "model" entry, flattened.
-DCP_MODEL_PREFIX = "model."
+# The entry of the state torch_backend saves with DCP that holds the model (beside "optim"); DCP flattens nested
+# state, so a model tensor's key is "model." + its name.
+DCP_MODEL_KEY = "model"
+DCP_MODEL_PREFIX = DCP_MODEL_KEY + "."
 
 
 def shape_mismatches(metadata, want: dict[str, tuple[int, ...]]) -> list[str]:

@@ -4,7 +4,6 @@ checkpoints here are written by torch.distributed.checkpoint itself, in one proc
 list (launch.config.models: the oracle for names and shapes)."""
 from pathlib import Path
 
-import pytest
 import torch
 import torch.distributed.checkpoint as dcp
 

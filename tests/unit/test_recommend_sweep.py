@@ -193,7 +193,8 @@ def test_only_a_calibration_of_this_machine_model_and_world_is_found(tmp_path):
                 dict(versions={**mine.versions, "torch": "1.0.0"}),
                 dict(versions={**mine.versions, "deepspeed": "0.1.0"}),
                 dict(compute=dataclasses.replace(compute, seq_len=128)),
-                dict(compute=dataclasses.replace(compute, dtype="bf16")),
+                dict(compute=dataclasses.replace(compute, dtype="bf16",
+                                                 fitted=dataclasses.replace(compute.fitted, dtype="bf16"))),
                 dict(compute=dataclasses.replace(compute, model="tiny-qwen2"))):
         created = next(later)
         _calibrate_into(tmp_path, created[:19].replace(":", ""), dataclasses.replace(mine, created=created, **bad))

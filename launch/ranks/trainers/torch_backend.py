@@ -44,6 +44,7 @@ from launch.ranks.trainers import common
 from launch.ranks.trainers.protocol import BuildContext, StepOutput
 from launch.torchtools.untrusted import (
     DCP_METADATA,
+    DCP_MODEL_KEY,
     DCP_MODEL_PREFIX,
     UntrustedFileError,
     dcp_reader,
@@ -579,7 +580,7 @@ class TorchTrainer:
             m, o = get_state_dict(part, optimizer, options=StateDictOptions(flatten_optimizer_state_dict=True))
             model_sd.update(m)
             optim_sd.update(o)
-        state = {"model": model_sd, "optim": optim_sd}
+        state = {DCP_MODEL_KEY: model_sd, "optim": optim_sd}
         if self.scaler is not None:  # fp16: the loss scale and its growth tracker resume too
             state["scaler"] = self.scaler.state_dict()
         return state
@@ -596,13 +597,13 @@ class TorchTrainer:
         from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
 
         state = self._state()
-        _check_shapes(ckpt, state["model"])
+        _check_shapes(ckpt, state[DCP_MODEL_KEY])
         _dcp_load(state, ckpt)
         if self.scaler is not None and "scaler" in state:
             self.scaler.load_state_dict(state["scaler"])
         options = StateDictOptions(flatten_optimizer_state_dict=True, strict=len(self.parts) == 1)
         for part, optimizer in zip(self._wrapped(), self.optimizers, strict=True):
-            set_state_dict(part, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"],
+            set_state_dict(part, optimizer, model_state_dict=state[DCP_MODEL_KEY], optim_state_dict=state["optim"],
                            options=options)
         return ckpt.step
 
@@ -663,10 +664,11 @@ def export_hf_state(resolved: Resolved, ckpt: Checkpoint) -> dict:
         want["lm_head.weight"] = want["model.embed_tokens.weight"]
     state = {}
     for key, meta in read_dcp_metadata(ckpt.dir / DCP_METADATA).state_dict_metadata.items():
-        if key.startswith("model.") and hasattr(meta, "size"):
-            if want.get(key.removeprefix("model.")) != math.prod(meta.size):  # before allocating what the metadata claims
-                raise ResumeError(f"{ckpt.dir}: holds {key.removeprefix('model.')} of shape {tuple(meta.size)}, which "
+        if key.startswith(DCP_MODEL_PREFIX) and hasattr(meta, "size"):
+            name = key.removeprefix(DCP_MODEL_PREFIX)
+            if want.get(name) != math.prod(meta.size):  # before allocating what the metadata claims
+                raise ResumeError(f"{ckpt.dir}: holds {name} of shape {tuple(meta.size)}, which "
                                   f"{resolved.model.name} does not have; export the run that wrote it")
             state[key] = torch.empty(tuple(meta.size), dtype=meta.properties.dtype)
     _dcp_load(state, ckpt, no_dist=True)
-    return {k.removeprefix("model."): v.float() for k, v in state.items()}
+    return {k.removeprefix(DCP_MODEL_PREFIX): v.float() for k, v in state.items()}
