@@ -27,14 +27,15 @@ def _marker(step_dir: Path, text: str | None) -> Path:
     return marker
 
 
-def test_a_checkpoint_marker_nested_past_the_parser_is_named_and_passed_over(tmp_path):
+@pytest.mark.parametrize("content, says", [(DEEP, "nests too deep"), (None, "is a FIFO (named pipe)")])
+def test_a_checkpoint_marker_nested_past_the_parser_or_a_fifo_is_named_and_passed_over(tmp_path, content, says):
     from launch.run.checkpoints import complete_checkpoints
 
-    _marker(tmp_path / "checkpoints" / "step3", DEEP)
+    _marker(tmp_path / "checkpoints" / "step3", content)
     damaged: list[str] = []
     assert complete_checkpoints(tmp_path / "checkpoints", damaged) == []
     (note,) = damaged
-    assert "step3" in note and "nests too deep" in note
+    assert "step3" in note and says in note
 
 
 def test_run_resume_naming_a_lying_marker_says_what_it_says(tmp_path):
