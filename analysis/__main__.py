@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 
 from launch.errors import printable
+from launch.inputs import not_a_file
 from launch.options import Option, choice, closest, text, whole
 from launch.outputs import file_problem, folder_problem
 
@@ -211,6 +212,9 @@ def _run_options(args: CommandLine) -> dict:
     if "ceiling" in options:
         if not Path(options["ceiling"]).exists():
             raise UsageError(f"ceiling={options['ceiling']}: no such file or folder", show_usage=False)
+        problem = None if Path(options["ceiling"]).is_dir() else not_a_file(Path(options["ceiling"]))
+        if problem:  # a FIFO: its read would block, and "no tables found there" would hide why
+            raise UsageError(f"ceiling={options['ceiling']}: {problem}; give nccl-tests output", show_usage=False)
         kw["ceiling"] = options["ceiling"]
     if "hardware" in options:
         from launch.config.hardware import load_profile
@@ -430,7 +434,13 @@ def _busbw(args: CommandLine) -> int:
         raise UsageError(f"{missing[0]} does not exist; pass run directories or result files", show_usage=False)
     from analysis.analyzers.ceilings import busbw_panels
     from analysis.parsers.commbench import load
-    from analysis.report.plots import busbw_plot
+    from analysis.report.plots import busbw_plot, is_our_busbw_png
+
+    out = Path(args.flags["output"])
+    problem = ("is not a .png: busbw writes a PNG" if out.suffix.lower() != ".png" else
+               file_problem(out, ours=is_our_busbw_png, writer="python -m analysis busbw", inputs=map(Path, inputs)))
+    if problem:  # before anything is read: an input, a link, someone's file
+        raise UsageError(f"-o {args.flags['output']}: {problem}; choose another name or move it", show_usage=False)
 
     tables, warnings = load(inputs)
     for w in warnings:

@@ -319,7 +319,10 @@ def recognize(path: str | os.PathLike[str]) -> Inventory:
         if is_run:
             run_dirs.append(d)
             layouts.add(d)
-        here = [Recognized(r.path, (kind,)) if (kind := _layout_kind(r.path, layouts)) else r for r in here]
+        # a file of ours by its place in a run directory, unless it is no regular file (a FIFO named rank0.jsonl
+        # would block its reader): classify has said what it is
+        here = [Recognized(r.path, (kind,)) if (kind := _layout_kind(r.path, layouts)) and not_a_file(r.path) is None
+                else r for r in here]
         for r in here:
             if not r.kinds:
                 skipped.append(r if r.ours else _ours(r, run_dirs) or r)

@@ -245,8 +245,22 @@ def busbw_plot(panels: Sequence[Panel], *, nominal_GBps: float | None = None, ou
     fig.tight_layout(rect=(0, 0.045 * legend_rows + 0.02, 1, 0.95))
     out = Path(out_png)
     out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=130)
+    fig.savefig(out, dpi=130, metadata={"Software": BUSBW_SOFTWARE})
     return out
+
+
+# The PNG's Software text: an earlier plot of ours at -o is replaced, anything else there is refused.
+BUSBW_SOFTWARE = "layoutlab python -m analysis busbw"
+
+
+def is_our_busbw_png(path: Path) -> bool:
+    """Whether `path` is a PNG busbw_plot wrote (its Software chunk comes before the image data)."""
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(4096)
+    except OSError:
+        return False
+    return head.startswith(b"\x89PNG") and BUSBW_SOFTWARE.encode() in head
 
 
 def _bytes(x: float) -> str:

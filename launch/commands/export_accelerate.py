@@ -18,7 +18,7 @@ from launch.commands.args import Option, read, text
 from launch.config.resolve import Resolved, resolve_path
 from launch.commands.run import check_inputs, check_resume
 from launch.config.schema import TOKENIZER_NAMES
-from launch.errors import ConfigError
+from launch.errors import ConfigError, printable
 from launch.plan.build import plan_resolved
 from launch.run import envinfo, launcher, nodes
 from launch.outputs import input_problem, place_problem, write_atomic
@@ -124,6 +124,7 @@ def cmd_export_accelerate(args: Sequence[str], environ=None) -> int:
             raise ConfigError("command line", "out", out, problem or "already exists (nothing is overwritten)",
                               "give a new folder")
     run, command = export_accelerate(resolved, Path(out) if out else None, environ)
-    print(f"wrote {run.root / CONFIG_NAME} and {run.root / DS_CONFIG_NAME}; launch with:")
-    print(command)
+    # a path's newline or escape shown as text: it can neither split the line nor recolour the terminal
+    print(printable(f"wrote {run.root / CONFIG_NAME} and {run.root / DS_CONFIG_NAME}; launch with:"))
+    print(printable(command))
     return 0

@@ -337,8 +337,10 @@ def read_calibration(path: Path, *, context: str, field_name: str = "hardware.pr
     except (KeyError, TypeError, ValueError, OverflowError) as e:  # OverflowError: 1e400 (inf) for a whole number
         raise bad(f"is damaged ({type(e).__name__}: {e})")
     for c in calib.collectives:
-        # α = 0 with β = ∞ would make the collective free.
-        if not (c.alpha_s >= 0 and math.isfinite(c.alpha_s) and c.beta_Bps > 0 and (c.alpha_s > 0 or math.isfinite(c.beta_Bps))):
+        # α = 0 with β = ∞ would make the collective free; β = ∞ alone is a latency-only fit (fit_alpha_beta), a
+        # finite β past any link's speed is no measurement.
+        if not (c.alpha_s >= 0 and math.isfinite(c.alpha_s) and c.beta_Bps > 0 and (c.alpha_s > 0 or math.isfinite(c.beta_Bps))
+                and (math.isinf(c.beta_Bps) or c.beta_Bps <= sense.MAX_BANDWIDTH_GBPS * 1e9)):
             raise bad(f"has an impossible fit for {c.op} on {c.group_size} ranks (alpha {c.alpha_s}, beta {c.beta_Bps})")
         if not c.points or not all(math.isfinite(x) and math.isfinite(t) and x > 0 and t >= 0 for x, t in c.points):
             raise bad(f"has impossible measured points for {c.op} on {c.group_size} ranks")

@@ -18,6 +18,8 @@ import json
 import sys
 from pathlib import Path
 
+from launch import inputs
+
 # Qualified name -> who writes it (the library and version checked here). Found with
 # torch.serialization.get_unsafe_globals_in_checkpoint on checkpoints of every backend and ZeRO stage.
 ALLOWED = {
@@ -120,8 +122,6 @@ def read_dcp_metadata(path: Path):
 def _check_slices(folder: Path, storage: dict) -> None:
     """Every data file the metadata names is a regular file of the folder (looked at, never opened, before: a FIFO
     would hang the read), and every item's bytes lie inside it (a shard cut short, or another checkpoint's)."""
-    from launch import inputs
-
     sizes: dict[str, int] = {}
     for name in sorted({info.relative_path for info in storage.values()}):
         problem = inputs.not_a_file(folder / name)
@@ -247,6 +247,11 @@ def check(paths: list[Path], shapes: dict[str, tuple[int, ...]] | None = None) -
     import torch
 
     for path in paths:
+        # a FIFO in a shard's or the metadata's place would block the first read of it: named from its stat
+        for f in sorted(path.rglob("*")) if path.is_dir() else [path]:
+            problem = None if f.is_dir() and not f.is_symlink() else inputs.not_a_file(f)
+            if problem:
+                raise UntrustedFileError(f"{f}: {problem}; a checkpoint holds regular files only")
         if path.is_dir():
             for meta in sorted(path.rglob(DCP_METADATA)):
                 _check_dcp_items(meta)

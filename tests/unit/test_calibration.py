@@ -348,6 +348,7 @@ def test_calibrate_arguments_are_checked_before_anything_runs(tmp_path, capsys, 
     (lambda d: d["collectives"][0].update(points=[[8, float("nan")]]), "impossible measured points"),
     (lambda d: d["collectives"][0].update(points=[[-8, 1e-3]]), "impossible measured points"),
     (lambda d: d["collectives"][0].update(alpha_s=0.0, beta_Bps=float("inf")), "impossible fit"),
+    (lambda d: d["collectives"][0].update(beta_Bps=1e308), "impossible fit"),  # past any link's 100 TB/s
     (lambda d: d["compute"]["passes"][0].update(forward_s="fast"), "is damaged"),
     (lambda d: d["compute"]["passes"][0].update(layers_forward_s=1.0), "impossible pass time"),  # > the forward
     (lambda d: d["compute"]["passes"][0].update(embedding_forward_s=-1e-3), "impossible pass time"),

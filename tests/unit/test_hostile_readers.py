@@ -106,3 +106,46 @@ def test_busbw_reads_past_a_commbench_result_that_is_a_fifo(tmp_path):
     os.mkfifo(tmp_path / "commbench" / "all_gather.json")
     groups, warnings = load([tmp_path / "commbench" / "all_gather.json"])
     assert groups == {} and any("is a FIFO (named pipe)" in w for w in warnings), warnings
+
+
+def test_a_checkpoint_holding_a_fifo_is_refused_before_anything_reads_it(tmp_path):
+    # the untrusted check opened every shard (and DCP's .metadata) to read its pickle: a FIFO there blocked run.sh's
+    # resume and export for ever
+    for name in ("mp_rank_00_model_states.pt", ".metadata"):
+        folder = tmp_path / name.strip(".")
+        folder.mkdir()
+        os.mkfifo(folder / name)
+        p = subprocess.run([sys.executable, "-m", "launch.torchtools.untrusted", str(folder)], cwd=REPO,
+                           capture_output=True, text=True, timeout=50)
+        assert p.returncode == 2
+        assert p.stderr.strip() == f"error: {folder / name}: is a FIFO (named pipe); a checkpoint holds regular files only"
+
+
+def test_a_fifo_in_a_runs_place_of_metrics_or_as_the_ceiling_is_named_not_read(tmp_path):
+    run = tmp_path / "run"
+    (run / "metrics").mkdir(parents=True)
+    (run / "resolved.json").write_text("{}")  # a run directory of ours by its record
+    os.mkfifo(run / "metrics" / "rank0.jsonl")
+    os.mkfifo(tmp_path / "ceiling.txt")
+    report = _analysis("report", str(run), "-o", str(tmp_path / "r.md"))
+    assert report.returncode == 0 and "rank0.jsonl — skipped: is a FIFO (named pipe)" in (tmp_path / "r.md").read_text()
+    ceiling = _analysis("doctor", str(run), f"ceiling={tmp_path / 'ceiling.txt'}")
+    assert ceiling.returncode == 2 and "ceiling.txt: is a FIFO (named pipe)" in ceiling.stderr, ceiling.stderr
+
+
+def test_busbw_refuses_an_output_that_is_an_input_a_dangling_link_or_someone_elses_png(tmp_path):
+    nccl = REPO / "tests" / "fixtures" / "nccl" / "c_allreduce_v2_13_8xh100.txt"
+    given = tmp_path / "a.txt"
+    given.write_bytes(nccl.read_bytes())
+    (tmp_path / "dangling.png").symlink_to(tmp_path / "nowhere.png")
+    theirs = tmp_path / "theirs.png"
+    theirs.write_bytes(b"\x89PNG someone's figure")
+    for out, says in ((given, "is not a .png"), (tmp_path / "dangling.png", "is a symlink to nothing"),
+                      (theirs, "was not written by python -m analysis busbw")):
+        p = _analysis("busbw", str(given), "-o", str(out))
+        assert p.returncode == 2 and says in p.stderr and "Traceback" not in p.stderr, p.stderr
+    assert given.read_bytes() == nccl.read_bytes() and theirs.read_bytes() == b"\x89PNG someone's figure"
+    ours = tmp_path / "ours.png"
+    for _ in range(2):  # an earlier plot of ours is replaced
+        p = _analysis("busbw", str(given), "-o", str(ours))
+        assert p.returncode == 0 and p.stdout.strip() == str(ours), p.stderr
