@@ -335,8 +335,10 @@ def _report(name: str, args: CommandLine) -> int:
             print(printable(f"    fix: {f.fix}"))
         if not rep.findings:
             print("no findings")
-        # what could not be read is said here too: "no findings" of an input nothing was read from misleads
-        warned = [w for r in rep.runs for w in r.run.warnings]
+        # what could not be read is said here too: "no findings" of an input nothing was read from misleads (a FIFO
+        # in a rank's metrics' place, a file no parser knows); our own files that are no evidence are not listed
+        warned = [w for r in rep.runs for w in r.run.warnings] + [
+            f"{p} — skipped: {why}" for r in rep.runs for p, why in r.run.skipped if not why.startswith("ours")]
         for w in warned[:5]:
             print(printable(f"warning: {w}"))
         if len(warned) > 5:

@@ -129,6 +129,8 @@ def test_a_fifo_in_a_runs_place_of_metrics_or_as_the_ceiling_is_named_not_read(t
     os.mkfifo(tmp_path / "ceiling.txt")
     report = _analysis("report", str(run), "-o", str(tmp_path / "r.md"))
     assert report.returncode == 0 and "rank0.jsonl — skipped: is a FIFO (named pipe)" in (tmp_path / "r.md").read_text()
+    doctor = _analysis("doctor", str(run))
+    assert doctor.returncode == 0 and "rank0.jsonl — skipped: is a FIFO (named pipe)" in doctor.stdout, doctor.stdout
     ceiling = _analysis("doctor", str(run), f"ceiling={tmp_path / 'ceiling.txt'}")
     assert ceiling.returncode == 2 and "ceiling.txt: is a FIFO (named pipe)" in ceiling.stderr, ceiling.stderr
 
