@@ -177,7 +177,7 @@ def build(spec_path: str) -> int:
     except OSError as e:
         print(f"error: {tmp}.bin cannot be written ({e.strerror})", file=sys.stderr)
         return 2
-    documents = tokens = 0
+    documents = tokens = empty = 0
     damaged: list[str] = []
     t0 = time.perf_counter()
     console = Console(file=sys.stderr)
@@ -199,6 +199,7 @@ def build(spec_path: str) -> int:
                     builder.add_document(ids, [len(ids)])
                     tokens += len(ids)
                 documents += len(docs.texts)
+                empty += sum(1 for text in docs.texts if not text.strip())
                 progress.update(task, advance=1, stats=f"{documents:,} docs  {tokens:,} tokens")
         builder.finalize(tmp + ".idx")
         seconds = time.perf_counter() - t0
@@ -220,6 +221,8 @@ def build(spec_path: str) -> int:
         for suffix in (".bin", ".idx", PREPARED):
             Path(tmp + suffix).unlink(missing_ok=True)
     size = Path(prefix + ".bin").stat().st_size + Path(prefix + ".idx").stat().st_size
+    if empty:  # written as they are (an end-of-document token each), but a corpus of them trains on nothing
+        damaged.append(f"{empty:,} of the {documents:,} documents hold no text: each is its end-of-document token alone")
     for line in damaged:
         print(f"warning: {line}", file=sys.stderr)
     print(f"prepared {prefix}.bin/.idx: {documents:,} documents, {tokens:,} tokens, {size:,} bytes, "

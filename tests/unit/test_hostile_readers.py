@@ -151,3 +151,13 @@ def test_busbw_refuses_an_output_that_is_an_input_a_dangling_link_or_someone_els
     for _ in range(2):  # an earlier plot of ours is replaced
         p = _analysis("busbw", str(given), "-o", str(ours))
         assert p.returncode == 0 and p.stdout.strip() == str(ours), p.stderr
+
+
+def test_prepare_data_says_when_documents_hold_no_text(tmp_path):
+    """20 lines of {"text": ""} were prepared as 20 documents without a word; run.sh then refused the corpus."""
+    corpus = tmp_path / "c.jsonl"
+    corpus.write_text('{"text": ""}\n' * 19 + '{"text": "one real line"}\n')
+    p = subprocess.run([sys.executable, "-m", "launch", "prepare-data", str(corpus), f"out={tmp_path / 'o' / 'c'}"],
+                       cwd=REPO, capture_output=True, text=True, timeout=50)
+    assert p.returncode == 0, p.stderr
+    assert "warning: 19 of the 20 documents hold no text: each is its end-of-document token alone" in p.stderr, p.stderr
