@@ -82,11 +82,13 @@ def _median(fn, sync, spec: dict) -> float:
 
 
 def _fitted(spec: dict, device: str, sync) -> dict:
-    """Seconds per call of each GEMM shape, of an add over `memory_numel` elements, and of sdpa's forward and of its
-    forward + backward (the backward alone: their difference)."""
+    """Seconds per call of each GEMM shape, of an add over `memory_numel` elements, and of sdpa's forward and, alone,
+    its backward."""
     import torch
 
-    dtype = getattr(torch, {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}[spec["dtype"]])
+    from launch.ranks.trainers.common import torch_dtype
+
+    dtype = torch_dtype(spec["dtype"])
     gemms = []
     for m, n, k in spec["gemm_shapes"]:
         a, b = torch.randn(m, k, dtype=dtype, device=device), torch.randn(k, n, dtype=dtype, device=device)

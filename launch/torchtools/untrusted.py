@@ -216,6 +216,7 @@ def shape_mismatches(metadata, want: dict[str, tuple[int, ...]]) -> list[str]:
 
 
 def mismatch_text(folder: Path, wrong: list[str]) -> str:
+    """The one line a checkpoint of another model gets, before launch and on the ranks alike."""
     more = f" (and {len(wrong) - 3} more)" if len(wrong) > 3 else ""
     return (f"{folder}: checkpoint does not fit this model: {'; '.join(wrong[:3])}{more}; set run.resume=never to "
             "start fresh")
@@ -247,19 +248,18 @@ def check(paths: list[Path], shapes: dict[str, tuple[int, ...]] | None = None) -
     import torch
 
     for path in paths:
+        entries = sorted(path.rglob("*")) if path.is_dir() else [path]
         # a FIFO in a shard's or the metadata's place would block the first read of it: named from its stat
-        for f in sorted(path.rglob("*")) if path.is_dir() else [path]:
+        for f in entries:
             problem = None if f.is_dir() and not f.is_symlink() else inputs.not_a_file(f)
             if problem:
                 raise UntrustedFileError(f"{f}: {problem}; a checkpoint holds regular files only")
-        if path.is_dir():
-            for meta in sorted(path.rglob(DCP_METADATA)):
-                _check_dcp_items(meta)
-                wrong = shape_mismatches(read_dcp_metadata(meta), shapes) if shapes else []
-                if wrong:
-                    raise CheckpointMismatchError(mismatch_text(meta.parent, wrong))
-        files = sorted(p for p in path.rglob("*") if p.suffix in CHECKPOINT_SUFFIXES) if path.is_dir() else [path]
-        for f in files:
+        for meta in (f for f in entries if f.name == DCP_METADATA) if path.is_dir() else ():
+            _check_dcp_items(meta)
+            wrong = shape_mismatches(read_dcp_metadata(meta), shapes) if shapes else []
+            if wrong:
+                raise CheckpointMismatchError(mismatch_text(meta.parent, wrong))
+        for f in (f for f in entries if f.suffix in CHECKPOINT_SUFFIXES) if path.is_dir() else entries:
             try:
                 found = torch.serialization.get_unsafe_globals_in_checkpoint(f)
             except Exception as e:  # not a torch zip archive at all: a bare pickle or damage
