@@ -89,6 +89,9 @@ class BackendTraits:
     why_not: Mapping[str, str] = field(default_factory=dict)
     # ZeRO stages at which it reduces the data-parallel gradients only after the whole backward (nothing to hide behind)
     reduces_after_backward: tuple[int, ...] = ()
+    # ZeRO stages built with the framework's own distributed optimizer instead of a DeepSpeed engine (megatron: 1,
+    # Megatron-Core's DistributedOptimizer); the plan accounts them by the framework's accounting ("megatron")
+    distributed_optimizer_stages: tuple[int, ...] = ()
     # The backend's own refusals, after the resolver's shared checks: (where, recipe, model, grad_accum) raises
     # ConfigError, where(dotted) naming the file that set a field.
     check: Callable[[Callable[[str], str], Any, Any, int], None] | None = None
@@ -97,10 +100,14 @@ class BackendTraits:
         """Each rank builds only its ZeRO-3 partition (DeepSpeed's zero.Init), never the whole model."""
         return self.host_build == "zero3" and zero_stage == 3 and tp == 1
 
-    @property
-    def uses_deepspeed(self) -> bool:
-        """Trains through a DeepSpeed engine (the deepspeed and megatron backends), whose config the resolver composes."""
-        return self.compose_ds_config is not None
+    def uses_deepspeed(self, zero_stage: int) -> bool:
+        """Trains through a DeepSpeed engine at this ZeRO stage (the deepspeed backend; megatron but at its distributed
+        optimizer's stage), whose config the resolver composes."""
+        return self.compose_ds_config is not None and zero_stage not in self.distributed_optimizer_stages
+
+    def accounting_at(self, zero_stage: int) -> str:
+        """The model-state accounting the fit check uses at this ZeRO stage."""
+        return "megatron" if zero_stage in self.distributed_optimizer_stages else self.accounting
 
     def missing_packages(self) -> list[str]:
         import importlib.util
@@ -180,27 +187,13 @@ def _deepspeed_owned(owned: dict[str, tuple[Any, str]], recipe) -> dict[str, tup
 
 def _megatron_owned(owned: dict[str, tuple[Any, str]], recipe) -> dict[str, tuple[Any, str]]:
     out = dict(owned)
-    par = recipe.parallel
-    if par.zero_stage <= 1:
+    if recipe.parallel.zero_stage == 0:
         # Megatron's schedule runs every micro-batch of the step, then the engine reduces and steps once
         # (launch/ranks/trainers/megatron_backend.py): DeepSpeed sees one batch per step.
         micro, ga = owned["train_micro_batch_size_per_gpu"][0], owned["gradient_accumulation_steps"][0]
-        why = "parallel.zero_stage (<= 1: the megatron backend's schedule accumulates)"
+        why = "parallel.zero_stage (0: the megatron backend's schedule accumulates)"
         out["train_micro_batch_size_per_gpu"] = (micro * ga, why)
         out["gradient_accumulation_steps"] = (1, why)
-        if par.zero_stage == 1 and (ga > 1 or par.sp):
-            # DeepSpeed 0.19.8's ZeRO-1 with overlap_comm queues each gradient for reduction in a hook after every
-            # backward (zero/stage_1_and_2.py:2290-2295). The schedule bypasses engine.backward, so ZeRO's "last
-            # micro-batch of the step" flag stays True (base_optimizer.py:258; engine.py:3463 with one accumulation
-            # step): with 2+ micro-batches every parameter is queued once per micro-batch and the reduce asserts
-            # "has already been reduced. Gradient computed twice" (stage_1_and_2.py:2256; :1436 when a bucket fills
-            # in the backward). With SP, a bucket reduced during the backward leaves gradients pointing into
-            # DeepSpeed's reduce buffer, and the backend's sum of the SP norm gradients over TP then writes into the
-            # next, unreduced bucket. Measured on gloo: one micro-batch without SP matches overlap off exactly (tp, pp,
-            # recompute, bf16); contiguous_gradients alone is correct at any count (the hook allocates its buffer).
-            out["zero_optimization.overlap_comm"] = (False, "parallel.zero_stage=1 with grad_accum > 1 or "
-                                                            "parallel.sp (the megatron backend's schedule)")
-    if par.zero_stage == 0:
         # Without ZeRO, DeepSpeed's clipping counts a replicated parameter only on model-parallel rank 0,
         # which drops the norms of later pipeline stages; the backend clips over TP × PP itself.
         out["gradient_clipping"] = (0.0, "parallel.zero_stage (0: the megatron backend clips train.grad_clip itself)")
@@ -223,8 +216,9 @@ BACKENDS: dict[str, BackendTraits] = {
         requires=("deepspeed", "transformers"), compose_ds_config=_deepspeed_owned, check=_deepspeed_check),
     "megatron": BackendTraits(
         name="megatron", trainer="launch.ranks.trainers.megatron_backend",
-        # Megatron-Core's layers, with DeepSpeed's ZeRO over the data-parallel group: its accounting is DeepSpeed's.
-        accounting="deepspeed",
+        # Megatron-Core's layers, with DeepSpeed's ZeRO over the data-parallel group (accounted as DeepSpeed's) but at
+        # ZeRO-1: Megatron-Core's DDP and distributed optimizer, as NeMo and Megatron-LM train (distributed_optimizer_stages).
+        accounting="deepspeed", distributed_optimizer_stages=(1,),
         # Megatron-Core TP: row-parallel linear_proj and linear_fc2 all-reduce in forward, column-parallel
         # linear_qkv and linear_fc1 their input gradient in backward; per micro-batch the vocab-parallel embedding
         # all-reduces its output, the output layer its input gradient, and the vocab-parallel cross entropy
@@ -262,8 +256,9 @@ BACKENDS: dict[str, BackendTraits] = {
         tp_gpu_env={"CUDA_DEVICE_MAX_CONNECTIONS": "1"},
         why_not={"compile": "Megatron-Core 0.16.1 does not torch.compile GPTModel (Megatron-LM trains it eager; its "
                             "speed comes from fused kernels, Transformer Engine's on GPUs)"},
-        # its schedule runs every micro-batch, then engine.allreduce_gradients (megatron_backend._schedule_step)
-        reduces_after_backward=(0, 1),
+        # ZeRO-0: its schedule runs every micro-batch, then engine.allreduce_gradients (megatron_backend._step_engine);
+        # ZeRO-1 reduce-scatters each bucket as the last micro-batch's backward finishes it (overlap_grad_reduce)
+        reduces_after_backward=(0,),
         compose_ds_config=_megatron_owned),
     "torch": BackendTraits(
         name="torch", trainer="launch.ranks.trainers.torch_backend", accounting="torch",

@@ -178,8 +178,10 @@ def resolve(loaded: LoadedRecipe, world_size: int | None = None) -> Resolved:
     recipe = _completed(r, paths, resume, dp, hw)
     if r.run.mode == "commbench":
         commbench.check(w, recipe.commbench, r.commbench.max_bytes, grid, hw)
-    # The deepspeed and megatron backends train through a DeepSpeed engine (ZeRO over the data-parallel group).
-    ds_config, ds_base = _deepspeed_config(loaded, recipe, grad_accum, hw, model) if bt.uses_deepspeed else ({}, "")
+    # The deepspeed backend, and the megatron backend but at its distributed optimizer's stage, train through a
+    # DeepSpeed engine (ZeRO over the data-parallel group).
+    ds_config, ds_base = (_deepspeed_config(loaded, recipe, grad_accum, hw, model)
+                          if bt.uses_deepspeed(r.parallel.zero_stage) else ({}, ""))
     return Resolved(
         recipe_name=loaded.name, recipe_path=str(loaded.path), chain=loaded.chain, overrides=loaded.overrides,
         recipe=recipe, model=model, hardware=hw, grid=grid, grad_accum=grad_accum, ds_config=ds_config,
@@ -326,7 +328,7 @@ def _check_parallel(r: Recipe, w: Where, bt: BackendTraits, dp: int) -> None:
         for ok, problem, fix in [
             (par.zero_stage == 3, f"needs parallel.zero_stage=3 (got {par.zero_stage}); hpZ partitions ZeRO-3's "
                                   "parameters", "set parallel.zero_stage=3 or parallel.zero_hpz_partition_size=1"),
-            (par.tp == 1 and par.pp == 1 or not bt.uses_deepspeed,
+            (par.tp == 1 and par.pp == 1 or not bt.uses_deepspeed(par.zero_stage),
              f"needs tp = pp = 1 (got tp={par.tp}, pp={par.pp}): DeepSpeed groups consecutive ranks",
              "set parallel.zero_hpz_partition_size=1 with tp or pp, or backend = \"torch\" (FSDP2's hybrid sharding)"),
             (dp % hpz == 0, f"does not divide the data-parallel size {dp}",
@@ -444,7 +446,7 @@ def _check_precision(loaded: LoadedRecipe, hw: HardwareProfile, bt: BackendTrait
     if not hw.supports(r.precision.dtype):
         raise ConfigError(w("precision.dtype"), "precision.dtype", r.precision.dtype,
                           f"is not supported by {hw.device}", "set precision.dtype=\"fp16\" (with loss scaling)")
-    if hw.device_type == "cpu" and r.precision.dtype == "fp16" and bt.uses_deepspeed:
+    if hw.device_type == "cpu" and r.precision.dtype == "fp16" and bt.uses_deepspeed(r.parallel.zero_stage):
         raise ConfigError(w("precision.dtype"), "precision.dtype", "fp16",
                           "is not supported by DeepSpeed on CPU ranks", 'set precision.dtype="fp32" or "bf16"')
     if r.precision.grad_reduce_dtype == "bf16" and r.precision.dtype != "bf16":

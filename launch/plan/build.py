@@ -31,8 +31,9 @@ from launch.units import GiB
 # --------------------------------------------------------------------------- the plan
 
 
-def implementation_accounting(backend: str) -> str:
-    return traits(backend).accounting
+def implementation_accounting(layout: Layout) -> str:
+    """The accounting of what the layout's backend builds at its ZeRO stage: the one its fit check uses."""
+    return traits(layout.backend).accounting_at(layout.zero_stage)
 
 
 def make_plan(layout: Layout, recipe_name: str = "", machine: Machine | None = None) -> Plan:
@@ -54,19 +55,19 @@ def make_plan(layout: Layout, recipe_name: str = "", machine: Machine | None = N
         else:
             kind = f"pp stage {st}" + (" (first)" if st == 0 else " (last)" if st == g.pp - 1 else "")
         ranks.append(RankPlan(kind, members, st, layers, params, in_flight(layout, st), mem,
-                              implementation_accounting(layout.backend), hw.memory_bytes, usable))
+                              implementation_accounting(layout), hw.memory_bytes, usable))
     ranks = _merge_identical(ranks)
     timing = layout_timing(layout, machine)
     comm = communication(layout, timing)
     notes = [
         "zero_paper: Rajbhandari et al. 2020 (2 + 2 + 12 B/param, 16-bit); deepspeed: DeepSpeed 0.19.8's "
-        "implementation and estimators; megatron: Megatron-Core 0.16.1's distributed optimizer (fp32 main grads), for "
-        "reference: the deepspeed and megatron backends train through DeepSpeed's ZeRO; torch: PyTorch's DDP and "
+        "implementation and estimators; megatron: Megatron-Core 0.16.1's DDP and distributed optimizer (the megatron backend's ZeRO-1; "
+        "its other stages and the deepspeed backend train through DeepSpeed's ZeRO); torch: PyTorch's DDP and "
         "FSDP2 (fp32 master parameters, gathered units in the compute dtype)",
         f"activations: {layer_name(layout)}, {ATTENTION_NOTE[layout.attention]}, "
         f"activation_checkpointing={layout.activation_checkpointing}, sp={layout.sp}",
         f"allowance: {allowance_fixed / GiB:.1f} GiB runtime + {FRAGMENTATION:.0%} fragmentation",
-        f"fit check: {implementation_accounting(layout.backend)} accounting against {hw.memory_bytes / GiB:.1f} GiB "
+        f"fit check: {implementation_accounting(layout)} accounting against {hw.memory_bytes / GiB:.1f} GiB "
         f"× (1 - headroom {layout.headroom:.0%})",
     ]
     if timing.calibration is not None:

@@ -231,7 +231,7 @@ def _dp_exposed(layout: Layout, dp_c: list[Comm], compute: float, ga: int) -> fl
         # The gathers are split between the forward and the backward (whose re-gathers the communication plan counts);
         # only the prefetched share of each layer's gather overlaps the layer before it, the rest waits on the
         # critical path. Without overlap_comm the reduce-scatters wait too.
-        overlap = not traits(layout.backend).uses_deepspeed or layout.ds_zero.get("overlap_comm", True) is not False
+        overlap = not traits(layout.backend).uses_deepspeed(layout.zero_stage) or layout.ds_zero.get("overlap_comm", True) is not False
         hidden_reduces = reduces if overlap else 0.0
         return ((1 - ahead) * gathers + max(0.0, ahead * gathers / 2 - forward_win)
                 + max(0.0, ahead * gathers / 2 + hidden_reduces - backward_win) + (reduces - hidden_reduces) + after)
@@ -248,7 +248,7 @@ def _prefetched_share(layout: Layout) -> float:
     """The share of a decoder layer's parameters gathered ahead while the layer before it computes: DeepSpeed's
     stage3_prefetch_bucket_size against one layer on this rank (a smaller bucket leaves the rest of each gather on the
     critical path); FSDP2 prefetches the next block whole."""
-    if not traits(layout.backend).uses_deepspeed:
+    if not traits(layout.backend).uses_deepspeed(layout.zero_stage):
         return 1.0
     return min(1.0, prefetch_bucket(layout) / layer_params_per_rank(layout.model, layout.grid.tp))
 

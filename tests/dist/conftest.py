@@ -38,8 +38,8 @@ def ds_autotp(gpus: int, zero: int) -> tuple[str, ...]:
             *(EVERY_5 if (gpus, zero) == (4, 1) else ()))
 
 
-# Megatron-Core layouts (on MEGATRON), each the whole global batch of SHORT; tp2_sp, pp2 and tp2_dp2_zero3 serve the
-# Megatron checkpoint tests too.
+# Megatron-Core layouts (on MEGATRON), each the whole global batch of SHORT; tp2_sp, pp2, tp2_dp2_zero3 and the ZeRO-1
+# (distributed optimizer) ones serve the Megatron checkpoint tests too.
 MEGATRON_LAYOUTS = {
     "tp2": ("hardware.gpus_per_node=2", "parallel.tp=2", "parallel.sp=false", "parallel.zero_stage=0",
             "batch.micro_batch_size=4", *PROFILE_ONE_STEP),
@@ -52,7 +52,7 @@ MEGATRON_LAYOUTS = {
     "tp2_pp2": ("hardware.gpus_per_node=4", "parallel.tp=2", "parallel.sp=false", "parallel.pp=2",
                 "parallel.zero_stage=0", "batch.micro_batch_size=4", *PROFILE_ONE_STEP),
     "dp2_zero1": ("hardware.gpus_per_node=2", "parallel.tp=1", "parallel.sp=false", "parallel.zero_stage=1",
-                  "batch.micro_batch_size=2"),
+                  "batch.micro_batch_size=2", *EVERY_5),
     "tp2_dp2_zero3": ("hardware.gpus_per_node=4", "parallel.tp=2", "parallel.sp=false", "parallel.zero_stage=3",
                       "batch.micro_batch_size=2", *EVERY_5),
     "tp2_dp2_zero2": ("hardware.gpus_per_node=4", "parallel.tp=2", "parallel.sp=false", "parallel.zero_stage=2",
@@ -60,7 +60,7 @@ MEGATRON_LAYOUTS = {
     "pp2_dp2_zero1": ("hardware.gpus_per_node=4", "parallel.tp=1", "parallel.sp=false", "parallel.pp=2",
                       "parallel.zero_stage=1", "batch.micro_batch_size=2"),
     "tp2_sp_dp2_zero1": ("hardware.gpus_per_node=4", "parallel.tp=2", "parallel.sp=true", "parallel.zero_stage=1",
-                         "batch.micro_batch_size=2"),
+                         "batch.micro_batch_size=2", *EVERY_5),
 }
 
 

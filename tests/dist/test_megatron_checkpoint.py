@@ -34,7 +34,8 @@ pytestmark = [pytest.mark.dist, pytest.mark.slow]
 TOL = 1e-5
 # The parity tests' runs of these layouts, which checkpoint every 5 steps.
 LAYOUTS = {name: (*SHORT, *MEGATRON_LAYOUTS[layout])
-           for name, layout in (("tp2", "tp2_sp"), ("pp2", "pp2"), ("tp2_zero3", "tp2_dp2_zero3"))}
+           for name, layout in (("tp2", "tp2_sp"), ("pp2", "pp2"), ("tp2_zero3", "tp2_dp2_zero3"),
+                                ("zero1", "dp2_zero1"), ("tp2_sp_zero1", "tp2_sp_dp2_zero1"))}
 
 
 def close(a: list[float], b: list[float]) -> float:
@@ -88,8 +89,8 @@ def hf_loss(folder, run_root, step: int) -> float:
         return model(input_ids=x, labels=x).loss.item()
 
 
-# tp2 (with SP) stays in README's suite; pp2 and tp2_zero3 are -m full (CI)
-NAMES = [name if name == "tp2" else pytest.param(name, marks=pytest.mark.full) for name in LAYOUTS]
+# tp2 (with SP) and zero1 (Megatron's distributed optimizer) stay in README's suite; the others are -m full (CI)
+NAMES = [name if name in ("tp2", "zero1") else pytest.param(name, marks=pytest.mark.full) for name in LAYOUTS]
 
 
 @pytest.mark.parametrize("name", NAMES)

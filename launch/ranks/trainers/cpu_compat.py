@@ -5,15 +5,16 @@ those, each one found by running the Megatron call without it and watching it fa
 (tests/unit/test_cpu_compat.py runs every such call in a fresh interpreter to prove that each redirect
 is still needed, and in-process to prove that it now works). For a run on GPUs (`apply(cuda=True)`: the run's
 device decision, HardwareProfile.device_type, not whether this machine has CUDA) it installs only
-the one patch that is not about CUDA (`torch_norm_sp`: the local spec's norm refuses sequence parallelism
-wherever Apex and Transformer Engine are absent, GPUs included).
+the two patches that are not about CUDA but about Apex and Transformer Engine being absent, GPUs included:
+`torch_norm_sp` (the local spec's norm refuses sequence parallelism) and `torch_adam_state` (the distributed
+optimizer's resume of torch's AdamW).
 
 Where a redirect can be scoped it is: a stand-in for the `torch` name of a single Megatron module
 (`_ModuleProxy`), or a replaced function under the one name that imported it, changes what that module
-sees and nothing else. Two Megatron classes are patched in place (WrappedTorchNorm, LanguageModule),
+sees and nothing else. Megatron classes are patched in place (WrappedTorchNorm, LanguageModule, DistributedOptimizer),
 because other modules bound them by name at import. Only `torch.cuda.current_device` is replaced
-process-wide, because some forty Megatron modules call it to place buffers; and Tensor.cuda is the
-identity for as long as one Megatron method runs.
+process-wide, because some forty Megatron modules call it to place buffers; Tensor.cuda is the
+identity, and Tensor.type names CPU tensors as CUDA ones, only for as long as one Megatron method runs.
 """
 from __future__ import annotations
 
@@ -114,10 +115,19 @@ def _rng_tracker_installed() -> bool:
 # --------------------------------------------------------------------------- pipeline schedules
 
 
-def _cpu_zeros(*size: Any, device: Any = None, **kwargs: Any) -> torch.Tensor:
-    if device is not None and torch.device(device).type == "cuda":
-        device = "cpu"
-    return torch.zeros(*size, device=device, **kwargs)
+def _on_cpu(factory: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
+    """A tensor factory (torch.zeros, torch.tensor) whose device="cuda" builds on the CPU instead."""
+
+    @functools.wraps(factory)
+    def make(*args: Any, device: Any = None, **kwargs: Any) -> torch.Tensor:
+        if device is not None and torch.device(device).type == "cuda":
+            device = "cpu"
+        return factory(*args, device=device, **kwargs)
+
+    return make
+
+
+_cpu_zeros = _on_cpu(torch.zeros)
 
 
 def _install_schedules_device() -> None:
@@ -274,6 +284,143 @@ def _tied_embedding_copy_installed() -> bool:
     return getattr(LanguageModule.setup_embeddings_and_output_layer, _MARK, False)
 
 
+# --------------------------------------------------------------------------- distributed optimizer
+
+
+def _install_optimizer_device() -> None:
+    """torch.tensor / torch.zeros(..., device="cuda") in megatron.core.optimizer.optimizer and .clip_grads -> cpu.
+
+    MixedPrecisionOptimizer.__init__ (the distributed optimizer's base) allocates its found-inf flag, overflow
+    buffer and unit loss scale on "cuda"; get_grad_norm_fp32 and clip_grad_by_total_norm_fp32 their overflow buffers
+    and the empty rank's zero norm. Each raises on a CPU build before the first step. Scoped to those two modules'
+    `torch` names.
+    """
+    import megatron.core.optimizer.clip_grads as clip_grads
+    import megatron.core.optimizer.optimizer as optimizer
+
+    for module in (optimizer, clip_grads):
+        module.torch = _ModuleProxy(torch, tensor=_on_cpu(torch.tensor), zeros=_on_cpu(torch.zeros))
+
+
+def _optimizer_device_installed() -> bool:
+    import megatron.core.optimizer.clip_grads as clip_grads
+    import megatron.core.optimizer.optimizer as optimizer
+
+    return _is_proxy(optimizer.torch) and _is_proxy(clip_grads.torch)
+
+
+def _cpu_l2_norm(chunk_size: int, noop_flag: torch.Tensor, tensor_lists: list, per_tensor: bool, *args: Any):
+    """megatron.core.utils.local_multi_tensor_l2_norm, its result left on the CPU."""
+    norms = [torch.norm(t) for tensors in tensor_lists for t in tensors]
+    return torch.norm(torch.stack(norms)).float().reshape(1), None
+
+
+def _install_l2_norm_device() -> None:
+    """The gradient norm's local kernel (clip_grads.l2_norm_impl) -> one that returns a CPU tensor.
+
+    Without Apex or Transformer Engine, clip_grads uses megatron.core.utils.local_multi_tensor_l2_norm, which puts
+    the norm on "cuda" (torch.tensor(..., device="cuda")): the distributed optimizer's clip raises on a CPU build.
+    Replaced under the one name clip_grads bound it to, only while it is that local fallback (Apex's kernel is
+    CUDA-only anyway)."""
+    import megatron.core.optimizer.clip_grads as clip_grads
+    from megatron.core.utils import local_multi_tensor_l2_norm
+
+    if clip_grads.l2_norm_impl is local_multi_tensor_l2_norm:
+        clip_grads.l2_norm_impl = _marked(_cpu_l2_norm)
+
+
+def _l2_norm_device_installed() -> bool:
+    import megatron.core.optimizer.clip_grads as clip_grads
+
+    return getattr(clip_grads.l2_norm_impl, _MARK, False)
+
+
+@contextlib.contextmanager
+def _cuda_type_names() -> Iterator[None]:
+    """Tensor.type() names a CPU tensor as its CUDA twin ('torch.cuda.BFloat16Tensor' for 'torch.BFloat16Tensor')."""
+    had_own = "type" in torch.Tensor.__dict__
+    original = torch.Tensor.type
+
+    def type_(self, dtype=None, non_blocking=False, **kwargs):
+        if dtype is None and self.device.type == "cpu":
+            return original(self).replace("torch.", "torch.cuda.", 1)
+        return original(self, dtype, non_blocking, **kwargs)
+
+    torch.Tensor.type = type_
+    try:
+        yield
+    finally:
+        if had_own:
+            torch.Tensor.type = original
+        else:
+            del torch.Tensor.type
+
+
+def _during_cuda_type_names(fn: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(fn)
+    def run(*args: Any, **kwargs: Any) -> Any:
+        with _cuda_type_names():
+            return fn(*args, **kwargs)
+
+    return _marked(run)
+
+
+def _install_cuda_type_names() -> None:
+    """Tensor.type() gives CUDA names while DistributedOptimizer.__init__ and clip_grad_by_total_norm_fp32 run.
+
+    Both sort parameters by comparing param.type() with 'torch.cuda.HalfTensor', 'torch.cuda.BFloat16Tensor' and
+    'torch.cuda.FloatTensor': on a CPU rank every parameter matches none, so __init__ raises "Wrapped parameters must
+    be one of torch.cuda.FloatTensor, ..." and the clip asserts. The class method is patched in place (get_megatron_
+    optimizer builds it by class); the clip under the one name optimizer.py imported it as.
+    """
+    import megatron.core.optimizer.optimizer as optimizer
+    from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer
+
+    DistributedOptimizer.__init__ = _during_cuda_type_names(DistributedOptimizer.__init__)
+    optimizer.clip_grad_by_total_norm_fp32 = _during_cuda_type_names(optimizer.clip_grad_by_total_norm_fp32)
+
+
+def _cuda_type_names_installed() -> bool:
+    import megatron.core.optimizer.optimizer as optimizer
+    from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer
+
+    return (getattr(DistributedOptimizer.__init__, _MARK, False)
+            and getattr(optimizer.clip_grad_by_total_norm_fp32, _MARK, False))
+
+
+def _install_torch_adam_state() -> None:
+    """DistributedOptimizer._set_main_param_and_optimizer_states copies only the tensors it is given.
+
+    Without Apex or Transformer Engine the distributed optimizer steps torch's AdamW, whose per-parameter state also
+    holds `step`. load_parameter_state hands each parameter its "param", "exp_avg" and "exp_avg_sq" and the method
+    copies every key of the live state, `step` included, from them: KeyError 'step' on every resume (GPUs without
+    Transformer Engine included). load_state_dict has already set `step` from the saved parameter groups, so the
+    other keys are the whole of what there is to copy.
+    """
+    from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer
+
+    original = DistributedOptimizer._set_main_param_and_optimizer_states
+
+    @functools.wraps(original)
+    def set_states(self, model_param, tensors) -> None:
+        if self.config.use_precision_aware_optimizer_no_fp8_or_ds_fp8:
+            return original(self, model_param, tensors)
+        group_index, group_order = self.model_param_group_index_map[model_param]
+        main_param = self.optimizer.param_groups[group_index]["params"][group_order]
+        live = {"param": main_param, **self.optimizer.state[main_param]}
+        for key, value in tensors.items():
+            live[key].copy_(value)
+        return None
+
+    DistributedOptimizer._set_main_param_and_optimizer_states = _marked(set_states)
+
+
+def _torch_adam_state_installed() -> bool:
+    from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer
+
+    return getattr(DistributedOptimizer._set_main_param_and_optimizer_states, _MARK, False)
+
+
 # --------------------------------------------------------------------------- registry
 
 
@@ -293,6 +440,10 @@ REDIRECTS: tuple[Redirect, ...] = (
     Redirect("causal_mask", _install_causal_mask, _causal_mask_installed),
     Redirect("torch_norm_sp", _install_torch_norm_sp, _torch_norm_sp_installed, everywhere=True),
     Redirect("tied_embedding_copy", _install_tied_embedding_copy, _tied_embedding_copy_installed),
+    Redirect("optimizer_device", _install_optimizer_device, _optimizer_device_installed),
+    Redirect("l2_norm_device", _install_l2_norm_device, _l2_norm_device_installed),
+    Redirect("cuda_type_names", _install_cuda_type_names, _cuda_type_names_installed),
+    Redirect("torch_adam_state", _install_torch_adam_state, _torch_adam_state_installed, everywhere=True),
 )
 
 

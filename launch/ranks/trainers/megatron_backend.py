@@ -1,10 +1,12 @@
-"""Megatron-Core backend: Megatron's tensor, sequence and pipeline parallel GPT layers, DeepSpeed's ZeRO
-over the data-parallel group.
+"""Megatron-Core backend: Megatron's tensor, sequence and pipeline parallel GPT layers; over the data-parallel group
+Megatron-Core's own distributed optimizer at ZeRO-1 (launch/ranks/trainers/megatron_distopt.py), DeepSpeed's ZeRO at
+the other stages.
 
-Why this data-parallel route: Megatron-Core 0.16.1's DistributedOptimizer and FP32Optimizer allocate on
-`device='cuda'` and fail on CPU ranks, while DeepSpeed's engine runs the same optimizer code on gloo and
-NCCL and gives ZeRO-3 (the flagship layout). DeepSpeed sees Megatron's groups through `MegatronMPU`;
-without it DeepSpeed would shard over every rank and silently train the wrong thing.
+Why two data-parallel routes: ZeRO-1 is how NeMo and Megatron-LM train (gradients reduce-scattered in bf16 or fp32,
+fp32 main parameters and Adam's moments sharded), and the plan must account it as they run it; DeepSpeed's engine
+gives ZeRO-0, ZeRO-2 and ZeRO-3 (the flagship layout), which Megatron-Core's DDP does not. DeepSpeed sees Megatron's
+groups through `MegatronMPU`; without it DeepSpeed would shard over every rank and silently train the wrong thing.
+On CPU ranks both run on gloo: launch/ranks/trainers/cpu_compat.py redirects what Megatron places on CUDA.
 
 Parallelism is applied one dimension at a time, in this order, from the rank grid in resolved.json:
   1. process groups: Megatron's tp-dp-pp grid, the same order as launch/config/grid.py (checked rank by rank);
@@ -12,13 +14,17 @@ Parallelism is applied one dimension at a time, in this order, from the rank gri
      stage, built by launch/ranks/trainers/megatron_model.py, which then loads one canonical set of weights (a
      Hugging Face state dict: `model.weights`, or the seeded random init) so every layout starts equal;
   3. activation recompute: Megatron's own (`full`: every layer; `selective`: core attention);
-  4. data parallelism: the DeepSpeed engine over the chunks (ZeRO stage from the recipe).
+  4. data parallelism: ZeRO-1 Megatron's DDP and distributed optimizer over the chunks; other stages the DeepSpeed
+     engine over them.
 
-A step runs one of two ways:
-  * zero_stage 0/1 (any pp): Megatron's schedule (no pipelining, 1F1B, or interleaved) runs every
+A step runs one of three ways:
+  * zero_stage 1 (any pp): Megatron's schedule runs every micro-batch of the step through the DDP-wrapped chunks,
+    whose hooks reduce-scatter each gradient bucket as the last micro-batch's backward finishes it; its
+    finalize_model_grads sums the sequence-parallel norm gradients over TP; the distributed optimizer clips, steps
+    its shard and all-gathers the parameters (ahead of the next forward).
+  * zero_stage 0 (any pp): Megatron's schedule (no pipelining, 1F1B, or interleaved) runs every
     micro-batch of the step; then sequence-parallel norm gradients are summed over TP in one call, the
-    engine reduces over DP, the backend clips (ZeRO-0) and the engine steps. DeepSpeed's pipeline engine
-    drives ZeRO-1 the same way.
+    engine reduces over DP, the backend clips and the engine steps.
   * zero_stage 2/3 (pp = 1, no SP; the resolver refuses the rest): the engine's own forward and backward
     per micro-batch, since ZeRO-2/3 partition gradients inside DeepSpeed's backward.
 """
@@ -32,7 +38,8 @@ from typing import Callable
 import torch
 
 from launch.config.resolve import Resolved
-from launch.ranks.trainers import common
+from launch.config.backends import traits
+from launch.ranks.trainers import common, megatron_distopt
 from launch.ranks.trainers.protocol import BuildContext, StepOutput
 from launch.run.checkpoints import Checkpoint, ResumeError
 
@@ -69,7 +76,7 @@ def init_distributed(resolved: Resolved, cuda: bool) -> None:
         import_megatron_eager()
     from launch.ranks.trainers.cpu_compat import apply as cpu_compat
 
-    cpu_compat(cuda=cuda)  # on GPUs only the SP-norm patch: no CUDA call is redirected there
+    cpu_compat(cuda=cuda)  # on GPUs only the Apex/TE fallbacks' patches: no CUDA call is redirected there
     common.no_jit_comm_op()
     from megatron.core import parallel_state as ps
 
@@ -189,13 +196,24 @@ class MegatronTrainer:
             print(f"rank {ctx.env.rank} pp stage {self.pp_rank}: chunk {v} layers {layers[0]}-{layers[-1]}", flush=True)
         # 4. data parallelism
         self.module = _Chunks(self.chunks)
-        ds_config = json.loads(json.dumps(resolved.ds_config))
-        self.engine, _, _, _ = deepspeed.initialize(model=self.module, model_parameters=self.module.parameters(),
-                                                    config=ds_config, mpu=MegatronMPU())
-        common.say_reduce_dtype(self.engine)
-        if self.engine.dp_world_size != self.dp_world:
-            raise RuntimeError(f"DeepSpeed formed data-parallel groups of {self.engine.dp_world_size} ranks; "
-                               f"Megatron's grid has {self.dp_world}")
+        self.engine, self.distopt = None, None
+        if par.zero_stage in traits("megatron").distributed_optimizer_stages:
+            self.distopt = megatron_distopt.wrap(resolved, self.config, self.chunks)
+            if ctx.env.rank == 0:
+                reduced = "fp32" if self.distopt.chunks[0].ddp_config.grad_reduce_in_fp32 else r.precision.dtype
+                print(f"megatron: distributed optimizer, data-parallel gradients reduce-scattered in {reduced}",
+                      flush=True)
+        else:
+            self.engine, _, _, _ = deepspeed.initialize(model=self.module, model_parameters=self.module.parameters(),
+                                                        config=json.loads(json.dumps(resolved.ds_config)),
+                                                        mpu=MegatronMPU())
+            common.say_reduce_dtype(self.engine)
+            if self.engine.dp_world_size != self.dp_world:
+                raise RuntimeError(f"DeepSpeed formed data-parallel groups of {self.engine.dp_world_size} ranks; "
+                                   f"Megatron's grid has {self.dp_world}")
+        # What the schedule and every forward run: under the distributed optimizer the DDP-wrapped chunks, whose
+        # forward hooks wait for the parameters' all-gather.
+        self.runnable = self.distopt.chunks if self.distopt else self.chunks
         self.param_numel_local = common.local_param_numel(self.module)
         self.schedule_path = par.zero_stage <= 1
         self.sp_params = [p for p in self.module.parameters() if getattr(p, "sequence_parallel", False)]
@@ -204,17 +222,17 @@ class MegatronTrainer:
     # ------------------------------------------------------------------ protocol
 
     def set_lr(self, lr: float) -> None:
-        for group in self.engine.optimizer.param_groups:
+        for group in (self.distopt or self.engine.optimizer).param_groups:
             group["lr"] = lr
 
     def state_bytes(self) -> dict[str, int]:
-        return common.model_state_bytes(self.engine)
+        return self.distopt.state_bytes() if self.distopt else common.model_state_bytes(self.engine)
 
     def loss(self, rows):
         if len(self.chunks) != 1:
             raise RuntimeError("a micro-batch's loss on one rank needs the whole model: pp = 1, vpp = 1")
         tokens, position_ids, labels, mask = self._inputs(rows)
-        return self._loss(mask, self.chunks[0](tokens, position_ids, None, labels=labels))[0]
+        return self._loss(mask, self.runnable[0](tokens, position_ids, None, labels=labels))[0]
 
     def evaluate(self, micro_batch: Callable, count: int):
         """Forward only, under no_grad as Megatron's own evaluate(): through the schedule (the pipeline's stages, the
@@ -231,7 +249,7 @@ class MegatronTrainer:
             iters = [iter(batches) for _ in self.chunks] if len(self.chunks) > 1 else iter(batches)
             stored = get_forward_backward_func()(
                 forward_step_func=self._forward_step, data_iterator=iters,
-                model=self.chunks if len(self.chunks) > 1 else self.chunks[0], num_microbatches=count,
+                model=self.runnable if len(self.chunks) > 1 else self.runnable[0], num_microbatches=count,
                 seq_length=self.seq_len, micro_batch_size=self.resolved.recipe.batch.micro_batch_size,
                 forward_only=True)
         loss = torch.stack([d["loss"] for d in stored]).float().mean() if stored else torch.zeros((), device=self.device)
@@ -246,10 +264,31 @@ class MegatronTrainer:
         return self._engine_step(micro_batch)
 
     def save(self, checkpoints: Path, tag: str, step: int) -> None:
+        if self.distopt:
+            self._save_distributed(checkpoints / tag, step)
+            return
         self.engine.save_checkpoint(str(checkpoints), tag=tag, client_state={"step": step}, save_latest=False)
+
+    def _save_distributed(self, folder: Path, step: int) -> None:
+        """The model's chunks once per model-parallel rank (data-parallel rank 0: the parameters are equal across the
+        group once gathered), as DeepSpeed names and lays them out, then the optimizer's state."""
+        mp = model_parallel_rank(self.tp_rank, self.pp_rank, self.resolved.recipe.parallel.tp)
+        folder.mkdir(parents=True, exist_ok=True)
+        self.distopt.sync_params()
+        if self.dp_rank == 0:
+            # clone: each parameter is a view of DDP's buffer, and torch.save would write the whole buffer per view
+            module = {k: v.detach().clone() if torch.is_tensor(v) else v for k, v in self.module.state_dict().items()}
+            torch.save({"module": module, "step": step}, folder / megatron_distopt.model_states_name(mp))
+        self.distopt.save(folder, mp, self.dp_rank)
 
     def load(self, ckpt: Checkpoint) -> int:
         self._check_saved_shapes(ckpt)
+        if self.distopt:
+            mp = model_parallel_rank(self.tp_rank, self.pp_rank, self.resolved.recipe.parallel.tp)
+            saved = torch.load(ckpt.dir / megatron_distopt.model_states_name(mp), map_location="cpu", weights_only=True)
+            self.module.load_state_dict(saved["module"])
+            self.distopt.load(ckpt.dir, mp)
+            return int(saved["step"])
         path, client = self.engine.load_checkpoint(str(ckpt.path), tag=ckpt.tag, load_optimizer_states=True,
                                                    load_lr_scheduler_states=False)
         if path is None:
@@ -308,23 +347,19 @@ class MegatronTrainer:
         batches = [self._inputs(micro_batch(i)) for i in range(ga)]
         iters = [iter(batches) for _ in self.chunks] if len(self.chunks) > 1 else iter(batches)
         r = self.resolved.recipe
+        if self.distopt:
+            self.distopt.zero_grad()
         with common.region("forward-backward", self.cuda):
             stored = get_forward_backward_func()(
                 forward_step_func=self._forward_step, data_iterator=iters,
-                model=self.chunks if len(self.chunks) > 1 else self.chunks[0], num_microbatches=ga,
+                model=self.runnable if len(self.chunks) > 1 else self.runnable[0], num_microbatches=ga,
                 seq_length=self.seq_len, micro_batch_size=r.batch.micro_batch_size, forward_only=False)
-        with common.region("optimizer", self.cuda):
-            self._sum_sequence_parallel_grads()
-            if self.dp_world > 1 or r.parallel.zero_stage > 0:
-                # Without data parallelism ZeRO-0 has nothing to reduce, yet DeepSpeed flattens, all-reduces over the
-                # group of one and copies back every gradient (measured: 2 ms of a tiny model's 13 ms step); ZeRO-1
-                # also moves the gradients into its partition here. Its one other effect, a zero gradient for a
-                # parameter that got none, does not arise: every parameter of a rank's chunks takes part in its loss.
-                self.engine.allreduce_gradients()
-            norm = None
-            if r.parallel.zero_stage == 0:
-                norm = self._clip(r.train.grad_clip)
-            self.engine.step()
+        if self.distopt:
+            # the schedule's finalize_model_grads has reduced the gradients (and summed SP's norm gradients over TP)
+            with common.region("optimizer", self.cuda):
+                norm = self.distopt.step()
+        else:
+            norm = self._step_engine()
         if stored:
             loss = torch.stack([d["loss"] for d in stored]).mean()
         else:
@@ -333,10 +368,22 @@ class MegatronTrainer:
             # Only the last stage computes the loss; every rank records the same value.
             group = ps.get_pipeline_model_parallel_group()
             dist.broadcast(loss, src=dist.get_process_group_ranks(group)[-1], group=group)
-        if norm is None:
-            gn = self.engine.get_global_grad_norm()
-            norm = None if gn is None else float(gn)
         return StepOutput(loss, norm)
+
+    def _step_engine(self) -> float | None:
+        """After the schedule at ZeRO-0: the SP norm gradients summed over TP, the engine's data-parallel reduction,
+        the backend's clipping and the engine's step; returns the pre-clipping gradient norm."""
+        with common.region("optimizer", self.cuda):
+            self._sum_sequence_parallel_grads()
+            if self.dp_world > 1:
+                # Without data parallelism ZeRO-0 has nothing to reduce, yet DeepSpeed flattens, all-reduces over the
+                # group of one and copies back every gradient (measured: 2 ms of a tiny model's 13 ms step). Its one
+                # other effect, a zero gradient for a parameter that got none, does not arise: every parameter of a
+                # rank's chunks takes part in its loss.
+                self.engine.allreduce_gradients()
+            norm = self._clip(self.resolved.recipe.train.grad_clip)
+            self.engine.step()
+        return norm
 
     def _engine_step(self, micro_batch: Callable) -> StepOutput:
 
