@@ -174,6 +174,14 @@ def _torch_check(w: Callable[[str], str], recipe, model, grad_accum: int) -> Non
                           'remove deepspeed.config, or set backend = "deepspeed"')
 
 
+def _megatron_check(w: Callable[[str], str], recipe, model, grad_accum: int) -> None:
+    if recipe.parallel.zero_stage in BACKENDS["megatron"].distributed_optimizer_stages and recipe.deepspeed.config:
+        raise ConfigError(w("deepspeed.config"), "deepspeed.config", recipe.deepspeed.config,
+                          f"is not used at parallel.zero_stage={recipe.parallel.zero_stage} on backend \"megatron\" "
+                          "(Megatron-Core's distributed optimizer, no DeepSpeed engine)",
+                          "remove deepspeed.config, or set parallel.zero_stage to 0, 2 or 3 (DeepSpeed's ZeRO)")
+
+
 def _deepspeed_owned(owned: dict[str, tuple[Any, str]], recipe) -> dict[str, tuple[Any, str]]:
     out = dict(owned)
     if recipe.parallel.tp > 1:
@@ -259,7 +267,7 @@ BACKENDS: dict[str, BackendTraits] = {
         # ZeRO-0: its schedule runs every micro-batch, then engine.allreduce_gradients (megatron_backend._step_engine);
         # ZeRO-1 reduce-scatters each bucket as the last micro-batch's backward finishes it (overlap_grad_reduce)
         reduces_after_backward=(0,),
-        compose_ds_config=_megatron_owned),
+        compose_ds_config=_megatron_owned, check=_megatron_check),
     "torch": BackendTraits(
         name="torch", trainer="launch.ranks.trainers.torch_backend", accounting="torch",
         # torchtitan's plan (launch/ranks/trainers/torch_backend.py _apply_tp): the embedding is row-parallel over the

@@ -14,6 +14,7 @@ from launch.plan.layout import (
     Layout,
     bucket,
     int_or,
+    megatron_bucket_elements,
     persistence_threshold,
 )
 from launch.plan.memory import rank_parameters, stage_params, zero3_fetched
@@ -94,8 +95,8 @@ def tp_calls(backend: str, *, sp: bool, layers: int, micro_batches: int, activat
 
 def communication(layout: Layout, timing: Timing = Timing(), stage: int = 0) -> list[Comm]:
     """Every collective one rank of pipeline stage `stage` calls per optimizer step, with its count, message and
-    time: the data-parallel traffic (DeepSpeed's ZeRO under the deepspeed and megatron backends; DDP or FSDP2 under the
-    torch backend), the TP/SP calls of
+    time: the data-parallel traffic (DeepSpeed's ZeRO under the deepspeed and megatron backends, but Megatron-Core's
+    distributed optimizer at the megatron backend's ZeRO-1; DDP or FSDP2 under the torch backend), the TP/SP calls of
     `tp_calls`, and pipeline sends. The one model of collectives: the plan times the first stage's, the analysis
     compares every stage's with the traces (analysis.analyzers.collective_calls.expected_collectives)."""
     g, m, e = layout.grid, layout.model, layout.elem_bytes
@@ -106,6 +107,8 @@ def communication(layout: Layout, timing: Timing = Timing(), stage: int = 0) -> 
     first = g.rank(0, 0, stage)  # the stage's groups are those of its first rank
     if g.dp > 1 and traits(layout.backend).accounting == "torch":
         out.extend(_torch_dp_traffic(layout, timing, g.dp_span(first), stage))
+    elif g.dp > 1 and layout.zero_stage in traits(layout.backend).distributed_optimizer_stages:
+        out.extend(_megatron_dp_traffic(layout, timing, g.dp_span(first), params))
     elif g.dp > 1:
         grp = g.dp_span(first)
         z = layout.zero_stage
@@ -166,6 +169,27 @@ def communication(layout: Layout, timing: Timing = Timing(), stage: int = 0) -> 
                             if layout.vpp == 1 else "")))
     out.extend(_step_collectives(layout, timing, stage, first, layers))
     return out
+
+
+def _megatron_dp_traffic(layout: Layout, timing: Timing, grp: Sequence[int], params: int) -> list[Comm]:
+    """Megatron-Core's DDP and distributed optimizer (launch/ranks/trainers/megatron_distopt.py): one reduce-scatter
+    per gradient bucket as the last micro-batch's backward finishes it (no_sync holds the others), in the dtype of
+    precision.grad_reduce_dtype; one all-gather per bucket of the updated parameters, each dispatched ahead of the
+    next forward's use of its bucket (overlap_param_gather). The first model chunk is cut into buckets of
+    `megatron_bucket_elements`; every later virtual-stage chunk is one bucket. Then the loop's loss mean and the
+    clip's gradient norm (one fp32 each)."""
+    first_chunk = -(-params // layout.vpp)
+    buckets = -(-first_chunk // megatron_bucket_elements(layout.grid.dp)) + layout.vpp - 1
+    reduced = "bf16" if layout.grad_reduce_bytes == 2 else "fp32"
+    return [
+        _comm(layout, timing, "dp", "reduce_scatter", grp, buckets, params * layout.grad_reduce_bytes / buckets,
+              f"Megatron DDP: {reduced} gradients, {buckets} bucket(s) at the last micro-batch, overlapping its "
+              "backward"),
+        _comm(layout, timing, "dp", "all_gather", grp, buckets, params * layout.elem_bytes / buckets,
+              "distributed optimizer: the updated parameters per bucket, ahead of the next forward"),
+        _comm(layout, timing, "dp", "all_reduce", grp, 2, 4,
+              "one fp32 each: the logged loss mean (the loop) and the gradient norm (Megatron's clip)", after_step=True),
+    ]
 
 
 def _step_collectives(layout: Layout, timing: Timing, stage: int, first: int, layers: int) -> list[Comm]:

@@ -23,6 +23,11 @@ ZERO_BUCKET_DEFAULT = 500_000_000  # reduce_bucket_size / allgather_bucket_size 
 ZERO0_BUCKET_ELEMENTS = 500_000_000  # engine.allreduce_gradients' fixed bucket without ZeRO
 
 
+def megatron_bucket_elements(dp: int) -> int:
+    """Megatron-Core 0.16.1 DDP's bucket with overlap_grad_reduce (distributed_data_parallel.py): max(40M, 1M × dp)."""
+    return max(40_000_000, 1_000_000 * dp)
+
+
 @dataclass(frozen=True)
 class Layout:
     """Everything the planner needs; built from a Resolved recipe or directly by the `plan` command."""

@@ -9,10 +9,12 @@ Accountings of model-state memory (all three are computed; the fit check uses th
                     a partition of 16-bit and fp32 grads, fp32 master, m and v (2 + 18/N B); ZeRO-1 keeps the
                     16-bit grads whole; ZeRO-3 keeps 18/N B plus the largest layer gathered (4 B × its
                     params); ZeRO-0 keeps fp32 master and fp32 grads beside the 16-bit copies (20 B).
-  * "megatron"    — for reference (the deepspeed and megatron backends train through DeepSpeed's ZeRO, so their fit
-                    check uses "deepspeed"): Megatron-Core 0.16.1: bf16 weights 2 B, fp32 main grads 4 B (bf16 training
-                    accumulates gradients in fp32), optimizer 12 B; with the distributed optimizer (zero_stage >= 1) the
-                    12 B are split over the data-parallel group (6 + 12/d, as its docs state).
+  * "megatron"    — Megatron-Core 0.16.1's DDP and distributed optimizer, what the megatron backend builds at ZeRO-1
+                    (its other stages, and the deepspeed backend, train through DeepSpeed's ZeRO and are checked by
+                    "deepspeed"): bf16 weights 2 B, main grads in DDP's buffer 4 B (bf16 training accumulates and
+                    reduces gradients in fp32) or 2 B with precision.grad_reduce_dtype="bf16", optimizer 12 B (fp32
+                    main parameters, Adam's m and v); with the distributed optimizer (zero_stage >= 1) the 12 B are
+                    split over the data-parallel group (6 + 12/d, as its docs state; 4 + 12/d with bf16 gradients).
   * "torch"       — PyTorch 2.13's DDP and FSDP2 (the torch backend): fp32 parameters are the master copy and Adam's
                     m and v are fp32, so DDP holds 4 + 4 + 8 = 16 B/param (gradients as views of its reduce buckets),
                     plus under autocast the 16-bit weight copies saved from forward to backward; FSDP2 shards the
@@ -232,9 +234,10 @@ def _deepspeed_states(layout: Layout, params: int) -> tuple[int, int, int, int]:
 
 def _megatron_states(layout: Layout, params: int) -> tuple[int, int, int, int]:
     # Megatron-Core's distributed-optimizer table: bf16 params + fp32 main grads 6 + 12/d; fp16 params and
-    # grads (fp32 main grads live in the optimizer) 4 + 16/d; fp32 8 + 8/d.
+    # grads (fp32 main grads live in the optimizer) 4 + 16/d; fp32 8 + 8/d. DDP's gradient buffer holds the dtype it
+    # reduces in (grad_reduce_in_fp32): bf16 halves it (4 + 12/d). In fp32 the main parameters are the parameters.
     z, d, e = layout.zero_stage, layout.grid.dp, layout.elem_bytes
-    grad_bytes, opt_bytes = {"bf16": (4, 12), "fp16": (2, 16), "fp32": (4, 8)}[layout.dtype]
+    grad_bytes, opt_bytes = {"bf16": (layout.grad_reduce_bytes, 12), "fp16": (2, 16), "fp32": (4, 8)}[layout.dtype]
     w, g = e * params, grad_bytes * params
     opt = opt_bytes * params
     o = math.ceil(opt / d) if z >= 1 else opt
@@ -542,10 +545,10 @@ def torch_phases(layout: Layout, params: int, stage: int = 0) -> list[PhaseMemor
 
 
 def buffers(layout: Layout, params: int) -> int:
-    """Communication buffers DeepSpeed allocates (elements × element size), capped by the rank's parameters. The
-    torch backend has none beyond its model states: DDP's buckets are its gradients, FSDP2 gathers into the units'
-    parameters."""
-    if layout.grid.dp == 1 and layout.zero_stage == 0 or traits(layout.backend).accounting == "torch":
+    """Communication buffers DeepSpeed allocates (elements × element size), capped by the rank's parameters. Nothing
+    else has any beyond its model states: DDP's buckets are its gradients (torch's and Megatron's, whose distributed
+    optimizer reduce-scatters and gathers in place), FSDP2 gathers into the units' parameters."""
+    if layout.grid.dp == 1 and layout.zero_stage == 0 or not traits(layout.backend).uses_deepspeed(layout.zero_stage):
         return 0
     z, e, zo = layout.zero_stage, layout.elem_bytes, layout.ds_zero
     reduce = min(bucket(layout, "reduce_bucket_size"), params)

@@ -121,9 +121,12 @@ def step_time(layout: Layout, comm: list[Comm], timing: Timing = Timing()) -> St
         overlap_how = f"{backend_of(hw.device_type)} runs collectives on the training thread: nothing overlaps"
     else:
         dp_exposed = _dp_exposed(layout, dp_c, compute, ga)
-        overlap_how = ("TP/SP and PP traffic on the critical path; DP traffic issued every micro-step overlaps the "
-                       "backward, boundary traffic only the last micro-batch's backward, post-step gathers none "
-                       "(ZeRO-3: forward gathers overlap the forward)")
+        overlap_how = ("TP/SP and PP traffic on the critical path; " + (
+            "Megatron's distributed optimizer: every gradient bucket's reduce-scatter but the last overlaps the last "
+            "micro-batch's backward, every parameter bucket's all-gather but the first the next step's first forward"
+            if layout.zero_stage in traits(layout.backend).distributed_optimizer_stages else
+            "DP traffic issued every micro-step overlaps the backward, boundary traffic only the last micro-batch's "
+            "backward, post-step gathers none (ZeRO-3: forward gathers overlap the forward)"))
     offload = _offload_s(layout, params, ga)
     total = compute + bubble + tp + pp + dp_exposed + offload
     correction = timing.calibration.correction if compute_c is not None else 1.0
@@ -235,6 +238,8 @@ def _dp_exposed(layout: Layout, dp_c: list[Comm], compute: float, ga: int) -> fl
         hidden_reduces = reduces if overlap else 0.0
         return ((1 - ahead) * gathers + max(0.0, ahead * gathers / 2 - forward_win)
                 + max(0.0, ahead * gathers / 2 + hidden_reduces - backward_win) + (reduces - hidden_reduces) + after)
+    if layout.zero_stage in traits(layout.backend).distributed_optimizer_stages:
+        return _distributed_optimizer_exposed(dp_c, forward_win / ga, backward_win / ga) + after
     # Collectives issued every micro-step can hide behind every backward; one issued at the accumulation
     # boundary only behind the last micro-batch's backward.
     per_micro = sum(c.time_s for c in dp_c if not c.after_step and c.calls_per_step > 1)
@@ -242,6 +247,22 @@ def _dp_exposed(layout: Layout, dp_c: list[Comm], compute: float, ga: int) -> fl
     if layout.zero_stage in traits(layout.backend).reduces_after_backward:
         return per_micro + boundary + after
     return max(0.0, per_micro - backward_win) + max(0.0, boundary - backward_win / ga) + after
+
+
+def _distributed_optimizer_exposed(dp_c: list[Comm], forward_win: float, backward_win: float) -> float:
+    """Megatron's overlapped DDP and distributed optimizer: each bucket's reduce-scatter starts when the last
+    micro-batch's backward has finished its gradients, so all but the last bucket's hide behind that backward; each
+    bucket's parameter all-gather is prefetched while the bucket before it computes the next step's first forward,
+    so all but the first bucket's hide behind that forward."""
+    exposed = 0.0
+    for collective, window in (("reduce_scatter", backward_win), ("all_gather", forward_win)):
+        calls = [c for c in dp_c if c.collective == collective and not c.after_step]
+        total = sum(c.time_s for c in calls)
+        buckets = sum(c.calls_per_step for c in calls)
+        if buckets:
+            one = total / buckets
+            exposed += one + max(0.0, total - one - window)
+    return exposed
 
 
 def _prefetched_share(layout: Layout) -> float:

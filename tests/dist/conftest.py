@@ -52,7 +52,7 @@ MEGATRON_LAYOUTS = {
     "tp2_pp2": ("hardware.gpus_per_node=4", "parallel.tp=2", "parallel.sp=false", "parallel.pp=2",
                 "parallel.zero_stage=0", "batch.micro_batch_size=4", *PROFILE_ONE_STEP),
     "dp2_zero1": ("hardware.gpus_per_node=2", "parallel.tp=1", "parallel.sp=false", "parallel.zero_stage=1",
-                  "batch.micro_batch_size=2", *EVERY_5),
+                  "batch.micro_batch_size=2", *EVERY_5, *PROFILE_ONE_STEP),
     "tp2_dp2_zero3": ("hardware.gpus_per_node=4", "parallel.tp=2", "parallel.sp=false", "parallel.zero_stage=3",
                       "batch.micro_batch_size=2", *EVERY_5),
     "tp2_dp2_zero2": ("hardware.gpus_per_node=4", "parallel.tp=2", "parallel.sp=false", "parallel.zero_stage=2",

@@ -100,3 +100,32 @@ def test_collectives_per_layer_match_the_layout(shared_run, name, sp, recompute)
     for coll, n in step.items():
         assert vs[coll]["observed_per_step"] == vs[coll]["expected_min_per_step"] == vs[coll]["expected_max_per_step"] == n
         assert vs[coll]["excess_per_layer"] == 0
+
+
+def test_distributed_optimizer_traffic_matches_the_plan(shared_run):
+    """Megatron's distributed optimizer (ZeRO-1, dp 2) in the profiled step's trace against the plan's data-parallel
+    rows (launch.plan.collectives.communication): one reduce-scatter of the gradient buffer (the tiny model is one
+    bucket), one all-gather of the updated parameters (dispatched in the next step's forward: overlap_param_gather),
+    and two one-element all-reduces (the loop's loss mean and Megatron's clip norm). Message sizes from the ops'
+    recorded input shapes: the buffer as Megatron padded it, within 1% of the plan's unpadded parameters. The
+    vocab-parallel loss's all-reduces over its TP group of one are left out (the plan times no group of one)."""
+    from launch.plan.collectives import communication
+    from launch.plan.layout import Layout
+
+    t = shared_run(*SHORT, *MEGATRON_LAYOUTS["dp2_zero1"], recipe=MEGATRON)
+    resolved = Resolved.load(t.root / "resolved.json")
+    assert resolved.recipe.parallel.zero_stage == 1 and resolved.grid.dp == 2 and resolved.grad_accum == 2
+    planned = {c.collective: c for c in communication(Layout.from_resolved(resolved)) if c.parallelism == "dp"}
+    assert {k: c.calls_per_step for k, c in planned.items()} == {"reduce_scatter": 1, "all_gather": 1, "all_reduce": 2}
+    for rank in (0, 1):
+        ops = [e for e in json.loads((t.root / "traces" / f"rank{rank}.json").read_text())["traceEvents"]
+               if e.get("ph") == "X" and e.get("name", "").startswith("c10d::")]
+        # both ops record (outputs, inputs): the reduce-scatter's input and the all-gather's output are the whole
+        # fp32 buffer, the other this rank's half of it
+        (scatter,) = [e["args"]["Input Dims"] for e in ops if e["name"] == "c10d::reduce_scatter_tensor_coalesced_"]
+        (gather,) = [e["args"]["Input Dims"] for e in ops if e["name"] == "c10d::allgather_into_tensor_coalesced_"]
+        assert scatter[1][0][0] == gather[0][0][0] == 2 * scatter[0][0][0] == 2 * gather[1][0][0]
+        assert scatter[1][0][0] * 4 == pytest.approx(planned["reduce_scatter"].message_bytes, rel=0.01)
+        assert gather[0][0][0] * 4 == pytest.approx(planned["all_gather"].message_bytes, rel=0.01)
+        scalars = [e for e in ops if e["name"] == "c10d::allreduce_" and e["args"]["Input Dims"][0][0] in ([], [1])]
+        assert len(scalars) == planned["all_reduce"].calls_per_step

@@ -335,20 +335,25 @@ def test_torch_backend_composes_no_deepspeed_config():
     assert r.ds_config == {} and r.ds_base == "" and r.recipe.parallel.zero_stage == 3
 
 
-def test_megatron_zero1_overlaps_its_reduction_only_where_deepspeed_reduces_once():
-    """DeepSpeed's ZeRO-1 hook queues every gradient after each backward the Megatron schedule runs (it bypasses
-    engine.backward): correct with one micro-batch per step and no SP, an assertion ('reduced twice') with more."""
-    base = ["parallel.tp=1", "parallel.sp=false", "parallel.zero_stage=1", "hardware.gpus_per_node=2"]
-    one = resolve_path(RECIPES / "tiny_tp2_sp", [*base, "batch.micro_batch_size=4"])
-    two = resolve_path(RECIPES / "tiny_tp2_sp", [*base, "batch.micro_batch_size=2"])
-    sp = resolve_path(RECIPES / "tiny_tp2_sp", ["parallel.zero_stage=1", "batch.micro_batch_size=8",
-                                                 "hardware.gpus_per_node=2"])
-    assert (one.grad_accum, two.grad_accum, sp.grad_accum) == (1, 2, 1)
-    assert one.ds_config["zero_optimization"]["overlap_comm"] is True  # the shipped zero1.json's
-    assert two.ds_config["zero_optimization"]["overlap_comm"] is False
-    assert sp.ds_config["zero_optimization"]["overlap_comm"] is False
-    # contiguous_gradients alone is correct at any count: the base's value stays
-    assert {r.ds_config["zero_optimization"]["contiguous_gradients"] for r in (one, two, sp)} == {True}
+def test_megatron_zero1_is_its_own_distributed_optimizer_not_a_deepspeed_engine(write_recipe):
+    """At ZeRO-1 the megatron backend trains through Megatron-Core's DDP and distributed optimizer: no DeepSpeed config
+    is composed, the fit check is the "megatron" accounting, and a DeepSpeed config the recipe names would be silently
+    unused, so it is refused. Its other stages still compose one."""
+    from launch.config.backends import traits
+
+    base = ["parallel.tp=1", "parallel.sp=false", "hardware.gpus_per_node=2", "batch.micro_batch_size=2"]
+    zero1 = resolve_path(RECIPES / "tiny_tp2_sp", [*base, "parallel.zero_stage=1"])
+    assert zero1.ds_config == {} and zero1.ds_base == ""
+    for z in (0, 2, 3):
+        assert resolve_path(RECIPES / "tiny_tp2_sp", [*base, f"parallel.zero_stage={z}"]).ds_config["zero_optimization"][
+            "stage"] == z
+    assert [traits("megatron").accounting_at(z) for z in range(4)] == ["deepspeed", "megatron", "deepspeed", "deepspeed"]
+    assert [traits("deepspeed").accounting_at(z) for z in range(4)] == ["deepspeed"] * 4
+    d = write_recipe("x", 'backend = "megatron"\n[parallel]\nzero_stage = 1\n[deepspeed]\nconfig = "ds.json"\n')
+    (d / "ds.json").write_text("{}")
+    with pytest.raises(ConfigError) as e:
+        resolve_path(d)
+    assert e.value.field == "deepspeed.config" and "distributed optimizer" in str(e.value)
 
 
 # ---------------------------------------------------------------------- fp16 loss scaling
