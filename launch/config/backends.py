@@ -83,8 +83,8 @@ class BackendTraits:
     # The DeepSpeed config fields this backend decides beyond the recipe's: (owned, recipe) -> owned, where
     # owned maps a dotted DeepSpeed key to (value, the recipe field it comes from). None: no DeepSpeed at all.
     compose_ds_config: Callable[[dict[str, tuple[Any, str]], Any], dict[str, tuple[Any, str]]] | None
-    # Environment its ranks need on GPUs when parallel.tp > 1 (a value the user's environment sets is kept).
-    tp_gpu_env: Mapping[str, str] = field(default_factory=dict)
+    # Environment its ranks need on GPUs for this recipe's layout (a value the user's environment sets is kept).
+    gpu_env: Callable[[Any], Mapping[str, str]] = lambda recipe: {}
     # Why a feature it lacks is not built (feature -> reason), said in the refusal.
     why_not: Mapping[str, str] = field(default_factory=dict)
     # ZeRO stages at which it reduces the data-parallel gradients only after the whole backward (nothing to hide behind)
@@ -182,6 +182,22 @@ def _megatron_check(w: Callable[[str], str], recipe, model, grad_accum: int) -> 
                           "remove deepspeed.config, or set parallel.zero_stage to 0, 2 or 3 (DeepSpeed's ZeRO)")
 
 
+def one_device_connection(recipe) -> bool:
+    """CUDA_DEVICE_MAX_CONNECTIONS=1 on the megatron backend, as Megatron-LM's argument checks decide it (arguments.py,
+    NVIDIA/Megatron-LM d98e8a6): tensor parallelism needs it before Blackwell (one hardware queue, so each TP/SP
+    collective is issued ahead of the GEMMs that wait for it and the backward's input-gradient all-reduce overlaps the
+    weight-gradient GEMM), and sharded parameters forbid it ("FSDP always requires CUDA_DEVICE_MAX_CONNECTIONS value
+    large than one": each gather prefetched on its own stream must not queue behind the compute issued before it).
+    Here the parameters are sharded at ZeRO-3 (DeepSpeed's), where Megatron-LM, given TP and FSDP together, warns and
+    leaves the variable unset; so does this. Every shipped GPU profile is before Blackwell."""
+    par = recipe.parallel
+    return par.tp > 1 and par.zero_stage < 3
+
+
+def _megatron_gpu_env(recipe) -> Mapping[str, str]:
+    return {"CUDA_DEVICE_MAX_CONNECTIONS": "1"} if one_device_connection(recipe) else {}
+
+
 def _deepspeed_owned(owned: dict[str, tuple[Any, str]], recipe) -> dict[str, tuple[Any, str]]:
     out = dict(owned)
     if recipe.parallel.tp > 1:
@@ -259,9 +275,8 @@ BACKENDS: dict[str, BackendTraits] = {
         pp_tied_embeddings=False,
         # Megatron's fused QKV and [gate; up] shards do not reshard by DeepSpeed's universal format.
         reshard_on_resume=False, checkpoint_format="deepspeed", requires=("megatron.core", "deepspeed", "transformers"),
-        # One hardware queue per GPU, as Megatron-Core's own launch scripts set: the TP/SP collectives are then issued
-        # ahead of the GEMMs that wait for them instead of queueing behind, which is what overlaps them.
-        tp_gpu_env={"CUDA_DEVICE_MAX_CONNECTIONS": "1"},
+        # One hardware queue per GPU with TP, none with ZeRO-3's sharded parameters (one_device_connection).
+        gpu_env=_megatron_gpu_env,
         why_not={"compile": "Megatron-Core 0.16.1 does not torch.compile GPTModel (Megatron-LM trains it eager; its "
                             "speed comes from fused kernels, Transformer Engine's on GPUs)"},
         # ZeRO-0: its schedule runs every micro-batch, then engine.allreduce_gradients (megatron_backend._step_engine);

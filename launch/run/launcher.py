@@ -73,8 +73,7 @@ def rank_env(resolved, run_dir: str, environ: Mapping[str, str], resume: str | N
         env["NCCL_DEBUG"] = environ.get("NCCL_DEBUG", "INFO")
         env["NCCL_DEBUG_SUBSYS"] = environ.get("NCCL_DEBUG_SUBSYS", "INIT,NET,GRAPH,ENV")
         env["TORCH_NCCL_ASYNC_ERROR_HANDLING"] = "1"
-        if resolved.recipe.parallel.tp > 1:
-            env.update({k: environ.get(k, v) for k, v in traits(resolved.recipe.backend).tp_gpu_env.items()})
+        env.update({k: environ.get(k, v) for k, v in traits(resolved.recipe.backend).gpu_env(resolved.recipe).items()})
     return env
 
 

@@ -59,6 +59,8 @@ MEGATRON_LAYOUTS = {
                       "batch.micro_batch_size=2"),
     "pp2_dp2_zero1": ("hardware.gpus_per_node=4", "parallel.tp=1", "parallel.sp=false", "parallel.pp=2",
                       "parallel.zero_stage=1", "batch.micro_batch_size=2"),
+    "pp2_vpp2_dp2_zero1": ("hardware.gpus_per_node=4", "parallel.tp=1", "parallel.sp=false", "parallel.pp=2",
+                           "parallel.vpp=2", "parallel.zero_stage=1", "batch.micro_batch_size=2"),
     "tp2_sp_dp2_zero1": ("hardware.gpus_per_node=4", "parallel.tp=2", "parallel.sp=true", "parallel.zero_stage=1",
                          "batch.micro_batch_size=2", *EVERY_5),
 }

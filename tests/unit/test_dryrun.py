@@ -223,9 +223,14 @@ def test_plan_out_naming_a_folder_is_refused(tmp_path, out):
 
 
 @pytest.mark.parametrize("recipe, overrides, want", [
-    ("recipes/7b_tp2_zero3", (), "1"),  # Megatron TP on GPUs: one hardware queue, so its collectives overlap
+    # Megatron TP on GPUs: one hardware queue, so its collectives overlap (Megatron-LM asserts it without FSDP)
+    ("recipes/7b_tp4", (), "1"),
+    ("recipes/8b_tp8_sp_zero1", (), "1"),  # with the distributed optimizer too (NeMo's setting)
+    # ZeRO-3 shards the parameters: Megatron-LM refuses 1 under FSDP and, given TP beside it, warns and leaves it unset
+    ("recipes/7b_tp2_zero3", (), None),
+    ("recipes/7b_tp2_zero3", ("parallel.zero_stage=2",), "1"),
     ("recipes/7b_tp2_zero3", ("parallel.tp=1",), None),  # no TP
-    ("recipes/7b_zero3_ac", ("parallel.tp=2",), None),  # DeepSpeed AutoTP: not Megatron's requirement
+    ("recipes/7b_zero3_ac", ("parallel.tp=2", "parallel.zero_stage=2"), None),  # DeepSpeed AutoTP: not Megatron's rule
     ("recipes/tiny_tp2_sp", (), None),  # CPU ranks
 ])
 def test_megatron_tp_on_gpus_gets_one_device_connection(recipe, overrides, want):

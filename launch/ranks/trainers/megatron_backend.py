@@ -308,8 +308,16 @@ class MegatronTrainer:
         name = (f"zero_pp_rank_{self.dp_rank}_mp_rank_{mp:02d}_model_states.pt"
                 if self.resolved.recipe.parallel.zero_stage == 3 else f"mp_rank_{mp:02d}_model_states.pt")
         live = {k: tuple(getattr(p, "ds_shape", p.shape)) for k, p in self.module.named_parameters()}
+        problem = _shape_mismatch(ckpt.dir / name, live)
+        if self.distopt and not problem:
+            # the distributed optimizer's two files, which only data-parallel rank 0 of each model-parallel rank wrote
+            missing = [f for f in (megatron_distopt.parameter_state_name(mp), megatron_distopt.optimizer_groups_name(mp))
+                       if not (ckpt.dir / f).is_file()]
+            problem = (f"{ckpt.dir / missing[0]}: missing; a ZeRO-1 checkpoint of the megatron backend holds the "
+                       "distributed optimizer's state for every model-parallel rank; set run.resume=never to start "
+                       "fresh") if missing else None
         problems: list[str | None] = [None] * dist.get_world_size()
-        dist.all_gather_object(problems, _shape_mismatch(ckpt.dir / name, live))
+        dist.all_gather_object(problems, problem)
         first = next((p for p in problems if p), None)
         if first:
             raise ResumeError(first)

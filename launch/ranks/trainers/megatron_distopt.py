@@ -95,7 +95,7 @@ class DistributedOptimizer:
         """The optimizer's groups and step, then its parameter state (each rank takes its shard from the gathered
         file). The model's parameters are loaded before, into the 16-bit copies; the fp32 main parameters come from
         the parameter state, so reloading them from the 16-bit weights (reload_model_params) would round them."""
-        groups = torch.load(folder / optimizer_groups_name(mp_rank), map_location="cpu", weights_only=False)
+        groups = torch.load(folder / optimizer_groups_name(mp_rank), map_location="cpu", weights_only=True)
         self.optimizer.load_state_dict(groups)
         # Without Apex or Transformer Engine, load_state_dict gives every parameter's state one shared `step` tensor,
         # and torch's AdamW increments each parameter's step in place: the shared one then counts once per parameter
