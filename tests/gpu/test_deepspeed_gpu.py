@@ -20,4 +20,4 @@ def test_half_billion_on_one_gpu(tmp_path, zero):
     f = figures(t.root)
     print(f.line(f"ZeRO-{zero}"))
     assert f.loss_fell
-    assert 0.3 < f.peak_bytes / f.predicted_bytes < 3.0  # the plan is in the right range; the ratio is reported above
+    assert f.memory_within(), f.line("memory off the plan by more than 15%")

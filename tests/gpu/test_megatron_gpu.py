@@ -26,7 +26,7 @@ def test_half_billion_megatron_on_one_gpu(tmp_path, recompute):
     f = figures(t.root)
     print(f.line(f"megatron TP1 recompute={recompute}"))
     assert f.loss_fell
-    assert 0.3 < f.peak_bytes / f.predicted_bytes < 3.0  # the plan is in the right range; the ratio is reported above
+    assert f.memory_within(), f.line("memory off the plan by more than 15%")
 
 
 def test_transformer_engine_spec_trains_and_exports(tmp_path):
