@@ -7,8 +7,9 @@ same way: perf_counter around the whole optimizer step, every micro-batch includ
 Megatron's own data parallelism: its DistributedDataParallel (contiguous fp32 grad buffer, `main_grad`) and
 `finalize_model_grads` run by the schedule, then Megatron's clip-by-global-norm (the norm over parameters that
 are not TP duplicates, summed over the model-parallel group) and torch.optim.AdamW on `main_grad`, as
-/work/shared/probes/mcore_train_probe.py does: Megatron's FP32Optimizer and DistributedOptimizer allocate on
-'cuda'. Only zero_stage 0 is like for like (DeepSpeed ZeRO-0 over the same DP group on layoutlab's side).
+/work/shared/probes/mcore_train_probe.py does: unpatched, Megatron's FP32Optimizer and DistributedOptimizer allocate
+on 'cuda' (layoutlab's own ZeRO-1 redirects that, launch/ranks/trainers/cpu_compat.py). Only zero_stage 0 is like for
+like (DeepSpeed ZeRO-0 over the same DP group on layoutlab's side).
 """
 from _cli import help_or_usage  # bench/ is the folder of the script run (python bench/NAME.py)
 

@@ -100,14 +100,18 @@ class BackendTraits:
         """Each rank builds only its ZeRO-3 partition (DeepSpeed's zero.Init), never the whole model."""
         return self.host_build == "zero3" and zero_stage == 3 and tp == 1
 
+    def distributed_optimizer(self, zero_stage: int) -> bool:
+        """Trains at this ZeRO stage through the framework's own distributed optimizer (megatron at ZeRO-1)."""
+        return zero_stage in self.distributed_optimizer_stages
+
     def uses_deepspeed(self, zero_stage: int) -> bool:
-        """Trains through a DeepSpeed engine at this ZeRO stage (the deepspeed backend; megatron but at its distributed
-        optimizer's stage), whose config the resolver composes."""
-        return self.compose_ds_config is not None and zero_stage not in self.distributed_optimizer_stages
+        """Trains through a DeepSpeed engine at this ZeRO stage (the deepspeed backend; megatron except at its
+        distributed optimizer's stage), whose config the resolver composes."""
+        return self.compose_ds_config is not None and not self.distributed_optimizer(zero_stage)
 
     def accounting_at(self, zero_stage: int) -> str:
         """The model-state accounting the fit check uses at this ZeRO stage."""
-        return "megatron" if zero_stage in self.distributed_optimizer_stages else self.accounting
+        return "megatron" if self.distributed_optimizer(zero_stage) else self.accounting
 
     def missing_packages(self) -> list[str]:
         import importlib.util
@@ -175,7 +179,7 @@ def _torch_check(w: Callable[[str], str], recipe, model, grad_accum: int) -> Non
 
 
 def _megatron_check(w: Callable[[str], str], recipe, model, grad_accum: int) -> None:
-    if recipe.parallel.zero_stage in BACKENDS["megatron"].distributed_optimizer_stages and recipe.deepspeed.config:
+    if BACKENDS["megatron"].distributed_optimizer(recipe.parallel.zero_stage) and recipe.deepspeed.config:
         raise ConfigError(w("deepspeed.config"), "deepspeed.config", recipe.deepspeed.config,
                           f"is not used at parallel.zero_stage={recipe.parallel.zero_stage} on backend \"megatron\" "
                           "(Megatron-Core's distributed optimizer, no DeepSpeed engine)",
@@ -267,8 +271,9 @@ BACKENDS: dict[str, BackendTraits] = {
         # DeepSpeed partitions gradients (ZeRO-2) and parameters (ZeRO-3) in hooks inside its own backward,
         # which Megatron's pipeline schedules bypass; DeepSpeed's own pipeline engine has the same limit.
         pp_zero_stages=(0, 1),
-        # Sequence-parallel norm gradients are summed over the TP group before DeepSpeed reduces them; under
-        # ZeRO-2/3 DeepSpeed partitions them inside the backward, before that can happen.
+        # Sequence-parallel norm gradients are summed over the TP group after the backward (by the backend at ZeRO-0,
+        # by finalize_model_grads at ZeRO-1); under ZeRO-2/3 DeepSpeed partitions them inside the backward, before that
+        # can happen.
         sp_zero_stages=(0, 1), tp_zero_stages=(0, 1, 2, 3),
         # The last stage's copy of a tied embedding needs its gradient summed with the first stage's and kept
         # out of the gradient norm once; not built yet.

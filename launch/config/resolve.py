@@ -178,7 +178,7 @@ def resolve(loaded: LoadedRecipe, world_size: int | None = None) -> Resolved:
     recipe = _completed(r, paths, resume, dp, hw)
     if r.run.mode == "commbench":
         commbench.check(w, recipe.commbench, r.commbench.max_bytes, grid, hw)
-    # The deepspeed backend, and the megatron backend but at its distributed optimizer's stage, train through a
+    # The deepspeed backend, and the megatron backend except at its distributed optimizer's stage, train through a
     # DeepSpeed engine (ZeRO over the data-parallel group).
     ds_config, ds_base = (_deepspeed_config(loaded, recipe, grad_accum, hw, model)
                           if bt.uses_deepspeed(r.parallel.zero_stage) else ({}, ""))

@@ -107,8 +107,8 @@ def communication(layout: Layout, timing: Timing = Timing(), stage: int = 0) -> 
     first = g.rank(0, 0, stage)  # the stage's groups are those of its first rank
     if g.dp > 1 and traits(layout.backend).accounting == "torch":
         out.extend(_torch_dp_traffic(layout, timing, g.dp_span(first), stage))
-    elif g.dp > 1 and layout.zero_stage in traits(layout.backend).distributed_optimizer_stages:
-        out.extend(_megatron_dp_traffic(layout, timing, g.dp_span(first), params))
+    elif g.dp > 1 and traits(layout.backend).distributed_optimizer(layout.zero_stage):
+        out.extend(_megatron_dp_traffic(layout, timing, g.dp_span(first), params, stage))
     elif g.dp > 1:
         grp = g.dp_span(first)
         z = layout.zero_stage
@@ -171,15 +171,16 @@ def communication(layout: Layout, timing: Timing = Timing(), stage: int = 0) -> 
     return out
 
 
-def _megatron_dp_traffic(layout: Layout, timing: Timing, grp: Sequence[int], params: int) -> list[Comm]:
+def _megatron_dp_traffic(layout: Layout, timing: Timing, grp: Sequence[int], params: int, stage: int) -> list[Comm]:
     """Megatron-Core's DDP and distributed optimizer (launch/ranks/trainers/megatron_distopt.py): one reduce-scatter
     per gradient bucket as the last micro-batch's backward finishes it (no_sync holds the others), in the dtype of
     precision.grad_reduce_dtype; one all-gather per bucket of the updated parameters, each dispatched ahead of the
-    next forward's use of its bucket (overlap_param_gather). The first model chunk is cut into buckets of
-    `megatron_bucket_elements`; every later virtual-stage chunk is one bucket. Then the loop's loss mean and the
-    clip's gradient norm (one fp32 each)."""
+    next forward's use of its bucket (overlap_param_gather). On the first pipeline stage the first model chunk is cut
+    into buckets of `megatron_bucket_elements`; every later virtual-stage chunk, and every chunk of a later pipeline
+    stage (whose data-parallel traffic is off the critical path, distributed_data_parallel.py), is one bucket. Then
+    the loop's loss mean (the clip's gradient norm spans every rank: `_step_collectives`)."""
     first_chunk = -(-params // layout.vpp)
-    buckets = -(-first_chunk // megatron_bucket_elements(layout.grid.dp)) + layout.vpp - 1
+    buckets = (-(-first_chunk // megatron_bucket_elements(layout.grid.dp)) if stage == 0 else 1) + layout.vpp - 1
     reduced = "bf16" if layout.grad_reduce_bytes == 2 else "fp32"
     return [
         _comm(layout, timing, "dp", "reduce_scatter", grp, buckets, params * layout.grad_reduce_bytes / buckets,
@@ -187,15 +188,18 @@ def _megatron_dp_traffic(layout: Layout, timing: Timing, grp: Sequence[int], par
               "backward"),
         _comm(layout, timing, "dp", "all_gather", grp, buckets, params * layout.elem_bytes / buckets,
               "distributed optimizer: the updated parameters per bucket, ahead of the next forward"),
-        _comm(layout, timing, "dp", "all_reduce", grp, 2, 4,
-              "one fp32 each: the logged loss mean (the loop) and the gradient norm (Megatron's clip)", after_step=True),
+        _comm(layout, timing, "dp", "all_reduce", grp, 1, 4, "one fp32: the logged loss mean (the loop)",
+              after_step=True),
     ]
 
 
 def _step_collectives(layout: Layout, timing: Timing, stage: int, first: int, layers: int) -> list[Comm]:
     """What the backend itself issues once per step after the micro-batches (launch.config.backends.StepCollectives), on
     pipeline stage `stage` whose first rank is `first`."""
-    g, st, e = layout.grid, traits(layout.backend).step, layout.elem_bytes
+    g, st = layout.grid, traits(layout.backend).step
+    distopt = traits(layout.backend).distributed_optimizer(layout.zero_stage)
+    # the gradients' element size: the model's dtype, or under Megatron's DDP its buffer's (grad_reduce_dtype)
+    e = layout.grad_reduce_bytes if distopt else layout.elem_bytes
     out = []
     if layout.sp and st.sp_norm_grads:
         # Two norms per decoder layer, and the final norm on the last stage, each of hidden_size weights.
@@ -203,6 +207,11 @@ def _step_collectives(layout: Layout, timing: Timing, stage: int, first: int, la
         out.append(_comm(layout, timing, "sp", "all_reduce", g.tp_span(first), 1,
                          norms * layout.model.hidden_size * e, "the sequence-parallel norm weights' gradients summed "
                          "over TP, one coalesced call", after_step=True))
+    if distopt and g.world > 1:
+        # Megatron's clip: each rank's squares of its gradient shard summed over grad_stats_parallel_group, every rank
+        out.append(_comm(layout, timing, "dp", "all_reduce", range(g.world), 1, 4,
+                         f"the gradient norm over every rank ({g.world}), one fp32 value (Megatron's clip)",
+                         after_step=True))
     if g.tp * g.pp > 1 and layout.zero_stage in st.clip_zero_stages:
         mp = tuple(g.rank(t, 0, p) for p in range(g.pp) for t in range(g.tp))  # `first` has data-parallel rank 0
         out.append(_comm(layout, timing, "tp", "all_reduce", mp, 1, 8,

@@ -124,7 +124,7 @@ def step_time(layout: Layout, comm: list[Comm], timing: Timing = Timing()) -> St
         overlap_how = ("TP/SP and PP traffic on the critical path; " + (
             "Megatron's distributed optimizer: every gradient bucket's reduce-scatter but the last overlaps the last "
             "micro-batch's backward, every parameter bucket's all-gather but the first the next step's first forward"
-            if layout.zero_stage in traits(layout.backend).distributed_optimizer_stages else
+            if traits(layout.backend).distributed_optimizer(layout.zero_stage) else
             "DP traffic issued every micro-step overlaps the backward, boundary traffic only the last micro-batch's "
             "backward, post-step gathers none (ZeRO-3: forward gathers overlap the forward)"))
     offload = _offload_s(layout, params, ga)
@@ -238,7 +238,7 @@ def _dp_exposed(layout: Layout, dp_c: list[Comm], compute: float, ga: int) -> fl
         hidden_reduces = reduces if overlap else 0.0
         return ((1 - ahead) * gathers + max(0.0, ahead * gathers / 2 - forward_win)
                 + max(0.0, ahead * gathers / 2 + hidden_reduces - backward_win) + (reduces - hidden_reduces) + after)
-    if layout.zero_stage in traits(layout.backend).distributed_optimizer_stages:
+    if traits(layout.backend).distributed_optimizer(layout.zero_stage):
         return _distributed_optimizer_exposed(dp_c, forward_win / ga, backward_win / ga) + after
     # Collectives issued every micro-step can hide behind every backward; one issued at the accumulation
     # boundary only behind the last micro-batch's backward.

@@ -59,6 +59,14 @@ def check_resume_compatible(ckpt: Checkpoint, resolved: Resolved) -> bool:
     if traits(resolved.recipe.backend).checkpoint_format == "dcp":
         return False  # torch.distributed.checkpoint reshards onto any tp, dp and zero stage as it loads
     z_old, z_new = info["zero_stage"], par.zero_stage  # complete_checkpoints checked the marker's fields
+    bt = traits(resolved.recipe.backend)
+    if bt.distributed_optimizer(z_old) != bt.distributed_optimizer(z_new):
+        ours, theirs = (z_old, z_new) if bt.distributed_optimizer(z_old) else (z_new, z_old)
+        raise ResumeError(
+            f"{ckpt.dir}: checkpoint was saved with parallel.zero_stage={z_old}; this run has zero_stage={z_new}. "
+            f"The {resolved.recipe.backend} backend trains ZeRO-{ours} with its own distributed optimizer and "
+            f"ZeRO-{theirs} with DeepSpeed's, whose checkpoints hold different files; set "
+            f"parallel.zero_stage={z_old}, or run.resume=never to start fresh")
     if z_old != z_new and not {z_old, z_new} <= {1, 2}:
         raise ResumeError(
             f"{ckpt.dir}: checkpoint was saved with parallel.zero_stage={z_old}; this run has zero_stage={z_new}. "

@@ -115,8 +115,12 @@ def test_distributed_optimizer_traffic_matches_the_plan(shared_run):
     t = shared_run(*SHORT, *MEGATRON_LAYOUTS["dp2_zero1"], recipe=MEGATRON)
     resolved = Resolved.load(t.root / "resolved.json")
     assert resolved.recipe.parallel.zero_stage == 1 and resolved.grid.dp == 2 and resolved.grad_accum == 2
-    planned = {c.collective: c for c in communication(Layout.from_resolved(resolved)) if c.parallelism == "dp"}
-    assert {k: c.calls_per_step for k, c in planned.items()} == {"reduce_scatter": 1, "all_gather": 1, "all_reduce": 2}
+    dp_rows = [c for c in communication(Layout.from_resolved(resolved)) if c.parallelism == "dp"]
+    calls = Counter()
+    for c in dp_rows:
+        calls[c.collective] += c.calls_per_step
+    assert calls == {"reduce_scatter": 1, "all_gather": 1, "all_reduce": 2}
+    planned = {c.collective: c for c in dp_rows if c.collective != "all_reduce"}
     for rank in (0, 1):
         ops = [e for e in json.loads((t.root / "traces" / f"rank{rank}.json").read_text())["traceEvents"]
                if e.get("ph") == "X" and e.get("name", "").startswith("c10d::")]
@@ -128,4 +132,4 @@ def test_distributed_optimizer_traffic_matches_the_plan(shared_run):
         assert scatter[1][0][0] * 4 == pytest.approx(planned["reduce_scatter"].message_bytes, rel=0.01)
         assert gather[0][0][0] * 4 == pytest.approx(planned["all_gather"].message_bytes, rel=0.01)
         scalars = [e for e in ops if e["name"] == "c10d::allreduce_" and e["args"]["Input Dims"][0][0] in ([], [1])]
-        assert len(scalars) == planned["all_reduce"].calls_per_step
+        assert len(scalars) == calls["all_reduce"]

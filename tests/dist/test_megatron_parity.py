@@ -147,8 +147,9 @@ def test_bf16_trains_and_tracks_fp32(runs_root, reference, layout):
 
 def test_distributed_optimizer_reduces_bf16_gradients_as_planned(runs_root, reference):
     """precision.grad_reduce_dtype=bf16 under Megatron's distributed optimizer (NeMo's performance setting): DDP's
-    gradient buffer, which it reduce-scatters, is bf16 (2 B a parameter, what the plan's "megatron" accounting charges;
-    4 B with the fp32 default), rank 0 says so, and the run tracks the fp32 reference as bf16 does."""
+    gradient buffer, which it reduce-scatters, holds 2 B a parameter (4 B with the fp32 default) as measured between
+    steps, rank 0 says so, the fit check is the "megatron" accounting, and the run tracks the fp32 reference as bf16
+    does."""
     t = train(runs_root / "mc_bf16_reduce", *SHORT, *LAYOUTS["dp2_zero1"], "precision.dtype=bf16",
               "precision.grad_reduce_dtype=bf16", recipe=MEGATRON)
     assert "data-parallel gradients reduce-scattered in bf16" in (t.root / "logs" / "rank0.out").read_text()
@@ -158,7 +159,6 @@ def test_distributed_optimizer_reduces_bf16_gradients_as_planned(runs_root, refe
     plan = json.loads((t.root / "plan.json").read_text())
     (rp,) = plan["ranks"]
     assert rp["implementation"] == "megatron"
-    assert rp["memory"]["megatron"]["grads"] == 2 * rp["params"]
     for rank in (0, 1):
         held = json.loads((t.root / "logs" / f"state_bytes_rank{rank}.json").read_text())
         assert held["grads"] == pytest.approx(2 * rp["params"], rel=0.02)

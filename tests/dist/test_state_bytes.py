@@ -49,7 +49,7 @@ def between_steps(memory: dict, layout: Layout, params: int, stage: int) -> dict
     want = {k: memory[k] for k in CATEGORIES}
     if layout.backend == "torch":
         return torch_between_steps(want, layout, params, stage)
-    if layout.zero_stage in traits(layout.backend).distributed_optimizer_stages:
+    if traits(layout.backend).distributed_optimizer(layout.zero_stage):
         return want  # Megatron's DDP keeps its gradient buffer between steps; the optimizer shards as planned
     if layout.zero_stage <= 2:
         want["grads"] = 0

@@ -204,3 +204,21 @@ def test_the_accelerate_export_decides_as_run_sh_and_pins_it_in_its_command(tmp_
     cut = _run_with_checkpoint(runs, "20261202-000000", ["train.steps=8"], step=4)
     pin, printed = pinned("b")
     assert pin == str(cut / "checkpoints" / "step4") and f"resuming {cut} at step 4" in printed
+
+
+@pytest.mark.parametrize("saved, now", [(1, 2), (2, 1)])
+def test_megatron_zero1_and_zero2_checkpoints_do_not_cross(tmp_path, saved, now):
+    """On the deepspeed backend ZeRO-1 and ZeRO-2 checkpoints load into each other (DeepSpeed's own files); on the
+    megatron backend ZeRO-1 is Megatron's distributed optimizer and ZeRO-2 DeepSpeed's, so a checkpoint of one is
+    refused before launch at the other, naming both stages."""
+    from launch.run.checkpoints import Checkpoint, check_resume_compatible
+
+    mc = RECIPES / "tiny_tp2_sp"
+    base = ["parallel.tp=1", "parallel.sp=false", "hardware.gpus_per_node=2", "batch.micro_batch_size=2"]
+    written = resolve_path(mc, [*base, f"parallel.zero_stage={saved}"])
+    ckpt = Checkpoint(tmp_path, "step5", marker_info(written, 5))
+    with pytest.raises(ResumeError) as e:
+        check_resume_compatible(ckpt, resolve_path(mc, [*base, f"parallel.zero_stage={now}"]))
+    assert f"zero_stage={saved}; this run has zero_stage={now}" in str(e.value) and "distributed optimizer" in str(e.value)
+    ds = [resolve_path(TINY, [f"parallel.zero_stage={z}"]) for z in (saved, now)]
+    assert check_resume_compatible(Checkpoint(tmp_path, "step5", marker_info(ds[0], 5)), ds[1]) is False

@@ -5,9 +5,8 @@ those, each one found by running the Megatron call without it and watching it fa
 (tests/unit/test_cpu_compat.py runs every such call in a fresh interpreter to prove that each redirect
 is still needed, and in-process to prove that it now works). For a run on GPUs (`apply(cuda=True)`: the run's
 device decision, HardwareProfile.device_type, not whether this machine has CUDA) it installs only
-the two patches that are not about CUDA but about Apex and Transformer Engine being absent, GPUs included:
-`torch_norm_sp` (the local spec's norm refuses sequence parallelism) and `torch_adam_state` (the distributed
-optimizer's resume of torch's AdamW).
+the one patch that is not about CUDA (`torch_norm_sp`: the local spec's norm refuses sequence parallelism
+wherever Apex and Transformer Engine are absent, GPUs included).
 
 Where a redirect can be scoped it is: a stand-in for the `torch` name of a single Megatron module
 (`_ModuleProxy`), or a replaced function under the one name that imported it, changes what that module
@@ -388,39 +387,6 @@ def _cuda_type_names_installed() -> bool:
             and getattr(optimizer.clip_grad_by_total_norm_fp32, _MARK, False))
 
 
-def _install_torch_adam_state() -> None:
-    """DistributedOptimizer._set_main_param_and_optimizer_states copies only the tensors it is given.
-
-    Without Apex or Transformer Engine the distributed optimizer steps torch's AdamW, whose per-parameter state also
-    holds `step`. load_parameter_state hands each parameter its "param", "exp_avg" and "exp_avg_sq" and the method
-    copies every key of the live state, `step` included, from them: KeyError 'step' on every resume (GPUs without
-    Transformer Engine included). load_state_dict has already set `step` from the saved parameter groups, so the
-    other keys are the whole of what there is to copy.
-    """
-    from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer
-
-    original = DistributedOptimizer._set_main_param_and_optimizer_states
-
-    @functools.wraps(original)
-    def set_states(self, model_param, tensors) -> None:
-        if self.config.use_precision_aware_optimizer_no_fp8_or_ds_fp8:
-            return original(self, model_param, tensors)
-        group_index, group_order = self.model_param_group_index_map[model_param]
-        main_param = self.optimizer.param_groups[group_index]["params"][group_order]
-        live = {"param": main_param, **self.optimizer.state[main_param]}
-        for key, value in tensors.items():
-            live[key].copy_(value)
-        return None
-
-    DistributedOptimizer._set_main_param_and_optimizer_states = _marked(set_states)
-
-
-def _torch_adam_state_installed() -> bool:
-    from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer
-
-    return getattr(DistributedOptimizer._set_main_param_and_optimizer_states, _MARK, False)
-
-
 # --------------------------------------------------------------------------- registry
 
 
@@ -443,7 +409,6 @@ REDIRECTS: tuple[Redirect, ...] = (
     Redirect("optimizer_device", _install_optimizer_device, _optimizer_device_installed),
     Redirect("l2_norm_device", _install_l2_norm_device, _l2_norm_device_installed),
     Redirect("cuda_type_names", _install_cuda_type_names, _cuda_type_names_installed),
-    Redirect("torch_adam_state", _install_torch_adam_state, _torch_adam_state_installed, everywhere=True),
 )
 
 

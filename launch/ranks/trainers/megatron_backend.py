@@ -76,7 +76,7 @@ def init_distributed(resolved: Resolved, cuda: bool) -> None:
         import_megatron_eager()
     from launch.ranks.trainers.cpu_compat import apply as cpu_compat
 
-    cpu_compat(cuda=cuda)  # on GPUs only the Apex/TE fallbacks' patches: no CUDA call is redirected there
+    cpu_compat(cuda=cuda)  # on GPUs only the SP-norm patch: no CUDA call is redirected there
     common.no_jit_comm_op()
     from megatron.core import parallel_state as ps
 
@@ -197,7 +197,7 @@ class MegatronTrainer:
         # 4. data parallelism
         self.module = _Chunks(self.chunks)
         self.engine, self.distopt = None, None
-        if par.zero_stage in traits("megatron").distributed_optimizer_stages:
+        if traits("megatron").distributed_optimizer(par.zero_stage):
             self.distopt = megatron_distopt.wrap(resolved, self.config, self.chunks)
             if ctx.env.rank == 0:
                 reduced = "fp32" if self.distopt.chunks[0].ddp_config.grad_reduce_in_fp32 else r.precision.dtype
@@ -211,8 +211,8 @@ class MegatronTrainer:
             if self.engine.dp_world_size != self.dp_world:
                 raise RuntimeError(f"DeepSpeed formed data-parallel groups of {self.engine.dp_world_size} ranks; "
                                    f"Megatron's grid has {self.dp_world}")
-        # What the schedule and every forward run: under the distributed optimizer the DDP-wrapped chunks, whose
-        # forward hooks wait for the parameters' all-gather.
+        # What the schedule runs: under the distributed optimizer the DDP-wrapped chunks, on which the schedule's
+        # no_sync and its finalize_model_grads (finish_grad_sync) are called.
         self.runnable = self.distopt.chunks if self.distopt else self.chunks
         self.param_numel_local = common.local_param_numel(self.module)
         self.schedule_path = par.zero_stage <= 1
@@ -232,7 +232,7 @@ class MegatronTrainer:
         if len(self.chunks) != 1:
             raise RuntimeError("a micro-batch's loss on one rank needs the whole model: pp = 1, vpp = 1")
         tokens, position_ids, labels, mask = self._inputs(rows)
-        return self._loss(mask, self.runnable[0](tokens, position_ids, None, labels=labels))[0]
+        return self._loss(mask, self.chunks[0](tokens, position_ids, None, labels=labels))[0]
 
     def evaluate(self, micro_batch: Callable, count: int):
         """Forward only, under no_grad as Megatron's own evaluate(): through the schedule (the pipeline's stages, the
@@ -274,7 +274,7 @@ class MegatronTrainer:
         group once gathered), as DeepSpeed names and lays them out, then the optimizer's state."""
         mp = model_parallel_rank(self.tp_rank, self.pp_rank, self.resolved.recipe.parallel.tp)
         folder.mkdir(parents=True, exist_ok=True)
-        self.distopt.sync_params()
+        self.distopt.sync_params()  # the step's updates gathered into every rank's parameters before they are written
         if self.dp_rank == 0:
             # clone: each parameter is a view of DDP's buffer, and torch.save would write the whole buffer per view
             module = {k: v.detach().clone() if torch.is_tensor(v) else v for k, v in self.module.state_dict().items()}
@@ -287,7 +287,7 @@ class MegatronTrainer:
             mp = model_parallel_rank(self.tp_rank, self.pp_rank, self.resolved.recipe.parallel.tp)
             saved = torch.load(ckpt.dir / megatron_distopt.model_states_name(mp), map_location="cpu", weights_only=True)
             self.module.load_state_dict(saved["module"])
-            self.distopt.load(ckpt.dir, mp)
+            self.distopt.load(ckpt.dir, mp, self.dp_rank)
             return int(saved["step"])
         path, client = self.engine.load_checkpoint(str(ckpt.path), tag=ckpt.tag, load_optimizer_states=True,
                                                    load_lr_scheduler_states=False)
@@ -296,8 +296,8 @@ class MegatronTrainer:
         return int((client or {}).get("step", ckpt.step))
 
     def _check_saved_shapes(self, ckpt: Checkpoint) -> None:
-        """Every parameter this rank is about to load was saved with the live parameter's shape, before DeepSpeed
-        loads anything. Its module load is strict for ZeRO 0-2, but under ZeRO-3 the saved module holds 0-element
+        """Every parameter this rank is about to load was saved with the live parameter's shape, before DeepSpeed or
+        the distributed optimizer loads anything (and the distributed optimizer's shard of this rank is there). Its module load is strict for ZeRO 0-2, but under ZeRO-3 the saved module holds 0-element
         placeholders and the weights come from flat fp32 partitions copied without their shapes: measured on
         DeepSpeed 0.19.8, a partition saved for a [6, 4] weight loads silently into a [4, 6] one, and a changed
         element count fails with a bare tensor-size error. Each rank checks its own file, then all ranks agree,
@@ -309,13 +309,11 @@ class MegatronTrainer:
                 if self.resolved.recipe.parallel.zero_stage == 3 else f"mp_rank_{mp:02d}_model_states.pt")
         live = {k: tuple(getattr(p, "ds_shape", p.shape)) for k, p in self.module.named_parameters()}
         problem = _shape_mismatch(ckpt.dir / name, live)
-        if self.distopt and not problem:
-            # the distributed optimizer's two files, which only data-parallel rank 0 of each model-parallel rank wrote
-            missing = [f for f in (megatron_distopt.parameter_state_name(mp), megatron_distopt.optimizer_groups_name(mp))
-                       if not (ckpt.dir / f).is_file()]
-            problem = (f"{ckpt.dir / missing[0]}: missing; a ZeRO-1 checkpoint of the megatron backend holds the "
-                       "distributed optimizer's state for every model-parallel rank; set run.resume=never to start "
-                       "fresh") if missing else None
+        shard = ckpt.dir / megatron_distopt.optimizer_shard_name(mp, self.dp_rank)
+        if self.distopt and not problem and not shard.is_file():
+            problem = (f"{shard}: missing; a ZeRO-1 checkpoint of the megatron backend holds every rank's shard of the "
+                       "distributed optimizer (one written before this format, or by DeepSpeed's ZeRO, does not); set "
+                       "run.resume=never to start fresh")
         problems: list[str | None] = [None] * dist.get_world_size()
         dist.all_gather_object(problems, problem)
         first = next((p for p in problems if p), None)

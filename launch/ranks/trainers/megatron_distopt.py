@@ -12,10 +12,11 @@ What it is (Megatron-Core 0.16.1, megatron/core/distributed and megatron/core/op
 The schedule's finalize_model_grads ends every backward: the data-parallel reduction, then the sequence-parallel norm
 gradients summed over TP.
 
-Checkpoints keep the file names of the DeepSpeed route so that export and the shape check read them alike: per
-model-parallel rank, the model's chunks (`mp_rank_XX_model_states.pt`: "module", as DeepSpeed saves it) and the
-optimizer's parameter state gathered on data-parallel rank 0 (`mp_rank_XX_distopt_states.pt`, Megatron's
-save_parameter_state), beside its step and parameter groups (`mp_rank_XX_optim_groups.pt`).
+Checkpoints keep the DeepSpeed route's file name for the model, so that export and the shape check read it alike: per
+model-parallel rank the model's chunks (`mp_rank_XX_model_states.pt`: "module", as DeepSpeed saves it, written by
+data-parallel rank 0), and per rank its own shard of the optimizer (`distopt_dp_rank_D_mp_rank_XX_states.pt`: the
+torch optimizer's state dict and its fp32 main parameters). Nothing is gathered: Megatron's save_parameter_state would
+collect every shard's fp32 parameters and moments on data-parallel rank 0 (26 GB a process for the 70B recipe).
 """
 from __future__ import annotations
 
@@ -26,26 +27,23 @@ import torch
 
 from launch.config.resolve import Resolved
 from launch.config.schema import ADAM_EPS
+from launch.plan.layout import Layout
 from launch.ranks.trainers import common
 
 def model_states_name(mp_rank: int) -> str:
     return f"mp_rank_{mp_rank:02d}_model_states.pt"
 
 
-def parameter_state_name(mp_rank: int) -> str:
-    return f"mp_rank_{mp_rank:02d}_distopt_states.pt"
-
-
-def optimizer_groups_name(mp_rank: int) -> str:
-    return f"mp_rank_{mp_rank:02d}_optim_groups.pt"
+def optimizer_shard_name(mp_rank: int, dp_rank: int) -> str:
+    return f"distopt_dp_rank_{dp_rank}_mp_rank_{mp_rank:02d}_states.pt"
 
 
 @dataclass
-class DistributedOptimizer:
+class DistOpt:
     """A rank's model chunks under Megatron's DDP, and the distributed optimizer over them."""
 
-    chunks: list  # DDP-wrapped, in virtual-stage order (what the schedule runs)
-    optimizer: object  # megatron.core.optimizer.DistributedOptimizer
+    chunks: list  # DDP-wrapped, in virtual-stage order (what the schedule runs and finalize_model_grads reduces)
+    optimizer: object  # what get_megatron_optimizer returns: a ChainedOptimizer of DistributedOptimizers
 
     @property
     def param_groups(self) -> list[dict]:
@@ -56,9 +54,13 @@ class DistributedOptimizer:
             chunk.zero_grad_buffer()
         self.optimizer.zero_grad()
 
+    def _torch_optimizers(self) -> list:
+        """The torch AdamW of each chained DistributedOptimizer: it steps this rank's shard of the main parameters."""
+        return [chained.optimizer for chained in self.optimizer.chained_optimizers]
+
     def step(self) -> float | None:
         """The optimizer step on reduced gradients (the schedule's finalize_model_grads reduced them); returns the
-        pre-clipping gradient norm (None without clipping: Megatron computes it only to clip)."""
+        pre-clipping gradient norm over every rank (ChainedOptimizer computes it whether or not it clips)."""
         ok, grad_norm, _ = self.optimizer.step()
         if not ok:  # only a dynamic loss scale skips a step, and this route trains bf16 or fp32
             raise RuntimeError("Megatron's optimizer skipped a step that no loss scaler asked to skip")
@@ -74,42 +76,38 @@ class DistributedOptimizer:
         """Bytes of model state between steps, in the planner's categories ("megatron" accounting): the 16-bit (or
         fp32) parameters (views of DDP's parameter buffer under the distributed optimizer), DDP's gradient buffer,
         and the optimizer's fp32 main-parameter shards with Adam's moments."""
-        inner = self.optimizer.optimizer
         seen: set[int] = set()
         params = [p for chunk in self.chunks for p in chunk.module.parameters()]
         weights = common.storage_bytes([p.data for p in params], seen)
         grads = common.storage_bytes([getattr(p, "main_grad", None) for p in params], seen)
-        masters = [p for g in inner.param_groups for p in g["params"]]
-        optimizer = common.storage_bytes(masters + [v for st in inner.state.values() for v in st.values()
+        inner = self._torch_optimizers()
+        masters = [p for t in inner for g in t.param_groups for p in g["params"]]
+        optimizer = common.storage_bytes(masters + [v for t in inner for st in t.state.values() for v in st.values()
                                                     if torch.is_tensor(v)], seen)
         return {"weights": weights, "grads": grads, "optimizer": optimizer}
 
     def save(self, folder: Path, mp_rank: int, dp_rank: int) -> None:
-        """Collective over the data-parallel group (the parameter state is gathered on its rank 0)."""
-        self.sync_params()
-        self.optimizer.save_parameter_state(str(folder / parameter_state_name(mp_rank)))
-        if dp_rank == 0:
-            torch.save(self.optimizer.state_dict(), folder / optimizer_groups_name(mp_rank))
+        """This rank's optimizer shard: each torch optimizer's state dict (groups, step, Adam's moments) and the fp32
+        main parameters it steps (in fp32 training, views of the parameters' own shard)."""
+        shards = [{"optimizer": t.state_dict(),
+                   "main_params": [p.detach().clone() for g in t.param_groups for p in g["params"]]}
+                  for t in self._torch_optimizers()]
+        torch.save(shards, folder / optimizer_shard_name(mp_rank, dp_rank))
 
-    def load(self, folder: Path, mp_rank: int) -> None:
-        """The optimizer's groups and step, then its parameter state (each rank takes its shard from the gathered
-        file). The model's parameters are loaded before, into the 16-bit copies; the fp32 main parameters come from
-        the parameter state, so reloading them from the 16-bit weights (reload_model_params) would round them."""
-        groups = torch.load(folder / optimizer_groups_name(mp_rank), map_location="cpu", weights_only=True)
-        self.optimizer.load_state_dict(groups)
-        # Without Apex or Transformer Engine, load_state_dict gives every parameter's state one shared `step` tensor,
-        # and torch's AdamW increments each parameter's step in place: the shared one then counts once per parameter
-        # and every bias correction after a resume is wrong (measured: losses 4e-3 off within five steps).
-        for state in self.optimizer.optimizer.state.values():
-            if torch.is_tensor(state.get("step")):
-                state["step"] = state["step"].clone()
-        # no_grad: in fp32 the main parameters are views of the model's (no 16-bit copy), and copying into a view of
-        # a leaf that requires grad raises outside it
-        with torch.no_grad():
-            self.optimizer.load_parameter_state(str(folder / parameter_state_name(mp_rank)))
+    def load(self, folder: Path, mp_rank: int, dp_rank: int) -> None:
+        """This rank's optimizer shard back. The model's parameters are loaded before, into the 16-bit copies; the
+        fp32 main parameters come from the shard, so reloading them from the 16-bit weights (Megatron's
+        reload_model_params) would round them."""
+        shards = torch.load(folder / optimizer_shard_name(mp_rank, dp_rank), map_location="cpu", weights_only=True)
+        for t, shard in zip(self._torch_optimizers(), shards, strict=True):
+            t.load_state_dict(shard["optimizer"])
+            main = [p for g in t.param_groups for p in g["params"]]
+            with torch.no_grad():  # in fp32 the main parameters are views of leaves that require grad
+                for p, saved in zip(main, shard["main_params"], strict=True):
+                    p.copy_(saved)
 
 
-def wrap(resolved: Resolved, config, chunks: list) -> DistributedOptimizer:
+def wrap(resolved: Resolved, config, chunks: list) -> DistOpt:
     """Megatron's DDP around each chunk, the distributed optimizer over all of them, and the schedule's hooks on the
     shared TransformerConfig (as Megatron-LM's setup_model_and_optimizer and train do)."""
     from megatron.core.distributed import (
@@ -122,14 +120,16 @@ def wrap(resolved: Resolved, config, chunks: list) -> DistributedOptimizer:
     r = resolved.recipe
     t = r.train
     bf16 = r.precision.dtype == "bf16"
+    # With several chunks (vpp) the schedule dispatches each chunk's parameter gather itself (param_sync_func), and
+    # align_param_gather tells the chunks' forward hooks so, as Megatron-LM sets the two together.
     ddp_config = DistributedDataParallelConfig(
-        grad_reduce_in_fp32=not bf16 or r.precision.grad_reduce_dtype == "fp32", overlap_grad_reduce=True,
-        overlap_param_gather=True, use_distributed_optimizer=True)
+        grad_reduce_in_fp32=Layout.from_resolved(resolved).grad_reduce_bytes == 4, overlap_grad_reduce=True,
+        overlap_param_gather=True, align_param_gather=len(chunks) > 1, use_distributed_optimizer=True)
     if bf16:
         # Every parameter in the training dtype, norms included (built fp32 by torch's RMSNorm), as Megatron-LM's
-        # Float16Module casts the model and the DeepSpeed engine does on the other route. Left mixed, the
-        # distributed optimizer trains, but saving its parameter state fails (measured: a size mismatch in
-        # get_parameter_state_dp_zero, which assumes one dtype per group).
+        # Float16Module casts the model and the DeepSpeed engine does on the other route. Left mixed, it trains,
+        # but Megatron's own parameter-state gather (get_parameter_state_dp_zero) failed on a size mismatch (measured):
+        # the optimizer assumes one dtype per parameter group.
         for chunk in chunks:
             chunk.bfloat16()
     # Later chunks get one bucket each, as Megatron-LM wraps them: their gradients are ready only at the end.
@@ -138,7 +138,8 @@ def wrap(resolved: Resolved, config, chunks: list) -> DistributedOptimizer:
     one = len(wrapped) == 1
     config.no_sync_func = wrapped[0].no_sync if one else [c.no_sync for c in wrapped]
     config.grad_sync_func = wrapped[0].start_grad_sync if one else [c.start_grad_sync for c in wrapped]
-    config.param_sync_func = wrapped[0].start_param_sync if one else [c.start_param_sync for c in wrapped]
+    if not one:  # with align_param_gather (above), as Megatron-LM's train() wires them
+        config.param_sync_func = [c.start_param_sync for c in wrapped]
     config.finalize_model_grads_func = finalize_model_grads
     opt_config = OptimizerConfig(
         optimizer="adam", lr=t.lr, min_lr=0.0, weight_decay=t.weight_decay, adam_beta1=t.adam_beta1,
@@ -147,4 +148,4 @@ def wrap(resolved: Resolved, config, chunks: list) -> DistributedOptimizer:
     # config_overrides={}: every parameter decays by train.weight_decay, as the other backends' AdamW does (Megatron's
     # default leaves biases and norms out, through a parameter scheduler this loop does not run).
     optimizer = get_megatron_optimizer(opt_config, wrapped, config_overrides={})
-    return DistributedOptimizer(wrapped, optimizer)
+    return DistOpt(wrapped, optimizer)
