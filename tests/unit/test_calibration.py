@@ -135,9 +135,11 @@ def test_calibrated_megatron_uses_its_own_passes_and_engine_cost(tmp_path):
                                                                  "train.activation_checkpointing=selective"]), envinfo.machine())
     assert plan.step.timing == "calibrated"
     # Two micro-steps of the tp=2 pass and megatron's ZeRO-1 engine cost per micro-step (0.0025 s), its step cost
-    # and Adam over the Megatron shard: vocab-parallel embedding and output layer halved, the same decoder shard.
+    # and Adam over the Megatron shard: vocab-parallel embedding and output layer halved, the same decoder shard; and
+    # the distributed optimizer's clip norm, one fp32 all-reduced over every rank (here the TP pair) after the step.
     shard = 2 * (512 * 64 // 2) + 4 * ((2 * 64 * 64 + 2 * 64 * 32 + 3 * 64 * 128) // 2 + 2 * 64) + 64
-    total = 2 * ((0.004 * 4 / 2 + 0.001) + (0.006 * 4 / 2 + 0.002) + 0.0025) + 0.002 + 1e-4 + 1e-8 * shard
+    norm = ALPHA + 4 / BETA
+    total = 2 * ((0.004 * 4 / 2 + 0.001) + (0.006 * 4 / 2 + 0.002) + 0.0025) + 0.002 + 1e-4 + 1e-8 * shard + norm
     assert plan.step.total_s == pytest.approx(total, rel=1e-9)
 
 
@@ -160,7 +162,8 @@ def test_calibrated_pipeline_stages_split_the_measured_pass_where_its_forward_we
     # gradient at once, then receives the last gradient alone: 9 waits of one 64 × 64 fp32 call; the loss broadcast.
     pp = 9 * (ALPHA + 64 * 64 * 4 / BETA) + ALPHA + 4 / BETA
     assert plan.step.pp_comm_s == pytest.approx(pp, rel=1e-9)
-    assert plan.step.total_s == pytest.approx(8 * stage1 + stage0 + compute + pp, rel=1e-9)
+    norm = ALPHA + 4 / BETA  # the distributed optimizer's clip norm, one fp32 over both stages after the step
+    assert plan.step.total_s == pytest.approx(8 * stage1 + stage0 + compute + pp + norm, rel=1e-9)
     assert plan.step.compute_s == pytest.approx(8 * stage1 + compute, rel=1e-9)
     assert "the slowest, stage 1," in plan.step.assumptions  # the output layer's, not the embedding's
     vpp = plan_resolved(resolve_path(RECIPES / "tiny_zero2", [f"hardware.profile={path}", "backend=megatron",

@@ -271,8 +271,10 @@ def test_the_megatron_backend_s_own_step_collectives():
     assert step("tiny_tp2_sp") == [("sp", "all_reduce", 2, (2 * 4 + 1) * hidden * 4), ("tp", "all_reduce", 2, 8)]
     assert step("tiny_tp2_sp", "parallel.sp=false", "parallel.pp=2", "hardware.gpus_per_node=4") == [
         ("tp", "all_reduce", 4, 8), ("pp", "broadcast", 2, 4)]
+    # ZeRO-1, Megatron's distributed optimizer: the logged loss over dp, then the clip's norm over every rank
+    # (grad_stats_parallel_group), one fp32 each
     assert step("tiny_tp2_sp", "parallel.sp=false", "parallel.zero_stage=1", "hardware.gpus_per_node=4") == [
-        ("dp", "all_reduce", 2, 4)]  # ZeRO-1: DeepSpeed clips (the norm and the logged loss: two one-value calls)
+        ("dp", "all_reduce", 2, 4), ("dp", "all_reduce", 4, 4)]
     assert not step("tiny_zero2", "parallel.tp=2")  # AutoTP, ZeRO-2 over dp 1: nothing of the backend's own
 
 
@@ -291,13 +293,14 @@ def test_pipeline_sends_count_each_chunk_boundary():
 def test_after_the_step_the_loss_mean_and_deepspeed_s_gradient_norm_cross_the_data_parallel_group():
     """The loop's loss mean, and DeepSpeed's gradient norm (clip_grad_norm_ all-reduces it over the data-parallel
     group; measured at ZeRO-0 on 2 gloo ranks: 3 all-reduces per step, the gradient bucket and these two), except
-    where the backend clips itself: the megatron backend at ZeRO-0 (DeepSpeed's clipping off there)."""
+    where the backend clips itself: the megatron backend at ZeRO-0 (DeepSpeed's clipping off there), and at ZeRO-1
+    Megatron's distributed optimizer, whose norm spans every rank (a call of its own; here every rank is dp)."""
     def after(z, backend="deepspeed"):
         return [c.calls_per_step for c in communication(layout(dp=2, zero=z, gpn=2, backend=backend))
                 if c.collective == "all_reduce" and c.after_step]
 
     assert after(0) == [2] and after(1) == [2] and after(3) == [2]
-    assert after(0, "megatron") == [1] and after(1, "megatron") == [2]
+    assert after(0, "megatron") == [1] and after(1, "megatron") == [1, 1]
 
 
 TINY_PARAMS = 213_568  # tiny-llama: 2 × 512 × 64 (embedding, lm_head) + 64 (final norm) + 4 blocks of 36,992
