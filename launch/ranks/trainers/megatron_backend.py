@@ -306,7 +306,7 @@ class MegatronTrainer:
 
         mp = model_parallel_rank(self.tp_rank, self.pp_rank, self.resolved.recipe.parallel.tp)
         name = (f"zero_pp_rank_{self.dp_rank}_mp_rank_{mp:02d}_model_states.pt"
-                if self.resolved.recipe.parallel.zero_stage == 3 else f"mp_rank_{mp:02d}_model_states.pt")
+                if self.resolved.recipe.parallel.zero_stage == 3 else megatron_distopt.model_states_name(mp))
         live = {k: tuple(getattr(p, "ds_shape", p.shape)) for k, p in self.module.named_parameters()}
         problem = _shape_mismatch(ckpt.dir / name, live)
         shard = ckpt.dir / megatron_distopt.optimizer_shard_name(mp, self.dp_rank)
@@ -620,7 +620,7 @@ def export_hf_state(resolved: Resolved, ckpt: Checkpoint) -> dict:
             if ckpt.info["zero_stage"] == 3:
                 module = _zero3_module_state(ckpt, mp_rank, dp)
             else:
-                f = ckpt.dir / f"mp_rank_{mp_rank:02d}_model_states.pt"
+                f = ckpt.dir / megatron_distopt.model_states_name(mp_rank)
                 module = torch.load(f, map_location="cpu", weights_only=True)["module"]
             for chunk in range(vpp):
                 prefix = f"{chunk}."

@@ -31,6 +31,7 @@ from launch.plan.layout import Layout
 from launch.ranks.trainers import common
 
 def model_states_name(mp_rank: int) -> str:
+    """One model-parallel rank's module state below ZeRO-3, DeepSpeed's name for it (both data-parallel routes)."""
     return f"mp_rank_{mp_rank:02d}_model_states.pt"
 
 
