@@ -4,10 +4,11 @@ twins held equal (the seed's 7B matrix; the T4 ladder; the multi-node layouts), 
 The oracle is the run's own metrics read here: every step recorded, the loss finite and lower at the end than at the
 start (a tiny model at lr 3e-3 falls from ln 512 ≈ 6.24 within a few steps), and the report naming every run.
 
-README's test command trains every layout of 2 ranks once, not every twin: a twin of 4 ranks (conftest.two_ranks_first),
-or whose layout (backend, which of tp, pp and dp it splits, sp, vpp, ZeRO stage, offload, checkpointing, dtype)
-another default test already trains (tests/dist/conftest.py's layouts), or an earlier twin of the same group trains,
-sweeps only under `-m full`, which CI runs after README's command: between them every twin trains once."""
+README's test command trains every layout of 2 ranks once, not every twin: a twin of 4 ranks (conftest.two_ranks_first)
+whose layout (backend, which of tp, pp and dp it splits, sp, vpp, ZeRO stage, offload, checkpointing, dtype) no default
+test trains (tests/dist/conftest.py's layouts, the default sweeps) sweeps under `-m full`, which CI runs after README's
+command: between them every layout of the catalogue trains in CI. The twins whose layout another twin or test already
+trains sweep under `-m twins` (every twin trained once more; CI's 30 minutes do not hold them)."""
 import math
 import os
 import re
@@ -62,23 +63,30 @@ def _two_ranks(twin: str) -> bool:
     return resolve_path(RECIPES / twin, [f"batch.global_batch_size={GLOBAL_BATCH}"]).world_size <= 2
 
 
-def _split() -> tuple[dict[str, list[str]], dict[str, list[str]]]:
-    """Each group's twins as (README's command trains them, only `-m full` does)."""
+def _split() -> tuple[dict[str, list[str]], dict[str, list[str]], dict[str, list[str]]]:
+    """Each group's twins as (README's command trains them, `-m full` does: a layout nothing else trains, `-m twins`
+    does: the others). A sweep compares two or more recipes: a group's one new layout sweeps beside a twin trained
+    elsewhere."""
     seen = _trained_elsewhere()
     default: dict[str, list[str]] = {}
     full: dict[str, list[str]] = {}
+    rest: dict[str, list[str]] = {}
     for group, twins in GROUPS.items():
         for twin in twins:
             key = layout(RECIPES / twin, f"batch.global_batch_size={GLOBAL_BATCH}")
-            (default if _two_ranks(twin) and key not in seen else full).setdefault(group, []).append(twin)
+            new = key not in seen
+            (default if new and _two_ranks(twin) else full if new else rest).setdefault(group, []).append(twin)
             seen.add(key)
-        if len(default.get(group, ())) == 1 or len(full.get(group, ())) == 1:  # a sweep compares two or more recipes
-            full[group] = twins
-            default.pop(group, None)
-    return default, full
+        for chosen in (default, full):
+            if len(chosen.get(group, ())) == 1:
+                partner = next(t for t in twins if t not in chosen[group])
+                chosen[group].append(partner)
+                if partner in rest.get(group, ()):
+                    rest[group].remove(partner)
+    return default, full, {g: twins for g, twins in rest.items() if twins}
 
 
-DEFAULT, FULL = _split()
+DEFAULT, FULL, REST = _split()
 # A sweep of more twins than this is split into sweeps of at most as many: one sweep of 13 four-rank twins took 206 s
 # of one xdist worker while the other idled at the end of the suite.
 SWEEP_MAX = 6
@@ -90,8 +98,9 @@ def _parts(twins: list[str]) -> list[list[str]]:
 
 
 SWEEPS = [pytest.param(twins, id=group) for group, twins in sorted(DEFAULT.items())] + [
-    pytest.param(part, id=f"{group}-rest{'' if len(twins) <= SWEEP_MAX else i + 1}", marks=pytest.mark.full)
-    for group, twins in sorted(FULL.items()) for i, part in enumerate(_parts(twins))]
+    pytest.param(part, id=f"{group}-{kind}{'' if len(twins) <= SWEEP_MAX else i + 1}", marks=mark)
+    for kind, mark, chosen in (("new", pytest.mark.full, FULL), ("rest", pytest.mark.twins, REST))
+    for group, twins in sorted(chosen.items()) for i, part in enumerate(_parts(twins))]
 
 
 def test_the_groups_hold_every_twin():
@@ -99,16 +108,18 @@ def test_the_groups_hold_every_twin():
 
 
 def test_the_default_sweeps_train_every_layout_of_the_twins():
-    """README's command (default sweeps and conftest's layouts) trains every layout of 2 ranks some twin has; with
-    `-m full` the two lists together hold every twin once."""
-    default = [t for twins in DEFAULT.values() for t in twins]
-    rest = [t for twins in FULL.values() for t in twins]
-    assert sorted(default + rest) == TWINS
-    trained = _trained_elsewhere() | {layout(RECIPES / t, f"batch.global_batch_size={GLOBAL_BATCH}") for t in default}
+    """README's command (default sweeps and conftest's layouts) trains every layout of 2 ranks some twin has, and with
+    `-m full` (CI) every layout of every twin; with `-m twins` the three lists hold every twin once."""
+    default, full, rest = ([t for twins in chosen.values() for t in twins] for chosen in (DEFAULT, FULL, REST))
+    assert sorted(default + full + rest) == TWINS
+    key = {t: layout(RECIPES / t, f"batch.global_batch_size={GLOBAL_BATCH}") for t in TWINS}
+    trained = _trained_elsewhere() | {key[t] for t in default}
     for twin in filter(_two_ranks, TWINS):
-        assert layout(RECIPES / twin, f"batch.global_batch_size={GLOBAL_BATCH}") in trained, twin
-    # a layout the conftest runs train is left to -m full: the 7B matrix's DDP cell is the torch DDP parity run's
-    assert "tiny_7b_ddp" in rest and layout(RECIPES / "tiny_7b_ddp") == layout(TORCH, *SHORT, *TORCH_LAYOUTS["ddp"])
+        assert key[twin] in trained, twin
+    trained |= {key[t] for t in full}
+    assert {key[t] for t in TWINS} <= trained
+    # a layout the conftest runs train is left to -m twins: the 7B matrix's DDP cell is the torch DDP parity run's
+    assert "tiny_7b_ddp" in rest and key["tiny_7b_ddp"] == layout(TORCH, *SHORT, *TORCH_LAYOUTS["ddp"])
 
 
 def _losses(run: Path) -> list[float]:
