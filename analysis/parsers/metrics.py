@@ -103,6 +103,8 @@ class MetricsMeta(NamedTuple):
     peak_flops_per_device: float | None = None  # the hardware profile's peak FLOP/s for dtype (MFU's denominator)
     hardware_profile: str | None = None  # the hardware profile's name
     device: str | None = None  # "cuda" | "cpu"
+    # every rank's checkpoint saves (launch.run.metrics.CheckpointRecord as a dict, plus its rank), in file order
+    checkpoints: tuple[dict[str, Any], ...] = ()
 
 
 def sniff(path: str | os.PathLike[str]) -> str | None:
@@ -154,6 +156,7 @@ def parse_metrics(paths: str | os.PathLike[str] | Iterable[str | os.PathLike[str
     warnings: list[str] = []
     ranks: dict[Any, dict[str, Any]] = {}
     resumes = 0
+    saves: list[dict[str, Any]] = []
     for f in files:
         name = _display(f, base)
         records = _records(f, name, warnings)
@@ -161,6 +164,7 @@ def parse_metrics(paths: str | os.PathLike[str] | Iterable[str | os.PathLike[str
             continue
         read = _file_rows(f, name, records, warnings)
         rows.extend(read.rows)
+        saves.extend(read.checkpoints)
         meta = read.meta
         if meta is None:
             warnings.append(f"{name}: no meta record; rank taken from the file name, run facts unknown")
@@ -178,7 +182,7 @@ def parse_metrics(paths: str | os.PathLike[str] | Iterable[str | os.PathLike[str
     shared = _shared_meta(ranks, warnings)
     rows.sort(key=lambda r: (r["rank"] is None, r["rank"] or 0, r["step"] or 0))
     meta_out = MetricsMeta(**shared, ranks=ranks, files=[_display(f, base) for f in files], resumes=resumes,
-                           schema_version=SCHEMA_VERSION)
+                           schema_version=SCHEMA_VERSION, checkpoints=tuple(saves))
     return Table.from_rows("metrics", COLUMNS, rows, source=", ".join(meta_out.files), warnings=warnings,
                            meta=meta_out)
 
@@ -218,6 +222,7 @@ class _FileRows:
     rows: list[dict[str, Any]]
     meta: dict[str, Any] | None  # its last meta record (the run the later steps belong to); None: it has none
     metas: int  # its meta records: 1 + the times the run resumed
+    checkpoints: list[dict[str, Any]]  # its checkpoint records (launch.run.metrics.CheckpointRecord), with the rank
 
 
 def _file_rows(f: Path, name: str, records: list[tuple[int, Any, str | None]], warnings: list[str]) -> _FileRows:
@@ -226,6 +231,7 @@ def _file_rows(f: Path, name: str, records: list[tuple[int, Any, str | None]], w
     meta: dict[str, Any] | None = None
     metas = 0
     mine: list[dict[str, Any]] = []  # this file's rows: a restart replaces only its own
+    saves: list[dict[str, Any]] = []
     damaged = 0
     for lineno, rec, problem in records:
         if problem:
@@ -246,6 +252,9 @@ def _file_rows(f: Path, name: str, records: list[tuple[int, Any, str | None]], w
                                 f"{len(redone)} step(s) recorded after it before the restart are replaced")
             continue
         rank = meta["rank"] if meta is not None else _rank_from_name(f)
+        if rec["kind"] == "checkpoint":
+            saves.append({**{k: v for k, v in rec.items() if k != "kind"}, "rank": rank})
+            continue
         row = {c: rec.get(c) for c in _STEP_FIELDS}
         row.update(rank=rank, file=name, line=lineno)
         mine.append(row)
@@ -257,7 +266,7 @@ def _file_rows(f: Path, name: str, records: list[tuple[int, Any, str | None]], w
     warnings.extend(sense.clean(mine, name, durations_s=("data_time_s",),
                                 rates_per_s=("tokens_per_s", "tokens_per_s_per_device"),
                                 tflops=("tflops_per_device",), utilisations=("mfu",)))
-    return _FileRows(mine, meta, metas)
+    return _FileRows(mine, meta, metas, saves)
 
 
 def _shared_meta(ranks: dict[Any, dict[str, Any]], warnings: list[str]) -> dict[str, Any]:

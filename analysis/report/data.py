@@ -3,6 +3,7 @@ anything is rendered (analysis.report.sections turns it into blocks, analysis.re
 from __future__ import annotations
 
 import os
+import statistics
 from collections import defaultdict
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -35,6 +36,49 @@ from analysis.parsers.runs import ReadTraces, Run, load_runs
 from analysis.table import Table
 
 MAX_WARNINGS_SHOWN = 30
+
+
+@dataclass(frozen=True)
+class Startup:
+    """A run's start-up per rank (the meta records' startup_s) and its checkpoint saves (the checkpoint records)."""
+
+    startup_s: dict[Any, float]  # by rank, where recorded (a resumed run: its last start)
+    saves: int  # checkpoint records of the rank with the most
+    asynchronous: bool | None  # whether its saves were asynchronous (None: no save recorded)
+    blocked_s: list[float]  # every rank's blocked time of every save
+    source: str
+
+    @property
+    def slowest_rank(self) -> Any:
+        return max(self.startup_s, key=self.startup_s.__getitem__) if self.startup_s else None
+
+    @property
+    def median_startup_s(self) -> float | None:
+        return statistics.median(self.startup_s.values()) if self.startup_s else None
+
+    @property
+    def blocked_median_s(self) -> float | None:
+        return statistics.median(self.blocked_s) if self.blocked_s else None
+
+    @property
+    def blocked_max_s(self) -> float | None:
+        return max(self.blocked_s, default=None)
+
+
+def startup_of(run: Run) -> Startup | None:
+    """None where the run has no metrics of ours recording either."""
+    if run.metrics is None:
+        return None
+    m = run.metrics.meta
+    times = {rank: meta["startup_s"] for rank, meta in m.ranks.items() if meta.get("startup_s") is not None}
+    per_rank: dict[Any, int] = defaultdict(int)
+    for c in m.checkpoints:
+        per_rank[c["rank"]] += 1
+    if not times and not m.checkpoints:
+        return None
+    kinds = {c["asynchronous"] for c in m.checkpoints}
+    return Startup(times, max(per_rank.values(), default=0), kinds.pop() if len(kinds) == 1 else None,
+                   [c["blocked_s"] for c in m.checkpoints], ", ".join(m.files[:1]) + (" …" if len(m.files) > 1 else ""))
 
 
 @dataclass
@@ -73,6 +117,7 @@ class RunResult:
     kernel_types: Table | None = None  # HTA's kernel-type breakdown, per rank (GPU traces)
     notes: list[str] = field(default_factory=list)
     unused: list[str] = field(default_factory=list)  # logs whose steps, memory or layout another log gave
+    startup: Startup | None = None  # start-up per rank and checkpoint saves, from our metrics
 
     @property
     def label(self) -> str:
@@ -317,6 +362,9 @@ def prediction_rows(run: Run, res: RunResult) -> list[dict[str, Any]]:
         add("step time", ms(plan.step.total_s), ms(st.get("step_time_median_s")), "ms", src_m)
         add("tokens/s/device", plan.step.tokens_per_s_per_device, st.get("tokens_per_s_per_device"), "tok/s", src_m)
         add("MFU", plan.step.mfu * 100, st.get("mfu_pct"), "%", src_m)
+    if res.startup is not None and res.startup.blocked_s and plan.checkpoint is not None and plan.checkpoint.blocked_s:
+        add("checkpoint blocked time per save (median over saves and ranks)", plan.checkpoint.blocked_s,
+            res.startup.blocked_median_s, "s", res.startup.source)
     if res.memory is not None and len(res.memory):
         worst = max(res.memory.rows(), key=lambda r: r["measured_bytes"])
         add(f"peak memory (rank {worst['rank']}, {worst['measured_what']})", worst["predicted_bytes"],
@@ -344,7 +392,7 @@ def analyze_run(run: Run, *, ceilings: Sequence[Table] | None = None, ceiling_so
                 device_memory_bytes: int | None = None) -> RunResult:
     """Every analyzer that the run's files allow."""
     layout = layout_of(run)
-    res = RunResult(run, layout)
+    res = RunResult(run, layout, startup=startup_of(run))
     steps, formula, warm_from = _steps(run, layout)
     if steps is not None:
         res.steps = steps

@@ -222,6 +222,7 @@ def _speed_blocks(rep: Report) -> list[Block]:
     out.append(Block("table", headers=["run", "step time median, ms", "p10–p90, ms", "mean, ms", "CV %",
                                        "tokens/s/GPU", "TFLOP/s/GPU", "MFU %", "steps measured / dropped",
                                        "warm-up rule", "step time from", "source"], rows=rows))
+    out += _startup_blocks(rep)
     formulas: dict[str, list[str]] = {}  # each formula once, with the runs that use it
     for r in rep.runs:
         if r.stats is not None and len(r.stats) and next(r.stats.rows())["mfu_formula"]:
@@ -258,6 +259,26 @@ def _speed_blocks(rep: Report) -> list[Block]:
                                 "Sources: the files in the table's source column.",
                          png=_plot(plots.step_time_distribution, series)))
     return out
+
+
+def _startup_blocks(rep: Report) -> list[Block]:
+    """Each run's start-up per rank and what its checkpoint saves cost training, where our metrics recorded them."""
+    rows = []
+    for r in rep.runs:
+        st = r.startup
+        if st is None:
+            continue
+        slow = st.slowest_rank
+        rows.append([r.label, _num(st.startup_s[slow]) if slow is not None else "–", str(slow) if slow is not None else "–",
+                     _num(st.median_startup_s), str(st.saves),
+                     {True: "asynchronous", False: "synchronous", None: "–"}[st.asynchronous],
+                     _num(st.blocked_median_s), _num(st.blocked_max_s), r.run.relabel(st.source)])
+    if not rows:
+        return []
+    return [Block("h3", "Start-up and checkpoint saves"),
+            Block("table", headers=["run", "start-up, slowest rank, s", "slowest rank", "start-up, median rank, s",
+                                    "checkpoint saves", "saved", "training blocked per save, median, s",
+                                    "blocked, longest, s", "source"], rows=rows)]
 
 
 def _sci(x: Any) -> str:

@@ -241,10 +241,16 @@ def numbers_block(e: Entry) -> str:
         + (f" What sets the MFU, as shares of the step: {' · '.join(mfu_terms(plan))}." if mfu_terms(plan) else ""), "",
         "**Communication per step**, per rank" + (" of the first pipeline stage (the one the plan times)"
                                                   if r.grid.pp > 1 else "") + ":", "",
-        *comm_table(plan.comm), ""]
+        *comm_table(plan.comm), "", *checkpoint_line(plan), ""]
     if r.recipe.hardware.nodes > 1:
         lines += [*inter_node(plan, r.recipe.hardware.nodes), ""]
     return "\n".join([*lines, NUMBERS_END])
+
+
+def checkpoint_line(plan: Plan) -> list[str]:
+    """The plan's checkpoint cost, as its note says it (launch.plan.build.checkpoint_note)."""
+    note = next(n for n in plan.notes if n.startswith("checkpoint: "))
+    return [f"**Checkpoint**: {note.removeprefix('checkpoint: ')}."]
 
 
 def phases_line(plan: Plan) -> list[str]:

@@ -55,10 +55,10 @@ class BackendTraits:
     accounting: str  # the planner's model-state accounting the fit check uses
     vocab_parallel: bool  # TP splits the embedding and the output layer over the vocabulary
     hf_modules: bool  # trains Hugging Face modules: unfused RMSNorm (fp32 saves)
-    # Who holds the whole fp32 model on the host at start-up: "rank0" (it reads or seeds the weights and sends each
-    # rank its shards as they are cut) or "zero3" (DeepSpeed: every rank, except at ZeRO-3 without AutoTP, where
-    # zero.Init builds each rank's partition; AutoTP shards whole modules, so it needs them built whole).
-    host_build: Literal["rank0", "zero3"]
+    # Who holds the whole fp32 model on the host at start-up: "sharded" (nobody: every rank reads or seeds the weights
+    # one tensor at a time and keeps its own shards) or "zero3" (DeepSpeed: every rank, except at ZeRO-3 without AutoTP,
+    # where zero.Init builds each rank's partition; AutoTP shards whole modules, so it needs them built whole).
+    host_build: Literal["sharded", "zero3"]
     autotp: bool  # DeepSpeed applies tensor parallelism itself (AutoTP) rather than the model's own layers
     offload: bool  # ZeRO's CPU/NVMe offload of optimizer state and parameters
     offload_optimizer_alone: bool  # the optimizer state offloads without the parameters (FSDP2 moves all together)
@@ -67,7 +67,8 @@ class BackendTraits:
     tp: TpCollectives
     tp_sp: TpCollectives | None  # with sequence parallelism (None: the backend has none)
     step: StepCollectives
-    features: frozenset[str]  # of "pp", "sp", "vpp", "selective", "hpz" (ZeRO++ hierarchical partitioning), "compile"
+    # of "pp", "sp", "vpp", "selective", "hpz" (ZeRO++ hierarchical partitioning), "compile", "async_checkpoint"
+    features: frozenset[str]
     # What train.activation_checkpointing="selective" recomputes: "core_attention" (Megatron: the attention
     # scores, dropped from the saved activations) or "op" (torchtitan's op policy: every block keeps its matmuls'
     # outputs but every second one, attention's and the reductions'; the rest is recomputed). The torch backend's
@@ -97,8 +98,9 @@ class BackendTraits:
     check: Callable[[Callable[[str], str], Any, Any, int], None] | None = None
 
     def builds_partitioned(self, zero_stage: int, tp: int) -> bool:
-        """Each rank builds only its ZeRO-3 partition (DeepSpeed's zero.Init), never the whole model."""
-        return self.host_build == "zero3" and zero_stage == 3 and tp == 1
+        """Each rank builds only its part, one module or tensor whole at a time, never the whole model: a sharded
+        start-up, or DeepSpeed's zero.Init at ZeRO-3."""
+        return self.host_build == "sharded" or (self.host_build == "zero3" and zero_stage == 3 and tp == 1)
 
     def distributed_optimizer(self, zero_stage: int) -> bool:
         """Trains at this ZeRO stage through the framework's own distributed optimizer (megatron at ZeRO-1)."""
@@ -239,7 +241,10 @@ BACKENDS: dict[str, BackendTraits] = {
         tp=TpCollectives({"all_reduce": 2}, {"all_reduce": 5}, {}, {"all_reduce": 1}, logits_all_gathers=1), tp_sp=None,
         step=StepCollectives(),  # DeepSpeed clips and reduces; its gradient norm is the planner's data-parallel call
         # "compile": DeepSpeed's engine.compile() (torch.compile of the module, its hooks eager): ZeRO 0-2, AutoTP
-        features=frozenset({"hpz", "compile"}), selective="", pp_zero_stages=(), sp_zero_stages=(), tp_zero_stages=(0, 1, 2, 3),
+        features=frozenset({"hpz", "compile"}), selective="",
+        why_not={"async_checkpoint": "DeepSpeed 0.19.8's only asynchronous writer (checkpoint.writer.decoupled) runs its "
+                                     "FastCheckpointEngine on DeepNVMe's async_io op, a JIT build needing libaio, not "
+                                     "built or tested here"}, pp_zero_stages=(), sp_zero_stages=(), tp_zero_stages=(0, 1, 2, 3),
         pp_tied_embeddings=False, reshard_on_resume=True, checkpoint_format="deepspeed",
         requires=("deepspeed", "transformers"), compose_ds_config=_deepspeed_owned, check=_deepspeed_check),
     "megatron": BackendTraits(
@@ -254,7 +259,7 @@ BACKENDS: dict[str, BackendTraits] = {
         # a reduce-scatter (row-parallel forward, column-parallel input gradient) or an all-gather (column-parallel
         # forward, row-parallel output gradient), and the column-parallel backward gathers its input again for
         # the weight gradient: per layer 2 + 4 all-gathers and 2 + 2 reduce-scatters.
-        vocab_parallel=True, hf_modules=False, host_build="rank0", autotp=False,
+        vocab_parallel=True, hf_modules=False, host_build="sharded", autotp=False,
         # Offload is untested with Megatron's layers; fp16 needs the loss scale applied inside Megatron's schedule
         # (its grad_scale_func), which is not wired to DeepSpeed's scaler yet.
         offload=False, offload_optimizer_alone=False, zero_stages=(0, 1, 2, 3), dtypes=("bf16", "fp32"),
@@ -283,7 +288,10 @@ BACKENDS: dict[str, BackendTraits] = {
         # One hardware queue per GPU with TP, none with ZeRO-3's sharded parameters (one_device_connection).
         gpu_env=_megatron_gpu_env,
         why_not={"compile": "Megatron-Core 0.16.1 does not torch.compile GPTModel (Megatron-LM trains it eager; its "
-                            "speed comes from fused kernels, Transformer Engine's on GPUs)"},
+                            "speed comes from fused kernels, Transformer Engine's on GPUs)",
+                 "async_checkpoint": "its checkpoints are per-rank torch.save files in DeepSpeed's layout; Megatron-Core's "
+                                     "asynchronous save belongs to its dist_checkpointing format, which this backend "
+                                     "does not write"},
         # ZeRO-0: its schedule runs every micro-batch, then engine.allreduce_gradients (megatron_backend._step_engine);
         # ZeRO-1 reduce-scatters each bucket as the last micro-batch's backward finishes it (overlap_grad_reduce)
         reduces_after_backward=(0,),
@@ -294,7 +302,7 @@ BACKENDS: dict[str, BackendTraits] = {
         # vocabulary, every Linear column- or row-parallel, lm_head column-parallel with its logits left split and
         # the loss computed in loss_parallel. Counts per micro-batch measured from profiler traces
         # (tests/dist/test_torch_collectives.py).
-        vocab_parallel=True, hf_modules=True, host_build="rank0", autotp=False, offload=True, offload_optimizer_alone=False,
+        vocab_parallel=True, hf_modules=True, host_build="sharded", autotp=False, offload=True, offload_optimizer_alone=False,
         # 0 DDP, 2 FSDP2 keeping parameters gathered from forward to backward, 3 full sharding. FSDP2 has no stage
         # that shards the optimizer state alone (ZeRO-1).
         zero_stages=(0, 2, 3), dtypes=("bf16", "fp16", "fp32"),
@@ -311,7 +319,8 @@ BACKENDS: dict[str, BackendTraits] = {
         step=StepCollectives(pp_loss_broadcast=True),
         # "hpz": parallel.zero_hpz_partition_size is FSDP2's hybrid sharding here (shard within the group, replicate
         # across groups), not ZeRO++'s secondary partition.
-        features=frozenset({"pp", "vpp", "sp", "selective", "every_other_block", "compile", "hpz"}), selective="op",
+        features=frozenset({"pp", "vpp", "sp", "selective", "every_other_block", "compile", "hpz", "async_checkpoint"}),
+        selective="op",
         # torch.distributed.pipelining drives FSDP2 chunks (its stages reduce at the last micro-batch); DDP under a
         # pipeline would need autocast around the schedule's forwards alone: not built. Tied embeddings with PP: the
         # two copies of the matrix would live on different stages (pp_tied_embeddings).

@@ -57,7 +57,7 @@ class Efficiency:
         for field in cls.FIELDS:
             if field not in d:
                 raise ConfigError(where, f"efficiency.{field}", "(missing)", "is needed by the step-time model",
-                                  f"add it, as the shipped profiles do (launch/config/catalogue/hardware/h100-sxm.json)")
+                                  "add it, as the shipped profiles do (launch/config/catalogue/hardware/h100-sxm.json)")
         attention = d["attention"]
         if not isinstance(attention, Mapping):
             raise ConfigError(where, "efficiency.attention", attention, "is not an object",
@@ -94,6 +94,11 @@ class HardwareProfile:
     # nothing was measured): a newcomer's first predicted step should not read as a measurement
     nominal_measured: str = ""
     efficiency: Efficiency | None = None  # from_dict always sets it (resolved.json of older runs: the shipped one's)
+    # Checkpoint saves (launch/plan/checkpoint.py): one device's copy of its state into host memory (DCP's async
+    # staging), and one node's write to the checkpoint's file system. 0: not known (older files); the plan then
+    # states the bytes without a time.
+    host_copy_GBps: float = 0.0
+    checkpoint_write_GBps: float = 0.0
 
     @property
     def nominal(self) -> bool:

@@ -344,9 +344,9 @@ def _check_parallel(r: Recipe, w: Where, bt: BackendTraits, dp: int) -> None:
 
 def _check_features(r: Recipe, w: Where, bt: BackendTraits) -> None:
     """Features that only some backends have (launch/config/backends.py)."""
-    par, train = r.parallel, r.train
+    par, train, run = r.parallel, r.train, r.run
     with_feature = {f: sorted(n for n, b in BACKENDS.items() if f in b.features)
-                    for f in ("pp", "sp", "vpp", "selective", "every_other_block", "hpz", "compile")}
+                    for f in ("pp", "sp", "vpp", "selective", "every_other_block", "hpz", "compile", "async_checkpoint")}
     ac = train.activation_checkpointing
     for dotted, value, feature, used, off in [("parallel.pp", par.pp, "pp", par.pp > 1, "1"),
                                               ("parallel.sp", par.sp, "sp", par.sp, "false"),
@@ -357,7 +357,9 @@ def _check_features(r: Recipe, w: Where, bt: BackendTraits) -> None:
                                                ac == "every_other_block", '"full"'),
                                               ("parallel.zero_hpz_partition_size", par.zero_hpz_partition_size, "hpz",
                                                par.zero_hpz_partition_size > 1, "1"),
-                                              ("train.compile", train.compile, "compile", train.compile, "false")]:
+                                              ("train.compile", train.compile, "compile", train.compile, "false"),
+                                              ("run.checkpoint_async", run.checkpoint_async, "async_checkpoint",
+                                               run.checkpoint_async, "false")]:
         if used and feature not in bt.features:
             others = " or ".join(f'backend = "{n}"' for n in with_feature[feature])
             why = f": {bt.why_not[feature]}" if feature in bt.why_not else ""

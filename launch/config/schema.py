@@ -150,11 +150,17 @@ class RunSection:
     profile_active_steps: Annotated[int, POSITIVE] = 3
     mode: Literal["train", "commbench"] = "train"
     timeout_s: Annotated[int, TIMEOUT_S] = 600  # process-group timeout: a stalled collective fails after this
+    # the rank's start-up (process group, model build, checkpoint load) must reach the first step within this, however
+    # steadily it progresses (its progress, tensor by tensor, keeps the stall watchdog above quiet)
+    startup_timeout_s: Annotated[int, TIMEOUT_S] = 1800
     # torchrun restarts the whole group this many times after a worker fails; it resumes from the last checkpoint.
     max_restarts: Annotated[int, MAX_RESTARTS] = 0
     log_every: Annotated[int, POSITIVE] = 1  # TensorBoard and progress line every N steps (metrics JSONL: every step)
     # the last step writes a checkpoint; false for benchmark runs (a 7B model's is ~80 GB): sweeps default to false
     save_final: bool = True
+    # Write checkpoints behind training (torch.distributed.checkpoint's async_save: training waits only while the state
+    # is copied to host memory; the files are written by a thread, and the completion marker follows them)
+    checkpoint_async: bool = False
 
 
 @dataclass(frozen=True)

@@ -7,8 +7,9 @@ from dataclasses import replace
 from launch.config.backends import traits
 from launch.config.calibration import Machine
 from launch.config.grid import RankGrid
+from launch.plan.checkpoint import checkpoint_cost
 from launch.plan.collectives import communication
-from launch.plan.layout import Comm, Layout, Memory, Plan, RankPlan
+from launch.plan.layout import CheckpointCost, Comm, Layout, Memory, Plan, RankPlan
 from launch.plan.memory import (
     ACCOUNTINGS,
     FRAGMENTATION,
@@ -90,17 +91,38 @@ def make_plan(layout: Layout, recipe_name: str = "", machine: Machine | None = N
         notes.append("DeepSpeed AutoTP shards the decoder Linear layers and lm_head (gathering full logits); "
                      "the embedding stays replicated")
     notes += placement_notes(layout, timing, comm)
-    host = host_bytes_per_node(layout, ranks)
+    save = checkpoint_cost(layout, ranks, layout.checkpoint_async)
+    # An asynchronous save copies every local rank's part into host memory, where it stays (pinned) between saves.
+    staged = save.bytes_held_per_rank if save.asynchronous else 0
+    host = host_bytes_per_node(layout, ranks, staged)
     bt = traits(layout.backend)
-    builders = ("each local rank's largest module at a time (zero.Init)"
+    builders = ("each local rank's largest tensor whole at a time (a sharded start-up)" if bt.host_build == "sharded"
+                else "each local rank's largest module at a time (zero.Init)"
                 if bt.builds_partitioned(layout.zero_stage, layout.grid.tp)
-                else "rank 0's fp32 model built on the host (the others receive their shards)" if bt.host_build == "rank0"
                 else "each local rank's fp32 model built on the host")
     notes.append(f"host check: {host / GiB:.1f} GiB per node = {HOST_BUFFER_FACTOR} × the larger of {builders} and the "
-                 f"node's offloaded state (DeepSpeed's estimators), against "
+                 f"node's offloaded state (DeepSpeed's estimators)"
+                 + (f", or, if more, the latter plus each local rank's asynchronous checkpoint copy "
+                    f"({staged / GiB:.1f} GiB)" if staged else "") + ", against "
                  f"{hw.host_memory_bytes / GiB:.0f} GiB × (1 - headroom)")
+    notes.append(checkpoint_note(save, layout))
     return Plan(recipe_name, layout.backend, hw.name, g.to_dict(), tuple(ranks), tuple(comm),
-                step_time(layout, comm, timing), tuple(notes), host, int(hw.host_memory_bytes * (1 - layout.headroom)))
+                step_time(layout, comm, timing), tuple(notes), host, int(hw.host_memory_bytes * (1 - layout.headroom)),
+                save)
+
+
+def checkpoint_note(save: CheckpointCost, layout: Layout) -> str:
+    hw = layout.hardware
+    head = (f"checkpoint: {save.bytes_total / GiB:.1f} GiB a save ({save.bytes_per_parameter} B per parameter), the "
+            f"busiest rank's part {save.bytes_held_per_rank / GiB:.2f} GiB")
+    if not hw.checkpoint_write_GBps:
+        return head + f"; the {hw.name} profile has no write bandwidth, so no time is planned"
+    written = f"written in {save.write_s:.1f} s at {hw.checkpoint_write_GBps:g} GB/s per node"
+    if not save.asynchronous:
+        return f"{head}; {written}, all of it blocking training (run.checkpoint_async=true blocks only for the copy " \
+               "to host memory where the backend has it)"
+    return (f"{head}; asynchronous: training blocked {save.blocked_s:.2f} s a save (that part copied to host memory at "
+            f"{hw.host_copy_GBps:g} GB/s), the files {written} behind training")
 
 
 def _memory(layout: Layout, params: int, accounting: str, stage: int, acts: int, buf: int, allowance_fixed: int) -> Memory:

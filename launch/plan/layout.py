@@ -52,6 +52,7 @@ class Layout:
     ds_zero: Mapping[str, Any] = field(default_factory=dict)  # the composed zero_optimization section
     headroom: float = 0.10
     zero_hpz_partition_size: int = 1  # the recipe's; DeepSpeed's composed section (ds_zero) overrides it
+    checkpoint_async: bool = False  # run.checkpoint_async
 
     @property
     def grad_accum(self) -> int:
@@ -86,7 +87,7 @@ class Layout:
             vpp=rc.parallel.vpp, offload_optimizer=rc.parallel.offload_optimizer,
             offload_params=rc.parallel.offload_params,
             ds_zero=dict(r.ds_config.get("zero_optimization", {})), headroom=rc.plan.headroom,
-            zero_hpz_partition_size=rc.parallel.zero_hpz_partition_size,
+            zero_hpz_partition_size=rc.parallel.zero_hpz_partition_size, checkpoint_async=rc.run.checkpoint_async,
         )
 
 
@@ -201,6 +202,18 @@ class StepTime:
 
 
 @dataclass(frozen=True)
+class CheckpointCost:
+    """One checkpoint save (launch/plan/checkpoint.py)."""
+
+    bytes_total: int  # the checkpoint folder: every rank's files
+    bytes_per_parameter: int
+    bytes_held_per_rank: int  # the busiest rank's part: what an asynchronous save copies to host memory first
+    write_s: float  # the files written, every node at hardware.checkpoint_write_GBps at once (0: no figure)
+    blocked_s: float  # training stands still this long per save (0: no figure)
+    asynchronous: bool  # run.checkpoint_async
+
+
+@dataclass(frozen=True)
 class Plan:
     recipe_name: str
     backend: str
@@ -212,6 +225,7 @@ class Plan:
     notes: tuple[str, ...]
     host_bytes_per_node: int = 0  # offloaded state of every rank on the busiest node
     host_usable_bytes: int = 0  # the node's host memory minus headroom
+    checkpoint: CheckpointCost | None = None  # one save's cost (launch/plan/checkpoint.py); None in older plans
     schema_version: int = PLAN_SCHEMA_VERSION
 
     @property
@@ -250,7 +264,8 @@ class Plan:
         return cls(recipe_name=d["recipe_name"], backend=d["backend"], hardware=d["hardware"], grid=d["grid"],
                    ranks=ranks, comm=tuple(Comm(**c) for c in d["comm"]), step=StepTime(**d["step"]),
                    notes=tuple(d["notes"]), host_bytes_per_node=d.get("host_bytes_per_node", 0),
-                   host_usable_bytes=d.get("host_usable_bytes", 0), schema_version=d["schema_version"])
+                   host_usable_bytes=d.get("host_usable_bytes", 0), checkpoint=CheckpointCost(**d["checkpoint"]) if d.get("checkpoint") else None,
+                   schema_version=d["schema_version"])
 
 
 

@@ -565,23 +565,24 @@ def buffers(layout: Layout, params: int) -> int:
 
 
 
-def host_bytes_per_node(layout: Layout, ranks: list[RankPlan]) -> int:
+def host_bytes_per_node(layout: Layout, ranks: list[RankPlan], staged_per_rank: int = 0) -> int:
     """Host memory of the busiest node, as DeepSpeed's estimate_zero2/zero3_model_states_mem_needs count it: the model
     as it is built on the host (fp32, 4 B per parameter), and offloaded optimizer state (and ZeRO-3 parameters) there
     afterwards; the node needs the larger of the two, times the estimators' buffer factor. Who builds what there is the backend's
-    BackendTraits.host_build: rank 0 alone the whole model (torch, megatron: it sends the others their shards), or
-    every rank (deepspeed below ZeRO-3, where every rank keeps every parameter, and with AutoTP; at ZeRO-3 zero.Init,
-    where each rank holds one module whole at a time, DeepSpeed's estimator with zero_init). With one node,
+    BackendTraits.host_build: no rank the whole model (torch, megatron: each rank holds one tensor whole at a time
+    while it cuts its shards), or every rank (deepspeed below ZeRO-3,
+    where every rank keeps every parameter, and with AutoTP; at ZeRO-3 zero.Init, where each rank holds one module
+    whole at a time, DeepSpeed's estimator with zero_init). With one node,
     tp = pp = 1 and DeepSpeed,
     this is DeepSpeed's CPU column exactly; across nodes their ZeRO-2 offload figure counts every GPU's model copy as if
     on one node (max(4 · total GPUs, 16) B/param), which this does not. Local weights read under zero.Init pass through
-    rank 0's page cache, which this does not count."""
+    rank 0's page cache, which this does not count. `staged_per_rank`: each rank's asynchronous checkpoint copy, held in
+    host memory from the first save on, beside the offloaded state (the build is over by then)."""
     g = layout.grid
     counts = layout.model.param_counts()
     whole = 4 * counts.total  # a process that builds the whole fp32 model before sharding it
     bt = traits(layout.backend)
-    build, partitioned = bt.host_build, bt.builds_partitioned(layout.zero_stage, g.tp)
-    per_rank = 4 * counts.largest_layer if partitioned else whole if build != "rank0" else 0
+    per_rank = 4 * counts.largest_layer if bt.builds_partitioned(layout.zero_stage, g.tp) else whole
     # (first, stop, offloaded bytes per rank) of each run of consecutive ranks: a stage's ranks are a range.
     runs = [(a, b, rp.memory[rp.implementation].host_bytes) for rp in ranks for a, b in _consecutive(rp.ranks)]
     gpn = g.gpus_per_node
@@ -595,10 +596,9 @@ def host_bytes_per_node(layout: Layout, ranks: list[RankPlan]) -> int:
         if not any(k for *_, k in held):
             continue  # no rank of the plan lives there
         load = sum(k * per_rank for *_, k in held)
-        if not partitioned and build == "rank0" and n == g.node(0) and any(a <= 0 < b for a, b, _ in runs):
-            load += whole  # rank 0 builds the whole model; the others receive their shards
         offloaded = sum(k * off for *_, off, k in held)
-        value = int(HOST_BUFFER_FACTOR * max(load, offloaded))
+        value = max(int(HOST_BUFFER_FACTOR * max(load, offloaded)),
+                    int(HOST_BUFFER_FACTOR * offloaded) + sum(k for *_, k in held) * staged_per_rank)
         worst = value if worst is None else max(worst, value)
     return worst or 0
 

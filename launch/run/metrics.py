@@ -45,6 +45,9 @@ class MetaRecord:
     param_numel_local: int  # parameter elements this rank holds (its TP shard; under ZeRO-3 its partition)
     start_step: int  # > 0 when the run resumed from a checkpoint
     resumed_from: str | None
+    # seconds from the rank's start (its logs opened) to its first step: process group, model build, checkpoint load;
+    # None in runs recorded before it was
+    startup_s: float | None = None
     kind: str = "meta"
 
 
@@ -74,9 +77,23 @@ class StepRecord:
     kind: str = "step"
 
 
+@dataclass(frozen=True)
+class CheckpointRecord:
+    """One checkpoint save, written after the record of the step it follows."""
+
+    step: int  # the optimizer steps the checkpoint holds
+    asynchronous: bool  # run.checkpoint_async: the files were written behind training
+    # Seconds training stood still for it on this rank: the whole save and its completion marker, or asynchronously
+    # only the copy of the state to host memory (and the wait for the previous save, when it had not finished)
+    blocked_s: float
+    kind: str = "checkpoint"
+
+
 _META_FIELDS = {f.name for f in fields(MetaRecord)}
+_REQUIRED_META = {f.name for f in fields(MetaRecord) if f.default is MISSING}
 _STEP_FIELDS = {f.name for f in fields(StepRecord)}
 _REQUIRED_STEP = {f.name for f in fields(StepRecord) if f.default is MISSING}
+_CHECKPOINT_FIELDS = {f.name for f in fields(CheckpointRecord)}
 
 
 class MetricsWriter:
@@ -89,6 +106,9 @@ class MetricsWriter:
         self._write(asdict(meta))
 
     def step(self, record: StepRecord) -> None:
+        self._write(asdict(record))
+
+    def checkpoint(self, record: CheckpointRecord) -> None:
         self._write(asdict(record))
 
     def _write(self, d: dict[str, Any]) -> None:
@@ -118,16 +138,19 @@ def _field_types(cls) -> dict[str, tuple[tuple[type, ...], bool]]:
 
 _META_TYPES = _field_types(MetaRecord)
 _STEP_TYPES = _field_types(StepRecord)
+_TYPES = {"meta": _META_TYPES, "step": _STEP_TYPES, "checkpoint": _field_types(CheckpointRecord)}
 # Physical sense: a step is counted from 1 and takes time; a rank, a size or a count is never negative.
 _POSITIVE = {"step": ("step", "step_time_s"), "meta": ("world_size", "tp", "dp", "tokens_per_step", "micro_batch_size",
-                                                     "global_batch_size", "seq_len")}
+                                                     "global_batch_size", "seq_len"), "checkpoint": ("step",)}
 _NON_NEGATIVE = {"step": ("tokens_per_s", "tokens_per_s_per_device", "tflops_per_device", "mfu",
                           "mem_max_allocated_bytes", "mem_max_reserved_bytes", "rss_max_bytes", "tokens", "data_time_s",
                           "loss_scale"),
                  "meta": ("rank", "pp", "start_step", "warmup_steps", "zero_stage", "param_numel_local",
-                          "peak_flops_per_device", "flops_per_token")}
+                          "peak_flops_per_device", "flops_per_token", "startup_s"),
+                 "checkpoint": ("blocked_s",)}
 
-_FIGURES = {"step": ("loss", "lr", "grad_norm", "valid_loss"), "meta": ()}
+_DURATIONS = {"step": ("step_time_s",), "checkpoint": ("blocked_s",), "meta": ("startup_s",)}  # a week at most
+_FIGURES = {"step": ("loss", "lr", "grad_norm", "valid_loss"), "meta": (), "checkpoint": ()}
 
 
 def current(record: Any) -> Any:
@@ -150,18 +173,21 @@ def validate(record: Any) -> None:
         raise MetricsError(f"a {type(record).__name__} where a record (a JSON object) belongs")
     kind = record.get("kind")
     if kind == "meta":
-        missing = _META_FIELDS - set(record)
+        missing = _REQUIRED_META - set(record)
         extra = set(record) - _META_FIELDS
         if record.get("schema_version") != SCHEMA_VERSION:
             raise MetricsError(f"meta.schema_version={record.get('schema_version')!r}, expected {SCHEMA_VERSION}")
     elif kind == "step":
         missing = _REQUIRED_STEP - set(record)
         extra = set(record) - _STEP_FIELDS
+    elif kind == "checkpoint":
+        missing = _CHECKPOINT_FIELDS - set(record)
+        extra = set(record) - _CHECKPOINT_FIELDS
     else:
-        raise MetricsError(f"kind={kind!r} is neither 'meta' nor 'step'")
+        raise MetricsError(f"kind={kind!r} is none of 'meta', 'step', 'checkpoint'")
     if missing or extra:
         raise MetricsError(f"{kind} record: missing {sorted(missing)}, unknown {sorted(extra)}")
-    for k, (types, nullable) in (_META_TYPES if kind == "meta" else _STEP_TYPES).items():
+    for k, (types, nullable) in _TYPES[kind].items():
         v = record.get(k)
         if k == "kind" or (v is None and nullable):
             continue
@@ -173,8 +199,9 @@ def validate(record: Any) -> None:
         v = record[k]
         if not (v > 0 and math.isfinite(v)):
             raise MetricsError(f"{kind}.{k}={_short(v)} is not a positive, finite number")
-    if kind == "step" and not sense.is_duration_s(record["step_time_s"]):
-        raise MetricsError(f"step.step_time_s={_short(record['step_time_s'])} is longer than a week")
+    for k in _DURATIONS[kind]:
+        if record.get(k) is not None and not sense.is_duration_s(record[k]):
+            raise MetricsError(f"{kind}.{k}={_short(record[k])} is longer than a week")
     for k in _FIGURES[kind]:
         v = record.get(k)
         if isinstance(v, float) and not sense.is_figure(v):
@@ -196,6 +223,7 @@ class Metrics:
     meta: MetaRecord | None
     steps: tuple[StepRecord, ...]
     warnings: tuple[str, ...]
+    checkpoints: tuple[CheckpointRecord, ...] = ()
 
 
 def iter_records(path: Path) -> Iterator[tuple[int, dict[str, Any] | None, str | None]]:
@@ -225,10 +253,13 @@ def read_metrics(path: str | Path) -> Metrics:
     path = Path(path)
     meta = None
     steps: list[StepRecord] = []
+    saves: list[CheckpointRecord] = []
     warnings: list[str] = []
     for _, rec, problem in iter_records(path):
         if problem:
             warnings.append(problem)
+        elif rec["kind"] == "checkpoint":
+            saves.append(CheckpointRecord(**rec))
         elif rec["kind"] == "meta":
             # A resumed run (or a group restarted by torchrun) appends a new meta record: the later steps belong
             # to it, and steps recorded after its checkpoint were trained again, so the new records replace them.
@@ -239,7 +270,7 @@ def read_metrics(path: str | Path) -> Metrics:
             steps.append(StepRecord(**rec))
     if meta is None:
         warnings.append(f"{path}: no meta record")
-    return Metrics(str(path), meta, tuple(steps), tuple(warnings))
+    return Metrics(str(path), meta, tuple(steps), tuple(warnings), tuple(saves))
 
 
 def measured_step_times(ranks: Sequence[Metrics]) -> list[float]:

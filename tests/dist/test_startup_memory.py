@@ -1,9 +1,9 @@
 """Sharded start-up, measured: how much each rank's peak host memory grows while it builds its part of a 208 MB
 model (logs/build_memory_rank{R}.json, ru_maxrss before and after the build) against the model's size from its
-parameter count. DeepSpeed's ZeRO-3 build (zero.Init), Megatron-Core's ranks past rank 0 and FSDP2's past rank 0 grow
-by their half of the model and about one layer; a build of the whole model on a rank (DeepSpeed ZeRO-2, where every
-rank holds the parameters; rank 0 of Megatron and FSDP2, which reads or seeds the weights and sends them) grows by at
-least the model, so the measure sees a whole build when there is one."""
+parameter count. DeepSpeed's ZeRO-3 build (zero.Init) and every rank of Megatron-Core and FSDP2 (their sharded start-up:
+each rank makes the weights one tensor at a time and keeps its shards) grow by their half of the model and about one
+layer; a build of the whole model on a rank (DeepSpeed ZeRO-2, where every rank holds the parameters) grows by at least
+the model, so the measure sees a whole build when there is one."""
 import json
 
 import pytest
@@ -23,8 +23,8 @@ LAYOUTS = {"deepspeed ZeRO-3": ("recipes/tiny_zero2", "parallel.zero_stage=3"),
            "megatron TP 2": ("recipes/tiny_tp2_sp", "parallel.zero_stage=0"),
            "torch FSDP2": ("recipes/tiny_fsdp2", "parallel.zero_stage=3")}
 # (ranks that build only their part, ranks that build the whole model)
-EXPECTED = {"deepspeed ZeRO-3": ((0, 1), ()), "deepspeed ZeRO-2": ((), (0, 1)), "megatron TP 2": ((1,), (0,)),
-            "torch FSDP2": ((1,), (0,))}
+EXPECTED = {"deepspeed ZeRO-3": ((0, 1), ()), "deepspeed ZeRO-2": ((), (0, 1)), "megatron TP 2": ((0, 1), ()),
+            "torch FSDP2": ((0, 1), ())}
 
 
 @pytest.fixture(scope="module")

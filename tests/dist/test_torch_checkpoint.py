@@ -96,8 +96,48 @@ def test_export_loads_in_transformers_and_reproduces_the_loss(runs_root, interru
     # step 6 ran forward on the step-5 weights; and step 0's batch is what a run from those weights sees first
     at_step_6, first = exported_losses(out, full.metrics().meta, (5, 0))
     assert at_step_6 == pytest.approx(full.losses()[5], abs=TOL)
-    # a torch run starts from those weights when the recipe names the folder (model.weights): rank 0 reads them,
-    # every rank receives its shards
+    # a torch run starts from those weights when the recipe names the folder (model.weights): every rank reads them,
+    # one tensor at a time, and keeps its shards
     warm = train(runs_root / "torch_from_weights", *SHORT, *TORCH_LAYOUTS["tp2_dp2"][:4], "train.steps=2",
                  "train.warmup_steps=1", f'model.weights="{out}"', "run.resume=never", recipe=TORCH)
     assert warm.losses()[0] == pytest.approx(first, abs=TOL)
+
+
+def _dcp_tensors(folder) -> dict:
+    """Every tensor of a DCP checkpoint folder, whole, read with torch.distributed.checkpoint alone."""
+    import torch
+    import torch.distributed.checkpoint as dcp
+
+    reader = dcp.FileSystemReader(str(folder))
+    state = {k: torch.empty(m.size, dtype=m.properties.dtype)
+             for k, m in reader.read_metadata().state_dict_metadata.items() if hasattr(m, "size")}
+    dcp.load(state, storage_reader=reader, no_dist=True)
+    return state
+
+
+def test_async_checkpoints_equal_the_synchronous_ones_and_resume_identically(runs_root, shared_run):
+    """run.checkpoint_async=true (DCP async_save): the same losses as the synchronous shared run, checkpoints equal to
+    its own bit for bit (a state copied before the next step changed it), each save's blocked time recorded on every
+    rank, and a resume from the step-5 one continuing the uninterrupted curve exactly."""
+    import torch
+
+    layout = TORCH_LAYOUTS["fsdp2_z3"]
+    sync = shared_run(*SHORT, *layout, recipe=TORCH)
+    runs = runs_root / "torch_async"
+    done = train(runs, *SHORT, *layout, "run.checkpoint_async=true", recipe=TORCH)
+    assert done.losses() == sync.losses()
+    for step in (5, 10):
+        a, s = (_dcp_tensors(t.root / "checkpoints" / f"step{step}") for t in (done, sync))
+        assert sorted(a) == sorted(s) and len(a) > 20
+        for key in s:
+            assert torch.equal(a[key], s[key]), (step, key)
+        assert (done.root / "checkpoints" / f"step{step}" / "layoutlab_checkpoint.json").is_file()
+    for rank in (0, 1):
+        saves = [json.loads(line) for line in (done.root / "metrics" / f"rank{rank}.jsonl").read_text().splitlines()
+                 if '"kind": "checkpoint"' in line]
+        assert [(c["step"], c["asynchronous"]) for c in saves] == [(5, True), (10, True)]
+        assert all(0 < c["blocked_s"] < 60 for c in saves)
+    copy = interrupted_copy(done, runs_root / "torch_async_resume")
+    resumed = train(runs_root / "torch_async_resume", *CKPT, *layout, recipe=TORCH)
+    assert resumed.metrics().meta.resumed_from == str(copy.root / "checkpoints" / "step5")
+    assert resumed.losses() == sync.losses()[5:]

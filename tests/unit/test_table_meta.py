@@ -34,7 +34,7 @@ def test_every_meta_is_a_documented_immutable_named_tuple(kind):
 
 def test_metas_that_mirror_other_records_name_the_same_fields():
     assert NcclTestsMeta._fields == ("ops", "sections") + NcclTestsSection._fields
-    assert MetricsMeta._fields == ("ranks", "files", "resumes", "schema_version") + _SHARED_META
+    assert MetricsMeta._fields == ("ranks", "files", "resumes", "schema_version") + _SHARED_META + ("checkpoints",)
 
 
 def test_table_holds_its_meta_through_from_rows_and_where():

@@ -14,13 +14,16 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterator, TextIO
+from typing import TYPE_CHECKING, Callable, Iterator, TextIO
 
 from launch import PACKAGE
 from launch.config.resolve import Resolved
 from launch.torchtools.hf import hf_config
 from launch.run.rankenv import STOP_REQUEST
 from launch.run.rundir import RunDir
+
+if TYPE_CHECKING:
+    import torch
 
 
 @dataclass(frozen=True)
@@ -159,12 +162,23 @@ class Watchdog:
         self.phase = "start-up"
         self._last = time.monotonic()
         self._noted = False
+        self.started = time.monotonic()  # the rank's start, as near as its logs' opening
+        self._deadline: float | None = None  # start_by's
+        self._deadline_s = 0.0
         self._main = threading.main_thread().ident
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True, name="layoutlab-watchdog")
         self._thread.start()
 
+    def start_by(self, seconds: float) -> None:
+        """Start-up's own limit (run.startup_timeout_s): the first step must begin within `seconds` of now, however
+        steadily the build progresses; beat() with phase "step" lifts it."""
+        self._deadline = time.monotonic() + seconds
+        self._deadline_s = seconds
+
     def beat(self, step: int, phase: str) -> None:
+        if phase == "step":
+            self._deadline = None
         self.step, self.phase, self._last = step, phase, time.monotonic()
         if self._noted:  # progress again: the note of a slow moment is no longer true
             self._noted = False
@@ -216,10 +230,13 @@ class Watchdog:
                 with contextlib.suppress(OSError):
                     self.run.write_text_atomic(self._note_path(), json.dumps(note) + "\n")
                     self._noted = True
-            if idle > self.timeout_s:
+            late = self._deadline is not None and time.monotonic() > self._deadline
+            if idle > self.timeout_s or late:
                 inside, where = self.where()
                 msg = (f"layoutlab: rank {self.rank} stalled at step {self.step} ({self.phase}) for {idle:.0f} s "
-                       f"> run.timeout_s={self.timeout_s:g}")
+                       f"> run.timeout_s={self.timeout_s:g}" if not late else
+                       f"layoutlab: rank {self.rank} still starting ({self.phase}) after run.startup_timeout_s="
+                       f"{self._deadline_s:g} s")
                 if self.blame:
                     msg += ", " + (f"waiting in {where}" if inside else f"outside any collective ({where})")
                 culprits = self._culprits() if inside and self.blame else []
@@ -336,6 +353,92 @@ def build_model(resolved: Resolved):
     return model
 
 
+def import_model_class(resolved: Resolved) -> None:
+    """The model's transformers module, imported ahead of a measured build: its import (about 170 MB of a CPU rank's
+    memory with torch's) is no part of the build's memory (logs/build_memory_rank{R}.json)."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
+
+    MODEL_FOR_CAUSAL_LM_MAPPING[type(hf_config(resolved.model))]
+
+
+def initial_tensors(resolved: Resolved) -> Iterator[tuple[str, "torch.Tensor"]]:
+    """The model's starting weights one whole fp32 tensor at a time, (name, tensor) under the model's own parameter
+    names, each once (a tied output layer is its embedding), never the whole model at once: what each rank of a sharded
+    start-up cuts its own shards from, concurrently, with no collective.
+
+    From `model.weights`: each tensor read from its safetensors file as it is needed. Otherwise the seeded random init
+    of build_model, bit for bit (tests/unit/test_initial_tensors.py): the model is built on meta and Hugging Face's
+    construction replayed a module at a time on the host, every random draw at its place in the stream: each module's
+    own reset_parameters in construction order (pre-order), and, where a PreTrainedModel's construction ends, its
+    post_init's initialisation walk (post-order, _init_weights) over the modules not yet initialised. Only the walk's
+    values are kept; the construction draws advance the generator as the plain build's do. A tied output layer keeps
+    the embedding's values, as transformers ties it after initialising."""
+    weights = resolved.recipe.model.weights
+    if weights:
+        yield from _stored_tensors(Path(resolved.recipe_path).parent / weights, resolved)
+        return
+    yield from _seeded_tensors(resolved)
+
+
+def _stored_tensors(folder: Path, resolved: Resolved) -> Iterator[tuple[str, "torch.Tensor"]]:
+    """In the model's own order (the files' is alphabetical: layer 10 before layer 2), each tensor read when its turn
+    comes; every one is there (launch.run.launcher.weights_preflight checked the headers before launch)."""
+    from safetensors import safe_open
+
+    with contextlib.ExitStack() as files:
+        opened = [files.enter_context(safe_open(str(p), framework="pt")) for p in sorted(folder.glob("*.safetensors"))]
+        where = {name: f for f in opened for name in f.keys()}
+        for p in resolved.model.parameters():
+            yield p.name, where[p.name].get_tensor(p.name).float()
+
+
+def _seeded_tensors(resolved: Resolved) -> Iterator[tuple[str, "torch.Tensor"]]:
+    import torch
+    from transformers import AutoModelForCausalLM
+    from transformers import initialization as hf_init
+    from transformers.modeling_utils import PreTrainedModel
+
+    with torch.device("meta"):  # draws nothing: meta tensors take no random numbers
+        model = AutoModelForCausalLM.from_config(hf_config(resolved.model), dtype=torch.float32,
+                                                 attn_implementation=resolved.recipe.train.attention)
+    first: dict[int, str] = {}  # a parameter's first name: the embedding's, for a tied output layer
+    owners = {n: first.setdefault(id(p), n) for n, p in model.named_parameters(remove_duplicate=False)}
+    for module in model.modules():
+        module._is_hf_initialized = False  # the meta build's walk initialised nothing
+
+    def construct(module, prefix: str) -> Iterator[tuple[str, torch.Tensor]]:
+        if isinstance(module, PreTrainedModel):
+            for name, child in module.named_children():
+                yield from construct(child, f"{prefix}{name}.")
+            with torch.no_grad(), hf_init.guard_torch_init_functions():
+                yield from walk(module, module._initialize_weights, prefix)
+            return
+        if hasattr(module, "reset_parameters") and next(module.parameters(recurse=False), None) is not None:
+            module.to_empty(device="cpu", recurse=False)
+            module.reset_parameters()
+            module.to_empty(device="meta", recurse=False)
+        for name, child in module.named_children():
+            yield from construct(child, f"{prefix}{name}.")
+
+    def walk(module, init, prefix: str) -> Iterator[tuple[str, torch.Tensor]]:
+        for name, child in module.named_children():
+            yield from walk(child, child._initialize_weights if isinstance(child, PreTrainedModel) else init,
+                            f"{prefix}{name}.")
+        if module._is_hf_initialized:
+            return
+        module.to_empty(device="cpu", recurse=False)
+        init(module, False)
+        module._is_hf_initialized = True
+        for name, p in module.named_parameters(recurse=False):
+            if owners[prefix + name] == prefix + name:  # a tied output layer's draws are made, its values not kept
+                yield prefix + name, p.detach().clone()
+        module.to_empty(device="meta", recurse=False)
+
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(resolved.recipe.train.seed)
+        yield from construct(model, "")
+
+
 def torch_dtype(precision: str):
     """A precision.dtype value as the torch dtype."""
     import torch
@@ -440,6 +543,27 @@ def make_profiler(resolved: Resolved, run: RunDir, rank: int, cuda: bool, start_
 
     return profile(activities=acts, schedule=schedule(skip_first=skip, wait=0, warmup=1, active=active, repeat=1),
                    on_trace_ready=ready, record_shapes=True, with_stack=False)
+
+
+class StartupProgress:
+    """A sharded start-up's progress, called after each tensor: the watchdog beaten (a build that moves is no stall,
+    however long it takes; run.startup_timeout_s bounds the whole) and, on rank 0's terminal, a line every few seconds
+    and at the end, with the time so far."""
+
+    EVERY_S = 10.0
+
+    def __init__(self, watchdog: Watchdog, what: str) -> None:
+        self.watchdog, self.what = watchdog, what
+        self._start = self._said = time.monotonic()
+
+    def __call__(self, done: int, total: int) -> None:
+        self.watchdog.beat(0, f"model build, {done}/{total} tensors")
+        now = time.monotonic()
+        if self.watchdog.terminal is not None and (now - self._said >= self.EVERY_S or done == total):
+            self._said = now
+            with contextlib.suppress(OSError, ValueError):
+                print(f"start-up: {self.what}: {done}/{total} tensors, {now - self._start:.0f} s", file=self.watchdog.terminal,
+                      flush=True)
 
 
 class ProgressLine:

@@ -43,9 +43,7 @@ class DeepSpeedTrainer:
         # The model's module is imported first: its import is no part of the build's memory, and under zero.Init, which
         # replaces torch.Tensor.__new__, torch._dynamo's tensor polyfill imported for the first time fails ("Signature
         # mismatch between ...new_tensor and tensor_pynew").
-        from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
-
-        MODEL_FOR_CAUSAL_LM_MAPPING[type(hf_config(resolved.model))]
+        common.import_model_class(resolved)
         with common.model_build(ctx.run, ctx.env.rank):
             model = _partitioned_model(resolved, ds_config) if partitioned else common.build_model(resolved)
         if resolved.recipe.train.activation_checkpointing == "full":

@@ -97,6 +97,16 @@ class _Training:
     traced: range  # the steps a profiler records
     vote: common.StopVote
     progress: common.ProgressLine
+    saving: list[_Saving]  # asynchronous checkpoints still being written (at most one)
+
+
+@dataclass
+class _Saving:
+    """An asynchronous checkpoint being written behind training (run.checkpoint_async): its marker follows it."""
+
+    tag: str
+    step: int
+    future: Any  # concurrent.futures.Future of torch.distributed.checkpoint.async_save
 
 
 @dataclass
@@ -153,6 +163,7 @@ def _build(run: RunDir, resolved: Resolved, env: common.RankEnv, terminal, cuda:
     import torch.distributed as dist
 
     r = resolved.recipe
+    watchdog.start_by(r.run.startup_timeout_s)
     backend = traits(r.backend).rank_module()
     if cuda:
         torch.cuda.set_device(env.local_rank)
@@ -209,7 +220,7 @@ def _start(run: RunDir, resolved: Resolved, env: common.RankEnv, terminal, cuda:
         zero_stage=par.zero_stage, dtype=r.precision.dtype, micro_batch_size=r.batch.micro_batch_size,
         global_batch_size=r.batch.global_batch_size, seq_len=r.batch.seq_len,
         param_numel_local=built.trainer.param_numel_local, start_step=start_step,
-        resumed_from=str(resume_from.dir) if resume_from else None)
+        resumed_from=str(resume_from.dir) if resume_from else None, startup_s=time.monotonic() - watchdog.started)
     writer = M.MetricsWriter(run.metrics(env.rank), meta)
     tb = None
     if env.rank == 0:
@@ -230,7 +241,7 @@ def _start(run: RunDir, resolved: Resolved, env: common.RankEnv, terminal, cuda:
     return _Training(run=run, resolved=resolved, env=env, terminal=terminal, cuda=cuda, watchdog=watchdog,
                      trainer=built.trainer, device=built.device, start_step=start_step, data=data,
                      flops_per_token=flops_per_token, peak=peak, writer=writer, tb=tb, prof=prof, nsys=nsys,
-                     traced=traced, vote=vote, progress=progress)
+                     traced=traced, vote=vote, progress=progress, saving=[])
 
 
 def _steps(s: _Training) -> int | None:
@@ -274,6 +285,7 @@ def _step(s: _Training, step: int, pending: _Finished | None) -> _Finished:
     import torch
 
     r = s.resolved.recipe
+    _complete_saves(s, wait=False)
     s.watchdog.beat(step + 1, "step")
     common.inject_fault(s.env.rank, step + 1, s.run)
     lr = lr_at(step, lr=r.train.lr, min_lr=r.train.min_lr, warmup=r.train.lr_warmup_steps,
@@ -375,16 +387,39 @@ def _evaluate(s: _Training, step: int) -> float | None:
 
 
 def _save(s: _Training, step: int) -> None:
-    """Save, then mark complete. A save killed half-way leaves a folder without the marker, which resume ignores."""
+    """Save, then mark complete. A save killed half-way leaves a folder without the marker, which resume ignores.
+    Asynchronously (run.checkpoint_async), training goes on once the state is copied to host memory; the marker is
+    written when the files are (_complete_saves). Each save's blocked time is recorded after its step's record."""
     import torch.distributed as dist
 
     s.watchdog.beat(step, "checkpoint save")
     tag = f"step{step}"
-    s.trainer.save(s.run.checkpoints, tag, step)
-    dist.barrier()
-    if dist.get_rank() == 0:
-        checkpoints.write_marker(s.run.checkpoints, tag, checkpoints.marker_info(s.resolved, step))
-    dist.barrier()
+    t0 = time.perf_counter()
+    if s.resolved.recipe.run.checkpoint_async:
+        _complete_saves(s, wait=True)  # one save in flight: the next waits for the previous one's files
+        s.saving.append(_Saving(tag, step, s.trainer.save_async(s.run.checkpoints, tag, step)))
+    else:
+        s.trainer.save(s.run.checkpoints, tag, step)
+        dist.barrier()
+        if dist.get_rank() == 0:
+            checkpoints.write_marker(s.run.checkpoints, tag, checkpoints.marker_info(s.resolved, step))
+        dist.barrier()
+    s.writer.checkpoint(M.CheckpointRecord(step=step, asynchronous=s.resolved.recipe.run.checkpoint_async,
+                                           blocked_s=time.perf_counter() - t0))
+
+
+def _complete_saves(s: _Training, wait: bool) -> None:
+    """Mark the asynchronous checkpoints whose files are written: waiting for them, or only those already done.
+    torch.distributed.checkpoint's save ends with every rank's write results gathered on rank 0, which then writes
+    the metadata: rank 0's future completing means every rank's files are on disk, so rank 0 writes the marker
+    without a barrier. A save that failed raises here, on the rank it failed on."""
+    for saving in list(s.saving):
+        if not (wait or saving.future.done()):
+            continue
+        saving.future.result()
+        if s.env.rank == 0:
+            checkpoints.write_marker(s.run.checkpoints, saving.tag, checkpoints.marker_info(s.resolved, saving.step))
+        s.saving.remove(saving)
 
 
 def _finish(s: _Training, stopped_at: int | None) -> None:
@@ -393,6 +428,9 @@ def _finish(s: _Training, stopped_at: int | None) -> None:
 
     r = s.resolved.recipe
     s.progress.close()
+    if s.saving:
+        s.watchdog.beat(s.watchdog.step, "checkpoint save")
+        _complete_saves(s, wait=True)
     common.write_layer_calls(s.run, s.env.rank, s.trainer.layer_calls)
     if s.prof is not None:
         s.prof.stop()

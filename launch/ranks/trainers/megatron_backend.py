@@ -182,9 +182,10 @@ class MegatronTrainer:
         self.config = mm.transformer_config(resolved.model, cuda=ctx.cuda, tp=par.tp, pp=par.pp, vpp=par.vpp,
                                             sp=par.sp, activation_checkpointing=r.train.activation_checkpointing,
                                             dtype=r.precision.dtype)
+        common.import_model_class(resolved)  # the starting weights are made by transformers' own init
         with common.model_build(ctx.run, ctx.env.rank):
             self.chunks = mm.build_chunks(resolved.model, self.config, seed=r.train.seed, attention=r.train.attention)
-            _scatter_initial_state(resolved, self.chunks, ctx.device)
+            _load_initial_state(resolved, self.chunks, common.StartupProgress(ctx.watchdog, "every rank cuts its shards"))
         if ctx.cuda:
             for c in self.chunks:
                 c.cuda(ctx.device)
@@ -471,52 +472,34 @@ def _layout_record(rank: int, chunks) -> dict:
     }
 
 
-def _scatter_initial_state(resolved: Resolved, chunks, device) -> None:
-    """Rank 0 alone holds the canonical starting weights whole (as the torch backend's rank 0 does) and sends them one
-    tensor at a time; each rank cuts its shards as they arrive (megatron_model.load_hf_streamed), so no other rank
-    materialises the whole model. Rank 0 first checks the whole state against the model, and every rank raises the
-    same error rather than waiting on a send that never comes (a failed read or allocation too)."""
-    import torch.distributed as dist
-
+def _load_initial_state(resolved: Resolved, chunks, progress) -> None:
+    """Every rank makes the canonical starting weights itself (common.initial_tensors: the local safetensors read, or
+    the seeded init that the other backends start from, one whole tensor at a time) and cuts its own shards as each
+    layer's tensors are there (megatron_model.load_hf_streamed): no rank holds the whole model, and no rank waits on
+    another, so a slow build is no collective's timeout. Both sources give the tensors in spec.parameters()' order,
+    the order load_hf_streamed asks for them; one arriving before its turn would wait in `early`."""
     from launch.ranks.trainers import megatron_model as mm
 
     spec = resolved.model
-    state: dict = {}
-    problem = [None]
-    if dist.get_rank() == 0:
-        try:
-            state = dict(mm.checked_hf_state(_initial_hf_state(resolved), spec))
-        except Exception as e:  # noqa: BLE001 - said to every rank, so none waits for tensors that never come
-            problem = [f"{type(e).__name__}: {e}" if not isinstance(e, ValueError) else str(e)]
-    dist.broadcast_object_list(problem, src=0)
-    if problem[0]:
-        raise ValueError(problem[0])
-    # NCCL moves device tensors only; gloo moves host tensors
-    where = device if device.type == "cuda" else torch.device("cpu")
+    stream = common.initial_tensors(resolved)
+    early: dict = {}
+    done = [0]
 
     def fetch(name: str, shape: tuple[int, ...]):
-        t = state.pop(name).float().to(where).contiguous() if dist.get_rank() == 0 else torch.empty(shape, device=where)
-        dist.broadcast(t, src=0)
-        return t
+        while name not in early:
+            got = next(stream, None)
+            if got is None:
+                raise ValueError(f"{spec.name}: the starting weights lack {name}")
+            early[got[0]] = got[1]
+        t = early.pop(name)
+        if tuple(t.shape) != tuple(shape):
+            raise ValueError(f"{spec.name}: the starting weights give {name} as {tuple(t.shape)}, the model needs "
+                             f"{tuple(shape)}")
+        done[0] += 1
+        progress(done[0], len(spec.parameters()))
+        return t.contiguous()
 
     mm.load_hf_streamed(chunks, spec, fetch)
-
-
-def _initial_hf_state(resolved: Resolved) -> dict:
-    """The canonical starting weights: the local Hugging Face folder, or the seeded random init that the
-    DeepSpeed backend also starts from (so both backends and every layout begin equal)."""
-    from launch.ranks.trainers import megatron_model as mm
-
-    weights = resolved.recipe.model.weights
-    if weights:
-        from transformers import AutoModelForCausalLM
-
-        from launch.torchtools.hf import hf_config
-
-        model = AutoModelForCausalLM.from_pretrained(weights, config=hf_config(resolved.model), local_files_only=True,
-                                                     dtype=torch.float32, use_safetensors=True, trust_remote_code=False)
-        return model.state_dict()
-    return mm.hf_reference_state(resolved.model, resolved.recipe.train.seed)
 
 
 def _count_layer_calls(chunks, num_layers: int) -> list[int]:

@@ -492,7 +492,7 @@ def load_hf_state(chunks: list[GPTModel], hf_state: Mapping[str, Tensor], spec: 
 
 def load_hf_streamed(chunks: list[GPTModel], spec: ModelSpec, fetch: Callable[[str, tuple[int, ...]], Tensor]) -> None:
     """Load this rank's chunks from HF tensors that arrive one at a time: `fetch(name, shape)` is called for every
-    tensor of `spec.parameters()`, in that order, on every rank (a collective: rank 0 sends, the others receive), and
+    tensor of `spec.parameters()`, in that order (megatron_backend: each rank makes them itself, one at a time), and
     each shard is cut as soon as its HF tensors are all there, which are then dropped. A rank so holds its own shards
     plus the full tensors of about one layer, never the whole model; the result equals load_hf_state's."""
     shapes = _hf_shapes(spec)

@@ -10,6 +10,13 @@ A backend is one module (named by `launch.config.backends`) with three functions
     export_hf_state(resolved, ckpt) -> dict[str, Tensor]
         A complete checkpoint as one Hugging Face state dict (full tensors, fp32), for `launch export`.
 
+A backend with the "async_checkpoint" feature (launch/config/backends.py; run.checkpoint_async) has one more method
+on its trainer, which the loop calls instead of `save`:
+
+    trainer.save_async(checkpoints, tag, step) -> concurrent.futures.Future
+        Copy this rank's part to host memory and write it under checkpoints/tag behind training; the future completes
+        once it is written (on rank 0: once every rank's is, so rank 0 then writes the marker).
+
 The loop owns everything else: per-rank logs, the watchdog, the resume decision, metrics records,
 TensorBoard, the profiler, the progress line, the learning-rate schedule, the data-parallel mean of the
 loss, checkpoint cadence and markers, failure reporting and teardown.

@@ -309,16 +309,32 @@ def allocate(part, device) -> None:
         rotary.get_buffer(name).copy_(buf)
 
 
-def _materialise(parts: list, resolved: Resolved, device) -> None:
-    """Allocate this rank's shards and fill them from rank 0's full model (each part takes the tensors it names)."""
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+def _materialise(parts: list, resolved: Resolved, device, progress: Callable[[int, int], None]) -> None:
+    """Allocate this rank's shards and fill each from its parameter's whole tensor, which every rank makes (reads or
+    seeds: common.initial_tensors) one tensor at a time, concurrently, with no collective: no rank holds the whole
+    model, and nothing waits on a rank that builds. `progress(done, total)` after each tensor."""
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import _CHECKPOINT_PREFIX
+    from torch.distributed.tensor import DTensor, distribute_tensor
 
-    full = common.build_model(resolved).state_dict() if dist.get_rank() == 0 else {}
-    for part in parts:  # every rank holds vpp parts: the broadcasts pair up
+    for part in parts:
         allocate(part, device)
-        # a copy each time: set_model_state_dict writes the part's DTensors back into the dict it is given
-        set_model_state_dict(part, dict(full), options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True,
-                                                                  strict=len(parts) == 1 and resolved.grid.pp == 1))
+    # The model's own names (a checkpointed block's parameters carry its wrapper's prefix; a tied lm_head is listed
+    # once, under its embedding's name)
+    mine = {name.replace(_CHECKPOINT_PREFIX, ""): p for part in parts for name, p in part.named_parameters()}
+    filled: set[str] = set()
+    total = len(resolved.model.parameters())
+    with torch.no_grad():
+        for name, whole in common.initial_tensors(resolved):
+            p = mine.get(name)
+            if p is not None:
+                whole = whole.to(device)
+                if isinstance(p, DTensor):  # this rank's shard, cut from the whole tensor here (src_data_rank=None)
+                    whole = distribute_tensor(whole, p.device_mesh, p.placements, src_data_rank=None).to_local()
+                _local(p).copy_(whole)
+                filled.add(name)
+            progress(len(filled), total)
+    if set(mine) - filled:  # to_empty's garbage must never train
+        raise RuntimeError(f"the start-up left {sorted(set(mine) - filled)[:3]} unfilled")
 
 
 class TorchTrainer:
@@ -339,6 +355,7 @@ class TorchTrainer:
             _apply_ac(part, train.activation_checkpointing, marked=not train.compile, cuda=ctx.cuda)
             _apply_compile(part, train.compile)
             _apply_dp(part, self.mesh, resolved, ctx.cuda)
+        self._progress = common.StartupProgress(ctx.watchdog, "every rank cuts its shards")
         with common.model_build(ctx.run, ctx.env.rank):  # the meta skeleton costs nothing; this is where memory comes
             self.materialise_parts(parts, torch.device("cpu") if par.offload_params != "none" else ctx.device)
         for part in parts:
@@ -383,12 +400,22 @@ class TorchTrainer:
         if train.attention == "eager":
             self.mask = torch.full((seq, seq), torch.finfo(torch.float32).min, device=ctx.device).triu(1)[None, None]
         self.schedule = self._pipeline(pp_rank) if par.pp > 1 else None
+        # Every rank creates it at once, here: a checkpoint thread's collectives must not share training's group.
+        self.checkpoint_group = dist.new_group(backend="gloo") if resolved.recipe.run.checkpoint_async else None
+        self.stager = None  # DCP's default: unpinned host copies
+        if resolved.recipe.run.checkpoint_async and ctx.cuda:
+            from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
+
+            # Pinned host buffers, kept from one save to the next (torchtitan's async_with_pinned_mem): the copy runs at
+            # PCIe speed, which is what the plan's host_copy_GBps assumes. Held for the run's life.
+            self.stager = DefaultStager(StagingOptions(use_pinned_memory=True, use_shared_memory=False,
+                                                       use_async_staging=False, use_non_blocking_copy=False))
         self._alone = False  # loss() has set FSDP2 to compute without data-parallel traffic
 
     def materialise_parts(self, parts: list, device) -> None:
         """The seam between the build and its memory: launch.ranks.rehearse allocates the parts as fake tensors here
         instead, after the same parallelisation."""
-        _materialise(parts, self.resolved, device)
+        _materialise(parts, self.resolved, device, self._progress)
 
     def wrap_ddp(self, part, local_rank: int):
         """The seam where DDP takes the model: launch.ranks.rehearse wraps it without the start-up's value checks,
@@ -592,6 +619,14 @@ class TorchTrainer:
         import torch.distributed.checkpoint as dcp
 
         dcp.save(self._state(), checkpoint_id=str(checkpoints / tag))
+
+    def save_async(self, checkpoints: Path, tag: str, step: int):
+        """torch.distributed.checkpoint's async_save (torchtitan's async mode): the state is copied to host memory
+        here, then written by a thread whose collectives run on a gloo group of their own, apart from training's."""
+        import torch.distributed.checkpoint as dcp
+
+        return dcp.async_save(self._state(), checkpoint_id=str(checkpoints / tag), process_group=self.checkpoint_group,
+                              async_stager=self.stager)
 
     def load(self, ckpt: Checkpoint) -> int:
         from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
