@@ -431,7 +431,8 @@ def _seeded_tensors(resolved: Resolved) -> Iterator[tuple[str, "torch.Tensor"]]:
         module._is_hf_initialized = True
         for name, p in module.named_parameters(recurse=False):
             if owners[prefix + name] == prefix + name:  # a tied output layer's draws are made, its values not kept
-                yield prefix + name, p.detach().clone()
+                # not a copy: to_empty below points the module at meta, leaving this storage to the consumer alone
+                yield prefix + name, p.detach()
         module.to_empty(device="meta", recurse=False)
 
     with torch.random.fork_rng(devices=[]):
