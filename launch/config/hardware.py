@@ -99,6 +99,12 @@ class HardwareProfile:
     # states the bytes without a time.
     host_copy_GBps: float = 0.0
     checkpoint_write_GBps: float = 0.0
+    # Whether scaled_dot_product_attention's fused kernel on this device takes grouped-query attention (fewer K/V heads
+    # than query heads). torch 2.13.0 (built 2026-07-03): the flash kernel does (sm 8.0 and later); the memory-efficient
+    # kernel, all an sm 7.5 T4 has, does not (pytorch#191085 added it on 2026-07-25), so SDPA would fall to the math
+    # kernel and its s × s scores: there the Hugging Face backends repeat the K/V heads first (launch.ranks.trainers.
+    # common.repeat_kv_for_fused_attention) and the plan keeps the repeated K and V (launch.plan.memory.sdpa_kernel).
+    fused_attention_gqa: bool = True
 
     @property
     def nominal(self) -> bool:

@@ -21,6 +21,8 @@ from launch.plan.memory import (
     in_flight,
     model_states,
     phased,
+    repeats_kv,
+    sdpa_kernel,
     stage_activations,
     stage_params,
     torch_phases,
@@ -65,7 +67,10 @@ def make_plan(layout: Layout, recipe_name: str = "", machine: Machine | None = N
         "implementation and estimators; megatron: Megatron-Core 0.16.1's DDP and distributed optimizer (the megatron backend's ZeRO-1; "
         "its other stages and the deepspeed backend train through DeepSpeed's ZeRO); torch: PyTorch's DDP and "
         "FSDP2 (fp32 master parameters, gathered units in the compute dtype)",
-        f"activations: {layer_name(layout)}, {ATTENTION_NOTE[layout.attention]}, "
+        f"activations: {layer_name(layout)}, {ATTENTION_NOTE[layout.attention]}"
+        + (f" on {sdpa_kernel(layout)}" + (", the K/V heads repeated to every query head before it (it takes no "
+                                            "grouped-query attention)" if repeats_kv(layout) else "")
+           if layout.attention == "sdpa" else "") + ", "
         f"activation_checkpointing={layout.activation_checkpointing}, sp={layout.sp}",
         f"allowance: {allowance_fixed / GiB:.1f} GiB runtime + {FRAGMENTATION:.0%} fragmentation",
         f"fit check: {implementation_accounting(layout)} accounting against {hw.memory_bytes / GiB:.1f} GiB "

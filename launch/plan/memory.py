@@ -280,7 +280,7 @@ class ActTerm:
 
 def activation_terms(arch: str, s: int, b: int, h: int, a: int, *, ffn: int = 0, kv_heads: int = 0,
                      head_dim: int = 0, e: int = 2, hf_norm: bool = False, attention: str = "sdpa",
-                     fused_qkv: bool = False, sp_gathered_inputs: bool = False) -> list[ActTerm]:
+                     fused_qkv: bool = False, sp_gathered_inputs: bool = False, repeat_kv: bool = False) -> list[ActTerm]:
     """Bytes saved for backward by one transformer layer.
 
     "gpt": Korthikanti et al. 2022, §4.1 (16-bit activations, 1-byte dropout masks, 4h MLP):
@@ -291,7 +291,9 @@ def activation_terms(arch: str, s: int, b: int, h: int, a: int, *, ffn: int = 0,
            The attention block (terms named attn_*, measured per implementation in tests/unit/test_attention_memory.py):
            its input (the q/k/v projections'), q and k after RoPE and v, then
            attention="sdpa": scaled_dot_product_attention's output and fp32 log-sum-exp, no s×s scores ("te", Transformer
-           Engine's fused attention, planned the same: not measured here, it needs a GPU);
+           Engine's fused attention, planned the same: not measured here, it needs a GPU); with repeat_kv (a device whose
+           fused kernel refuses grouped-query attention: HardwareProfile.fused_attention_gqa) the K and V it keeps are
+           repeated to every query head;
            attention="eager" (Hugging Face's eager attention, Megatron-Core's DotProductAttention): k and v repeated
            to every query head (grouped-query attention), the s×s softmax (fp32, plus its cast to the model dtype)
            and the output's reshaped copy that the output projection keeps.
@@ -322,7 +324,7 @@ def activation_terms(arch: str, s: int, b: int, h: int, a: int, *, ffn: int = 0,
         terms = [ActTerm("norm1_input", norm_in, "replicated"), ActTerm("attn_input", e * sbh, gathered),
                  ActTerm("attn_q", q, "tp"), ActTerm("attn_out", q, "tp")]
         if attention in ("sdpa", "te"):  # Transformer Engine's fused attention keeps what flash attention keeps
-            terms += [ActTerm("attn_k_v", 2 * e * kv, "tp"), ActTerm("attn_lse", 4 * b * a * s, "tp")]
+            terms += [ActTerm("attn_k_v", 2 * q if repeat_kv else 2 * e * kv, "tp"), ActTerm("attn_lse", 4 * b * a * s, "tp")]
         elif attention == "eager":
             probs = (4 + (e if e != 4 else 0)) * a * s * s * b
             terms += [ActTerm("attn_k_v", 2 * q, "tp"), ActTerm("attn_probs", probs, "tp", scores=True)]
@@ -362,7 +364,27 @@ def _model_terms(layout: Layout, b: int) -> list[ActTerm]:
     hf = traits(layout.backend).hf_modules
     return activation_terms("llama", layout.seq_len, b, m.hidden_size, m.num_heads, ffn=m.intermediate_size,
                             kv_heads=m.num_kv_heads, head_dim=m.head_dim, e=layout.elem_bytes, hf_norm=hf,
-                            attention=layout.attention, fused_qkv=not hf, sp_gathered_inputs=hf and layout.sp)
+                            attention=layout.attention, fused_qkv=not hf, sp_gathered_inputs=hf and layout.sp,
+                            repeat_kv=repeats_kv(layout))
+
+
+def sdpa_kernel(layout: Layout) -> str:
+    """The kernel scaled_dot_product_attention runs for the layout (causal, no mask), by torch 2.13.0's dispatch: on
+    GPUs flash attention for 16-bit inputs where the device has it (HardwareProfile.fused_attention_gqa: sm 8.0 and
+    later), else the memory-efficient kernel; on CPU ranks torch's CPU flash kernel."""
+    if layout.hardware.device_type == "cpu":
+        return "the CPU flash kernel"
+    return ("the flash kernel" if layout.hardware.fused_attention_gqa and layout.dtype != "fp32"
+            else "the memory-efficient kernel")
+
+
+def repeats_kv(layout: Layout) -> bool:
+    """Whether the layout's attention runs on K/V heads repeated to every query head: a grouped-query model's SDPA on
+    the memory-efficient kernel, which refuses GQA in torch 2.13.0 (it would fall to the math kernel and its s × s
+    scores), so the Hugging Face backends repeat them first (Megatron-Core's own attention is not Hugging Face's)."""
+    m = layout.model
+    return (layout.attention == "sdpa" and m.num_kv_heads < m.num_heads and traits(layout.backend).hf_modules
+            and sdpa_kernel(layout) == "the memory-efficient kernel")
 
 
 def in_flight(layout: Layout, stage: int) -> float:

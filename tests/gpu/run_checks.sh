@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # The GPU checks as one prepared script, for a machine with NVIDIA GPUs.
-#   bash tests/gpu/run_checks.sh [wheel_dir]          the part that fits 10 minutes of a lend: the 1.1B model on one GPU
+#   bash tests/gpu/run_checks.sh [wheel_dir]          the part that fits 10 minutes of a lend: SDPA's memory-efficient
+#                                                     kernel with grouped heads (the T4 ladder's attention, seconds),
+#                                                     the 1.1B model on one GPU
 #                                                     through each backend, side by side (tests/gpu/test_side_by_side.py),
 #                                                     figures to $OUT/gpu_side_by_side.txt for bench/results/
 #   FULL=1 bash tests/gpu/run_checks.sh [wheel_dir]   then calibrate + recommend verify on one GPU, DeepSpeed ZeRO-2/3 and
@@ -30,11 +32,12 @@ check() {  # name seconds pytest-args...; a part out of time is killed whole (-k
     | tee "$out/$name.log"
 }
 rc=0
+check attention 120 tests/gpu/test_attention_kernels_gpu.py || rc=1  # the T4 ladder's kernel, seconds
 check side_by_side "${SIDE_BY_SIDE_SECONDS:-480}" tests/gpu/test_side_by_side.py || rc=1
 if [ -n "${FULL:-}" ]; then
   check calibrate "${CALIBRATE_SECONDS:-900}" tests/gpu/test_calibrate_gpu.py || rc=1
   cp /tmp/gpu_calibrate/*/cal*.json "$out/" 2>/dev/null
   check training "${TRAINING_SECONDS:-1800}" tests/gpu --ignore tests/gpu/test_calibrate_gpu.py \
-    --ignore tests/gpu/test_side_by_side.py || rc=1
+    --ignore tests/gpu/test_side_by_side.py --ignore tests/gpu/test_attention_kernels_gpu.py || rc=1
 fi
 exit $rc

@@ -353,6 +353,21 @@ def build_model(resolved: Resolved):
     return model
 
 
+def repeat_kv_for_fused_attention(resolved: Resolved) -> None:
+    """On a device whose fused SDPA kernel refuses grouped-query attention (the hardware profile says:
+    HardwareProfile.fused_attention_gqa; a T4 under torch 2.13.0), Hugging Face's sdpa attention is made to repeat the
+    K/V heads itself before SDPA (its own path where enable_gqa does not apply) instead of passing enable_gqa=True,
+    which would send SDPA to the math kernel and its s × s scores: the memory-efficient kernel then runs, and the plan
+    keeps the repeated K and V (launch.plan.memory.repeats_kv). Process-wide, on the rank, decided by the recipe."""
+    from launch.plan.memory import repeats_kv
+    from launch.plan.layout import Layout
+
+    if repeats_kv(Layout.from_resolved(resolved)):
+        from transformers.integrations import sdpa_attention
+
+        sdpa_attention.use_gqa_in_sdpa = lambda attention_mask, key, value: False
+
+
 def import_model_class(resolved: Resolved) -> None:
     """The model's transformers module, imported ahead of a measured build: its import (about 170 MB of a CPU rank's
     memory with torch's) is no part of the build's memory (logs/build_memory_rank{R}.json)."""

@@ -187,6 +187,7 @@ def _build(run: RunDir, resolved: Resolved, env: common.RankEnv, terminal, cuda:
             dist.barrier()
 
     watchdog.beat(0, "model build")
+    common.repeat_kv_for_fused_attention(resolved)
     device = torch.device("cuda", env.local_rank) if cuda else torch.device("cpu")
     trainer: Trainer = backend.build(BuildContext(run, resolved, env, cuda, device, watchdog, resume_from, universal))
     grid_coords = resolved.grid.coords(env.rank)
