@@ -3,7 +3,6 @@ attention, and a T4 (sm 7.5) has no flash kernel: transformers' enable_gqa=True 
 its s × s scores. On such a profile the Hugging Face backends repeat the K/V heads before SDPA, and the plan keeps the
 repeated K and V. The oracle: transformers' own sdpa_attention_forward, its SDPA call recorded; the activation bytes
 by hand."""
-import pytest
 import torch
 
 from launch.config.resolve import resolve_path
