@@ -191,7 +191,8 @@ def step_parts(plan: Plan) -> str:
     s = plan.step
     return (f"{s.total_s * 1e3:.1f} ms = compute {s.compute_s * 1e3:.1f} + bubble {s.bubble_s * 1e3:.1f} + tp/sp "
             f"{s.tp_comm_s * 1e3:.1f} + pp {s.pp_comm_s * 1e3:.1f} + exposed dp {s.dp_exposed_s * 1e3:.1f} (of "
-            f"{s.dp_comm_s * 1e3:.1f}) + offload {s.offload_s * 1e3:.1f}")
+            f"{s.dp_comm_s * 1e3:.1f}) + offload {s.offload_s * 1e3:.1f}"
+            + (f" + ZeRO-3 hooks {s.engine_s * 1e3:.1f} (exposed on the host)" if s.engine_s else ""))
 
 
 def mfu_terms(plan: Plan) -> list[str]:

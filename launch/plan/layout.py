@@ -189,6 +189,9 @@ class StepTime:
     optimizer_s: float = 0.0
     recompute_s: float = 0.0
     gemm_peak_share: float = 0.0
+    # host work on the critical path, already in total_s: DeepSpeed ZeRO-3's per-module hooks beyond the device's
+    # compute (launch/plan/time.py)
+    engine_s: float = 0.0
 
     def terms(self) -> dict[str, float]:
         """What sets the MFU: each kind's share of the step (empty where the compute was measured, not modelled)."""
@@ -198,7 +201,8 @@ class StepTime:
                 "memory-bound": self.memory_s / self.total_s,
                 "optimizer and shard copies": self.optimizer_s / self.total_s,
                 "exposed communication": (self.tp_comm_s + self.pp_comm_s + self.dp_exposed_s) / self.total_s,
-                "bubble": self.bubble_s / self.total_s, "offload": self.offload_s / self.total_s}
+                "bubble": self.bubble_s / self.total_s, "offload": self.offload_s / self.total_s,
+                "ZeRO-3 hooks": self.engine_s / self.total_s}
 
 
 @dataclass(frozen=True)

@@ -128,7 +128,11 @@ def step_time(layout: Layout, comm: list[Comm], timing: Timing = Timing()) -> St
             "DP traffic issued every micro-step overlaps the backward, boundary traffic only the last micro-batch's "
             "backward, post-step gathers none (ZeRO-3: forward gathers overlap the forward)"))
     offload = _offload_s(layout, params, ga)
-    total = compute + bubble + tp + pp + dp_exposed + offload
+    # The hooks run on the host while the device computes what was launched before them: only the host time beyond the
+    # device's is exposed. A calibration's measured passes hold them already.
+    hooks = 0.0 if compute_c is not None else _zero3_hooks_s(layout, ga)
+    engine = max(0.0, hooks - compute)
+    total = compute + bubble + tp + pp + dp_exposed + offload + engine
     correction = timing.calibration.correction if compute_c is not None else 1.0
     if correction != 1.0:
         total *= correction
@@ -140,10 +144,14 @@ def step_time(layout: Layout, comm: list[Comm], timing: Timing = Timing()) -> St
         memory_s=parts.memory_s if parts else 0.0, optimizer_s=parts.optimizer_s if parts else 0.0,
         recompute_s=parts.recompute_s if parts else 0.0, gemm_peak_share=parts.gemm_peak_share if parts else 0.0,
         model_flops_per_step=model_flops, hardware_flops_per_step=hw_flops, compute_s=compute, bubble_s=bubble,
-        tp_comm_s=tp, pp_comm_s=pp, dp_comm_s=dp, dp_exposed_s=dp_exposed, offload_s=offload, total_s=total,
+        tp_comm_s=tp, pp_comm_s=pp, dp_comm_s=dp, dp_exposed_s=dp_exposed, offload_s=offload, engine_s=engine,
+        total_s=total,
         tokens_per_s_per_device=tokens / total / g.world if total else 0.0,
         mfu=model_flops / total / g.world / peak if total and peak else 0.0,
         assumptions=f"{compute_how}; {overlap_how}; offload adds PCIe and host-Adam time"
+                    + (f"; DeepSpeed ZeRO-3's per-module hooks {hooks * 1e3:.0f} ms on the host, "
+                       + (f"{engine * 1e3:.0f} ms of it beyond the device's compute, exposed" if engine else
+                          "within the device's compute, hidden") if hooks else "")
                     + ("" if g.pp == 1 else "; bubble " + ("the other stages' first micro-batch" if layout.vpp == 1
                                                           else "(p-1)/v of the slowest stage's micro-batch")
                        + ("; a send and a receive posted together wait once (1F1B)" if layout.vpp == 1 else "")),
@@ -200,6 +208,27 @@ def _calibrated_compute(layout: Layout, comm: list[Comm], timing: Timing, tp: fl
            f"{part:,} parameters + making the micro-batches + {skew * 1e3:.2f} ms "
            f"waiting for the slowest of {n} ranks; collectives on the measured α–β curves (calibrated)")
     return _Compute(compute, tp, bubble, how)
+
+
+# DeepSpeed ZeRO-3's per-module hooks (each module's parameters fetched, released and prefetched, bookkept in Python)
+# run on the host in the critical path: measured once, +237 ms per micro-step for Qwen2.5-0.5B (24 Hugging Face layers
+# of 9 modules with parameters, with the embedding, final norm and lm_head: 219) on one H200
+# (bench/results/README_history.md, 2026-12-04): per module and pass (forward, backward).
+ZERO3_HOOK_S = 0.237 / (2 * 219)
+# modules holding parameters in one decoder layer: Hugging Face's q, k, v, o, gate, up, down and two norms; Megatron-
+# Core's linear_qkv, linear_proj, linear_fc1, linear_fc2 and two norms
+MODULES_PER_LAYER = {True: 9, False: 6}
+
+
+def _zero3_hooks_s(layout: Layout, ga: int) -> float:
+    """The hooks' host time per step on a GPU rank under DeepSpeed's ZeRO-3 (the deepspeed backend, and the megatron
+    backend's ZeRO-3): every micro-step's forward and backward pass each module of the rank's stage once. On CPU ranks
+    the nominal figures leave it out (the host is the device there; a calibration measures both)."""
+    bt = traits(layout.backend)
+    if layout.zero_stage != 3 or not bt.uses_deepspeed(3) or layout.hardware.device_type != "cuda":
+        return 0.0
+    modules = layout.model.num_layers // layout.grid.pp * MODULES_PER_LAYER[bt.hf_modules] + 3
+    return ga * 2 * modules * ZERO3_HOOK_S
 
 
 def _pp_critical_s(layout: Layout, comm: list[Comm], ga: int) -> float:

@@ -266,6 +266,14 @@ def preflight(resolved, *, which=None, gpus: int | None = None, environ: Mapping
                               f"needs {need} GPU(s) per node; this machine has {gpus}",
                               "run it on the GPU machine (--dry-run shows the plan anywhere), or train on CPU ranks "
                               "with hardware.profile=cpu and a tiny model")
+    if (resolved.hardware.device_type == "cuda" and environ.get("CUDA_DEVICE_MAX_CONNECTIONS") == "1"
+            and (r.parallel.zero_stage == 3 or (r.backend == "torch" and r.parallel.zero_stage == 2))):
+        # The launcher keeps a value the user's environment sets; this one breaks what the plan assumes of the layout.
+        raise ConfigError("environment", "CUDA_DEVICE_MAX_CONNECTIONS", "1",
+                          f"puts every kernel on one hardware queue, so each of {r.backend}'s prefetched parameter "
+                          "gathers (ZeRO-3, FSDP2) waits behind the compute issued before it, which the plan counts as "
+                          "hidden (Megatron-LM refuses it with FSDP)",
+                          "unset it: the launcher sets it where the layout needs it (Megatron TP without ZeRO-3)")
     if r.run.profile == "nsys" and which("nsys") is None:
         raise ConfigError(resolved.recipe_path, "run.profile", "nsys", "needs Nsight Systems' `nsys` on PATH",
                           'install Nsight Systems (it ships with the CUDA toolkit) or set run.profile="torch"')

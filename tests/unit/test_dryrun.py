@@ -272,3 +272,23 @@ def test_transformer_engine_attention_is_megatron_on_gpus_with_te_installed(monk
         preflight(r, gpus=4)
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object() if name == "transformer_engine" else real(name, *a))
     preflight(r, gpus=4)
+
+
+@pytest.mark.parametrize("recipe, refused", [("7b_tp2_zero3", True), ("7b_fsdp2", True), ("7b_tp4", False),
+                                             ("7b_zero2", False)])
+def test_one_device_connection_from_the_environment_is_refused_where_parameters_are_gathered(recipe, refused):
+    """The launcher keeps a CUDA_DEVICE_MAX_CONNECTIONS the user set; =1 under ZeRO-3 or FSDP2 would queue each
+    prefetched parameter gather behind compute, which the plan counts as hidden: one line before launch. Megatron's TP
+    (which wants it, and gets it from the launcher) and DeepSpeed's ZeRO-2 (which gathers nothing) run with it."""
+    from launch.config.resolve import resolve_path
+    from launch.errors import ConfigError
+    from launch.run.launcher import preflight
+
+    r = resolve_path(REPO / "recipes" / recipe)
+    environ = {"CUDA_DEVICE_MAX_CONNECTIONS": "1"}
+    if refused:
+        with pytest.raises(ConfigError, match="^environment: CUDA_DEVICE_MAX_CONNECTIONS=\"1\" puts every kernel on one"):
+            preflight(r, gpus=8, environ=environ)
+    else:
+        preflight(r, gpus=8, environ=environ)
+    preflight(r, gpus=8, environ={})

@@ -388,3 +388,21 @@ def test_megatrons_schedule_reduces_after_the_backward_so_nothing_hides_it():
     ds = plan_resolved(resolve_path(RECIPES / "tiny_zero2", over)).step
     assert mega.dp_comm_s > 0 and mega.dp_exposed_s == pytest.approx(mega.dp_comm_s)
     assert ds.dp_exposed_s < ds.dp_comm_s
+
+
+def test_zero3_hooks_reproduce_their_measurement_and_hide_behind_a_long_compute():
+    """DeepSpeed ZeRO-3's per-module hooks: the one measurement they rest on (Qwen2.5-0.5B on one H200, micro-batch 8 at
+    sequence 1024: +237 ms per micro-step, 219 modules with parameters, each passed forward and backward) comes back
+    exactly; the host time beyond the device's compute is exposed, and within it hidden (the flagship's 7B TP 2)."""
+    small = plan_resolved(resolve_path(RECIPES / "tiny_zero2", [
+        "parallel.zero_stage=3", "hardware.profile=h200", "hardware.gpus_per_node=1", "model.name=qwen2.5-0.5b",
+        "precision.dtype=bf16", "batch.micro_batch_size=8", "batch.global_batch_size=16", "batch.seq_len=1024"])).step
+    hooks = 2 * 0.237  # two micro-steps
+    assert small.engine_s == pytest.approx(hooks - small.compute_s) and small.engine_s > 0
+    assert f"per-module hooks {hooks * 1e3:.0f} ms" in small.assumptions
+    flagship = plan_resolved(resolve_path(RECIPES / "7b_tp2_zero3", [])).step  # Megatron layers: 6 modules a layer
+    ga, modules = 16 // (1 * 2), 32 * 6 + 3
+    assert f"per-module hooks {ga * 2 * modules * 0.237 / 438 * 1e3:.0f} ms" in flagship.assumptions
+    assert flagship.engine_s == 0 and "hidden" in flagship.assumptions
+    on_cpu = plan_resolved(resolve_path(RECIPES / "tiny_zero2", ["parallel.zero_stage=3"])).step
+    assert on_cpu.engine_s == 0 and "hooks" not in on_cpu.assumptions
