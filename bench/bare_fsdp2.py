@@ -4,7 +4,7 @@ same way: perf_counter around the whole optimizer step, every micro-batch includ
 
     torchrun --nproc-per-node WORLD bench/bare_fsdp2.py RUN_DIR OUT.json
 
-Every rank builds the seeded model (the same weights as layoutlab's rank 0 builds), `fully_shard` on each decoder
+Every rank builds the seeded model (the same weights as layoutlab's ranks start from), `fully_shard` on each decoder
 block and then the root (reshard_after_forward as parallel.zero_stage says), AdamW, Hugging Face's own loss (labels),
 torch's clip_grad_norm_, the recipe's learning-rate schedule.
 """

@@ -245,6 +245,7 @@ def _file_rows(f: Path, name: str, records: list[tuple[int, Any, str | None]], w
             # A resume or a torchrun restart continues from its checkpoint: the steps this file recorded after
             # it were trained again, and the new records replace them.
             start = rec["start_step"]
+            saves = [c for c in saves if c["step"] <= start]  # saved again after the restart, recorded again
             redone = [r for r in mine if r["step"] > start]
             if redone:
                 mine = [r for r in mine if r["step"] <= start]

@@ -101,7 +101,9 @@ def make_plan(layout: Layout, recipe_name: str = "", machine: Machine | None = N
     staged = save.bytes_held_per_rank if save.asynchronous else 0
     host = host_bytes_per_node(layout, ranks, staged)
     bt = traits(layout.backend)
-    builders = ("each local rank's largest tensor whole at a time (a sharded start-up)" if bt.host_build == "sharded"
+    builders = (("each local rank's largest tensor whole at a time" if bt.hf_modules else
+                 "each local rank's largest tensor or layer whole at a time") + " (a sharded start-up)"
+                if bt.host_build == "sharded"
                 else "each local rank's largest module at a time (zero.Init)"
                 if bt.builds_partitioned(layout.zero_stage, layout.grid.tp)
                 else "each local rank's fp32 model built on the host")

@@ -591,8 +591,8 @@ def host_bytes_per_node(layout: Layout, ranks: list[RankPlan], staged_per_rank: 
     """Host memory of the busiest node, as DeepSpeed's estimate_zero2/zero3_model_states_mem_needs count it: the model
     as it is built on the host (fp32, 4 B per parameter), and offloaded optimizer state (and ZeRO-3 parameters) there
     afterwards; the node needs the larger of the two, times the estimators' buffer factor. Who builds what there is the backend's
-    BackendTraits.host_build: no rank the whole model (torch, megatron: each rank holds one tensor whole at a time
-    while it cuts its shards), or every rank (deepspeed below ZeRO-3,
+    BackendTraits.host_build: no rank the whole model (torch: each rank holds one tensor whole at a time while it cuts
+    its shards; megatron: about a layer's tensors), or every rank (deepspeed below ZeRO-3,
     where every rank keeps every parameter, and with AutoTP; at ZeRO-3 zero.Init, where each rank holds one module
     whole at a time, DeepSpeed's estimator with zero_init). With one node,
     tp = pp = 1 and DeepSpeed,
@@ -604,7 +604,11 @@ def host_bytes_per_node(layout: Layout, ranks: list[RankPlan], staged_per_rank: 
     counts = layout.model.param_counts()
     whole = 4 * counts.total  # a process that builds the whole fp32 model before sharding it
     bt = traits(layout.backend)
-    per_rank = 4 * counts.largest_layer if bt.builds_partitioned(layout.zero_stage, g.tp) else whole
+    # A sharded start-up holds one whole tensor at a time (torch), or about a layer's (Megatron: its fused q/k/v and
+    # gate/up shards are cut once a layer's tensors are all there); zero.Init one module at a time.
+    held = max(counts.largest_layer, counts.per_layer) if bt.host_build == "sharded" and not bt.hf_modules else (
+        counts.largest_layer)
+    per_rank = 4 * held if bt.builds_partitioned(layout.zero_stage, g.tp) else whole
     # (first, stop, offloaded bytes per rank) of each run of consecutive ranks: a stage's ranks are a range.
     runs = [(a, b, rp.memory[rp.implementation].host_bytes) for rp in ranks for a, b in _consecutive(rp.ranks)]
     gpn = g.gpus_per_node

@@ -266,6 +266,7 @@ def read_metrics(path: str | Path) -> Metrics:
             meta = MetaRecord(**rec)
             if isinstance(meta.start_step, int):
                 steps = [s for s in steps if s.step <= meta.start_step]
+                saves = [c for c in saves if c.step <= meta.start_step]  # saved again after the restart
         else:
             steps.append(StepRecord(**rec))
     if meta is None:

@@ -85,13 +85,15 @@ def _walked_host_bytes(layout: Layout, ranks) -> int:
     g, counts = layout.grid, layout.model.param_counts()
     whole = 4 * counts.total
     bt = traits(layout.backend)
-    build, partitioned = bt.host_build, bt.builds_partitioned(layout.zero_stage, g.tp)
+    partitioned = bt.builds_partitioned(layout.zero_stage, g.tp)
+    held = max(counts.largest_layer, counts.per_layer) if bt.host_build == "sharded" and not bt.hf_modules else (
+        counts.largest_layer)
     load: dict[int, int] = {}
     offloaded: dict[int, int] = {}
     for rp in ranks:
         for rank in rp.ranks:
             node = rank // g.gpus_per_node
-            built = 4 * counts.largest_layer if partitioned else whole if rank == 0 or build != "rank0" else 0
+            built = 4 * held if partitioned else whole
             load[node] = load.get(node, 0) + built
             offloaded[node] = offloaded.get(node, 0) + rp.memory[rp.implementation].host_bytes
     return max((int(HOST_BUFFER_FACTOR * max(load[n], offloaded[n])) for n in load), default=0)

@@ -81,3 +81,22 @@ def test_checkpoint_records_are_read_beside_the_steps(tmp_path):
                 {**save, "asynchronous": "yes"}, {k: v for k, v in save.items() if k != "blocked_s"}):
         with pytest.raises(MetricsError):
             validate(bad)
+
+
+def test_a_restart_drops_the_saves_recorded_after_its_checkpoint(tmp_path):
+    """A resumed run appends a meta record from its checkpoint's step: the saves recorded after that step were made
+    again (or never finished), and both readers keep only the later records, as they do the steps."""
+    rank = tmp_path / "metrics" / "rank0.jsonl"
+    rank.parent.mkdir()
+    meta = {"schema_version": 2, "rank": 0, "world_size": 1, "tp": 1, "pp": 1, "dp": 1, "recipe": "r",
+            "backend": "torch", "hardware_profile": "cpu", "device": "cpu", "peak_flops_per_device": 1e12,
+            "flops_per_token": 1e6, "flops_formula": "f", "tokens_per_step": 64, "warmup_steps": 0,
+            "zero_stage": 3, "dtype": "fp32", "micro_batch_size": 1, "global_batch_size": 2, "seq_len": 32,
+            "param_numel_local": 10, "start_step": 0, "resumed_from": None, "kind": "meta"}
+    saves = [{"step": s, "asynchronous": False, "blocked_s": 0.5, "kind": "checkpoint"} for s in (2, 4)]
+    records = [meta, saves[0], saves[1], {**meta, "start_step": 2, "resumed_from": "x", "startup_s": 3.0},
+               {**saves[1], "blocked_s": 0.75}]
+    rank.write_text("\n".join(json.dumps(r) for r in records) + "\n")
+    assert [(c.step, c.blocked_s) for c in read_metrics(rank).checkpoints] == [(2, 0.5), (4, 0.75)]
+    kept = parse_metrics(tmp_path).meta.checkpoints
+    assert [(c["step"], c["blocked_s"]) for c in kept] == [(2, 0.5), (4, 0.75)]

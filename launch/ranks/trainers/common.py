@@ -64,6 +64,7 @@ def run_rank(run_dir: str, body: Callable[..., int]) -> int:
     cuda = resolved.hardware.device_type == "cuda"
     if cuda:
         os.environ.setdefault("NCCL_DEBUG_FILE", str(run.nccl_log(env.rank)))
+    repeat_kv_for_fused_attention(resolved)  # training, calibrate's passes and the rehearsal run the same attention
     # On GPUs a rank waits for its peers in a CUDA synchronisation, not inside the torch.distributed call (NCCL
     # returns at once): where the main thread is cannot tell victim from cause, so no rank is blamed there.
     watchdog = Watchdog(env.rank, float(resolved.recipe.run.timeout_s), terminal if env.rank == 0 else None, run,
@@ -230,7 +231,8 @@ class Watchdog:
                 with contextlib.suppress(OSError):
                     self.run.write_text_atomic(self._note_path(), json.dumps(note) + "\n")
                     self._noted = True
-            late = self._deadline is not None and time.monotonic() > self._deadline
+            deadline = self._deadline  # once: the main thread's beat may clear it meanwhile
+            late = deadline is not None and time.monotonic() > deadline
             if idle > self.timeout_s or late:
                 inside, where = self.where()
                 msg = (f"layoutlab: rank {self.rank} stalled at step {self.step} ({self.phase}) for {idle:.0f} s "
@@ -354,11 +356,12 @@ def build_model(resolved: Resolved):
 
 
 def repeat_kv_for_fused_attention(resolved: Resolved) -> None:
-    """On a device whose fused SDPA kernel refuses grouped-query attention (the hardware profile says:
-    HardwareProfile.fused_attention_gqa; a T4 under torch 2.13.0), Hugging Face's sdpa attention is made to repeat the
-    K/V heads itself before SDPA (its own path where enable_gqa does not apply) instead of passing enable_gqa=True,
-    which would send SDPA to the math kernel and its s × s scores: the memory-efficient kernel then runs, and the plan
-    keeps the repeated K and V (launch.plan.memory.repeats_kv). Process-wide, on the rank, decided by the recipe."""
+    """Where SDPA's kernel would be the memory-efficient one, which refuses grouped-query attention in torch 2.13.0 (a
+    T4: HardwareProfile.fused_attention_gqa; fp32 on any GPU: launch.plan.memory.sdpa_kernel), Hugging Face's sdpa
+    attention is made to repeat the K/V heads itself before SDPA (its own path where enable_gqa does not apply) instead
+    of passing enable_gqa=True, which would send SDPA to the math kernel and its s × s scores: the memory-efficient
+    kernel then runs, and the plan keeps the repeated K and V (launch.plan.memory.repeats_kv). Process-wide, on the
+    rank (launch.ranks.trainers.common.run_rank: training, calibrate's passes, the rehearsal), decided by the recipe."""
     from launch.plan.memory import repeats_kv
     from launch.plan.layout import Layout
 
@@ -413,9 +416,11 @@ def _seeded_tensors(resolved: Resolved) -> Iterator[tuple[str, "torch.Tensor"]]:
     from transformers import initialization as hf_init
     from transformers.modeling_utils import PreTrainedModel
 
-    with torch.device("meta"):  # draws nothing: meta tensors take no random numbers
+    # Draws nothing: meta tensors take no random numbers. The attention implementation draws nothing either: eager,
+    # which transformers has for every model ("te", Megatron's, is none of its names).
+    with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(hf_config(resolved.model), dtype=torch.float32,
-                                                 attn_implementation=resolved.recipe.train.attention)
+                                                 attn_implementation="eager")
     first: dict[int, str] = {}  # a parameter's first name: the embedding's, for a tied output layer
     owners = {n: first.setdefault(id(p), n) for n, p in model.named_parameters(remove_duplicate=False)}
     for module in model.modules():
@@ -451,7 +456,8 @@ def _seeded_tensors(resolved: Resolved) -> Iterator[tuple[str, "torch.Tensor"]]:
         module.to_empty(device="meta", recurse=False)
 
     with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(resolved.recipe.train.seed)
+        # the CPU generator alone, which the host build draws from (torch.manual_seed would reseed the GPUs' too)
+        torch.default_generator.manual_seed(resolved.recipe.train.seed)
         yield from construct(model, "")
 
 

@@ -9,6 +9,7 @@ the model and runs one optimizer step.
 """
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import json
 import math
@@ -187,7 +188,6 @@ def _build(run: RunDir, resolved: Resolved, env: common.RankEnv, terminal, cuda:
             dist.barrier()
 
     watchdog.beat(0, "model build")
-    common.repeat_kv_for_fused_attention(resolved)
     device = torch.device("cuda", env.local_rank) if cuda else torch.device("cpu")
     trainer: Trainer = backend.build(BuildContext(run, resolved, env, cuda, device, watchdog, resume_from, universal))
     grid_coords = resolved.grid.coords(env.rank)
@@ -267,6 +267,8 @@ def _steps(s: _Training) -> int | None:
                 stopped_at = step + 1
                 break
     except BaseException:
+        with contextlib.suppress(Exception):  # an asynchronous save already written keeps its marker
+            _complete_saves(s, wait=False)
         # Keep the last finished step's record: its loss reduction normally completes at once; if a peer
         # is gone it cannot, and a short bounded wait gives up instead of hanging the failure path.
         if pending is not None:

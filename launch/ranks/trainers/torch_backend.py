@@ -18,9 +18,10 @@ Parallelism is applied one function per dimension, in this order, from the rank 
      gathered parameters from forward to backward (`reshard_after_forward=False`), 3 FSDP2 full sharding, or with
      parallel.zero_hpz_partition_size > 1 hybrid sharding (shard within groups of that many, replicate across).
 
-Steps 2-6 apply to a skeleton on the meta device (DDP wraps the materialised model afterwards). Each rank then allocates only its own shards and
-receives them from rank 0, which alone builds the whole fp32 model (the recipe's weights, or the seeded random init
-every backend starts from): no other rank ever holds the whole model.
+Steps 2-6 apply to a skeleton on the meta device (DDP wraps the materialised model afterwards). Each rank then allocates
+only its own shards and fills them from the starting weights (the recipe's, or the seeded random init every backend
+starts from), which it makes itself one whole tensor at a time (common.initial_tensors): no rank ever holds the whole
+model, and nothing is sent.
 
 Checkpoints are `torch.distributed.checkpoint` folders of the sharded model and AdamW state: they load onto any
 tp, pp, dp or zero stage of this backend (DCP reshards), every tensor's shape checked first.
@@ -324,7 +325,7 @@ def _materialise(parts: list, resolved: Resolved, device, progress: Callable[[in
     filled: set[str] = set()
     total = len(resolved.model.parameters())
     with torch.no_grad():
-        for name, whole in common.initial_tensors(resolved):
+        for seen, (name, whole) in enumerate(common.initial_tensors(resolved), 1):
             p = mine.get(name)
             if p is not None:
                 whole = whole.to(device)
@@ -332,7 +333,7 @@ def _materialise(parts: list, resolved: Resolved, device, progress: Callable[[in
                     whole = distribute_tensor(whole, p.device_mesh, p.placements, src_data_rank=None).to_local()
                 _local(p).copy_(whole)
                 filled.add(name)
-            progress(len(filled), total)
+            progress(seen, total)  # every tensor passes every rank, its own or not (a pipeline stage keeps some)
     if set(mine) - filled:  # to_empty's garbage must never train
         raise RuntimeError(f"the start-up left {sorted(set(mine) - filled)[:3]} unfilled")
 
@@ -400,8 +401,8 @@ class TorchTrainer:
         if train.attention == "eager":
             self.mask = torch.full((seq, seq), torch.finfo(torch.float32).min, device=ctx.device).triu(1)[None, None]
         self.schedule = self._pipeline(pp_rank) if par.pp > 1 else None
-        # Every rank creates it at once, here: a checkpoint thread's collectives must not share training's group.
-        self.checkpoint_group = dist.new_group(backend="gloo") if resolved.recipe.run.checkpoint_async else None
+        # A checkpoint thread's collectives must not share training's group: save_async makes one of their own.
+        self.checkpoint_group = None  # save_async's, made at the first save (every rank saves at the same step)
         self.stager = None  # DCP's default: unpinned host copies
         if resolved.recipe.run.checkpoint_async and ctx.cuda:
             from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
@@ -625,6 +626,8 @@ class TorchTrainer:
         here, then written by a thread whose collectives run on a gloo group of their own, apart from training's."""
         import torch.distributed.checkpoint as dcp
 
+        if self.checkpoint_group is None:  # every rank at once: the first save is at the same step on each
+            self.checkpoint_group = dist.new_group(backend="gloo")
         return dcp.async_save(self._state(), checkpoint_id=str(checkpoints / tag), process_group=self.checkpoint_group,
                               async_stager=self.stager)
 
