@@ -162,8 +162,14 @@ def xdist_group(item) -> str | None:
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which turns the marker into the item's group
 def pytest_collection_modifyitems(config, items):
+    # `-m full` runs after README's command, whose shared runs it finds in pytest's cache: a backend's tests need not
+    # share a worker there, and kept together they left one worker with most of the work; a module's tests still do
+    # (several share a module fixture's runs).
+    full = "full" in (config.option.markexpr or "").split()
     for item in items:
         group = xdist_group(item) if item.path.parent.name == "dist" else None
+        if group and full:
+            group = item.module.__name__.rsplit(".", 1)[-1]
         if group:
             item.add_marker(pytest.mark.xdist_group(group))
 
