@@ -199,9 +199,10 @@ def validate(record: Any) -> None:
         v = record[k]
         if not (v > 0 and math.isfinite(v)):
             raise MetricsError(f"{kind}.{k}={_short(v)} is not a positive, finite number")
-    for k in _DURATIONS[kind]:
-        if record.get(k) is not None and not sense.is_duration_s(record[k]):
-            raise MetricsError(f"{kind}.{k}={_short(record[k])} is longer than a week")
+    for k in _DURATIONS[kind]:  # a negative or NaN one is the non-negative check's, below
+        v = record.get(k)
+        if v is not None and v >= 0 and not sense.is_duration_s(v):
+            raise MetricsError(f"{kind}.{k}={_short(v)} is longer than a week")
     for k in _FIGURES[kind]:
         v = record.get(k)
         if isinstance(v, float) and not sense.is_figure(v):

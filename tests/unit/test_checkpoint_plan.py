@@ -3,6 +3,7 @@ Face config's count, embedding and lm_head untied), the bytes each backend's fil
 rank's part and the times at the H100 profile's figures; the checkpoint record the loop writes per save, through both
 readers; and the refusal of run.checkpoint_async where the backend has no asynchronous save."""
 import json
+import re
 import subprocess
 
 import pytest
@@ -14,6 +15,12 @@ from launch.run.metrics import MetricsError, read_metrics, validate
 from tests.conftest import REPO, RECIPES
 
 PARAMS = 6_738_415_616
+# a one-rank run's meta record, as launch.run.metrics.MetaRecord writes it
+META = {"schema_version": 2, "rank": 0, "world_size": 1, "tp": 1, "pp": 1, "dp": 1, "recipe": "r", "backend": "torch",
+        "hardware_profile": "cpu", "device": "cpu", "peak_flops_per_device": 1e12, "flops_per_token": 1e6,
+        "flops_formula": "f", "tokens_per_step": 64, "warmup_steps": 0, "zero_stage": 3, "dtype": "fp32",
+        "micro_batch_size": 1, "global_batch_size": 2, "seq_len": 32, "param_numel_local": 10, "start_step": 0,
+        "resumed_from": None, "kind": "meta"}
 
 
 def _plan(recipe: str, *overrides: str):
@@ -62,24 +69,22 @@ def test_asynchronous_saves_are_refused_where_the_backend_has_none(recipe):
 def test_checkpoint_records_are_read_beside_the_steps(tmp_path):
     rank = tmp_path / "metrics" / "rank0.jsonl"
     rank.parent.mkdir()
-    meta = {"schema_version": 2, "rank": 0, "world_size": 1, "tp": 1, "pp": 1, "dp": 1, "recipe": "r",
-            "backend": "torch", "hardware_profile": "cpu", "device": "cpu", "peak_flops_per_device": 1e12,
-            "flops_per_token": 1e6, "flops_formula": "f", "tokens_per_step": 64, "warmup_steps": 0,
-            "zero_stage": 3, "dtype": "fp32", "micro_batch_size": 1, "global_batch_size": 2, "seq_len": 32,
-            "param_numel_local": 10, "start_step": 0, "resumed_from": None, "kind": "meta"}
     step = {"step": 1, "warmup": False, "loss": 2.0, "lr": 1e-3, "grad_norm": 1.0, "step_time_s": 0.5,
             "tokens_per_s": 128.0, "tokens_per_s_per_device": 128.0, "tflops_per_device": 0.1, "mfu": 0.1, "kind": "step"}
     save = {"step": 1, "asynchronous": True, "blocked_s": 0.25, "kind": "checkpoint"}
-    rank.write_text("\n".join(json.dumps(r) for r in (meta, step, save)) + "\n")
+    rank.write_text("\n".join(json.dumps(r) for r in (META, step, save)) + "\n")
     m = read_metrics(rank)
     assert [s.step for s in m.steps] == [1] and not m.warnings
     assert [(c.step, c.asynchronous, c.blocked_s) for c in m.checkpoints] == [(1, True, 0.25)]
     table = parse_metrics(tmp_path)
     assert len(table) == 1 and not table.warnings
     assert table.meta.checkpoints == ({"step": 1, "asynchronous": True, "blocked_s": 0.25, "rank": 0},)
-    for bad in ({**save, "blocked_s": -1.0}, {**save, "blocked_s": float("nan")}, {**save, "step": 0},
-                {**save, "asynchronous": "yes"}, {k: v for k, v in save.items() if k != "blocked_s"}):
-        with pytest.raises(MetricsError):
+    for bad, said in (({**save, "blocked_s": -1.0}, "negative or not finite"),
+                      ({**save, "blocked_s": float("nan")}, "negative or not finite"),
+                      ({**save, "blocked_s": 1e9}, "longer than a week"), ({**save, "step": 0}, "positive"),
+                      ({**save, "asynchronous": "yes"}, "is not bool"), ({**META, "startup_s": -3.0}, "negative"),
+                      ({k: v for k, v in save.items() if k != "blocked_s"}, "missing ['blocked_s']")):
+        with pytest.raises(MetricsError, match=re.escape(said)):
             validate(bad)
 
 
@@ -88,13 +93,8 @@ def test_a_restart_drops_the_saves_recorded_after_its_checkpoint(tmp_path):
     again (or never finished), and both readers keep only the later records, as they do the steps."""
     rank = tmp_path / "metrics" / "rank0.jsonl"
     rank.parent.mkdir()
-    meta = {"schema_version": 2, "rank": 0, "world_size": 1, "tp": 1, "pp": 1, "dp": 1, "recipe": "r",
-            "backend": "torch", "hardware_profile": "cpu", "device": "cpu", "peak_flops_per_device": 1e12,
-            "flops_per_token": 1e6, "flops_formula": "f", "tokens_per_step": 64, "warmup_steps": 0,
-            "zero_stage": 3, "dtype": "fp32", "micro_batch_size": 1, "global_batch_size": 2, "seq_len": 32,
-            "param_numel_local": 10, "start_step": 0, "resumed_from": None, "kind": "meta"}
     saves = [{"step": s, "asynchronous": False, "blocked_s": 0.5, "kind": "checkpoint"} for s in (2, 4)]
-    records = [meta, saves[0], saves[1], {**meta, "start_step": 2, "resumed_from": "x", "startup_s": 3.0},
+    records = [META, saves[0], saves[1], {**META, "start_step": 2, "resumed_from": "x", "startup_s": 3.0},
                {**saves[1], "blocked_s": 0.75}]
     rank.write_text("\n".join(json.dumps(r) for r in records) + "\n")
     assert [(c.step, c.blocked_s) for c in read_metrics(rank).checkpoints] == [(2, 0.5), (4, 0.75)]
