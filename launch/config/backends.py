@@ -93,6 +93,9 @@ class BackendTraits:
     # ZeRO stages built with the framework's own distributed optimizer instead of a DeepSpeed engine (megatron: 1,
     # Megatron-Core's DistributedOptimizer); the plan accounts them by the framework's accounting ("megatron")
     distributed_optimizer_stages: tuple[int, ...] = ()
+    # [peft] methods it trains, by method: the ZeRO stages at which it does (a method absent, or a stage missing:
+    # refused, with why_not[method])
+    peft_zero_stages: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
     # The backend's own refusals, after the resolver's shared checks: (where, recipe, model, grad_accum) raises
     # ConfigError, where(dotted) naming the file that set a field.
     check: Callable[[Callable[[str], str], Any, Any, int], None] | None = None
@@ -244,7 +247,14 @@ BACKENDS: dict[str, BackendTraits] = {
         features=frozenset({"hpz", "compile"}), selective="",
         why_not={"async_checkpoint": "DeepSpeed 0.19.8's only asynchronous writer (checkpoint.writer.decoupled) runs its "
                                      "FastCheckpointEngine on DeepNVMe's async_io op, a JIT build needing libaio, not "
-                                     "built or tested here"}, pp_zero_stages=(), sp_zero_stages=(), tp_zero_stages=(0, 1, 2, 3),
+                                     "built or tested here",
+                 "lora": "its ZeRO-3 gathers parameters through hooks zero.Init installs on the modules it builds, "
+                         "and peft adds the adapters after it: not built or tested here",
+                 "qlora": "QLoRA's 4-bit weights are bitsandbytes tensors (packed bytes, their scales beside) that "
+                          "DeepSpeed's ZeRO does not partition"},
+        # LoRA: the engine's optimizer takes the adapters alone; ZeRO 1 and 2 partition their states and gradients
+        peft_zero_stages={"lora": (0, 1, 2)},
+        pp_zero_stages=(), sp_zero_stages=(), tp_zero_stages=(0, 1, 2, 3),
         pp_tied_embeddings=False, reshard_on_resume=True, checkpoint_format="deepspeed",
         requires=("deepspeed", "transformers"), compose_ds_config=_deepspeed_owned, check=_deepspeed_check),
     "megatron": BackendTraits(
@@ -291,7 +301,10 @@ BACKENDS: dict[str, BackendTraits] = {
                             "speed comes from fused kernels, Transformer Engine's on GPUs)",
                  "async_checkpoint": "its checkpoints are per-rank torch.save files in DeepSpeed's layout; Megatron-Core's "
                                      "asynchronous save belongs to its dist_checkpointing format, which this backend "
-                                     "does not write"},
+                                     "does not write",
+                 **dict.fromkeys(("lora", "qlora"),
+                                 "Megatron-Core 0.16.1 has no adapter modules (Megatron-Bridge's LoRA is a separate "
+                                 "package, for Megatron-Core 0.17+, which needs Python 3.12)")},
         # ZeRO-0: its schedule runs every micro-batch, then engine.allreduce_gradients (megatron_backend._step_engine);
         # ZeRO-1 reduce-scatters each bucket as the last micro-batch's backward finishes it (overlap_grad_reduce)
         reduces_after_backward=(0,),
@@ -327,6 +340,11 @@ BACKENDS: dict[str, BackendTraits] = {
         pp_zero_stages=(2, 3), sp_zero_stages=(2, 3),
         tp_zero_stages=(2, 3),  # torch DDP takes no DTensor parameters: TP composes with FSDP2 only
         pp_tied_embeddings=False,
+        # LoRA under DDP and FSDP2 (torchtune's: the frozen base and the adapters sharded in the same units); QLoRA under
+        # DDP alone
+        peft_zero_stages={"lora": (0, 2, 3), "qlora": (0,)},
+        why_not={"qlora": "bitsandbytes' 4-bit weights are packed bytes with their scales beside (its quant_state), "
+                          "which FSDP2 cannot shard (torchtune shards torchao's NF4Tensor instead)"},
         reshard_on_resume=True, checkpoint_format="dcp", requires=("transformers",),
         compose_ds_config=None, check=_torch_check),
 }

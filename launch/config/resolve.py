@@ -15,7 +15,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 from launch import inputs
 from launch.comm import commbench_spec
-from launch.config import commbench, dsconfig
+from launch.config import adapters, commbench, dsconfig
 from launch.config.backends import BACKENDS, BackendTraits, traits
 from launch.config.grid import RankGrid, divisors
 from launch.config.hardware import HardwareProfile, is_profile_path, load_profile
@@ -170,6 +170,7 @@ def resolve(loaded: LoadedRecipe, world_size: int | None = None) -> Resolved:
     _check_backend(r, w, bt, model)
     _check_precision(loaded, hw, bt)
     _check_gpu_features(r, w, hw)
+    _check_peft(r, w, bt, model)
     _check_data(r, w)
     if bt.check is not None:
         bt.check(w, r, model, grad_accum)
@@ -466,6 +467,40 @@ def _check_precision(loaded: LoadedRecipe, hw: HardwareProfile, bt: BackendTrait
         # step), and the scaled loss stays far inside fp32's range
         raise ConfigError(w(dotted), dotted, power, "must be between 0 and 64",
                           f"set {dotted} within that range (16, the default, starts at 65536)")
+
+
+def _check_peft(r: Recipe, w: Where, bt: BackendTraits, model: ModelSpec) -> None:
+    """[peft]: the adapters against the model (launch.config.adapters), then what the backend trains them with."""
+    peft, par = r.peft, r.parallel
+    adapters.check(peft, model, w)
+    if not adapters.adapted(peft):
+        return
+    method = f'peft.method="{peft.method}"'
+    if peft.method not in bt.peft_zero_stages:
+        others = " or ".join(f'backend = "{n}"' for n, b in BACKENDS.items() if peft.method in b.peft_zero_stages)
+        raise ConfigError(w("backend"), "backend", r.backend,
+                          f'cannot train {method} ({bt.why_not[peft.method]})', f'set {others}, or peft.method="none"')
+    stages = bt.peft_zero_stages[peft.method]
+    if par.zero_stage not in stages:
+        why = f" ({bt.why_not[peft.method]})" if peft.method in bt.why_not else ""
+        raise ConfigError(w("parallel.zero_stage"), "parallel.zero_stage", par.zero_stage,
+                          f'cannot combine with {method} on backend "{r.backend}"{why}; it trains adapters at zero_stage '
+                          f"{', '.join(map(str, stages))}", f"set parallel.zero_stage={max(stages)}")
+    for dotted, value, used, off in (("parallel.tp", par.tp, par.tp > 1, "1"), ("parallel.pp", par.pp, par.pp > 1, "1"),
+                                     ("parallel.offload_optimizer", par.offload_optimizer,
+                                      par.offload_optimizer != "none", '"none"'),
+                                     ("train.compile", r.train.compile, r.train.compile, "false")):
+        if used:
+            # The adapters are plain nn.Linear modules peft adds: no backend's TP plan or pipeline split covers them,
+            # and offload and compile with them are not tested here.
+            raise ConfigError(w(dotted), dotted, value, f"cannot combine with {method} (adapters are trained with data "
+                              "parallelism, ZeRO/FSDP sharding and activation checkpointing alone)",
+                              f"set {dotted}={off}: a fine-tune's model states are small, and data parallelism "
+                              "scales it")
+    if peft.method == "qlora" and r.precision.dtype == "fp32":
+        raise ConfigError(w("precision.dtype"), "precision.dtype", "fp32",
+                          'cannot compute a QLoRA fine-tune: the 4-bit NF4 weights are dequantized to a 16-bit compute '
+                          "dtype", 'set precision.dtype="bf16" (or "fp16" on a GPU without bf16)')
 
 
 def _check_gpu_features(r: Recipe, w: Where, hw: HardwareProfile) -> None:

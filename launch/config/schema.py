@@ -163,6 +163,24 @@ class RunSection:
     checkpoint_async: bool = False
 
 
+# Every linear layer of a decoder block, by the model's own module names (QLoRA's choice, and NeMo's default)
+LORA_ALL_LINEAR = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+@dataclass(frozen=True)
+class PeftSection:
+    """Parameter-efficient fine-tuning: the base model frozen, low-rank adapters (peft's LoRA) trained beside the
+    chosen linear layers. lora: the frozen base held in precision.dtype; qlora: in 4-bit NF4 (bitsandbytes), the
+    adapters computing in precision.dtype. none: every parameter trains."""
+
+    method: Literal["none", "lora", "qlora"] = "none"
+    rank: Annotated[int, POSITIVE] = 16  # r: each adapter is B (out × r) · A (r × in)
+    alpha: float = 32.0  # the adapter's output is scaled by alpha / rank
+    dropout: float = 0.0  # on the adapter's input only
+    # the decoder blocks' linear layers that get adapters, by the model's own names
+    target_modules: tuple[str, ...] = LORA_ALL_LINEAR
+
+
 @dataclass(frozen=True)
 class HardwareSection:
     nodes: Annotated[int, POSITIVE] = 1
@@ -222,6 +240,7 @@ class Recipe:
     deepspeed: DeepSpeedSection = DeepSpeedSection()
     plan: PlanSection = PlanSection()
     commbench: CommbenchSection = CommbenchSection()
+    peft: PeftSection = PeftSection()
     extends: str | None = None
     description: str = ""
 

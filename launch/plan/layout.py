@@ -10,6 +10,7 @@ from typing import Any, Mapping, Sequence
 from launch.config.grid import RankGrid
 from launch.config.hardware import HardwareProfile
 from launch.config.models import ModelSpec
+from launch.config.schema import PeftSection
 from launch.config.dsconfig import ZERO3_PERSISTENCE_THRESHOLD
 
 PLAN_SCHEMA_VERSION = 1
@@ -53,6 +54,7 @@ class Layout:
     headroom: float = 0.10
     zero_hpz_partition_size: int = 1  # the recipe's; DeepSpeed's composed section (ds_zero) overrides it
     checkpoint_async: bool = False  # run.checkpoint_async
+    peft: PeftSection = PeftSection()  # [peft]: a frozen base with adapters (launch.config.adapters); method none: off
 
     @property
     def grad_accum(self) -> int:
@@ -87,7 +89,7 @@ class Layout:
             vpp=rc.parallel.vpp, offload_optimizer=rc.parallel.offload_optimizer,
             offload_params=rc.parallel.offload_params,
             ds_zero=dict(r.ds_config.get("zero_optimization", {})), headroom=rc.plan.headroom,
-            zero_hpz_partition_size=rc.parallel.zero_hpz_partition_size, checkpoint_async=rc.run.checkpoint_async,
+            zero_hpz_partition_size=rc.parallel.zero_hpz_partition_size, checkpoint_async=rc.run.checkpoint_async, peft=rc.peft,
         )
 
 

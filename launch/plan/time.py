@@ -8,11 +8,12 @@ from dataclasses import dataclass
 from statistics import NormalDist
 
 from launch.comm.commbench_spec import backend_of
-from launch.config import calibration as cal
+from launch.config import adapters, calibration as cal
 from launch.config.backends import SELECTIVE_EVERY, traits
 from launch.config.dsconfig import layer_params_per_rank
 from launch.config.hardware import HardwareProfile, load_profile
 from launch.config.models import ModelSpec
+from launch.config.schema import PeftSection
 from launch.plan.collectives import communication, pipeline_exchanges
 from launch.plan.compute import Compute, compute, fusion, optimizer_partition
 from launch.plan.layout import Comm, Layout, StepTime, prefetch_bucket
@@ -29,10 +30,15 @@ OVERLAPS = {"nccl": True, "gloo": False}
 # --------------------------------------------------------------------------- FLOPs and step time
 
 
-def model_flops_per_token(model: ModelSpec, seq_len: int) -> float:
-    """torchtitan's count: 6 × (non-embedding parameters, lm_head included) + 12 · L · heads · head_dim · s."""
+def model_flops_per_token(model: ModelSpec, seq_len: int, peft: PeftSection = PeftSection()) -> float:
+    """torchtitan's count: 6 × (non-embedding parameters, lm_head included) + 12 · L · heads · head_dim · s. Under
+    [peft] the FLOPs the fine-tune does: the frozen matmuls' forward (2 per parameter) and their input gradient (2;
+    no weight gradient), the adapters' 6 per parameter, the same attention."""
     pc = model.param_counts()
-    return 6 * pc.flops_params + 12 * model.num_layers * model.num_heads * model.head_dim * seq_len
+    attention = 12 * model.num_layers * model.num_heads * model.head_dim * seq_len
+    if not adapters.adapted(peft):
+        return 6 * pc.flops_params + attention
+    return 4 * pc.flops_params + 6 * adapters.parameter_split(model, peft).trainable + attention
 
 
 
@@ -99,7 +105,7 @@ def step_time(layout: Layout, comm: list[Comm], timing: Timing = Timing()) -> St
     layout = on_figures_of(layout, timing)
     g, hw = layout.grid, layout.hardware
     tokens = layout.global_batch_size * layout.seq_len
-    model_flops = model_flops_per_token(layout.model, layout.seq_len) * tokens
+    model_flops = model_flops_per_token(layout.model, layout.seq_len, layout.peft) * tokens
     hw_flops = model_flops + recompute_flops_per_token(layout) * tokens
     peak = hw.peak_flops(layout.dtype)
     ga = max(1, layout.grad_accum)

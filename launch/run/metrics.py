@@ -18,6 +18,9 @@ SCHEMA_VERSION = 2
 _RENAMED_SINCE = {1: {"world": "world_size"}}
 FLOPS_FORMULA = ("6 × non-embedding parameters (lm_head included) + 12 · layers · heads · head_dim · seq_len "
                  "per token (torchtitan's count); model FLOPs, recomputation not counted")
+FLOPS_FORMULA_ADAPTERS = ("4 × non-embedding parameters (lm_head included: the frozen matmuls' forward and input "
+                          "gradient, no weight gradient) + 6 × adapter parameters + 12 · layers · heads · head_dim · "
+                          "seq_len per token; the FLOPs a [peft] fine-tune does, recomputation not counted")
 
 
 @dataclass(frozen=True)
@@ -48,6 +51,10 @@ class MetaRecord:
     # seconds from the rank's start (its logs opened) to its first step: process group, model build, checkpoint load;
     # None in runs recorded before it was
     startup_s: float | None = None
+    # the whole model's parameters that train and that stay frozen ([peft]: the adapters and the base; otherwise every
+    # parameter trains); None in runs recorded before they were
+    trainable_params: int | None = None
+    frozen_params: int | None = None
     kind: str = "meta"
 
 

@@ -49,7 +49,7 @@ BOUNDED = {"parallel.tp": (1, None), "parallel.pp": (1, None), "parallel.vpp": (
            "batch.global_batch_size": (1, None), "batch.seq_len": (1, None), "train.steps": (1, None),
            "train.warmup_steps": (0, None), "train.lr_warmup_steps": (0, None), "train.checkpoint_every": (0, None),
            "train.seed": (0, 2**64 - 1), "run.timeout_s": (1, 7 * 24 * 3600), "run.startup_timeout_s": (1, 7 * 24 * 3600), "run.profile_active_steps": (1, None),
-           "run.max_restarts": (0, 100), "run.log_every": (1, None)}
+           "run.max_restarts": (0, 100), "run.log_every": (1, None), "peft.rank": (1, None)}
 
 
 def test_every_bound_is_written_on_its_schema_field_and_checked():

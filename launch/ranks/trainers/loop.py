@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from launch.config import adapters
 from launch.config.backends import traits
 from launch.config.resolve import Resolved
 from launch.plan.time import model_flops_per_token
@@ -210,18 +211,20 @@ def _start(run: RunDir, resolved: Resolved, env: common.RankEnv, terminal, cuda:
     profilers, the stop vote and the progress line."""
     r = resolved.recipe
     start_step, resume_from = built.start_step, built.resume_from
-    flops_per_token = model_flops_per_token(resolved.model, r.batch.seq_len)
+    flops_per_token = model_flops_per_token(resolved.model, r.batch.seq_len, r.peft)
+    split = adapters.parameter_split(resolved.model, r.peft)
     peak = resolved.hardware.peak_flops(r.precision.dtype)
     par = r.parallel
     meta = M.MetaRecord(
         schema_version=M.SCHEMA_VERSION, rank=env.rank, world_size=resolved.world_size, tp=par.tp, pp=par.pp, dp=par.dp,
         recipe=resolved.recipe_name, backend=r.backend, hardware_profile=resolved.hardware.name,
         device="cuda" if cuda else "cpu", peak_flops_per_device=peak, flops_per_token=flops_per_token,
-        flops_formula=M.FLOPS_FORMULA, tokens_per_step=resolved.tokens_per_step, warmup_steps=r.train.warmup_steps,
+        flops_formula=M.FLOPS_FORMULA_ADAPTERS if adapters.adapted(r.peft) else M.FLOPS_FORMULA, tokens_per_step=resolved.tokens_per_step, warmup_steps=r.train.warmup_steps,
         zero_stage=par.zero_stage, dtype=r.precision.dtype, micro_batch_size=r.batch.micro_batch_size,
         global_batch_size=r.batch.global_batch_size, seq_len=r.batch.seq_len,
         param_numel_local=built.trainer.param_numel_local, start_step=start_step,
-        resumed_from=str(resume_from.dir) if resume_from else None, startup_s=time.monotonic() - watchdog.started)
+        resumed_from=str(resume_from.dir) if resume_from else None, startup_s=time.monotonic() - watchdog.started,
+        trainable_params=split.trainable, frozen_params=split.frozen)
     writer = M.MetricsWriter(run.metrics(env.rank), meta)
     tb = None
     if env.rank == 0:
