@@ -8,6 +8,10 @@ the mean absolute percentage error (MAPE) of the rows the profiles' figures were
 kept aside to check the model ("check"). Baseline, computed in the same run: the old model, the same plan with its
 compute at a fixed 40% of dense peak (45% on A100), the planner's step time before launch/plan/compute.py.
 Target: MAPE <= 15% on the check rows; no row that ran in 80 GB planned not to fit an 80 GB card.
+
+Then the published LoRA fine-tunes (LORA_ROWS), planned with their [peft] section, printed apart and in no MAPE: they
+are plan only, since their layouts use TP (and Megatron's PP) with adapters, which our trainers refuse
+(launch/config/resolve.py); the Megatron-Bridge row ran in FP8 and is planned in bf16 (the profiles have no FP8 peak).
 """
 from _cli import help_or_usage  # bench/ is the folder of the script run (python bench/NAME.py)
 
@@ -23,6 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from launch.config.grid import RankGrid  # noqa: E402
 from launch.config.hardware import load_profile  # noqa: E402
 from launch.config.models import load_model  # noqa: E402
+from launch.config.schema import PeftSection  # noqa: E402
 from launch.plan.build import make_plan  # noqa: E402
 from launch.plan.layout import Layout  # noqa: E402
 
@@ -69,6 +74,68 @@ ROWS = (
         "fit"),
     Row("70B FSDP 64, full", TT_A100, "llama-3.1-70b", "a100-80gb", 64, 1, "full", False, 1, 8192, 331, None, "check"),
 )
+
+
+AUTOMODEL = ("NVIDIA-NeMo/Automodel docs/performance-summary.mdx @ cb976544 (NeMo AutoModel, PyTorch FSDP2 + TP; "
+             "https://docs.nvidia.com/nemo/automodel/latest/performance-summary.html), Fine-Tuning (LoRA), DGX-H100, BF16; "
+             "layouts from its examples/llm_benchmark recipes: rank 16, alpha 32, every *_proj")
+MEGATRON_BRIDGE = ("NVIDIA-NeMo/Megatron-Bridge docs/performance-summary-archive.md @ 4ab94dfa, 26.06 NeMo Container, "
+                   "LoRA Performance (https://docs.nvidia.com/nemo/megatron-bridge/latest/performance-summary-archive.html)")
+
+
+@dataclass(frozen=True)
+class LoraRow:
+    label: str
+    source: str
+    model: str
+    backend: str  # torch: FSDP2 (+ DTensor TP); megatron: its distributed optimizer, TP, interleaved PP
+    world: int
+    tp: int
+    pp: int
+    vpp: int
+    micro_batch: int
+    global_batch: int
+    seq_len: int
+    activation_checkpointing: str
+    compile: bool  # AutoModel's enable_compile
+    dropout: float
+    tokens_per_s: float  # per GPU, as published
+    precision: str  # as published; planned in bf16
+
+
+LORA_ROWS = (
+    LoraRow("8B LoRA, 1 GPU", AUTOMODEL, "llama-3.1-8b", "torch", 1, 1, 1, 1, 2, 32, 4096, "none", False, 0.1, 12472.87,
+            "bf16"),
+    LoraRow("70B LoRA, FSDP 4 x TP 2", AUTOMODEL, "llama-3.1-70b", "torch", 8, 2, 1, 1, 2, 32, 4096, "full", True, 0.0,
+            1091.85, "bf16"),
+    LoraRow("70B LoRA, FSDP 8 x TP 2 (2 nodes)", AUTOMODEL, "llama-3.1-70b", "torch", 16, 2, 1, 1, 2, 32, 4096, "full",
+            True, 0.0, 984.85, "bf16"),
+    LoraRow("70B LoRA, TP 2 x PP 4, VP 20", MEGATRON_BRIDGE, "llama-3.1-70b", "megatron", 8, 2, 4, 20, 1, 32, 4096,
+            "none", False, 0.0, 2643, "fp8"),
+)
+
+
+def lora_layout(row: LoraRow) -> Layout:
+    dp = row.world // (row.tp * row.pp)
+    grid = RankGrid(row.tp, row.pp, dp, min(8, row.world), max(1, row.world // 8))
+    return Layout(backend=row.backend, model=load_model(row.model), hardware=load_profile("h100-sxm"), grid=grid,
+                  zero_stage=3 if row.backend == "torch" else 1, dtype="bf16", micro_batch_size=row.micro_batch,
+                  global_batch_size=row.global_batch, seq_len=row.seq_len,
+                  activation_checkpointing=row.activation_checkpointing, compile=row.compile, sp=False, vpp=row.vpp,
+                  peft=PeftSection(method="lora", rank=16, alpha=32.0, dropout=row.dropout))
+
+
+def lora_main() -> None:
+    print(f"\nLoRA fine-tunes (plan only: TP/PP with adapters; bf16 plans)\n{'row':36} {'prec':4} {'pred':>7} {'meas':>7} "
+          f"{'p/m':>5} {'MFU':>5} {'mem GiB':>7} {'80 GB':>6}")
+    for row in LORA_ROWS:
+        plan = make_plan(lora_layout(row))
+        worst = plan.worst()
+        pred = plan.step.tokens_per_s_per_device
+        print(f"{row.label:36} {row.precision:4} {pred:7.0f} {row.tokens_per_s:7.0f} {pred / row.tokens_per_s:5.2f} "
+              f"{plan.step.mfu:5.1%} {worst.memory[worst.implementation].total / GiB:7.1f} "
+              f"{'fits' if plan.fits else 'no':>6}")
+    print("sources: " + "; ".join(sorted({r.source for r in LORA_ROWS})))
 
 
 def layout(row: Row) -> Layout:
@@ -122,6 +189,7 @@ def main() -> None:
     print("rows that ran within 90% of 80 GB but are planned not to fit an 80 GB card: "
           + (", ".join(refused) if refused else "none"))
     print("sources: " + "; ".join(sorted({r.source for r in ROWS})))
+    lora_main()
 
 
 if __name__ == "__main__":

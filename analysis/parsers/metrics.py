@@ -12,8 +12,9 @@ sense (launch/sense.py: a FLOP rate above 100 PFLOP/s, an MFU above 1) is droppe
 `Table.meta` (MetricsMeta): `ranks` ({rank: the rank's meta record as a dict, plus `file`}), `files`, and the
 fields every rank agrees on (recipe, backend, world_size, tp, pp, dp, zero_stage, dtype,
 micro_batch_size, global_batch_size, seq_len, tokens_per_step, warmup_steps, flops_per_token,
-flops_formula, peak_flops_per_device, hardware_profile, device); a field the ranks disagree on is
-left out and named in a warning. A resumed run appends a second meta record to each file; the
+flops_formula, peak_flops_per_device, hardware_profile, device, trainable_params, frozen_params); a field the ranks
+disagree on is left out and named in a warning, and a rank without the field (a run recorded before it, or a value
+dropped as senseless, said on its own) has no say. A resumed run appends a second meta record to each file; the
 steps after it belong to the later one, and `resumes` counts them.
 """
 from __future__ import annotations
@@ -68,7 +69,8 @@ COLUMNS: dict[str, str] = {"rank": _DOCS["rank"],
                            "file": _DOCS["file"], "line": _DOCS["line"]}
 _SHARED_META = ("recipe", "backend", "world_size", "tp", "pp", "dp", "zero_stage", "dtype", "micro_batch_size",
                 "global_batch_size", "seq_len", "tokens_per_step", "warmup_steps", "flops_per_token",
-                "flops_formula", "peak_flops_per_device", "hardware_profile", "device")
+                "flops_formula", "peak_flops_per_device", "hardware_profile", "device", "trainable_params",
+                "frozen_params")
 _RANK_IN_NAME = re.compile(r"rank[-_]?(\d+)", re.IGNORECASE)
 _SNIFF_LINES = 5
 # Damaged lines named one by one in a file; the rest are counted (a binary blob where a rank's metrics belong has
@@ -103,6 +105,10 @@ class MetricsMeta(NamedTuple):
     peak_flops_per_device: float | None = None  # the hardware profile's peak FLOP/s for dtype (MFU's denominator)
     hardware_profile: str | None = None  # the hardware profile's name
     device: str | None = None  # "cuda" | "cpu"
+    # the whole model's parameters that train and that stay frozen ([peft]: the adapters and the base); None in runs
+    # recorded before the meta record held them
+    trainable_params: int | None = None
+    frozen_params: int | None = None
     # every rank's checkpoint saves (launch.run.metrics.CheckpointRecord as a dict, plus its rank), in file order
     checkpoints: tuple[dict[str, Any], ...] = ()
 
@@ -174,7 +180,9 @@ def parse_metrics(paths: str | os.PathLike[str] | Iterable[str | os.PathLike[str
         if rank in ranks:
             warnings.append(f"{name}: rank {rank} also in {ranks[rank]['file']}; their steps are pooled")
         facts = {k: v for k, v in meta.items() if k != "kind"}
-        warnings.extend(sense.clean([facts], f"{name} meta record", flop_per_s=("peak_flops_per_device",)))
+        # The schema refuses a count that is not a whole number but lets a negative parameter count through.
+        warnings.extend(sense.clean([facts], f"{name} meta record", flop_per_s=("peak_flops_per_device",),
+                                    counts=("trainable_params", "frozen_params")))
         ranks[rank] = {**facts, "file": name}
     if not files:
         warnings.append(f"{_display(Path(paths), base) if isinstance(paths, (str, os.PathLike)) else 'metrics'}: "
@@ -271,12 +279,15 @@ def _file_rows(f: Path, name: str, records: list[tuple[int, Any, str | None]], w
 
 
 def _shared_meta(ranks: dict[Any, dict[str, Any]], warnings: list[str]) -> dict[str, Any]:
-    """The run facts (_SHARED_META) every rank's meta record agrees on; a warning names each they disagree on."""
+    """The run facts (_SHARED_META) every rank's meta record that has them agrees on; a warning names each they
+    disagree on. A rank without the fact has no say: a run recorded before the field, or a value sense.clean dropped,
+    which its own warning names (counting it as a disagreement would say the same thing twice and lose the fact)."""
     shared: dict[str, Any] = {}
     for key in _SHARED_META:
-        values = {json.dumps(m.get(key)) for m in ranks.values()}
+        stated = [m[key] for m in ranks.values() if m.get(key) is not None]
+        values = {json.dumps(v) for v in stated}
         if len(values) == 1:
-            shared[key] = next(iter(ranks.values())).get(key)
+            shared[key] = stated[0]
         elif len(values) > 1:
             warnings.append(f"metrics: ranks disagree on {key} ({', '.join(sorted(values))}); left out of meta")
     return shared

@@ -34,6 +34,8 @@ from analysis.parsers.nccl_tests import parse_nccl_tests
 from analysis.parsers.recognize import group_runs, recognize
 from analysis.parsers.runs import ReadTraces, Run, load_runs
 from analysis.table import Table
+from launch.config.adapters import adapted
+from launch.config.schema import PeftSection
 
 MAX_WARNINGS_SHOWN = 30
 
@@ -81,10 +83,56 @@ def startup_of(run: Run) -> Startup | None:
                    [c["blocked_s"] for c in m.checkpoints], ", ".join(m.files[:1]) + (" …" if len(m.files) > 1 else ""))
 
 
+@dataclass(frozen=True)
+class Trainable:
+    """What of a run's model trains: the whole model's parameters that train and that stay frozen (the metrics' meta
+    records; None in runs recorded before they held them, and in foreign runs) and its [peft] section."""
+
+    trainable_params: int | None
+    frozen_params: int | None
+    # resolved.json's recipe.peft (method "none": every parameter trains); None: the run has no resolved.json
+    peft: PeftSection | None
+    source: str  # the file the counts came from; "" where none states them (the peft section: the run's resolved.json)
+
+    @property
+    def fine_tune(self) -> bool | None:
+        """Whether the run trains adapters on a frozen base; None where no resolved.json says."""
+        return None if self.peft is None else adapted(self.peft)
+
+    @property
+    def trainable_pct(self) -> float | None:
+        """The trainable parameters' share of the whole model, %."""
+        if self.trainable_params is None or self.frozen_params is None:
+            return None
+        total = self.trainable_params + self.frozen_params
+        return 100 * self.trainable_params / total if total else None
+
+
+def trainable_of(run: Run) -> Trainable:
+    """The run's parameter counts (its metrics' meta records) and [peft] section (its resolved.json)."""
+    m = run.metrics.meta if run.metrics is not None else None
+    counted = bool(m and m.files) and (m.trainable_params is not None or m.frozen_params is not None)
+    return Trainable(m.trainable_params if m else None, m.frozen_params if m else None,
+                     run.resolved.recipe.peft if run.resolved is not None else None,
+                     f"meta of {m.files[0]}" if counted else "")
+
+
+def flops_formulas(rep: Report) -> dict[str, list[str]]:
+    """The runs by how their MFU counts FLOPs per token (the meta records' flops_formula: a [peft] fine-tune counts
+    the FLOPs it does, launch.run.metrics.FLOPS_FORMULA_ADAPTERS), where our metrics say."""
+    out: dict[str, list[str]] = {}
+    for r in rep.runs:
+        formula = r.run.metrics.meta.flops_formula if r.run.metrics is not None else None
+        if formula:
+            out.setdefault(formula, []).append(r.label)
+    return out
+
+
 @dataclass
 class RunResult:
     run: Run
     layout: RunLayout
+    trainable: Trainable  # the parameters that train and that stay frozen, and the [peft] section
     steps: Table | None = None
     stats: Table | None = None
     step_times: list[tuple[int, float, str]] = field(default_factory=list)
@@ -392,7 +440,7 @@ def analyze_run(run: Run, *, ceilings: Sequence[Table] | None = None, ceiling_so
                 device_memory_bytes: int | None = None) -> RunResult:
     """Every analyzer that the run's files allow."""
     layout = layout_of(run)
-    res = RunResult(run, layout, startup=startup_of(run))
+    res = RunResult(run, layout, trainable_of(run), startup=startup_of(run))
     steps, formula, warm_from = _steps(run, layout)
     if steps is not None:
         res.steps = steps

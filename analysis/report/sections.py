@@ -13,7 +13,16 @@ from analysis.analyzers.collectives import NCCL_TESTS_OP
 from analysis.analyzers.distributions import PER_RANK_ROWS_MAX
 from analysis.report import answer as A
 from analysis.report import plots
-from analysis.report.data import CPU_BASIS, MAX_WARNINGS_SHOWN, Report, RunResult, bar_segments
+from analysis.report.data import (
+    CPU_BASIS,
+    MAX_WARNINGS_SHOWN,
+    Report,
+    RunResult,
+    Trainable,
+    bar_segments,
+    flops_formulas,
+)
+from launch.run.metrics import FLOPS_FORMULA, FLOPS_FORMULA_ADAPTERS
 
 # What an empty trace section tells the user to do about it.
 FILL_TRACE = ("To fill it: run with run.profile=torch (a Kineto trace per rank of run.profile_active_steps steps) or "
@@ -59,6 +68,34 @@ def _us_ms(us: Any) -> str:
 
 def _pct(x: Any) -> str:
     return "–" if x is None else f"{x:.1f}"
+
+
+def _count(n: Any) -> str:
+    """A parameter count as people say it, three significant digits: 12.3K, 4.2M, 6.74B."""
+    if n is None:
+        return "–"
+    rounded = float(f"{n:.3g}")  # 999,950 is 1M, not 1e+03K
+    for unit, scale in (("T", 1e12), ("B", 1e9), ("M", 1e6), ("K", 1e3)):
+        if abs(rounded) >= scale:
+            return f"{rounded / scale:g}{unit}"
+    return f"{n:,}"
+
+
+def _parameters(t: Trainable) -> str:
+    """'4.2M trainable / 6.74B frozen (0.06%)'; a share too small for two decimals keeps one significant digit."""
+    if t.trainable_params is None and t.frozen_params is None:
+        return "–"
+    pct = t.trainable_pct
+    share = "" if pct is None else f" ({pct:.2f}%)" if pct == 0 or pct >= 0.005 else f" ({pct:.1g}%)"
+    return f"{_count(t.trainable_params)} trainable / {_count(t.frozen_params)} frozen{share}"
+
+
+def _fine_tune(t: Trainable) -> str:
+    if t.fine_tune is None:
+        return "–"
+    if not t.fine_tune:
+        return "none (every parameter trains)"
+    return f"{t.peft.method}, rank {t.peft.rank}, on {', '.join(t.peft.target_modules)}"
 
 
 def _files(text: str) -> str:
@@ -152,11 +189,14 @@ def _runs_blocks(rep: Report) -> list[Block]:
         stated = ((k, getattr(lay, k)) for k in ("backend", "tp", "pp", "dp", "zero_stage", "sp", "micro_batch_size",
                                                  "global_batch_size", "seq_len", "dtype"))
         desc = ", ".join(f"{k}={v}" for k, v in stated if v is not None)
+        counts = f"parameters: {r.trainable.source}" if r.trainable.source else ""
         rows.append([r.label, str(r.run.root), "our run directory" if r.run.run_dir else "foreign files",
-                     desc or "unknown", lay.hardware or "unknown",
-                     str(len(r.run.files)), str(len(r.run.skipped)), lay.source or "–"])
-    out.append(Block("table", headers=["run", "path", "kind", "layout", "hardware", "files used", "skipped", "source"],
-                     rows=rows))
+                     desc or "unknown", lay.hardware or "unknown", _parameters(r.trainable), _fine_tune(r.trainable),
+                     str(len(r.run.files)), str(len(r.run.skipped)),
+                     "; ".join(s for s in (lay.source, counts) if s) or "–"])
+    out.append(Block("table", headers=["run", "path", "kind", "layout", "hardware",
+                                       "parameters: trainable / frozen (trainable %)", "fine-tune (recipe.peft)",
+                                       "files used", "skipped", "source"], rows=rows))
     if rep.inputs_missing:
         out.append(Block("list", "Inputs not found", items=rep.inputs_missing))
     apart = [f"{r.label}: {r.run.segment}" for r in rep.runs if r.run.segment]
@@ -202,6 +242,26 @@ def _doctor_blocks(rep: Report) -> list[Block]:
     return out
 
 
+# Short names of the FLOP counts the meta records name (launch.run.metrics), for where runs count differently.
+_FLOPS_COUNTS = {FLOPS_FORMULA: "full training, 6 × parameters",
+                 FLOPS_FORMULA_ADAPTERS: "a [peft] fine-tune's own FLOPs, 4 × base + 6 × adapter parameters"}
+
+
+def _mfu_title(rep: Report) -> str:
+    """The MFU formula list's title; where the runs count FLOP/token differently (a fine-tune counts the FLOPs it does,
+    fewer than a full step of its model), which run counts what."""
+    by = flops_formulas(rep)
+    if len(by) < 2:
+        return "MFU formula"
+    counts = "; ".join(f"{', '.join(runs)}: {_FLOPS_COUNTS.get(f, f)}" for f, runs in by.items())
+    return (f"MFU formula: the runs count FLOP/token differently, so their MFU % measure different work ({counts}); "
+            "each run's formula")
+
+
+def _mfu_header(rep: Report) -> str:
+    return "MFU % (FLOP/token differs: MFU formula)" if len(flops_formulas(rep)) > 1 else "MFU %"
+
+
 def _speed_blocks(rep: Report) -> list[Block]:
     out = [Block("h2", "How fast")]
     rows, series = [], []
@@ -220,7 +280,7 @@ def _speed_blocks(rep: Report) -> list[Block]:
         if r.step_times:
             series.append((r.label, [t for _, t, _ in r.step_times]))
     out.append(Block("table", headers=["run", "step time median, ms", "p10–p90, ms", "mean, ms", "CV %",
-                                       "tokens/s/GPU", "TFLOP/s/GPU", "MFU %", "steps measured / dropped",
+                                       "tokens/s/GPU", "TFLOP/s/GPU", _mfu_header(rep), "steps measured / dropped",
                                        "warm-up rule", "step time from", "source"], rows=rows))
     out += _startup_blocks(rep)
     formulas: dict[str, list[str]] = {}  # each formula once, with the runs that use it
@@ -228,7 +288,7 @@ def _speed_blocks(rep: Report) -> list[Block]:
         if r.stats is not None and len(r.stats) and next(r.stats.rows())["mfu_formula"]:
             formulas.setdefault(next(r.stats.rows())["mfu_formula"], []).append(r.label)
     if formulas:
-        out.append(Block("list", "MFU formula", items=[f"{f} ({', '.join(runs)})" for f, runs in formulas.items()]))
+        out.append(Block("list", _mfu_title(rep), items=[f"{f} ({', '.join(runs)})" for f, runs in formulas.items()]))
     prof = [[r.label, str(p["step"] if p["step"] is not None else "–"), _sci(p["params_per_gpu"]),
              _sci(p["fwd_macs_per_gpu"]), _num(p["fwd_latency_ms"]), _num(p["bwd_latency_ms"]),
              _num(p["step_latency_ms"]), _num(p["iter_latency_ms"]),
@@ -666,8 +726,9 @@ def _definitions_blocks(rep: Report) -> list[Block]:
         "record); foreign logs drop the first 10% of the logged step range, at least 10 steps, but never more than "
         "half of the records. The count and rule are given per run.",
         "Step time per step: the slowest rank's record (a synchronous step ends when its last rank does).",
-        "MFU: model FLOPs per token (6 x non-embedding parameters + 12·L·h·s, torchtitan's count) x tokens/s/GPU / "
-        "the hardware profile's dense peak for the dtype; for Megatron logs its own TFLOP/s/GPU / peak.",
+        f"MFU: FLOPs per token x tokens/s/GPU / the hardware profile's dense peak for the dtype; for Megatron logs "
+        f"its own TFLOP/s/GPU / peak. FLOPs per token as the meta record's flops_formula names them; full training: "
+        f"{FLOPS_FORMULA}. A [peft] fine-tune: {FLOPS_FORMULA_ADAPTERS}.",
         "Time breakdown, gpu_kernels basis: HolisticTraceAnalysis's definitions (temporal breakdown, "
         "comm/comp overlap) on the GPU activity of the profiled steps (the last step dropped when there are "
         "several).",
@@ -742,7 +803,7 @@ def _answer_blocks(rep: Report) -> list[Block]:
                  _pct(s.memory_pct), {True: "yes", False: "no", None: "–"}[s.loss_agrees], _loss_note(s),
                  f"{s.finding.rule} ({s.finding.severity})" if s.finding else "–", _files(s.source)]
                 for i, s in enumerate(g.standings)]
-        out.append(Block("table", headers=["#", "run", "step ms (median)", "tokens/s/GPU", "MFU %",
+        out.append(Block("table", headers=["#", "run", "step ms (median)", "tokens/s/GPU", _mfu_header(rep),
                                            "peak memory % of device", f"loss agrees (≤ {A.AGREE_REL:.0%})",
                                            "loss compared (largest relative gap)", "most severe finding (Doctor)",
                                            "source"], rows=rows))

@@ -11,25 +11,30 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
-from launch.commands.args import Option, read, text, whole
+from launch.commands.args import Option, boolean, read, text, whole
 from launch.config.resolve import Resolved
 from launch.errors import ConfigError
 from launch.run.checkpoints import complete_checkpoints
 from launch.run.launcher import local_gpu_count
 from launch.run.rundir import RunDir, export_inputs, export_target_problem
 
-USAGE = "usage: python -m launch export RUN_DIR [step=N] [out=DIR]"
+USAGE = "usage: python -m launch export RUN_DIR [step=N] [out=DIR] [merge=true]"
 OPTIONS = (Option("step", "the checkpoint's step (default: the newest complete one)", whole()),
-           Option("out", "the folder to write (default: RUN_DIR/export/<tag>)", text))
+           Option("out", "the folder to write (default: RUN_DIR/export/<tag>)", text),
+           Option("merge", "a fine-tune's ([peft]): also the merged model, in OUT/merged (default: false, the "
+                           "adapters alone)", boolean))
 
 
 def cmd_export(args: Sequence[str]) -> int:
     a = read(args, command="export", usage=USAGE, options=OPTIONS, positional=(1, 1))
-    run_dir, step, out = a.positional[0], a.options["step"], a.options["out"]
+    run_dir, step, out, merge = a.positional[0], a.options["step"], a.options["out"], a.options["merge"]
     if not RunDir.is_run_dir(run_dir):
         raise ConfigError(run_dir, "run_dir", run_dir, "is not a run directory (no resolved.json)", "pass runs/<recipe>/<stamp>")
     run = RunDir.open(run_dir)
     resolved = Resolved.load(run.resolved)  # damaged: one line here, not a traceback in the export process
+    if merge and resolved.recipe.peft.method == "none":
+        raise ConfigError("command line", "merge", "true", f"has nothing to merge: {run_dir} trained every parameter "
+                          "(no [peft] adapters), and its export is the whole model", "leave merge unset")
     inputs = export_inputs(run, resolved.recipe)
     problem = export_target_problem(Path(out), inputs=inputs) if out else None
     if problem:  # before the export starts: nothing of the user's is touched
@@ -49,7 +54,8 @@ def cmd_export(args: Sequence[str]) -> int:
                                 if linked else export_target_problem(default, inputs=inputs))
     if problem:
         raise ConfigError(str(run.root), "export", str(default), problem, "name another folder with out=")
-    cmd = [sys.executable, "-m", "launch.torchtools.export", run_dir, "-" if step is None else str(step), out or "-"]
+    cmd = [sys.executable, "-m", "launch.torchtools.export", run_dir, "-" if step is None else str(step), out or "-",
+           "true" if merge else "false"]
     # weights-only for every load of the process, whatever the caller asks (launch.torchtools.untrusted guards it too)
     env = {**os.environ, "TORCH_FORCE_WEIGHTS_ONLY_LOAD": "1"}
     if local_gpu_count() == 0:  # DeepSpeed would say on stderr that it fell back to the CPU: the error stays one line

@@ -31,6 +31,7 @@ from launch.config.schema import (
     HardwareSection,
     LoadedRecipe,
     ModelSection,
+    PeftSection,
     PrecisionSection,
     Recipe,
     TrainSection,
@@ -47,6 +48,7 @@ USAGE = ("usage: python -m launch plan [key=value ...]  "
          "(e.g. model=llama-2-7b,llama-3.1-8b world_size=4,8 hardware=h100-sxm)")
 DTYPES = typing.get_args(typing.get_type_hints(PrecisionSection)["dtype"])
 AC_POLICIES = typing.get_args(typing.get_type_hints(TrainSection)["activation_checkpointing"])
+PEFT_METHODS = typing.get_args(typing.get_type_hints(PeftSection)["method"])
 OPTIONS = (
     Option("model", "catalogue model names, comma separated (default llama-2-7b)", text_list, ("llama-2-7b",)),
     Option("world_size", "GPU counts (world sizes), comma separated (default 4)", distinct(whole_list(1, 1_000_000)),
@@ -62,12 +64,15 @@ OPTIONS = (
     Option("global_batch_size", "default 8 × the largest GPU count", whole(1, 1 << 40)),
     Option("activation_checkpointing", f"policies to compare, comma separated, of {', '.join(AC_POLICIES)} "
            "(default none,full)", choice_list(*AC_POLICIES), ("none", "full")),
+    Option("peft", f"{' | '.join(PEFT_METHODS)} (default none): plan a fine-tune's adapters (peft's defaults: rank "
+           f"{PeftSection.rank} on every linear layer of the blocks), on the layouts the backend trains them with",
+           choice(*PEFT_METHODS), "none"),
     Option("out", "output path without suffix: .png, .html and .json are added "
            "(default runs/plans/<model>[+<model>...]_<hardware>)", text),
 )
 # The recipe field behind each option, for the resolver's refusals of what the command line asked for as a whole.
 OPTION_OF_FIELD = {"model.name": "model", "hardware.profile": "hardware", "backend": "backend",
-                   "precision.dtype": "dtype", "batch.seq_len": "seq_len", "batch.micro_batch_size": "micro_batch_size",
+                   "peft.method": "peft", "precision.dtype": "dtype", "batch.seq_len": "seq_len", "batch.micro_batch_size": "micro_batch_size",
                    "train.activation_checkpointing": "activation_checkpointing"}
 
 
@@ -112,7 +117,7 @@ def layouts(opts: Mapping[str, Any]) -> list[Row]:
             gpn = opts["gpus_per_node"] or min(8, gpus)
             timed = _newest_calibration(nominal, machine, gpus, gpn, model.name, dtype, seq) if nominal else None
             recipe = Recipe(backend=backend, batch=BatchSection(micro, gbs, seq), model=ModelSection(name=model.name),
-                            precision=PrecisionSection(dtype=dtype),
+                            precision=PrecisionSection(dtype=dtype), peft=PeftSection(method=opts["peft"]),
                             hardware=HardwareSection(gpus // gpn, gpn, str(timed) if timed else named))
             # Every field is the command line's: the resolver's refusals name it (paths resolve from the cwd).
             loaded = LoadedRecipe("plan", Path("command line"), recipe, MappingProxyType({}), (), ())
@@ -127,6 +132,8 @@ def layouts(opts: Mapping[str, Any]) -> list[Row]:
                                 + f" (dp{dp})")
                         if rc != "none":
                             name += f" +AC({rc})"
+                        if opts["peft"] != "none":
+                            name += f" {opts['peft']}"
                         lay = Layout.from_resolved(res)
                         rows.append(Row(gpus, name, make_plan(lay, name, machine), lay))
                     if dp == 1 and built:

@@ -13,6 +13,7 @@ from typing import Sequence
 
 from launch.commands.args import read
 from launch.commands.render import gib, make_console, render, summary
+from launch.config import adapters
 from launch.config.backends import traits
 from launch.config.grid import shown_nodes
 from launch.config.resolve import Resolved, resolve_path
@@ -166,7 +167,7 @@ def untrusted_files(path: Path, resolved: Resolved | None = None) -> str | None:
     """What launch.torchtools.untrusted says of the checkpoint files under `path` (None: nothing that would run code
     and, with `resolved` on the torch backend, every model tensor a DCP checkpoint holds in the model's shape). A
     process of its own: it needs torch, which the CLI never imports."""
-    shapes = ({p.name: list(p.shape) for p in resolved.model.parameters()}
+    shapes = ({p.name: list(p.shape) for p in adapters.checkpointed_parameters(resolved.model, resolved.recipe.peft)}
               if resolved is not None and traits(resolved.recipe.backend).checkpoint_format == "dcp" else None)
     p = subprocess.run([sys.executable, "-m", "launch.torchtools.untrusted", *(["--shapes=-"] if shapes else []),
                         str(path)], input=json.dumps(shapes) if shapes else None, capture_output=True, text=True)

@@ -63,6 +63,12 @@ def adapter_parameters(model: ModelSpec, peft: PeftSection) -> list[ParamInfo]:
     return out
 
 
+def checkpointed_parameters(model: ModelSpec, peft: PeftSection) -> list[ParamInfo]:
+    """The tensors a run's checkpoints hold of its model: a fine-tune's adapters alone (the frozen base is the recipe's
+    weights, built again at start-up), else every parameter."""
+    return adapter_parameters(model, peft) if adapted(peft) else model.parameters()
+
+
 @dataclass(frozen=True)
 class ParameterSplit:
     """A model's parameters under [peft]: what trains and what stays frozen (every parameter trains without it)."""

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from launch.config import adapters
 from launch.config.backends import traits
 from launch.config.calibration import Machine
 from launch.config.grid import RankGrid
+from launch.plan.adapters import NF4_BYTES_PER_PARAM
 from launch.plan.checkpoint import checkpoint_cost
 from launch.plan.collectives import communication
 from launch.plan.layout import CheckpointCost, Comm, Layout, Memory, Plan, RankPlan
@@ -96,6 +98,8 @@ def make_plan(layout: Layout, recipe_name: str = "", machine: Machine | None = N
         notes.append("DeepSpeed AutoTP shards the decoder Linear layers and lm_head (gathering full logits); "
                      "the embedding stays replicated")
     notes += placement_notes(layout, timing, comm)
+    if adapters.adapted(layout.peft):
+        notes.append(peft_note(layout))
     save = checkpoint_cost(layout, ranks, layout.checkpoint_async)
     # An asynchronous save copies every local rank's part into host memory, where it stays (pinned) between saves.
     staged = save.bytes_held_per_rank if save.asynchronous else 0
@@ -118,9 +122,22 @@ def make_plan(layout: Layout, recipe_name: str = "", machine: Machine | None = N
                 save)
 
 
+def peft_note(layout: Layout) -> str:
+    """What the plan of a [peft] fine-tune counts (launch.plan.adapters)."""
+    peft, split = layout.peft, adapters.parameter_split(layout.model, layout.peft)
+    base = (f"{layout.dtype}, the blocks' linear weights in NF4 ({NF4_BYTES_PER_PARAM:.4f} B a parameter, "
+            "bitsandbytes with double quantization)" if peft.method == "qlora" else layout.dtype)
+    return (f"fine-tune: peft.method={peft.method}, rank {peft.rank} on {', '.join(peft.target_modules)}: "
+            f"{split.trainable:,} trainable parameters ({split.trainable / split.frozen:.2%} of the base's "
+            f"{split.frozen:,}), which alone hold gradients, fp32 master and optimizer state and are reduced and saved; "
+            f"the frozen base in {base}; model FLOPs 4·N + 6·adapters + attention per token (a frozen matmul makes no "
+            "weight gradient)")
+
+
 def checkpoint_note(save: CheckpointCost, layout: Layout) -> str:
     hw = layout.hardware
-    head = (f"checkpoint: {save.bytes_total / GiB:.1f} GiB a save ({save.bytes_per_parameter} B per parameter), the "
+    per = "trained parameter (the adapters)" if adapters.adapted(layout.peft) else "parameter"
+    head = (f"checkpoint: {save.bytes_total / GiB:.1f} GiB a save ({save.bytes_per_parameter} B per {per}), the "
             f"busiest rank's part {save.bytes_held_per_rank / GiB:.2f} GiB")
     if not hw.checkpoint_write_GBps:
         return head + f"; the {hw.name} profile has no write bandwidth, so no time is planned"

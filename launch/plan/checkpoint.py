@@ -5,7 +5,9 @@ from __future__ import annotations
 
 from typing import Sequence
 
+from launch.config import adapters
 from launch.config.backends import traits
+from launch.plan.adapters import rank_split
 from launch.plan.layout import CheckpointCost, Layout, RankPlan
 
 ADAM_MOMENT_BYTES = 8  # AdamW's exp_avg and exp_avg_sq, fp32, per parameter
@@ -13,15 +15,19 @@ MASTER_BYTES = 4  # an fp32 copy of a parameter
 
 
 def bytes_per_parameter(layout: Layout) -> int:
-    """DCP (torch): the fp32 parameters and AdamW's moments. DeepSpeed's files and Megatron's distributed optimizer's:
-    the model in the compute dtype, beside the fp32 master copy and the moments."""
+    """Per parameter that trains (under [peft] the adapters: the base is rebuilt from the recipe's weights at start-up,
+    so a save holds the adapters and their optimizer state alone). DCP (torch): the fp32 parameters and AdamW's
+    moments. DeepSpeed's files and Megatron's distributed optimizer's: the model in the compute dtype, beside the fp32
+    master copy and the moments."""
     if traits(layout.backend).checkpoint_format == "dcp":
         return MASTER_BYTES + ADAM_MOMENT_BYTES
     return layout.elem_bytes + MASTER_BYTES + ADAM_MOMENT_BYTES
 
 
 def _held(layout: Layout, params: int) -> int:
-    """One rank's part of the checkpoint, as the rank holds it: sharded where ZeRO / FSDP2 shards it."""
+    """One rank's part of the checkpoint, as the rank holds it: sharded where ZeRO / FSDP2 shards it. `params`: the
+    rank's parameters (the base's under [peft], whose adapters are what it saves)."""
+    params = rank_split(layout, params).trainable
     z, d = layout.zero_stage, layout.grid.dp
     shard = layout.hpz if layout.hpz > 1 else d
     if traits(layout.backend).checkpoint_format == "dcp":  # FSDP2 shards parameters and moments alike, DDP neither
@@ -33,7 +39,7 @@ def _held(layout: Layout, params: int) -> int:
 def checkpoint_cost(layout: Layout, ranks: Sequence[RankPlan], asynchronous: bool) -> CheckpointCost:
     hw, g = layout.hardware, layout.grid
     per = bytes_per_parameter(layout)
-    total = per * layout.model.param_counts().total
+    total = per * adapters.parameter_split(layout.model, layout.peft).trainable
     held = max(_held(layout, r.params) for r in ranks)
     write = total / (g.nodes * hw.checkpoint_write_GBps * 1e9) if hw.checkpoint_write_GBps else 0.0
     copy = held / (hw.host_copy_GBps * 1e9) if hw.host_copy_GBps else 0.0

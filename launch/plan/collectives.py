@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from launch.config.backends import SELECTIVE_EVERY, traits
+from launch.plan.adapters import adapted, adapter_tensors, rank_split
 from launch.plan.layout import (
     ZERO0_BUCKET_ELEMENTS,
     ZERO3_MAX_REUSE_DISTANCE,
@@ -103,33 +104,36 @@ def communication(layout: Layout, timing: Timing = Timing(), stage: int = 0) -> 
     out: list[Comm] = []
     mbs = layout.grad_accum
     params, layers = stage_params(layout, stage)
+    # Gradient reductions and the updated partitions' gathers carry what trains (the adapters under [peft]); ZeRO-3's
+    # parameter gathers the whole model.
+    trained = rank_split(layout, params).trainable
     act = layout.seq_len * layout.micro_batch_size * m.hidden_size * e
     first = g.rank(0, 0, stage)  # the stage's groups are those of its first rank
     if g.dp > 1 and traits(layout.backend).accounting == "torch":
         out.extend(_torch_dp_traffic(layout, timing, g.dp_span(first), stage))
     elif g.dp > 1 and traits(layout.backend).distributed_optimizer(layout.zero_stage):
-        out.extend(_megatron_dp_traffic(layout, timing, g.dp_span(first), params, stage))
+        out.extend(_megatron_dp_traffic(layout, timing, g.dp_span(first), trained, stage))
     elif g.dp > 1:
         grp = g.dp_span(first)
         z = layout.zero_stage
         if z == 0:
             # The engine's allreduce_gradients buckets by a fixed element count (engine.py), not reduce_bucket_size.
-            calls = -(-params // ZERO0_BUCKET_ELEMENTS)
-            out.append(_comm(layout, timing, "dp", "all_reduce", grp, calls, params * layout.grad_reduce_bytes / calls,
+            calls = -(-trained // ZERO0_BUCKET_ELEMENTS)
+            out.append(_comm(layout, timing, "dp", "all_reduce", grp, calls, trained * layout.grad_reduce_bytes / calls,
                              f"gradient all-reduce at the accumulation boundary, one call per {ZERO0_BUCKET_ELEMENTS:,} "
                              "elements"))
         elif z in (1, 2):
-            reduce_calls = -(-params // bucket(layout, "reduce_bucket_size"))
+            reduce_calls = -(-trained // bucket(layout, "reduce_bucket_size"))
             rs_calls = reduce_calls * (mbs if z == 2 else 1)
             out.append(_comm(layout, timing, "dp", "reduce_scatter", grp, rs_calls,
-                             params * layout.grad_reduce_bytes / reduce_calls,
+                             trained * layout.grad_reduce_bytes / reduce_calls,
                              "gradient reduce-scatter per reduce bucket " + ("every micro-step (ZeRO-2)" if z == 2 else
                                                                              "at the boundary (ZeRO-1)")))
             # One all_gather_into_tensor per parameter group (runtime/utils.all_gather_dp_groups): one here.
-            out.append(_comm(layout, timing, "dp", "all_gather", grp, 1, params * e, "updated parameter partitions",
+            out.append(_comm(layout, timing, "dp", "all_gather", grp, 1, trained * e, "updated parameter partitions",
                              after_step=True))
         else:
-            out.extend(_zero3_traffic(layout, timing, grp, -(-params // bucket(layout, "reduce_bucket_size")), stage))
+            out.extend(_zero3_traffic(layout, timing, grp, trained, stage))
         # The loop's data-parallel loss mean, and DeepSpeed's gradient norm (its clip_grad_norm_ averages it over the
         # data-parallel group) unless the backend clips itself at this stage (launch.config.backends.StepCollectives).
         norm = z not in traits(layout.backend).step.clip_zero_stages
@@ -151,7 +155,7 @@ def communication(layout: Layout, timing: Timing = Timing(), stage: int = 0) -> 
             if c.logits:
                 out.append(_comm(layout, timing, "tp", c.collective, grp, c.logits, sb * m.vocab_size * e,
                                  "AutoTP lm_head gathers the full-vocabulary logits every micro-batch"))
-            if c.norms:
+            if c.norms and not adapted(layout):  # frozen under [peft]: no norm gradients to sum
                 out.append(_comm(layout, timing, par, c.collective, grp, c.norms, 4 * m.hidden_size,
                                  "sequence-parallel norm weights' gradients, one call per norm every micro-batch"))
         out.extend(_torch_norm_calls(layout, timing, first, "tp"))
@@ -172,6 +176,7 @@ def communication(layout: Layout, timing: Timing = Timing(), stage: int = 0) -> 
 
 
 def _megatron_dp_traffic(layout: Layout, timing: Timing, grp: Sequence[int], params: int, stage: int) -> list[Comm]:
+    # `params`: the stage's parameters that train (the buffers hold only those: the adapters under [peft])
     """Megatron-Core's DDP and distributed optimizer (launch/ranks/trainers/megatron_distopt.py): one reduce-scatter
     per gradient bucket as the last micro-batch's backward finishes it (no_sync holds the others), in the dtype of
     precision.grad_reduce_dtype; one all-gather per bucket of the updated parameters, each dispatched ahead of the
@@ -201,7 +206,7 @@ def _step_collectives(layout: Layout, timing: Timing, stage: int, first: int, la
     # the gradients' element size: the model's dtype, or under Megatron's DDP its buffer's (grad_reduce_dtype)
     e = layout.grad_reduce_bytes if distopt else layout.elem_bytes
     out = []
-    if layout.sp and st.sp_norm_grads:
+    if layout.sp and st.sp_norm_grads and not adapted(layout):  # frozen norms under [peft] have no gradients
         # Two norms per decoder layer, and the final norm on the last stage, each of hidden_size weights.
         norms = 2 * layers + (stage == g.pp - 1)
         out.append(_comm(layout, timing, "sp", "all_reduce", g.tp_span(first), 1,
@@ -255,9 +260,12 @@ def _torch_dp_traffic(layout: Layout, timing: Timing, grp: Sequence[int], stage:
     reduced_dtype = "bf16" if grb == 2 else "fp32"
     tensors = rank_parameters(layout, stage)
     params = sum(tensors)
+    # What trains: every parameter, or under [peft] the adapters alone (DDP buckets only parameters that need a
+    # gradient; FSDP2 reduce-scatters a unit's gradients, and the root unit, all frozen then, has none).
+    trained = adapter_tensors(layout, stage) if adapted(layout) else tensors
     out = []
     if layout.zero_stage == 0:
-        sizes = ddp_buckets(tensors)
+        sizes = ddp_buckets(trained)
         # buckets are cut by the fp32 gradients' bytes; the bf16 compression hook (grad_reduce_dtype) halves each call
         out.append(_comm(layout, timing, "dp", "all_reduce", grp, len(sizes), sum(sizes) / len(sizes) * grb / 4,
                          f"DDP: {reduced_dtype} gradients, {len(sizes)} bucket(s) at the last micro-batch, overlapping "
@@ -268,27 +276,30 @@ def _torch_dp_traffic(layout: Layout, timing: Timing, grp: Sequence[int], stage:
         virtual = [v * g.pp + stage for v in range(layout.vpp)]
         roots = 1 if g.pp == 1 else sum(k in (0, g.pp * layout.vpp - 1) for k in virtual)
         units = layers + roots
+        reduced_units = layers if adapted(layout) else units
         z3 = layout.zero_stage == 3
         if g.pp == 1:
-            gathers, scatters = mbs * units * (2 if z3 else 1), mbs * units
+            gathers, scatters = mbs * units * (2 if z3 else 1), mbs * reduced_units
             how = (f"FSDP2: each of {layers} blocks and the root before its forward"
                    + (", each again before its backward" if z3 else "") + " every micro-batch")
             reduced = "every micro-batch"
         else:
             # torch.distributed.pipelining keeps gradients unreduced and parameters gathered from the first backward
             # to the last (set_requires_gradient_sync, set_reshard_after_backward).
-            gathers, scatters = units * (mbs + 1 if z3 else 1), units
+            gathers, scatters = units * (mbs + 1 if z3 else 1), reduced_units
             how = (f"FSDP2 under the pipeline: each of {units} units before each micro-batch's forward and once more "
                    "for the backwards" if z3 else f"FSDP2 under the pipeline: each of {units} units once, at the first "
                    "forward")
             reduced = "at the last micro-batch"
         hybrid = layout.hpz
         shard_grp = grp[:hybrid] if hybrid > 1 else grp  # the data-parallel group's first shard group
-        out.append(_comm(layout, timing, "dp", "all_gather", shard_grp, gathers, e * params / units, how))
-        out.append(_comm(layout, timing, "dp", "reduce_scatter", shard_grp, scatters, grb * params / units,
+        whole = params + (sum(trained) if adapted(layout) else 0)  # the units gathered: with their adapters
+        per_unit_grads = sum(trained) / reduced_units
+        out.append(_comm(layout, timing, "dp", "all_gather", shard_grp, gathers, e * whole / units, how))
+        out.append(_comm(layout, timing, "dp", "reduce_scatter", shard_grp, scatters, grb * per_unit_grads,
                          f"FSDP2: {reduced_dtype} gradients, one call per unit after its backward, {reduced}"))
         if hybrid > 1:
-            out.append(_comm(layout, timing, "dp", "all_reduce", grp[::hybrid], scatters, grb * params / units / hybrid,
+            out.append(_comm(layout, timing, "dp", "all_reduce", grp[::hybrid], scatters, grb * per_unit_grads / hybrid,
                              f"hybrid sharding: each reduced shard all-reduced across the {len(grp) // hybrid} "
                              f"replicas, {reduced}"))
     out.append(_comm(layout, timing, "dp", "all_reduce", grp, 1, 4, "one fp32: the logged loss mean (the loop)",
@@ -317,18 +328,19 @@ def _torch_norm_calls(layout: Layout, timing: Timing, first: int, over: str) -> 
     calls = 1 + (g.tp > 1 and not layout.sp)
     grp = g.dp_span(first)[:layout.hpz] if layout.hpz > 1 else g.dp_span(first)  # hybrid: the shard group's only
     # get_total_norm reduces every gradient tensor's partial norm, one fp32 each, in one call per mesh.
-    tensors = len(rank_parameters(layout, g.coords(first)[2]))
+    stage = g.coords(first)[2]
+    tensors = len(adapter_tensors(layout, stage) if adapted(layout) else rank_parameters(layout, stage))
     return [_comm(layout, timing, "dp", "all_reduce", grp, calls, 4 * tensors / calls,
                   "the gradient norm's partial sums over dp" + (", one per mesh" if calls > 1 else ""),
                   after_step=True)] if g.dp > 1 else []
 
 
-def _zero3_traffic(layout: Layout, timing: Timing, grp: Sequence[int], reduce_calls: int, stage: int) -> list[Comm]:
+def _zero3_traffic(layout: Layout, timing: Timing, grp: Sequence[int], trained: int, stage: int) -> list[Comm]:
     """DeepSpeed ZeRO-3 (partition_parameters.py, stage3.py; counted in traces of 0.19.8 on gloo): parameters at or
     below stage3_param_persistence_threshold stay whole and are re-gathered one call each after every optimizer step;
     the others are gathered one call each before their module's forward in every micro-step, and again before its
     backward when the stage holds more than stage3_max_reuse_distance parameters (otherwise they are still there);
-    gradients leave in one reduce-scatter per bucket per micro-step."""
+    gradients (`trained`: of the parameters that train) leave in one reduce-scatter per bucket per micro-step."""
     zo, e, mbs = layout.ds_zero, layout.elem_bytes, layout.grad_accum
     threshold = persistence_threshold(layout)
     tensors = rank_parameters(layout, stage)
@@ -352,8 +364,9 @@ def _zero3_traffic(layout: Layout, timing: Timing, grp: Sequence[int], reduce_ca
             out.append(_comm(layout, timing, "dp", "all_gather", grp, times * len(fetched), msg,
                              "ZeRO-3: one gather per partitioned parameter before its forward"
                              + (" and again before its backward" if again else "") + " every micro-step"))
+    reduce_calls = -(-trained // bucket(layout, "reduce_bucket_size"))
     out.append(_comm(layout, timing, "dp", "reduce_scatter", grp, mbs * reduce_calls,
-                     params * layout.grad_reduce_bytes / reduce_calls,
+                     trained * layout.grad_reduce_bytes / reduce_calls,
                      "ZeRO-3: gradients every micro-step, one call per reduce bucket"))
     if persistent:
         out.append(_comm(layout, timing, "dp", "all_gather", grp, len(persistent), e * sum(persistent) / len(persistent),

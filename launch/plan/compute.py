@@ -6,12 +6,20 @@ a calibration replaces it with measured passes."""
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Mapping, Sequence
 
 from launch.config.backends import SELECTIVE_EVERY, traits
 from launch.config.calibration import GemmPoint
 from launch.errors import ConfigError
+from launch.plan.adapters import (
+    NF4_READ_BYTES,
+    adapted,
+    adapted_modules,
+    casts_adapter_input,
+    quantized,
+    rank_split,
+)
 from launch.plan.layout import Layout
 from launch.plan.memory import OP_POLICY_RECOMPUTED, chunk_layers, rank_parameters
 
@@ -59,6 +67,22 @@ OPTIMIZER_BYTES = {"torch": 56, "fused": 30}
 # reduction (6 + 8 B): every micro-batch from ZeRO-2 up, once a step at ZeRO-1.
 GATHER_COPY_BYTES = 4
 REDUCE_COPY_BYTES = 14
+# peft's LoRA output, `result + lora_B(lora_A(dropout(x))) * scaling`, in eager kernels, per element of the adapted
+# linear's output at 2-byte activations: the scaling reads and writes the adapter's output (4 B), the add reads two
+# tensors and writes one (6 B). Per element of its input: with peft.dropout > 0 the dropout reads it and writes the
+# output and a 1-byte mask (5 B); where the input is cast to the fp32 adapters' dtype and back by autocast
+# (launch.plan.adapters.casts_adapter_input), 2 + 4, then 4 + 2 B (12 B).
+LORA_OUTPUT_BYTES = 10
+LORA_DROPOUT_BYTES = 5
+LORA_CAST_BYTES = 12
+# Their backward moves about what the forward moved (the add passes its gradient through; the scaling, the casts and
+# the dropout run once on the gradient), where the base layer's reads its saved tensors too (BACKWARD_BYTES).
+LORA_BACKWARD_BYTES = 1.0
+# Megatron-Core's fused linear layers, by the Hugging Face modules they hold: under [peft] a fused layer takes one
+# adapter where any of its parts is a target (Megatron-Bridge's LoRA adapts linear_qkv, linear_proj, linear_fc1,
+# linear_fc2 as wholes).
+MEGATRON_FUSED = {"linear_qkv": ("q_proj", "k_proj", "v_proj"), "linear_proj": ("o_proj",),
+                  "linear_fc1": ("gate_proj", "up_proj"), "linear_fc2": ("down_proj",)}
 
 
 @dataclass(frozen=True)
@@ -155,12 +179,17 @@ def flash_attention_flops(batch: int, heads: int, seq: int, head_dim: int) -> tu
 
 @dataclass(frozen=True)
 class _Layer:
-    """One decoder layer's work on one rank for one micro-batch, forward (a backward: twice its GEMMs)."""
+    """One decoder layer's work on one rank for one micro-batch, forward (a backward: twice a trained GEMM, the input
+    gradient and the weight gradient; once a frozen one's, the input gradient alone)."""
 
-    gemms: Mapping[str, tuple[float, float]]  # by module name: (seconds, FLOPs) of its forward
+    gemms: Mapping[str, tuple[float, float]]  # by module name (an adapter's: "<module>.lora_A"): (seconds, FLOPs) forward
     attention_fwd_s: float
     attention_bwd_s: float
     memory_s: float
+    frozen: frozenset[str] = frozenset()  # modules whose weight does not train ([peft]: every base linear)
+    # QLoRA: each NF4 linear's dequantization to the compute dtype, once per forward (again in the backward), by module
+    dequant_s: Mapping[str, float] = field(default_factory=dict)
+    adapter_memory_s: float = 0.0  # the adapters' memory-bound forward work (LORA_*_BYTES)
 
     @property
     def gemm_s(self) -> float:
@@ -169,6 +198,12 @@ class _Layer:
     @property
     def gemm_flops(self) -> float:
         return sum(fl for _, fl in self.gemms.values())
+
+    def backward_gemms(self) -> tuple[float, float]:
+        """(seconds, FLOPs) of the backward's GEMMs."""
+        share = {name: 1 if name in self.frozen else 2 for name in self.gemms}
+        return (sum(sec * share[n] for n, (sec, _) in self.gemms.items()),
+                sum(fl * share[n] for n, (_, fl) in self.gemms.items()))
 
 
 def _layer(layout: Layout, rates: _Rates) -> _Layer:
@@ -185,6 +220,7 @@ def _layer(layout: Layout, rates: _Rates) -> _Layer:
                     "o_proj": (tokens, h, q), "gate_proj": (tokens, f, h), "up_proj": (tokens, f, h),
                     "down_proj": (tokens, h, f)})
     gemms = {name: (gemm_s(*shape, rates, e), 2.0 * shape[0] * shape[1] * shape[2]) for name, shape in shapes.items()}
+    lora = _adapter_gemms(layout, shapes, rates)
     heads = m.num_heads // t
     if layout.attention == "eager":
         scores = b * heads * s * s
@@ -200,7 +236,32 @@ def _layer(layout: Layout, rates: _Rates) -> _Layer:
     h_local = h / t if layout.sp else h
     per_token = (2 * ew.norm * h_local + 2 * ew.residual * h_local + ew.rope * (q + kv) + ew.swiglu * f
                  + ew.attention_out * q + (ew.repeat_kv * 2 * q if kv < q else 0)) * e / 2
-    return _Layer(gemms, attn_fwd, attn_bwd, tokens * per_token / rates.bandwidth)
+    adapted_shapes = [shapes[name.rsplit(".", 1)[0]] for name in lora if name.endswith(".lora_B")]
+    per_input = ((LORA_DROPOUT_BYTES if layout.peft.dropout > 0 else 0)
+                 + (LORA_CAST_BYTES if casts_adapter_input(layout) else 0))
+    lora_per_token = sum(LORA_OUTPUT_BYTES * n + per_input * k for _, n, k in adapted_shapes) * e / 2
+    # QLoRA: bitsandbytes dequantizes each NF4 weight to the compute dtype before its matmul (reads the codes and
+    # statistics, writes the weight), memory-bound.
+    dequant = ({name: n * k * (NF4_READ_BYTES + e) / rates.bandwidth for name, (_, n, k) in shapes.items()}
+               if quantized(layout) else {})
+    return _Layer({**gemms, **lora}, attn_fwd, attn_bwd, tokens * per_token / rates.bandwidth,
+                  frozenset(shapes) if adapted(layout) else frozenset(), dequant,
+                  tokens * lora_per_token / rates.bandwidth)
+
+
+def _adapter_gemms(layout: Layout, shapes: Mapping[str, tuple[int, int, int]], rates: _Rates
+                   ) -> dict[str, tuple[float, float]]:
+    """The adapters' two thin GEMMs per adapted linear (tokens × in by in × rank, then tokens × rank by rank × out),
+    by "<module>.lora_A" / ".lora_B", (seconds, FLOPs) of the forward; none without [peft]. Under TP the adapted
+    linear's shard is taken (the trainers refuse TP with [peft]: this plans published layouts only)."""
+    targets = adapted_modules(layout)
+    r, e = layout.peft.rank, layout.elem_bytes
+    out = {}
+    for name, (tokens, n, k) in shapes.items():
+        if name in targets or any(part in targets for part in MEGATRON_FUSED.get(name, ())):
+            for part, shape in (("lora_A", (tokens, r, k)), ("lora_B", (tokens, n, r))):
+                out[f"{name}.{part}"] = (gemm_s(*shape, rates, e), 2.0 * shape[0] * shape[1] * shape[2])
+    return out
 
 
 @dataclass(frozen=True)
@@ -225,9 +286,11 @@ class _Work:
 
 
 def _trained(layer: _Layer) -> _Work:
-    """Forward and backward of one layer."""
-    return _Work(3 * layer.gemm_s, layer.attention_fwd_s + layer.attention_bwd_s, (1 + BACKWARD_BYTES) * layer.memory_s,
-                 3 * layer.gemm_flops)
+    """Forward and backward of one layer (QLoRA dequantizes every weight in each)."""
+    back_s, back_flops = layer.backward_gemms()
+    return _Work(layer.gemm_s + back_s, layer.attention_fwd_s + layer.attention_bwd_s,
+                 (1 + BACKWARD_BYTES) * layer.memory_s + (1 + LORA_BACKWARD_BYTES) * layer.adapter_memory_s
+                 + 2 * sum(layer.dequant_s.values()), layer.gemm_flops + back_flops)
 
 
 def _recomputed(layout: Layout, layer: _Layer) -> _Work:
@@ -242,12 +305,17 @@ def _recomputed(layout: Layout, layer: _Layer) -> _Work:
     policy = traits(layout.backend).selective
     if ac == "selective" and policy == "core_attention":
         return _Work(attention_s=layer.attention_fwd_s)
+    # QLoRA dequantizes a recomputed linear's weight again. Under [peft] the op policy is taken to recompute the base
+    # matmuls it names and none of the adapters' (their outputs are small), and "full" every adapter GEMM.
     if ac == "selective" and policy == "op":
         again = [layer.gemms[name] for name in OP_POLICY_RECOMPUTED]
-        return _Work(sum(sec for sec, _ in again), 0.0, layer.memory_s, sum(fl for _, fl in again))
+        dequant = sum(layer.dequant_s.get(name, 0.0) for name in OP_POLICY_RECOMPUTED)
+        return _Work(sum(sec for sec, _ in again), 0.0, layer.memory_s + dequant, sum(fl for _, fl in again))
     last = layer.gemms["down_proj"] if traits(layout.backend).accounting == "torch" else (0.0, 0.0)
     share = 1.0 / SELECTIVE_EVERY if ac == "every_other_block" else 1.0
-    return _Work(layer.gemm_s - last[0], layer.attention_fwd_s, layer.memory_s, layer.gemm_flops - last[1]) * share
+    dequant = sum(layer.dequant_s.values()) - (layer.dequant_s.get("down_proj", 0.0) if last[1] else 0.0)
+    return _Work(layer.gemm_s - last[0], layer.attention_fwd_s, layer.memory_s + layer.adapter_memory_s + dequant,
+                 layer.gemm_flops - last[1]) * share
 
 
 def _head(layout: Layout, rates: _Rates) -> _Work:
@@ -257,13 +325,15 @@ def _head(layout: Layout, rates: _Rates) -> _Work:
     tokens = layout.micro_batch_size * layout.seq_len
     vocab = m.vocab_size // layout.grid.tp
     loss = tokens * vocab * ELEMENTWISE[fusion(layout)].loss * layout.elem_bytes / 2 / rates.bandwidth
-    return _Work(3 * gemm_s(tokens, vocab, m.hidden_size, rates, layout.elem_bytes), 0.0, loss,
-                 6.0 * tokens * vocab * m.hidden_size)
+    passes = 2 if adapted(layout) else 3  # a frozen output layer (under [peft]) makes no weight gradient
+    return _Work(passes * gemm_s(tokens, vocab, m.hidden_size, rates, layout.elem_bytes), 0.0, loss,
+                 2.0 * passes * tokens * vocab * m.hidden_size)
 
 
 def optimizer_partition(layout: Layout) -> int:
-    """Parameters the largest pipeline stage's rank steps: its whole shard without ZeRO, else 1/dp of it."""
-    part = max(sum(rank_parameters(layout, s)) for s in range(layout.grid.pp))
+    """Parameters the largest pipeline stage's rank steps: what trains of its shard (the adapters under [peft]), whole
+    without ZeRO, else 1/dp of it."""
+    part = max(rank_split(layout, sum(rank_parameters(layout, s))).trainable for s in range(layout.grid.pp))
     return part if layout.zero_stage == 0 else -(-part // layout.grid.dp)
 
 
@@ -285,11 +355,13 @@ def compute(layout: Layout) -> Compute:
     # An offloaded optimizer steps on the host: launch.plan.time's offload term times it.
     optimizer = (optimizer_partition(layout) * OPTIMIZER_BYTES[kind] / rates.bandwidth
                  if layout.offload_optimizer == "none" else 0.0)
-    shard = max(sum(rank_parameters(layout, s)) for s in range(g.pp))
+    # The gathers copy whole units (under [peft] the base and its adapters), the reductions the gradients (adapters').
+    split = rank_split(layout, max(sum(rank_parameters(layout, s)) for s in range(g.pp)))
     if g.dp > 1 and layout.zero_stage > 0:
         gathers = {3: 2 * ga, 2: ga if kind == "torch" else 0}.get(layout.zero_stage, 0)
         reductions = ga if layout.zero_stage >= 2 else 1
-        optimizer += shard * (gathers * GATHER_COPY_BYTES + reductions * REDUCE_COPY_BYTES) / rates.bandwidth
+        optimizer += ((split.frozen + split.trainable) * gathers * GATHER_COPY_BYTES
+                      + split.trainable * reductions * REDUCE_COPY_BYTES) / rates.bandwidth
     return Compute(gemm_s=ga * w.gemm_s, attention_s=ga * w.attention_s, memory_s=ga * w.memory_s,
                    optimizer_s=optimizer, recompute_s=ga * recomputed[slowest].total_s,
                    gemm_peak_share=w.gemm_flops / w.gemm_s / rates.peak if w.gemm_s else 0.0,

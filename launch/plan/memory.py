@@ -31,6 +31,15 @@ import math
 from dataclasses import dataclass
 
 from launch.config.backends import SELECTIVE_EVERY, traits
+from launch.plan.adapters import (
+    adapted,
+    adapted_modules,
+    block_adapters,
+    casts_adapter_input,
+    dequantized_bytes,
+    frozen_bytes,
+    rank_split,
+)
 from launch.plan.layout import Layout, RankPlan, bucket, int_or, persistence_threshold, prefetch_bucket
 from launch.units import GiB
 
@@ -126,9 +135,10 @@ def largest_layer_params(layout: Layout) -> int:
 def fsdp_units(layout: Layout, stage: int = 0) -> tuple[int, int]:
     """(the root units' parameters, one decoder block's) on one rank of pipeline stage `stage` before sharding: the
     torch backend's FSDP2 shards each decoder block as a unit and the rest of each model part (the embedding on the
-    first stage; final norm and output layer on the last) in that part's root."""
+    first stage; final norm and output layer on the last) in that part's root. Under [peft] a block's adapters are in
+    its unit."""
     m, g = layout.model, layout.grid
-    root = block = 0
+    root, block = 0, block_adapters(layout)
     for info in m.parameters():
         n = info.numel // g.tp if _tp_split(layout, info.split) else info.numel
         if (info.layer == -1 and stage == 0) or (info.layer == m.num_layers and stage == g.pp - 1):
@@ -136,6 +146,12 @@ def fsdp_units(layout: Layout, stage: int = 0) -> tuple[int, int]:
         elif info.layer == 0:
             block += n
     return root, block
+
+
+def fsdp_trained_units(layout: Layout, stage: int = 0) -> tuple[int, int]:
+    """The trainable parameters of `fsdp_units`' root and block, whose gradients FSDP2 makes unsharded and reduces:
+    the whole units without [peft]; under it a block's adapters alone (the root holds none)."""
+    return (0, block_adapters(layout)) if adapted(layout) else fsdp_units(layout, stage)
 
 
 def output_layer_params(layout: Layout) -> int:
@@ -163,16 +179,20 @@ def fsdp_gathered(layout: Layout, params: int, stage: int = 0) -> int:
 
 def model_states(layout: Layout, params: int, accounting: str, stage: int = 0) -> tuple[int, int, int, int]:
     """(weights, grads, optimizer, host) bytes on one rank of pipeline stage `stage` holding `params` parameters
-    before ZeRO."""
-    if accounting == "zero_paper":
-        return _zero_paper_states(layout, params)
-    if accounting == "deepspeed":
-        return _deepspeed_states(layout, params)
-    if accounting == "megatron":
-        return _megatron_states(layout, params)
+    before ZeRO (under [peft] the base model's; its adapters beside them, launch.plan.adapters)."""
     if accounting == "torch":
         return _torch_states(layout, params, stage)
-    raise ValueError(f"unknown accounting {accounting}")
+    states = {"zero_paper": _zero_paper_states, "deepspeed": _deepspeed_states, "megatron": _megatron_states}.get(
+        accounting)
+    if states is None:
+        raise ValueError(f"unknown accounting {accounting}")
+    # Each accounting's states are those of the parameters that train (the adapters under [peft]: their 16-bit copy,
+    # master, gradients and optimizer state); the frozen base adds only its weights, in precision.dtype (DeepSpeed and
+    # Megatron keep no fp32 master of a parameter without a gradient), partitioned as ZeRO-3 partitions every parameter.
+    split = rank_split(layout, params)
+    w, g, o, host = states(layout, split.trainable)
+    frozen = frozen_bytes(layout, split)
+    return w + (math.ceil(frozen / layout.grid.dp) if layout.zero_stage >= 3 else frozen), g, o, host
 
 
 def _zero_paper_states(layout: Layout, params: int) -> tuple[int, int, int, int]:
@@ -247,24 +267,30 @@ def _megatron_states(layout: Layout, params: int) -> tuple[int, int, int, int]:
 
 
 def _torch_states(layout: Layout, params: int, stage: int) -> tuple[int, int, int, int]:
-    # fp32 parameters (the master copy), fp32 gradients (FSDP2 reduces in fp32) and AdamW's fp32 m and v.
+    # fp32 parameters (the master copy), fp32 gradients (FSDP2 reduces in fp32) and AdamW's fp32 m and v, of the
+    # parameters that train; under [peft] the frozen base beside them in precision.dtype (NF4 linear under QLoRA).
     e = layout.elem_bytes
+    split = rank_split(layout, params)
+    t, frozen = split.trainable, frozen_bytes(layout, split)
     if layout.zero_stage == 0:
-        # DDP: everything whole; gradients are views of the reduce buckets. Under autocast the 16-bit copies of
-        # the weights are saved for the backward.
-        return 4 * params + (e * params if layout.dtype != "fp32" else 0), 4 * params, 8 * params, 0
+        # DDP: everything whole; gradients are views of the reduce buckets. Under autocast the 16-bit copies of the
+        # trained weights are saved for the backward (a frozen base is in the compute dtype already); QLoRA's one
+        # dequantized linear weight at a time.
+        return (4 * t + (e * t if layout.dtype != "fp32" else 0) + frozen + dequantized_bytes(layout), 4 * t, 8 * t,
+                0)
     # FSDP2: the 16 B sharded over dp (each tensor padded to a multiple of dp rows, ignored here), plus the
     # gathered units in the compute dtype, and one block's and the root's unsharded gradients in the backward.
-    root, block = fsdp_units(layout, stage)
-    gathered = e * fsdp_gathered(layout, params, stage)
-    shard = -(-params // (layout.hpz if layout.hpz > 1 else layout.grid.dp))  # hybrid sharding: within its groups
+    root, block = fsdp_trained_units(layout, stage)
+    gathered = e * fsdp_gathered(layout, split.trainable + split.frozen, stage)
+    group = layout.hpz if layout.hpz > 1 else layout.grid.dp  # hybrid sharding: within its groups
+    shard, frozen_shard = -(-t // group), -(-frozen // group)
     # The unsharded gradients of the unit in its backward; under a pipeline every unit's, accumulated in
     # fp32 until the last micro-batch (torch.distributed.pipelining defers FSDP2's reduce-scatter there).
-    unsharded = 4 * params if layout.grid.pp > 1 else e * min(params, root + block)
+    unsharded = 4 * t if layout.grid.pp > 1 else e * min(t, root + block)
     if layout.offload_params != "none":
         # CPUOffloadPolicy: sharded parameters, gradients and the optimizer step live on the host
-        return gathered, unsharded, 0, 16 * shard
-    return 4 * shard + gathered, 4 * shard + unsharded, 8 * shard, 0
+        return gathered, unsharded, 0, 16 * shard + frozen_shard
+    return 4 * shard + frozen_shard + gathered, 4 * shard + unsharded, 8 * shard, 0
 
 
 # --------------------------------------------------------------------------- activations
@@ -365,7 +391,26 @@ def _model_terms(layout: Layout, b: int) -> list[ActTerm]:
     return activation_terms("llama", layout.seq_len, b, m.hidden_size, m.num_heads, ffn=m.intermediate_size,
                             kv_heads=m.num_kv_heads, head_dim=m.head_dim, e=layout.elem_bytes, hf_norm=hf,
                             attention=layout.attention, fused_qkv=not hf, sp_gathered_inputs=hf and layout.sp,
-                            repeat_kv=repeats_kv(layout))
+                            repeat_kv=repeats_kv(layout)) + adapter_terms(layout, b)
+
+
+def adapter_terms(layout: Layout, b: int) -> list[ActTerm]:
+    """What peft's LoRA layers save for the backward beyond the base layer's tensors (none without [peft]): lora_A's
+    output (tokens × rank, in the compute dtype), which lora_B keeps; lora_A's input is the linear's own input, which
+    the base layer's terms count already, unless it is a new tensor: the dropout's output with peft.dropout > 0 (with
+    its 1-byte mask), or the 16-bit copy of a cast input (`casts_adapter_input`). Approximations: the base's saved
+    tensors are counted as in full training although a frozen linear alone would not need its input (an adapter keeps
+    it anyway), and bitsandbytes' 4-bit matmul is taken to keep what nn.Linear keeps."""
+    e, tokens = layout.elem_bytes, layout.seq_len * b
+    dropout = layout.peft.dropout > 0
+    # per input element: a new 16-bit input for lora_A, and the dropout's mask
+    new_input = (e if dropout or casts_adapter_input(layout) else 0) + (1 if dropout else 0)
+    terms = []
+    for name, (_, in_features) in adapted_modules(layout).items():
+        terms.append(ActTerm(f"lora_{name}_a_out", e * tokens * layout.peft.rank, "whole"))
+        if new_input:
+            terms.append(ActTerm(f"lora_{name}_input", new_input * tokens * in_features, "replicated"))
+    return terms
 
 
 def sdpa_kernel(layout: Layout) -> str:
@@ -411,12 +456,13 @@ class StageActivations:
 
 def _checkpointed_input(layout: Layout) -> float | None:
     """What a fully checkpointed layer keeps: its input. The torch backend's FSDP2 casts each unit's input to the
-    compute dtype (MixedPrecisionPolicy's cast_forward_inputs); under DDP's autocast the residual stream stays fp32.
-    Elsewhere the first term (the norm's input) stands for it."""
+    compute dtype (MixedPrecisionPolicy's cast_forward_inputs); under DDP's autocast the residual stream stays fp32,
+    unless a [peft] base held in the compute dtype makes it so from the embedding on. Elsewhere the first term (the
+    norm's input) stands for it."""
     if traits(layout.backend).accounting != "torch":
         return None
     rows = layout.seq_len * layout.micro_batch_size * layout.model.hidden_size
-    return (layout.elem_bytes if layout.zero_stage > 0 else 4) * rows
+    return (layout.elem_bytes if layout.zero_stage > 0 or adapted(layout) else 4) * rows
 
 
 # torchtitan's op policy (launch/ranks/trainers/torch_backend.py: op_policy) on a Hugging Face Llama block, whose
@@ -448,7 +494,9 @@ def stage_activation_parts(layout: Layout, stage: int) -> StageActivations:
     ac = layout.activation_checkpointing
     x = _checkpointed_input(layout)
     if ac == "selective" and traits(layout.backend).selective == "op":
-        stored = layers * op_policy_layer_bytes(layout, b, x if x is not None else terms[0].bytes)
+        # the op policy's count is the base block's; the adapters' tensors taken as kept (their matmuls are not in it)
+        stored = layers * (op_policy_layer_bytes(layout, b, x if x is not None else terms[0].bytes)
+                           + sum(t.bytes for t in adapter_terms(layout, b)))
         ac = "full"  # one recomputed block's activations are alive at once, as below
     elif ac == "every_other_block":
         # Blocks 0, n, 2n, ... recompute fully (launch.config.backends.SELECTIVE_EVERY); the others save everything.
@@ -530,37 +578,46 @@ def torch_phases(layout: Layout, params: int, stage: int = 0) -> list[PhaseMemor
     at_loss, in_loss_backward = LOSS_BYTES["loss_parallel" if g.tp > 1 else "cross_entropy"]
     output_forward = int(a.norm_input + (e + at_loss) * a.logits)
     output_backward = int(a.norm_input + (e + in_loss_backward) * a.logits)
+    # What trains (every parameter without [peft], its adapters under it) holds fp32 master, gradients and m, v; a frozen
+    # base only its weights (launch.plan.adapters).
+    split = rank_split(layout, params)
+    t, frozen = split.trainable, frozen_bytes(layout, split)
     if layout.zero_stage == 0:
         # DDP: fp32 parameters, their gradients (views of the reduce buckets, allocated when DDP wraps the model) and
-        # AdamW's m and v, whole; under autocast the 16-bit copies of the weights, cast once per forward and kept
-        # until the backward has used them.
-        copies = e * params if layout.dtype != "fp32" else 0
-        fw = PhaseMemory("forward", 4 * params + copies, 4 * params, 8 * params, layers + output_forward)
-        bw = PhaseMemory("backward", 4 * params + copies, 4 * params, 8 * params,
-                         layers + max(output_backward, int(a.recomputed)))
-        return [fw, bw, PhaseMemory("optimizer step", 4 * params, 4 * params, 8 * params, 0)]
-    shard = -(-params // (layout.hpz if layout.hpz > 1 else g.dp))  # hybrid sharding: within its groups
+        # AdamW's m and v, whole; under autocast the 16-bit copies of the trained weights, cast once per forward and
+        # kept until the backward has used them; QLoRA's one dequantized linear weight while it computes.
+        copies = e * t if layout.dtype != "fp32" else 0
+        running = 4 * t + frozen + copies + dequantized_bytes(layout)
+        fw = PhaseMemory("forward", running, 4 * t, 8 * t, layers + output_forward)
+        bw = PhaseMemory("backward", running, 4 * t, 8 * t, layers + max(output_backward, int(a.recomputed)))
+        return [fw, bw, PhaseMemory("optimizer step", 4 * t + frozen, 4 * t, 8 * t, 0)]
+    group = layout.hpz if layout.hpz > 1 else g.dp  # hybrid sharding: within its groups
+    shard = -(-t // group)
+    stored = 4 * shard + -(-frozen // group)  # the sharded parameters: fp32 trained ones and the frozen base
+    total = t + split.frozen
     root, block = fsdp_units(layout, stage)
-    gathered = e * fsdp_gathered(layout, params, stage)
-    after_forward = e * params if layout.zero_stage == 2 else 0  # units still gathered once the forward is done
+    trained_block = fsdp_trained_units(layout, stage)[1]
+    gathered = e * fsdp_gathered(layout, total, stage)
+    after_forward = e * total if layout.zero_stage == 2 else 0  # units still gathered once the forward is done
     held = 4 * shard if layout.grad_accum > 1 else 0  # the sharded gradients of the earlier micro-batches
-    # The output layer's unsharded gradients (its root unit reduces them with the embedding's, at the end), a block's,
-    # and the block's copy in precision.grad_reduce_dtype, the reduce-scatter's input.
-    reducing = e * (output_layer_params(layout) + block) + layout.grad_reduce_bytes * block  # (this rank: the output layer)
+    # The output layer's unsharded gradients (its root unit reduces them with the embedding's, at the end; frozen under
+    # [peft]), a block's, and the block's copy in precision.grad_reduce_dtype, the reduce-scatter's input.
+    output = 0 if adapted(layout) else output_layer_params(layout)  # (this rank: the output layer)
+    reducing = e * (output + trained_block) + layout.grad_reduce_bytes * trained_block
     # As the forward begins, the root and the first block are gathered while their all-gather outputs are still
     # held (the tracker's all-gather buffers): twice their bytes, beside no activations yet.
-    starting = 2 * e * min(params, root + block)
+    starting = 2 * e * min(total, root + block)
     if starting >= layers + max(gathered, after_forward + output_forward):
-        fw = PhaseMemory("forward", 4 * shard + starting, held, 8 * shard, 0)
+        fw = PhaseMemory("forward", stored + starting, held, 8 * shard, 0)
     elif gathered >= after_forward + output_forward:
-        fw = PhaseMemory("forward", 4 * shard + gathered, held, 8 * shard, layers)
+        fw = PhaseMemory("forward", stored + gathered, held, 8 * shard, layers)
     else:
-        fw = PhaseMemory("forward", 4 * shard + after_forward, held, 8 * shard, layers + output_forward)
+        fw = PhaseMemory("forward", stored + after_forward, held, 8 * shard, layers + output_forward)
     if gathered + reducing + int(a.recomputed) >= after_forward + output_backward:
-        bw = PhaseMemory("backward", 4 * shard + gathered, held + reducing, 8 * shard, layers + int(a.recomputed))
+        bw = PhaseMemory("backward", stored + gathered, held + reducing, 8 * shard, layers + int(a.recomputed))
     else:
-        bw = PhaseMemory("backward", 4 * shard + after_forward, held, 8 * shard, layers + output_backward)
-    return [fw, bw, PhaseMemory("optimizer step", 4 * shard, 4 * shard, 8 * shard, 0)]
+        bw = PhaseMemory("backward", stored + after_forward, held, 8 * shard, layers + output_backward)
+    return [fw, bw, PhaseMemory("optimizer step", stored, 4 * shard, 8 * shard, 0)]
 
 
 # --------------------------------------------------------------------------- buffers
@@ -573,9 +630,11 @@ def buffers(layout: Layout, params: int) -> int:
     if layout.grid.dp == 1 and layout.zero_stage == 0 or not traits(layout.backend).uses_deepspeed(layout.zero_stage):
         return 0
     z, e, zo = layout.zero_stage, layout.elem_bytes, layout.ds_zero
-    reduce = min(bucket(layout, "reduce_bucket_size"), params)
+    # Buckets carry gradients and updated partitions: of the parameters that train (the adapters under [peft]).
+    trained = rank_split(layout, params).trainable
+    reduce = min(bucket(layout, "reduce_bucket_size"), trained)
     if z in (1, 2):
-        gather = min(bucket(layout, "allgather_bucket_size"), params)
+        gather = min(bucket(layout, "allgather_bucket_size"), trained)
         copies = 2 if zo.get("overlap_comm") else 1  # overlap_comm double-buffers the gradient bucket
         return e * (copies * reduce + gather)
     if z == 3:

@@ -53,9 +53,14 @@ def recompute_flops_per_token(layout: Layout) -> float:
     (launch.plan.memory.OP_POLICY_RECOMPUTED) in every block. Counted by `python -m launch rehearse`
     (FlopCounterMode over the real step)."""
     ac, m = layout.activation_checkpointing, layout.model
+    # Under [peft] a recomputed block's forward includes its adapters' GEMMs (2 FLOPs per adapter parameter), all of
+    # them under "full" (the torch backend's stop before down_proj's base matmul is kept, its adapter is counted); the
+    # op policy is taken to recompute only the base matmuls it names (launch.plan.compute says the same).
+    adapter_forward = 2 * adapters.parameter_split(m, layout.peft).trainable if adapters.adapted(layout.peft) else 0
     if traits(layout.backend).accounting != "torch":
         layers = m.param_counts().flops_params - m.vocab_size * m.hidden_size  # less the output layer
-        return 2 * layers + 4 * m.num_layers * m.num_heads * m.head_dim * layout.seq_len if ac == "full" else 0.0
+        return (2 * layers + adapter_forward + 4 * m.num_layers * m.num_heads * m.head_dim * layout.seq_len
+                if ac == "full" else 0.0)
     h, q, kv = m.hidden_size, m.num_heads * m.head_dim, m.num_kv_heads * m.head_dim
     if ac == "selective":
         sizes = {"k_proj": h * kv, "o_proj": q * h, "up_proj": h * m.intermediate_size}
@@ -63,7 +68,8 @@ def recompute_flops_per_token(layout: Layout) -> float:
     blocks = {"none": 0, "full": m.num_layers, "every_other_block": -(-m.num_layers // SELECTIVE_EVERY)}[ac]
     pc = m.param_counts()
     down_proj = m.intermediate_size * m.hidden_size
-    per_block = 2 * (pc.attention_per_layer + pc.mlp_per_layer - down_proj) + 4 * m.num_heads * m.head_dim * layout.seq_len
+    per_block = (2 * (pc.attention_per_layer + pc.mlp_per_layer - down_proj) + adapter_forward // m.num_layers
+                 + 4 * m.num_heads * m.head_dim * layout.seq_len)
     return blocks * per_block
 
 
@@ -330,6 +336,8 @@ def layout_timing(layout: Layout, machine: cal.Machine | None) -> Timing:
         why.append("it does not time interleaved pipeline stages (vpp > 1)")
     if layout.offload_optimizer != "none" or layout.offload_params != "none":
         why.append("it does not time offloading")
+    if adapters.adapted(layout.peft):
+        why.append("its passes trained every parameter, not a [peft] fine-tune's adapters")
     if not why:
         return Timing(calib, missing)
     this_machine = not cal.host_problems(calib, machine_kind=machine.kind, versions=machine.versions,

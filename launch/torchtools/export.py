@@ -1,5 +1,5 @@
-"""The torch half of `python -m launch export`: `python -m launch.torchtools.export RUN_DIR STEP OUT` (STEP and OUT may
-be "-"), started by launch/commands/export.py after it has checked the arguments.
+"""The torch half of `python -m launch export`: `python -m launch.torchtools.export RUN_DIR STEP OUT MERGE` (STEP and
+OUT may be "-"; MERGE "true" or "false"), started by launch/commands/export.py after it has checked the arguments.
 
 Each backend consolidates its own shards (`export_hf_state` of its rank module, see
 launch/ranks/trainers/protocol.py); this module checks the result against the model in resolved.json and
@@ -16,6 +16,7 @@ import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
+from launch.config import adapters
 from launch.config.backends import traits
 from launch.config.resolve import Resolved
 from launch.data.tokenizer import TOKENIZER_FILE, tokenizer_file, tokenizer_folder
@@ -39,7 +40,13 @@ def consolidated_state_dict(run: RunDir, resolved: Resolved, step: int | None = 
     return ckpt, traits(resolved.recipe.backend).rank_module().export_hf_state(resolved, ckpt)
 
 
-def export(run_dir: str | Path, step: int | None = None, out: str | Path | None = None) -> Path:
+MERGED = "merged"  # a fine-tune's export with merge=true: the merged model's folder, inside the adapters'
+
+
+def export(run_dir: str | Path, step: int | None = None, out: str | Path | None = None,
+           merge: bool = False) -> "Exported":
+    """A checkpoint as a Hugging Face folder; a fine-tune's ([peft]) as a PEFT folder of its adapters, and with `merge`
+    the merged model beside them (folder MERGED)."""
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -54,11 +61,15 @@ def export(run_dir: str | Path, step: int | None = None, out: str | Path | None 
     # ZeRO-3's universal tensors are stored flat; give each its module shape back.
     state = {k: v.reshape(shapes[k]) if k in shapes and v.numel() == shapes[k].numel() else v
              for k, v in state.items()}
+    tuned = adapters.adapted(resolved.recipe.peft)
+    trained = {k: state.pop(k) for k in [k for k in state if ".lora_" in k]} if tuned else {}
     missing, unexpected = model.load_state_dict(state, strict=False)
     tied = {"lm_head.weight"} if resolved.model.tie_word_embeddings else set()
     if set(missing) - tied or unexpected:
         raise ConfigError(str(ckpt.dir), "parameters", sorted(set(missing) - tied)[:5] or sorted(unexpected)[:5],
                           "do not match the model in resolved.json", "export a checkpoint of this run's own model")
+    if tuned:
+        model = _with_adapters(model, resolved, trained, ckpt)
     target = Path(out) if out else run.root / "export" / ckpt.tag
     problem = export_target_problem(target, inputs=export_inputs(run, resolved.recipe))
     if problem:
@@ -70,8 +81,11 @@ def export(run_dir: str | Path, step: int | None = None, out: str | Path | None 
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # "Writing model shards: 100%": the command prints what it wrote, once
-    model.save_pretrained(staging, safe_serialization=True)
+    model.save_pretrained(staging, safe_serialization=True)  # a PeftModel writes its adapters and their config
     tokenizer = save_tokenizer(resolved, staging)
+    if merge:
+        model.merge_and_unload().save_pretrained(staging / MERGED, safe_serialization=True)
+        save_tokenizer(resolved, staging / MERGED)
     files = sorted(p.name for p in staging.iterdir())  # what a later export may replace (rundir.is_our_export)
     (staging / EXPORT_MARKER).write_text(json.dumps({"run": str(run.root), "checkpoint": str(ckpt.dir),
                                                      "files": files}) + "\n")
@@ -82,20 +96,56 @@ def export(run_dir: str | Path, step: int | None = None, out: str | Path | None 
     staging.rename(target)
     if old is not None:
         shutil.rmtree(old)
-    return Exported(target, tokenizer)
+    return Exported(target, tokenizer, tuned, resolved.recipe.model.weights, merge)
+
+
+def _with_adapters(model, resolved: Resolved, trained: dict, ckpt):
+    """The base `model` with the run's adapters, as peft builds them (its LoraConfig of the recipe's [peft]), each
+    adapter tensor the checkpoint's, every one there."""
+    from peft import get_peft_model
+
+    from launch.torchtools.hf import lora_config
+
+    config = lora_config(resolved.recipe.peft)
+    # where the adapters' base lives, for peft's own loading (None: a seeded base, which no folder holds)
+    config.base_model_name_or_path = resolved.recipe.model.weights
+    tuned = get_peft_model(model, config, adapter_name=adapters.ADAPTER_NAME)
+    inner = "base_model.model."  # peft's prefix for the wrapped model's own names
+    missing, unexpected = tuned.load_state_dict({inner + k: v for k, v in trained.items()}, strict=False)
+    missing = [k for k in missing if ".lora_" in k]
+    if missing or unexpected or not trained:
+        raise ConfigError(str(ckpt.dir), "adapters", sorted(missing)[:3] or sorted(unexpected)[:3] or "none",
+                          "do not match the adapters the run's [peft] makes", "export a checkpoint of this run's own")
+    return tuned
 
 
 @dataclass(frozen=True)
 class Exported:
     folder: Path
     tokenizer: str  # what the folder holds of the tokenizer, in words ('' where it holds none)
+    tuned: bool = False  # a fine-tune's ([peft]): its adapters, as a PEFT folder
+    base: str | None = None  # the folder of the base they load onto (model.weights; None: a seeded base)
+    merged: bool = False  # with the merged model in MERGED
 
     def lines(self) -> list[str]:
         """What the command prints: the folder, then how to load it."""
+        if self.tuned:
+            return self._adapter_lines()
         how = [f"{self.folder}", f"load it with: AutoModelForCausalLM.from_pretrained({str(self.folder)!r})"]
         if self.tokenizer:
             return [*how, f"and AutoTokenizer.from_pretrained({str(self.folder)!r}) ({self.tokenizer})"]
         return [*how, "(no tokenizer: the run trained on synthetic token ids)"]
+
+    def _adapter_lines(self) -> list[str]:
+        base = repr(self.base) if self.base else "<the base model's folder>"
+        out = [f"{self.folder}", f"the adapters (PEFT): PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained("
+                                 f"{base}), {str(self.folder)!r})"]
+        if self.merged:
+            merged = str(self.folder / MERGED)
+            out.append(f"the merged model: AutoModelForCausalLM.from_pretrained({merged!r})")
+        if self.tokenizer:
+            out.append(f"and AutoTokenizer.from_pretrained({str(self.folder)!r}) ({self.tokenizer})")
+        return out
 
 
 # What a Hugging Face tokenizer folder holds that AutoTokenizer reads (tokenizer.model: a slow tokenizer's own file).
@@ -154,11 +204,12 @@ def warnings_to(path: Path) -> None:
 
 
 def main(argv: list[str]) -> int:
-    run_dir, step, out = argv
+    run_dir, step, out, merge = argv
     warnings_to(RunDir.open(run_dir).logs / "export.err")
     untrusted.guard()
     try:
-        print("\n".join(export(run_dir, None if step == "-" else int(step), None if out == "-" else out).lines()))
+        print("\n".join(export(run_dir, None if step == "-" else int(step), None if out == "-" else out,
+                               merge == "true").lines()))
     except (ConfigError, untrusted.UntrustedFileError, ResumeError) as e:  # the user's to mend: one line
         print(f"error: {e}", file=sys.stderr)
         return 2

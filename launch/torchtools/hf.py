@@ -1,8 +1,10 @@
-"""A catalogue model as `transformers` builds it: the one place a model spec becomes a transformers config; and the
-byte tokenizer (launch/data/tokenizer.py) as a `transformers` tokenizer, for exports of runs that read bytes."""
+"""A catalogue model as `transformers` builds it: the one place a model spec becomes a transformers config (and a
+recipe's [peft] a peft config); and the byte tokenizer (launch/data/tokenizer.py) as a `transformers` tokenizer, for
+exports of runs that read bytes."""
 from __future__ import annotations
 
 from launch.config.models import ModelSpec
+from launch.config.schema import PeftSection
 from launch.data.tokenizer import EOS_BYTE
 
 
@@ -17,6 +19,15 @@ def hf_config(spec: ModelSpec):
     config = AutoConfig.for_model(model_type, **cfg)
     config.architectures = [spec.architecture]
     return config
+
+
+def lora_config(spec: PeftSection):
+    """peft's LoraConfig of a recipe's [peft] (launch.config.adapters): what the ranks add to the model and what an
+    export writes beside its adapters."""
+    from peft import LoraConfig
+
+    return LoraConfig(r=spec.rank, lora_alpha=spec.alpha, lora_dropout=spec.dropout,
+                      target_modules=list(spec.target_modules), bias="none", task_type="CAUSAL_LM")
 
 
 BYTE_EOS_TOKEN = "<|endoftext|>"

@@ -8,11 +8,13 @@ import shutil
 from pathlib import Path
 from typing import Sequence
 
+from launch.config.adapters import adapted
 from launch.config.resolve import resolve_path
 from launch.plan.build import plan_resolved
 from launch.plan.time import model_flops_per_token
 from launch.run.metrics import (
     FLOPS_FORMULA,
+    FLOPS_FORMULA_ADAPTERS,
     SCHEMA_VERSION,
     MetaRecord,
     MetricsWriter,
@@ -47,9 +49,10 @@ def default_step_times(steps: int, warmup: int) -> list[float]:
 def make_run_dir(root: Path, name: str = "20260101-000000", *, overrides: Sequence[str] = (), steps: int = 12,
                  step_times: Sequence[float] | None = None, rss_bytes: int = 600 * 2**20, traces: bool = True,
                  plan: bool = True, cut_last_line: bool = False, losses: Sequence[float] | None = None,
-                 valid_losses: dict[int, float] | None = None) -> Path:
+                 valid_losses: dict[int, float] | None = None, params: tuple[int, int] | None = None) -> Path:
     """runs/tiny_zero2/<name>/ as our trainer leaves it: resolved.json, plan.json, metrics/rank{0,1}.jsonl
-    (written by MetricsWriter), traces/ (the committed gloo traces) and an empty checkpoints/."""
+    (written by MetricsWriter), traces/ (the committed gloo traces) and an empty checkpoints/. `params`: the meta
+    records' (trainable_params, frozen_params); None: a run recorded before the meta record held them."""
     resolved = resolve_path(REPO / "recipes" / "tiny_zero2", [f"train.steps={steps}", *overrides])
     d = root / "tiny_zero2" / name
     (d / "checkpoints" / "step12").mkdir(parents=True)
@@ -60,7 +63,8 @@ def make_run_dir(root: Path, name: str = "20260101-000000", *, overrides: Sequen
     rc = resolved.recipe
     warm = rc.train.warmup_steps
     times = list(step_times) if step_times is not None else default_step_times(steps, warm)
-    fpt = model_flops_per_token(resolved.model, rc.batch.seq_len)
+    fpt = model_flops_per_token(resolved.model, rc.batch.seq_len, rc.peft)
+    formula = FLOPS_FORMULA_ADAPTERS if adapted(rc.peft) else FLOPS_FORMULA
     peak = resolved.hardware.peak_flops(rc.precision.dtype)
     tokens = resolved.tokens_per_step
     g = resolved.grid
@@ -68,10 +72,11 @@ def make_run_dir(root: Path, name: str = "20260101-000000", *, overrides: Sequen
         meta = MetaRecord(schema_version=SCHEMA_VERSION, rank=rank, world_size=resolved.world_size, tp=g.tp, pp=g.pp,
                           dp=g.dp, recipe=resolved.recipe_name, backend=rc.backend,
                           hardware_profile=resolved.hardware.name, device="cpu", peak_flops_per_device=peak,
-                          flops_per_token=fpt, flops_formula=FLOPS_FORMULA, tokens_per_step=tokens,
-                          warmup_steps=warm, zero_stage=rc.parallel.zero_stage, dtype=rc.precision.dtype,
+                          flops_per_token=fpt, flops_formula=formula, tokens_per_step=tokens, warmup_steps=warm,
+                          zero_stage=rc.parallel.zero_stage, dtype=rc.precision.dtype,
                           micro_batch_size=rc.batch.micro_batch_size, global_batch_size=rc.batch.global_batch_size,
-                          seq_len=rc.batch.seq_len, param_numel_local=1000, start_step=0, resumed_from=None)
+                          seq_len=rc.batch.seq_len, param_numel_local=1000, start_step=0, resumed_from=None,
+                          trainable_params=params[0] if params else None, frozen_params=params[1] if params else None)
         w = MetricsWriter(d / "metrics" / f"rank{rank}.jsonl", meta)
         for s, t in enumerate(times):
             tflops = fpt * tokens / t / resolved.world_size / 1e12

@@ -421,3 +421,49 @@ def test_a_run_written_before_the_world_size_rename_is_still_read(tmp_path):
     run = rep.runs[0]
     assert "metrics/rank0.jsonl" in {p for p, _ in run.run.files} and run.run.metrics is not None
     assert run.layout.world_size == 2 and run.stats is not None
+
+
+_LORA = ["peft.method=lora", "peft.rank=4", 'peft.target_modules=["q_proj", "v_proj"]']
+
+
+def _runs_row(md: str, label: str) -> str:
+    """The Runs table's row of `label` in the rendered Markdown (the table whose header names the parameters)."""
+    table = md.split("| run | path | kind | layout |", 1)[1].split("\n\n", 1)[0]
+    return next(line for line in table.splitlines() if line.startswith(f"| {label} | "))
+
+
+def test_a_fine_tune_shows_what_trains_and_how_its_mfu_is_counted(tmp_path):
+    """12,345 trainable and 1,000,000 frozen parameters: 12,345 / 1,012,345 = 1.22% train; a run recorded before the
+    meta record held the counts shows none, and the two runs' MFU count different FLOPs per token."""
+    tuned = make_run_dir(tmp_path / "a", traces=False, overrides=_LORA, params=(12_345, 1_000_000))
+    old = make_run_dir(tmp_path / "b", traces=False)
+    rep = build_report([("tuned", tuned), ("old", old)])
+    assert not [w for r in rep.runs for w in r.run.warnings if "params" in w]
+    render_markdown(rep, tmp_path / "r.md")
+    md = (tmp_path / "r.md").read_text()
+    assert re.search(r"\| 12\.3K trainable / 1M frozen \(1\.22%\) \| lora, rank 4, on q_proj, v_proj \| .*"
+                     r"parameters: meta of metrics/rank0\.jsonl \|$", _runs_row(md, "tuned"))
+    assert re.search(r"\| – \| none \(every parameter trains\) \| \d+ \| \d+ \| resolved\.json \|$", _runs_row(md, "old"))
+    assert len(re.findall(r"\| MFU % \(FLOP/token differs: MFU formula\) \|", md)) == 2  # the answer and How fast
+    assert re.search(r"runs count FLOP/token differently.*\(tuned: a \\\[peft\\\] fine-tune's own FLOPs, 4 × base "
+                     r"\+ 6 × adapter parameters; old: full training, 6 × parameters\)", md)
+
+
+@pytest.mark.parametrize("damage", [-5, float("nan"), "12k"], ids=["negative", "nan", "string"])
+def test_a_damaged_trainable_count_is_one_warning_and_the_other_ranks_count_stands(tmp_path, damage):
+    """A negative count passes the schema and is dropped as senseless; NaN or text makes the schema refuse rank 0's
+    meta record. Either way rank 0's steps stay, one warning names the field, and rank 1's count is the run's."""
+    import json
+
+    run = make_run_dir(tmp_path, traces=False, overrides=_LORA, params=(12_345, 1_000_000))
+    f = run / "metrics" / "rank0.jsonl"
+    records = [json.loads(line) for line in f.read_text().splitlines()]
+    records[0]["trainable_params"] = damage
+    f.write_text("".join(json.dumps(rec) + "\n" for rec in records))
+    rep = build_report([("tuned", run)])
+    (r,) = rep.runs
+    named = [w for w in r.run.warnings if "trainable_params" in w]
+    assert len(named) == 1 and named[0].startswith("metrics/rank0.jsonl"), r.run.warnings
+    assert len(r.run.metrics) == 24 and r.run.metrics.meta.trainable_params == 12_345
+    render_markdown(rep, tmp_path / "r.md")
+    assert "| 12.3K trainable / 1M frozen (1.22%) |" in _runs_row((tmp_path / "r.md").read_text(), "tuned")

@@ -29,6 +29,7 @@ tp, pp, dp or zero stage of this backend (DCP reshards), every tensor's shape ch
 from __future__ import annotations
 
 import contextlib
+import itertools
 import math
 from pathlib import Path
 from typing import Callable
@@ -36,12 +37,13 @@ from typing import Callable
 import torch
 import torch.distributed as dist
 
+from launch.config import adapters as config_adapters
 from launch.config.backends import SELECTIVE_EVERY
 from launch.config.resolve import Resolved
 from launch.config.schema import ADAM_EPS
 from launch.plan.memory import chunk_layers
 from launch.torchtools.hf import hf_config
-from launch.ranks.trainers import common
+from launch.ranks.trainers import adapters, common
 from launch.ranks.trainers.protocol import BuildContext, StepOutput
 from launch.torchtools.untrusted import (
     DCP_METADATA,
@@ -277,6 +279,11 @@ def _wrap_ddp(model, mesh, cuda: bool, local_rank: int, **rehearsal):
     """`rehearsal`: DistributedDataParallel's own keywords, which launch.ranks.rehearse sets where fake tensors need."""
     from torch.nn.parallel import DistributedDataParallel
 
+    # A frozen parameter ([peft]'s base) is left to itself: every rank built the same values, so DDP's start-up
+    # broadcast of a whole base from rank 0 would move the model's bytes for nothing (and a 4-bit weight's scales
+    # live beside its tensor, where no broadcast reaches).
+    DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(
+        model, [name for name, p in model.named_parameters() if not p.requires_grad])
     # Gradients as views of the reduce buckets: one copy of them, not two.
     # No buffer broadcast before every forward: the only buffers are the rotary frequencies, equal on every rank.
     return DistributedDataParallel(model, process_group=mesh["dp"].get_group(), gradient_as_bucket_view=True,
@@ -298,7 +305,8 @@ def allocate(part, device) -> None:
     dict carries, recomputed."""
     from torch.distributed.fsdp import FSDPModule
 
-    part.to_empty(device=device)
+    with adapters.quantized_kept(part):
+        part.to_empty(device=device)
     if part.config.tie_word_embeddings and not isinstance(part, FSDPModule):
         # to_empty gives plain (not FSDP2-managed) tied parameters two storages: tie them again. This part is the
         # whole Hugging Face model: the resolver refuses tied embeddings with a pipeline.
@@ -319,19 +327,25 @@ def _materialise(parts: list, resolved: Resolved, device, progress: Callable[[in
 
     for part in parts:
         allocate(part, device)
-    # The model's own names (a checkpointed block's parameters carry its wrapper's prefix; a tied lm_head is listed
-    # once, under its embedding's name)
-    mine = {name.replace(_CHECKPOINT_PREFIX, ""): p for part in parts for name, p in part.named_parameters()}
+    # The model's own names (a checkpointed block's parameters carry its wrapper's prefix, a weight peft wraps its
+    # base_layer; a tied lm_head is listed once, under its embedding's name), with the part and name that hold them
+    mine = {config_adapters.base_name(name.replace(_CHECKPOINT_PREFIX, "")): (part, name, p)
+            for part in parts for name, p in part.named_parameters()}
     filled: set[str] = set()
-    total = len(resolved.model.parameters())
+    total = len(resolved.model.parameters()) + len(config_adapters.adapter_parameters(resolved.model,
+                                                                                       resolved.recipe.peft))
     with torch.no_grad():
-        for seen, (name, whole) in enumerate(common.initial_tensors(resolved), 1):
-            p = mine.get(name)
-            if p is not None:
-                whole = whole.to(device)
-                if isinstance(p, DTensor):  # this rank's shard, cut from the whole tensor here (src_data_rank=None)
-                    whole = distribute_tensor(whole, p.device_mesh, p.placements, src_data_rank=None).to_local()
-                _local(p).copy_(whole)
+        starting = itertools.chain(common.initial_tensors(resolved), adapters.initial_tensors(resolved))
+        for seen, (name, whole) in enumerate(starting, 1):
+            if name in mine:
+                part, held, p = mine[name]
+                if adapters.is_quantized(p):  # QLoRA: quantized to NF4 from the whole tensor, on the device
+                    adapters.fill_quantized(part, held, whole, device)
+                else:
+                    whole = whole.to(device)
+                    if isinstance(p, DTensor):  # this rank's shard, cut from the whole tensor here (src_data_rank=None)
+                        whole = distribute_tensor(whole, p.device_mesh, p.placements, src_data_rank=None).to_local()
+                    _local(p).copy_(whole)
                 filled.add(name)
             progress(seen, total)  # every tensor passes every rank, its own or not (a pipeline stage keeps some)
     if set(mine) - filled:  # to_empty's garbage must never train
@@ -346,6 +360,7 @@ class TorchTrainer:
         self.mesh = _mesh(resolved, ctx.cuda)
         pp_rank = self.mesh["pp"].get_local_rank()
         model = _skeleton(resolved)
+        adapters.apply(model, resolved)  # [peft]: before any parallelism, which then takes the adapters as its own
         # Counting is a Python side effect inside each block: compiled, it would break the graphs of checkpointed blocks.
         self.layer_calls = [] if train.compile else common.count_layer_calls(model)
         # The pipeline split comes first: each of this rank's chunks then takes the dimensions below as a model would.
@@ -372,7 +387,7 @@ class TorchTrainer:
         # One AdamW per part (torchtitan's): each part's state dict names its own parameters. On GPUs the fused kernel
         # (one launch for all of a part's parameters, torchtitan's default); on CPU ranks and offloaded, foreach.
         fused = ctx.cuda and par.offload_params == "none"
-        self.optimizers = [torch.optim.AdamW(part.parameters(), lr=train.lr, betas=(train.adam_beta1, train.adam_beta2),
+        self.optimizers = [torch.optim.AdamW([p for p in part.parameters() if p.requires_grad], lr=train.lr, betas=(train.adam_beta1, train.adam_beta2),
                                              eps=ADAM_EPS, weight_decay=train.weight_decay,
                                              **({"fused": True} if fused else {"foreach": True}))
                            for part in parts]
@@ -604,8 +619,11 @@ class TorchTrainer:
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
 
         model_sd, optim_sd = {}, {}
+        # [peft]: the adapters and their optimizer state alone; the frozen base is rebuilt from the recipe at start-up
+        options = StateDictOptions(flatten_optimizer_state_dict=True,
+                                   ignore_frozen_params=config_adapters.adapted(self.resolved.recipe.peft))
         for part, optimizer in zip(self._wrapped(), self.optimizers, strict=True):
-            m, o = get_state_dict(part, optimizer, options=StateDictOptions(flatten_optimizer_state_dict=True))
+            m, o = get_state_dict(part, optimizer, options=options)
             model_sd.update(m)
             optim_sd.update(o)
         state = {DCP_MODEL_KEY: model_sd, "optim": optim_sd}
@@ -639,7 +657,9 @@ class TorchTrainer:
         _dcp_load(state, ckpt)
         if self.scaler is not None and "scaler" in state:
             self.scaler.load_state_dict(state["scaler"])
-        options = StateDictOptions(flatten_optimizer_state_dict=True, strict=len(self.parts) == 1)
+        adapted = config_adapters.adapted(self.resolved.recipe.peft)
+        options = StateDictOptions(flatten_optimizer_state_dict=True, strict=len(self.parts) == 1 and not adapted,
+                                   ignore_frozen_params=adapted)
         for part, optimizer in zip(self._wrapped(), self.optimizers, strict=True):
             set_state_dict(part, optimizer, model_state_dict=state[DCP_MODEL_KEY], optim_state_dict=state["optim"],
                            options=options)
@@ -696,9 +716,13 @@ def build(ctx: BuildContext) -> TorchTrainer:
 
 
 def export_hf_state(resolved: Resolved, ckpt: Checkpoint) -> dict:
-    """The model half of a DCP checkpoint, every tensor whole in fp32, read without a process group."""
-    want = {p.name: p.numel for p in resolved.model.parameters()}
-    if resolved.model.tie_word_embeddings:  # the state dict names the tied matrix twice
+    """The model half of a DCP checkpoint, every tensor whole in fp32, read without a process group. A fine-tune's
+    ([peft]) holds its adapters alone (under peft's names): the frozen base it trained on is added, made again as the
+    run's start-up made it (the recipe's weights or its seeded init; under QLoRA each block's linear weights as their
+    NF4 values)."""
+    adapted = config_adapters.adapted(resolved.recipe.peft)
+    want = {p.name: p.numel for p in config_adapters.checkpointed_parameters(resolved.model, resolved.recipe.peft)}
+    if resolved.model.tie_word_embeddings and not adapted:  # the state dict names the tied matrix twice
         want["lm_head.weight"] = want["model.embed_tokens.weight"]
     state = {}
     for key, meta in read_dcp_metadata(ckpt.dir / DCP_METADATA).state_dict_metadata.items():
@@ -709,4 +733,7 @@ def export_hf_state(resolved: Resolved, ckpt: Checkpoint) -> dict:
                                   f"{resolved.model.name} does not have; export the run that wrote it")
             state[key] = torch.empty(tuple(meta.size), dtype=meta.properties.dtype)
     _dcp_load(state, ckpt, no_dist=True)
-    return {k.removeprefix(DCP_MODEL_PREFIX): v.float() for k, v in state.items()}
+    out = {k.removeprefix(DCP_MODEL_PREFIX): v.float() for k, v in state.items()}
+    if adapted:
+        out.update((name, adapters.as_trained(resolved, name, whole)) for name, whole in common.initial_tensors(resolved))
+    return out

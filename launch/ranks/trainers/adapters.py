@@ -1,0 +1,139 @@
+"""[peft] on a rank: peft's LoRA adapters added to a Hugging Face model before any parallelism, the base frozen in the
+precision it is kept in, and the adapters' starting values (launch/config/adapters.py names and sizes them).
+
+Applied to the meta-device skeleton the torch backend builds (or to the whole model the deepspeed backend builds), in
+this order: (qlora) every linear layer of every decoder block becomes bitsandbytes' Linear4bit, quantized to NF4 when
+its weight is filled; peft's `inject_adapter_in_model` wraps the target layers and freezes every other parameter; the
+frozen floating-point parameters are then held in precision.dtype (a fine-tune keeps no fp32 master copy of weights
+that never step), the adapters in fp32, as the parameters that step.
+"""
+from __future__ import annotations
+
+import contextlib
+import math
+from typing import Iterator
+
+import torch
+
+from launch.config import adapters as spec
+from launch.config.resolve import Resolved
+from launch.ranks.trainers.common import torch_dtype
+from launch.torchtools.hf import lora_config
+
+# The adapters draw from a generator of their own, seeded from train.seed: the base's stream (initial_tensors) is left
+# as a model without adapters draws it, and every rank, whatever its layout, starts from the same adapters.
+ADAPTER_SEED_OFFSET = 1
+QLORA_BLOCKSIZE = 64  # NF4 values per absmax scale: bitsandbytes' default on CUDA and CPU, the QLoRA paper's
+
+
+def frozen_dtype(resolved: Resolved) -> torch.dtype:
+    """The dtype the frozen floating-point base is held in: the training precision (its matmuls run in it anyway)."""
+    return torch_dtype(resolved.recipe.precision.dtype)
+
+
+def apply(model, resolved: Resolved) -> None:
+    """Adapters on `model` in place (on whatever device it is: meta for the torch backend's skeleton)."""
+    if not spec.adapted(resolved.recipe.peft):
+        return
+    from peft import inject_adapter_in_model
+
+    if resolved.recipe.peft.method == "qlora":
+        _quantizable_linears(model, resolved)
+    inject_adapter_in_model(lora_config(resolved.recipe.peft), model, adapter_name=spec.ADAPTER_NAME)
+    _hold_in(model, frozen_dtype(resolved), trainable=False)
+    # peft makes a 4-bit layer's adapters in its compute dtype; they step, so they are fp32 (autocast computes them
+    # in precision.dtype), as peft's own autocast_adapter_dtype does
+    _hold_in(model, torch.float32, trainable=True)
+
+
+def _quantizable_linears(model, resolved: Resolved) -> None:
+    """Every nn.Linear of the decoder blocks replaced by bitsandbytes' Linear4bit (NF4, double-quantized scales, the
+    QLoRA paper's), computing in precision.dtype; its weight is quantized when `fill_quantized` gives it values."""
+    import bitsandbytes as bnb
+
+    compute = torch_dtype(resolved.recipe.precision.dtype)
+    for block in model.model.layers:
+        for name, module in list(block.named_modules()):
+            if type(module) is torch.nn.Linear:
+                parent, _, attr = name.rpartition(".")
+                with torch.device(module.weight.device):
+                    q = bnb.nn.Linear4bit(module.in_features, module.out_features, bias=module.bias is not None,
+                                          compute_dtype=compute, compress_statistics=True, quant_type="nf4")
+                setattr(block.get_submodule(parent) if parent else block, attr, q)
+
+
+def _hold_in(model, dtype: torch.dtype, trainable: bool) -> None:
+    """The trainable (or the frozen) floating-point parameters re-made in `dtype` (each shared parameter once, so a
+    tied embedding stays tied); Linear4bit's weights stay bitsandbytes' own."""
+    made: dict[int, torch.nn.Parameter] = {}
+    for module in model.modules():
+        for name, p in list(module.named_parameters(recurse=False)):
+            if p.requires_grad != trainable or is_quantized(p) or not p.is_floating_point() or p.dtype == dtype:
+                continue
+            if id(p) not in made:
+                made[id(p)] = torch.nn.Parameter(p.detach().to(dtype), requires_grad=trainable)
+            setattr(module, name, made[id(p)])
+
+
+def initial_tensors(resolved: Resolved) -> Iterator[tuple[str, torch.Tensor]]:
+    """Every adapter's starting value, whole, fp32, in launch.config.adapters' order: lora_A Kaiming-uniform as peft
+    draws it (a = √5: U(±1/√in)), lora_B zeros, so that the adapted model starts equal to its base. The same on every
+    rank and every layout."""
+    generator = torch.Generator().manual_seed(resolved.recipe.train.seed + ADAPTER_SEED_OFFSET)
+    for p in spec.adapter_parameters(resolved.model, resolved.recipe.peft):
+        if ".lora_A." in p.name:
+            bound = 1 / math.sqrt(p.shape[1])
+            yield p.name, torch.empty(p.shape).uniform_(-bound, bound, generator=generator)
+        else:
+            yield p.name, torch.zeros(p.shape)
+
+
+def as_trained(resolved: Resolved, name: str, whole: torch.Tensor) -> torch.Tensor:
+    """A base tensor as the fine-tune's forward saw it: under QLoRA a block's linear weight is its NF4 values
+    (quantized and dequantized as fill_quantized quantizes it, in fp32); otherwise the tensor itself."""
+    if resolved.recipe.peft.method != "qlora" or not _block_linear(resolved, name):
+        return whole
+    import bitsandbytes.functional as F
+
+    packed, state = F.quantize_4bit(whole.contiguous(), blocksize=QLORA_BLOCKSIZE, compress_statistics=True,
+                                    quant_type="nf4")
+    return F.dequantize_4bit(packed, state).float()
+
+
+def _block_linear(resolved: Resolved, name: str) -> bool:
+    paths = {lin.path for lin in spec.block_linears(resolved.model).values()}
+    parts = name.split(".")  # model.layers.<i>.<path>.weight
+    return name.startswith("model.layers.") and parts[-1] == "weight" and ".".join(parts[3:-1]) in paths
+
+
+def is_quantized(p) -> bool:
+    """A bitsandbytes 4-bit weight (its values are filled by `fill_quantized`, not copied)."""
+    return type(p).__name__ == "Params4bit"
+
+
+@contextlib.contextmanager
+def quantized_kept(model) -> Iterator[None]:
+    """Inside, the 4-bit layers' weights are out of the model, so that to_empty allocates everything else and never a
+    full-precision copy of them (it would re-make each as a plain parameter of its whole shape); they are back after,
+    still on meta until `fill_quantized` fills each."""
+    # its own parameter (peft's wrapper answers `.weight` with its base layer's too)
+    held = {m: m._parameters["weight"] for m in model.modules() if is_quantized(m._parameters.get("weight"))}
+    for module in held:
+        module._parameters["weight"] = None
+    try:
+        yield
+    finally:
+        for module, weight in held.items():
+            module._parameters["weight"] = weight
+
+
+def fill_quantized(model, name: str, whole: torch.Tensor, device) -> None:
+    """A Linear4bit's weight from its whole tensor: quantized to NF4 on `device` (bitsandbytes quantizes as the weight
+    moves to a device)."""
+    import bitsandbytes as bnb
+
+    module = model.get_submodule(name.rsplit(".", 1)[0])
+    old = module.weight
+    module.weight = bnb.nn.Params4bit(whole.contiguous(), requires_grad=False, quant_type=old.quant_type,
+                                      compress_statistics=old.compress_statistics, blocksize=QLORA_BLOCKSIZE,
+                                      quant_storage=old.quant_storage).to(device)
