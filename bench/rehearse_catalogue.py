@@ -24,6 +24,7 @@ import torch
 import transformers
 
 from launch.commands.catalogue import entries
+from launch.commands.rehearse import rehearsable
 from launch.run.rehearsal import CATALOGUE, CATALOGUE_SCHEMA
 
 REPO = Path(__file__).resolve().parents[1]
@@ -50,7 +51,8 @@ def row(name: str, rank: dict, seconds: float) -> str:
 
 
 def main(names: list[str]) -> int:
-    torch_gpu = [e.name for e in entries(RECIPES) if e.resolved.recipe.backend == "torch" and not e.on_cpu]
+    torch_gpu = [e.name for e in entries(RECIPES)
+                 if e.resolved.recipe.backend == "torch" and not e.on_cpu and rehearsable(e.resolved)]
     unknown = [n for n in names if n not in torch_gpu]
     if unknown:
         print(f"error: {', '.join(unknown)}: not a torch-backend GPU recipe of recipes/ (those: {', '.join(torch_gpu)})",

@@ -394,22 +394,42 @@ def _model_terms(layout: Layout, b: int) -> list[ActTerm]:
                             repeat_kv=repeats_kv(layout)) + adapter_terms(layout, b)
 
 
+# The block linears that read each input the base terms count once (activation_terms' names); the attention's output,
+# o_proj's input, is kept by SDPA itself ("attn_out") whatever its linear saves.
+LINEAR_INPUTS = {"attn_input": ("q_proj", "k_proj", "v_proj"), "mlp_input": ("gate_proj", "up_proj"),
+                 "down_input": ("down_proj",), "attn_out": ("o_proj",)}
+
+
 def adapter_terms(layout: Layout, b: int) -> list[ActTerm]:
-    """What peft's LoRA layers save for the backward beyond the base layer's tensors (none without [peft]): lora_A's
-    output (tokens × rank, in the compute dtype), which lora_B keeps; lora_A's input is the linear's own input, which
-    the base layer's terms count already, unless it is a new tensor: the dropout's output with peft.dropout > 0 (with
-    its 1-byte mask), or the 16-bit copy of a cast input (`casts_adapter_input`). Approximations: the base's saved
-    tensors are counted as in full training although a frozen linear alone would not need its input (an adapter keeps
-    it anyway), and bitsandbytes' 4-bit matmul is taken to keep what nn.Linear keeps."""
-    e, tokens = layout.elem_bytes, layout.seq_len * b
+    """How [peft] changes what a block saves for the backward (none without it), measured on peft 0.21.2's LoRA Linear
+    (saved_tensors_hooks over a block, and `python -m launch rehearse`):
+    - a frozen linear saves no input (no weight gradient) and a frozen norm weight no normalized tensor, so a block input
+      the base terms count is kept only for the adapters that read it: the one tensor itself, or, where the layer casts
+      it (`casts_adapter_input`: fp32 adapters beside a 16-bit base), a 16-bit copy per adapter; with peft.dropout > 0
+      each adapter's dropped-out input and its 1-byte mask instead;
+    - lora_A's output (tokens × rank, 16-bit), which lora_B keeps.
+    Approximation: bitsandbytes' 4-bit matmul is taken to keep what nn.Linear keeps (no input: its weight is frozen)."""
+    adapted_now = adapted_modules(layout)
+    if not adapted_now:
+        return []
+    m, e, tokens = layout.model, layout.elem_bytes, layout.seq_len * b
     dropout = layout.peft.dropout > 0
-    # per input element: a new 16-bit input for lora_A, and the dropout's mask
-    new_input = (e if dropout or casts_adapter_input(layout) else 0) + (1 if dropout else 0)
+    copies = dropout or casts_adapter_input(layout)
+    per_adapter = (e + (1 if dropout else 0)) * tokens  # per input element: the new tensor (and the dropout's mask)
     terms = []
-    for name, (_, in_features) in adapted_modules(layout).items():
-        terms.append(ActTerm(f"lora_{name}_a_out", e * tokens * layout.peft.rank, "whole"))
-        if new_input:
-            terms.append(ActTerm(f"lora_{name}_input", new_input * tokens * in_features, "replicated"))
+    for base, readers in LINEAR_INPUTS.items():
+        width = adapted_now.get(readers[0], (0, m.hidden_size if base != "down_input" else m.intermediate_size))[1]
+        users = [r for r in readers if r in adapted_now]
+        kept_anyway = base == "attn_out"
+        if copies:
+            kept = len(users) * per_adapter * width
+        else:
+            kept = e * tokens * width if users and not kept_anyway else 0
+        dropped = 0 if kept_anyway else e * tokens * width  # the base terms' own count of the input
+        terms.append(ActTerm(f"lora_{base}", kept - dropped, "replicated" if base != "down_input" else "tp"))
+    if traits(layout.backend).hf_modules and e != 4:  # activation_terms' norm*_normalized, kept for the norm weights
+        terms.append(ActTerm("lora_frozen_norms", -2 * e * tokens * m.hidden_size, "replicated"))
+    terms += [ActTerm(f"lora_{name}_a_out", e * tokens * layout.peft.rank, "whole") for name in adapted_now]
     return terms
 
 

@@ -130,7 +130,8 @@ class RehearsedTrainer(TorchTrainer):
         gradients exist before DDP wraps the model, so that they become views of its buckets, as they are from a
         training step's second on (the first step's no_sync micro-batches make separate ones)."""
         for p in part.parameters():
-            p.grad = torch.zeros_like(p)
+            if p.requires_grad:  # [peft]'s frozen base has none
+                p.grad = torch.zeros_like(p)
         ddp = _wrap_ddp(part, self.mesh, self.cuda, local_rank, init_sync=False, bucket_cap_mb_list=DDP_BUCKET_CAPS_MB)
         bf16 = self.resolved.recipe.precision.grad_reduce_dtype == "bf16"
         ddp.register_comm_hook(None, _all_reduce_bucket_bf16 if bf16 else _all_reduce_bucket)
@@ -197,7 +198,8 @@ def _create_optimizer_state(trainer: TorchTrainer) -> None:
     step of the model, and the same state)."""
     for part in trainer.parts:
         for p in part.parameters():
-            if p.grad is None:  # DDP's are its buckets' views already (RehearsedTrainer.wrap_ddp)
+            # DDP's are its buckets' views already (RehearsedTrainer.wrap_ddp); [peft]'s frozen base takes none
+            if p.grad is None and p.requires_grad:
                 p.grad = torch.zeros_like(p)
     for optimizer in trainer.optimizers:
         optimizer.step()
@@ -357,6 +359,17 @@ class _Marking:
         self.propagation.active = False
 
 
+class _NoHook:
+    """What the tracker removes on exit for a parameter it never hooked."""
+
+    @staticmethod
+    def remove() -> None:
+        pass
+
+
+_NO_HOOK = _NoHook()
+
+
 class _PeakMoment:
     """A memory tracker that skips DTensor's propagation (_Propagation) and remembers when in the step its peak was
     reached (the pass, forward or backward, and the innermost module running), and the peak of each of the plan's
@@ -370,6 +383,15 @@ class _PeakMoment:
         if self.propagation.active:
             return func(*args, **(kwargs or {}))
         return super().__torch_dispatch__(func, types, args, kwargs)
+
+    def _track_module_params_and_buffers(self, module, install_grad_hooks: bool = True):
+        # A frozen parameter ([peft]'s base) takes no gradient hook (torch refuses one, and it never has a gradient):
+        # an entry that stands for its hooks keeps the tracker from trying, while its bytes are counted as any
+        # parameter's.
+        for p in module.parameters():
+            if not p.requires_grad:
+                self._param_to_grad_hook_handles.setdefault(p, (_NO_HOOK, _NO_HOOK))
+        return super()._track_module_params_and_buffers(module, install_grad_hooks)
 
     def _update_peak_stats(self, peak_state) -> None:
         before = dict(self._peak_mem)

@@ -147,7 +147,7 @@ def exported_losses(folder: Path, meta, steps: tuple[int, ...]) -> list[float]:
 # tests fill. The session's shared runs live in one worker each, so the tests that read one backend's shared runs
 # are one group, kept on one worker; the other tests spread.
 XDIST_GROUPS = {"test_deepspeed_": "deepspeed", "test_report_e2e": "deepspeed", "test_commbench": "deepspeed",
-                "test_megatron_": "megatron", "test_torch_": "torch", "test_fp16_scaling": "torch",
+                "test_megatron_": "megatron", "test_torch_": "torch", "test_fp16_scaling": "torch", "test_lora": "lora",
                 # modules whose tests share a module fixture: trained once, on one worker
                 "test_data_runs": "data", "test_multinode": "slurm"}
 

@@ -29,10 +29,15 @@ STEPS = 6
 GLOBAL_BATCH = 4
 TWINS = sorted(p.parent.name for p in RECIPES.glob("tiny_*/recipe.toml")
                if (RECIPES / p.parent.name.removeprefix("tiny_") / "recipe.toml").is_file())
+FINE_TUNES = [t for t in TWINS if resolve_path(RECIPES / t).recipe.peft.method != "none"]
 GROUPS = {  # sweeps hold the batch, the sequence and the steps equal; each group also shares its rank count
-    "7b_matrix": [t for t in TWINS if t.startswith("tiny_7b_")],
-    "t4_ladder": [t for t in TWINS if "_t4_" in t],
-    "multi_node": [t for t in TWINS if t.startswith(("tiny_8b_", "tiny_70b_"))],
+    "7b_matrix": [t for t in TWINS if t.startswith("tiny_7b_") and t not in FINE_TUNES],
+    "t4_ladder": [t for t in TWINS if "_t4_" in t and t not in FINE_TUNES],
+    "multi_node": [t for t in TWINS if t.startswith(("tiny_8b_", "tiny_70b_")) and t not in FINE_TUNES],
+    # the [peft] recipes' twins: adapters over the tiny models' saved weights, on Genesis, with a validation loss.
+    # All under -m full: README's command trains their adapters' layouts in tests/dist/test_lora.py (one rank, DDP,
+    # FSDP2 with checkpointing), and the twins' fp16, QLoRA and checkpointed one-rank variants would cost it a minute more
+    "fine_tune": FINE_TUNES,
 }
 
 
@@ -43,16 +48,19 @@ def layout(recipe, *overrides: str) -> tuple:
     r = resolve_path(recipe, overrides)
     par, g = r.recipe.parallel, r.grid
     return (r.recipe.backend, g.tp > 1, g.pp > 1, g.dp > 1, par.sp, par.vpp, par.zero_stage, par.offload_params,
-            par.offload_optimizer, r.recipe.train.activation_checkpointing, r.recipe.precision.dtype)
+            par.offload_optimizer, r.recipe.train.activation_checkpointing, r.recipe.precision.dtype,
+            r.recipe.peft.method)
 
 
 def _trained_elsewhere() -> set[tuple]:
     """The layouts README's test command trains outside this file (the parity, checkpoint and collective tests)."""
+    from tests.dist.test_lora import LAYOUTS as LORA_LAYOUTS, LORA
     from tests.dist.test_megatron_collectives import RUNS as MEGATRON_PROFILED
 
     return ({layout(TINY, *o) for o in DS_DP2.values()} | {layout(MEGATRON, *SHORT, *o) for o in MEGATRON_LAYOUTS.values()}
             | {layout(MEGATRON, *o) for o in MEGATRON_PROFILED.values()}
             | {layout(TORCH, *SHORT, *o) for o in TORCH_LAYOUTS.values()}
+            | {layout(TORCH, *LORA, *o) for o in LORA_LAYOUTS.values()}
             # test_deepspeed_run's checkpointed ZeRO-3; fp16 DDP (test_fp16_scaling) and FSDP2 (test_torch_parity)
             | {layout(TINY, *DS_DP2[3], "train.activation_checkpointing=full")}
             | {layout(recipe, "precision.dtype=fp16", "hardware.gpus_per_node=2", "batch.micro_batch_size=2")
@@ -75,6 +83,9 @@ def _split() -> tuple[dict[str, list[str]], dict[str, list[str]], dict[str, list
         for twin in twins:
             key = layout(RECIPES / twin, f"batch.global_batch_size={GLOBAL_BATCH}")
             new = key not in seen
+            if group == "fine_tune":  # all five in CI, as their issue asks: one sweep, beside README's test_lora
+                full.setdefault(group, []).append(twin)
+                continue
             (default if new and _two_ranks(twin) else full if new else rest).setdefault(group, []).append(twin)
             seen.add(key)
         for chosen in (default, full):
@@ -118,7 +129,7 @@ def test_the_default_sweeps_train_every_layout_of_the_twins():
     key = {t: layout(RECIPES / t, f"batch.global_batch_size={GLOBAL_BATCH}") for t in TWINS}
     trained = _trained_elsewhere() | {key[t] for t in default}
     for twin in filter(_two_ranks, TWINS):
-        assert key[twin] in trained, twin
+        assert key[twin] in trained or twin in FINE_TUNES, twin
     trained |= {key[t] for t in full}
     assert {key[t] for t in TWINS} <= trained
     # a layout the conftest runs train is left to -m twins: the 7B matrix's DDP cell is the torch DDP parity run's
@@ -148,6 +159,10 @@ def test_every_twin_trains(tmp_path, twins):
         losses = _losses(runs[0])
         assert len(losses) == STEPS and all(map(math.isfinite, losses)), (twin, losses)
         assert losses[-1] < losses[0], (twin, losses)
+        data = resolve_path(RECIPES / twin).recipe.data
+        if data.valid_fraction or data.valid_path:  # the fine-tunes' held-out Genesis rows, evaluated at the last step
+            valid = [s.valid_loss for s in read_metrics(runs[0] / "metrics" / "rank0.jsonl").steps]
+            assert valid[-1] is not None and math.isfinite(valid[-1]), (twin, valid)
     report = (sweep / "report.md").read_text()
     named = set(re.findall(r"^\| (tiny_\S+) \|", report, re.M))
     assert set(twins) <= named, set(twins) - named

@@ -55,6 +55,12 @@ def test_folder_name_agrees_with_fields(path):
         elif tok in ("ddp", "fsdp2"):  # the torch backend's data parallelism: DDP is stage 0, FSDP2 full sharding 3
             seen["backend"] = "torch"
             seen.setdefault("zero", 0 if tok == "ddp" else 3)
+        elif tok in ("lora", "qlora"):
+            seen["peft"] = tok
+        elif m := re.fullmatch(r"(\d+)gpus?", tok):
+            assert r.world_size == int(m.group(1)), f"{path.name}: {tok} vs world size {r.world_size}"
+        elif m := re.fullmatch(r"(\d+)gb", tok):  # the card's memory, as its datasheet rounds it
+            assert round(r.hardware.memory_bytes / 1e9) == int(m.group(1)), f"{path.name}: {tok}"
         else:
             pytest.fail(f"{path.name}: unknown name token {tok!r}")
     if "backend" in seen:
@@ -65,6 +71,7 @@ def test_folder_name_agrees_with_fields(path):
     assert seen.get("zero", 0) == par.zero_stage
     assert seen.get("sp", False) == par.sp
     assert seen.get("activation_checkpointing", "none") == r.recipe.train.activation_checkpointing
+    assert seen.get("peft", "none") == r.recipe.peft.method
     if "dp" in seen:
         assert seen["dp"] == par.dp
     if "offload" in seen:
@@ -108,6 +115,7 @@ def test_tiny_twin_has_its_siblings_layout(twin):
     for field in LAYOUT_FIELDS:
         assert getattr(t.recipe.parallel, field) == getattr(s.recipe.parallel, field), field
     assert t.recipe.train.activation_checkpointing == s.recipe.train.activation_checkpointing
+    assert t.recipe.peft == s.recipe.peft  # a fine-tune's twin trains the same adapters
     assert t.recipe.train.attention == s.recipe.train.attention
     if s.world_size <= 4:
         assert (t.grid.tp, t.grid.pp, t.grid.dp) == (s.grid.tp, s.grid.pp, s.grid.dp)
@@ -148,7 +156,7 @@ def test_the_tiny_matrix_report_in_docs_covers_every_7b_twin():
     report = (REPO / "docs" / "tiny_matrix" / "report.md").read_text()
     assert report.startswith("# layoutlab report\n")
     runs = re.findall(r"^\| (tiny_7b_\S+) \| runs/sweeps/\S+ \| our run directory \|", report, re.M)
-    assert sorted(runs) == sorted(p.name for p in SHIPPED if p.name.startswith("tiny_7b_"))
+    assert sorted(runs) == sorted(p.name for p in SHIPPED if p.name.startswith("tiny_7b_") and "lora" not in p.name)
     time_went = report.split("## Where the time went", 1)[1].split("\n## ", 1)[0]
     assert "No profiler trace" not in time_went and all(f"| {run} |" in time_went for run in runs)
     # README quotes the report's answer: the lines it quotes are the report's own

@@ -44,6 +44,13 @@ def apply(model, resolved: Resolved) -> None:
     # peft makes a 4-bit layer's adapters in its compute dtype; they step, so they are fp32 (autocast computes them
     # in precision.dtype), as peft's own autocast_adapter_dtype does
     _hold_in(model, torch.float32, trainable=True)
+    if not any(p.is_meta for p in model.parameters()):
+        # a model built whole (the deepspeed backend): its adapters take the starting values every layout starts from,
+        # not peft's own draws (the torch backend fills its meta skeleton's shards from initial_tensors)
+        held = dict(model.named_parameters())
+        with torch.no_grad():
+            for name, whole in initial_tensors(resolved):
+                held[name].copy_(whole)
 
 
 def _quantizable_linears(model, resolved: Resolved) -> None:

@@ -15,7 +15,8 @@ from typing import Callable
 from launch.config.backends import traits
 from launch.config.resolve import Resolved
 from launch.torchtools.hf import hf_config
-from launch.ranks.trainers import common
+from launch.config import adapters as config_adapters
+from launch.ranks.trainers import adapters, common
 from launch.ranks.trainers.protocol import BuildContext, StepOutput
 from launch.run.checkpoints import Checkpoint, ResumeError, to_universal
 
@@ -33,6 +34,7 @@ class DeepSpeedTrainer:
 
         resolved, par = ctx.resolved, ctx.resolved.recipe.parallel
         self.resolved, self.cuda, self.universal = resolved, ctx.cuda, ctx.universal
+        self.adapted = config_adapters.adapted(resolved.recipe.peft)
         ds_config = json.loads(json.dumps(resolved.ds_config))
         if ctx.universal:
             ds_config.setdefault("checkpoint", {})["load_universal"] = True
@@ -46,6 +48,7 @@ class DeepSpeedTrainer:
         common.import_model_class(resolved)
         with common.model_build(ctx.run, ctx.env.rank):
             model = _partitioned_model(resolved, ds_config) if partitioned else common.build_model(resolved)
+        adapters.apply(model, resolved)  # [peft] (ZeRO 0-2: the resolver refuses it with zero.Init's partitioning)
         if resolved.recipe.train.activation_checkpointing == "full":
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         model.config.use_cache = False
@@ -53,7 +56,10 @@ class DeepSpeedTrainer:
         # Counting is a Python side effect inside each layer: compiled, it would break the graph.
         self.layer_calls = [] if resolved.recipe.train.compile else common.count_layer_calls(model)
         self.decoder_layers = list(model.model.layers)
-        self.engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=ds_config)
+        # The optimizer takes what trains: under [peft] the adapters alone, whose fp32 master copies, gradients and
+        # states ZeRO 1-2 partition; the frozen base is the module's only, in the engine's dtype
+        trained = [p for p in model.parameters() if p.requires_grad]
+        self.engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=trained, config=ds_config)
         common.say_reduce_dtype(self.engine)
         if resolved.recipe.train.compile:
             self.engine.compile()  # DeepSpeed's own entry: torch.compile of the module, its ZeRO hooks kept eager
@@ -102,12 +108,14 @@ class DeepSpeedTrainer:
         return self.engine.module(input_ids=rows, labels=rows).loss
 
     def save(self, checkpoints: Path, tag: str, step: int) -> None:
-        self.engine.save_checkpoint(str(checkpoints), tag=tag, client_state={"step": step}, save_latest=False)
+        # [peft]: the adapters alone, as the torch backend saves them; the base is the recipe's, built at start-up
+        self.engine.save_checkpoint(str(checkpoints), tag=tag, client_state={"step": step}, save_latest=False,
+                                    exclude_frozen_parameters=self.adapted)
 
     def load(self, ckpt: Checkpoint) -> int:
         tag = f"{ckpt.tag}_universal" if self.universal else ckpt.tag
         path, client = self.engine.load_checkpoint(str(ckpt.path), tag=tag, load_optimizer_states=True,
-                                                   load_lr_scheduler_states=False)
+                                                   load_lr_scheduler_states=False, load_module_strict=not self.adapted)
         if path is None:
             raise ResumeError(f"{ckpt.dir}: DeepSpeed could not load this checkpoint")
         return int((client or {}).get("step", ckpt.step))
@@ -193,6 +201,8 @@ def export_hf_state(resolved: Resolved, ckpt: Checkpoint) -> dict:
     parameter whole in fp32 (`zero/<name>/fp32.pt`); a ZeRO-0 checkpoint without TP holds the whole module."""
     import torch
 
+    if config_adapters.adapted(resolved.recipe.peft):
+        return _adapted_state(resolved, ckpt)
     if ckpt.info["zero_stage"] == 0 and ckpt.info["tp"] == 1:
         states = torch.load(ckpt.dir / "mp_rank_00_model_states.pt", map_location="cpu", weights_only=True)
         return {k: v.float() for k, v in states["module"].items()}
@@ -204,3 +214,15 @@ def export_hf_state(resolved: Resolved, ckpt: Checkpoint) -> dict:
             # ZeRO-1/2 and AutoTP conversions store {"param": tensor}; ZeRO-3's a bare flat tensor.
             state[d.name] = (saved["param"] if isinstance(saved, dict) else saved).detach()
     return state
+
+
+def _adapted_state(resolved: Resolved, ckpt: Checkpoint) -> dict:
+    """A fine-tune's checkpoint: its adapters as the module holds them (every rank's whole copy, in the training
+    dtype: with bf16 the master copies' rounding), under peft's names; and the base they trained on, made again as
+    the start-up made it."""
+    import torch
+
+    states = torch.load(ckpt.dir / "mp_rank_00_model_states.pt", map_location="cpu", weights_only=True)
+    out = {k: v.float() for k, v in states["module"].items() if ".lora_" in k}
+    out.update(common.initial_tensors(resolved))
+    return out
