@@ -75,7 +75,9 @@ def render(resolved: Resolved, plan: Plan, cmd: launcher.LaunchCommand, console,
     if mfu_terms(plan):
         for line in _mfu_lines(plan):
             console.print(line)
-    console.print(f"  model FLOPs/step {s.model_flops_per_step:.3e} (6·N + 12·L·h·s per token, torchtitan); {safe(s.assumptions)}")
+    formula = ("4·N + 6·adapters + 12·L·h·s per token, a fine-tune's" if r.peft.method != "none"
+               else "6·N + 12·L·h·s per token, torchtitan")
+    console.print(f"  model FLOPs/step {s.model_flops_per_step:.3e} ({formula}); {safe(s.assumptions)}")
     for n in plan.notes:
         console.print(f"  note: {safe(n)}")
     verdict = "fits" if plan.fits else "DOES NOT FIT"

@@ -541,6 +541,9 @@ def _warnings(r: Recipe, model: ModelSpec, bt: BackendTraits) -> tuple[str, ...]
     if par.tp > hw_s.gpus_per_node:
         out.append(f"parallel.tp={par.tp} > hardware.gpus_per_node={hw_s.gpus_per_node}: TP all-reduces "
                    "cross nodes on every layer; keep tp within a node (the plan's placement note times both links)")
+    if r.peft.method != "none" and not r.model.weights:
+        out.append(f'peft.method="{r.peft.method}" without model.weights: the adapters fine-tune a randomly initialised '
+                   "base; set model.weights to the model's Hugging Face folder")
     if par.tp > 1 and bt.autotp and par.zero_stage == 3:
         out.append("AutoTP with ZeRO-3 goes beyond DeepSpeed's documented AutoTP training support (ZeRO 0-2); "
                    "layoutlab's parity tests cover it")

@@ -1,9 +1,8 @@
-"""Fine-tuning ([peft]) on the torch backend: LoRA adapters over the tiny model's own saved weights (recipes/weights),
-trained on 2 gloo ranks under DDP, under FSDP2 with full activation checkpointing and under DeepSpeed's ZeRO-2, reproduce
-one rank of the same adapters and global batch (fp32, to 1e-5: the tolerance test_torch_parity.py explains); the run
-counts its trainable
-parameters as peft does; a checkpoint holds the adapters alone and resumes onto another layout; the export loads in
-peft and transformers and reproduces the logged loss; QLoRA's NF4 base trains under DDP as on one rank.
+"""Fine-tuning ([peft]): LoRA adapters over the tiny model's own saved weights (recipes/weights), trained on 2 gloo
+ranks under the torch backend's DDP, its FSDP2 with full activation checkpointing and DeepSpeed's ZeRO-2, reproduce one
+rank of the same adapters and global batch (fp32, to 1e-5: the tolerance test_torch_parity.py explains); the run counts
+its trainable parameters as peft does; a checkpoint holds the adapters alone and resumes onto another layout; the
+export loads in peft and transformers and reproduces the logged loss; QLoRA's NF4 base trains under DDP as on one rank.
 
 The oracles: the one-rank run; peft's own parameter count; a DCP checkpoint's keys read by torch.distributed.checkpoint
 itself; the logged loss of the step after a checkpoint, which ran on the checkpoint's weights (an exported model
