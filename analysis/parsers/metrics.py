@@ -180,9 +180,7 @@ def parse_metrics(paths: str | os.PathLike[str] | Iterable[str | os.PathLike[str
         if rank in ranks:
             warnings.append(f"{name}: rank {rank} also in {ranks[rank]['file']}; their steps are pooled")
         facts = {k: v for k, v in meta.items() if k != "kind"}
-        # The schema refuses a count that is not a whole number but lets a negative parameter count through.
-        warnings.extend(sense.clean([facts], f"{name} meta record", flop_per_s=("peak_flops_per_device",),
-                                    counts=("trainable_params", "frozen_params")))
+        warnings.extend(sense.clean([facts], f"{name} meta record", flop_per_s=("peak_flops_per_device",)))
         ranks[rank] = {**facts, "file": name}
     if not files:
         warnings.append(f"{_display(Path(paths), base) if isinstance(paths, (str, os.PathLike)) else 'metrics'}: "

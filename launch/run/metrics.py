@@ -153,7 +153,8 @@ _NON_NEGATIVE = {"step": ("tokens_per_s", "tokens_per_s_per_device", "tflops_per
                           "mem_max_allocated_bytes", "mem_max_reserved_bytes", "rss_max_bytes", "tokens", "data_time_s",
                           "loss_scale"),
                  "meta": ("rank", "pp", "start_step", "warmup_steps", "zero_stage", "param_numel_local",
-                          "peak_flops_per_device", "flops_per_token", "startup_s"),
+                          "peak_flops_per_device", "flops_per_token", "startup_s", "trainable_params",
+                          "frozen_params"),
                  "checkpoint": ("blocked_s",)}
 
 _DURATIONS = {"step": ("step_time_s",), "checkpoint": ("blocked_s",), "meta": ("startup_s",)}  # a week at most

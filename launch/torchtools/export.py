@@ -22,7 +22,7 @@ from launch.config.resolve import Resolved
 from launch.data.tokenizer import TOKENIZER_FILE, tokenizer_file, tokenizer_folder
 from launch.errors import ConfigError
 from launch.torchtools import untrusted
-from launch.torchtools.hf import byte_tokenizer
+from launch.torchtools.hf import byte_tokenizer, offline_bitsandbytes
 from launch.run.checkpoints import ResumeError, complete_checkpoints
 from launch.run.rundir import EXPORT_MARKER, RunDir, export_inputs, export_target_problem
 
@@ -205,6 +205,7 @@ def warnings_to(path: Path) -> None:
 
 def main(argv: list[str]) -> int:
     run_dir, step, out, merge = argv
+    offline_bitsandbytes()
     warnings_to(RunDir.open(run_dir).logs / "export.err")
     untrusted.guard()
     try:

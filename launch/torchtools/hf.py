@@ -3,6 +3,9 @@ recipe's [peft] a peft config); and the byte tokenizer (launch/data/tokenizer.py
 exports of runs that read bytes."""
 from __future__ import annotations
 
+import logging
+import os
+
 from launch.config.models import ModelSpec
 from launch.config.schema import PeftSection
 from launch.data.tokenizer import EOS_BYTE
@@ -19,6 +22,15 @@ def hf_config(spec: ModelSpec):
     config = AutoConfig.for_model(model_type, **cfg)
     config.architectures = [spec.architecture]
     return config
+
+
+def offline_bitsandbytes() -> None:
+    """Before peft is imported (it imports bitsandbytes whenever installed): bitsandbytes 0.50's CPU backend fetches a
+    4-bit GEMM kernel from the Hugging Face Hub at import where the `kernels` package is installed, and warns on every
+    import where it is not. A run downloads nothing (HF_HUB_OFFLINE, unless the user set it), and the fallback that runs,
+    bitsandbytes' own CPU code, needs no warning."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    logging.getLogger("bitsandbytes.backends.cpu.ops").setLevel(logging.ERROR)
 
 
 def lora_config(spec: PeftSection):

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Callable, Iterator, TextIO
 
 from launch import PACKAGE
 from launch.config.resolve import Resolved
-from launch.torchtools.hf import hf_config
+from launch.torchtools.hf import hf_config, offline_bitsandbytes
 from launch.run.rankenv import STOP_REQUEST
 from launch.run.rundir import RunDir
 
@@ -54,6 +54,7 @@ def run_rank(run_dir: str, body: Callable[..., int]) -> int:
     from launch.torchtools.untrusted import UntrustedFileError
     from launch.run.checkpoints import ResumeError
 
+    offline_bitsandbytes()
     run = RunDir.open(run_dir)
     resolved = Resolved.load(run.resolved)
     env = rank_env()

@@ -427,6 +427,9 @@ class TorchTrainer:
             self.stager = DefaultStager(StagingOptions(use_pinned_memory=True, use_shared_memory=False,
                                                        use_async_staging=False, use_non_blocking_copy=False))
         self._alone = False  # loss() has set FSDP2 to compute without data-parallel traffic
+        # [peft]: the model tensors a checkpoint holds, the adapters (None: every one the model's state dict has)
+        self.checkpointed = ({p.name for p in config_adapters.checkpointed_parameters(resolved.model, resolved.recipe.peft)}
+                             if config_adapters.adapted(resolved.recipe.peft) else None)
 
     def materialise_parts(self, parts: list, device) -> None:
         """The seam between the build and its memory: launch.ranks.rehearse allocates the parts as fake tensors here
@@ -626,6 +629,8 @@ class TorchTrainer:
             m, o = get_state_dict(part, optimizer, options=options)
             model_sd.update(m)
             optim_sd.update(o)
+        if self.checkpointed is not None:  # a QLoRA base's 4-bit layers add their scales' state beside their weights
+            model_sd = {k: v for k, v in model_sd.items() if k in self.checkpointed}
         state = {DCP_MODEL_KEY: model_sd, "optim": optim_sd}
         if self.scaler is not None:  # fp16: the loss scale and its growth tracker resume too
             state["scaler"] = self.scaler.state_dict()
