@@ -344,7 +344,7 @@ def _in_situ(recipe: str, overrides: list[str], resolved: Resolved, root: Path, 
             base = [*overrides, f"backend={name}", f"parallel.tp={tp}", "parallel.pp=1", "parallel.vpp=1",
                     "parallel.dp=auto", "hardware.nodes=1", "batch.micro_batch_size=1",
                     "parallel.offload_optimizer=none", "parallel.offload_params=none", "run.resume=never",
-                    "run.profile=none"]
+                    "run.profile=none", "peft.method=none"]  # full training's passes, which a plan's calibration times
             # The passes time the model alone: ZeRO-0 where the backend builds it with this TP degree, else its lowest
             # stage that does (torch: FSDP2, whose gathers over dp = 1 within a node are local copies).
             lowest = min(bt.tp_zero_stages) if tp > 1 else min(bt.zero_stages)

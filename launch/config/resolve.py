@@ -479,7 +479,8 @@ def _check_peft(r: Recipe, w: Where, bt: BackendTraits, model: ModelSpec) -> Non
     if peft.method not in bt.peft_zero_stages:
         others = " or ".join(f'backend = "{n}"' for n, b in BACKENDS.items() if peft.method in b.peft_zero_stages)
         raise ConfigError(w("backend"), "backend", r.backend,
-                          f'cannot train {method} ({bt.why_not[peft.method]})', f'set {others}, or peft.method="none"')
+                          f'cannot train {method} ({bt.why_not.get(peft.method, "not built")})',
+                          f'set {others + ", or " if others else ""}peft.method="none"')
     stages = bt.peft_zero_stages[peft.method]
     if par.zero_stage not in stages:
         why = f" ({bt.why_not[peft.method]})" if peft.method in bt.why_not else ""
@@ -541,7 +542,11 @@ def _warnings(r: Recipe, model: ModelSpec, bt: BackendTraits) -> tuple[str, ...]
     if par.tp > hw_s.gpus_per_node:
         out.append(f"parallel.tp={par.tp} > hardware.gpus_per_node={hw_s.gpus_per_node}: TP all-reduces "
                    "cross nodes on every layer; keep tp within a node (the plan's placement note times both links)")
-    if r.peft.method != "none" and not r.model.weights:
+    if not adapters.adapted(r.peft) and any(f.name != "method" and getattr(r.peft, f.name) != f.default
+                                            for f in dataclasses.fields(r.peft)):
+        out.append('[peft] sets adapter fields but peft.method="none": every parameter trains and they are unused; '
+                   'set peft.method="lora" or "qlora" to fine-tune')
+    if adapters.adapted(r.peft) and not r.model.weights:
         out.append(f'peft.method="{r.peft.method}" without model.weights: the adapters fine-tune a randomly initialised '
                    "base; set model.weights to the model's Hugging Face folder")
     if par.tp > 1 and bt.autotp and par.zero_stage == 3:

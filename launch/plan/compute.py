@@ -305,8 +305,9 @@ def _recomputed(layout: Layout, layer: _Layer) -> _Work:
     policy = traits(layout.backend).selective
     if ac == "selective" and policy == "core_attention":
         return _Work(attention_s=layer.attention_fwd_s)
-    # QLoRA dequantizes a recomputed linear's weight again. Under [peft] the op policy is taken to recompute the base
-    # matmuls it names and none of the adapters' (their outputs are small), and "full" every adapter GEMM.
+    # QLoRA dequantizes a recomputed linear's weight again. Under [peft] "full" recomputes every adapter GEMM; the op
+    # policy, which keeps every other matmul's output in the order they run, adapters' included, is approximated by the
+    # base matmuls it names without [peft] (not rehearsed with adapters).
     if ac == "selective" and policy == "op":
         again = [layer.gemms[name] for name in OP_POLICY_RECOMPUTED]
         dequant = sum(layer.dequant_s.get(name, 0.0) for name in OP_POLICY_RECOMPUTED)

@@ -55,7 +55,7 @@ def recompute_flops_per_token(layout: Layout) -> float:
     ac, m = layout.activation_checkpointing, layout.model
     # Under [peft] a recomputed block's forward includes its adapters' GEMMs (2 FLOPs per adapter parameter), all of
     # them under "full" (the torch backend's stop before down_proj's base matmul is kept, its adapter is counted); the
-    # op policy is taken to recompute only the base matmuls it names (launch.plan.compute says the same).
+    # op policy is approximated by the base matmuls it names without [peft] (launch.plan.compute says why).
     adapter_forward = 2 * adapters.parameter_split(m, layout.peft).trainable if adapters.adapted(layout.peft) else 0
     if traits(layout.backend).accounting != "torch":
         layers = m.param_counts().flops_params - m.vocab_size * m.hidden_size  # less the output layer

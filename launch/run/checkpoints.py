@@ -168,7 +168,7 @@ def training_identity(resolved: Resolved) -> dict[str, Any]:
                                                     resolved.data_fingerprint]),
         # a fine-tune's checkpoint holds its adapters alone: the base they continue from is the recipe's weights,
         # built again at start-up (absent without [peft], so earlier markers still match)
-        **({"peft": [r.peft.method, r.peft.rank, r.peft.alpha, r.peft.dropout, list(r.peft.target_modules),
+        **({"peft": [r.peft.method, r.peft.rank, r.peft.alpha, r.peft.dropout, sorted(r.peft.target_modules),
                      r.model.weights]} if r.peft.method != "none" else {}),
     }
 

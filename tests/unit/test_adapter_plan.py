@@ -7,7 +7,6 @@ import math
 import pytest
 
 from launch.config.resolve import resolve_path
-from launch.config.schema import PeftSection
 from launch.plan.adapters import NF4_BYTES_PER_PARAM, frozen_bytes, rank_split
 from launch.plan.build import plan_resolved
 from launch.plan.collectives import communication
@@ -118,25 +117,3 @@ def test_without_peft_every_parameter_trains():
     split = rank_split(lay, BASE)
     assert (split.trainable, split.frozen, split.frozen_linear) == (BASE, 0, 0)
     assert model_states(lay, BASE, "torch")[:3] == ((4 + 2) * BASE, 4 * BASE, 8 * BASE)
-
-
-@pytest.mark.parametrize("targets", [("q_proj", "v_proj"), ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj",
-                                                             "up_proj", "down_proj")])
-def test_trainable_count_equals_peft_own(targets):
-    torch = pytest.importorskip("torch")
-    peft = pytest.importorskip("peft")
-    from transformers import AutoModelForCausalLM
-
-    from launch.config.adapters import parameter_split
-    from launch.config.models import load_model
-    from launch.torchtools.hf import hf_config
-
-    spec = load_model(name="tiny-llama2")
-    section = PeftSection(method="lora", rank=4, alpha=8.0, dropout=0.05, target_modules=targets)
-    torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(hf_config(spec), dtype=torch.float32)
-    config = peft.LoraConfig(r=section.rank, lora_alpha=section.alpha, lora_dropout=section.dropout,
-                             target_modules=list(section.target_modules))
-    trainable, total = peft.get_peft_model(model, config).get_nb_trainable_parameters()
-    split = parameter_split(spec, section)
-    assert (split.trainable, split.total) == (trainable, total)

@@ -114,3 +114,29 @@ def test_qlora_holds_the_blocks_in_nf4_and_computes_what_the_export_merges():
     blocks = original.flatten().reshape(-1, 64)
     err = (got.flatten().reshape(-1, 64) - blocks).abs().max(dim=1).values
     assert (err <= 0.2 * blocks.abs().max(dim=1).values + 1e-2).all()
+
+
+def test_checkpointed_blocks_redraw_the_adapters_dropout_exactly():
+    """With peft.dropout > 0 the recomputation of a checkpointed block must draw the forward's masks again: the same
+    gradients as without checkpointing, from the same seed (a block that skipped saving the generator's state gave
+    different ones)."""
+    import torch
+
+    from launch.ranks.trainers import adapters as rank_adapters
+    from launch.ranks.trainers.torch_backend import _apply_ac, _materialise, _skeleton
+
+    grads = {}
+    for ac in ("none", "full"):
+        r = resolve_path(LORA, ["peft.dropout=0.3", f"train.activation_checkpointing={ac}"])
+        model = _skeleton(r)
+        rank_adapters.apply(model, r)
+        _apply_ac(model, ac, marked=False, cuda=False, random=True)
+        _materialise([model], r, torch.device("cpu"), lambda done, total: None)
+        model.train()
+        torch.manual_seed(7)
+        rows = torch.arange(64).reshape(2, 32) % 500
+        model(input_ids=rows, labels=rows).loss.backward()
+        grads[ac] = [p.grad.clone() for p in model.parameters() if p.requires_grad]
+        assert any(g.abs().sum() > 0 for g in grads[ac])
+    for a, b in zip(grads["none"], grads["full"], strict=True):
+        assert torch.allclose(a, b, atol=1e-6)

@@ -96,10 +96,10 @@ def initial_tensors(resolved: Resolved) -> Iterator[tuple[str, torch.Tensor]]:
 
 
 def as_trained(resolved: Resolved, name: str, whole: torch.Tensor) -> torch.Tensor:
-    """A base tensor as the fine-tune's forward saw it: under QLoRA a block's linear weight is its NF4 values
-    (quantized and dequantized as fill_quantized quantizes it, in fp32); otherwise the tensor itself."""
+    """A base tensor as the fine-tune held it, in fp32: under QLoRA a block's linear weight is its NF4 values
+    (quantized and dequantized as fill_quantized quantizes it); every other one rounded to the frozen base's dtype."""
     if resolved.recipe.peft.method != "qlora" or not _block_linear(resolved, name):
-        return whole
+        return whole.to(frozen_dtype(resolved)).float()
     import bitsandbytes.functional as F
 
     packed, state = F.quantize_4bit(whole.contiguous(), blocksize=QLORA_BLOCKSIZE, compress_statistics=True,

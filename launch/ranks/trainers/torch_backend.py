@@ -213,10 +213,12 @@ class _Both:
             self.outer.__exit__(*exc)
 
 
-def _apply_ac(part, mode: str, marked: bool, cuda: bool) -> None:
+def _apply_ac(part, mode: str, marked: bool, cuda: bool, random: bool = False) -> None:
     """Checkpoint every block ("full"), every block under the op policy ("selective"), or every SELECTIVE_EVERY-th
     ("every_other_block"); `marked`: each recomputation runs inside the named range RECOMPUTE_REGION, which the
-    traces show (not under train.compile: Dynamo traces no context function but selective checkpointing's)."""
+    traces show (not under train.compile: Dynamo traces no context function but selective checkpointing's);
+    `random`: the blocks draw random numbers ([peft]'s adapter dropout), which the recomputation must draw again
+    exactly (the base model has no dropout, so its blocks skip saving the generators' state)."""
     from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
     from torch.utils.checkpoint import create_selective_checkpoint_contexts
 
@@ -233,7 +235,7 @@ def _apply_ac(part, mode: str, marked: bool, cuda: bool) -> None:
     every = SELECTIVE_EVERY if mode == "every_other_block" else 1
     for i, layer in _layers(part).items():
         if i % every == 0:
-            _set_layer(part, i, checkpoint_wrapper(layer, preserve_rng_state=False, **kw))
+            _set_layer(part, i, checkpoint_wrapper(layer, preserve_rng_state=random, **kw))
 
 
 def _apply_compile(part, on: bool) -> None:
@@ -368,7 +370,8 @@ class TorchTrainer:
         for part in parts:
             if par.tp > 1:
                 _apply_tp(part, self.mesh["tp"], par.sp)
-            _apply_ac(part, train.activation_checkpointing, marked=not train.compile, cuda=ctx.cuda)
+            _apply_ac(part, train.activation_checkpointing, marked=not train.compile, cuda=ctx.cuda,
+                      random=resolved.recipe.peft.dropout > 0 and config_adapters.adapted(resolved.recipe.peft))
             _apply_compile(part, train.compile)
             _apply_dp(part, self.mesh, resolved, ctx.cuda)
         self._progress = common.StartupProgress(ctx.watchdog, "every rank cuts its shards")
@@ -382,6 +385,9 @@ class TorchTrainer:
         self.model = self.wrap_ddp(parts[0], ctx.env.local_rank) if self.ddp else parts[0]
         dp_mesh = self.mesh["dp"]
         self.dp_rank, self.dp_world = dp_mesh.get_local_rank(), dp_mesh.size()
+        # The only random numbers a step draws are [peft]'s adapter dropout masks: from train.seed, apart per data-
+        # parallel rank (the start-up's draws ran in forked generators)
+        torch.manual_seed((train.seed + self.dp_rank) % 2**64)
         self.dp_group = dp_mesh.get_group() if self.dp_world > 1 else None
         self.param_numel_local = sum(_local(p).numel() for part in parts for p in part.parameters())
         # One AdamW per part (torchtitan's): each part's state dict names its own parameters. On GPUs the fused kernel
@@ -671,8 +677,9 @@ class TorchTrainer:
         return ckpt.step
 
     def state_bytes(self) -> dict[str, int]:
-        """Bytes held between steps, each storage once: the (sharded) fp32 parameters, the gradients (DDP's reduce
-        buckets; FSDP2 frees its sharded gradients in zero_grad), and AdamW's state."""
+        """Bytes held between steps, each storage once: the (sharded) parameters (fp32; under [peft] the frozen base in its
+        own dtype), the gradients (DDP's reduce buckets; FSDP2 frees its sharded gradients in zero_grad), and AdamW's
+        state."""
         seen: set[int] = set()
         params = self._params()
         weights = common.storage_bytes(params, seen)
