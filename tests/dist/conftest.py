@@ -174,6 +174,11 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.xdist_group(group))
 
 
+def worst(a: list[float], b: list[float]) -> float:
+    """The largest difference of two runs' curves, step by step (their lengths must agree)."""
+    return max(abs(x - y) for x, y in zip(a, b, strict=True))
+
+
 class Trained:
     def __init__(self, root: Path, proc: subprocess.CompletedProcess):
         self.root, self.proc = root, proc

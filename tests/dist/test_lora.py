@@ -12,7 +12,7 @@ import subprocess
 import pytest
 
 from tests.conftest import REPO
-from tests.dist.conftest import EVERY_5, SHORT, TORCH, exported_losses, interrupted_copy, train
+from tests.dist.conftest import EVERY_5, SHORT, TORCH, exported_losses, interrupted_copy, train, worst
 
 pytestmark = [pytest.mark.dist, pytest.mark.slow]
 TOL = 1e-5
@@ -24,13 +24,11 @@ LAYOUTS = {
     "fsdp2_ac": ("hardware.gpus_per_node=2", "parallel.zero_stage=3", "batch.micro_batch_size=2",
                  "train.activation_checkpointing=full"),
 }
+DS_ZERO2 = ("hardware.gpus_per_node=2", "batch.micro_batch_size=2", "parallel.zero_stage=2", *EVERY_5)
 # QLoRA computes in bf16 (it refuses fp32): one rank and DDP agree to bf16's resolution of a loss near 3, not 1e-5
 QLORA = (*LORA, "peft.method=qlora", "precision.dtype=bf16")
 QLORA_TOL = 2e-2
 
-
-def worst(a: list[float], b: list[float]) -> float:
-    return max(abs(x - y) for x, y in zip(a, b, strict=True))
 
 
 @pytest.fixture(scope="module")
@@ -106,10 +104,25 @@ def test_export_loads_in_peft_and_transformers_and_reproduces_the_loss(runs, run
 def test_deepspeed_zero2_trains_the_same_adapters(runs, shared_run):
     """DeepSpeed's engine, its ZeRO-2 optimizer taking the adapters alone, over the same base and batches: another
     library's step, the same losses."""
-    ds = shared_run(*LORA, "hardware.gpus_per_node=2", "batch.micro_batch_size=2", "parallel.zero_stage=2",
-                    recipe="recipes/tiny_zero2")
+    ds = shared_run(*LORA, *DS_ZERO2, recipe="recipes/tiny_zero2")
     assert ds.metrics().meta.backend == "deepspeed"
     assert worst(ds.losses(), runs("one_rank").losses()) <= TOL, (ds.losses(), runs("one_rank").losses())
+
+
+@pytest.mark.full  # DeepSpeed's own checkpoint of the adapters: resumed and exported (a resume and an export, ~25 s)
+def test_deepspeed_checkpoint_of_the_adapters_resumes_and_exports(shared_run, runs_root):
+    ds = shared_run(*LORA, *DS_ZERO2, recipe="recipes/tiny_zero2")
+    copy = interrupted_copy(ds, runs_root / "lora_ds_resume")
+    resumed = train(runs_root / "lora_ds_resume", *LORA, *DS_ZERO2, f"run.resume={copy.root}",
+                    recipe="recipes/tiny_zero2")
+    assert resumed.metrics().meta.start_step == 5
+    assert worst(resumed.losses(), ds.losses()[5:]) <= TOL
+    out = runs_root / "lora_ds_exported"
+    p = subprocess.run(["python", "-m", "launch", "export", str(copy.root), "step=5", f"out={out}", "merge=true"],
+                       cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-3000:]
+    (merged_loss,) = exported_losses(out / "merged", ds.metrics().meta, (5,))
+    assert merged_loss == pytest.approx(ds.losses()[5], abs=TOL)
 
 
 @pytest.mark.full  # two bf16 runs of bitsandbytes' CPU kernels: CI's second command

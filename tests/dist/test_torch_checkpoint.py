@@ -11,15 +11,12 @@ import subprocess
 import pytest
 
 from tests.conftest import REPO
-from tests.dist.conftest import EVERY_5, SHORT, TORCH, TORCH_LAYOUTS, exported_losses, interrupted_copy, train
+from tests.dist.conftest import EVERY_5, SHORT, TORCH, TORCH_LAYOUTS, exported_losses, interrupted_copy, train, worst
 
 pytestmark = [pytest.mark.dist, pytest.mark.slow]
 TOL = 1e-5
 CKPT = (*SHORT, *EVERY_5)
 
-
-def worst(a: list[float], b: list[float]) -> float:
-    return max(abs(x - y) for x, y in zip(a, b, strict=True))
 
 
 @pytest.fixture(scope="module")

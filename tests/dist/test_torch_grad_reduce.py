@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from tests.dist.conftest import SHORT, TORCH, TORCH_LAYOUTS
+from tests.dist.conftest import SHORT, TORCH, TORCH_LAYOUTS, worst
 
 pytestmark = [pytest.mark.dist, pytest.mark.slow]
 BF16 = ("precision.dtype=bf16", "run.profile=torch")
@@ -13,9 +13,6 @@ BF16 = ("precision.dtype=bf16", "run.profile=torch")
 # a reduction in the wrong place (not averaged, one rank's gradients) moves it by more than 0.1 within two.
 TOL = 1e-2
 
-
-def worst(a, b):
-    return max(abs(x - y) for x, y in zip(a, b, strict=True))
 
 
 def reduce_scatter_types(run) -> set[str]:

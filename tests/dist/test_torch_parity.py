@@ -15,14 +15,11 @@ import re
 
 import pytest
 
-from tests.dist.conftest import DS_DP2, SHORT, TORCH, TORCH_LAYOUTS, two_ranks_first
+from tests.dist.conftest import DS_DP2, SHORT, TORCH, TORCH_LAYOUTS, two_ranks_first, worst
 
 pytestmark = [pytest.mark.dist, pytest.mark.slow]
 TOL = 1e-5
 
-
-def worst(a: list[float], b: list[float]) -> float:
-    return max(abs(x - y) for x, y in zip(a, b, strict=True))
 
 
 @pytest.fixture(scope="module")
