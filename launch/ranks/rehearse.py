@@ -45,6 +45,7 @@ from launch.ranks.trainers.protocol import BuildContext
 from launch.ranks.trainers.torch_backend import TorchTrainer, _wrap_ddp, allocate
 from launch.run.rehearsal import Collective, Measured, PhasePeak, measured_path
 from launch.run.rundir import RunDir
+from launch.torchtools.hf import offline_bitsandbytes
 from launch.units import MiB
 
 USAGE = "usage: python -m launch.ranks.rehearse RUN_DIR RANK"
@@ -61,6 +62,7 @@ def main(argv: list[str]) -> int:
     if len(argv) != 2 or not argv[1].isdigit():
         print(USAGE, file=sys.stderr)
         return 2
+    offline_bitsandbytes()
     run, rank = RunDir.open(argv[0]), int(argv[1])
     resolved = Resolved.load(run.resolved)
     role = next(r.kind for r in Plan.from_json(run.plan.read_text(encoding="utf-8")).ranks if rank in r.ranks)
