@@ -22,7 +22,7 @@ from analysis.report.data import (
     bar_segments,
     flops_formulas,
 )
-from launch.run.metrics import FLOPS_FORMULA, FLOPS_FORMULA_ADAPTERS
+from launch.run.metrics import FLOPS_FORMULA, FLOPS_FORMULA_ADAPTERS, FLOPS_SHORT
 
 # What an empty trace section tells the user to do about it.
 FILL_TRACE = ("To fill it: run with run.profile=torch (a Kineto trace per rank of run.profile_active_steps steps) or "
@@ -243,8 +243,8 @@ def _doctor_blocks(rep: Report) -> list[Block]:
 
 
 # Short names of the FLOP counts the meta records name (launch.run.metrics), for where runs count differently.
-_FLOPS_COUNTS = {FLOPS_FORMULA: "full training, 6 × parameters",
-                 FLOPS_FORMULA_ADAPTERS: "a [peft] fine-tune's own FLOPs, 4 × base + 6 × adapter parameters"}
+_FLOPS_COUNTS = {FLOPS_FORMULA: f"full training, {FLOPS_SHORT[FLOPS_FORMULA]}",
+                 FLOPS_FORMULA_ADAPTERS: f"a [peft] fine-tune's own FLOPs, {FLOPS_SHORT[FLOPS_FORMULA_ADAPTERS]}"}
 
 
 def _mfu_title(rep: Report) -> str:

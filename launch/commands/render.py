@@ -5,13 +5,14 @@ from __future__ import annotations
 import os
 from typing import Sequence
 
-from launch.config import calibration as cal
+from launch.config import adapters, calibration as cal
 from launch.config.backends import BACKENDS
 from launch.config.resolve import Resolved
 from launch.errors import printable
 from launch.plan.layout import Plan
 from launch.plan.memory import chunk_layers
 from launch.run import launcher
+from launch.run.metrics import FLOPS_SHORT, flops_formula
 from launch.units import GiB, KiB, MiB, human_bytes, human_count
 
 
@@ -75,8 +76,7 @@ def render(resolved: Resolved, plan: Plan, cmd: launcher.LaunchCommand, console,
     if mfu_terms(plan):
         for line in _mfu_lines(plan):
             console.print(line)
-    formula = ("4·N + 6·adapters + 12·L·h·s per token, a fine-tune's" if r.peft.method != "none"
-               else "6·N + 12·L·h·s per token, torchtitan")
+    formula = FLOPS_SHORT[flops_formula(adapters.adapted(r.peft))]
     console.print(f"  model FLOPs/step {s.model_flops_per_step:.3e} ({formula}); {safe(s.assumptions)}")
     for n in plan.notes:
         console.print(f"  note: {safe(n)}")

@@ -21,6 +21,14 @@ FLOPS_FORMULA = ("6 × non-embedding parameters (lm_head included) + 12 · layer
 FLOPS_FORMULA_ADAPTERS = ("4 × non-embedding parameters (lm_head included: the frozen matmuls' forward and input "
                           "gradient, no weight gradient) + 6 × adapter parameters + 12 · layers · heads · head_dim · "
                           "seq_len per token; the FLOPs a [peft] fine-tune does, recomputation not counted")
+# Each count in a few words, where a line has no room for the whole formula
+FLOPS_SHORT = {FLOPS_FORMULA: "6·N + 12·L·h·s per token, torchtitan's",
+               FLOPS_FORMULA_ADAPTERS: "4·N + 6·adapters + 12·L·h·s per token, a fine-tune's"}
+
+
+def flops_formula(adapted: bool) -> str:
+    """The count a run's FLOPs per token follow: a fine-tune's ([peft] adapters) or full training's."""
+    return FLOPS_FORMULA_ADAPTERS if adapted else FLOPS_FORMULA
 
 
 @dataclass(frozen=True)

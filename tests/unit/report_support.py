@@ -13,11 +13,10 @@ from launch.config.resolve import resolve_path
 from launch.plan.build import plan_resolved
 from launch.plan.time import model_flops_per_token
 from launch.run.metrics import (
-    FLOPS_FORMULA,
-    FLOPS_FORMULA_ADAPTERS,
     SCHEMA_VERSION,
     MetaRecord,
     MetricsWriter,
+    flops_formula,
     StepRecord,
 )
 
@@ -64,7 +63,7 @@ def make_run_dir(root: Path, name: str = "20260101-000000", *, overrides: Sequen
     warm = rc.train.warmup_steps
     times = list(step_times) if step_times is not None else default_step_times(steps, warm)
     fpt = model_flops_per_token(resolved.model, rc.batch.seq_len, rc.peft)
-    formula = FLOPS_FORMULA_ADAPTERS if adapted(rc.peft) else FLOPS_FORMULA
+    formula = flops_formula(adapted(rc.peft))
     peak = resolved.hardware.peak_flops(rc.precision.dtype)
     tokens = resolved.tokens_per_step
     g = resolved.grid

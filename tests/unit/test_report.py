@@ -445,8 +445,9 @@ def test_a_fine_tune_shows_what_trains_and_how_its_mfu_is_counted(tmp_path):
                      r"parameters: meta of metrics/rank0\.jsonl \|$", _runs_row(md, "tuned"))
     assert re.search(r"\| – \| none \(every parameter trains\) \| \d+ \| \d+ \| resolved\.json \|$", _runs_row(md, "old"))
     assert len(re.findall(r"\| MFU % \(FLOP/token differs: MFU formula\) \|", md)) == 2  # the answer and How fast
-    assert re.search(r"runs count FLOP/token differently.*\(tuned: a \\\[peft\\\] fine-tune's own FLOPs, 4 × base "
-                     r"\+ 6 × adapter parameters; old: full training, 6 × parameters\)", md)
+    assert re.search(r"runs count FLOP/token differently.*\(tuned: a \\\[peft\\\] fine-tune's own FLOPs, 4·N \+ "
+                     r"6·adapters \+ 12·L·h·s per token, a fine-tune's; old: full training, 6·N \+ 12·L·h·s per "
+                     r"token, torchtitan's\)", md)
 
 
 @pytest.mark.parametrize("damage", [-5, float("nan"), "12k"], ids=["negative", "nan", "string"])

@@ -219,7 +219,7 @@ def _start(run: RunDir, resolved: Resolved, env: common.RankEnv, terminal, cuda:
         schema_version=M.SCHEMA_VERSION, rank=env.rank, world_size=resolved.world_size, tp=par.tp, pp=par.pp, dp=par.dp,
         recipe=resolved.recipe_name, backend=r.backend, hardware_profile=resolved.hardware.name,
         device="cuda" if cuda else "cpu", peak_flops_per_device=peak, flops_per_token=flops_per_token,
-        flops_formula=M.FLOPS_FORMULA_ADAPTERS if adapters.adapted(r.peft) else M.FLOPS_FORMULA, tokens_per_step=resolved.tokens_per_step, warmup_steps=r.train.warmup_steps,
+        flops_formula=M.flops_formula(adapters.adapted(r.peft)), tokens_per_step=resolved.tokens_per_step, warmup_steps=r.train.warmup_steps,
         zero_stage=par.zero_stage, dtype=r.precision.dtype, micro_batch_size=r.batch.micro_batch_size,
         global_batch_size=r.batch.global_batch_size, seq_len=r.batch.seq_len,
         param_numel_local=built.trainer.param_numel_local, start_step=start_step,
