@@ -433,9 +433,7 @@ class TorchTrainer:
             self.stager = DefaultStager(StagingOptions(use_pinned_memory=True, use_shared_memory=False,
                                                        use_async_staging=False, use_non_blocking_copy=False))
         self._alone = False  # loss() has set FSDP2 to compute without data-parallel traffic
-        # [peft]: the model tensors a checkpoint holds, the adapters (None: every one the model's state dict has)
-        self.checkpointed = ({p.name for p in config_adapters.checkpointed_parameters(resolved.model, resolved.recipe.peft)}
-                             if config_adapters.adapted(resolved.recipe.peft) else None)
+        self.checkpointed = _checkpointed(resolved)
 
     def materialise_parts(self, parts: list, device) -> None:
         """The seam between the build and its memory: launch.ranks.rehearse allocates the parts as fake tensors here
@@ -687,6 +685,13 @@ class TorchTrainer:
         optimizer = common.storage_bytes((v for opt in self.optimizers for st in opt.state.values() for v in st.values()
                                           if torch.is_tensor(v)), seen)
         return {"weights": weights, "grads": grads, "optimizer": optimizer}
+
+
+def _checkpointed(resolved: Resolved) -> set[str] | None:
+    """[peft]: the model tensors a checkpoint holds, the adapters (None: every one the model's state dict has)."""
+    peft = resolved.recipe.peft
+    return ({p.name for p in config_adapters.checkpointed_parameters(resolved.model, peft)}
+            if config_adapters.adapted(peft) else None)
 
 
 def _local(t):
