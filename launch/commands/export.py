@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Sequence
 
 from launch.commands.args import Option, boolean, read, text, whole
+from launch.config import adapters
 from launch.config.resolve import Resolved
 from launch.errors import ConfigError
 from launch.run.checkpoints import complete_checkpoints
@@ -32,7 +33,7 @@ def cmd_export(args: Sequence[str]) -> int:
         raise ConfigError(run_dir, "run_dir", run_dir, "is not a run directory (no resolved.json)", "pass runs/<recipe>/<stamp>")
     run = RunDir.open(run_dir)
     resolved = Resolved.load(run.resolved)  # damaged: one line here, not a traceback in the export process
-    if merge and resolved.recipe.peft.method == "none":
+    if merge and not adapters.adapted(resolved.recipe.peft):
         raise ConfigError("command line", "merge", "true", f"has nothing to merge: {run_dir} trained every parameter "
                           "(no [peft] adapters), and its export is the whole model", "leave merge unset")
     inputs = export_inputs(run, resolved.recipe)

@@ -46,20 +46,27 @@ def adapted(peft: PeftSection) -> bool:
     return peft.method != "none"
 
 
+def adapted_linears(model: ModelSpec, peft: PeftSection) -> list[LinearModule]:
+    """The block linears that take an adapter, in the block's order; none without [peft]."""
+    return [lin for lin in block_linears(model).values() if lin.name in peft.target_modules] if adapted(peft) else []
+
+
+def linear_params_per_block(model: ModelSpec) -> int:
+    """The weights of one block's linear layers (what QLoRA stores in NF4)."""
+    return sum(lin.out_features * lin.in_features for lin in block_linears(model).values())
+
+
 def adapter_parameters(model: ModelSpec, peft: PeftSection) -> list[ParamInfo]:
     """Every adapter tensor peft adds, in module order, under the names peft's modules give them (lora_A before
     lora_B); none without [peft]."""
-    if not adapted(peft):
-        return []
-    linears = block_linears(model)
-    chosen = [linears[name] for name in linears if name in peft.target_modules]
     out = []
+    chosen = adapted_linears(model, peft)
     for layer in range(model.num_layers):
         for lin in chosen:
             pre = f"model.layers.{layer}.{lin.path}"
-            out.append(ParamInfo(f"{pre}.lora_A.{ADAPTER_NAME}.weight", (peft.rank, lin.in_features), "replicated", layer))
-            out.append(ParamInfo(f"{pre}.lora_B.{ADAPTER_NAME}.weight", (lin.out_features, peft.rank), "replicated",
-                                 layer))
+            a, b = (peft.rank, lin.in_features), (lin.out_features, peft.rank)
+            out.append(ParamInfo(f"{pre}.lora_A.{ADAPTER_NAME}.weight", a, "replicated", layer))
+            out.append(ParamInfo(f"{pre}.lora_B.{ADAPTER_NAME}.weight", b, "replicated", layer))
     return out
 
 
@@ -71,7 +78,8 @@ def checkpointed_parameters(model: ModelSpec, peft: PeftSection) -> list[ParamIn
 
 @dataclass(frozen=True)
 class ParameterSplit:
-    """A model's parameters under [peft]: what trains and what stays frozen (every parameter trains without it)."""
+    """A model's parameters (or one rank's share of them: launch.plan.adapters.rank_split) under [peft]: what trains and
+    what stays frozen (every parameter trains without it)."""
 
     trainable: int
     frozen: int
@@ -88,8 +96,8 @@ def parameter_split(model: ModelSpec, peft: PeftSection) -> ParameterSplit:
     base = model.param_counts().total
     if not adapted(peft):
         return ParameterSplit(base, 0, 0)
-    linear = sum(lin.out_features * lin.in_features for lin in block_linears(model).values()) * model.num_layers
-    return ParameterSplit(sum(p.numel for p in adapter_parameters(model, peft)), base, linear)
+    return ParameterSplit(sum(p.numel for p in adapter_parameters(model, peft)), base,
+                          linear_params_per_block(model) * model.num_layers)
 
 
 def base_name(name: str) -> str:

@@ -5,9 +5,9 @@ frozen, so each model's full-training formulas are the special case trainable = 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 from launch.config import adapters
+from launch.config.adapters import ParameterSplit
 from launch.config.backends import traits
 from launch.plan.layout import Layout
 
@@ -41,32 +41,23 @@ def casts_adapter_input(layout: Layout) -> bool:
             and traits(layout.backend).accounting == "torch")
 
 
-@dataclass(frozen=True)
-class RankSplit:
-    """One rank's parameters (its TP/PP share) by what the step does with them."""
-
-    trainable: int  # elements that train: the adapters under [peft], every parameter without
-    frozen: int  # the base model's elements under [peft]: loaded, used, never stepped
-    frozen_linear: int  # of the frozen: the decoder blocks' linear weights (the ones QLoRA stores in NF4)
-
-
 def _per_layer(layout: Layout) -> tuple[int, int]:
     """(adapter elements, linear-weight elements) of one decoder block on one rank. Under TP both are taken as split
     over tp: the trainers refuse TP with [peft] (launch/config/resolve.py), so this only plans layouts such as the
     published Megatron LoRA runs', whose replicated lora_A / lora_B halves it does not tell apart."""
     m, t = layout.model, layout.grid.tp
-    linear = sum(lin.out_features * lin.in_features for lin in adapters.block_linears(m).values())
     split = adapters.parameter_split(m, layout.peft)
-    return split.trainable // m.num_layers // t, linear // t
+    return split.trainable // m.num_layers // t, adapters.linear_params_per_block(m) // t
 
 
-def rank_split(layout: Layout, params: int) -> RankSplit:
-    """`params`: the base model's parameters on one rank of a pipeline stage (launch.plan.memory.stage_params)."""
+def rank_split(layout: Layout, params: int) -> ParameterSplit:
+    """One rank's parameters (its TP/PP share) by what the step does with them; `params`: the base model's on one rank
+    of a pipeline stage (launch.plan.memory.stage_params)."""
     if not adapted(layout):
-        return RankSplit(params, 0, 0)
+        return ParameterSplit(params, 0, 0)
     per_adapters, per_linear = _per_layer(layout)
     layers = layout.model.num_layers // layout.grid.pp
-    return RankSplit(per_adapters * layers, params, per_linear * layers)
+    return ParameterSplit(per_adapters * layers, params, per_linear * layers)
 
 
 def block_adapters(layout: Layout) -> int:
@@ -74,7 +65,7 @@ def block_adapters(layout: Layout) -> int:
     return _per_layer(layout)[0] if adapted(layout) else 0
 
 
-def frozen_bytes(layout: Layout, split: RankSplit) -> int:
+def frozen_bytes(layout: Layout, split: ParameterSplit) -> int:
     """Bytes of a rank's frozen base, whole: held in precision.dtype (no fp32 master: nothing steps it), the blocks'
     linear weights in NF4 under QLoRA (embeddings, norms and the output layer stay in precision.dtype)."""
     e = layout.elem_bytes
@@ -104,7 +95,5 @@ def adapter_tensors(layout: Layout, stage: int = 0) -> list[int]:
 def adapted_modules(layout: Layout) -> dict[str, tuple[int, int]]:
     """(out_features, in_features) of each block linear that takes an adapter, by the model's own name (Hugging Face's:
     q_proj, ..., down_proj); empty without [peft]."""
-    if not adapted(layout):
-        return {}
-    return {lin.name: (lin.out_features, lin.in_features) for lin in adapters.block_linears(layout.model).values()
-            if lin.name in layout.peft.target_modules}
+    return {lin.name: (lin.out_features, lin.in_features)
+            for lin in adapters.adapted_linears(layout.model, layout.peft)}

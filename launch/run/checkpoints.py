@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from launch import inputs
+from launch.config import adapters
 from launch.config.backends import traits
 from launch.config.resolve import Resolved
 from launch.config.schedule import lr_at
@@ -169,7 +170,7 @@ def training_identity(resolved: Resolved) -> dict[str, Any]:
         # a fine-tune's checkpoint holds its adapters alone: the base they continue from is the recipe's weights,
         # built again at start-up (absent without [peft], so earlier markers still match)
         **({"peft": [r.peft.method, r.peft.rank, r.peft.alpha, r.peft.dropout, sorted(r.peft.target_modules),
-                     r.model.weights]} if r.peft.method != "none" else {}),
+                     r.model.weights]} if adapters.adapted(r.peft) else {}),
     }
 
 

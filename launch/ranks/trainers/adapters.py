@@ -17,13 +17,13 @@ import torch
 
 from launch.config import adapters as spec
 from launch.config.resolve import Resolved
+from launch.plan.adapters import NF4_BLOCKSIZE
 from launch.ranks.trainers.common import torch_dtype
 from launch.torchtools.hf import lora_config
 
 # The adapters draw from a generator of their own, seeded from train.seed: the base's stream (initial_tensors) is left
 # as a model without adapters draws it, and every rank, whatever its layout, starts from the same adapters.
 ADAPTER_SEED_OFFSET = 1
-QLORA_BLOCKSIZE = 64  # NF4 values per absmax scale: bitsandbytes' default on CUDA and CPU, the QLoRA paper's
 
 
 def frozen_dtype(resolved: Resolved) -> torch.dtype:
@@ -102,7 +102,7 @@ def as_trained(resolved: Resolved, name: str, whole: torch.Tensor) -> torch.Tens
         return whole.to(frozen_dtype(resolved)).float()
     import bitsandbytes.functional as F
 
-    packed, state = F.quantize_4bit(whole.contiguous(), blocksize=QLORA_BLOCKSIZE, compress_statistics=True,
+    packed, state = F.quantize_4bit(whole.contiguous(), blocksize=NF4_BLOCKSIZE, compress_statistics=True,
                                     quant_type="nf4")
     return F.dequantize_4bit(packed, state).float()
 
@@ -142,5 +142,5 @@ def fill_quantized(model, name: str, whole: torch.Tensor, device) -> None:
     module = model.get_submodule(name.rsplit(".", 1)[0])
     old = module.weight
     module.weight = bnb.nn.Params4bit(whole.contiguous(), requires_grad=False, quant_type=old.quant_type,
-                                      compress_statistics=old.compress_statistics, blocksize=QLORA_BLOCKSIZE,
+                                      compress_statistics=old.compress_statistics, blocksize=NF4_BLOCKSIZE,
                                       quant_storage=old.quant_storage).to(device)
