@@ -141,11 +141,15 @@ def cmd_calibrate(args: Sequence[str]) -> int:
     # taken against it moved with it); the two sweeps span the minutes the compute figures took.
     clock = _Stages(3)
     clock.next("collectives, first sweep")
-    first = _collectives(recipe, overrides, resolved, root, "first", notes)
-    clock.next(f"compute: {', '.join(a.backends)} passes and whole steps ({a.iters} timed iterations each)")
-    compute, samples = _compute(recipe, overrides, resolved, root, a.backends, a.iters, notes)
-    clock.next("collectives, second sweep")
-    last = _collectives(recipe, overrides, resolved, root, "last", notes)
+    try:
+        first = _collectives(recipe, overrides, resolved, root, "first", notes)
+        clock.next(f"compute: {', '.join(a.backends)} passes and whole steps ({a.iters} timed iterations each)")
+        compute, samples = _compute(recipe, overrides, resolved, root, a.backends, a.iters, notes)
+        clock.next("collectives, second sweep")
+        last = _collectives(recipe, overrides, resolved, root, "last", notes)
+    except MeasurementFailed as e:
+        print(f"error: {e}", file=sys.stderr, flush=True)
+        return 1
     clock.done(expected)
     calib = Calibration(created=started, machine_kind=envinfo.machine_kind(),
                         versions={k: v for k, v in envinfo.package_versions().items() if k in MEASURED_PACKAGES},
@@ -293,10 +297,7 @@ def _collectives(recipe: str, overrides: list[str], resolved: Resolved, root: Pa
         cmd = launcher.build(r, str(run.root))
         print(f"calibrate: collectives on {n}-rank groups ({when} commbench sweep, {INTERLEAVE_US:g} µs of compute "
               f"between calls) -> {run.root}", flush=True)
-        with open(run.root / "calibrate.log", "w") as log:
-            rc = subprocess.call(list(cmd.argv), env={**os.environ, **cmd.env}, stdout=log, stderr=subprocess.STDOUT)
-        if rc != 0:
-            raise RuntimeError(f"the commbench sweep on {n} ranks failed (exit {rc}); see {run.root}")
+        _launch(cmd, run.root / "calibrate.log", f"the commbench sweep on {n} ranks")
         for op in OPS:
             res = read_result(run.commbench_json(op))
             points = tuple((row["size_bytes"], row["time_us"] * 1e-6) for row in res["rows"])
@@ -309,6 +310,28 @@ def _collectives(recipe: str, overrides: list[str], resolved: Resolved, root: Pa
 
 
 # --------------------------------------------------------------------------- compute
+
+
+class MeasurementFailed(Exception):
+    """A launch of measuring ranks that exited non-zero: what it measured, its exit code, and the log whose last lines
+    say why (the ranks' own traceback; without them a user, or CI, sees only that it failed)."""
+
+    TAIL_LINES = 25
+
+    def __init__(self, what: str, rc: int, log: Path) -> None:
+        try:
+            tail = log.read_text(errors="replace").splitlines()[-self.TAIL_LINES:]
+        except OSError:
+            tail = []
+        super().__init__(f"{what} failed (exit {rc}); the end of {log}:" + "".join(f"\n  | {line}" for line in tail))
+
+
+def _launch(cmd, log: Path, what: str) -> None:
+    """Run a launcher command (launcher.build's) to its end, its output into `log`."""
+    with open(log, "w") as out:
+        rc = subprocess.call(list(cmd.argv), env={**os.environ, **cmd.env}, stdout=out, stderr=subprocess.STDOUT)
+    if rc != 0:
+        raise MeasurementFailed(what, rc, log)
 
 
 @dataclass(frozen=True)
@@ -391,10 +414,7 @@ def _in_situ(recipe: str, overrides: list[str], resolved: Resolved, root: Path, 
                   f"activation_checkpointing {'/'.join(acs)}{', sp off/on' if len(modes) > len(acs) else ''}"
                   + (f"; train_step at ZeRO-{sorted({k[0] for k in steps})}" if steps else "") + f" -> {run.root}",
                   flush=True)
-            with open(run.root / "calibrate.log", "w") as log:
-                rc = subprocess.call(list(cmd.argv), env={**os.environ, **cmd.env}, stdout=log, stderr=subprocess.STDOUT)
-            if rc != 0:
-                raise RuntimeError(f"the {name} measurements at tp={tp} failed (exit {rc}); see {run.root}")
+            _launch(cmd, run.root / "calibrate.log", f"the {name} measurements at tp={tp}")
             doc = json.loads((run.root / cal.PASS_RESULT_FILE).read_text())
             for p in doc["passes"]:
                 passes.append(Pass(name, tp, p["sp"], p["micro_batch_size"], p["activation_checkpointing"],
@@ -524,7 +544,7 @@ def _compute(recipe: str, overrides: list[str], resolved: Resolved, root: Path, 
         rc = p.wait()
         log.close()
         if rc != 0:
-            raise RuntimeError(f"compute probe {i} failed (exit {rc}); see {root / 'logs' / f'compute_{i}.log'}")
+            raise MeasurementFailed(f"compute probe {i}", rc, root / "logs" / f"compute_{i}.log")
     docs = [json.loads(cal.compute_file(root, i).read_text()) for i in range(gpn)]
     passes, samples = _in_situ(recipe, overrides, resolved, root, backends, mbs, iters, notes)
     compute = Compute(model=m.name, dtype=r.precision.dtype, seq_len=r.batch.seq_len, threads_per_rank=docs[0]["threads"],

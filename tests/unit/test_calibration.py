@@ -481,3 +481,20 @@ def test_figures_fitted_on_another_machine_or_dtype_leave_the_nominal_ones(tmp_p
     plan = plan_resolved(resolve_path(RECIPES / "tiny_zero2", [*miss, f"hardware.profile={path}"]), envinfo.machine())
     assert plan.step.timing == "nominal" and says in next(n for n in plan.notes if n.startswith("time:"))
     assert plan.step.compute_s == nominal.step.compute_s and plan.step.mfu == nominal.step.mfu
+
+
+def test_a_failed_measurement_says_why(tmp_path):
+    """A launch of measuring ranks that fails names what it measured, its exit code and the end of its log (the ranks'
+    traceback), not only that it failed: CI's only view of a failure deep in a calibration."""
+    import sys
+
+    from launch.commands.calibrate import MeasurementFailed, _launch
+    from launch.run.launcher import LaunchCommand
+
+    script = "import sys\nfor i in range(40): print(f'line {i}')\nsys.exit(3)"
+    log = tmp_path / "calibrate.log"
+    with pytest.raises(MeasurementFailed) as e:
+        _launch(LaunchCommand((sys.executable, "-c", script), {}), log, "the torch measurements at tp=2")
+    lines = str(e.value).splitlines()
+    assert lines[0] == f"the torch measurements at tp=2 failed (exit 3); the end of {log}:"
+    assert lines[1:] == [f"  | line {i}" for i in range(15, 40)]
