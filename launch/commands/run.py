@@ -157,10 +157,29 @@ def check_inputs(resolved: Resolved) -> tuple[Resolved, DataCheck | None]:
     safetensors headers against the model) and the training data, whose digest the resolved record gains."""
     if resolved.recipe.model.weights:
         launcher.weights_preflight(resolved.recipe_path, Path(resolved.recipe.model.weights), resolved.model)
+    _four_bit_preflight(resolved)
     if resolved.recipe.run.mode == "commbench":  # the collective sweep reads neither
         return resolved, None
     data = check_data(resolved)
     return (resolved if data is None else dataclasses.replace(resolved, data_fingerprint=data.fingerprint)), data
+
+
+def _four_bit_preflight(resolved: Resolved) -> None:
+    """QLoRA: that bitsandbytes trains a 4-bit NF4 layer on the device this machine's ranks use (launch.torchtools.
+    four_bit), in a process of its own (it needs torch). Only where the ranks would run here: CPU ranks, or a GPU
+    recipe on a machine with GPUs; a dry run of a GPU recipe on a laptop has no device to ask."""
+    hw = resolved.hardware
+    if resolved.recipe.peft.method != "qlora" or (hw.device_type == "cuda" and not launcher.local_gpu_count()):
+        return
+    p = subprocess.run([sys.executable, "-m", "launch.torchtools.four_bit", hw.device_type,
+                        resolved.recipe.precision.dtype], capture_output=True, text=True)
+    if p.returncode != 0:
+        said = p.stderr.strip().splitlines()
+        raise ConfigError(resolved.recipe_path, "peft.method", "qlora",
+                          "cannot train here: " + (said[-1].removeprefix("error: ") if said else
+                                                   f"the 4-bit check failed (exit {p.returncode})"),
+                          "install bitsandbytes as constraints.txt pins it, in a build for this machine's device, "
+                          'or set peft.method="lora"')
 
 
 def untrusted_files(path: Path, resolved: Resolved | None = None) -> str | None:
