@@ -20,6 +20,7 @@ from launch.config.resolve import Resolved, resolve_path
 from launch.data.check import DataCheck
 from launch.data.check import check as check_data
 from launch.errors import ConfigError
+from launch.inputs import weights_fingerprint
 from launch.plan.build import plan_resolved
 from launch.plan.layout import Plan
 from launch.run import envinfo, launcher, nodes
@@ -157,6 +158,9 @@ def check_inputs(resolved: Resolved) -> tuple[Resolved, DataCheck | None]:
     safetensors headers against the model) and the training data, whose digest the resolved record gains."""
     if resolved.recipe.model.weights:
         launcher.weights_preflight(resolved.recipe_path, Path(resolved.recipe.model.weights), resolved.model)
+        if adapters.adapted(resolved.recipe.peft):
+            resolved = dataclasses.replace(resolved, weights_fingerprint=weights_fingerprint(
+                Path(resolved.recipe.model.weights)))
     _four_bit_preflight(resolved)
     if resolved.recipe.run.mode == "commbench":  # the collective sweep reads neither
         return resolved, None

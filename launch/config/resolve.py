@@ -55,6 +55,9 @@ class Resolved:
     # sha256 of the corpus the data check read (launch/data/check.py), set before launch; None for synthetic data.
     # A checkpoint continues only a run that reads the same rows: the path alone would not see the file change.
     data_fingerprint: str | None = None
+    # launch.inputs.weights_fingerprint of model.weights, set before launch of a fine-tune: its checkpoints hold the
+    # adapters alone, which continue only on the base they were trained on, wherever that folder now lies.
+    weights_fingerprint: str | None = None
 
     @property
     def world_size(self) -> int:
@@ -81,6 +84,7 @@ class Resolved:
             "ds_base": self.ds_base,
             "warnings": list(self.warnings),
             "data_fingerprint": self.data_fingerprint,
+            "weights_fingerprint": self.weights_fingerprint,
         }, indent=2)
 
     @classmethod
@@ -113,7 +117,7 @@ class Resolved:
             overrides=tuple(d["overrides"]), recipe=from_dict(Recipe, d["recipe"]),
             model=ModelSpec.from_dict(d["model"]), hardware=hardware, grid=grid, grad_accum=d["grad_accum"], ds_config=d["ds_config"],
             ds_base=d["ds_base"], warnings=tuple(d["warnings"]), schema_version=d["schema_version"],
-            data_fingerprint=d.get("data_fingerprint"),
+            data_fingerprint=d.get("data_fingerprint"), weights_fingerprint=d.get("weights_fingerprint"),
         )
 
     @classmethod

@@ -168,9 +168,10 @@ def training_identity(resolved: Resolved) -> dict[str, Any]:
         + ([] if r.data.source == "synthetic" else [r.data.text_field, r.data.valid_fraction, r.data.valid_path,
                                                     resolved.data_fingerprint]),
         # a fine-tune's checkpoint holds its adapters alone: the base they continue from is the recipe's weights,
-        # built again at start-up (absent without [peft], so earlier markers still match)
+        # built again at start-up, known by their content wherever they lie (absent without [peft], so earlier
+        # markers still match)
         **({"peft": [r.peft.method, r.peft.rank, r.peft.alpha, r.peft.dropout, sorted(r.peft.target_modules),
-                     r.model.weights]} if adapters.adapted(r.peft) else {}),
+                     resolved.weights_fingerprint]} if adapters.adapted(r.peft) else {}),
     }
 
 

@@ -222,3 +222,30 @@ def test_megatron_zero1_and_zero2_checkpoints_do_not_cross(tmp_path, saved, now)
     assert f"zero_stage={saved}; this run has zero_stage={now}" in str(e.value) and "distributed optimizer" in str(e.value)
     ds = [resolve_path(TINY, [f"parallel.zero_stage={z}"]) for z in (saved, now)]
     assert check_resume_compatible(Checkpoint(tmp_path, "step5", marker_info(ds[0], 5)), ds[1]) is False
+
+
+def test_a_fine_tune_continues_on_its_base_by_content_not_by_path(tmp_path):
+    """A fine-tune's checkpoint holds the adapters alone. They continue on the same base weights moved to another
+    folder, and not on other weights put where the base was (here: the same file with its tensor bytes past the
+    header turned over, as a re-download of another revision would)."""
+    import shutil
+
+    from launch.commands.run import check_inputs
+
+    base = RECIPES / "weights" / "tiny-llama2"
+    first, moved, other = tmp_path / "first", tmp_path / "moved", tmp_path / "other"
+    for folder in (first, moved, other):
+        shutil.copytree(base, folder)
+    blob = (other / "model.safetensors").read_bytes()
+    start = 8 + int.from_bytes(blob[:8], "little")
+    (other / "model.safetensors").write_bytes(blob[:start] + blob[start:][::-1])
+
+    def checked(folder):
+        return check_inputs(resolve_path(RECIPES / "tiny_7b_lora_1gpu", [f'model.weights="{folder}"']))[0]
+
+    root = tmp_path / "runs" / "tiny_7b_lora_1gpu" / "20261201-000000"
+    (root / "checkpoints" / "step5").mkdir(parents=True)
+    write_marker(root / "checkpoints", "step5", marker_info(checked(first), 5))
+    assert choose_resume(checked(moved), root.parent).checkpoint.dir == root / "checkpoints" / "step5"
+    choice = choose_resume(checked(other), root.parent)
+    assert choice.checkpoint is None and choice.lines[0].endswith("differs in peft)"), choice.lines
