@@ -15,6 +15,7 @@ from launch.commands.args import Option, boolean, read, text, whole
 from launch.config import adapters
 from launch.config.resolve import Resolved
 from launch.errors import ConfigError
+from launch.inputs import weights_fingerprint
 from launch.run.checkpoints import complete_checkpoints
 from launch.run.launcher import local_gpu_count
 from launch.run.rundir import RunDir, export_inputs, export_target_problem
@@ -36,6 +37,15 @@ def cmd_export(args: Sequence[str]) -> int:
     if merge and not adapters.adapted(resolved.recipe.peft):
         raise ConfigError("command line", "merge", "true", f"has nothing to merge: {run_dir} trained every parameter "
                           "(no [peft] adapters), and its export is the whole model", "leave merge unset")
+    base = resolved.recipe.model.weights
+    if merge and resolved.weights_fingerprint and base:
+        # The merge adds the adapters to the base the recipe names, read again now: other weights put there since
+        # the run would merge into a model the adapters were never trained with, silently.
+        if not Path(base).is_dir() or weights_fingerprint(Path(base)) != resolved.weights_fingerprint:
+            raise ConfigError(str(run.resolved), "recipe.model.weights", base,
+                              "no longer holds the base this run fine-tuned (missing, or its content's fingerprint "
+                              "differs from the run's)", "put the run's base weights back at that path to merge, or "
+                              "leave merge unset to export the adapters alone")
     inputs = export_inputs(run, resolved.recipe)
     problem = export_target_problem(Path(out), inputs=inputs) if out else None
     if problem:  # before the export starts: nothing of the user's is touched

@@ -110,3 +110,30 @@ def test_an_export_folder_that_is_a_link_inside_the_run_is_refused(tmp_path, cap
     err = capsys.readouterr().err
     assert "is a symbolic link inside the run directory" in err and err.count("\n") == 1
     assert not any(theirs.iterdir())
+
+
+def test_a_merge_onto_other_weights_than_the_runs_base_is_refused(tmp_path, capsys):
+    """merge=true adds the adapters to the base the run's recipe names, read again at export: other weights put
+    there since (same names, same shapes, other values) would merge silently into a model the adapters never saw."""
+    import shutil
+
+    from launch.commands.run import check_inputs
+    from launch.config.resolve import resolve_path
+    from tests.conftest import RECIPES
+
+    base = tmp_path / "base"
+    shutil.copytree(RECIPES / "weights" / "tiny-llama2", base)
+    resolved = check_inputs(resolve_path(RECIPES / "tiny_7b_lora_1gpu", [f'model.weights="{base}"']))[0]
+    run = tmp_path / "run"
+    (run / "checkpoints").mkdir(parents=True)
+    (run / "resolved.json").write_text(resolved.to_json() + "\n")
+    assert main(["export", str(run), "merge=true"]) == 2  # the base is the run's: on to the checkpoint, which is missing
+    assert "has no complete checkpoint" in capsys.readouterr().err
+    blob = (base / "model.safetensors").read_bytes()
+    start = 8 + int.from_bytes(blob[:8], "little")
+    (base / "model.safetensors").write_bytes(blob[:start] + blob[start:][::-1])
+    assert main(["export", str(run), "merge=true"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f'recipe.model.weights="{base}" no longer holds the base this run fine-tuned' in err
+    assert main(["export", str(run)]) == 2  # the adapters alone need no base
+    assert "has no complete checkpoint" in capsys.readouterr().err
