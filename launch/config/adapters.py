@@ -46,6 +46,11 @@ def adapted(peft: PeftSection) -> bool:
     return peft.method != "none"
 
 
+def draws_random(peft: PeftSection) -> bool:
+    """Whether a training step draws random numbers: adapter dropout (the base models have no dropout)."""
+    return adapted(peft) and peft.dropout > 0
+
+
 def adapted_linears(model: ModelSpec, peft: PeftSection) -> list[LinearModule]:
     """The block linears that take an adapter, in the block's order; none without [peft]."""
     return [lin for lin in block_linears(model).values() if lin.name in peft.target_modules] if adapted(peft) else []

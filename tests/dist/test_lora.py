@@ -125,6 +125,22 @@ def test_deepspeed_checkpoint_of_the_adapters_resumes_and_exports(shared_run, ru
     assert merged_loss == pytest.approx(ds.losses()[5], abs=TOL)
 
 
+@pytest.mark.full  # a run with dropout and a resume of it (~40 s)
+def test_adapter_dropout_continues_across_a_resume_onto_another_layout(runs, shared_run, runs_root):
+    """Adapter dropout's masks come from (train.seed, step, data-parallel rank) alone: a DDP run with dropout,
+    interrupted after step 5 and resumed under FSDP2 with activation checkpointing (which recomputes each block's
+    dropout in the backward), continues the uninterrupted curve; and the dropout is on (the curve is not the
+    dropout-free run's)."""
+    dropout = ("peft.dropout=0.1", *LAYOUTS["ddp"])
+    ddp = shared_run(*LORA, *dropout, recipe=TORCH)
+    assert worst(ddp.losses()[1:], runs("ddp").losses()[1:]) > 1e-3
+    copy = interrupted_copy(ddp, runs_root / "lora_dropout_resume")
+    resumed = train(runs_root / "lora_dropout_resume", *LORA, "peft.dropout=0.1", *LAYOUTS["fsdp2_ac"],
+                    f"run.resume={copy.root}", recipe=TORCH)
+    assert resumed.metrics().meta.start_step == 5
+    assert worst(resumed.losses(), ddp.losses()[5:]) <= TOL, (resumed.losses(), ddp.losses()[5:])
+
+
 @pytest.mark.full  # two bf16 runs of bitsandbytes' CPU kernels: CI's second command
 def test_qlora_trains_under_ddp_as_on_one_rank(shared_run):
     one = shared_run(*QLORA, *LAYOUTS["one_rank"], recipe=TORCH)

@@ -622,6 +622,17 @@ class ProgressLine:
             self._p.stop()
 
 
+def seed_step(seed: int, step: int, dp_rank: int) -> None:
+    """Seed the generators a step's random draws (adapter dropout) come from, by (train.seed, step, data-parallel
+    rank) alone: a run resumed at step N draws the masks the uninterrupted run drew there, with no generator state in
+    the checkpoint, and every rank of one data-parallel replica (TP, PP) draws alike."""
+    import hashlib
+
+    import torch
+
+    torch.manual_seed(int.from_bytes(hashlib.sha256(f"{seed}:{step}:{dp_rank}".encode()).digest()[:8], "little"))
+
+
 def micro_batch_tensor(source, step: int, resolved: Resolved, dp_rank: int, micro: int, device):
     import torch
 

@@ -29,7 +29,6 @@ def init_distributed(resolved: Resolved, cuda: bool) -> None:
 class DeepSpeedTrainer:
     def __init__(self, ctx: BuildContext) -> None:
         import deepspeed
-        import torch
         import torch.distributed as dist
         from deepspeed.utils import groups
 
@@ -70,8 +69,6 @@ class DeepSpeedTrainer:
         else:
             self.dp_rank, self.dp_world, self.dp_group = dist.get_rank(), dist.get_world_size(), None
         self.param_numel_local = common.local_param_numel(self.engine.module)
-        # The only random numbers a step draws are [peft]'s adapter dropout masks: from train.seed, apart per rank
-        torch.manual_seed((resolved.recipe.train.seed + self.dp_rank) % 2**64)
         # DeepSpeed reports no gradient norm without ZeRO; compute it then (unsharded gradients).
         self._own_norm = par.zero_stage == 0 and par.tp == 1
 

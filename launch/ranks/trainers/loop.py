@@ -297,6 +297,8 @@ def _step(s: _Training, step: int, pending: _Finished | None) -> _Finished:
     lr = lr_at(step, lr=r.train.lr, min_lr=r.train.min_lr, warmup=r.train.lr_warmup_steps,
                total=r.train.steps, schedule=r.train.lr_schedule)
     s.trainer.set_lr(lr)
+    if adapters.draws_random(r.peft):
+        common.seed_step(r.train.seed, step, s.trainer.dp_rank)
     feed = _Feed(s, step)
     if s.cuda:
         torch.cuda.synchronize()

@@ -371,7 +371,7 @@ class TorchTrainer:
             if par.tp > 1:
                 _apply_tp(part, self.mesh["tp"], par.sp)
             _apply_ac(part, train.activation_checkpointing, marked=not train.compile, cuda=ctx.cuda,
-                      random=resolved.recipe.peft.dropout > 0 and config_adapters.adapted(resolved.recipe.peft))
+                      random=config_adapters.draws_random(resolved.recipe.peft))
             _apply_compile(part, train.compile)
             _apply_dp(part, self.mesh, resolved, ctx.cuda)
         self._progress = common.StartupProgress(ctx.watchdog, "every rank cuts its shards")
@@ -385,9 +385,6 @@ class TorchTrainer:
         self.model = self.wrap_ddp(parts[0], ctx.env.local_rank) if self.ddp else parts[0]
         dp_mesh = self.mesh["dp"]
         self.dp_rank, self.dp_world = dp_mesh.get_local_rank(), dp_mesh.size()
-        # The only random numbers a step draws are [peft]'s adapter dropout masks: from train.seed, apart per data-
-        # parallel rank (the start-up's draws ran in forked generators)
-        torch.manual_seed((train.seed + self.dp_rank) % 2**64)
         self.dp_group = dp_mesh.get_group() if self.dp_world > 1 else None
         self.param_numel_local = sum(_local(p).numel() for part in parts for p in part.parameters())
         # One AdamW per part (torchtitan's): each part's state dict names its own parameters. On GPUs the fused kernel
