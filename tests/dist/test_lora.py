@@ -125,6 +125,38 @@ def test_deepspeed_checkpoint_of_the_adapters_resumes_and_exports(shared_run, ru
     assert merged_loss == pytest.approx(ds.losses()[5], abs=TOL)
 
 
+@pytest.mark.full  # two bf16 DeepSpeed runs and their exports (~60 s)
+@pytest.mark.parametrize("zero_stage", [0, 2])
+def test_deepspeed_bf16_exports_the_adapters_fp32_copies(shared_run, runs_root, zero_stage):
+    """In bf16 the engine's module holds rounded adapters; the export writes the optimizer's fp32 copies they are
+    rounded from. ZeRO-2: equal to DeepSpeed's own zero_to_fp32 of the checkpoint; ZeRO-0 (zero_to_fp32 reads ZeRO
+    checkpoints only): each rounds to the module's bf16 copy exactly, and not every one is that copy widened."""
+    import torch
+    from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+    from safetensors.torch import load_file
+
+    ds = shared_run(*LORA, *DS_ZERO2, f"parallel.zero_stage={zero_stage}", "precision.dtype=bf16",
+                    recipe="recipes/tiny_zero2")
+    out = runs_root / f"lora_ds_bf16_zero{zero_stage}"
+    p = subprocess.run(["python", "-m", "launch", "export", str(ds.root), "step=5", f"out={out}"], cwd=REPO,
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-3000:]
+    exported = {k.removeprefix("base_model.model."): v for k, v in load_file(out / "adapter_model.safetensors").items()}
+    if zero_stage == 2:
+        want = get_fp32_state_dict_from_zero_checkpoint(str(ds.root / "checkpoints"), tag="step5",
+                                                        exclude_frozen_parameters=True)
+        want = {k.replace(".default", ""): v for k, v in want.items()}
+        assert sorted(exported) == sorted(want)
+        assert all(torch.equal(exported[k], want[k].float()) for k in want)
+    else:
+        module = torch.load(ds.root / "checkpoints" / "step5" / "mp_rank_00_model_states.pt", map_location="cpu",
+                            weights_only=True)["module"]
+        module = {k.replace(".default", ""): v for k, v in module.items()}
+        assert sorted(exported) == sorted(module) and all(v.dtype == torch.bfloat16 for v in module.values())
+        assert all(torch.equal(exported[k].to(torch.bfloat16), module[k]) for k in module)
+        assert any(not torch.equal(exported[k], module[k].float()) for k in module)
+
+
 @pytest.mark.full  # a run with dropout and a resume of it (~40 s)
 def test_adapter_dropout_continues_across_a_resume_onto_another_layout(runs, shared_run, runs_root):
     """Adapter dropout's masks come from (train.seed, step, data-parallel rank) alone: a DDP run with dropout,

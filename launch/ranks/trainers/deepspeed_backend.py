@@ -207,22 +207,33 @@ def export_hf_state(resolved: Resolved, ckpt: Checkpoint) -> dict:
         states = torch.load(ckpt.dir / "mp_rank_00_model_states.pt", map_location="cpu", weights_only=True)
         return {k: v.float() for k, v in states["module"].items()}
     universal = to_universal(ckpt)
-    state = {}
-    for d in sorted((universal / "zero").iterdir()):
-        if d.is_dir():
-            saved = torch.load(d / "fp32.pt", map_location="cpu", weights_only=True)
-            # ZeRO-1/2 and AutoTP conversions store {"param": tensor}; ZeRO-3's a bare flat tensor.
-            state[d.name] = (saved["param"] if isinstance(saved, dict) else saved).detach()
-    return state
+    return {d.name: _universal_param(d) for d in sorted((universal / "zero").iterdir()) if d.is_dir()}
+
+
+def _universal_param(folder: Path):
+    import torch
+
+    saved = torch.load(folder / "fp32.pt", map_location="cpu", weights_only=True)
+    # ZeRO-1/2 and AutoTP conversions store {"param": tensor}; ZeRO-3's a bare flat tensor.
+    return (saved["param"] if isinstance(saved, dict) else saved).detach()
 
 
 def _adapted_state(resolved: Resolved, ckpt: Checkpoint) -> dict:
-    """A fine-tune's checkpoint: its adapters as the module holds them (every rank's whole copy, in the training
-    dtype: with bf16 the master copies' rounding), under peft's names; and the base they trained on, made again as
-    the start-up made it."""
+    """A fine-tune's checkpoint: its adapters under peft's names, as trained (in 16-bit runs the optimizer's fp32
+    copies, from which the module's 16-bit ones are rounded, as the torch backend exports its fp32 adapters), and the
+    base they trained on, made again as the start-up made it."""
     import torch
 
     states = torch.load(ckpt.dir / "mp_rank_00_model_states.pt", map_location="cpu", weights_only=True)
-    out = {k: v.float() for k, v in states["module"].items() if ".lora_" in k}
+    module = {k: v for k, v in states["module"].items() if ".lora_" in k}  # the trainable ones alone are saved
+    if resolved.recipe.precision.dtype == "fp32":
+        out = {k: v.float() for k, v in module.items()}
+    elif ckpt.info["zero_stage"] == 0:
+        # ZeRO-0's 16-bit optimizer holds the fp32 copies in one group, in the order the module lists its parameters
+        (group,) = states["optimizer"]["fp32_groups"]
+        out = {name: t.float().detach() for name, t in zip(module, group, strict=True)}
+    else:
+        universal = to_universal(ckpt)
+        out = {name: _universal_param(universal / "zero" / name) for name in module}
     out.update(common.initial_tensors(resolved))
     return out
