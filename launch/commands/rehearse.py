@@ -96,10 +96,6 @@ def _refuse_what_cannot_be_rehearsed(resolved: Resolved) -> None:
         raise ConfigError(path, "parallel.pp", r.parallel.pp, "cannot be rehearsed: the trainer's pipeline stages "
                           "receive their input shapes from the previous stage over the process group at the first "
                           "step, which a fake process group never delivers", "rehearse the layout with parallel.pp=1")
-    if r.peft.method == "qlora":
-        raise ConfigError(path, "peft.method", "qlora", "cannot be rehearsed: bitsandbytes quantizes each weight to "
-                          "NF4 in its C kernels, from values fake tensors do not hold", 'rehearse the layout with '
-                          'peft.method="lora" (the same step with a 16-bit base; the plan says what NF4 changes)')
     if r.parallel.offload_params != "none":
         raise ConfigError(path, "parallel.offload_params", r.parallel.offload_params, "cannot be rehearsed: on this "
                           "CPU the offloaded and the device-resident state land on one device, which the memory "

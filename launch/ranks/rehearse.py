@@ -17,6 +17,7 @@ Per measured step, three of torch's instruments watch the same ops:
 from __future__ import annotations
 
 import contextlib
+import math
 import sys
 import time
 import traceback
@@ -39,6 +40,7 @@ from launch.config.resolve import Resolved
 from launch.plan.collectives import DDP_BUCKET_BYTES, DDP_FIRST_BUCKET_BYTES
 from launch.plan.layout import Plan
 from launch.plan.memory import PHASES
+from launch.ranks.trainers import adapters
 from launch.ranks.trainers.common import RankEnv
 from launch.ranks.trainers.loop import start_loss_mean
 from launch.ranks.trainers.protocol import BuildContext
@@ -148,6 +150,7 @@ class RehearsedTrainer(TorchTrainer):
         self._fake.enter_context(FakeTensorMode(allow_non_fake_inputs=True))
         for part in parts:
             allocate(part, device)
+            adapters.empty_quantized(part, device)
 
 
 def _all_reduce_bucket(state, bucket):
@@ -443,7 +446,7 @@ class _RankFlops(FlopCounterMode):
     alive from one micro-batch to the next (0.4 GiB a layer at Llama-2-7B's shapes, seen by the memory tracker)."""
 
     def __init__(self, propagation: _Propagation) -> None:
-        super().__init__(display=False)
+        super().__init__(display=False, custom_mapping=_bitsandbytes_flops())
         self.propagation = propagation
 
     def __enter__(self):
@@ -455,6 +458,20 @@ class _RankFlops(FlopCounterMode):
     def __exit__(self, *exc):
         self.mode.__exit__(*exc)
         self.mode = None
+
+
+def _bitsandbytes_flops() -> dict:
+    """A formula for bitsandbytes' fused 4-bit matmul (QLoRA's frozen linears: the NF4 weight dequantized, then the
+    GEMM), which FlopCounterMode's table lacks: 2·M·N·K, as for the GEMM. None where bitsandbytes is not loaded."""
+    try:
+        gemm_4bit = torch.ops.bitsandbytes.gemm_4bit  # FlopCounterMode looks ops up by their overload packet
+    except (AttributeError, RuntimeError):
+        return {}
+
+    def formula(a_shape, b_shape, shape, *args, out_shape=None, **kwargs) -> int:
+        return 2 * math.prod(a_shape[:-1]) * shape[0] * shape[1]
+
+    return {gemm_4bit: formula}
 
 
 def _nbytes(x) -> int:

@@ -106,6 +106,8 @@ def test_qlora_holds_the_blocks_in_nf4_and_computes_what_the_export_merges():
     assert q.dtype == torch.uint8 and q.numel() * 2 == whole["model.layers.1.mlp.down_proj.weight"].numel()
     assert model.model.embed_tokens.weight.dtype == torch.bfloat16
     assert model.model.layers[1].mlp.down_proj.lora_A["default"].weight.dtype == torch.float32
+    # quantized from the compute dtype: each matmul dequantizes straight to bf16, as the plan times it
+    assert q.quant_state.dtype == torch.bfloat16
     got = F.dequantize_4bit(q.data, q.quant_state).float()
     want = rank_adapters.as_trained(r, "model.layers.1.mlp.down_proj.weight", whole["model.layers.1.mlp.down_proj.weight"])
     assert torch.equal(got, want)

@@ -105,6 +105,41 @@ def test_fsdp2_plan_is_the_trackers_peak_phase_by_phase(fsdp2):
     assert r["peak_bytes_measured"] == max(p["bytes_measured"] for p in r["phases"])
 
 
+def _nf4_bytes(n: int) -> tuple[int, int]:
+    """(codes, statistics) bytes of an n-weight NF4 tensor with double-quantized scales, as bitsandbytes stores it:
+    half a byte a weight; a byte of absmax per 64 weights, an fp32 scale per 256 of those, the 16- and 256-entry
+    fp32 code tables and the fp32 offset."""
+    blocks = -(-n // 64)
+    return n // 2, blocks + 4 * -(-blocks // 256) + 4 * 16 + 4 * 256 + 4
+
+
+def test_nf4_bytes_are_bitsandbytes_own():
+    import torch
+    import bitsandbytes.functional as F
+
+    packed, state = F.quantize_4bit(torch.randn(96, 1000), blocksize=64, compress_statistics=True, quant_type="nf4")
+    tables = (state.absmax, state.code, state.offset, state.state2.absmax, state.state2.code)
+    assert (packed.nbytes, sum(t.nbytes for t in tables)) == _nf4_bytes(96 * 1000)
+
+
+def test_qlora_holds_nf4_blocks_and_fp32_adapters_by_kind(few_layers, tmp_path):
+    """QLoRA (7b_qlora_1gpu_ac: rank 64 on every linear, bf16, full checkpointing) rehearsed, bitsandbytes' matmuls on
+    their fake kernels. At the optimizer step the tracker holds: parameters = the block linears' NF4 codes + the rest
+    of the base in bf16 + the adapters in fp32; buffers = each block linear's NF4 statistics + the rotary frequencies
+    (two fp32 tables of head_dim / 2); gradients and AdamW's state for the adapters alone. The plan is within 5% of
+    the peak and of the FLOPs counted (bitsandbytes' fused 4-bit matmul counted as its GEMM)."""
+    r = _rehearse("7b_qlora_1gpu_ac", few_layers, tmp_path / "qlora")
+    rank, linears = 64, [(H, H)] * 4 + [(I, H)] * 2 + [(H, I)]  # (out, in): q, k, v, o, gate, up, down
+    nf4 = [_nf4_bytes(o * i) for o, i in linears]
+    adapters = LAYERS * sum(rank * (o + i) for o, i in linears)
+    step = r["phases"][2]["by_kind_measured"]
+    assert step["Parameter"] == (LAYERS * sum(codes for codes, _ in nf4) + 2 * (2 * V * H + (2 * LAYERS + 1) * H)
+                                 + 4 * adapters)
+    assert step["Buffer"] == LAYERS * sum(stats for _, stats in nf4) + 2 * 4 * HEAD_DIM // 2
+    assert (step["Gradient"], step["Optstate"]) == (4 * adapters, 8 * adapters + 4 * 2 * 7 * LAYERS)
+    assert 0.95 <= r["peak_ratio"] <= 1.05 and 0.95 <= r["flops_ratio"] <= 1.05, r
+
+
 @pytest.mark.full  # DDP trains in the default suite (test_torch_parity); its rehearsal here, with the longer suite
 def test_ddp_rehearses_whole_states_and_one_all_reduce_per_bucket(few_layers, tmp_path):
     """DDP (7b_ddp: dp 4, 4 micro-batches, the last one synchronised) holds every state whole; its buckets, built with

@@ -17,7 +17,7 @@ import torch
 
 from launch.config import adapters as spec
 from launch.config.resolve import Resolved
-from launch.plan.adapters import NF4_BLOCKSIZE
+from launch.plan.adapters import NF4_BLOCKSIZE, NF4_STATS_BLOCKSIZE
 from launch.ranks.trainers.common import torch_dtype
 from launch.torchtools.hf import lora_config
 
@@ -102,8 +102,8 @@ def as_trained(resolved: Resolved, name: str, whole: torch.Tensor) -> torch.Tens
         return whole.to(frozen_dtype(resolved)).float()
     import bitsandbytes.functional as F
 
-    packed, state = F.quantize_4bit(whole.contiguous(), blocksize=NF4_BLOCKSIZE, compress_statistics=True,
-                                    quant_type="nf4")
+    packed, state = F.quantize_4bit(whole.to(frozen_dtype(resolved)).contiguous(), blocksize=NF4_BLOCKSIZE,
+                                    compress_statistics=True, quant_type="nf4")  # as fill_quantized does
     return F.dequantize_4bit(packed, state).float()
 
 
@@ -134,6 +134,39 @@ def quantized_kept(model) -> Iterator[None]:
             module._parameters["weight"] = weight
 
 
+def empty_quantized(model, device) -> None:
+    """Every 4-bit layer's weight as the NF4 storage fill_quantized makes, unfilled: the packed codes (half a byte a
+    weight), one byte of absmax per NF4_BLOCKSIZE weights and their fp32 scales (double quantization), the tables.
+    For the rehearsal, under FakeTensorMode, where bitsandbytes' matmuls run on their fake kernels but its quantization
+    would need values."""
+    import bitsandbytes.functional as F
+
+    for module in model.modules():
+        old = module._parameters.get("weight")
+        if not is_quantized(old) or not old.is_meta:
+            continue
+        n = old.numel()
+        blocks = -(-n // NF4_BLOCKSIZE)
+
+        def empty(*shape, dtype=torch.float32):
+            return torch.empty(shape, dtype=dtype, device=device)
+
+        scales = F.QuantState(absmax=empty(-(-blocks // NF4_STATS_BLOCKSIZE)), code=empty(256),
+                              blocksize=NF4_STATS_BLOCKSIZE, dtype=torch.float32)
+        state = F.QuantState(absmax=empty(blocks, dtype=torch.uint8), shape=old.shape, code=empty(16),
+                             blocksize=NF4_BLOCKSIZE, quant_type=old.quant_type, dtype=module.compute_dtype,
+                             offset=empty(), state2=scales)
+        # A plain parameter holding the codes, its quantization state beside it as Params4bit keeps it (Linear4bit's
+        # forward reads weight.quant_state): Params4bit itself cannot wrap a fake tensor.
+        module.weight = torch.nn.Parameter(empty((n + 1) // 2, 1, dtype=old.quant_storage), requires_grad=False)
+        module.weight.quant_state = state
+        # Its statistics are the layer's buffers here, so that a memory tracker, which knows a module's parameters
+        # and buffers, sees them as the real layer holds them (beside its weight, in quant_state).
+        for name, t in (("nf4_absmax", state.absmax), ("nf4_code", state.code), ("nf4_offset", state.offset),
+                        ("nf4_scales", scales.absmax), ("nf4_scales_code", scales.code)):
+            module.register_buffer(name, t, persistent=False)
+
+
 def fill_quantized(model, name: str, whole: torch.Tensor, device) -> None:
     """A Linear4bit's weight from its whole tensor: quantized to NF4 on `device` (bitsandbytes quantizes as the weight
     moves to a device)."""
@@ -141,6 +174,9 @@ def fill_quantized(model, name: str, whole: torch.Tensor, device) -> None:
 
     module = model.get_submodule(name.rsplit(".", 1)[0])
     old = module.weight
-    module.weight = bnb.nn.Params4bit(whole.contiguous(), requires_grad=False, quant_type=old.quant_type,
+    # From the compute dtype, as transformers' load_in_4bit quantizes a 16-bit checkpoint: bitsandbytes dequantizes to
+    # the dtype it quantized from, so a float32 source would make every matmul's weight in float32, then a cast.
+    module.weight = bnb.nn.Params4bit(whole.to(module.compute_dtype).contiguous(), requires_grad=False,
+                                      quant_type=old.quant_type,
                                       compress_statistics=old.compress_statistics, blocksize=NF4_BLOCKSIZE,
                                       quant_storage=old.quant_storage).to(device)
