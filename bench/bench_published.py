@@ -86,7 +86,7 @@ MEGATRON_BRIDGE = ("NVIDIA-NeMo/Megatron-Bridge docs/performance-summary-archive
 # (the commit that added the row and its recipe, examples/llm_finetune/llama3_1/llama3_1_8b_peft_benchmark.yaml).
 AUTOMODEL_DROPOUT = ("AutoModel's LoRA (nemo_automodel/components/_peft/lora.py) drops the adapter's output "
                      "(dropout_position='post': a 1-byte mask per output) in the base's bf16, where peft, which our "
-                     "trainers run and the plan follows (rehearsed at 7B: 1.001), saves a dropped-out fp32 copy of each "
+                     "trainers run and the plan follows (recipes/rehearsed.json), saves a dropped-out fp32 copy of each "
                      "adapter's input; and Liger's SwiGLU and RMSNorm (applied to its HF Llama by default) save less "
                      "than transformers' own")
 

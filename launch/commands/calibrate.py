@@ -540,9 +540,11 @@ def _compute(recipe: str, overrides: list[str], resolved: Resolved, root: Path, 
         log = open(root / "logs" / f"compute_{i}.log", "w")
         procs.append((subprocess.Popen([sys.executable, "-m", "launch.ranks.calibrate_rank", str(root), str(i)], env=env,
                                        stdout=log, stderr=subprocess.STDOUT), log))
-    for i, (p, log) in enumerate(procs):
-        rc = p.wait()
+    codes = []
+    for p, log in procs:  # every probe to its end: none is left running behind an error
+        codes.append(p.wait())
         log.close()
+    for i, rc in enumerate(codes):
         if rc != 0:
             raise MeasurementFailed(f"compute probe {i}", rc, root / "logs" / f"compute_{i}.log")
     docs = [json.loads(cal.compute_file(root, i).read_text()) for i in range(gpn)]

@@ -41,11 +41,17 @@ def cmd_export(args: Sequence[str]) -> int:
     if merge and resolved.weights_fingerprint and base:
         # The merge adds the adapters to the base the recipe names, read again now: other weights put there since
         # the run would merge into a model the adapters were never trained with, silently.
-        if not Path(base).is_dir() or weights_fingerprint(Path(base)) != resolved.weights_fingerprint:
-            raise ConfigError(str(run.resolved), "recipe.model.weights", base,
-                              "no longer holds the base this run fine-tuned (missing, or its content's fingerprint "
-                              "differs from the run's)", "put the run's base weights back at that path to merge, or "
-                              "leave merge unset to export the adapters alone")
+        try:
+            now = weights_fingerprint(Path(base)) if Path(base).is_dir() else "missing"
+        except OSError as e:
+            now = f"unreadable ({e.strerror or type(e).__name__})"
+        if now != resolved.weights_fingerprint:
+            raise ConfigError(str(run.resolved), "model.weights", base,
+                              "no longer holds the base this run fine-tuned (" + (
+                                  now if now == "missing" or now.startswith("unreadable") else
+                                  "its content's fingerprint differs from the run's") + ")",
+                              "put the run's base weights back at that path to merge, or leave merge unset to export "
+                              "the adapters alone")
     inputs = export_inputs(run, resolved.recipe)
     problem = export_target_problem(Path(out), inputs=inputs) if out else None
     if problem:  # before the export starts: nothing of the user's is touched

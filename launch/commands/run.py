@@ -63,6 +63,7 @@ def cmd_run(args: Sequence[str]) -> int:
     if not bench:
         _refuse_what_cannot_train(resolved, plan)
     launcher.preflight(resolved)
+    four_bit_preflight([resolved])
     joined = shared_run_dir(resolved, os.environ)
     _refuse_a_wrong_start(resolved, joined, bench)
     resumed = None
@@ -155,35 +156,46 @@ def _write_records(run: RunDir, joined: str | None, resolved: Resolved, plan: Pl
 def check_inputs(resolved: Resolved) -> tuple[Resolved, DataCheck | None]:
     """The one check of the files a run's ranks read, before any rank starts and on a dry run too (recipes and
     configs are checked as they are resolved; a resume's checkpoint once it is chosen): model.weights (its
-    safetensors headers against the model) and the training data, whose digest the resolved record gains."""
+    safetensors headers against the model; a fine-tune's record gains their fingerprint, which its checkpoints'
+    identity holds) and the training data, whose digest the resolved record gains."""
     if resolved.recipe.model.weights:
         launcher.weights_preflight(resolved.recipe_path, Path(resolved.recipe.model.weights), resolved.model)
         if adapters.adapted(resolved.recipe.peft):
             resolved = dataclasses.replace(resolved, weights_fingerprint=weights_fingerprint(
                 Path(resolved.recipe.model.weights)))
-    _four_bit_preflight(resolved)
     if resolved.recipe.run.mode == "commbench":  # the collective sweep reads neither
         return resolved, None
     data = check_data(resolved)
     return (resolved if data is None else dataclasses.replace(resolved, data_fingerprint=data.fingerprint)), data
 
 
-def _four_bit_preflight(resolved: Resolved) -> None:
+# The 4-bit check's limit: it imports torch and bitsandbytes and runs one small layer (3 s here); a wedged driver
+# must not hang the CLI.
+FOUR_BIT_CHECK_TIMEOUT_S = 300
+
+
+def four_bit_preflight(runs: Sequence[Resolved]) -> None:
     """QLoRA: that bitsandbytes trains a 4-bit NF4 layer on the device this machine's ranks use (launch.torchtools.
-    four_bit), in a process of its own (it needs torch). Only where the ranks would run here: CPU ranks, or a GPU
-    recipe on a machine with GPUs; a dry run of a GPU recipe on a laptop has no device to ask."""
-    hw = resolved.hardware
-    if resolved.recipe.peft.method != "qlora" or (hw.device_type == "cuda" and not launcher.local_gpu_count()):
-        return
-    p = subprocess.run([sys.executable, "-m", "launch.torchtools.four_bit", hw.device_type,
-                        resolved.recipe.precision.dtype], capture_output=True, text=True)
-    if p.returncode != 0:
-        said = p.stderr.strip().splitlines()
-        raise ConfigError(resolved.recipe_path, "peft.method", "qlora",
-                          "cannot train here: " + (said[-1].removeprefix("error: ") if said else
-                                                   f"the 4-bit check failed (exit {p.returncode})"),
-                          "install bitsandbytes as constraints.txt pins it, in a build for this machine's device, "
-                          'or set peft.method="lora"')
+    four_bit), in a process of its own (it needs torch), once per device and dtype among `runs`. Before ranks start on
+    this machine, not on a dry run: CPU ranks, or a GPU recipe on a machine with GPUs."""
+    asked = {}
+    for r in runs:
+        hw = r.hardware
+        if r.recipe.peft.method == "qlora" and not (hw.device_type == "cuda" and not launcher.local_gpu_count()):
+            asked.setdefault((hw.device_type, r.recipe.precision.dtype), r)
+    for (device_type, dtype), r in asked.items():
+        try:
+            p = subprocess.run([sys.executable, "-m", "launch.torchtools.four_bit", device_type, dtype],
+                               capture_output=True, text=True, timeout=FOUR_BIT_CHECK_TIMEOUT_S)
+            said = p.stderr.strip().splitlines()
+            why = None if p.returncode == 0 else (said[-1].removeprefix("error: ") if said else
+                                                  f"the 4-bit check failed (exit {p.returncode})")
+        except subprocess.TimeoutExpired:
+            why = f"the 4-bit check did not finish within {FOUR_BIT_CHECK_TIMEOUT_S} s (a device that does not answer?)"
+        if why:
+            raise ConfigError(r.recipe_path, "peft.method", "qlora", f"cannot train here: {why}",
+                              "install bitsandbytes as constraints.txt pins it, in a build for this machine's device, "
+                              'or set peft.method="lora"')
 
 
 def untrusted_files(path: Path, resolved: Resolved | None = None) -> str | None:

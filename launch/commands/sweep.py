@@ -20,7 +20,7 @@ from typing import Callable, Sequence
 
 from launch.commands.args import read
 from launch.commands.render import make_console, sweep_table
-from launch.commands.run import check_inputs
+from launch.commands.run import check_inputs, four_bit_preflight
 from launch.config.resolve import Resolved, resolve_path
 from launch.errors import ConfigError
 from launch.plan.build import plan_resolved
@@ -183,6 +183,7 @@ def cmd_sweep(args: Sequence[str]) -> int:
                 make_console())
     if dry:
         return 0
+    four_bit_preflight([m.resolved for m in members])  # before the first member trains, not at its own launch
     folder = sweep_folder("sweep")
     measured = run_members(members, folder)
     for x in measured:

@@ -168,10 +168,10 @@ def training_identity(resolved: Resolved) -> dict[str, Any]:
         + ([] if r.data.source == "synthetic" else [r.data.text_field, r.data.valid_fraction, r.data.valid_path,
                                                     resolved.data_fingerprint]),
         # a fine-tune's checkpoint holds its adapters alone: the base they continue from is the recipe's weights,
-        # built again at start-up, known by their content wherever they lie (absent without [peft], so earlier
-        # markers still match)
-        **({"peft": [r.peft.method, r.peft.rank, r.peft.alpha, r.peft.dropout, sorted(r.peft.target_modules),
-                     resolved.weights_fingerprint]} if adapters.adapted(r.peft) else {}),
+        # built again at start-up, known by their content wherever they lie (both absent without [peft], so markers
+        # of full training still match)
+        **({"peft": [r.peft.method, r.peft.rank, r.peft.alpha, r.peft.dropout, sorted(r.peft.target_modules)],
+            "base_weights": resolved.weights_fingerprint} if adapters.adapted(r.peft) else {}),
     }
 
 

@@ -134,6 +134,6 @@ def test_a_merge_onto_other_weights_than_the_runs_base_is_refused(tmp_path, caps
     (base / "model.safetensors").write_bytes(blob[:start] + blob[start:][::-1])
     assert main(["export", str(run), "merge=true"]) == 2
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and f'recipe.model.weights="{base}" no longer holds the base this run fine-tuned' in err
+    assert err.count("\n") == 1 and f'model.weights="{base}" no longer holds the base this run fine-tuned' in err
     assert main(["export", str(run)]) == 2  # the adapters alone need no base
     assert "has no complete checkpoint" in capsys.readouterr().err

@@ -146,8 +146,9 @@ def test_checkpointed_blocks_redraw_the_adapters_dropout_exactly():
 
 def test_qlora_without_working_4bit_kernels_is_refused_before_launch(tmp_path):
     """A bitsandbytes that cannot run NF4 here (a wheel whose native library does not load, as on a GPU machine with
-    a build for another CUDA) is one line and exit 2 from the CLI, before any rank starts; the installed one passes.
-    The broken install is a package that fails as it imports, ahead of the real one on the path."""
+    a build for another CUDA) is one line and exit 2 from the CLI, before any rank starts or any run folder exists;
+    the installed one passes the same check. The broken install is a package that fails as it imports, ahead of the
+    real one on the path."""
     import os
     import subprocess
     import sys
@@ -155,13 +156,16 @@ def test_qlora_without_working_4bit_kernels_is_refused_before_launch(tmp_path):
     broken = tmp_path / "site" / "bitsandbytes"
     broken.mkdir(parents=True)
     (broken / "__init__.py").write_text("raise OSError('libbitsandbytes_cuda128.so: cannot open shared object file')\n")
-    repo = RECIPES.parent
-    cmd = [sys.executable, "-m", "launch", "run", "recipes/tiny_7b_qlora_1gpu_ac", "--dry-run"]
-    env = {**os.environ, "LAYOUTLAB_RUNS": str(tmp_path / "runs")}
-    p = subprocess.run(cmd, cwd=repo, env={**env, "PYTHONPATH": str(broken.parent)}, capture_output=True, text=True)
+    repo, runs = RECIPES.parent, tmp_path / "runs"
+    env = {**os.environ, "LAYOUTLAB_RUNS": str(runs), "PYTHONPATH": str(broken.parent)}
+    p = subprocess.run([sys.executable, "-m", "launch", "run", "recipes/tiny_7b_qlora_1gpu_ac"], cwd=repo, env=env,
+                       capture_output=True, text=True, timeout=300)
     assert p.returncode == 2, p.stderr
     err = p.stderr.strip().splitlines()
     assert len(err) == 1 and 'peft.method="qlora" cannot train here: bitsandbytes does not import (OSError: ' \
         "libbitsandbytes_cuda128.so: cannot open shared object file)" in err[0], err
     assert err[0].endswith('or set peft.method="lora"'), err
-    assert subprocess.run(cmd, cwd=repo, env=env, capture_output=True, text=True).returncode == 0
+    assert not runs.exists() or not any(runs.rglob("resolved.json"))
+    ok = subprocess.run([sys.executable, "-m", "launch.torchtools.four_bit", "cpu", "bf16"], cwd=repo,
+                        capture_output=True, text=True, timeout=300)
+    assert (ok.returncode, ok.stderr) == (0, "")

@@ -248,4 +248,4 @@ def test_a_fine_tune_continues_on_its_base_by_content_not_by_path(tmp_path):
     write_marker(root / "checkpoints", "step5", marker_info(checked(first), 5))
     assert choose_resume(checked(moved), root.parent).checkpoint.dir == root / "checkpoints" / "step5"
     choice = choose_resume(checked(other), root.parent)
-    assert choice.checkpoint is None and choice.lines[0].endswith("differs in peft)"), choice.lines
+    assert choice.checkpoint is None and choice.lines[0].endswith("differs in base_weights)"), choice.lines

@@ -139,12 +139,12 @@ def empty_quantized(model, device) -> None:
     weight), one byte of absmax per NF4_BLOCKSIZE weights and their fp32 scales (double quantization), the tables.
     For the rehearsal, under FakeTensorMode, where bitsandbytes' matmuls run on their fake kernels but its quantization
     would need values."""
-    import bitsandbytes.functional as F
-
     for module in model.modules():
         old = module._parameters.get("weight")
         if not is_quantized(old) or not old.is_meta:
             continue
+        import bitsandbytes.functional as F  # a QLoRA model's: other rehearsals never import bitsandbytes here
+
         n = old.numel()
         blocks = -(-n // NF4_BLOCKSIZE)
 

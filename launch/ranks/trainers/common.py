@@ -624,8 +624,8 @@ class ProgressLine:
 
 def seed_step(seed: int, step: int, dp_rank: int) -> None:
     """Seed the generators a step's random draws (adapter dropout) come from, by (train.seed, step, data-parallel
-    rank) alone: a run resumed at step N draws the masks the uninterrupted run drew there, with no generator state in
-    the checkpoint, and every rank of one data-parallel replica (TP, PP) draws alike."""
+    rank) alone: a run resumed at step N draws the masks the uninterrupted run drew there (at the same micro-batch
+    size: each micro-batch draws in turn), with no generator state in the checkpoint."""
     import hashlib
 
     import torch

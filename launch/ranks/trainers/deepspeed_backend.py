@@ -230,8 +230,12 @@ def _adapted_state(resolved: Resolved, ckpt: Checkpoint) -> dict:
         out = {k: v.float() for k, v in module.items()}
     elif ckpt.info["zero_stage"] == 0:
         # ZeRO-0's 16-bit optimizer holds the fp32 copies in one group, in the order the module lists its parameters
-        (group,) = states["optimizer"]["fp32_groups"]
-        out = {name: t.float().detach() for name, t in zip(module, group, strict=True)}
+        # (lora_A and lora_B alternate in shape, so a copy out of step shows)
+        group = (states.get("optimizer") or {}).get("fp32_groups") or [[]]
+        if len(group) != 1 or [tuple(t.shape) for t in group[0]] != [tuple(t.shape) for t in module.values()]:
+            raise ResumeError(f"{ckpt.dir}: the optimizer's fp32 copies do not match the {len(module)} adapters the "
+                              "module holds, in number or shape; export a complete checkpoint of this run")
+        out = {name: t.float().detach() for name, t in zip(module, group[0], strict=True)}
     else:
         universal = to_universal(ckpt)
         out = {name: _universal_param(universal / "zero" / name) for name in module}
