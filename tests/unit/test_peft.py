@@ -169,3 +169,22 @@ def test_qlora_without_working_4bit_kernels_is_refused_before_launch(tmp_path):
     ok = subprocess.run([sys.executable, "-m", "launch.torchtools.four_bit", "cpu", "bf16"], cwd=repo,
                         capture_output=True, text=True, timeout=300)
     assert (ok.returncode, ok.stderr) == (0, "")
+
+
+def test_a_tied_output_layer_stays_tied_and_frozen_under_adapters():
+    """tiny-qwen2 ties its output layer to its embedding: re-made in the frozen base's dtype, the two stay one
+    parameter (the start-up fills it once), frozen; what trains is the adapters launch.config.adapters counts."""
+    import torch
+
+    from launch.ranks.trainers import adapters as rank_adapters
+    from launch.ranks.trainers.torch_backend import _materialise, _skeleton
+
+    r = resolve_path(RECIPES / "tiny_fsdp2", ["model.name=tiny-qwen2", "peft.method=lora", "precision.dtype=bf16"])
+    assert r.model.to_dict()["hf_config"]["tie_word_embeddings"] is True
+    model = _skeleton(r)
+    rank_adapters.apply(model, r)
+    _materialise([model], r, torch.device("cpu"), lambda done, total: None)
+    tied = model.lm_head.weight
+    assert tied is model.model.embed_tokens.weight and tied.dtype == torch.bfloat16 and not tied.requires_grad
+    trainable = [p.numel() for p in model.parameters() if p.requires_grad]
+    assert sum(trainable) == sum(p.numel for p in adapters.adapter_parameters(r.model, r.recipe.peft)) > 0
