@@ -125,7 +125,7 @@ def test_deepspeed_checkpoint_of_the_adapters_resumes_and_exports(shared_run, ru
     assert merged_loss == pytest.approx(ds.losses()[5], abs=TOL)
 
 
-@pytest.mark.full  # two bf16 DeepSpeed runs and their exports (~60 s)
+@pytest.mark.full  # two 5-step bf16 DeepSpeed runs and their exports (~40 s)
 @pytest.mark.parametrize("zero_stage", [0, 2])
 def test_deepspeed_bf16_exports_the_adapters_fp32_copies(shared_run, runs_root, zero_stage):
     """In bf16 the engine's module holds rounded adapters; the export writes the optimizer's fp32 copies they are
@@ -135,7 +135,7 @@ def test_deepspeed_bf16_exports_the_adapters_fp32_copies(shared_run, runs_root, 
     from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
     from safetensors.torch import load_file
 
-    ds = shared_run(*LORA, *DS_ZERO2, f"parallel.zero_stage={zero_stage}", "precision.dtype=bf16",
+    ds = shared_run(*LORA, *DS_ZERO2, f"parallel.zero_stage={zero_stage}", "precision.dtype=bf16", "train.steps=5",
                     recipe="recipes/tiny_zero2")
     out = runs_root / f"lora_ds_bf16_zero{zero_stage}"
     p = subprocess.run(["python", "-m", "launch", "export", str(ds.root), "step=5", f"out={out}"], cwd=REPO,
