@@ -164,6 +164,21 @@ def cmd_calibrate(args: Sequence[str]) -> int:
         write_new(root / FILE_NAME, lambda f: f.write(text))
         raise ConfigError("command line", "out", str(out), "appeared while calibrating; calibrate never replaces a file",
                           f"the measurements are kept in {root / FILE_NAME}: move it where you want it")
+    _print_figures(calib)
+    noise = [n for n in notes if n.endswith(NOISE)]
+    for n in notes:
+        if not n.endswith(NOISE):
+            print(f"  note: {n}")
+    engine_terms = 3 * len(calib.compute.engine) if calib.compute else 0
+    for line in verdict(first, last, len(noise), engine_terms).lines():
+        print(line)
+    print(f"wrote {out}\nuse it: hardware.profile={out}")
+    return 0
+
+
+def _print_figures(calib: Calibration) -> None:
+    """What the calibration measured, a line a figure: the collectives' α and β, every pass, the engine costs, the
+    compute model's fitted rates."""
     for c in calib.collectives:
         beta = "∞" if c.beta_Bps == float("inf") else f"{c.beta_Bps / 1e9:.3f} GB/s"
         print(f"  {c.op:<15} {c.group_size} ranks: α = {c.alpha_s * 1e6:8.1f} µs, β = {beta}")
@@ -179,15 +194,6 @@ def cmd_calibrate(args: Sequence[str]) -> int:
         print(f"  compute model's figures at {f.dtype}: GEMMs up to {f.gemm_tflops:.3g} TFLOP/s (each dimension at "
               f"{f.gemm_half_dim:.0f} halves it), streaming {f.memory_GBps:.3g} GB/s, sdpa forward "
               f"{f.attention_forward_tflops:.3g} / backward {f.attention_backward_tflops:.3g} TFLOP/s")
-    noise = [n for n in notes if n.endswith(NOISE)]
-    for n in notes:
-        if not n.endswith(NOISE):
-            print(f"  note: {n}")
-    engine_terms = 3 * len(calib.compute.engine) if calib.compute else 0
-    for line in verdict(first, last, len(noise), engine_terms).lines():
-        print(line)
-    print(f"wrote {out}\nuse it: hardware.profile={out}")
-    return 0
 
 
 class _Stages:
