@@ -88,6 +88,26 @@ def test_export_loads_in_transformers_and_reproduces_the_loss(runs_root, interru
     assert warm.losses()[0] == pytest.approx(first, abs=TOL)
 
 
+@pytest.mark.full  # a 5-step bf16 run and its export (~25 s)
+def test_zero0_bf16_exports_the_optimizers_fp32_copies(shared_run, runs_root):
+    """ZeRO-0 in bf16: the module holds rounded weights, its optimizer the fp32 copies they are rounded from. The export
+    writes the copies: each rounds to the module's bf16 tensor exactly, and not every one is that tensor widened."""
+    import torch
+    from safetensors.torch import load_file
+
+    run = shared_run(*DS_DP2[0], "precision.dtype=bf16", "train.steps=5")
+    out = runs_root / "exported_zero0_bf16"
+    p = subprocess.run(["python", "-m", "launch", "export", str(run.root), "step=5", f"out={out}"], cwd=REPO,
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-3000:]
+    exported = load_file(out / "model.safetensors")
+    module = torch.load(run.root / "checkpoints" / "step5" / "mp_rank_00_model_states.pt", map_location="cpu",
+                        weights_only=True)["module"]
+    assert sorted(exported) == sorted(module) and all(v.dtype == torch.bfloat16 for v in module.values())
+    assert all(torch.equal(exported[k].to(torch.bfloat16), module[k]) for k in module)
+    assert any(not torch.equal(exported[k].float(), module[k].float()) for k in module)
+
+
 @pytest.mark.full
 def test_killed_run_resumes_from_its_last_checkpoint(runs_root):
     runs = runs_root / "killed"

@@ -198,14 +198,23 @@ def build(ctx: BuildContext) -> DeepSpeedTrainer:
 
 def export_hf_state(resolved: Resolved, ckpt: Checkpoint) -> dict:
     """ZeRO shards and AutoTP slices consolidated through DeepSpeed's universal format, which stores every
-    parameter whole in fp32 (`zero/<name>/fp32.pt`); a ZeRO-0 checkpoint without TP holds the whole module."""
+    parameter whole in fp32 (`zero/<name>/fp32.pt`); a ZeRO-0 checkpoint without TP holds the whole module, and in
+    16 bits its optimizer the fp32 copies the module's are rounded from."""
     import torch
 
     if config_adapters.adapted(resolved.recipe.peft):
         return _adapted_state(resolved, ckpt)
     if ckpt.info["zero_stage"] == 0 and ckpt.info["tp"] == 1:
         states = torch.load(ckpt.dir / "mp_rank_00_model_states.pt", map_location="cpu", weights_only=True)
-        return {k: v.float() for k, v in states["module"].items()}
+        module = states["module"]
+        if resolved.recipe.precision.dtype == "fp32":
+            return {k: v.float() for k, v in module.items()}
+        # a tied output layer is one parameter under two names: the optimizer holds one copy, in the first's place
+        first: dict[int, str] = {}
+        for k, v in module.items():
+            first.setdefault(v.untyped_storage().data_ptr(), k)
+        fp32 = _zero0_fp32(states, ckpt, list(first.values()))
+        return {k: fp32[first[v.untyped_storage().data_ptr()]] for k, v in module.items()}
     universal = to_universal(ckpt)
     return {d.name: _universal_param(d) for d in sorted((universal / "zero").iterdir()) if d.is_dir()}
 
@@ -216,6 +225,28 @@ def _universal_param(folder: Path):
     saved = torch.load(folder / "fp32.pt", map_location="cpu", weights_only=True)
     # ZeRO-1/2 and AutoTP conversions store {"param": tensor}; ZeRO-3's a bare flat tensor.
     return (saved["param"] if isinstance(saved, dict) else saved).detach()
+
+
+def _zero0_fp32(states: dict, ckpt: Checkpoint, names: list[str]) -> dict:
+    """ZeRO-0 in 16 bits: the optimizer's fp32 copies of the module's trainable parameters `names`, which DeepSpeed's
+    16-bit optimizers keep in one group in the module's order (bf16's as tensors, `fp32_groups`; fp16's fused one as
+    one flat tensor, `fp32_groups_flat`), checked shape by shape against the module's 16-bit ones."""
+    import math
+
+    import torch
+
+    module, optimizer = states["module"], states.get("optimizer") or {}
+    shapes = [tuple(module[n].shape) for n in names]
+    sizes = [math.prod(s) for s in shapes]
+    copies = None
+    if len(optimizer.get("fp32_groups") or ()) == 1:
+        copies = list(optimizer["fp32_groups"][0])
+    elif len(optimizer.get("fp32_groups_flat") or ()) == 1 and optimizer["fp32_groups_flat"][0].numel() == sum(sizes):
+        copies = [t.view(s) for t, s in zip(torch.split(optimizer["fp32_groups_flat"][0], sizes), shapes, strict=True)]
+    if copies is None or [tuple(t.shape) for t in copies] != shapes:
+        raise ResumeError(f"{ckpt.dir}: the optimizer's fp32 copies do not match the {len(names)} trainable parameters "
+                          "the module holds, in number or shape; export a complete checkpoint of this run")
+    return {n: t.float().detach() for n, t in zip(names, copies, strict=True)}
 
 
 def _adapted_state(resolved: Resolved, ckpt: Checkpoint) -> dict:
@@ -229,13 +260,7 @@ def _adapted_state(resolved: Resolved, ckpt: Checkpoint) -> dict:
     if resolved.recipe.precision.dtype == "fp32":
         out = {k: v.float() for k, v in module.items()}
     elif ckpt.info["zero_stage"] == 0:
-        # ZeRO-0's 16-bit optimizer holds the fp32 copies in one group, in the order the module lists its parameters
-        # (lora_A and lora_B alternate in shape, so a copy out of step shows)
-        group = (states.get("optimizer") or {}).get("fp32_groups") or [[]]
-        if len(group) != 1 or [tuple(t.shape) for t in group[0]] != [tuple(t.shape) for t in module.values()]:
-            raise ResumeError(f"{ckpt.dir}: the optimizer's fp32 copies do not match the {len(module)} adapters the "
-                              "module holds, in number or shape; export a complete checkpoint of this run")
-        out = {name: t.float().detach() for name, t in zip(module, group[0], strict=True)}
+        out = _zero0_fp32(states, ckpt, list(module))
     else:
         universal = to_universal(ckpt)
         out = {name: _universal_param(universal / "zero" / name) for name in module}
