@@ -326,17 +326,30 @@ class MeasurementFailed(Exception):
 
     def __init__(self, what: str, rc: int, log: Path) -> None:
         try:
-            tail = log.read_text(errors="replace").splitlines()[-self.TAIL_LINES:]
+            tail = [line for line in log.read_text(errors="replace").splitlines() if line.strip()][-self.TAIL_LINES:]
         except OSError:
             tail = []
+        self.last_line = tail[-1].strip() if tail else "no output"
         super().__init__(f"{what} failed (exit {rc}); the end of {log}:" + "".join(f"\n  | {line}" for line in tail))
 
 
-def _launch(cmd, log: Path, what: str) -> None:
-    """Run a launcher command (launcher.build's) to its end, its output into `log`."""
-    with open(log, "w") as out:
-        rc = subprocess.call(list(cmd.argv), env={**os.environ, **cmd.env}, stdout=out, stderr=subprocess.STDOUT)
-    if rc != 0:
+def _launch(cmd, log: Path, what: str, notes: list[str] | None = None) -> None:
+    """Run a launcher command (launcher.build's) to its end, its output into `log`. With `notes`, a launch that fails
+    is made once more (measuring ranks write nothing until they end, and a shared machine can fail a launch that the
+    same code then runs through), the first failure kept beside the log and named in the notes; a second failure is
+    the error."""
+    for attempt in (1, 2) if notes is not None else (1,):
+        with open(log, "w") as out:
+            rc = subprocess.call(list(cmd.argv), env={**os.environ, **cmd.env}, stdout=out, stderr=subprocess.STDOUT)
+        if rc == 0:
+            return
+        if attempt == 1 and notes is not None:
+            kept = log.with_name(f"{log.stem}.failed{log.suffix}")
+            os.replace(log, kept)
+            said = MeasurementFailed(what, rc, kept).last_line
+            print(f"calibrate: {what} failed (exit {rc}: {said}); launching it once more (log: {kept})", flush=True)
+            notes.append(f"{what}: the first launch failed (exit {rc}: {said}; {kept}), the second measured")
+            continue
         raise MeasurementFailed(what, rc, log)
 
 
@@ -420,7 +433,7 @@ def _in_situ(recipe: str, overrides: list[str], resolved: Resolved, root: Path, 
                   f"activation_checkpointing {'/'.join(acs)}{', sp off/on' if len(modes) > len(acs) else ''}"
                   + (f"; train_step at ZeRO-{sorted({k[0] for k in steps})}" if steps else "") + f" -> {run.root}",
                   flush=True)
-            _launch(cmd, run.root / "calibrate.log", f"the {name} measurements at tp={tp}")
+            _launch(cmd, run.root / "calibrate.log", f"the {name} measurements at tp={tp}", notes)
             doc = json.loads((run.root / cal.PASS_RESULT_FILE).read_text())
             for p in doc["passes"]:
                 passes.append(Pass(name, tp, p["sp"], p["micro_batch_size"], p["activation_checkpointing"],

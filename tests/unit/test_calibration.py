@@ -498,3 +498,27 @@ def test_a_failed_measurement_says_why(tmp_path):
     lines = str(e.value).splitlines()
     assert lines[0] == f"the torch measurements at tp=2 failed (exit 3); the end of {log}:"
     assert lines[1:] == [f"  | line {i}" for i in range(15, 40)]
+
+
+def test_a_measurement_that_fails_once_is_made_again_and_noted(tmp_path):
+    """With notes, a failed launch runs once more: its first log is kept beside (`.failed`), the notes name its last
+    line, and the log holds the second launch's output; a launch that fails twice is the error, with the second log."""
+    import sys
+
+    from launch.commands.calibrate import MeasurementFailed, _launch
+    from launch.run.launcher import LaunchCommand
+
+    marker = tmp_path / "tried"
+    flaky = (f"import pathlib, sys\nm = pathlib.Path({str(marker)!r})\n"
+             "if m.exists(): print('measured')\nelse: m.touch(); print('Connection reset by peer'); sys.exit(1)")
+    log, notes = tmp_path / "calibrate.log", []
+    _launch(LaunchCommand((sys.executable, "-c", flaky), {}), log, "the torch measurements at tp=2", notes)
+    kept = tmp_path / "calibrate.failed.log"
+    assert (log.read_text(), kept.read_text()) == ("measured\n", "Connection reset by peer\n")
+    assert notes == [f"the torch measurements at tp=2: the first launch failed (exit 1: Connection reset by peer; "
+                     f"{kept}), the second measured"]
+    always = "import sys\nprint('broken'); sys.exit(4)"
+    with pytest.raises(MeasurementFailed) as e:
+        _launch(LaunchCommand((sys.executable, "-c", always), {}), log, "the deepspeed measurements at tp=1", [])
+    assert str(e.value).splitlines() == [f"the deepspeed measurements at tp=1 failed (exit 4); the end of {log}:",
+                                         "  | broken"]
