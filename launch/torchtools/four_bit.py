@@ -60,7 +60,12 @@ def _first_line(e: BaseException) -> str:
     return (str(e).strip().splitlines() or [""])[0]
 
 
+USAGE = "usage: python -m launch.torchtools.four_bit cpu|cuda bf16|fp16"
+
 if __name__ == "__main__":
+    if len(sys.argv) != 3 or sys.argv[1] not in ("cpu", "cuda") or sys.argv[2] not in ("bf16", "fp16"):
+        print(USAGE, file=sys.stderr)
+        sys.exit(2)
     said = problem(sys.argv[1], sys.argv[2])
     if said:
         print(f"error: {said}", file=sys.stderr)
