@@ -138,10 +138,14 @@ def test_deepspeed_bf16_exports_the_adapters_fp32_copies(shared_run, runs_root, 
     ds = shared_run(*LORA, *DS_ZERO2, f"parallel.zero_stage={zero_stage}", "precision.dtype=bf16", "train.steps=5",
                     recipe="recipes/tiny_zero2")
     out = runs_root / f"lora_ds_bf16_zero{zero_stage}"
-    p = subprocess.run(["python", "-m", "launch", "export", str(ds.root), "step=5", f"out={out}"], cwd=REPO,
-                       capture_output=True, text=True, timeout=300)
+    p = subprocess.run(["python", "-m", "launch", "export", str(ds.root), "step=5", f"out={out}", "merge=true"],
+                       cwd=REPO, capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stderr[-3000:]
     exported = {k.removeprefix("base_model.model."): v for k, v in load_file(out / "adapter_model.safetensors").items()}
+    # the merge is into the base as the run held it: in bf16 (a tensor no adapter touches, against the weights file)
+    base = load_file(BASE / "model.safetensors")["model.embed_tokens.weight"]
+    merged = load_file(out / "merged" / "model.safetensors")["model.embed_tokens.weight"]
+    assert torch.equal(merged.float(), base.to(torch.bfloat16).float()) and not torch.equal(base.float(), merged.float())
     if zero_stage == 2:
         want = get_fp32_state_dict_from_zero_checkpoint(str(ds.root / "checkpoints"), tag="step5",
                                                         exclude_frozen_parameters=True)

@@ -18,7 +18,7 @@ import torch
 from launch.config import adapters as spec
 from launch.config.resolve import Resolved
 from launch.plan.adapters import NF4_BLOCKSIZE, NF4_STATS_BLOCKSIZE
-from launch.ranks.trainers.common import torch_dtype
+from launch.ranks.trainers.common import initial_tensors as initial_base_tensors, torch_dtype
 from launch.torchtools.hf import lora_config
 
 # The adapters draw from a generator of their own, seeded from train.seed: the base's stream (initial_tensors) is left
@@ -93,6 +93,13 @@ def initial_tensors(resolved: Resolved) -> Iterator[tuple[str, torch.Tensor]]:
             yield p.name, torch.empty(p.shape).uniform_(-bound, bound, generator=generator)
         else:
             yield p.name, torch.zeros(p.shape)
+
+
+def base_as_trained(resolved: Resolved) -> Iterator[tuple[str, torch.Tensor]]:
+    """Every base tensor, from the recipe's weights (or seed), as the fine-tune held it (as_trained): what an export
+    merges the adapters into, on every backend."""
+    for name, whole in initial_base_tensors(resolved):
+        yield name, as_trained(resolved, name, whole)
 
 
 def as_trained(resolved: Resolved, name: str, whole: torch.Tensor) -> torch.Tensor:

@@ -252,7 +252,7 @@ def _zero0_fp32(states: dict, ckpt: Checkpoint, names: list[str]) -> dict:
 def _adapted_state(resolved: Resolved, ckpt: Checkpoint) -> dict:
     """A fine-tune's checkpoint: its adapters under peft's names, as trained (in 16-bit runs the optimizer's fp32
     copies, from which the module's 16-bit ones are rounded, as the torch backend exports its fp32 adapters), and the
-    base they trained on, made again as the start-up made it."""
+    base they trained on as the run held it."""
     import torch
 
     states = torch.load(ckpt.dir / "mp_rank_00_model_states.pt", map_location="cpu", weights_only=True)
@@ -264,5 +264,5 @@ def _adapted_state(resolved: Resolved, ckpt: Checkpoint) -> dict:
     else:
         universal = to_universal(ckpt)
         out = {name: _universal_param(universal / "zero" / name) for name in module}
-    out.update(common.initial_tensors(resolved))
+    out.update(adapters.base_as_trained(resolved))  # held in precision.dtype by adapters.apply, as on torch
     return out

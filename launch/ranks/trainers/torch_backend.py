@@ -749,5 +749,5 @@ def export_hf_state(resolved: Resolved, ckpt: Checkpoint) -> dict:
     _dcp_load(state, ckpt, no_dist=True)
     out = {k.removeprefix(DCP_MODEL_PREFIX): v.float() for k, v in state.items()}
     if adapted:
-        out.update((name, adapters.as_trained(resolved, name, whole)) for name, whole in common.initial_tensors(resolved))
+        out.update(adapters.base_as_trained(resolved))
     return out
