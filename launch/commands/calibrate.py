@@ -318,6 +318,14 @@ def _collectives(recipe: str, overrides: list[str], resolved: Resolved, root: Pa
 # --------------------------------------------------------------------------- compute
 
 
+def _log_tail(log: Path, lines: int) -> list[str]:
+    """The last `lines` non-blank lines of a log (none if it cannot be read)."""
+    try:
+        return [line for line in log.read_text(errors="replace").splitlines() if line.strip()][-lines:]
+    except OSError:
+        return []
+
+
 class MeasurementFailed(Exception):
     """A launch of measuring ranks that exited non-zero: what it measured, its exit code, and the log whose last lines
     say why (the ranks' own traceback; without them a user, or CI, sees only that it failed)."""
@@ -325,32 +333,28 @@ class MeasurementFailed(Exception):
     TAIL_LINES = 25
 
     def __init__(self, what: str, rc: int, log: Path) -> None:
-        try:
-            tail = [line for line in log.read_text(errors="replace").splitlines() if line.strip()][-self.TAIL_LINES:]
-        except OSError:
-            tail = []
-        self.last_line = tail[-1].strip() if tail else "no output"
-        super().__init__(f"{what} failed (exit {rc}); the end of {log}:" + "".join(f"\n  | {line}" for line in tail))
+        super().__init__(f"{what} failed (exit {rc}); the end of {log}:"
+                         + "".join(f"\n  | {line}" for line in _log_tail(log, self.TAIL_LINES)))
 
 
-def _launch(cmd, log: Path, what: str, notes: list[str] | None = None) -> None:
-    """Run a launcher command (launcher.build's) to its end, its output into `log`. With `notes`, a launch that fails
-    is made once more (measuring ranks write nothing until they end, and a shared machine can fail a launch that the
-    same code then runs through), the first failure kept beside the log and named in the notes; a second failure is
-    the error."""
-    for attempt in (1, 2) if notes is not None else (1,):
+def _launch(cmd, log: Path, what: str, retry_notes: list[str] | None = None) -> None:
+    """Run a launcher command (launcher.build's) to its end, its output into `log`. Given `retry_notes`, a launch that
+    fails is made once more (measuring ranks write nothing until they end, and a shared machine can fail a launch
+    that the same code then runs through), the first failure kept beside the log and named in those notes; a second
+    failure is the error."""
+    tries = 2 if retry_notes is not None else 1
+    for attempt in range(1, tries + 1):
         with open(log, "w") as out:
             rc = subprocess.call(list(cmd.argv), env={**os.environ, **cmd.env}, stdout=out, stderr=subprocess.STDOUT)
         if rc == 0:
             return
-        if attempt == 1 and notes is not None:
-            kept = log.with_name(f"{log.stem}.failed{log.suffix}")
-            os.replace(log, kept)
-            said = MeasurementFailed(what, rc, kept).last_line
-            print(f"calibrate: {what} failed (exit {rc}: {said}); launching it once more (log: {kept})", flush=True)
-            notes.append(f"{what}: the first launch failed (exit {rc}: {said}; {kept}), the second measured")
-            continue
-        raise MeasurementFailed(what, rc, log)
+        if attempt == tries:
+            raise MeasurementFailed(what, rc, log)
+        kept = log.with_name(f"{log.stem}.failed{log.suffix}")
+        os.replace(log, kept)
+        said = (_log_tail(kept, 1) or ["no output"])[0].strip()
+        print(f"calibrate: {what} failed (exit {rc}: {said}); launching it once more (log: {kept})", flush=True)
+        retry_notes.append(f"{what}: the first launch failed (exit {rc}: {said}; {kept}), the second measured")
 
 
 @dataclass(frozen=True)

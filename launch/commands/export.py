@@ -37,19 +37,18 @@ def cmd_export(args: Sequence[str]) -> int:
     if merge and not adapters.adapted(resolved.recipe.peft):
         raise ConfigError("command line", "merge", "true", f"has nothing to merge: {run_dir} trained every parameter "
                           "(no [peft] adapters), and its export is the whole model", "leave merge unset")
-    base = resolved.recipe.model.weights
-    if merge and resolved.weights_fingerprint and base:
+    if merge and resolved.weights_fingerprint:  # set for a fine-tune of model.weights (commands.run.check_inputs)
         # The merge adds the adapters to the base the recipe names, read again now: other weights put there since
         # the run would merge into a model the adapters were never trained with, silently.
+        base = Path(resolved.recipe.model.weights)
         try:
-            now = weights_fingerprint(Path(base)) if Path(base).is_dir() else "missing"
+            gone = (None if weights_fingerprint(base) == resolved.weights_fingerprint else
+                    "its content's fingerprint differs from the run's") if base.is_dir() else "missing"
         except OSError as e:
-            now = f"unreadable ({e.strerror or type(e).__name__})"
-        if now != resolved.weights_fingerprint:
-            raise ConfigError(str(run.resolved), "model.weights", base,
-                              "no longer holds the base this run fine-tuned (" + (
-                                  now if now == "missing" or now.startswith("unreadable") else
-                                  "its content's fingerprint differs from the run's") + ")",
+            gone = f"unreadable ({e.strerror or type(e).__name__})"
+        if gone:
+            raise ConfigError(str(run.resolved), "model.weights", str(base),
+                              f"no longer holds the base this run fine-tuned ({gone})",
                               "put the run's base weights back at that path to merge, or leave merge unset to export "
                               "the adapters alone")
     inputs = export_inputs(run, resolved.recipe)
